@@ -1,0 +1,94 @@
+"""User-facing errors and their exit codes.
+
+Every error a user can cause is a ``GraphoptError`` subclass with a one-line message that names the
+file, node or rule and says what to do. The CLI prints ``graphopt: error: <message>`` and exits with
+the class's ``exit_code``; it never prints a traceback for these. The codes are listed in
+``graphopt --help`` from ``EXIT_CODES`` below, so the docs cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+
+class GraphoptError(Exception):
+    """Base class: a problem with the user's input or environment, not a bug in graphopt."""
+
+    exit_code = 1
+
+    def __init__(self, message: str):
+        # One line only: the CLI contract is a single line per error.
+        super().__init__(" ".join(str(message).split()))
+
+
+class InputNotFound(GraphoptError):
+    exit_code = 3
+
+
+class InvalidModel(GraphoptError):
+    """Not an ONNX model: empty, truncated, random bytes, another protobuf message, bad tensor data."""
+
+    exit_code = 4
+
+
+class UnsupportedModel(GraphoptError):
+    """An opset, ir_version or domain graphopt does not support."""
+
+    exit_code = 5
+
+
+class InvalidGraph(GraphoptError):
+    """The graph breaks an IR invariant: a cycle, a dangling input, duplicate names."""
+
+    exit_code = 6
+
+
+class UnsafeExternalData(GraphoptError):
+    """External data that would escape the model's folder, or is missing or malformed."""
+
+    exit_code = 7
+
+
+class OutputRefused(GraphoptError):
+    """The output would overwrite the input (or its external data), or cannot be written."""
+
+    exit_code = 8
+
+
+class VerificationFailed(GraphoptError):
+    """The optimized model's outputs differ from the original's beyond the tolerance."""
+
+    exit_code = 9
+
+
+class RuleError(GraphoptError):
+    """A rule file is malformed, names an unknown op or constraint, or rules do not converge."""
+
+    exit_code = 10
+
+
+class WriteFailed(GraphoptError):
+    """Writing the output failed (disk full, permission denied); nothing partial is left behind."""
+
+    exit_code = 11
+
+
+class TuningError(GraphoptError):
+    """The GPU, its tuning cache or a lowering could not be used as asked."""
+
+    exit_code = 12
+
+
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "internal error (a bug in graphopt: please report it with the model)",
+    2: "usage error (bad option or argument)",
+    InputNotFound.exit_code: "input file not found or unreadable",
+    InvalidModel.exit_code: "not a valid ONNX model (empty, truncated, corrupt tensor data)",
+    UnsupportedModel.exit_code: "unsupported opset, ir_version or custom domain",
+    InvalidGraph.exit_code: "invalid graph (cycle, dangling input, duplicate names)",
+    UnsafeExternalData.exit_code: "unsafe or missing external data",
+    OutputRefused.exit_code: "output path refused (it would overwrite the input)",
+    VerificationFailed.exit_code: "verification failed (outputs differ beyond tolerance)",
+    RuleError.exit_code: "rule file error",
+    WriteFailed.exit_code: "could not write the output (nothing partial was left)",
+    TuningError.exit_code: "GPU / tuning error",
+}

@@ -1,0 +1,222 @@
+"""ModelProto <-> Graph, without loss.
+
+Only this module (with ``io.py``) touches protobufs. Fields the IR does not model are kept verbatim
+("extra" protos with the modelled fields cleared) and merged back on the way out, so a load/save with
+no rewrite reproduces the model: same nodes, attributes, initializers, value_info, opsets, metadata,
+functions and subgraphs.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import onnx
+from onnx import AttributeProto
+
+from graphopt.errors import InvalidGraph
+from graphopt.ir.graph import Graph, _norm_domain
+from graphopt.ir.node import Node
+
+# Repeated and message fields the IR rebuilds. Scalar fields (name, doc_string, ...) stay in the
+# "extra" copy so that their presence round-trips too (proto2 distinguishes "" set from unset);
+# ``_set_scalar`` overwrites them only when the IR's value differs.
+_NODE_FIELDS = ("input", "output", "attribute")
+_GRAPH_FIELDS = ("node", "input", "output", "initializer", "sparse_initializer", "value_info")
+_MODEL_FIELDS = ("graph", "opset_import", "functions", "metadata_props")
+
+
+def _set_scalar(proto, field: str, value) -> None:
+    if getattr(proto, field) != value or (value and not proto.HasField(field)):
+        setattr(proto, field, value)
+
+
+def _stripped(proto, fields):
+    copy = type(proto)()
+    copy.CopyFrom(proto)
+    for f in fields:
+        copy.ClearField(f)
+    return copy if copy.ByteSize() else None
+
+
+def _collect_names(gproto: onnx.GraphProto, out: set[str]) -> None:
+    """Reserve every name the model uses, in every graph, before any name is generated."""
+    for vi in list(gproto.input) + list(gproto.output) + list(gproto.value_info):
+        out.add(vi.name)
+    for t in gproto.initializer:
+        out.add(t.name)
+    for n in gproto.node:
+        out.add(n.name)
+        out.update(n.input)
+        out.update(n.output)
+        for a in n.attribute:
+            if a.type == AttributeProto.GRAPH:
+                _collect_names(a.g, out)
+            elif a.type == AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    _collect_names(g, out)
+    out.discard("")
+
+
+def from_model(model: onnx.ModelProto) -> Graph:
+    """Build the IR from a ModelProto (external data must already be loaded or left as references)."""
+    g = Graph(model.graph.name)
+    _collect_names(model.graph, g._names.used)
+    g.ir_version = model.ir_version
+    g.opset = {}
+    for op in model.opset_import:
+        g.opset[_norm_domain(op.domain)] = op.version
+    g.producer_name = model.producer_name
+    g.producer_version = model.producer_version
+    g.domain = model.domain
+    g.model_version = model.model_version
+    g.model_doc_string = model.doc_string
+    g.metadata = {p.key: p.value for p in model.metadata_props}
+    g.functions = [_copy(f) for f in model.functions]
+    g._model_extra = _stripped(model, _MODEL_FIELDS)
+    _fill_graph(g, model.graph, g)
+    return g
+
+
+def _copy(proto):
+    c = type(proto)()
+    c.CopyFrom(proto)
+    return c
+
+
+def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph) -> None:
+    # An explicit stack instead of recursion would only help for pathological nesting; bodies are
+    # converted recursively here, and io.py bounds the nesting depth before we get here.
+    g.name = gproto.name
+    g.doc_string = gproto.doc_string
+    g._extra = _stripped(gproto, _GRAPH_FIELDS)
+    for vi in gproto.input:
+        g._inputs.append(vi.name)
+        g._io_info[vi.name] = _copy(vi)
+    for vi in gproto.output:
+        g._outputs.append(vi.name)
+        if vi.name not in g._io_info:
+            g._io_info[vi.name] = _copy(vi)
+    for t in gproto.initializer:
+        if t.name in g._inits:
+            raise InvalidGraph(f"initializer {t.name!r} is defined twice in graph {g.name!r}")
+        g._inits[t.name] = _copy(t)
+    g._sparse_inits = [_copy(s) for s in gproto.sparse_initializer]
+    for vi in gproto.value_info:
+        if vi.name not in g._io_info:
+            g._value_info[vi.name] = _copy(vi)
+    for i, nproto in enumerate(gproto.node):
+        name = nproto.name
+        if not name or name in g._nodes:
+            synth = not name
+            name = g.unique_name(nproto.name or nproto.op_type)
+            if synth:
+                root._synth_names.add(name)
+        node = Node(
+            nproto.op_type,
+            list(nproto.input),
+            list(nproto.output),
+            name=name,
+            domain=_norm_domain(nproto.domain),
+            doc_string=nproto.doc_string,
+            overload=nproto.overload,
+        )
+        node._pos = (i,)
+        node._extra = _stripped(nproto, _NODE_FIELDS)
+        for a in nproto.attribute:
+            if a.type == AttributeProto.GRAPH:
+                sub = Graph(a.g.name, parent=g)
+                _fill_graph(sub, a.g, root)
+                node._attrs[a.name] = sub
+            elif a.type == AttributeProto.GRAPHS:
+                subs = []
+                for gp in a.graphs:
+                    sub = Graph(gp.name, parent=g)
+                    _fill_graph(sub, gp, root)
+                    subs.append(sub)
+                node._attrs[a.name] = subs
+            else:
+                node._attrs[a.name] = _copy(a)
+        for t in node.outputs:
+            if t and t in g._producer:
+                raise InvalidGraph(
+                    f"tensor {t!r} is produced by two nodes ({g._producer[t]!r} and {name!r}) in graph {g.name!r}"
+                )
+        g._insert(node)
+    g._next_pos = len(gproto.node)
+
+
+def _topological_nodes(g: Graph) -> list[Node]:
+    nodes = g.nodes()
+    pos = {n.name: n._pos for n in nodes}
+    try:
+        order = list(nx.lexicographical_topological_sort(g.nx, key=lambda n: pos[n]))
+    except nx.NetworkXUnfeasible:
+        return nodes  # a cyclic input graph is written as it came; lint() reports it
+    return [g._nodes[n] for n in order]
+
+
+def _node_to_proto(node: Node, synth: set[str]) -> onnx.NodeProto:
+    p = onnx.NodeProto()
+    if node._extra is not None:
+        p.CopyFrom(node._extra)
+    p.input.extend(node.inputs)
+    p.output.extend(node.outputs)
+    _set_scalar(p, "name", "" if node.name in synth else node.name)
+    _set_scalar(p, "op_type", node.op_type)
+    _set_scalar(p, "domain", node.domain)
+    _set_scalar(p, "doc_string", node.doc_string)
+    _set_scalar(p, "overload", node.overload)
+    for name, value in node._attrs.items():
+        if isinstance(value, AttributeProto):
+            p.attribute.append(value)
+        elif isinstance(value, list):
+            a = AttributeProto(name=name, type=AttributeProto.GRAPHS)
+            a.graphs.extend(_graph_to_proto(s, synth) for s in value)
+            p.attribute.append(a)
+        else:
+            a = AttributeProto(name=name, type=AttributeProto.GRAPH)
+            a.g.CopyFrom(_graph_to_proto(value, synth))
+            p.attribute.append(a)
+    return p
+
+
+def _graph_to_proto(g: Graph, synth: set[str]) -> onnx.GraphProto:
+    gp = onnx.GraphProto()
+    if g._extra is not None:
+        gp.CopyFrom(g._extra)
+    _set_scalar(gp, "name", g.name)
+    _set_scalar(gp, "doc_string", g.doc_string)
+    gp.node.extend(_node_to_proto(n, synth) for n in _topological_nodes(g))
+    gp.initializer.extend(g._inits.values())
+    gp.sparse_initializer.extend(g._sparse_inits)
+    for t in g._inputs:
+        gp.input.append(g._io_info.get(t) or onnx.ValueInfoProto(name=t))
+    for t in g._outputs:
+        gp.output.append(g._io_info.get(t) or onnx.ValueInfoProto(name=t))
+    live = set(g._producer) | set(g._inits)
+    # value_info for tensors that no longer exist (removed by a rewrite) is dropped; an entry of a
+    # tensor that only a subgraph defines stays with that subgraph.
+    gp.value_info.extend(vi for name, vi in g._value_info.items() if name in live or name in g._consumers)
+    return gp
+
+
+def to_model(g: Graph) -> onnx.ModelProto:
+    """The ModelProto for the root graph ``g`` (nodes written in topological order)."""
+    if g.parent is not None:
+        raise InvalidGraph(f"to_model() needs the root graph, not subgraph {g.name!r}")
+    m = onnx.ModelProto()
+    if g._model_extra is not None:
+        m.CopyFrom(g._model_extra)
+    _set_scalar(m, "ir_version", g.ir_version)
+    for domain, version in g.opset.items():
+        m.opset_import.append(onnx.helper.make_opsetid(domain, version))
+    _set_scalar(m, "producer_name", g.producer_name)
+    _set_scalar(m, "producer_version", g.producer_version)
+    _set_scalar(m, "domain", g.domain)
+    _set_scalar(m, "model_version", g.model_version)
+    _set_scalar(m, "doc_string", g.model_doc_string)
+    for k, v in g.metadata.items():
+        m.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
+    m.functions.extend(g.functions)
+    synth = g._synth_names
+    m.graph.CopyFrom(_graph_to_proto(g, synth))
+    return m

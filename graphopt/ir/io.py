@@ -1,0 +1,278 @@
+"""Loading and saving models: validation on the way in, atomic writes on the way out.
+
+``load_model`` turns every problem a user can cause into a one-line ``GraphoptError`` that names the
+file: a missing or empty file, bytes that are not an ONNX model, a truncated file, unsupported opsets
+or ir_versions, bad tensor data, unsafe external data, and graphs that are not DAGs.
+
+``save_model`` never leaves a partial file at the destination: it writes a temporary file in the same
+folder and renames it into place (``os.replace`` is atomic on POSIX). Models whose tensors exceed the
+2 GB protobuf limit are written with their large tensors in one external-data file beside the model,
+written the same way. onnx's ``save_model(save_as_external_data=True)`` writes the data file in place,
+non-atomically, which is why this module writes the bytes itself.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+
+from graphopt.errors import (
+    InputNotFound,
+    InvalidGraph,
+    InvalidModel,
+    OutputRefused,
+    UnsupportedModel,
+    WriteFailed,
+)
+from graphopt.ir.convert import from_model, to_model
+from graphopt.ir.external import check_external, is_external, iter_tensors, load_external
+from graphopt.ir.graph import Graph
+
+MIN_OPSET = 9
+MAX_OPSET = onnx.defs.onnx_opset_version()
+MIN_IR_VERSION = 3
+MAX_IR_VERSION = onnx.IR_VERSION
+PROTOBUF_LIMIT = 2**31 - 1
+DEFAULT_EXTERNAL_THRESHOLD = 2**31 - 2**24  # leave headroom for the graph structure
+MAX_NESTING = 64  # If/Loop bodies nested deeper than this are refused (no RecursionError, ever)
+KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training", "com.microsoft", "graphopt"}
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.exists():
+        raise InputNotFound(f"{path}: no such file")
+    if path.is_dir():
+        raise InputNotFound(f"{path}: is a folder, not an ONNX file")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InputNotFound(f"{path}: cannot read ({e.strerror})") from None
+
+
+def parse_model(data: bytes, source: str) -> onnx.ModelProto:
+    if not data:
+        raise InvalidModel(f"{source}: the file is empty; expected an ONNX model")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise InvalidModel(f"{source}: not an ONNX model or truncated ({type(e).__name__}); re-export the model") from None
+    if model.ir_version == 0 or not model.HasField("graph"):
+        raise InvalidModel(f"{source}: not an ONNX model (no ir_version or graph); is this the right file?")
+    return model
+
+
+def check_header(model: onnx.ModelProto, source: str) -> None:
+    if not MIN_IR_VERSION <= model.ir_version <= MAX_IR_VERSION:
+        raise UnsupportedModel(
+            f"{source}: ir_version {model.ir_version} is not supported (graphopt reads {MIN_IR_VERSION}..{MAX_IR_VERSION}); "
+            "re-export with a current exporter"
+        )
+    default = [op.version for op in model.opset_import if op.domain in ("", "ai.onnx")]
+    if not default:
+        raise UnsupportedModel(f"{source}: the model imports no default-domain opset")
+    if not MIN_OPSET <= default[0] <= MAX_OPSET:
+        raise UnsupportedModel(
+            f"{source}: opset {default[0]} is not supported (graphopt handles {MIN_OPSET}..{MAX_OPSET}); "
+            "convert it with onnx.version_converter first"
+        )
+    local = {(f.domain, f.name) for f in model.functions}
+    domains = {op.domain for op in model.opset_import}
+    for g, node in _iter_nodes(model.graph):
+        if node.domain not in KNOWN_DOMAINS and (node.domain, node.op_type) not in local:
+            raise UnsupportedModel(
+                f"{source}: node {node.name or node.op_type!r} uses op {node.domain}.{node.op_type}, "
+                "a custom domain with no function definition in the model; graphopt cannot run or verify it"
+            )
+        if node.domain not in domains and node.domain not in ("", "ai.onnx"):
+            raise InvalidModel(f"{source}: node {node.name or node.op_type!r} uses domain {node.domain!r}, which the model does not import")
+
+
+def _iter_nodes(gproto: onnx.GraphProto):
+    stack = [(gproto, 0)]
+    while stack:
+        g, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise UnsupportedModel(f"subgraphs are nested more than {MAX_NESTING} deep; graphopt refuses such models")
+        for n in g.node:
+            yield g, n
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append((a.g, depth + 1))
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend((s, depth + 1) for s in a.graphs)
+
+
+_FIELD_FOR_TYPE = {
+    onnx.TensorProto.FLOAT: "float_data",
+    onnx.TensorProto.COMPLEX64: "float_data",
+    onnx.TensorProto.DOUBLE: "double_data",
+    onnx.TensorProto.COMPLEX128: "double_data",
+    onnx.TensorProto.INT64: "int64_data",
+    onnx.TensorProto.UINT64: "uint64_data",
+    onnx.TensorProto.UINT32: "uint64_data",
+    onnx.TensorProto.STRING: "string_data",
+}
+
+
+def check_tensor(t: onnx.TensorProto, source: str) -> None:
+    """Dims must be non-negative, their product must not overflow, and the data must match them."""
+    count = 1
+    for d in t.dims:
+        if d < 0:
+            raise InvalidModel(f"{source}: tensor {t.name!r} has a negative dimension {d}")
+        count *= d
+        if count >= 2**62:
+            raise InvalidModel(f"{source}: tensor {t.name!r} has dimensions {list(t.dims)} whose product overflows")
+    if is_external(t):
+        return
+    if t.data_type == onnx.TensorProto.UNDEFINED:
+        raise InvalidModel(f"{source}: tensor {t.name!r} has no data type")
+    if t.HasField("raw_data"):
+        try:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        except Exception:
+            return  # exotic types (4-bit, float8 variants): leave them to onnx
+        bits = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
+        expected = (count + 1) // 2 if t.data_type in bits else count * itemsize
+        if len(t.raw_data) != expected:
+            raise InvalidModel(
+                f"{source}: tensor {t.name!r} has {len(t.raw_data)} bytes of raw_data but dims {list(t.dims)} need {expected}"
+            )
+        return
+    field = _FIELD_FOR_TYPE.get(t.data_type, "int32_data")
+    n = len(getattr(t, field))
+    if t.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+        n //= 2
+    if n != count and not (n == 0 and count == 0):
+        raise InvalidModel(f"{source}: tensor {t.name!r} has {n} values but dims {list(t.dims)} need {count}")
+
+
+def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_external_data: bool = True, base_dir: "str | os.PathLike | None" = None) -> Graph:
+    """Load and validate a model into a ``Graph``. The input file is only read, never modified."""
+    if isinstance(model_or_path, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(model_or_path)
+        source = "<model>"
+        folder = Path(base_dir) if base_dir is not None else Path.cwd()
+    else:
+        path = Path(model_or_path)
+        source = str(path)
+        model = parse_model(_read_bytes(path), source)
+        folder = Path(base_dir) if base_dir is not None else path.resolve().parent
+    check_header(model, source)
+    if load_external_data:
+        load_external(model, folder, source)
+    else:
+        check_external(model, folder, source)
+    for t in iter_tensors(model.graph):
+        check_tensor(t, source)
+    try:
+        graph = from_model(model)
+        graph.lint()
+    except InvalidGraph as e:
+        raise InvalidGraph(f"{source}: {e}") from None
+    graph.source_path = None if isinstance(model_or_path, onnx.ModelProto) else str(Path(model_or_path))
+    return graph
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _atomic_write(dest: Path, chunks) -> None:
+    folder = dest.parent if str(dest.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    except BaseException as e:  # KeyboardInterrupt too: never leave the temp file behind
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
+        raise
+
+
+def serialize(model: onnx.ModelProto) -> bytes:
+    return model.SerializeToString(deterministic=True)
+
+
+def save_model(
+    graph_or_model: "Graph | onnx.ModelProto",
+    path: "str | os.PathLike",
+    *,
+    external_data: bool | None = None,
+    size_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
+    protect: "list[str | os.PathLike]" = (),
+    min_external_tensor_bytes: int = 1024,
+) -> Path:
+    """Write atomically. ``external_data=None`` picks external data only when the model would exceed
+    ``size_threshold``. Paths in ``protect`` (the input model and its data files) are never overwritten:
+    compared by device and inode, not by name."""
+    model = to_model(graph_or_model) if isinstance(graph_or_model, Graph) else graph_or_model
+    dest = Path(path)
+    data_name = dest.name + ".data"
+    data_path = dest.with_name(data_name)
+    for p in protect:
+        for target in (dest, data_path):
+            if _same_file(target, Path(p)):
+                raise OutputRefused(f"{target}: refusing to overwrite the input {p}; choose another output path with -o")
+    if not dest.parent.exists() and str(dest.parent):
+        raise WriteFailed(f"{dest}: folder {dest.parent} does not exist")
+    total = sum(len(t.raw_data) for t in iter_tensors(model.graph))
+    use_external = external_data if external_data is not None else total > size_threshold
+    if not use_external:
+        data = serialize(model)
+        if len(data) > PROTOBUF_LIMIT:
+            raise WriteFailed(f"{dest}: the model is over 2 GB; save it with external data")
+        _atomic_write(dest, [data])
+        return dest
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    chunks: list[bytes] = []
+    offset = 0
+    for t in iter_tensors(out.graph):
+        if not t.HasField("raw_data"):
+            if t.data_type in (onnx.TensorProto.STRING,) or not t.dims:
+                continue
+            # typed fields (float_data, ...): convert to raw bytes so they can move out of the proto
+            arr = onnx.numpy_helper.to_array(t)
+            t.CopyFrom(onnx.numpy_helper.from_array(arr, t.name))
+        if len(t.raw_data) < min_external_tensor_bytes:
+            continue
+        pad = (-offset) % 64  # align every tensor to 64 bytes
+        if pad:
+            chunks.append(b"\0" * pad)
+            offset += pad
+        raw = t.raw_data
+        onnx.external_data_helper.set_external_data(t, location=data_name, offset=offset, length=len(raw))
+        t.data_location = onnx.TensorProto.EXTERNAL
+        t.ClearField("raw_data")
+        chunks.append(raw)
+        offset += len(raw)
+    _atomic_write(data_path, chunks)
+    _atomic_write(dest, [serialize(out)])
+    return dest
+
+
+def model_bytes(graph: Graph) -> bytes:
+    return serialize(to_model(graph))
+
+
+def as_numpy_dtype(elem_type: int) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
