@@ -64,6 +64,7 @@ def from_model(model: onnx.ModelProto) -> Graph:
     g.opset = {}
     for op in model.opset_import:
         g.opset[_norm_domain(op.domain)] = op.version
+        g._opset_protos[_norm_domain(op.domain)] = _copy(op)
     g.producer_name = model.producer_name
     g.producer_version = model.producer_version
     g.domain = model.domain
@@ -208,7 +209,12 @@ def to_model(g: Graph) -> onnx.ModelProto:
         m.CopyFrom(g._model_extra)
     _set_scalar(m, "ir_version", g.ir_version)
     for domain, version in g.opset.items():
-        m.opset_import.append(onnx.helper.make_opsetid(domain, version))
+        op = g._opset_protos.get(domain)
+        if op is None or op.version != version:
+            op = onnx.OperatorSetIdProto(version=version)
+            if domain:
+                op.domain = domain
+        m.opset_import.append(op)
     _set_scalar(m, "producer_name", g.producer_name)
     _set_scalar(m, "producer_version", g.producer_version)
     _set_scalar(m, "domain", g.domain)

@@ -112,6 +112,7 @@ class Graph:
         # Model-level fields; meaningful on the root graph only.
         self.ir_version = onnx.IR_VERSION
         self.opset: dict[str, int] = {"": onnx.defs.onnx_opset_version()}
+        self._opset_protos: dict[str, onnx.OperatorSetIdProto] = {}  # as loaded, for exact round trips
         self.producer_name = ""
         self.producer_version = ""
         self.domain = ""

@@ -1,0 +1,52 @@
+"""Shared test helpers: small graph builders and an onnxruntime runner."""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # running from a source checkout without `pip install -e`
+    sys.path.insert(0, str(ROOT))
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests skip cleanly on a machine without CuPy or without a CUDA device."""
+    try:
+        import cupy  # noqa: F401
+
+        has_gpu = cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CuPy")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+@pytest.fixture
+def rng(request):
+    # A fresh seed per test, derived from its name and a run salt, so inputs differ between tests and
+    # between runs (set GRAPHOPT_TEST_SEED to reproduce a failure).
+    salt = int(os.environ.get("GRAPHOPT_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
+    seed = (zlib.crc32(request.node.nodeid.encode()) ^ salt) % 2**32
+    request.node.user_properties.append(("seed", seed))
+    return np.random.default_rng(seed)
