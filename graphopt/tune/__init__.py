@@ -1,0 +1,20 @@
+"""Lowering selection for graphopt's custom ops: ``--gpu`` names, the heuristic, the profiler, the tuning cache.
+
+Public API (each lives in its own module; this package re-exports the main entry points):
+
+- ``gpus``: ``normalize_gpu_name``, ``known_gpu_names``, ``detect_devices``, ``resolve_target``, ``DeviceInfo``
+- ``heuristic``: ``heuristic_lowering(op_type, sig, cc)``
+- ``select``: ``select_lowerings(graph, gpu, cache=, profile=, shapes=)`` -> ``SelectionReport``
+- ``cache``: ``TuningCache`` (sqlite, export/import JSON), ``default_cache_dir``
+- ``profiler``: ``profile_node``, ``Profiler``, ``FakeTimer``
+- ``cache_cli``: the click group ``cache`` (mounted by ``graphopt/cli.py``)
+"""
+
+from graphopt.tune.gpus import DeviceInfo, detect_devices, known_gpu_names, normalize_gpu_name, resolve_target
+from graphopt.tune.heuristic import heuristic_lowering
+from graphopt.tune.select import SelectionReport, select_lowerings
+
+__all__ = [
+    "DeviceInfo", "SelectionReport", "detect_devices", "heuristic_lowering", "known_gpu_names",
+    "normalize_gpu_name", "resolve_target", "select_lowerings",
+]

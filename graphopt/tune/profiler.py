@@ -1,0 +1,449 @@
+"""The profiler: for one signature, prune, build, check and time every lowering candidate.
+
+For each candidate, in the order given:
+
+1. ``candidate.applies(sig, cc)``: a returned reason prunes it (recorded, never built).
+2. ``launch = candidate.build(sig, arch)``, then ``checker(sig, launch)``: any exception (compile
+   failure, out of memory, a fault) or a returned reason (wrong answer) scores ``inf`` with the
+   reason. With ``isolate=True`` (the default) this and step 3 run in a worker subprocess, so a
+   candidate that segfaults or hangs costs only that worker (it is replaced) and a timeout.
+3. ``timer(launch, inputs, outputs)`` with ``inputs, outputs = buffers(sig)`` returns the times of
+   the individual runs in ms; the candidate's score is their median.
+
+Every result is kept; the fastest passing candidate wins (ties: the earlier candidate).
+
+The protocols (the real implementations live with the kernels, in ``graphopt/kernels``):
+
+- ``Timer``:   ``timer(launch, inputs, outputs) -> list[float]`` (ms per timed run; warm-up,
+  repetitions and L2-rotation are the timer's business). ``FakeTimer`` is the test double.
+- ``Checker``: ``checker(sig, launch) -> str | None``: run on fresh random inputs, compare with
+  the op's reference, return the reason when wrong.
+- ``Buffers``: ``buffers(sig) -> (inputs, outputs)`` for timing (default: two empty lists).
+
+With ``isolate=True`` the candidates, timer, checker and buffers are sent to the worker by
+``multiprocessing`` (spawn by default, since CUDA does not survive ``fork``), so they must be
+picklable: module-level classes and functions. This is inter-process messaging with our own
+child, not storage; the tuning cache never uses pickle.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import signal
+import statistics
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+from graphopt.kernels.base import Candidate, Signature
+
+DEFAULT_TIMEOUT_S = 120.0
+
+# Result statuses.
+OK = "ok"
+PRUNED = "pruned"
+BUILD_FAILED = "build_failed"
+OOM = "out_of_memory"
+WRONG = "wrong_answer"
+ERROR = "error"
+CRASHED = "crashed"
+TIMEOUT = "timeout"
+
+
+class Timer(Protocol):
+    def __call__(self, launch: Callable, inputs: Sequence[Any], outputs: Sequence[Any]) -> list[float]: ...
+
+
+class Checker(Protocol):
+    def __call__(self, sig: Signature, launch: Callable) -> str | None: ...
+
+
+def no_buffers(sig: Signature) -> tuple[list, list]:
+    """Default ``buffers``: nothing (fake launches need no memory)."""
+    return [], []
+
+
+@dataclass(frozen=True)
+class FakeTimer:
+    """Test double for the CUDA-event timer: calls ``launch`` ``reps`` times and uses what it returns.
+
+    A fake candidate's launch returns its simulated run time in ms; a launch returning ``None`` (a
+    real kernel) is an error, so a fake timer is never mistaken for a measurement.
+    """
+
+    reps: int = 5
+
+    def __call__(self, launch, inputs, outputs) -> list[float]:
+        times = []
+        for _ in range(self.reps):
+            t = launch(inputs, outputs)
+            if t is None:
+                raise TypeError("FakeTimer needs launches that return their simulated time in ms")
+            times.append(float(t))
+        return times
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """What happened to one candidate: ``ms`` is the median time, ``inf`` unless status is ``ok``."""
+
+    candidate: str
+    lowering: str
+    params: str
+    source_hash: str
+    status: str
+    ms: float = math.inf
+    samples: tuple[float, ...] = ()
+    reason: str = ""
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK and math.isfinite(self.ms)
+
+    def to_dict(self) -> dict:
+        return {
+            "candidate": self.candidate, "lowering": self.lowering, "params": self.params,
+            "status": self.status, "ms": self.ms if math.isfinite(self.ms) else None,
+            "samples": list(self.samples), "reason": self.reason, "cached": self.cached,
+        }
+
+
+@dataclass
+class ProfileResult:
+    """All candidates' results for one signature, and the winner (``None`` when all failed)."""
+
+    signature: str
+    op: str
+    results: list[CandidateResult] = field(default_factory=list)
+    winner: CandidateResult | None = None
+
+    @property
+    def from_cache(self) -> bool:
+        """True when nothing was measured now: every non-pruned result came from the cache."""
+        measured = [r for r in self.results if r.status != PRUNED]
+        return bool(measured) and all(r.cached for r in measured)
+
+    def failure_summary(self) -> str:
+        bad = [f"{r.candidate}: {r.status} ({r.reason})" for r in self.results if not r.ok]
+        return "; ".join(bad) if bad else "no candidates"
+
+
+def _describe_exc(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_oom(exc: BaseException) -> bool:
+    # cupy.cuda.memory.OutOfMemoryError, MemoryError, cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, MemoryError) or "outofmemory" in text or "out of memory" in text or "memoryallocation" in text
+
+
+def _run_one(sig, cand, timer, checker, buffers, arch) -> dict:
+    """Build, check and time one candidate; never raises (runs in the worker or inline)."""
+    try:
+        launch = cand.build(sig, arch)
+    except BaseException as exc:  # noqa: BLE001 - any failure of a candidate scores inf
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return {"status": OOM if _is_oom(exc) else BUILD_FAILED, "reason": f"build failed: {_describe_exc(exc)}"}
+    try:
+        wrong = checker(sig, launch)
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return {"status": OOM if _is_oom(exc) else ERROR, "reason": f"check raised {_describe_exc(exc)}"}
+    if wrong:
+        return {"status": WRONG, "reason": f"wrong answer: {wrong}"}
+    try:
+        inputs, outputs = buffers(sig)
+        samples = [float(t) for t in timer(launch, inputs, outputs)]
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return {"status": OOM if _is_oom(exc) else ERROR, "reason": f"timing raised {_describe_exc(exc)}"}
+    if not samples or not all(math.isfinite(t) and t >= 0 for t in samples):
+        return {"status": ERROR, "reason": f"timer returned no valid times ({samples[:5]})"}
+    return {"status": OK, "samples": samples, "reason": ""}
+
+
+def _worker_main(conn, timer, checker, buffers, arch) -> None:
+    """Worker loop: one (sig, candidate) task at a time; exits after any failure.
+
+    Exiting after a failure matters on the GPU: a fault leaves the CUDA context unusable, so the
+    next candidate gets a fresh process.
+    """
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        sig, cand = task
+        try:
+            reply = _run_one(sig, cand, timer, checker, buffers, arch)
+        except BaseException as exc:  # noqa: BLE001 - report, then die
+            reply = {"status": ERROR, "reason": f"worker error {_describe_exc(exc)}"}
+        try:
+            conn.send(reply)
+        except Exception:  # noqa: BLE001 - e.g. an unpicklable sample; report it plainly
+            conn.send({"status": ERROR, "reason": "worker could not send its result: " + traceback.format_exc(limit=1)})
+            return
+        if reply["status"] != OK:
+            return
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class IsolatedRunner:
+    """Runs candidates in a worker subprocess, replacing it after a crash, timeout or failure."""
+
+    def __init__(self, timer, checker, buffers=no_buffers, arch: str = "", *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 mp_context: str = "spawn"):
+        self._args = (timer, checker, buffers, arch)
+        self.timeout_s = timeout_s
+        self._ctx = multiprocessing.get_context(mp_context)
+        self._proc = None
+        self._conn = None
+        self.workers_started = 0
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=_worker_main, args=(child, *self._args), daemon=True, name="graphopt-tune-worker")
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        self.workers_started += 1
+
+    def _stop(self, kill: bool = False) -> int | None:
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if proc is None:
+            return None
+        if kill and proc.is_alive():
+            proc.kill()
+        else:
+            try:
+                conn.send(None)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+        conn.close()
+        return proc.exitcode
+
+    def run(self, sig: Signature, cand: Candidate) -> dict:
+        if self._proc is None or not self._proc.is_alive():
+            self._stop()
+            self._start()
+        try:
+            self._conn.send((sig, cand))
+        except Exception as exc:  # noqa: BLE001 - unpicklable candidate, or a dead pipe
+            self._stop(kill=True)
+            return {"status": ERROR, "reason": f"could not send the candidate to the worker: {_describe_exc(exc)}"}
+        if not self._conn.poll(self.timeout_s):
+            self._stop(kill=True)
+            return {"status": TIMEOUT, "reason": f"timed out after {self.timeout_s:g} s (killed)"}
+        try:
+            reply = self._conn.recv()
+        except (EOFError, OSError):
+            code = self._stop(kill=True)
+            how = _signal_name(code) if code is not None and code < 0 else f"exit code {code}"
+            return {"status": CRASHED, "reason": f"worker process died ({how})"}
+        if reply.get("status") != OK:
+            self._stop()
+        return reply
+
+    def close(self) -> None:
+        self._stop()
+
+    def __enter__(self) -> "IsolatedRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class InlineRunner:
+    """Runs candidates in this process (``isolate=False``): no protection from faults or hangs."""
+
+    def __init__(self, timer, checker, buffers=no_buffers, arch: str = ""):
+        self._args = (timer, checker, buffers, arch)
+
+    def run(self, sig: Signature, cand: Candidate) -> dict:
+        return _run_one(sig, cand, *self._args)
+
+    def close(self) -> None:
+        pass
+
+
+def profile_node(
+    sig: Signature,
+    candidates: Sequence[Candidate],
+    *,
+    timer: Timer,
+    checker: Checker,
+    buffers: Callable[[Signature], tuple[list, list]] = no_buffers,
+    isolate: bool = True,
+    compute_capability: tuple[int, int] = (8, 0),
+    arch: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    known: Mapping[str, CandidateResult] | None = None,
+    runner: IsolatedRunner | InlineRunner | None = None,
+    memo: dict[str, ProfileResult] | None = None,
+) -> ProfileResult:
+    """Profile one signature over ``candidates``; see the module docstring.
+
+    ``known`` maps candidate keys to results already measured (from the tuning cache): those are
+    not run again. ``memo`` (sig key -> result) makes repeated signatures free. ``runner`` reuses a
+    worker across calls; otherwise one is made (and closed) here.
+    """
+    key = sig.key()
+    if memo is not None and key in memo:
+        return memo[key]
+    arch = arch or f"sm_{compute_capability[0]}{compute_capability[1]}"
+    known = known or {}
+    result = ProfileResult(signature=key, op=sig.op)
+    seen: set[str] = set()  # only membership tests, never iterated
+    todo: list[tuple[int, Candidate]] = []
+    slots: list[CandidateResult | None] = []
+    for cand in candidates:
+        ckey = cand.key()
+        if ckey in seen:
+            continue
+        seen.add(ckey)
+        base = dict(candidate=ckey, lowering=cand.name, params=cand.params_str(), source_hash=cand.source_hash())
+        try:
+            why_not = cand.applies(sig, compute_capability)
+        except Exception as exc:  # noqa: BLE001 - a buggy applies() prunes, it does not crash
+            why_not = f"applies() raised {_describe_exc(exc)}"
+        if why_not:
+            slots.append(CandidateResult(**base, status=PRUNED, reason=str(why_not)))
+        elif ckey in known:
+            slots.append(known[ckey])
+        else:
+            slots.append(None)
+            todo.append((len(slots) - 1, cand))
+    own_runner = runner is None and bool(todo)
+    if own_runner:
+        runner = IsolatedRunner(timer, checker, buffers, arch, timeout_s=timeout_s) if isolate else InlineRunner(timer, checker, buffers, arch)
+    try:
+        for idx, cand in todo:
+            reply = runner.run(sig, cand)
+            samples = tuple(reply.get("samples", ()))
+            status = reply["status"]
+            slots[idx] = CandidateResult(
+                candidate=cand.key(), lowering=cand.name, params=cand.params_str(), source_hash=cand.source_hash(),
+                status=status, ms=statistics.median(samples) if status == OK else math.inf,
+                samples=samples, reason=reply.get("reason", ""),
+            )
+    finally:
+        if own_runner:
+            runner.close()
+    result.results = [r for r in slots if r is not None]
+    ok = [(r.ms, i, r) for i, r in enumerate(result.results) if r.ok]
+    result.winner = min(ok)[2] if ok else None
+    if memo is not None:
+        memo[key] = result
+    return result
+
+
+@contextmanager
+def node_progress(total: int, *, enabled: bool | None = None, description: str = "profiling") -> Iterator[Callable[[str], None]]:
+    """A rich progress bar over nodes; yields ``advance(label)``. Off when stderr is not a terminal."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if enabled is None:
+        enabled = console.is_terminal
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[label]}"),
+        console=console, disable=not enabled, transient=False,
+    )
+    with progress:
+        task = progress.add_task(description, total=total, label="")
+
+        def advance(label: str) -> None:
+            progress.update(task, advance=1, label=label)
+
+        yield advance
+
+
+class Profiler:
+    """Profiles signatures on one present device, through the tuning cache, once per signature.
+
+    ``candidates_for(sig) -> list[Candidate]`` supplies the candidates (the kernels' registry).
+    Results already in ``cache`` for this exact device fingerprint and kernel source are reused;
+    new results (failures included) are written back. Use as a context manager (or ``close()``)
+    so the worker subprocess is shut down.
+    """
+
+    def __init__(self, candidates_for: Callable[[Signature], Sequence[Candidate]], *, timer: Timer, checker: Checker,
+                 device, buffers: Callable[[Signature], tuple[list, list]] = no_buffers, cache=None,
+                 isolate: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.candidates_for = candidates_for
+        self.device = device
+        self.cache = cache
+        self.memo: dict[str, ProfileResult] = {}
+        self._profile_kw = dict(timer=timer, checker=checker, buffers=buffers, isolate=isolate,
+                                compute_capability=device.compute_capability, arch=device.arch, timeout_s=timeout_s)
+        if isolate:
+            self._runner = IsolatedRunner(timer, checker, buffers, device.arch, timeout_s=timeout_s)
+        else:
+            self._runner = InlineRunner(timer, checker, buffers, device.arch)
+
+    def source_hashes(self, sig: Signature) -> dict[str, str]:
+        return {c.key(): c.source_hash() for c in self.candidates_for(sig)}
+
+    def __call__(self, sig: Signature) -> ProfileResult:
+        key = sig.key()
+        if key in self.memo:
+            return self.memo[key]
+        candidates = list(self.candidates_for(sig))
+        known: dict[str, CandidateResult] = {}
+        fp = self.device.fingerprint()
+        if self.cache is not None:
+            hashes = {c.key(): c.source_hash() for c in candidates}
+            for ckey, rec in self.cache.lookup(fp, key, hashes).items():
+                known[ckey] = CandidateResult(
+                    candidate=ckey, lowering=rec.lowering, params=rec.params, source_hash=rec.source_hash,
+                    status=rec.status if not rec.ok else OK,
+                    ms=rec.ms, samples=rec.samples, reason=rec.reason, cached=True,
+                )
+        result = profile_node(sig, candidates, known=known, runner=self._runner, **self._profile_kw)
+        if self.cache is not None:
+            from graphopt.tune.cache import records_for
+
+            fresh = [r for r in result.results if not r.cached and r.status != PRUNED]
+            self.cache.put_many(records_for(fp, key, sig.op, fresh))
+        self.memo[key] = result
+        return result
+
+    def close(self) -> None:
+        self._runner.close()
+
+    def __enter__(self) -> "Profiler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = [
+    "BUILD_FAILED", "CRASHED", "ERROR", "OK", "OOM", "PRUNED", "TIMEOUT", "WRONG",
+    "CandidateResult", "Checker", "FakeTimer", "Profiler", "InlineRunner", "IsolatedRunner", "ProfileResult", "Timer",
+    "no_buffers", "node_progress", "profile_node",
+]

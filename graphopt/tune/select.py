@@ -1,0 +1,348 @@
+"""Lowering selection: give every ``graphopt`` custom-op node a ``lowering`` and say how it was chosen.
+
+``select_lowerings(graph, gpu)`` walks the graph and all its subgraphs. For each node in domain
+``graphopt`` it builds the node's ``Signature`` and chooses, per the design's ``--gpu`` contract:
+
+- ``profiled``: the named GPU is present and a ``profile`` function is given (``Profiler``); a node
+  whose every timing came from the tuning cache is reported as ``cached``;
+- ``cached``: the GPU is absent (or present with nothing to profile with) and the tuning cache holds
+  entries for that GPU and signature (for example imported from another machine);
+- ``heuristic``: otherwise (``graphopt.tune.heuristic``), and also when every candidate failed;
+- ``none``: with ``--gpu none``; the heuristic's lowering is still recorded.
+
+It sets the node attributes ``lowering`` and ``lowering_params`` and the model metadata
+``graphopt.target``, ``graphopt.mode`` and ``graphopt.version`` (plus ``graphopt.device`` when a
+GPU was used), and returns a ``SelectionReport`` whose ``summary`` is one line that says plainly
+whether anything was profiled.
+
+Shapes come from ``graph.value_info``. Symbolic dims are bound from ``shapes`` (tensor name ->
+concrete shape, typically the graph inputs from ``--shape``): a graph input declared ``("N", 3, 224,
+224)`` given as ``(8, 3, 224, 224)`` binds ``N=8`` everywhere. Unbound symbolic or unknown dims
+become ``DEFAULT_DIM`` (1, batch-1 inference) and the node's reason says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from graphopt.kernels.base import Signature
+from graphopt.tune.gpus import DeviceInfo, normalize_gpu_name, resolve_target
+from graphopt.tune.heuristic import heuristic_lowering
+
+DOMAIN = "graphopt"
+DEFAULT_DIM = 1
+
+META_TARGET = "graphopt.target"
+META_MODE = "graphopt.mode"
+META_VERSION = "graphopt.version"
+META_DEVICE = "graphopt.device"
+
+
+def graphopt_version() -> str:
+    """The installed graphopt version (``graphopt.__version__``, else the package metadata)."""
+    try:
+        import graphopt
+
+        v = getattr(graphopt, "__version__", None)
+        if v:
+            return str(v)
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        from importlib.metadata import version
+
+        return version("graphopt")
+    except Exception:  # noqa: BLE001 - running from a source tree that is not installed
+        return "0+unknown"
+
+
+@dataclass
+class NodeSelection:
+    """One node's choice. ``timings`` lists every candidate's result when it was profiled or cached."""
+
+    graph: str
+    node: str
+    op: str
+    signature: str
+    lowering: str
+    params: str
+    mode: str
+    reason: str
+    timings: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class SelectionReport:
+    requested: str
+    target: str
+    mode: str
+    present: bool
+    device: str | None
+    summary: str
+    rows: list[NodeSelection] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.mode] = out.get(r.mode, 0) + 1
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> dict:
+        return {
+            "requested": self.requested, "target": self.target, "mode": self.mode, "present": self.present,
+            "device": self.device, "summary": self.summary, "counts": self.counts(),
+            "nodes": [r.to_dict() for r in self.rows], "messages": list(self.messages),
+        }
+
+
+def _dtype_name(dtype: int | None) -> str:
+    if dtype is None:
+        return "unknown"
+    try:
+        import numpy as np
+        from onnx import helper
+
+        return np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).name
+    except Exception:  # noqa: BLE001 - a dtype NumPy has no name for
+        import onnx
+
+        return onnx.TensorProto.DataType.Name(dtype).lower()
+
+
+def bind_dims(graph, shapes: Mapping[str, Sequence[int]] | None) -> dict[str, int]:
+    """Symbolic dim name -> value, read off the tensors in ``shapes`` whose declared dims are symbolic."""
+    bound: dict[str, int] = {}
+    for name in sorted(shapes or {}):
+        concrete = [int(d) for d in shapes[name]]
+        info = graph.value_info(name)
+        declared = info.shape if info is not None else None
+        if declared is None or len(declared) != len(concrete):
+            continue
+        for d, v in zip(declared, concrete):
+            if isinstance(d, str) and d and d not in bound:
+                bound[d] = v
+    return bound
+
+
+def _concrete(shape, dims: Mapping[str, int], notes: list[str]) -> tuple[int, ...] | None:
+    if shape is None:
+        return None
+    out = []
+    for d in shape:
+        if isinstance(d, int) and d >= 0:
+            out.append(d)
+        elif isinstance(d, str) and d in dims:
+            out.append(dims[d])
+        else:
+            label = repr(d) if isinstance(d, str) and d else "unknown dim"
+            note = f"{label}={DEFAULT_DIM} (default)"
+            if note not in notes:
+                notes.append(note)
+            out.append(DEFAULT_DIM)
+    return tuple(out)
+
+
+def _layout(op: str, shapes: Sequence) -> str:
+    if op == "GemmAct":
+        return "rowmajor"
+    x = shapes[0] if shapes else None
+    if x is not None and len(x) == 3:
+        return "NCW"
+    return "NCHW"
+
+
+def node_signature(
+    graph, node, dims: Mapping[str, int] | None = None, shapes: Mapping[str, Sequence[int]] | None = None
+) -> tuple[Signature, list[str]]:
+    """The ``Signature`` of one custom-op node, and notes on any dims that were defaulted.
+
+    ``graph`` is the (sub)graph holding the node; absent optional inputs get shape ``None`` and
+    dtype ``""``; ``lowering`` / ``lowering_params`` attributes are left out (``Signature.make``).
+    """
+    notes: list[str] = []
+    in_shapes, dtypes = [], []
+    for t in node.inputs:
+        if not t:
+            in_shapes.append(None)
+            dtypes.append("")
+            continue
+        info = graph.value_info(t)
+        shape = tuple(shapes[t]) if shapes and t in shapes else (info.shape if info is not None else None)
+        in_shapes.append(_concrete(shape, dims or {}, notes))
+        dtypes.append(_dtype_name(info.dtype if info is not None else None))
+    attrs = {k: v for k, v in node.attrs_dict().items() if not k.startswith("lowering")}
+    sig = Signature.make(node.op_type, in_shapes, dtypes, attrs, layout=_layout(node.op_type, in_shapes))
+    return sig, notes
+
+
+def _custom_nodes(graph) -> list[tuple[Any, Any]]:
+    return [(g, n) for g, n in graph.walk() if n.domain == DOMAIN]
+
+
+def _split_candidate(key: str) -> tuple[str, str]:
+    name, _, params = key.partition(":")
+    return name, params
+
+
+def select_lowerings(
+    graph,
+    gpu: str = "auto",
+    *,
+    cache=None,
+    profile: Callable[[Signature], Any] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    devices: list[DeviceInfo] | None = None,
+    candidates_for: Callable[[Signature], Sequence] | None = None,
+    progress: bool | None = None,
+) -> SelectionReport:
+    """Choose and record a lowering for every ``graphopt`` node; see the module docstring.
+
+    ``cache`` is a ``TuningCache`` (or ``None`` for none); ``profile(sig) -> ProfileResult`` is
+    usually a ``Profiler``; ``devices`` overrides device detection (tests); ``candidates_for``
+    lets cached entries whose kernel source changed be ignored; ``progress`` forces the progress
+    bar on or off (default: on when stderr is a terminal and something is profiled).
+    """
+    requested = str(gpu)
+    norm = normalize_gpu_name(requested)  # raises TuningError for unknown names, before any work
+    target = resolve_target(norm, devices)
+    device = target.devices[0] if target.present else None
+    cc = target.compute_capability
+    profiling = device is not None and profile is not None
+    nodes = _custom_nodes(graph)
+    dims = bind_dims(graph, shapes)
+    rows: list[NodeSelection] = []
+    measured: set[str] = set()  # signature keys measured now; membership only
+
+    def choose(g, node, advance=None) -> NodeSelection:
+        sig, notes = node_signature(g, node, dims, shapes)
+        key = sig.key()
+        note = f" [dims: {', '.join(notes)}]" if notes else ""
+        lowering = params = reason = mode = None
+        reason_fail = ""
+        timings: list[dict] = []
+        if norm == "none":
+            mode = "none"
+        elif profiling:
+            res = profile(sig)
+            timings = [r.to_dict() for r in res.results]
+            if res.winner is not None:
+                lowering, params = res.winner.lowering, res.winner.params
+                mode = "cached" if res.from_cache else "profiled"
+                if not res.from_cache:
+                    measured.add(key)
+                reason = f"fastest of {sum(r.ok for r in res.results)} passing candidates ({res.winner.ms:.4g} ms)"
+            else:
+                mode = "heuristic"
+                reason_fail = f"every candidate failed ({res.failure_summary()}); "
+        elif cache is not None:
+            hashes = None
+            if candidates_for is not None:
+                hashes = {c.key(): c.source_hash() for c in candidates_for(sig)}
+            fp = device.fingerprint() if device is not None else None
+            best, records = cache.best_for_gpu(target.name, key, source_hashes=hashes, fingerprint=fp)
+            if best is not None:
+                lowering, params = best.lowering, best.params
+                mode = "cached"
+                origin = "imported" if best.origin == "imported" else "local"
+                reason = f"fastest of {sum(r.ok for r in records)} cached timings for {target.name} ({origin}, {best.ms:.4g} ms)"
+                timings = [
+                    {"candidate": r.candidate, "lowering": r.lowering, "params": r.params, "status": r.status,
+                     "ms": r.ms if math.isfinite(r.ms) else None, "samples": list(r.samples), "reason": r.reason,
+                     "cached": True}
+                    for r in records
+                ]
+        if lowering is None:
+            lowering, params, h_reason = heuristic_lowering(node.op_type, sig, cc)
+            if mode is None:
+                mode = "heuristic"
+            reason = f"{reason_fail}heuristic: {h_reason}"
+        node.set_attr("lowering", lowering)
+        node.set_attr("lowering_params", params)
+        if advance is not None:
+            advance(node.name)
+        return NodeSelection(g.name, node.name, node.op_type, key, lowering, params, mode, reason + note, timings)
+
+    if profiling:
+        from graphopt.tune.profiler import node_progress
+
+        with node_progress(len(nodes), enabled=progress, description=f"tuning on {device.normalized}") as advance:
+            rows = [choose(g, n, advance) for g, n in nodes]
+    else:
+        rows = [choose(g, n) for g, n in nodes]
+
+    mode = _overall_mode(norm, profiling, rows)
+    summary = _summary(requested, norm, target, device, profiling, profile, rows, measured)
+    meta = graph.metadata
+    meta[META_TARGET] = target.name
+    meta[META_MODE] = mode
+    meta[META_VERSION] = graphopt_version()
+    if device is not None and (profiling or mode in ("cached", "cached+heuristic")):
+        meta[META_DEVICE] = f"{device.name}; {device.fingerprint().describe()}"
+    else:
+        meta.pop(META_DEVICE, None)
+    messages = list(getattr(cache, "messages", []) or [])
+    return SelectionReport(requested, target.name, mode, target.present, device.name if device else None,
+                           summary, rows, messages)
+
+
+def _overall_mode(norm: str, profiling: bool, rows: list[NodeSelection]) -> str:
+    if norm == "none":
+        return "none"
+    modes = [r.mode for r in rows]
+    if "profiled" in modes:
+        return "profiled"
+    if modes and all(m == "cached" for m in modes):
+        return "cached"
+    if "cached" in modes:
+        return "cached+heuristic"
+    if profiling and not modes:
+        return "profiled"
+    return "heuristic"
+
+
+def _summary(requested, norm, target, device, profiling, profile, rows, measured) -> str:
+    n = len(rows)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.mode] = counts.get(r.mode, 0) + 1
+
+    def plural(k: int) -> str:
+        return f"{k} node{'s' if k != 1 else ''}"
+
+    if norm == "none":
+        return f"--gpu none: nothing was profiled; lowerings recorded by heuristic ({plural(n)})"
+    if profiling:
+        parts = []
+        if counts.get("profiled"):
+            parts.append(f"{len(measured)} signature{'s' if len(measured) != 1 else ''} profiled for {plural(counts['profiled'])}")
+        if counts.get("cached"):
+            parts.append(f"{plural(counts['cached'])} served from the tuning cache")
+        if counts.get("heuristic"):
+            parts.append(f"{plural(counts['heuristic'])} fell back to the heuristic (every candidate failed)")
+        return f"target {target.name} present ({device.name}): " + ("; ".join(parts) if parts else "no custom-op nodes to tune")
+    if requested.strip().lower() == "auto" and not target.present:
+        where = "no GPU detected (--gpu auto)"
+    elif target.present:
+        where = f"target {target.name} present but no kernel candidates are available"
+    else:
+        where = f"target {target.name} not present"
+    cached, heur = counts.get("cached", 0), counts.get("heuristic", 0)
+    if cached and heur:
+        how = f"lowerings from tuning-cache entries for {target.name} ({plural(cached)}) and by heuristic ({plural(heur)})"
+    elif cached:
+        how = f"lowerings from tuning-cache entries for {target.name} ({plural(cached)})"
+    else:
+        how = f"lowerings chosen by heuristic ({plural(n)})"
+    return f"{where}: nothing was profiled; {how}"
+
+
+__all__ = [
+    "DEFAULT_DIM", "META_DEVICE", "META_MODE", "META_TARGET", "META_VERSION", "NodeSelection", "SelectionReport",
+    "bind_dims", "graphopt_version", "node_signature", "select_lowerings",
+]
