@@ -122,18 +122,23 @@ def resolve_location(base_dir: Path, tensor: onnx.TensorProto, source: str) -> t
     return current, offset, length
 
 
-def load_external(model: onnx.ModelProto, base_dir: Path, source: str) -> None:
-    """Validate, then read every external tensor's bytes into ``raw_data`` (in place)."""
+def load_external(model: onnx.ModelProto, base_dir: Path, source: str) -> list[Path]:
+    """Validate, then read every external tensor's bytes into ``raw_data`` (in place); returns the
+    data files read."""
+    files: list[Path] = []
     for t in model_tensors(model):
         if not is_external(t):
             continue
         path, offset, length = resolve_location(base_dir, t, source)
+        if path not in files:
+            files.append(path)
         with open(path, "rb") as f:
             f.seek(offset)
             data = f.read() if length is None else f.read(length)
         del t.external_data[:]
         t.data_location = onnx.TensorProto.DEFAULT
         t.raw_data = data
+    return files
 
 
 def check_external(model: onnx.ModelProto, base_dir: Path, source: str) -> list[Path]:

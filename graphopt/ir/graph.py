@@ -123,6 +123,7 @@ class Graph:
         self._model_extra: onnx.ModelProto | None = None
         self._synth_names: set[str] = set()  # loaded nodes that had no name: written back nameless
         self.source_path: str | None = None  # the file it was loaded from, when there is one
+        self.data_files: list[str] = []  # the external-data files it was loaded from
 
     # ------------------------------------------------------------------ structure queries
     @property

@@ -167,9 +167,9 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
         folder = Path(base_dir) if base_dir is not None else path.resolve().parent
     check_header(model, source)
     if load_external_data:
-        load_external(model, folder, source)
+        data_files = load_external(model, folder, source)
     else:
-        check_external(model, folder, source)
+        data_files = check_external(model, folder, source)
     for t in iter_tensors(model.graph):
         check_tensor(t, source)
     try:
@@ -178,6 +178,7 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
     except InvalidGraph as e:
         raise InvalidGraph(f"{source}: {e}") from None
     graph.source_path = None if isinstance(model_or_path, onnx.ModelProto) else str(Path(model_or_path))
+    graph.data_files = [str(p) for p in data_files]
     return graph
 
 

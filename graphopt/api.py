@@ -1,0 +1,79 @@
+"""The library facade: what export scripts call.
+
+    import torch, graphopt
+    torch.onnx.export(model, args, "model.onnx")
+    optimized, report = graphopt.optimize("model.onnx", gpu="a100")
+    onnx.save(optimized, "model.opt.onnx")   # or pass output="model.opt.onnx"
+    print(report.rewrites, report.custom_ops)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Sequence
+
+import onnx
+
+from graphopt.ir import Graph, load_model, save_model
+from graphopt.pipeline import OptimizeReport, optimize_file, optimize_model
+from graphopt.verify import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
+
+__all__ = ["optimize", "load", "save", "verify", "OptimizeReport"]
+
+
+def optimize(
+    model_or_path: "onnx.ModelProto | str | os.PathLike",
+    *,
+    gpu: str = "auto",
+    rules: Sequence["str | os.PathLike"] = (),
+    disable: Sequence[str] = (),
+    explain: bool = False,
+    verify: bool = False,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    output: "str | os.PathLike | None" = None,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+) -> tuple[onnx.ModelProto, OptimizeReport]:
+    """Optimize a model (a ``ModelProto`` or a path) and return ``(optimized ModelProto, report)``.
+
+    ``gpu`` is ``"auto"``, ``"none"`` or a GPU name such as ``"a100"`` (see ``graphopt optimize --help``).
+    ``rules`` adds rule files or folders to the shipped ones; ``disable`` turns shipped rules off by
+    name. With ``verify=True`` both models run under onnxruntime on random inputs and a mismatch raises
+    ``graphopt.errors.VerificationFailed``. The result is written only when ``output`` is given."""
+    options = dict(gpu=gpu, rules=list(rules), disable=list(disable), explain=explain)
+    shape_map = {k: list(v) for k, v in (shapes or {}).items()}
+    if isinstance(model_or_path, onnx.ModelProto):
+        model, report = optimize_model(model_or_path, verify=verify, rtol=rtol, atol=atol, shapes=shape_map, **options)
+        if output is not None:
+            save_model(model, output)
+            report.output = str(output)
+        return model, report
+    return optimize_file(
+        model_or_path, output, write=output is not None, verify=verify, rtol=rtol, atol=atol, shapes=shape_map, **options
+    )
+
+
+def load(model_or_path: "onnx.ModelProto | str | os.PathLike") -> Graph:
+    """Load and validate a model into graphopt's IR."""
+    return load_model(model_or_path)
+
+
+def save(graph_or_model: "Graph | onnx.ModelProto", path: "str | os.PathLike") -> None:
+    """Write atomically (external data beside it when over 2 GB)."""
+    save_model(graph_or_model, path)
+
+
+def verify(
+    candidate: "onnx.ModelProto | str | os.PathLike",
+    reference: "onnx.ModelProto | str | os.PathLike",
+    *,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+) -> VerifyResult:
+    """Run both models under onnxruntime (CPU) on random inputs; per-output max abs/rel error."""
+    from graphopt.ir import to_model
+
+    cand = candidate if isinstance(candidate, onnx.ModelProto) else to_model(load_model(candidate))
+    ref = reference if isinstance(reference, onnx.ModelProto) else to_model(load_model(reference))
+    return verify_models(cand, ref, shapes=shapes, rtol=rtol, atol=atol)

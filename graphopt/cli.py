@@ -1,0 +1,338 @@
+"""The ``graphopt`` command line (click). Thin: parsing, printing, exit codes; the work is elsewhere.
+
+Every user error is a ``GraphoptError``: it is printed as one line, ``graphopt: error: ...``, and the
+process exits with that error's code (listed in ``graphopt --help``). Tracebacks are shown only for
+internal errors, and only with ``GRAPHOPT_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import click
+
+from graphopt import __version__
+from graphopt.errors import EXIT_CODES, GraphoptError
+
+_EXIT_HELP = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in sorted(EXIT_CODES.items()))
+_GPU_HELP = (
+    "Target GPU: 'auto' (the device present, if any), 'none', or a name such as a100, h100, h200, l4, l40s, "
+    "rtx4090. Without that GPU present, imported tuning-cache entries for it are used, else a documented "
+    "heuristic, and graphopt says that nothing was profiled."
+)
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+class _Progress:
+    """One-line progress on stderr, shown only on a terminal and unless --quiet."""
+
+    def __init__(self, quiet: bool):
+        self.enabled = not quiet and sys.stderr.isatty()
+        self._status = None
+
+    def __enter__(self):
+        if self.enabled:
+            self._status = _console(stderr=True).status("graphopt")
+            self._status.__enter__()
+        return self
+
+    def __call__(self, message: str) -> None:
+        if self._status is not None:
+            self._status.update(f"graphopt: {message}")
+
+    def __exit__(self, *exc):
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+
+def _run(fn):
+    """Map GraphoptError to its exit code with a one-line message; never a traceback for user errors."""
+    try:
+        return fn()
+    except GraphoptError as e:
+        click.echo(f"graphopt: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("graphopt: interrupted; nothing was written", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit:
+        raise
+    except Exception as e:  # a bug: say so plainly, keep the traceback behind GRAPHOPT_DEBUG
+        if os.environ.get("GRAPHOPT_DEBUG"):
+            raise
+        first = str(e).splitlines()[0] if str(e) else ""
+        click.echo(
+            f"graphopt: internal error: {type(e).__name__}: {first[:300]} (a bug in graphopt; rerun with GRAPHOPT_DEBUG=1 "
+            "for the traceback and report it)",
+            err=True,
+        )
+        sys.exit(1)
+
+
+@click.group(epilog=_EXIT_HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="graphopt")
+def main() -> None:
+    """graphopt: a kernel-tuning graph optimizer for ONNX models."""
+
+
+# ------------------------------------------------------------------------------------ optimize
+@main.command(epilog=_EXIT_HELP)
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Output path (default: MODEL with .opt.onnx).")
+@click.option("--gpu", default="auto", show_default=True, help=_GPU_HELP)
+@click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path), help="Extra rule file or folder (repeatable).")
+@click.option("--disable", multiple=True, metavar="NAME", help="Turn off a shipped rule by name (repeatable).")
+@click.option("--explain", is_flag=True, help="List every match and every near-miss with the reason it did not fire.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the full report as JSON.")
+@click.option("--verify", is_flag=True, help="Compare original and optimized under onnxruntime; on a mismatch write nothing.")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape for --verify and tuning (repeatable).")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance for --verify (default 1e-4).")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance for --verify (default 1e-5).")
+@click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
+def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, rtol, atol, quiet):
+    """Optimize MODEL: cleanup, fusion rules, lowering selection; write MODEL.opt.onnx."""
+
+    def work():
+        from graphopt.pipeline import optimize_file
+        from graphopt.verify import DEFAULT_ATOL, DEFAULT_RTOL, parse_shape_overrides
+
+        shape_map = parse_shape_overrides(shapes)
+        with _Progress(quiet) as progress:
+            _, report = optimize_file(
+                model,
+                output,
+                gpu=gpu,
+                rules=list(rules),
+                disable=list(disable),
+                explain=explain,
+                verify=verify,
+                shapes=shape_map,
+                rtol=DEFAULT_RTOL if rtol is None else rtol,
+                atol=DEFAULT_ATOL if atol is None else atol,
+                progress=progress,
+            )
+        if report_path is not None:
+            from graphopt.ir.io import _atomic_write
+
+            _atomic_write(report_path, [report.to_json().encode() + b"\n"])
+        if not quiet:
+            _print_summary(report, explain)
+
+    _run(work)
+
+
+def _print_summary(report, explain: bool) -> None:
+    from rich.table import Table
+
+    con = _console()
+    if explain:
+        _print_explain(con, report)
+    table = Table(title=f"graphopt optimize: {report.source}", show_header=True, header_style="bold")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("nodes before", str(report.nodes_before))
+    table.add_row("nodes after", str(report.nodes_after))
+    for name, count in report.cleanup.items():
+        table.add_row(f"cleanup {name}", str(count))
+    for name, count in report.rewrites.items():
+        table.add_row(f"rule {name}", str(count))
+    for name, count in report.custom_ops.items():
+        table.add_row(f"custom op graphopt.{name}", str(count))
+    table.add_row("target / mode", f"{report.target} / {report.mode}")
+    if report.verify is not None:
+        worst = max((o["max_rel"] for o in report.verify["outputs"]), default=0.0)
+        table.add_row("verify (max rel err)", f"ok ({worst:.2e})")
+    table.add_row("time", f"{report.seconds:.2f} s")
+    table.add_row("output", str(report.output))
+    con.print(table)
+    if report.selection_summary:
+        con.print(report.selection_summary)
+
+
+def _print_explain(con, report) -> None:
+    con.print(f"[bold]matches ({len(report.matches)})[/bold]")
+    for m in report.matches:
+        fused = m.get("fused") or m.get("original") or m.get("nodes")
+        con.print(f"  {m.get('rule')}: {m.get('node', m.get('new_node', ''))} <- {', '.join(fused) if isinstance(fused, list) else fused}")
+    con.print(f"[bold]near-misses ({len(report.near_misses)})[/bold]")
+    for m in report.near_misses:
+        con.print(f"  {m.get('rule')} at {m.get('anchor', m.get('node', ''))!r}: {m.get('reason')}")
+
+
+# ------------------------------------------------------------------------------------ inspect
+@main.command(epilog=_EXIT_HELP)
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path), help="Extra rule file or folder.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def inspect(model, rules, as_json):
+    """Op histogram, opsets, inputs/outputs with shapes, and which rules would fire."""
+
+    def work():
+        from graphopt.ir import load_model
+        from graphopt.rewrite import find_matches, load_rules
+
+        graph = load_model(model)
+        hist = Counter(n.qualified_op for _, n in graph.walk())
+        io = {
+            "inputs": {t: _shape_str(graph, t) for t in graph.inputs if not graph.is_initializer(t)},
+            "outputs": {t: _shape_str(graph, t) for t in graph.outputs},
+        }
+        matches = find_matches(graph, load_rules(shipped=True, paths=[str(r) for r in rules]))
+        would_fire = Counter(_as_dict(m).get("rule") for m in matches)
+        info = {
+            "model": str(model),
+            "ir_version": graph.ir_version,
+            "opsets": dict(sorted(graph.opset.items())),
+            "producer": f"{graph.producer_name} {graph.producer_version}".strip(),
+            "nodes": sum(hist.values()),
+            "ops": dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0]))),
+            **io,
+            "rules_that_would_fire": dict(sorted(would_fire.items())),
+        }
+        if as_json:
+            click.echo(json.dumps(info, indent=2))
+            return
+        from rich.table import Table
+
+        con = _console()
+        con.print(f"[bold]{model}[/bold]: ir_version {info['ir_version']}, opsets {info['opsets']}, {info['nodes']} nodes, producer {info['producer'] or '-'}")
+        for kind in ("inputs", "outputs"):
+            t = Table(title=kind)
+            t.add_column("name")
+            t.add_column("type / shape")
+            for name, s in info[kind].items():
+                t.add_row(name, s)
+            con.print(t)
+        t = Table(title="ops")
+        t.add_column("op")
+        t.add_column("count", justify="right")
+        for op, c in info["ops"].items():
+            t.add_row(op, str(c))
+        con.print(t)
+        t = Table(title="rules that would fire")
+        t.add_column("rule")
+        t.add_column("matches", justify="right")
+        for r, c in info["rules_that_would_fire"].items():
+            t.add_row(str(r), str(c))
+        con.print(t)
+
+    _run(work)
+
+
+def _as_dict(obj):
+    from graphopt.pipeline import _as_dict as impl
+
+    return impl(obj)
+
+
+def _shape_str(graph, tensor: str) -> str:
+    import onnx
+
+    vi = graph.value_info(tensor)
+    dtype = onnx.TensorProto.DataType.Name(vi.dtype).lower() if vi.dtype else "?"
+    shape = "?" if vi.shape is None else "[" + ", ".join("?" if d is None else str(d) for d in vi.shape) + "]"
+    return f"{dtype} {shape}"
+
+
+# ------------------------------------------------------------------------------------ verify
+@main.command(epilog=_EXIT_HELP)
+@click.argument("a", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--device", type=click.Choice(["cpu"]), default="cpu", show_default=True, help="Where to run (the GPU runtime comes later).")
+@click.option("--rtol", type=float, default=1e-4, show_default=True)
+@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape (repeatable).")
+def verify(a, b, device, rtol, atol, shapes):
+    """Compare models A and B on random inputs; per-output max abs/rel error; exit 9 if they differ."""
+
+    def work():
+        from rich.table import Table
+
+        from graphopt.api import verify as run_verify
+        from graphopt.errors import VerificationFailed
+        from graphopt.verify import parse_shape_overrides
+
+        result = run_verify(a, b, shapes=parse_shape_overrides(shapes), rtol=rtol, atol=atol)
+        t = Table(title=f"verify {a} against {b} (rtol {rtol}, atol {atol})")
+        for col in ("output", "shape", "max abs", "max rel", "ok"):
+            t.add_column(col)
+        for o in result.outputs:
+            t.add_row(o.name, str(o.shape), f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", "yes" if o.ok else f"NO {o.note}")
+        _console().print(t)
+        if not result.ok:
+            w = result.worst()
+            raise VerificationFailed(f"{a} and {b} differ at output {w.name!r} (max abs {w.max_abs:.3g}, max rel {w.max_rel:.3g})")
+
+    _run(work)
+
+
+# ------------------------------------------------------------------------------------ rules
+@main.group()
+def rules():
+    """List and check fusion rules."""
+
+
+@rules.command("list")
+@click.option("--rules", "extra", multiple=True, type=click.Path(path_type=Path), help="Extra rule file or folder.")
+def rules_list(extra):
+    """List the shipped (and extra) rules with their doc lines."""
+
+    def work():
+        from rich.table import Table
+
+        from graphopt.rewrite import load_rules
+
+        ruleset = load_rules(shipped=True, paths=[str(p) for p in extra])
+        t = Table(title="fusion rules")
+        for col in ("name", "file", "doc"):
+            t.add_column(col)
+        for r in ruleset.rules:
+            t.add_row(r.name, Path(str(getattr(r, "source", "") or "")).name, getattr(r, "doc", ""))
+        _console().print(t)
+
+    _run(work)
+
+
+@rules.command("check")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+def rules_check(files):
+    """Validate rule files; report errors with file, line and rule name (exit 10 on errors)."""
+
+    def work():
+        from graphopt.errors import RuleError
+        from graphopt.rewrite import check_rule_file
+
+        problems = []
+        for f in files:
+            problems.extend(check_rule_file(f))
+        for p in problems:
+            d = _as_dict(p)
+            click.echo(f"{d.get('file')}:{d.get('line')}: rule {d.get('rule') or '-'}: {d.get('message')}", err=True)
+        if problems:
+            raise RuleError(f"{len(problems)} problem(s) in {', '.join(map(str, files))}")
+        click.echo(f"ok: {', '.join(map(str, files))}")
+
+    _run(work)
+
+
+def _mount_optional_groups() -> None:
+    try:
+        from graphopt.tune.cache_cli import cache
+    except ImportError:  # the tuning cache CLI lands with graphopt.tune
+        return
+    main.add_command(cache)
+
+
+_mount_optional_groups()
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

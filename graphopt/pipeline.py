@@ -1,0 +1,250 @@
+"""The optimize pipeline: load -> cleanup -> fusion rules -> lowering selection -> save.
+
+Each step takes the ``Graph`` and returns a report; this module strings them together and collects
+an ``OptimizeReport``. The library facade (``graphopt.api``) and the CLI are thin layers over it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import onnx
+
+from graphopt import __version__
+from graphopt.errors import GraphoptError, VerificationFailed
+from graphopt.ir import Graph, from_model, load_model, save_model, to_model
+from graphopt.verify import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class OptimizeReport:
+    """What one optimize run did; ``to_json`` is what ``--report`` writes."""
+
+    source: str
+    output: str | None = None
+    nodes_before: int = 0
+    nodes_after: int = 0
+    cleanup: dict[str, int] = field(default_factory=dict)
+    rewrites: dict[str, int] = field(default_factory=dict)
+    custom_ops: dict[str, int] = field(default_factory=dict)
+    matches: list[dict[str, Any]] = field(default_factory=list)
+    near_misses: list[dict[str, Any]] = field(default_factory=list)
+    target: str = "none"
+    mode: str = "none"
+    selection_summary: str = ""
+    lowerings: list[dict[str, Any]] = field(default_factory=list)
+    verify: dict[str, Any] | None = None
+    seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+def _count_nodes(graph: Graph) -> int:
+    return sum(1 for _ in graph.walk())
+
+
+def _custom_op_histogram(graph: Graph) -> dict[str, int]:
+    c = Counter(n.op_type for _, n in graph.walk() if n.domain == "graphopt")
+    return dict(sorted(c.items()))
+
+
+def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shapes for the lowering signatures and constraints; best effort (a failure keeps the model)."""
+    if model.ByteSize() > 2**31 - 2**24:
+        return model
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # shape inference is an aid here, never a reason to refuse a valid model
+        return model
+
+
+def _with_inferred_shapes(graph: Graph) -> tuple[onnx.ModelProto, Graph]:
+    """(the validated original model, a fresh IR of it with inferred value_info)."""
+    original = to_model(graph)
+    inferred = _infer_shapes(original)
+    if inferred is original:
+        return original, graph
+    return original, from_model(inferred).lint()
+
+
+def optimize_graph(
+    graph: Graph,
+    *,
+    gpu: str = "auto",
+    rules: Sequence[str | os.PathLike] = (),
+    disable: Sequence[str] = (),
+    explain: bool = False,
+    cleanup: bool = True,
+    shapes: dict[str, list[int]] | None = None,
+    progress: Progress | None = None,
+    report: OptimizeReport | None = None,
+) -> OptimizeReport:
+    """Rewrite ``graph`` in place and return the report."""
+    from graphopt.passes import run_cleanup
+    from graphopt.rewrite import apply_rules, load_rules
+    from graphopt.tune.select import select_lowerings
+
+    report = report or OptimizeReport(source=graph.source_path or "<model>")
+    step = progress or (lambda msg: None)
+    t = time.perf_counter()
+    ruleset = load_rules(shipped=True, paths=[str(p) for p in rules], disable=list(disable))
+    report.timings["load_rules"] = time.perf_counter() - t
+    report.nodes_before = report.nodes_before or _count_nodes(graph)
+    if cleanup:
+        step("cleanup passes")
+        t = time.perf_counter()
+        report.cleanup = {k: v for k, v in run_cleanup(graph).items() if v}
+        report.timings["cleanup"] = time.perf_counter() - t
+    step("fusion rules")
+    t = time.perf_counter()
+    rw = apply_rules(graph, ruleset, explain=explain)
+    report.rewrites = dict(sorted((k, v) for k, v in rw.counts.items() if v))
+    report.matches = [_as_dict(m) for m in rw.matches]
+    report.near_misses = [_as_dict(m) for m in rw.near_misses] if explain else []
+    report.timings["rewrite"] = time.perf_counter() - t
+    if cleanup:
+        t = time.perf_counter()
+        for k, v in run_cleanup(graph).items():
+            if v:
+                report.cleanup[k] = report.cleanup.get(k, 0) + v
+        report.timings["cleanup_after"] = time.perf_counter() - t
+    step("lowering selection")
+    t = time.perf_counter()
+    sel = select_lowerings(graph, gpu=gpu, shapes=shapes)
+    report.target = sel.target
+    report.mode = sel.mode
+    report.selection_summary = sel.summary
+    report.lowerings = [_as_dict(r) for r in sel.rows]
+    report.timings["select"] = time.perf_counter() - t
+    graph.toposort()
+    graph.lint()
+    report.nodes_after = _count_nodes(graph)
+    report.custom_ops = _custom_op_histogram(graph)
+    return report
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return obj
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if hasattr(obj, "__dataclass_fields__"):
+        return asdict(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_asdict"):
+        return dict(obj._asdict())
+    return {"value": str(obj)}
+
+
+def finalize_model(graph: Graph) -> onnx.ModelProto:
+    """The ModelProto to write: custom-op function bodies attached, graphopt metadata recorded."""
+    from graphopt.ops import attach_functions
+
+    graph.metadata["graphopt.version"] = __version__
+    model = to_model(graph)
+    model = attach_functions(model)
+    return model
+
+
+def check_output_model(model: onnx.ModelProto) -> None:
+    if model.ByteSize() > 2**31 - 2**24:
+        return  # the checker needs a path for >2 GB models; save_model writes external data then
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise GraphoptError(f"internal error: the optimized model fails onnx.checker: {str(e).splitlines()[0][:300]}") from None
+    except Exception as e:  # shape inference errors raised by full_check have their own types
+        raise GraphoptError(f"internal error: the optimized model fails onnx.checker: {str(e).splitlines()[0][:300]}") from None
+
+
+def default_output_path(source: str | os.PathLike) -> Path:
+    p = Path(source)
+    name = p.name[: -len(".onnx")] if p.name.endswith(".onnx") else p.name
+    return p.with_name(name + ".opt.onnx")
+
+
+def optimize_file(
+    source: str | os.PathLike,
+    output: str | os.PathLike | None = None,
+    *,
+    verify: bool = False,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+    shapes: dict[str, list[int]] | None = None,
+    write: bool = True,
+    progress: Progress | None = None,
+    **options: Any,
+) -> tuple[onnx.ModelProto, OptimizeReport]:
+    """Optimize the model at ``source`` and (unless ``write`` is False) write it to ``output``.
+
+    With ``verify``, the original and optimized models run under onnxruntime on random inputs first;
+    on a mismatch ``VerificationFailed`` is raised and nothing is written."""
+    start = time.perf_counter()
+    source = Path(source)
+    step = progress or (lambda msg: None)
+    step("loading")
+    graph = load_model(source)
+    protect = [source] + graph.data_files
+    original_model, graph = _with_inferred_shapes(graph)
+    graph.source_path = str(source)
+    report = OptimizeReport(source=str(source))
+    optimize_graph(graph, shapes=shapes, progress=progress, report=report, **options)
+    model = finalize_model(graph)
+    check_output_model(model)
+    if verify:
+        step("verifying with onnxruntime")
+        result = verify_models(model, original_model, shapes=shapes, rtol=rtol, atol=atol)
+        report.verify = result.to_dict()
+        if not result.ok:
+            worst = result.worst()
+            raise VerificationFailed(
+                f"{source}: optimized output {worst.name!r} differs from the original (max abs {worst.max_abs:.3g}, "
+                f"max rel {worst.max_rel:.3g}, rtol {rtol}, atol {atol}){'; ' + worst.note if worst.note else ''}; nothing was written"
+            )
+    if write:
+        out = Path(output) if output is not None else default_output_path(source)
+        step(f"writing {out}")
+        save_model(model, out, protect=protect)
+        report.output = str(out)
+    report.seconds = time.perf_counter() - start
+    return model, report
+
+
+def optimize_model(
+    model: onnx.ModelProto,
+    *,
+    verify: bool = False,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+    shapes: dict[str, list[int]] | None = None,
+    base_dir: str | os.PathLike | None = None,
+    **options: Any,
+) -> tuple[onnx.ModelProto, OptimizeReport]:
+    start = time.perf_counter()
+    original_model, graph = _with_inferred_shapes(load_model(model, base_dir=base_dir))
+    report = OptimizeReport(source="<model>")
+    optimize_graph(graph, shapes=shapes, report=report, **options)
+    out = finalize_model(graph)
+    check_output_model(out)
+    if verify:
+        result: VerifyResult = verify_models(out, original_model, shapes=shapes, rtol=rtol, atol=atol)
+        report.verify = result.to_dict()
+        if not result.ok:
+            worst = result.worst()
+            raise VerificationFailed(
+                f"optimized output {worst.name!r} differs from the original (max abs {worst.max_abs:.3g}, max rel {worst.max_rel:.3g})"
+            )
+    report.seconds = time.perf_counter() - start
+    return out, report

@@ -1,0 +1,170 @@
+"""Compare two models on the same random inputs under onnxruntime (CPU).
+
+Inputs follow each graph input's dtype; symbolic or unknown dims take concrete sizes (``--shape``
+overrides per input, otherwise ``DEFAULT_DIM``). Errors are reported per output as the max absolute
+error and the max relative error ``|a - b| / (|b| + atol)``; NaN and inf must sit at the same places
+in both outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from graphopt.errors import GraphoptError, InvalidModel, VerificationFailed
+
+DEFAULT_DIM = 2
+DEFAULT_RTOL = 1e-4
+DEFAULT_ATOL = 1e-5
+
+
+def parse_shape_overrides(items: Sequence[str]) -> dict[str, list[int]]:
+    """``["x=1x3x224x224", "ids=2x16"]`` -> ``{"x": [1, 3, 224, 224], "ids": [2, 16]}``."""
+    out: dict[str, list[int]] = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = [int(d) for d in dims.lower().split("x")]
+            if any(d < 0 for d in out[name]):
+                raise ValueError
+        except ValueError:
+            raise GraphoptError(f"--shape {item!r}: expected NAME=D1xD2x..., for example input=1x3x224x224") from None
+    return out
+
+
+@dataclass
+class OutputError:
+    name: str
+    shape: list[int]
+    max_abs: float
+    max_rel: float
+    ok: bool
+    note: str = ""
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    rtol: float
+    atol: float
+    input_shapes: dict[str, list[int]]
+    outputs: list[OutputError] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def worst(self) -> OutputError | None:
+        bad = [o for o in self.outputs if not o.ok]
+        return bad[0] if bad else None
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {t.name for t in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in inits]
+
+
+def make_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random feeds for every graph input (initializer-backed inputs keep their defaults)."""
+    shapes = dict(shapes or {})
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for vi in _graph_inputs(model):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise InvalidModel(f"input {vi.name!r} is not a tensor; graphopt verify handles tensor inputs only")
+        if vi.name in shapes:
+            dims = list(shapes[vi.name])
+        else:
+            dims = [d.dim_value if d.HasField("dim_value") else DEFAULT_DIM for d in tt.shape.dim]
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        if dtype.kind == "f":
+            feeds[vi.name] = rng.standard_normal(dims).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[vi.name] = rng.integers(0, 2, dims).astype(bool)
+        elif dtype.kind in "iu":
+            # small non-negative ints: valid token ids, indices and masks for the sample models
+            feeds[vi.name] = rng.integers(0, 2, dims).astype(dtype)
+        else:
+            raise InvalidModel(f"input {vi.name!r} has dtype {dtype}, which graphopt verify cannot generate")
+    return feeds
+
+
+def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(None, dict(feeds))))  # type: ignore[return-value]
+    except Exception as e:  # onnxruntime raises its own exception types; keep the first line only
+        raise VerificationFailed(f"onnxruntime could not run the model: {str(e).splitlines()[0][:300]}") from None
+
+
+def compare_outputs(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> OutputError:
+    """``a`` is the candidate, ``b`` the reference."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.shape != b.shape:
+        return OutputError(name, list(b.shape), float("inf"), float("inf"), False, f"shape {list(a.shape)} vs {list(b.shape)}")
+    if a.dtype != b.dtype:
+        note = f"dtype {a.dtype} vs {b.dtype}"
+    else:
+        note = ""
+    if a.dtype.kind not in "fc" or b.dtype.kind not in "fc":
+        equal = np.array_equal(a, b)
+        diff = 0.0 if equal else float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+        return OutputError(name, list(b.shape), diff, 0.0 if equal else float("inf"), equal, note)
+    a64 = a.astype(np.float64)
+    b64 = b.astype(np.float64)
+    nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+    inf_mismatch = (np.isinf(a64) | np.isinf(b64)) & ~(a64 == b64)
+    if not np.array_equal(nan_a, nan_b) or inf_mismatch.any():
+        return OutputError(name, list(b.shape), float("inf"), float("inf"), False, "NaN/inf at different positions")
+    finite = np.isfinite(a64) & np.isfinite(b64)
+    if not finite.any():
+        return OutputError(name, list(b.shape), 0.0, 0.0, True, note)
+    diff = np.abs(a64[finite] - b64[finite])
+    max_abs = float(diff.max())
+    max_rel = float((diff / (np.abs(b64[finite]) + atol)).max())
+    ok = bool(np.all(diff <= atol + rtol * np.abs(b64[finite])))
+    return OutputError(name, list(b.shape), max_abs, max_rel, ok, note)
+
+
+def verify_models(
+    candidate: onnx.ModelProto,
+    reference: onnx.ModelProto,
+    *,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+    seed: int = 0,
+    runs: int = 1,
+) -> VerifyResult:
+    """Run both models on ``runs`` sets of random inputs and compare every output by name."""
+    result = VerifyResult(ok=True, rtol=rtol, atol=atol, input_shapes={})
+    worst: dict[str, OutputError] = {}
+    for r in range(runs):
+        feeds = make_inputs(reference, shapes, seed=seed + r)
+        result.input_shapes = {k: list(v.shape) for k, v in feeds.items()}
+        ref = run_onnxruntime(reference, feeds)
+        cand_feeds = {vi.name: feeds[vi.name] for vi in _graph_inputs(candidate) if vi.name in feeds}
+        got = run_onnxruntime(candidate, cand_feeds)
+        for name, b in ref.items():
+            if name not in got:
+                worst[name] = OutputError(name, list(np.shape(b)), float("inf"), float("inf"), False, "missing in the optimized model")
+                continue
+            err = compare_outputs(name, got[name], b, rtol, atol)
+            prev = worst.get(name)
+            if prev is None or (prev.ok and not err.ok) or err.max_rel > prev.max_rel:
+                worst[name] = err
+    result.outputs = list(worst.values())
+    result.ok = all(o.ok for o in result.outputs)
+    return result
