@@ -1,0 +1,161 @@
+"""``attach_functions``: give every graphopt node of a model the FunctionProto it needs.
+
+With the bodies in ``model.functions`` any ONNX runtime (stock onnxruntime included) and
+``onnx.checker`` (full check, which infers shapes through the functions) accept the model.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import onnx
+from onnx import helper
+
+from graphopt.errors import RuleError, UnsupportedModel
+from graphopt.ops.schema import DOMAIN, VERSION
+
+# Overloaded model-local functions (NodeProto.overload) need IR version 10.
+MIN_IR_VERSION = 10
+# From this opset the bodies use CastLike, so they are polymorphic and need no dtype in the key.
+CASTLIKE_OPSET = 15
+
+
+def _walk(graph: onnx.GraphProto) -> Iterator[tuple[onnx.GraphProto, onnx.NodeProto]]:
+    """(graph, node) for ``graph`` and every nested If/Loop/Scan body, depth-first, in file order."""
+    for node in graph.node:
+        yield graph, node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _walk(sub)
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every nested subgraph, depth-first, in file order."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                yield from _graphs(sub)
+
+
+def _node_attrs(node: onnx.NodeProto) -> dict:
+    """A node's attributes as plain Python values (strings decoded, int lists as lists)."""
+    out = {}
+    for attr in node.attribute:
+        value = helper.get_attribute_value(attr)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8")
+        elif isinstance(value, (list, tuple)):
+            value = list(value)
+        out[attr.name] = value
+    return out
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain (ai.onnx) opset; UnsupportedModel when it imports none."""
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    raise UnsupportedModel("model imports no default-domain (ai.onnx) opset; graphopt ops need one")
+
+
+class _DtypeLookup:
+    """Element types of tensors, from declared types first and shape inference only if needed.
+
+    Below opset 15 a body with numeric constants must know its element type; this is the only
+    place that asks, and it runs onnx shape inference at most once per model.
+    """
+
+    def __init__(self, model: onnx.ModelProto):
+        self._model = model
+        self._types: dict[str, int] | None = None
+        self._inferred = False
+
+    @staticmethod
+    def _collect(model: onnx.ModelProto) -> dict[str, int]:
+        types: dict[str, int] = {}
+        for g in _graphs(model.graph):
+            for init in g.initializer:
+                types.setdefault(init.name, init.data_type)
+            for vi in list(g.input) + list(g.value_info) + list(g.output):
+                if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                    types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+        return types
+
+    def __call__(self, names: list[str]) -> int | None:
+        if self._types is None:
+            self._types = self._collect(self._model)
+        for attempt in range(2):
+            for name in names:
+                if name and name in self._types:
+                    return self._types[name]
+            if attempt == 0 and not self._inferred:
+                self._inferred = True
+                try:
+                    inferred = onnx.shape_inference.infer_shapes(self._model)
+                except Exception:  # inference is a best effort here; float32 is the fallback
+                    return None
+                for name, dtype in self._collect(inferred).items():
+                    self._types.setdefault(name, dtype)
+        return None
+
+
+def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Add exactly the FunctionProtos the model's graphopt nodes need; modifies and returns ``model``.
+
+    For every graphopt-domain node (root graph and all If/Loop/Scan subgraphs) this validates the
+    attributes (RuleError naming the node when invalid), sets ``node.overload`` to the schema's
+    key, and collects the (op, overload) pairs. Stale graphopt functions are replaced by fresh
+    bodies for the model's default opset, sorted by (name, overload) after the other domains'
+    functions (whose order is kept). It imports graphopt:1 and raises ir_version to >= 10.
+    Idempotent: a second call leaves the model byte-identical.
+    """
+    from graphopt.ops import get_schema  # here, not at module level: the facade imports this module
+
+    opset = default_opset(model)
+    lookup = _DtypeLookup(model) if opset < CASTLIKE_OPSET else None
+    needed: dict[tuple[str, str], None] = {}
+    for graph, node in _walk(model.graph):
+        if node.domain != DOMAIN:
+            continue
+        where = f"node {node.name or '(unnamed)'!r} ({DOMAIN}.{node.op_type}) in graph {graph.name!r}"
+        try:
+            schema = get_schema(node.op_type)
+        except RuleError as exc:
+            raise RuleError(f"{where}: {exc}") from None
+        attrs = _node_attrs(node)
+        present = [bool(name) for name in node.input]
+        reason = schema.validate(attrs, present)
+        if reason:
+            raise RuleError(f"{where}: {reason}; fix the rule or pass that builds it")
+        dtype = None
+        if lookup is not None and schema.needs_dtype(attrs, present):
+            dtype = lookup([name for name in node.input if name])
+        try:
+            key = schema.overload(attrs, present, dtype=dtype)
+        except RuleError as exc:
+            raise RuleError(f"{where}: {exc}") from None
+        node.overload = key
+        needed[(node.op_type, key)] = None
+
+    kept = [f for f in model.functions if f.domain != DOMAIN]
+    fresh = [get_schema(name).function(key, opset) for name, key in sorted(needed)]
+    del model.functions[:]
+    model.functions.extend(kept + fresh)
+
+    if needed:
+        for imp in model.opset_import:
+            if imp.domain == DOMAIN:
+                imp.version = VERSION
+                break
+        else:
+            model.opset_import.append(helper.make_opsetid(DOMAIN, VERSION))
+        if model.ir_version < MIN_IR_VERSION:
+            model.ir_version = MIN_IR_VERSION
+    return model
+
+
+__all__ = ["attach_functions", "default_opset"]

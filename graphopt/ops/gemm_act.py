@@ -1,0 +1,131 @@
+"""graphopt.GemmAct: ``Y = act(MatMul(A, B) + C)`` (mode "matmul") or ``act(Gemm(A, B, C))`` (mode "gemm").
+
+Mode "matmul" is NumPy-style batched, broadcasting matmul with C broadcast-added; mode "gemm" has
+ONNX Gemm semantics, with alpha, beta, transA and transB copied verbatim from the Gemm and passed
+to the body's Gemm by reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import AttributeProto
+
+from graphopt.errors import RuleError
+from graphopt.ops._body import Body, dtype_token
+from graphopt.ops._keys import format_key, parse_key
+from graphopt.ops.activations import ACTIVATIONS, f32, activation_key, check_activation
+from graphopt.ops.schema import DOMAIN, OpSchema
+
+NAME = "GemmAct"
+INPUTS = (("A", False), ("B", False), ("C", True))
+MODES = ("matmul", "gemm")
+GEMM_ATTRS: dict[str, int] = {
+    "alpha": AttributeProto.FLOAT,
+    "beta": AttributeProto.FLOAT,
+    "transA": AttributeProto.INT,
+    "transB": AttributeProto.INT,
+}
+
+ATTRIBUTES: dict[str, tuple[type, Any]] = {
+    "mode": (str, "matmul"),
+    "alpha": (float, 1.0),
+    "beta": (float, 1.0),
+    "transA": (int, 0),
+    "transB": (int, 0),
+    "activation": (str, "none"),
+    "act_alpha": (float, None),
+    "act_beta": (float, None),
+    "clip_min": (float, None),
+    "clip_max": (float, None),
+    "lowering": (str, None),
+    "lowering_params": (str, None),
+}
+
+DOC = ('graphopt.GemmAct: Y = act(MatMul(A, B) + C) for mode "matmul", act(Gemm(A, B, C; alpha, beta, '
+       'transA, transB)) for mode "gemm"; C is optional; activation is one of: ' + ", ".join(ACTIVATIONS) + ".")
+
+
+def _check(attrs: dict, present: list[bool]) -> str | None:
+    mode = attrs.get("mode", "matmul")
+    if mode not in MODES:
+        return f"mode={mode!r} must be one of {', '.join(MODES)}"
+    if mode == "matmul":
+        given = [a for a in GEMM_ATTRS if attrs.get(a) is not None]
+        if given:
+            return f"attributes {', '.join(given)} only apply to mode 'gemm', not 'matmul'"
+    for name in ("transA", "transB"):
+        if attrs.get(name, 0) not in (0, 1):
+            return f"{name}={attrs[name]} must be 0 or 1"
+    return check_activation(attrs)
+
+
+def _has_c(present: list[bool]) -> bool:
+    return len(present) > 2 and present[2]
+
+
+def _needs_dtype(attrs: dict, present: list[bool]) -> bool:
+    act = ACTIVATIONS[attrs.get("activation", "none")]
+    # Gemm before opset 11 requires C: a typed zero stands in when it is absent.
+    return act.typed_constants or (attrs.get("mode", "matmul") == "gemm" and not _has_c(present))
+
+
+def _overload(attrs: dict, present: list[bool], dtype: int | None) -> str:
+    tok = dtype_token(dtype) if _needs_dtype(attrs, present) else None
+    return format_key([attrs.get("mode", "matmul")], activation_key(attrs), ["c"] if _has_c(present) else [], tok)
+
+
+def _body(overload: str, opset: int):
+    parts = parse_key(NAME, overload, 1, ("c",))
+    if parts.lead[0] not in MODES:
+        raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: mode must be one of {', '.join(MODES)}")
+    b = Body(opset, parts.dtype)
+    has_c = "c" in parts.flags
+    if parts.lead[0] == "matmul":
+        y = b.node("MatMul", ["A", "B"])
+        if has_c:
+            y = b.node("Add", [y, "C"])
+    else:
+        c = ["C"] if has_c else ([] if opset >= 11 else [b.const(0.0, "A")])
+        y = b.node("Gemm", ["A", "B"] + c, refs={name: (name, typ) for name, typ in GEMM_ATTRS.items()})
+    parts.act.onnx_nodes(b, y, "Y", clip_min=parts.clip_min, clip_max=parts.clip_max)
+    return b.function(NAME, overload, [n for n, _ in INPUTS], ["Y"], sorted(ATTRIBUTES),
+                      f"{DOC} Variant {overload!r}, opset {opset}.", DOMAIN)
+
+
+def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
+    a_in, b_in, c_in = inputs
+    a = np.asarray(a_in, dtype=np.float64)
+    b = np.asarray(b_in, dtype=np.float64)
+    c = None if c_in is None else np.asarray(c_in, dtype=np.float64)
+    if attrs.get("mode", "matmul") == "matmul":
+        try:
+            y = np.matmul(a, b)
+        except ValueError as exc:
+            raise RuleError(f"graphopt.GemmAct reference: MatMul of {a.shape} and {b.shape} fails: {exc}") from None
+        if c is not None:
+            try:
+                y = y + c
+            except ValueError:
+                raise RuleError(f"graphopt.GemmAct reference: C with shape {c.shape} does not broadcast "
+                                f"with the MatMul output {y.shape}") from None
+    else:
+        if a.ndim != 2 or b.ndim != 2:
+            raise RuleError(f"graphopt.GemmAct reference: mode 'gemm' needs 2-D A and B, got {a.shape} and {b.shape}")
+        a = a.T if attrs.get("transA", 0) else a
+        b = b.T if attrs.get("transB", 0) else b
+        if a.shape[1] != b.shape[0]:
+            raise RuleError(f"graphopt.GemmAct reference: Gemm inner dims differ: A' {a.shape}, B' {b.shape}")
+        y = f32(attrs.get("alpha", 1.0)) * (a @ b)
+        if c is not None:
+            out = y.shape
+            y = y + f32(attrs.get("beta", 1.0)) * c
+            if y.shape != out:
+                raise RuleError(f"graphopt.GemmAct reference: C with shape {c.shape} must broadcast to {out}")
+    y = ACTIVATIONS[attrs.get("activation", "none")].numpy(y, attrs)
+    return [y.astype(np.asarray(a_in).dtype)]
+
+
+SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
+                  _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference)

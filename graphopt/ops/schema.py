@@ -1,0 +1,134 @@
+"""``OpSchema``: the declaration of one graphopt custom op (domain ``graphopt``, version 1).
+
+A schema says which inputs and attributes an op takes, checks a node's attributes (``validate``
+returns a reason instead of raising, so the rewrite engine can report near-misses), names the
+function-body variant a node needs (``overload``), builds that body (``function``) and computes
+the NumPy ground truth (``reference``). The op-specific parts live in ``cbr.py`` and
+``gemm_act.py``; this module holds only the generic checks every op shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from graphopt.errors import RuleError
+
+DOMAIN = "graphopt"
+VERSION = 1
+
+# Floating-point element types every graphopt op accepts (the type constraint "T").
+FLOAT_TYPES: tuple[str, ...] = ("tensor(bfloat16)", "tensor(double)", "tensor(float)", "tensor(float16)")
+
+
+def _check_type(name: str, value: Any, typ: type) -> str | None:
+    """Return a reason when ``value`` does not fit the declared attribute type ``typ``."""
+    if typ is float:
+        ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+    elif typ is int:
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    elif typ is str:
+        ok = isinstance(value, str)
+    elif typ is list:  # list of ints (Conv's dilations, kernel_shape, pads, strides)
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value
+        )
+    else:  # pragma: no cover - schema declaration bug
+        raise TypeError(f"unsupported attribute type {typ!r} for {name}")
+    if ok:
+        return None
+    want = {float: "a float", int: "an int", str: "a string", list: "a list of ints"}[typ]
+    return f"attribute {name}={value!r} must be {want}"
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    """One custom op.
+
+    Fields follow /work/notes/ops_contract.md: ``inputs`` is a list of ``(name, optional)``,
+    ``attributes`` maps a name to ``(python type, default or None)`` where ``list`` means a list
+    of ints and a ``None`` default means "absent unless given". The four callables are the op's
+    private implementation and are wrapped by the public methods below.
+    """
+
+    name: str
+    inputs: tuple[tuple[str, bool], ...]
+    attributes: Mapping[str, tuple[type, Any]]
+    doc: str
+    _check: Callable[[dict, list[bool]], str | None] = field(repr=False)
+    _overload: Callable[[dict, list[bool], int | None], str] = field(repr=False)
+    _needs_dtype: Callable[[dict, list[bool]], bool] = field(repr=False)
+    _body: Callable[[str, int], onnx.FunctionProto] = field(repr=False)
+    _reference: Callable[[list, dict], list] = field(repr=False)
+    outputs: tuple[str, ...] = ("Y",)
+    type_constraints: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {"T": FLOAT_TYPES})
+    domain: str = DOMAIN
+    version: int = VERSION
+
+    # -- checks ---------------------------------------------------------------------------------
+    def validate(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool]) -> str | None:
+        """Return ``None`` when a node with these attributes and inputs is valid, else a reason.
+
+        ``present_inputs[i]`` says whether input ``i`` is given (``""`` and trailing omitted
+        inputs are absent). Attribute values are plain Python values (str, int, float, list).
+        """
+        present = [bool(p) for p in present_inputs]
+        if len(present) > len(self.inputs):
+            return f"{self.name} takes at most {len(self.inputs)} inputs, got {len(present)}"
+        for i, (iname, optional) in enumerate(self.inputs):
+            if not optional and (i >= len(present) or not present[i]):
+                return f"{self.name} needs input {i} ({iname})"
+        for aname in sorted(attrs):
+            if aname not in self.attributes:
+                known = ", ".join(sorted(self.attributes))
+                return f"unknown attribute {aname!r} for {self.name} (known: {known})"
+            reason = _check_type(aname, attrs[aname], self.attributes[aname][0])
+            if reason:
+                return reason
+        return self._check(dict(attrs), present)
+
+    def _require_valid(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool]) -> list[bool]:
+        present = [bool(p) for p in present_inputs]
+        reason = self.validate(attrs, present)
+        if reason:
+            raise RuleError(f"invalid graphopt.{self.name}: {reason}")
+        return present
+
+    # -- variants and bodies --------------------------------------------------------------------
+    def overload(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool], dtype: int | None = None) -> str:
+        """The deterministic overload key of the function body a node needs, e.g. ``"relu_b_r"``.
+
+        The key depends only on what changes the body (activation, which optional inputs are
+        present, which clip bounds are given). ``dtype`` (an ``onnx.TensorProto`` element type) is
+        only encoded when it is not float32 and the body needs typed constants; callers that
+        target opset >= 15 leave it ``None`` because the body then uses ``CastLike``.
+        Raises ``RuleError`` when the attributes are invalid.
+        """
+        present = self._require_valid(attrs, present_inputs)
+        return self._overload(dict(attrs), present, dtype)
+
+    def needs_dtype(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool]) -> bool:
+        """Whether the body for these attributes holds typed constants (so dtype matters below opset 15)."""
+        present = self._require_valid(attrs, present_inputs)
+        return self._needs_dtype(dict(attrs), present)
+
+    def function(self, overload: str, opset: int) -> onnx.FunctionProto:
+        """The ``FunctionProto`` (domain graphopt, name = op, given overload) for a default-domain opset."""
+        if not isinstance(opset, int) or opset < 9:
+            raise RuleError(f"graphopt.{self.name}: function bodies need default-domain opset >= 9, got {opset!r}")
+        return self._body(overload, opset)
+
+    # -- ground truth ---------------------------------------------------------------------------
+    def reference(self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
+        """NumPy ground truth: computes in float64 and returns arrays of the first input's dtype."""
+        present = [x is not None for x in inputs]
+        self._require_valid(attrs, present)
+        padded = list(inputs) + [None] * (len(self.inputs) - len(inputs))
+        return self._reference(padded, dict(attrs))
+
+    def attribute_names(self) -> list[str]:
+        """All declared attribute names, sorted (the FunctionProto's attribute list)."""
+        return sorted(self.attributes)
