@@ -334,10 +334,19 @@ class TuningCache:
 
     # ----------------------------------------------------------------- reading
     def _select(self, where: str, args: Sequence) -> list[TimingRecord]:
-        rows = self._conn.execute(
-            f"SELECT * FROM timings {where} ORDER BY {', '.join(_KEY_COLUMNS)}", tuple(args)
-        ).fetchall()
-        return [_record_from_row(r) for r in rows]
+        try:
+            rows = self._conn.execute(
+                f"SELECT * FROM timings {where} ORDER BY {', '.join(_KEY_COLUMNS)}", tuple(args)
+            ).fetchall()
+            return [_record_from_row(r) for r in rows]
+        except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
+            if isinstance(exc, sqlite3.DatabaseError) and _is_busy(exc):
+                raise TuningError(f"tuning cache {self.path} stayed locked: another graphopt is writing it; try again") from exc
+            # Damage that quick_check did not see (or a row that is not ours): distrust the file.
+            self._conn.close()
+            self._quarantine(f"is corrupt ({exc})")
+            self._conn = self._open()
+            return []
 
     def entries(self, gpu: str | None = None) -> list[TimingRecord]:
         """All records (of one GPU name when given), in key order."""
@@ -366,6 +375,10 @@ class TuningCache:
             else:
                 stale.append(rec)
         for rec in stale:
+            # Only stale entries that cost a re-measurement are worth a warning; old entries next
+            # to fresh ones (after a driver upgrade, say) are simply unused.
+            if rec.candidate not in candidates or rec.candidate in found:
+                continue
             if rec.fingerprint != fingerprint:
                 self._warn(
                     f"tuning cache: ignoring entries measured on {rec.fingerprint.describe()}; "
@@ -391,17 +404,20 @@ class TuningCache:
         the others are ignored with a warning.
         """
         records = []
+        others: list[TimingRecord] = []
         for rec in self._select("WHERE gpu = ? AND signature = ?", (gpu, signature)):
             if fingerprint is not None and rec.fingerprint != fingerprint:
-                self._warn(
-                    f"tuning cache: ignoring entries measured on {rec.fingerprint.describe()}; "
-                    f"this machine is {fingerprint.describe()}"
-                )
+                others.append(rec)
                 continue
             if source_hashes is not None and rec.candidate in source_hashes and source_hashes[rec.candidate] != rec.source_hash:
                 self._warn(f"tuning cache: ignoring entries for {rec.candidate} on {gpu} measured with another kernel source")
                 continue
             records.append(rec)
+        if others and not records:
+            self._warn(
+                f"tuning cache: ignoring entries measured on {others[0].fingerprint.describe()}; "
+                f"this machine is {fingerprint.describe()}"
+            )
         ok = [r for r in records if r.ok]
         best = min(ok, key=lambda r: (r.ms, r.candidate)) if ok else None
         return best, records

@@ -273,7 +273,7 @@ class _ExplodingTimer:
 
 def test_other_driver_entries_are_ignored_with_a_warning(graph, cache):
     sig = node_signature(graph, graph.node("cbr_dw"))[0].key()
-    cache.put(_rec("h200", sig, "direct", 0.0001, compute_capability="9.0", driver="12.0", source_hash="src-direct"))
+    cache.put(_rec("h200", sig, "direct:ms=1.0", 0.0001, compute_capability="9.0", driver="12.0", source_hash="src-direct"))
     with Profiler(fake_candidates, timer=FakeTimer(3), checker=ok_checker, device=H200, cache=cache,
                   isolate=False) as prof:
         with pytest.warns(UserWarning, match="ignoring entries measured on h200 .*driver 12.0"):
