@@ -1,0 +1,272 @@
+"""The profiler with fake candidates and a fake timer, as Triton tests its autotuner (CPU).
+
+The fake candidates and checker are module-level so that the isolated worker (a spawned
+subprocess) can unpickle them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import pytest
+
+from graphopt.kernels.base import Candidate, Signature
+from graphopt.tune import profiler as P
+from graphopt.tune.cache import TuningCache
+from graphopt.tune.gpus import DeviceInfo
+from graphopt.tune.profiler import FakeTimer, IsolatedRunner, Profiler, profile_node
+
+SIG = Signature.make("CBR", [(1, 64, 56, 56), (64, 64, 3, 3), (64,), None], ["float16"] * 3 + [""],
+                     {"activation": "Relu", "pads": [1, 1, 1, 1]})
+SIG2 = Signature.make("CBR", [(8, 64, 56, 56), (64, 64, 3, 3), (64,), None], ["float16"] * 3 + [""],
+                      {"activation": "Relu", "pads": [1, 1, 1, 1]})
+
+
+class Launch:
+    """A fake kernel: returns its simulated time in ms; ``behaviour`` says how it misbehaves."""
+
+    def __init__(self, ms, behaviour="ok"):
+        self.ms = ms
+        self.behaviour = behaviour
+        self.calls = 0
+
+    def __call__(self, inputs, outputs):
+        self.calls += 1
+        if self.behaviour == "segfault":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if self.behaviour == "hang":
+            time.sleep(600)
+        if self.behaviour == "nan":
+            return math.nan
+        if isinstance(self.ms, tuple):  # a sequence of run times, to test the median
+            return self.ms[(self.calls - 1) % len(self.ms)]
+        return self.ms
+
+
+class Fake(Candidate):
+    """params: ms (simulated time), behaviour (ok|build_raises|oom|wrong|segfault|hang|nan|prune|applies_raises)."""
+
+    def applies(self, sig, cc):
+        b = self.param("behaviour", "ok")
+        if b == "prune":
+            return "needs a 1x1 stride-1 conv"
+        if b == "applies_raises":
+            raise ValueError("bug in applies")
+        if b == "needs_sm90" and cc < (9, 0):
+            return "needs sm_90 (wgmma)"
+        return None
+
+    def source_hash(self):
+        return f"hash-{self.name}"
+
+    def build(self, sig, arch):
+        b = self.param("behaviour", "ok")
+        if b == "build_raises":
+            raise RuntimeError("nvrtc: error: identifier \"__hmma\" is undefined")
+        if b == "oom":
+            raise MemoryError("out of memory allocating 4 GiB")
+        return Launch(self.param("ms", 1.0), b)
+
+
+def fake_checker(sig, launch):
+    """Runs the launch once (as a real checker would) and reports the planted wrong answers."""
+    launch([], [])
+    if launch.behaviour == "wrong":
+        return "max abs err 0.73 > tol 0.01 at output[0][0, 5, 3, 3]"
+    return None
+
+
+def cand(name, ms, behaviour="ok"):
+    return Fake(name, (("behaviour", behaviour), ("ms", ms)))
+
+
+ZOO = [
+    cand("slow_ok", 0.50),
+    cand("build_raises", 0.01, "build_raises"),
+    cand("wrong", 0.02, "wrong"),          # the fastest, but wrong: must not win
+    cand("segfault", 0.03, "segfault"),    # kills its process
+    cand("hang", 0.04, "hang"),            # never returns
+    cand("fast_ok", 0.20),                 # the expected winner
+    cand("oom", 0.05, "oom"),
+    cand("nan", 0.06, "nan"),
+    cand("pruned", 0.001, "prune"),
+    cand("buggy_applies", 0.001, "applies_raises"),
+    cand("also_ok", 0.30),
+]
+
+
+def by_name(result):
+    return {r.lowering: r for r in result.results}
+
+
+def test_isolated_fastest_correct_wins_and_failures_score_inf():
+    t0 = time.monotonic()
+    with IsolatedRunner(FakeTimer(5), fake_checker, arch="sm_90", timeout_s=3.0) as runner:
+        res = profile_node(SIG, ZOO, timer=FakeTimer(5), checker=fake_checker, runner=runner,
+                           compute_capability=(9, 0))
+        restarts = runner.workers_started
+    assert time.monotonic() - t0 < 60
+    r = by_name(res)
+    assert res.winner is not None and res.winner.lowering == "fast_ok" and res.winner.ms == 0.20
+    assert [x.lowering for x in res.results] == [c.name for c in ZOO]  # every candidate kept, in order
+    expect = {
+        "slow_ok": P.OK, "fast_ok": P.OK, "also_ok": P.OK, "build_raises": P.BUILD_FAILED, "wrong": P.WRONG,
+        "segfault": P.CRASHED, "hang": P.TIMEOUT, "oom": P.OOM, "nan": P.ERROR, "pruned": P.PRUNED,
+        "buggy_applies": P.PRUNED,
+    }
+    assert {k: v.status for k, v in r.items()} == expect
+    for name, res_ in r.items():
+        if expect[name] == P.OK:
+            assert math.isfinite(res_.ms) and len(res_.samples) == 5 and res_.reason == ""
+        else:
+            assert math.isinf(res_.ms) and res_.reason, name
+    assert "__hmma" in r["build_raises"].reason
+    assert "max abs err 0.73" in r["wrong"].reason
+    assert "SIGSEGV" in r["segfault"].reason
+    assert "timed out after 3 s" in r["hang"].reason
+    assert "out of memory" in r["oom"].reason
+    assert r["pruned"].reason == "needs a 1x1 stride-1 conv"
+    assert "bug in applies" in r["buggy_applies"].reason
+    assert r["fast_ok"].source_hash == "hash-fast_ok" and r["fast_ok"].candidate == "fast_ok:behaviour=ok,ms=0.2"
+    # the worker was replaced after each failure (build, wrong, segfault, hang, oom, nan), not for the passing ones
+    assert restarts == 7
+    assert "segfault:behaviour=segfault,ms=0.03: crashed (worker process died (SIGSEGV))" in res.failure_summary()
+
+
+def test_inline_mode_handles_exceptions_and_wrong_answers():
+    zoo = [c for c in ZOO if c.name not in ("segfault", "hang")]
+    res = profile_node(SIG, zoo, timer=FakeTimer(3), checker=fake_checker, isolate=False)
+    assert res.winner.lowering == "fast_ok"
+    assert by_name(res)["wrong"].status == P.WRONG and by_name(res)["build_raises"].status == P.BUILD_FAILED
+
+
+def test_median_of_runs_and_ties_go_to_the_earlier_candidate():
+    noisy = Fake("noisy", (("ms", (5.0, 1.0, 3.0, 9.0, 2.0)),))
+    res = profile_node(SIG, [noisy], timer=FakeTimer(5), checker=fake_checker, isolate=False)
+    # the checker ran the launch once first, so the timed runs start at the second value
+    assert res.winner.ms == 3.0 and res.winner.samples == (1.0, 3.0, 9.0, 2.0, 5.0)
+    a, b = cand("a", 0.25), cand("b", 0.25)
+    assert profile_node(SIG, [a, b], timer=FakeTimer(), checker=fake_checker, isolate=False).winner.lowering == "a"
+    assert profile_node(SIG, [b, a], timer=FakeTimer(), checker=fake_checker, isolate=False).winner.lowering == "b"
+
+
+def test_compute_capability_prunes():
+    sm90 = cand("wgmma", 0.1, "needs_sm90")
+    on_a100 = profile_node(SIG, [sm90, cand("mma", 0.2)], timer=FakeTimer(), checker=fake_checker, isolate=False,
+                           compute_capability=(8, 0))
+    assert on_a100.winner.lowering == "mma" and by_name(on_a100)["wgmma"].reason == "needs sm_90 (wgmma)"
+    on_h100 = profile_node(SIG, [sm90, cand("mma", 0.2)], timer=FakeTimer(), checker=fake_checker, isolate=False,
+                           compute_capability=(9, 0))
+    assert on_h100.winner.lowering == "wgmma"
+
+
+def test_all_failing_gives_no_winner():
+    res = profile_node(SIG, [cand("x", 1, "build_raises"), cand("y", 1, "prune")], timer=FakeTimer(),
+                       checker=fake_checker, isolate=False)
+    assert res.winner is None and "x:behaviour=build_raises,ms=1: build_failed" in res.failure_summary()
+    assert profile_node(SIG, [], timer=FakeTimer(), checker=fake_checker, isolate=False).winner is None
+
+
+class CountingTimer:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, launch, inputs, outputs):
+        self.calls += 1
+        return [launch(inputs, outputs)]
+
+
+def test_identical_signatures_are_timed_once():
+    timer, memo = CountingTimer(), {}
+    zoo = [cand("a", 0.3), cand("b", 0.2)]
+    first = profile_node(SIG, zoo, timer=timer, checker=fake_checker, isolate=False, memo=memo)
+    same = Signature.make("CBR", [(1, 64, 56, 56), (64, 64, 3, 3), (64,), None], ["float16"] * 3 + [""],
+                          {"pads": [1, 1, 1, 1], "activation": "Relu"})  # equal, built separately
+    again = profile_node(same, zoo, timer=timer, checker=fake_checker, isolate=False, memo=memo)
+    assert again is first and timer.calls == 2
+    profile_node(SIG2, zoo, timer=timer, checker=fake_checker, isolate=False, memo=memo)
+    assert timer.calls == 4
+
+
+def test_duplicate_candidates_are_measured_once():
+    timer = CountingTimer()
+    res = profile_node(SIG, [cand("a", 0.3), cand("a", 0.3)], timer=timer, checker=fake_checker, isolate=False)
+    assert len(res.results) == 1 and timer.calls == 1
+
+
+def test_fake_timer_refuses_real_launches():
+    res = profile_node(SIG, [_RealLike("real")], timer=FakeTimer(), checker=lambda s, l: None, isolate=False)
+    assert res.results[0].status == P.ERROR and "simulated time" in res.results[0].reason
+
+
+class _RealLike(Candidate):
+    def build(self, sig, arch):
+        return lambda inputs, outputs: None
+
+
+H200 = DeviceInfo(0, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0")
+
+
+class CountingZoo:
+    def __init__(self, zoo):
+        self.zoo = zoo
+
+    def __call__(self, sig):
+        return list(self.zoo)
+
+
+def test_profiler_writes_every_result_to_the_cache_and_reuses_them(tmp_path):
+    zoo = [cand("slow_ok", 0.5), cand("fast_ok", 0.2), cand("wrong", 0.01, "wrong"), cand("segfault", 0.02, "segfault"),
+           cand("pruned", 0.001, "prune")]
+    with TuningCache(tmp_path / "c.sqlite3") as cache:
+        with Profiler(CountingZoo(zoo), timer=FakeTimer(3), checker=fake_checker, device=H200, cache=cache,
+                      isolate=True, timeout_s=10) as prof:
+            res = prof(SIG)
+            assert prof(SIG) is res  # memoized
+        assert res.winner.lowering == "fast_ok" and not res.from_cache
+        stored = {r.lowering: r for r in cache.entries()}
+        assert set(stored) == {"slow_ok", "fast_ok", "wrong", "segfault"}  # pruned ones are not stored
+        assert stored["segfault"].status == P.CRASHED and math.isinf(stored["segfault"].ms)
+        assert stored["fast_ok"].samples == (0.2, 0.2, 0.2) and stored["fast_ok"].source_hash == "hash-fast_ok"
+        fp = H200.fingerprint()
+        assert (stored["fast_ok"].gpu, stored["fast_ok"].driver, stored["fast_ok"].cupy) == (fp.gpu, fp.driver, fp.cupy)
+        # a new process (new Profiler) is served from the cache: the timer would fail if called
+        with Profiler(CountingZoo(zoo), timer=_NoTimer(), checker=fake_checker, device=H200, cache=cache,
+                      isolate=False) as prof:
+            again = prof(SIG)
+        assert again.from_cache and again.winner.lowering == "fast_ok"
+        assert {r.lowering: r.status for r in again.results} == {
+            "slow_ok": P.OK, "fast_ok": P.OK, "wrong": P.WRONG, "segfault": P.CRASHED, "pruned": P.PRUNED}
+        # a new candidate is measured; the cached ones are not
+        zoo2 = zoo + [cand("faster", 0.1)]
+        with Profiler(CountingZoo(zoo2), timer=_OnlyFor("faster"), checker=fake_checker, device=H200, cache=cache,
+                      isolate=False) as prof:
+            third = prof(SIG)
+        assert third.winner.lowering == "faster" and not third.from_cache
+
+
+class _NoTimer:
+    def __call__(self, launch, inputs, outputs):
+        raise AssertionError("re-timed although cached")
+
+
+class _OnlyFor:
+    def __init__(self, name):
+        self.name = name
+
+    def __call__(self, launch, inputs, outputs):
+        assert launch.ms == 0.1, "re-timed a cached candidate"
+        return [launch.ms]
+
+
+def test_progress_bar_counts_nodes(capsys):
+    labels = []
+    with P.node_progress(3, enabled=False) as advance:
+        for name in ("a", "b", "c"):
+            advance(name)
+            labels.append(name)
+    assert labels == ["a", "b", "c"]
+    assert capsys.readouterr().err == ""
