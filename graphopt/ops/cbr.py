@@ -124,7 +124,12 @@ def conv_pads(in_shape: tuple[int, ...], kernel: tuple[int, ...], strides: list[
 
 
 def conv_nd(x: np.ndarray, w: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
-    """ONNX Conv (no bias) for any number of spatial dims, in float64, by im2col + einsum."""
+    """ONNX Conv (no bias) for any number of spatial dims, in float64, by im2col + einsum.
+
+    Hand-written because NumPy has no grouped N-d convolution and the ground truth must not be
+    one of the ONNX implementations it checks; tests cross-check it with onnx.reference's Conv
+    and with a naive loop.
+    """
     x = np.asarray(x, dtype=np.float64)
     w = np.asarray(w, dtype=np.float64)
     r = x.ndim - 2

@@ -16,6 +16,8 @@ from graphopt.ops.schema import DOMAIN, VERSION
 
 # Overloaded model-local functions (NodeProto.overload) need IR version 10.
 MIN_IR_VERSION = 10
+# Erf, needed by Gelu bodies, exists from opset 9.
+MIN_OPSET = 9
 # From this opset the bodies use CastLike, so they are polymorphic and need no dtype in the key.
 CASTLIKE_OPSET = 15
 
@@ -52,6 +54,17 @@ def _node_attrs(node: onnx.NodeProto) -> dict:
             value = list(value)
         out[attr.name] = value
     return out
+
+
+def _coerce_float_attrs(node: onnx.NodeProto, schema) -> None:
+    """Rewrite INT attributes that the schema declares float (``clip_min=0`` from a rule) as FLOAT.
+
+    The body references them as FLOAT (Constant value_float, LeakyRelu alpha, Gemm alpha), and a
+    reference to an attribute of another type is invalid.
+    """
+    for i, attr in enumerate(node.attribute):
+        if attr.type == onnx.AttributeProto.INT and schema.attributes.get(attr.name, (None,))[0] is float:
+            node.attribute[i].CopyFrom(helper.make_attribute(attr.name, float(attr.i)))
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -116,6 +129,9 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     from graphopt.ops import get_schema  # here, not at module level: the facade imports this module
 
     opset = default_opset(model)
+    if opset < MIN_OPSET:
+        raise UnsupportedModel(f"model opset {opset} is below {MIN_OPSET}, the lowest graphopt function bodies "
+                               "support; convert it first with onnx.version_converter")
     lookup = _DtypeLookup(model) if opset < CASTLIKE_OPSET else None
     needed: dict[tuple[str, str], None] = {}
     for graph, node in _walk(model.graph):
@@ -139,6 +155,7 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
         except RuleError as exc:
             raise RuleError(f"{where}: {exc}") from None
         node.overload = key
+        _coerce_float_attrs(node, schema)
         needed[(node.op_type, key)] = None
 
     kept = [f for f in model.functions if f.domain != DOMAIN]

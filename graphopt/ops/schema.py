@@ -24,6 +24,11 @@ VERSION = 1
 FLOAT_TYPES: tuple[str, ...] = ("tensor(bfloat16)", "tensor(double)", "tensor(float)", "tensor(float16)")
 
 
+def _drop_none(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """``None`` means "absent" everywhere in this package."""
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
 def _check_type(name: str, value: Any, typ: type) -> str | None:
     """Return a reason when ``value`` does not fit the declared attribute type ``typ``."""
     if typ is float:
@@ -76,6 +81,7 @@ class OpSchema:
         inputs are absent). Attribute values are plain Python values (str, int, float, list).
         """
         present = [bool(p) for p in present_inputs]
+        attrs = _drop_none(attrs)
         if len(present) > len(self.inputs):
             return f"{self.name} takes at most {len(self.inputs)} inputs, got {len(present)}"
         for i, (iname, optional) in enumerate(self.inputs):
@@ -88,7 +94,7 @@ class OpSchema:
             reason = _check_type(aname, attrs[aname], self.attributes[aname][0])
             if reason:
                 return reason
-        return self._check(dict(attrs), present)
+        return self._check(self.normalize(attrs), present)
 
     def _require_valid(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool]) -> list[bool]:
         present = [bool(p) for p in present_inputs]
@@ -96,6 +102,25 @@ class OpSchema:
         if reason:
             raise RuleError(f"invalid graphopt.{self.name}: {reason}")
         return present
+
+    def normalize(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
+        """Canonical attribute values: ``None`` entries dropped, floats as float, int lists as lists.
+
+        Use it before writing attributes onto a node: an int given for a float attribute (say
+        ``clip_min=0``) would otherwise become an INT attribute, which the body's float reference
+        cannot read. Unknown names are kept as they are (``validate`` reports them).
+        """
+        out: dict[str, Any] = {}
+        for name, value in _drop_none(attrs).items():
+            typ = self.attributes.get(name, (None, None))[0]
+            if typ is float and _check_type(name, value, float) is None:
+                value = float(value)
+            elif typ is int and _check_type(name, value, int) is None:
+                value = int(value)
+            elif typ is list and _check_type(name, value, list) is None:
+                value = [int(v) for v in value]
+            out[name] = value
+        return out
 
     # -- variants and bodies --------------------------------------------------------------------
     def overload(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool], dtype: int | None = None) -> str:
@@ -108,12 +133,12 @@ class OpSchema:
         Raises ``RuleError`` when the attributes are invalid.
         """
         present = self._require_valid(attrs, present_inputs)
-        return self._overload(dict(attrs), present, dtype)
+        return self._overload(self.normalize(attrs), present, dtype)
 
     def needs_dtype(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool]) -> bool:
         """Whether the body for these attributes holds typed constants (so dtype matters below opset 15)."""
         present = self._require_valid(attrs, present_inputs)
-        return self._needs_dtype(dict(attrs), present)
+        return self._needs_dtype(self.normalize(attrs), present)
 
     def function(self, overload: str, opset: int) -> onnx.FunctionProto:
         """The ``FunctionProto`` (domain graphopt, name = op, given overload) for a default-domain opset."""
@@ -127,7 +152,7 @@ class OpSchema:
         present = [x is not None for x in inputs]
         self._require_valid(attrs, present)
         padded = list(inputs) + [None] * (len(self.inputs) - len(inputs))
-        return self._reference(padded, dict(attrs))
+        return self._reference(padded, self.normalize(attrs))
 
     def attribute_names(self) -> list[str]:
         """All declared attribute names, sorted (the FunctionProto's attribute list)."""

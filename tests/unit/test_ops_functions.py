@@ -286,3 +286,25 @@ def test_attach_functions_without_graphopt_nodes_only_drops_stale_bodies():
     model = attach_functions(model)
     assert len(model.functions) == 0 and model.ir_version == 8
     assert [o.domain for o in model.opset_import] == [""]
+
+
+def test_int_values_for_float_attributes_are_coerced():
+    attrs = {"activation": "Clip", "clip_min": 0, "clip_max": 6, "group": 1, "lowering": None}
+    assert CBR.validate(attrs, [True, True]) is None
+    assert CBR.normalize(attrs) == {"activation": "Clip", "clip_min": 0.0, "clip_max": 6.0, "group": 1}
+    assert isinstance(CBR.normalize(attrs)["clip_min"], float)
+    rng = np.random.default_rng(21)
+    x = (3 * rng.standard_normal((1, 2, 5, 5))).astype(np.float32)
+    w = rng.standard_normal((3, 2, 1, 1)).astype(np.float32)
+    for opset in (9, 11, 13, 17):
+        model = one_node_model("CBR", [("X", x), ("W", w)], attrs, opset, (1, 3, 5, 5))  # INT attributes on the node
+        assert {a.name: a.type for a in model.graph.node[0].attribute}["clip_min"] == onnx.AttributeProto.FLOAT
+        onnx.checker.check_model(model, full_check=True)
+        assert_close(run(model, {"X": x, "W": w})[0], CBR.reference([x, w], attrs)[0], 1e-5, f"opset {opset}")
+
+
+def test_attach_functions_refuses_opsets_below_9():
+    model = _chain_model(13)
+    model.opset_import[0].version = 8
+    with pytest.raises(UnsupportedModel, match="opset 8 is below 9"):
+        attach_functions(model)
