@@ -296,7 +296,8 @@ def build_transformer_block(d: int = 64, heads: int = 4, mlp: int = 256) -> onnx
     b.op("Add", [x, proj], out="output")        # residual 2
     return finish(b, "transformer_block", [float_input("input", ["batch", "seq", d])],
                   [float_input("output", ["batch", "seq", d])], 14,
-                  "GPT-2-like transformer block (TorchScript form) built by models/build_samples.py")
+                  "GPT-2-like transformer block (TorchScript form) built by "
+                  "models/build_samples.py")
 
 
 # ----------------------------------------------------------------------------------------

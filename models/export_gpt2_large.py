@@ -20,7 +20,6 @@ import sys
 import tempfile
 
 import onnx
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
