@@ -1,0 +1,366 @@
+"""The fixpoint driver: check matches, build replacements, rewrite, record provenance and explain.
+
+For every graph (the main graph, then each subgraph from ``graph.graphs()``) the driver runs
+passes until one pass changes nothing. A pass goes over the rules in order (priority, then
+name) and, for each rule, over the candidates ``graph.nodes_by_op(root op)`` in graph order, so
+the result is deterministic. A rule that keeps firing for ``max_passes`` passes (A -> B -> A)
+raises ``RuleError`` naming the rules still firing.
+
+Each structural match (see ``_matcher``) goes through, in order:
+1. the intermediate check, for every rule: no matched node except the root may have a consumer
+   outside the match or be a graph output, unless the rule ``keep``s it;
+2. the rule's ``where`` constraints;
+3. building the replacement (builders, attribute copies, the op schema's ``validate``);
+4. the cycle check.
+The first failure is the reason; a match that fails tries the next operand order. With
+``explain=True`` the last pass records, for every candidate that got past the root op, why it
+did not fire: a near-miss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import networkx as nx
+
+from graphopt.errors import InvalidGraph, RuleError
+from graphopt.rewrite import registry
+from graphopt.rewrite._loader import op_schema
+from graphopt.rewrite._matcher import Binding, Trace, match_root
+from graphopt.rewrite._rules import Rule, RuleSet
+from graphopt.rewrite._syntax import Call, Lit, Name
+from graphopt.rewrite.registry import BuildFailed, NewConstant
+
+DEFAULT_MAX_PASSES = 100
+PROVENANCE_PREFIX = "graphopt rule="
+
+
+class Match(NamedTuple):
+    """One rewrite: the rule, the new node's name, and the original nodes it replaced."""
+
+    rule: str
+    node: str
+    sources: tuple[str, ...]
+
+
+class NearMiss(NamedTuple):
+    """A candidate whose root op matched but that failed deeper, with the reason."""
+
+    rule: str
+    anchor: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.rule} at node {self.anchor!r}: {self.reason}"
+
+
+@dataclass
+class RewriteReport:
+    """What ``apply_rules`` did: hits per rule, every match, and (explain) every near-miss."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    matches: list[Match] = field(default_factory=list)
+    near_misses: list[NearMiss] = field(default_factory=list)
+    passes: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def to_dict(self) -> dict:
+        """A JSON-ready record (for ``--report`` and the graph-level provenance)."""
+        return {
+            "counts": dict(sorted(self.counts.items())),
+            "matches": [{"rule": m.rule, "node": m.node, "from": list(m.sources)} for m in self.matches],
+            "near_misses": [{"rule": n.rule, "anchor": n.anchor, "reason": n.reason} for n in self.near_misses],
+            "passes": self.passes,
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    rule: Rule
+    root: object
+    removed: list  # nodes, graph order
+    spec: dict
+    constants: list  # [(placeholder, NewConstant)]
+    sources: tuple[str, ...]
+
+
+class _Fail(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _provenance_sources(node) -> list[str]:
+    doc = node.doc_string or ""
+    if doc.startswith(PROVENANCE_PREFIX) and " from=" in doc:
+        return [s for s in doc.split(" from=", 1)[1].split()[0].split(",") if s]
+    return [node.name]
+
+
+def _check_intermediates(g, rule: Rule, b: Binding, root) -> None:
+    matched = {n.name for n, _ in b.matched}
+    kept = {b.nodes[k].name for k in rule.keep}
+    for node, _ in b.matched:
+        if node is root or node.name in kept:
+            continue
+        for out in node.outputs:
+            if not out:
+                continue
+            if g.is_graph_output(out):
+                raise _Fail(f"intermediate {out!r} is a graph output")
+            users = g.consumers(out)
+            if any(u.name not in matched for u in users):
+                raise _Fail(f"intermediate {out!r} has {len(users)} consumers ({', '.join(u.name for u in users)})")
+
+
+def _removed_nodes(g, rule: Rule, b: Binding, root) -> list:
+    """Matched nodes the rewrite deletes: all but the kept ones and what they still read."""
+    keep = {b.nodes[k].name for k in rule.keep}
+    removed = {n.name: n for n, _ in b.matched if n.name not in keep}
+    changed = True
+    while changed:  # a node read by a kept node stays too
+        changed = False
+        for name, node in list(removed.items()):
+            if node is root:
+                continue
+            for out in node.outputs:
+                if out and (g.is_graph_output(out) or any(u.name not in removed for u in g.consumers(out))):
+                    del removed[name]
+                    changed = True
+                    break
+    return [n for n, _ in b.matched if n.name in removed]
+
+
+def _arg_value(g, arg, kind: str, b: Binding):
+    if isinstance(arg, Lit):
+        return arg.value
+    if kind == "n":
+        return b.nodes[arg.name]
+    return b.tensors.get(arg.name)
+
+
+def _check_constraints(g, rule: Rule, b: Binding) -> None:
+    for call in rule.where:
+        reg = registry.CONSTRAINTS[call.name]
+        args = [_arg_value(g, a, reg.kind_at(i), b) for i, a in enumerate(call.args)]
+        try:
+            reason = reg.fn(g, *args)
+        except Exception as exc:  # a broken (user) constraint must name itself, not crash anonymously
+            raise RuleError(f"rule {rule.name!r}: constraint {call.text} raised {type(exc).__name__}: {exc}") from exc
+        if reason:
+            raise _Fail(f"{call.text}: {reason}")
+
+
+def _call_builder(g, rule: Rule, call: Call, b: Binding):
+    reg = registry.BUILDERS[call.op]
+    args = [_arg_value(g, a, reg.kind_at(i), b) for i, a in enumerate(call.args)]
+    try:
+        return reg.fn(g, *args)
+    except BuildFailed as exc:
+        raise _Fail(f"{call.op}(): {exc}") from None
+    except Exception as exc:
+        raise RuleError(f"rule {rule.name!r}: builder {call.op}() raised {type(exc).__name__}: {exc}") from exc
+
+
+def _tensor_value(g, rule, expr, b: Binding, constants: list, builder_tensors: list):
+    if isinstance(expr, Name):
+        return b.tensors.get(expr.name) or ""
+    value = _call_builder(g, rule, expr, b)
+    if isinstance(value, NewConstant):
+        token = f"\0const{len(constants)}"
+        constants.append((token, value))
+        return token
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise RuleError(f"rule {rule.name!r}: builder {expr.op}() returned {type(value).__name__}, not a tensor")
+    builder_tensors.append(value)
+    return value
+
+
+def _copy_attrs(node, schema, target: str) -> dict:
+    attrs = {}
+    for k, v in node.attrs_dict().items():
+        if schema is not True and k not in schema.attributes:
+            raise _Fail(f"{node.op_type} {node.name!r} has attribute {k!r}, which {target} does not take")
+        attrs[k] = v
+    return attrs
+
+
+def _build(g, rule: Rule, b: Binding, root) -> _Plan:
+    rep = rule.replace
+    schema = op_schema(rep.domain, rep.op) if rep.domain in ("", "graphopt") else True
+    input_names = [n for n, _ in schema.inputs] if schema is not True else []
+    constants: list = []
+    builder_tensors: list = []
+    inputs = [_tensor_value(g, rule, a, b, constants, builder_tensors) for a in rep.args]
+    attrs: dict = {}
+    for key, expr in rep.kwargs:
+        if key == "attrs" and isinstance(expr, Name):
+            attrs.update(_copy_attrs(b.nodes[expr.name], schema, rep.qualname))
+            continue
+        if key in input_names and not (isinstance(expr, Call) and registry.BUILDERS[expr.op].returns == "attrs"):
+            idx = input_names.index(key)
+            inputs += [""] * (idx + 1 - len(inputs))
+            inputs[idx] = _tensor_value(g, rule, expr, b, constants, builder_tensors)
+            continue
+        if isinstance(expr, Lit):
+            attrs[key] = expr.value
+            continue
+        value = _call_builder(g, rule, expr, b)
+        if isinstance(value, dict):
+            attrs.update(value)
+        else:
+            attrs[key] = value
+    attrs = {k: v for k, v in attrs.items() if v is not None}
+    while inputs and not inputs[-1]:
+        inputs.pop()
+
+    outputs = list(root.outputs)
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    overload = ""
+    if schema is not True:
+        if len(outputs) > len(schema.outputs):
+            raise _Fail(f"{root.name!r} has {len(outputs)} outputs, {rep.qualname} has {len(schema.outputs)}")
+        present = [bool(t) for t in inputs]
+        reason = schema.validate(attrs, present)
+        if reason:
+            raise _Fail(f"{rep.qualname} would be invalid: {reason}")
+        dtype = None
+        opset = g.root.opset.get("", 0)
+        if opset < 15 and schema.needs_dtype(attrs, present):
+            dtype = g.dtype(inputs[0]) if inputs and inputs[0] and not inputs[0].startswith("\0") else None
+        overload = schema.overload(attrs, present, dtype)
+
+    removed = _removed_nodes(g, rule, b, root)
+    removed_names = {n.name for n in removed}
+    for t in inputs:
+        p = g.producer(t) if t else None
+        if p is not None and p.name in removed_names:
+            raise _Fail(f"the replacement reads {t!r}, an intermediate that the rewrite removes")
+    # Cycle check. Pattern captures are inputs of matched nodes, which all feed the root, so they
+    # cannot depend on the root. A tensor a builder hands back can: check it through the graph.
+    for t in builder_tensors:
+        p = g.producer(t)
+        if p is not None and (p is root or nx.has_path(g.nx, root.name, p.name)):
+            raise _Fail(f"reading {t!r} (produced by {p.name!r}, downstream of {root.name!r}) would create a cycle")
+
+    sources: list[str] = []
+    for n in removed:
+        for s in _provenance_sources(n):
+            if s not in sources:
+                sources.append(s)
+    spec = dict(
+        op_type=rep.op, domain=rep.domain, inputs=inputs, outputs=outputs, attrs=attrs,
+        doc_string=f"{PROVENANCE_PREFIX}{rule.name} from={','.join(sources)}", overload=overload,
+    )
+    return _Plan(rule, root, removed, spec, constants, tuple(sources))
+
+
+def _try(g, rule: Rule, root, trace: Trace) -> _Plan | str | None:
+    """A plan when the rule fires at ``root``; else the reason (or None when not a near-miss)."""
+    first: str | None = None
+    for b in match_root(g, rule.pattern, root, trace):
+        try:
+            _check_intermediates(g, rule, b, root)
+            _check_constraints(g, rule, b)
+            return _build(g, rule, b, root)
+        except _Fail as f:
+            if first is None:
+                first = f.reason
+    if first is not None:
+        return first
+    if trace.enabled and trace.ops_matched >= 2:
+        return trace.reason
+    return None
+
+
+def _apply(g, plan: _Plan) -> str:
+    added = []
+    spec = dict(plan.spec)
+    inputs = list(spec["inputs"])
+    try:
+        for token, const in plan.constants:
+            name = g.add_initializer(const.value, const.hint)
+            added.append(name)
+            inputs = [name if t == token else t for t in inputs]
+        spec["inputs"] = inputs
+        spec["name"] = g.unique_name(f"{spec['op_type']}_{plan.root.name}")
+        old_inputs = [t for n in plan.removed for t in n.inputs if t]
+        (node,) = g.replace_subgraph(plan.removed, [spec])
+    except InvalidGraph as exc:
+        for name in added:
+            g.remove_initializer(name)
+        raise RuleError(f"rule {plan.rule.name!r} at node {plan.root.name!r}: {exc}") from exc
+    # Initializers only the replaced nodes read are dead now (e.g. a bias folded into a new one).
+    for t in dict.fromkeys(old_inputs):
+        if g.is_initializer(t) and not g.is_graph_input(t) and not g.is_graph_output(t) and not g.consumers(t):
+            g.remove_initializer(t)
+    return node.name
+
+
+def _fixpoint(g, rules: list[Rule], report: RewriteReport, explain: bool, max_passes: int) -> None:
+    for pass_no in range(1, max_passes + 1):
+        fired: list[str] = []
+        near: list[NearMiss] = []
+        for rule in rules:
+            domain, op = rule.anchor
+            for root in g.nodes_by_op(op, domain):
+                if not (g.has_node(root.name) and g.node(root.name) is root):
+                    continue  # removed by an earlier rewrite in this pass
+                trace = Trace(explain)
+                result = _try(g, rule, root, trace)
+                if isinstance(result, _Plan):
+                    name = _apply(g, result)
+                    report.counts[rule.name] = report.counts.get(rule.name, 0) + 1
+                    report.matches.append(Match(rule.name, name, result.sources))
+                    if rule.name not in fired:
+                        fired.append(rule.name)
+                elif result is not None and explain:
+                    near.append(NearMiss(rule.name, root.name, result))
+        report.passes = max(report.passes, pass_no)
+        if not fired:
+            report.near_misses += near
+            return
+    raise RuleError(
+        f"rules did not converge after {max_passes} passes over graph {g.name!r}; still firing: "
+        f"{', '.join(fired)} (rules that undo each other, A -> B -> A?); disable one with --disable NAME"
+    )
+
+
+def apply_rules(graph, ruleset: RuleSet, explain: bool = False, max_passes: int = DEFAULT_MAX_PASSES) -> RewriteReport:
+    """Rewrite ``graph`` in place with ``ruleset`` until nothing changes; return the report.
+
+    Subgraphs (If/Loop/Scan bodies) are rewritten too, after the graph that holds them.
+    """
+    registry._ensure_builtins()
+    rules = list(ruleset)
+    report = RewriteReport()
+    done: set[int] = set()
+    while True:
+        pending = [sub for sub in graph.graphs() if id(sub) not in done]
+        if not pending:
+            break
+        for sub in pending:
+            if id(sub) in done:
+                continue
+            done.add(id(sub))
+            _fixpoint(sub, rules, report, explain, max_passes)
+    report.counts = dict(sorted(report.counts.items()))
+    return report
+
+
+def find_matches(graph, ruleset: RuleSet) -> list[Match]:
+    """The rewrites ``apply_rules`` would make, computed on a copy: ``graph`` is not touched.
+
+    For ``graphopt inspect``. Node names in the result are those the copy's new nodes got.
+    """
+    return apply_rules(graph.copy(), ruleset).matches

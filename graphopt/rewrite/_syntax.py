@@ -1,0 +1,398 @@
+"""The small expression language of rule files: patterns, constraint calls and replacements.
+
+One tokenizer and one recursive-descent parser read all three, and then a converter checks the
+shape each one allows:
+
+* pattern:      ``Relu(Add(Conv(x, w, b?) as conv, c)) as act``
+* constraint:   ``per_channel(c, conv)``   ``const_near(s, 1.4142)``
+* replacement:  ``graphopt.CBR(x, w, add_bias(b?, c, conv), attrs=conv, activation='Relu')``
+
+Why hand-written and not Python's ``ast``: ``ast`` cannot express ``x as name`` inside a call or the
+``b?`` optional marker, and anything shaped like Python invites someone to ``eval`` it. Rule files
+must never execute code, so the grammar is kept tiny, parsed here, and every error carries the
+1-based column where it went wrong.
+
+Grammar::
+
+    expr    := NUMBER | STRING | qualname [ '(' [arg (',' arg)*] ')' ] [ '?' ] [ 'as' IDENT ]
+    arg     := IDENT '=' expr | expr
+    qualname:= IDENT ('.' IDENT)*          # the last part is the op, the rest its domain
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from graphopt.errors import RuleError
+
+# ----------------------------------------------------------------------------------------------
+# Tokens
+
+
+class RuleSyntaxError(RuleError):
+    """A pattern, constraint or replacement string that does not parse; ``column`` is 1-based."""
+
+    def __init__(self, text: str, column: int, message: str):
+        self.text = text
+        self.column = column
+        self.detail = message
+        super().__init__(f"column {column}: {message} in {text!r}")
+
+
+_TOKEN = re.compile(
+    r"""
+    (?P<ws>\s+)
+  | (?P<number>-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
+  | (?P<string>'[^']*'|"[^"]*")
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<punct>[(),?=.])
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class _Tok:
+    kind: str  # number | string | ident | punct | end
+    text: str
+    col: int  # 1-based
+
+
+def _tokenize(text: str) -> list[_Tok]:
+    toks: list[_Tok] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise RuleSyntaxError(text, pos + 1, f"unexpected character {text[pos]!r}")
+        kind = m.lastgroup
+        if kind != "ws":
+            toks.append(_Tok(kind, m.group(), pos + 1))
+        pos = m.end()
+    toks.append(_Tok("end", "", len(text) + 1))
+    return toks
+
+
+# ----------------------------------------------------------------------------------------------
+# Generic syntax tree (what the parser returns before the per-use checks)
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A number or string literal."""
+
+    value: object
+    col: int
+
+
+@dataclass(frozen=True)
+class Name:
+    """A bare name: a capture (``x``), an optional capture (``b?``) or the wildcard ``_``."""
+
+    name: str
+    optional: bool
+    col: int
+    bind: str | None = None  # only to report "as" where it is not allowed
+
+
+@dataclass(frozen=True)
+class Call:
+    """``domain.op(args, key=value) as bind``; ``domain`` is "" for the default ONNX domain."""
+
+    op: str
+    domain: str
+    args: tuple
+    kwargs: tuple  # tuple of (key, expr), in source order
+    bind: str | None
+    col: int
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.domain}.{self.op}" if self.domain else self.op
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.text = text
+        self.toks = _tokenize(text)
+        self.i = 0
+
+    # helpers
+    def peek(self) -> _Tok:
+        return self.toks[self.i]
+
+    def next(self) -> _Tok:
+        tok = self.toks[self.i]
+        self.i += 1
+        return tok
+
+    def error(self, tok: _Tok, expected: str):
+        found = "end of text" if tok.kind == "end" else repr(tok.text)
+        raise RuleSyntaxError(self.text, tok.col, f"expected {expected} but found {found}")
+
+    def expect(self, text: str) -> _Tok:
+        tok = self.next()
+        if tok.text != text or tok.kind not in ("punct", "ident"):
+            self.error(tok, repr(text))
+        return tok
+
+    # grammar
+    def parse_all(self):
+        expr = self.expr()
+        tok = self.peek()
+        if tok.kind != "end":
+            self.error(tok, "end of text")
+        return expr
+
+    def expr(self):
+        tok = self.next()
+        if tok.kind == "number":
+            value = float(tok.text) if re.search(r"[.eE]", tok.text) else int(tok.text)
+            return Lit(value, tok.col)
+        if tok.kind == "string":
+            return Lit(tok.text[1:-1], tok.col)
+        if tok.kind != "ident" or tok.text == "as":
+            self.error(tok, "a name, number or string")
+        parts = [tok.text]
+        while self.peek().text == "." and self.peek().kind == "punct":
+            self.next()
+            part = self.next()
+            if part.kind != "ident":
+                self.error(part, "a name after '.'")
+            parts.append(part.text)
+        if self.peek().text == "(" and self.peek().kind == "punct":
+            self.next()
+            args, kwargs = self.arguments()
+            bind = self.binding()
+            return Call(parts[-1], ".".join(parts[:-1]), tuple(args), tuple(kwargs), bind, tok.col)
+        if len(parts) > 1:
+            self.error(self.peek(), f"'(' after the op name {'.'.join(parts)!r}")
+        optional = False
+        if self.peek().text == "?" and self.peek().kind == "punct":
+            self.next()
+            optional = True
+        return Name(tok.text, optional, tok.col, self.binding())
+
+    def binding(self) -> str | None:
+        tok = self.peek()
+        if tok.kind == "ident" and tok.text == "as":
+            self.next()
+            name = self.next()
+            if name.kind != "ident" or name.text in ("as", "_"):
+                self.error(name, "a capture name after 'as'")
+            return name.text
+        return None
+
+    def arguments(self):
+        args, kwargs = [], []
+        if self.peek().text == ")" and self.peek().kind == "punct":
+            self.next()
+            return args, kwargs
+        while True:
+            tok = self.peek()
+            nxt = self.toks[self.i + 1]
+            if tok.kind == "ident" and nxt.kind == "punct" and nxt.text == "=":
+                self.next()
+                self.next()
+                if any(k == tok.text for k, _ in kwargs):
+                    raise RuleSyntaxError(self.text, tok.col, f"keyword {tok.text!r} given twice")
+                kwargs.append((tok.text, self.expr()))
+            else:
+                if kwargs:
+                    raise RuleSyntaxError(self.text, tok.col, "positional argument after a keyword argument")
+                args.append(self.expr())
+            tok = self.next()
+            if tok.kind == "punct" and tok.text == ")":
+                return args, kwargs
+            if not (tok.kind == "punct" and tok.text == ","):
+                self.error(tok, "',' or ')'")
+
+
+def parse_expr(text: str):
+    """Parse ``text`` into the generic tree (``Call`` / ``Name`` / ``Lit``); raises RuleSyntaxError."""
+    if not isinstance(text, str):
+        raise RuleSyntaxError(str(text), 1, "expected a string")
+    return _Parser(text).parse_all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Patterns
+
+#: Ops whose inputs may be matched in any order. Max/Min/Sum are variadic; their permutations are
+#: tried only up to this many inputs (24 orders), which every real pattern stays well within.
+COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum"})
+MAX_PERMUTED_INPUTS = 4
+
+
+@dataclass(frozen=True)
+class OpPat:
+    """An op node in a pattern. ``bind`` names the matched node (and, as a tensor, its output)."""
+
+    op: str
+    domain: str
+    args: tuple  # of OpPat | VarPat
+    bind: str | None
+    col: int
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.domain}.{self.op}" if self.domain else self.op
+
+    @property
+    def commutative(self) -> bool:
+        return self.domain == "" and self.op in COMMUTATIVE
+
+
+@dataclass(frozen=True)
+class VarPat:
+    """A tensor variable; ``name == "_"`` is the wildcard; ``optional`` matches an absent input too."""
+
+    name: str
+    optional: bool
+    col: int
+
+
+def _norm_domain(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+def parse_pattern(text: str) -> OpPat:
+    """Parse a pattern string; the root must be an op call."""
+    tree = parse_expr(text)
+    if not isinstance(tree, Call):
+        raise RuleSyntaxError(text, getattr(tree, "col", 1), "a pattern must start with an op, e.g. Relu(x)")
+    return _to_pattern(text, tree)
+
+
+def _to_pattern(text: str, node):
+    if isinstance(node, Lit):
+        raise RuleSyntaxError(
+            text, node.col, "literals are not allowed in patterns; bind a name and constrain it, e.g. const_near(s, 0.5)"
+        )
+    if isinstance(node, Name):
+        if node.bind is not None:
+            raise RuleSyntaxError(text, node.col, f"'as' can only follow an op call, not the name {node.name!r}")
+        return VarPat(node.name, node.optional, node.col)
+    if node.kwargs:
+        raise RuleSyntaxError(text, node.col, f"keyword arguments are not allowed in patterns ({node.kwargs[0][0]!r})")
+    args = tuple(_to_pattern(text, a) for a in node.args)
+    return OpPat(node.op, _norm_domain(node.domain), args, node.bind, node.col)
+
+
+def pattern_ops(pat: OpPat) -> list[OpPat]:
+    """All op nodes of a pattern, children before parents (post-order), left to right."""
+    out: list[OpPat] = []
+
+    def visit(p):
+        for a in p.args:
+            if isinstance(a, OpPat):
+                visit(a)
+        out.append(p)
+
+    visit(pat)
+    return out
+
+
+def pattern_captures(pat: OpPat) -> tuple[dict[str, bool], set[str]]:
+    """Return (tensor captures -> optional?, node captures). Node captures are also tensor captures."""
+    tensors: dict[str, bool] = {}
+    nodes: set[str] = set()
+
+    def visit(p):
+        if isinstance(p, VarPat):
+            if p.name != "_":
+                # A name used both optional and required is required where it is required.
+                tensors[p.name] = tensors.get(p.name, True) and p.optional
+            return
+        for a in p.args:
+            visit(a)
+        if p.bind:
+            nodes.add(p.bind)
+            tensors[p.bind] = False
+
+    visit(pat)
+    return tensors, nodes
+
+
+# ----------------------------------------------------------------------------------------------
+# Constraint calls and replacements
+
+
+@dataclass(frozen=True)
+class ConstraintCall:
+    """``name(args)`` from a rule's ``where`` list; args are ``Name`` (captures) or ``Lit``."""
+
+    name: str
+    args: tuple
+    text: str
+
+
+def parse_constraint(text: str) -> ConstraintCall:
+    tree = parse_expr(text)
+    if not isinstance(tree, Call) or tree.domain:
+        raise RuleSyntaxError(text, getattr(tree, "col", 1), "a constraint is a call such as constant(b)")
+    if tree.bind:
+        raise RuleSyntaxError(text, tree.col, "'as' is not allowed in a constraint")
+    if tree.kwargs:
+        raise RuleSyntaxError(text, tree.col, "constraints take positional arguments only")
+    for a in tree.args:
+        if isinstance(a, Call):
+            raise RuleSyntaxError(text, a.col, "constraint arguments are captures or literals, not calls")
+        if isinstance(a, Name) and (a.bind or a.name == "_"):
+            raise RuleSyntaxError(text, a.col, "constraint arguments are captures or literals")
+    return ConstraintCall(tree.op, tree.args, " ".join(text.split()))
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """The op a rule builds: ``op``/``domain``, positional input exprs and keyword exprs."""
+
+    op: str
+    domain: str
+    args: tuple  # Name | Call(builder)
+    kwargs: tuple  # (key, Name | Call(builder) | Lit)
+    text: str
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.domain}.{self.op}" if self.domain else self.op
+
+
+def _check_value(text: str, node, where: str):
+    if isinstance(node, Name) and (node.bind or node.name == "_"):
+        raise RuleSyntaxError(text, node.col, f"{where} must be a capture, a literal or a builder call")
+    if isinstance(node, Call):
+        if node.domain or node.bind or node.kwargs:
+            raise RuleSyntaxError(text, node.col, f"builder calls take positional arguments only ({node.qualname})")
+        for a in node.args:
+            _check_value(text, a, "a builder argument")
+
+
+def parse_replacement(text: str) -> Replacement:
+    tree = parse_expr(text)
+    if not isinstance(tree, Call):
+        raise RuleSyntaxError(text, getattr(tree, "col", 1), "a replacement is an op call such as graphopt.CBR(x, w)")
+    if tree.bind:
+        raise RuleSyntaxError(text, tree.col, "'as' is not allowed in a replacement")
+    for a in tree.args:
+        if isinstance(a, Lit):
+            raise RuleSyntaxError(text, a.col, "positional arguments are inputs: captures or builder calls")
+        _check_value(text, a, "an input")
+    for _, v in tree.kwargs:
+        _check_value(text, v, "a keyword value")
+    return Replacement(tree.op, _norm_domain(tree.domain), tree.args, tree.kwargs, " ".join(text.split()))
+
+
+def names_in(node) -> list[Name]:
+    """Every capture reference inside a replacement or constraint expression, in source order."""
+    if isinstance(node, Name):
+        return [node]
+    if isinstance(node, Call):
+        out: list[Name] = []
+        for a in node.args:
+            out += names_in(a)
+        for _, v in node.kwargs:
+            out += names_in(v)
+        return out
+    return []
