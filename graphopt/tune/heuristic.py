@@ -5,24 +5,27 @@ and as the fallback when every profiled candidate failed. It looks only at the n
 and the target's compute capability (``None`` when unknown), never at the machine it runs on, so
 the same model and ``--gpu`` always give the same choice.
 
-Rules for ``CBR`` (a convolution seen as a GEMM with M = N*Ho*Wo output pixels, N = output channels
-and K = C/group*kh*kw reduction length), first match wins:
+Rules for ``CBR``. The kernels (``graphopt/kernels/cbr.py``) see one conv group as a GEMM with
+Mg = M/group output channels (tiled by ``bm``), Npix = N*Ho*Wo output pixels (tiled by ``bn``) and
+K = C/group*kh*kw. First match wins:
 
-1. Input or weight shape unknown                      -> ``direct`` (works for every shape).
-2. Depthwise (group == C) or other grouped convs       -> ``direct`` (each group is a tiny GEMM).
-3. Tiny channel counts: N < 16 or K < 16               -> ``direct`` (too thin for tensor-core tiles).
-4. 1x1 kernel, stride 1, no padding, dilation 1        -> ``gemm_cublas`` (it already is a GEMM).
-5. Compute capability known and below 7.0 (no tensor cores), or fp32 below 8.0 (no tf32)
-                                                       -> ``gemm_cublas`` (im2col + cuBLAS).
+1. Input or weight shape unknown                      -> ``direct`` ``opt=1`` (works for every shape).
+2. Depthwise (one input channel per group)            -> ``direct`` ``opt=1``.
+3. Tiny channel counts: Mg < 16 or K < 16              -> ``direct`` ``opt=1`` (too thin for tiles).
+4. Compute capability known and below 8.0 (no mma.sync fp16/tf32 path): grouped -> ``direct``,
+   otherwise ``cublas`` (im2col + cuBLAS + fused epilogue).
+5. 1x1 kernel, stride 1, no padding, group 1          -> ``cublas`` (it already is a GEMM).
 6. Everything else                                     -> ``implicit_gemm`` with a tile by size:
-   - M*N >= 2**20 and N >= 128: ``bm=128,bn=128``; N < 128 (or smaller problems): ``bm=128,bn=64``;
-     M < 4096 (batch-1 late layers): ``bm=64,bn=64``;
-   - ``bk=32`` for fp16 and ``bk=16`` for fp32 (the same bytes per stage);
-   - ``stages=3`` from compute capability 8.0 (cp.async), ``stages=2`` below. An unknown
-     capability (``--gpu none``) is treated as 8.0, the most common data-centre target.
+   ``bm=128`` when Mg >= 128 else 64; ``bn=128`` when Npix >= 4096 else 64; warps ``wm=2`` and
+   ``wn=4`` for the 128x128 tile, else ``wm=2,wn=2``; ``bk=32``; ``splitk=1`` (split-K is left to
+   profiling). An unknown capability (``--gpu none``) is treated as 8.0.
 
-Rules for ``GemmAct``: always ``cublas_epilogue`` (cuBLAS is near the matrix peak at every size
-we measured; the bias and activation run in one fused epilogue kernel).
+The names and params are exactly those of the kernels' candidates (``Candidate.key()``), so the
+runtime can rebuild the chosen candidate from the node's ``lowering`` / ``lowering_params``.
+
+Rules for ``GemmAct``: always ``cublas_epilogue`` (cuBLAS reaches the matrix peak on large GEMMs,
+680 TFLOP/s fp16 measured on the H200 per design.md; the bias and activation run in one fused
+epilogue kernel).
 
 Other ``graphopt`` ops have no rules here yet: they get ``default`` (the runtime's only kernel)
 unless a rule is added with ``register_heuristic``.
@@ -38,10 +41,10 @@ from graphopt.kernels.base import Signature
 # Lowering names shared with graphopt/kernels (a candidate's ``name``) and written into the model.
 CBR_DIRECT = "direct"
 CBR_IMPLICIT_GEMM = "implicit_gemm"
-CBR_GEMM_CUBLAS = "gemm_cublas"
+CBR_CUBLAS = "cublas"
 GEMM_CUBLAS_EPILOGUE = "cublas_epilogue"
-GEMM_TILED = "tiled_gemm"
 DEFAULT_LOWERING = "default"
+DIRECT_PARAMS = "opt=1"
 
 # Treated as the target when the compute capability is unknown (``--gpu none``).
 ASSUMED_CC = (8, 0)
@@ -118,36 +121,29 @@ def conv_geometry(sig: Signature) -> dict | None:
 def _cbr(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
     g = conv_geometry(sig)
     if g is None:
-        return CBR_DIRECT, "", "input or weight shape unknown: direct convolution handles every shape"
-    if g["group"] > 1:
-        kind = "depthwise" if g["group"] == g["c"] else f"grouped (group={g['group']})"
-        return CBR_DIRECT, "", f"{kind} convolution: direct convolution"
-    if g["gemm_n"] < 16 or g["gemm_k"] < 16:
-        return CBR_DIRECT, "", (
-            f"tiny channel counts (N={g['gemm_n']}, K={g['gemm_k']} < 16): too thin for tensor-core tiles"
-        )
+        return CBR_DIRECT, DIRECT_PARAMS, "input or weight shape unknown: direct convolution handles every shape"
+    group = max(g["group"], 1)
+    mg, k, npix = g["m"] // group, g["gemm_k"], g["gemm_m"]
+    if g["c"] // group == 1 and group > 1:
+        return CBR_DIRECT, DIRECT_PARAMS, "depthwise convolution: direct convolution"
+    if mg < 16 or k < 16:
+        return CBR_DIRECT, DIRECT_PARAMS, f"tiny channel counts ({mg} output channels per group, K={k}; < 16): too thin for GEMM tiles"
+    eff_cc = cc if cc is not None else ASSUMED_CC
+    if eff_cc < (8, 0):
+        if group > 1:
+            return CBR_DIRECT, DIRECT_PARAMS, f"grouped convolution on sm {cc[0]}.{cc[1]} (no mma.sync path): direct convolution"
+        return CBR_CUBLAS, "", f"no mma.sync fp16/tf32 path on sm {cc[0]}.{cc[1]}: im2col + cuBLAS"
     pointwise = (
-        all(k == 1 for k in g["kernel"]) and all(s == 1 for s in g["strides"])
-        and all(p == 0 for p in g["pads"]) and all(d == 1 for d in g["dilations"])
-        and g["auto_pad"] in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+        group == 1 and all(v == 1 for v in g["kernel"]) and all(v == 1 for v in g["strides"])
+        and all(v == 0 for v in g["pads"]) and g["auto_pad"] in ("NOTSET", "VALID")
     )
     if pointwise:
-        return CBR_GEMM_CUBLAS, "", "1x1 stride-1 convolution is a plain GEMM: cuBLAS plus fused epilogue"
-    fp16 = bool(sig.dtypes) and sig.dtypes[0] in ("float16", "bfloat16")
-    if cc is not None and (cc < (7, 0) or (not fp16 and cc < (8, 0))):
-        return CBR_GEMM_CUBLAS, "", f"no tensor-core path for {sig.dtypes[0] if sig.dtypes else '?'} on sm {cc[0]}.{cc[1]}: im2col + cuBLAS"
-    eff_cc = cc if cc is not None else ASSUMED_CC
-    mm, nn = g["gemm_m"], g["gemm_n"]
-    if mm < 4096:
-        bm, bn = 64, 64
-    elif mm * nn >= 2**20 and nn >= 128:
-        bm, bn = 128, 128
-    else:
-        bm, bn = 128, 64
-    bk = 32 if fp16 else 16
-    stages = 3 if eff_cc >= (8, 0) else 2
-    params = f"bm={bm},bn={bn},bk={bk},stages={stages}"
-    return CBR_IMPLICIT_GEMM, params, f"implicit GEMM M={mm} N={nn} K={g['gemm_k']}: tile by size"
+        return CBR_CUBLAS, "", "1x1 stride-1 convolution is a plain GEMM: cuBLAS plus fused epilogue"
+    bm = 128 if mg >= 128 else 64
+    bn = 128 if npix >= 4096 else 64
+    wm, wn = (2, 4) if (bm, bn) == (128, 128) else (2, 2)
+    params = f"bm={bm},bn={bn},bk=32,wm={wm},wn={wn},splitk=1"
+    return CBR_IMPLICIT_GEMM, params, f"implicit GEMM (Mg={mg}, Npix={npix}, K={k}): tile by size"
 
 
 @register_heuristic("GemmAct")

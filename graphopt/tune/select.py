@@ -151,9 +151,7 @@ def _concrete(shape, dims: Mapping[str, int], notes: list[str]) -> tuple[int, ..
 def _layout(op: str, shapes: Sequence) -> str:
     if op == "GemmAct":
         return "rowmajor"
-    x = shapes[0] if shapes else None
-    if x is not None and len(x) == 3:
-        return "NCW"
+    # 1-D convs are "NCHW" too: the kernels take N, C, then the spatial dims, whatever their number.
     return "NCHW"
 
 

@@ -84,8 +84,8 @@ def test_absent_gpu_uses_heuristic_and_says_so(graph):
     assert rep.mode == "heuristic" and not rep.present and rep.target == "a100"
     assert rep.summary == "target a100 not present: nothing was profiled; lowerings chosen by heuristic (6 nodes)"
     low = lowerings(graph)
-    assert low["cbr_dw"] == ("direct", "")
-    assert low["cbr_1x1"] == ("gemm_cublas", "")  # the stale attribute was replaced
+    assert low["cbr_dw"] == ("direct", "opt=1")
+    assert low["cbr_1x1"] == ("cublas", "")  # the stale attribute was replaced
     assert low["cbr_3x3"][0] == "implicit_gemm" and "bm=" in low["cbr_3x3"][1]
     assert low["fc_then"] == ("cublas_epilogue", "") and low["fc_else"] == ("cublas_epilogue", "")
     assert all(r.mode == "heuristic" and r.reason.startswith("heuristic:") for r in rep.rows)
@@ -102,7 +102,7 @@ def test_metadata_and_attributes_survive_save(graph):
     assert meta["graphopt.target"] == "rtx4090" and meta["graphopt.mode"] == "heuristic"
     cbr = next(n for n in model.graph.node if n.name == "cbr_dw")
     attrs = {a.name: helper.get_attribute_value(a) for a in cbr.attribute}
-    assert attrs["lowering"] == b"direct" and attrs["lowering_params"] == b""
+    assert attrs["lowering"] == b"direct" and attrs["lowering_params"] == b"opt=1"
 
 
 def test_gpu_none_still_records_lowerings(graph):
@@ -192,7 +192,7 @@ def test_absent_gpu_served_by_imported_cache_entries(graph, cache, tmp_path):
                            "for a100 (2 nodes) and by heuristic (4 nodes)")
     # the h100 entry serves h100 only
     rep = select_lowerings(graph, "h100", cache=cache, devices=[])
-    assert lowerings(graph)["cbr_3x3"] == ("direct", "")
+    assert lowerings(graph)["cbr_3x3"] == ("direct", "")  # the h100 entry
 
 
 # ------------------------------------------------------------------ profiled mode (fake device)
@@ -293,7 +293,7 @@ def test_every_candidate_failing_falls_back_to_heuristic(graph):
         rep = select_lowerings(graph, "h200", profile=prof, devices=[H200], progress=False)
     assert all(r.mode == "heuristic" for r in rep.rows) and rep.mode == "heuristic"
     assert "every candidate failed" in rep.rows[0].reason and "nvrtc" in rep.rows[0].reason
-    assert lowerings(graph)["cbr_dw"] == ("direct", "")
+    assert lowerings(graph)["cbr_dw"] == ("direct", "opt=1")
     assert all(t["status"] == "build_failed" for t in rep.rows[0].timings)
 
 
