@@ -18,7 +18,7 @@ import onnx
 
 from graphopt import __version__
 from graphopt.errors import GraphoptError, VerificationFailed
-from graphopt.ir import Graph, from_model, load_model, save_model, to_model
+from graphopt.ir import Graph, load_model, save_model, to_model
 from graphopt.verify import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
 
 Progress = Callable[[str], None]
@@ -72,12 +72,12 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _with_inferred_shapes(graph: Graph) -> tuple[onnx.ModelProto, Graph]:
-    """(the validated original model, a fresh IR of it with inferred value_info)."""
-    original = to_model(graph)
+    """(the validated original model, the IR with value_info from onnx shape inference merged in)."""
+    original = graph.source_model if graph.source_model is not None else to_model(graph)
     inferred = _infer_shapes(original)
-    if inferred is original:
-        return original, graph
-    return original, from_model(inferred).lint()
+    if inferred is not original:
+        graph.merge_value_info(inferred.graph.value_info)
+    return original, graph
 
 
 def optimize_graph(

@@ -127,6 +127,7 @@ def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph) -> None:
                 sub = Graph(a.g.name, parent=g)
                 _fill_graph(sub, a.g, root)
                 node._attrs[a.name] = sub
+                node._has_sub = True
             elif a.type == AttributeProto.GRAPHS:
                 subs = []
                 for gp in a.graphs:
@@ -134,6 +135,7 @@ def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph) -> None:
                     _fill_graph(sub, gp, root)
                     subs.append(sub)
                 node._attrs[a.name] = subs
+                node._has_sub = True
             else:
                 node._attrs[a.name] = _copy(a)
         for t in node.outputs:
@@ -147,6 +149,8 @@ def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph) -> None:
 
 def _topological_nodes(g: Graph) -> list[Node]:
     nodes = g.nodes()
+    if g._topo_valid:
+        return nodes
     pos = {n.name: n._pos for n in nodes}
     try:
         order = list(nx.lexicographical_topological_sort(g.nx, key=lambda n: pos[n]))

@@ -98,6 +98,7 @@ class Graph:
         self._consumers: dict[str, dict[str, None]] = {}
         self._by_op: dict[tuple[str, str], dict[str, None]] = {}
         self._implicit: dict[str, list[str]] = {}  # node name -> outer tensors its subgraphs read
+        self._has_subgraphs = False  # any node here ever held a subgraph (fast path for find())
         self._inputs: list[str] = []
         self._outputs: list[str] = []
         self._io_info: dict[str, onnx.ValueInfoProto] = {}
@@ -108,6 +109,7 @@ class Graph:
         self._extra: onnx.GraphProto | None = None
         self._next_pos = 0
         self._order_cache: list[Node] | None = None
+        self._topo_valid = False  # nodes() is known to be in topological order
         self.nx = nx.MultiDiGraph()
         # Model-level fields; meaningful on the root graph only.
         self.ir_version = onnx.IR_VERSION
@@ -124,6 +126,7 @@ class Graph:
         self._synth_names: set[str] = set()  # loaded nodes that had no name: written back nameless
         self.source_path: str | None = None  # the file it was loaded from, when there is one
         self.data_files: list[str] = []  # the external-data files it was loaded from
+        self.source_model: onnx.ModelProto | None = None  # the validated input model (set by load_model)
 
     # ------------------------------------------------------------------ structure queries
     @property
@@ -274,9 +277,28 @@ class Graph:
                 graphs.pop()
                 continue
             yield graphs[-1], node
-            for sub in reversed(node.subgraphs()):
-                stack.append(iter(sub.nodes()))
-                graphs.append(sub)
+            if node._has_sub:
+                for sub in reversed(node.subgraphs()):
+                    stack.append(iter(sub.nodes()))
+                    graphs.append(sub)
+
+    def find(self, *op_types: str, domain: str = "") -> list[tuple["Graph", Node]]:
+        """(graph, node) for every node of the given op types in this graph and all subgraphs, found
+        through the op index (cost grows with the matches, not with the graph), in walk order."""
+        out: list[tuple[Graph, Node]] = []
+        stack: list[Graph] = [self]
+        while stack:
+            g = stack.pop()
+            hits = [n for op in op_types for n in g.nodes_by_op(op, domain)]
+            hits.sort(key=lambda n: n._pos)
+            out.extend((g, n) for n in hits)
+            holders = [g._nodes[name] for name in g._implicit_or_sub()]
+            for n in sorted(holders, key=lambda n: n._pos, reverse=True):
+                stack.extend(reversed(n.subgraphs()))
+        return out
+
+    def _implicit_or_sub(self) -> list[str]:
+        return [name for name, n in self._nodes.items() if n._has_sub] if self._has_subgraphs else []
 
     def graphs(self) -> list["Graph"]:
         """This graph and all nested subgraphs, depth first."""
@@ -369,8 +391,12 @@ class Graph:
                 self._add_use(t, node.name)
         self._adopt_subgraphs(node)
         self._order_cache = None
+        self._topo_valid = False
 
     def _adopt_subgraphs(self, node: Node) -> None:
+        if not node._has_sub and node.name not in self._implicit:
+            return
+        self._has_subgraphs = True
         for t in self._implicit.pop(node.name, []):
             self._drop_use(t, node.name, implicit=True)
         refs: list[str] = []
@@ -452,6 +478,7 @@ class Graph:
         del self._nodes[node.name]
         node.graph = None
         self._order_cache = None
+        self._topo_valid = False
 
     def _check_member(self, node: Node) -> None:
         if self._nodes.get(node.name) is not node:
@@ -461,6 +488,7 @@ class Graph:
         self._check_member(node)
         old = node.inputs[index]
         node.inputs[index] = tensor
+        self._topo_valid = False
         if old:
             self._drop_use(old, node.name)
         if tensor:
@@ -470,6 +498,7 @@ class Graph:
         self._check_member(node)
         old = list(node.inputs)
         node.inputs = list(inputs)
+        self._topo_valid = False
         for t in old:
             if t:
                 self._drop_use(t, node.name)
@@ -657,6 +686,15 @@ class Graph:
     def clear_value_info(self, tensor: str) -> None:
         self._value_info.pop(tensor, None)
 
+    def merge_value_info(self, infos: Iterable[onnx.ValueInfoProto]) -> int:
+        """Add value_info (for example from onnx shape inference) for tensors that have none yet."""
+        added = 0
+        for vi in infos:
+            if vi.name not in self._io_info and vi.name not in self._value_info and (vi.name in self._producer or vi.name in self._consumers):
+                self._value_info[vi.name] = vi
+                added += 1
+        return added
+
     def value_info_names(self) -> list[str]:
         return list(self._value_info)
 
@@ -680,12 +718,13 @@ class Graph:
             self._nodes[name]._pos = (i,)
         self._next_pos = len(order)
         self._order_cache = None
+        self._topo_valid = True
         return self
 
     def lint(self) -> "Graph":
         """Raise ``InvalidGraph`` on a cycle, a dangling input, a tensor with two producers, an output
         with no producer, duplicate graph outputs or inconsistent indexes."""
-        if not nx.is_directed_acyclic_graph(self.nx):
+        if not self._topo_valid and not nx.is_directed_acyclic_graph(self.nx):  # a valid toposort proves acyclicity
             cycle = nx.find_cycle(self.nx)
             names = " -> ".join(f"{u!r}" for u, _, _ in cycle)
             raise InvalidGraph(f"graph {self.name!r} has a cycle: {names}; the model is not a DAG")

@@ -41,6 +41,7 @@ class Node:
         "_attrs",
         "_extra",
         "_pos",
+        "_has_sub",
         "graph",
     )
 
@@ -68,6 +69,7 @@ class Node:
         # kept verbatim so they round-trip.
         self._extra: onnx.NodeProto | None = None
         self._pos: tuple[int, ...] = (0,)
+        self._has_sub = False  # any graph-valued attribute (fast path for walk())
         self.graph: "Graph | None" = None
 
     # -- attributes -------------------------------------------------------------------------
@@ -115,6 +117,7 @@ class Node:
             return
         if isinstance(value, Graph) or (isinstance(value, list) and value and all(isinstance(v, Graph) for v in value)):
             self._attrs[name] = value
+            self._has_sub = True
             if self.graph is not None:
                 self.graph._adopt_subgraphs(self)
             return
@@ -126,8 +129,11 @@ class Node:
 
     def del_attr(self, name: str) -> None:
         self._attrs.pop(name, None)
+        self._has_sub = any(not isinstance(v, AttributeProto) for v in self._attrs.values())
 
     def subgraphs(self) -> list["Graph"]:
+        if not self._has_sub:
+            return []
         out: list[Graph] = []
         for value in self._attrs.values():
             if isinstance(value, list):
