@@ -201,8 +201,7 @@ def run_ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    if any(n.domain == "graphopt" for n in m.graph.node):
-        m = attach_functions(m)
+    m = attach_functions(m)  # idempotent; also finds graphopt nodes inside subgraphs
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
