@@ -1,0 +1,32 @@
+"""``constants_to_initializers``: turn ``Constant`` nodes into initializers of the same name."""
+
+from __future__ import annotations
+
+from graphopt.ir import Graph
+
+from graphopt.passes._util import Trace, replace_with_initializers, report
+
+NAME = "constants_to_initializers"
+
+
+def constants_to_initializers(graph: Graph, *, trace: Trace = None) -> int:
+    """Replace every ``Constant`` node (in all graphs) by an initializer with the same name and value.
+
+    Initializers are what the other passes and runtimes treat as weights; the value and the tensor
+    name are unchanged, graph outputs included. Constants the IR cannot decode into an array
+    (``sparse_value``, strings) are left as they are. Returns the number replaced.
+    """
+    changes = 0
+    for g, node in list(graph.walk()):
+        if node.op_type != "Constant" or node.domain != "" or node not in g:
+            continue
+        if len(node.outputs) != 1 or not node.outputs[0]:
+            report(trace, NAME, node, "malformed Constant (needs exactly one output)")
+            continue
+        value = g.constant_value(node.outputs[0])
+        if value is None or value.dtype.kind not in "biufc":
+            report(trace, NAME, node, "its value is not a numeric tensor the IR can decode")
+            continue
+        replace_with_initializers(g, node, [value])
+        changes += 1
+    return changes

@@ -1,0 +1,54 @@
+"""``eliminate_dropout``: remove inference-mode ``Dropout`` nodes (they copy their input)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.ir import Graph, Node
+
+from graphopt.passes._util import Trace, bypass, is_used, opset_version, report
+
+NAME = "eliminate_dropout"
+
+
+def _why_not_inference(graph: Graph, node: Node) -> str | None:
+    """None when this Dropout is the identity on its first output, else the reason it may not be."""
+    if len(node.outputs) > 1 and is_used(graph, node.outputs[1]):
+        return f"its mask output {node.outputs[1]!r} is used"
+    if opset_version(graph) < 7:
+        # Dropout-1/-6 run in training mode unless is_test is set (spec default is_test=0).
+        if not node.attr("is_test", 0):
+            return "opset < 7 Dropout without is_test=1 runs in training mode"
+        return None
+    training = node.inputs[2] if len(node.inputs) > 2 else ""
+    if training:
+        value = graph.constant_value(training)
+        if value is None:
+            return f"training_mode input {training!r} is not a constant"
+        if value.size != 1 or bool(np.asarray(value).reshape(-1)[0]):
+            return f"training_mode input {training!r} is true"
+    return None
+
+
+def eliminate_dropout(graph: Graph, *, trace: Trace = None) -> int:
+    """Remove every Dropout that is an identity at inference; returns the number removed.
+
+    A Dropout qualifies when its mask output is absent or unused and its ``training_mode`` input is
+    absent or a constant false (opset >= 12), or always for opsets 7-11, or with ``is_test=1`` for
+    opsets < 7. Graph outputs keep their names as in ``eliminate_identity``.
+    """
+    changes = 0
+    for g, node in list(graph.walk()):
+        if node.op_type != "Dropout" or node.domain != "" or node not in g:
+            continue
+        if not node.inputs or not node.inputs[0] or not node.outputs or not node.outputs[0]:
+            report(trace, NAME, node, "Dropout without a data input or output")
+            continue
+        reason = _why_not_inference(g, node)
+        if reason is None:
+            reason = bypass(g, node, node.inputs[0], node.outputs[0])
+        if reason is None:
+            changes += 1
+        else:
+            report(trace, NAME, node, reason)
+    return changes

@@ -1,0 +1,193 @@
+"""fold_constants / constants_to_initializers / fold_shape: fold what is small, refuse what is big."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper as h
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_passes_common import check_pass, load, model, ops, run, to_model, untouched  # noqa: E402
+
+from graphopt.passes import constants_to_initializers, fold_constants, fold_shape  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_constant_chain_folds_and_keeps_output_names(rng):
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    b = rng.standard_normal((5,)).astype(np.float32)
+    nodes = [
+        h.make_node("Add", ["a", "b"], ["s"]),  # broadcast
+        h.make_node("Constant", [], ["two"], value_float=2.0),
+        h.make_node("Mul", ["s", "two"], ["m"]),
+        h.make_node("Reshape", ["m", "shape"], ["folded_out"]),
+        h.make_node("Add", ["x", "folded_out"], ["y"]),
+    ]
+    m = model(nodes, [("x", [5, 3])], [("y", [5, 3]), ("folded_out", [5, 3])], {"a": a, "b": b, "shape": np.array([5, 3], np.int64)})
+    g, out = check_pass(fold_constants, m, 3, rng=rng)
+    assert ops(out) == ["Constant", "Add"]  # Constant nodes are constants_to_initializers' job
+    assert "folded_out" in {t.name for t in out.graph.initializer}
+    np.testing.assert_allclose(
+        {t.name: t for t in out.graph.initializer} and g.constant_value("folded_out"), ((a + b) * 2).reshape(5, 3), rtol=1e-6
+    )
+
+
+def test_multi_output_node_folds(rng):
+    nodes = [h.make_node("Split", ["c", "split"], ["p", "q"], axis=0), h.make_node("Add", ["x", "p"], ["y"]), h.make_node("Sub", ["x", "q"], ["z"])]
+    m = model(nodes, [("x", [4])], [("y", [4]), ("z", [4])], {"c": rng.standard_normal(8).astype(np.float32), "split": np.array([4, 4], np.int64)})
+    _, out = check_pass(fold_constants, m, 1, rng=rng)
+    assert ops(out) == ["Add", "Sub"]
+
+
+def test_small_range_and_constant_of_shape_fold(rng):
+    nodes = [
+        h.make_node("Range", ["s", "l", "d"], ["r"]),
+        h.make_node("ConstantOfShape", ["shp"], ["c"], value=h.make_tensor("v", TensorProto.FLOAT, [1], [0.5])),
+        h.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+        h.make_node("Add", ["rf", "c"], ["k"]),
+        h.make_node("Add", ["x", "k"], ["y"]),
+    ]
+    inits = {"s": np.array(1, np.int64), "l": np.array(12, np.int64), "d": np.array(3, np.int64), "shp": np.array([4], np.int64)}
+    _, out = check_pass(fold_constants, m := model(nodes, [("x", [4])], [("y", [4])], inits), 4, rng=rng)
+    assert ops(out) == ["Add"]
+
+
+def test_initializer_that_is_a_graph_input_is_not_a_constant():
+    m = model([h.make_node("Neg", ["c"], ["n"]), h.make_node("Add", ["x", "n"], ["y"])], [("x", [3]), ("c", [3])], [("y", [3])], {"c": np.ones(3, np.float32)})
+    untouched(fold_constants, m)
+
+
+def test_random_ops_are_never_folded():
+    m = model(
+        [h.make_node("RandomNormalLike", ["c"], ["r"]), h.make_node("Add", ["x", "r"], ["y"])],
+        [("x", [3])],
+        [("y", [3])],
+        {"c": np.ones(3, np.float32)},
+    )
+    reasons = untouched(fold_constants, m)
+    assert "never folded" in reasons[0]
+
+
+def test_fold_inside_if_branch_with_outer_constant(rng):
+    then = h.make_graph(
+        [h.make_node("Neg", ["c"], ["nc"]), h.make_node("Add", ["x", "nc"], ["t"])], "then", [], [h.make_tensor_value_info("t", TensorProto.FLOAT, [3])]
+    )
+    els = h.make_graph([h.make_node("Relu", ["x"], ["e"])], "else", [], [h.make_tensor_value_info("e", TensorProto.FLOAT, [3])])
+    m = model(
+        [h.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=els)],
+        [("cond", [], TensorProto.BOOL), ("x", [3])],
+        [("y", [3])],
+        {"c": rng.standard_normal(3).astype(np.float32)},
+    )
+    _, out = check_pass(fold_constants, m, 1, rng=rng)
+    feeds = {"cond": np.array(True), "x": rng.standard_normal(3).astype(np.float32)}
+    np.testing.assert_allclose(run(out, feeds)[0], run(m, feeds)[0])
+
+
+def test_limit_is_respected_before_evaluation():
+    nodes = [h.make_node("ConstantOfShape", ["shp"], ["c"]), h.make_node("Add", ["x", "c"], ["y"])]
+    m = model(nodes, [("x", [1000])], [("y", [1000])], {"shp": np.array([1000], np.int64)})
+    reasons = untouched(fold_constants, m, limit_bytes=3999)
+    assert "4000 bytes" in reasons[0]
+    g = load(m)
+    assert fold_constants(g, limit_bytes=4000) == 1
+
+
+HUGE = {
+    "ConstantOfShape": ([h.make_node("ConstantOfShape", ["shp"], ["big"])], {"shp": np.array([2**20, 2**20], np.int64)}),
+    "Tile": ([h.make_node("Tile", ["c", "rep"], ["big"])], {"c": np.ones((2, 2), np.float32), "rep": np.array([2**19, 2**19], np.int64)}),
+    "Expand": ([h.make_node("Expand", ["c", "shp"], ["big"])], {"c": np.ones((1, 1), np.float32), "shp": np.array([2**20, 2**20], np.int64)}),
+}
+
+
+@pytest.mark.parametrize("op", sorted(HUGE))
+def test_2_pow_40_elements_are_refused_instantly(op):
+    nodes, inits = HUGE[op]
+    nodes = nodes + [h.make_node("ReduceSum", ["big"], ["y"], keepdims=0)]
+    m = model(nodes, [], [("y", [])], inits, opset=13)
+    start = time.perf_counter()
+    reasons = untouched(fold_constants, m)
+    assert time.perf_counter() - start < 2.0
+    assert any("over the folding limit" in r and str(2**42) in r for r in reasons), reasons
+
+
+def test_huge_folds_do_not_grow_peak_rss():
+    """In a fresh process (so earlier tests do not hide the peak): 2**40-element ConstantOfShape,
+    Tile and Expand, and a 2**26-element one (256 MB, which folding without the cap would really
+    allocate), all stay unfolded and the peak RSS grows by less than 200 MB."""
+    script = textwrap.dedent(
+        """
+        import resource, sys
+        import numpy as np
+        from onnx import helper as h, numpy_helper, TensorProto
+        from graphopt.ir import from_model
+        from graphopt.passes import run_cleanup
+
+        def build(node, inits):
+            g = h.make_graph([node, h.make_node("ReduceSum", ["big"], ["y"], keepdims=0)], "g", [],
+                             [h.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+                             initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+            return h.make_model(g, opset_imports=[h.make_opsetid("", 13)], ir_version=7)
+
+        models = [
+            build(h.make_node("ConstantOfShape", ["shp"], ["big"]), {"shp": np.array([2**20, 2**20], np.int64)}),
+            build(h.make_node("Tile", ["c", "rep"], ["big"]), {"c": np.ones((2, 2), np.float32), "rep": np.array([2**19, 2**19], np.int64)}),
+            build(h.make_node("Expand", ["c", "shp"], ["big"]), {"c": np.ones((1, 1), np.float32), "shp": np.array([2**20, 2**20], np.int64)}),
+            build(h.make_node("ConstantOfShape", ["shp"], ["big"]), {"shp": np.array([2**13, 2**13], np.int64)}),
+        ]
+        graphs = [from_model(m) for m in models]
+        run_cleanup(from_model(models[0]))  # warm up onnxruntime / shape inference allocations
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for g in graphs:
+            totals = run_cleanup(g)
+            assert totals["fold_constants"] == 0, totals
+            assert [n.op_type for n in g.nodes()] [:1] in (["ConstantOfShape"], ["Tile"], ["Expand"]), g.nodes()
+        grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        print(f"grown {grown_mb:.1f} MB")
+        sys.exit(0 if grown_mb < 200 else 1)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_constants_to_initializers_keeps_names(rng):
+    nodes = [
+        h.make_node("Constant", [], ["k"], value=h.make_tensor("v", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])),
+        h.make_node("Constant", [], ["ki"], value_ints=[3]),
+        h.make_node("Reshape", ["x", "ki"], ["xr"]),
+        h.make_node("Add", ["xr", "k"], ["y"]),
+        h.make_node("Constant", [], ["out_const"], value_float=4.5),
+    ]
+    m = model(nodes, [("x", [1, 3])], [("y", [3]), ("out_const", [])])
+    g, out = check_pass(constants_to_initializers, m, 3, rng=rng)
+    assert ops(out) == ["Reshape", "Add"]
+    assert sorted(t.name for t in out.graph.initializer) == ["k", "ki", "out_const"]
+
+
+def test_fold_shape_of_static_tensor(rng):
+    nodes = [
+        h.make_node("Relu", ["x"], ["r"]),
+        h.make_node("Shape", ["r"], ["s"], start=-1),
+        h.make_node("Size", ["r"], ["n"]),
+        h.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+        h.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+        h.make_node("Add", ["r", "sf"], ["a"]),
+        h.make_node("Add", ["a", "nf"], ["y"]),
+    ]
+    m = model(nodes, [("x", [2, 7])], [("y", [2, 7])], value_info=[("r", [2, 7])])
+    g, out = check_pass(fold_shape, m, 2, rng=rng)
+    np.testing.assert_array_equal(g.constant_value("s"), [7])
+    assert int(g.constant_value("n")) == 14
+
+
+def test_fold_shape_leaves_symbolic_shapes():
+    m = model([h.make_node("Shape", ["x"], ["y"])], [("x", ["batch", 3])], [("y", [2], TensorProto.INT64)])
+    untouched(fold_shape, m)
