@@ -172,8 +172,8 @@ class TuningCache:
     def _file_problem(self) -> str | None:
         try:
             st = os.lstat(self.path)
-        except FileNotFoundError:
-            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # nothing there yet (creating the folder may still fail, in _connect)
         if stat.S_ISLNK(st.st_mode):
             return "is a symbolic link"
         if not stat.S_ISREG(st.st_mode):

@@ -23,7 +23,7 @@ K = C/group*kh*kw. First match wins:
 The names and params are exactly those of the kernels' candidates (``Candidate.key()``), so the
 runtime can rebuild the chosen candidate from the node's ``lowering`` / ``lowering_params``.
 
-Rules for ``GemmAct``: always ``cublas_epilogue`` (cuBLAS reaches the matrix peak on large GEMMs,
+Rules for ``GemmAct``: always ``cublas`` (cuBLAS reaches the matrix peak on large GEMMs,
 680 TFLOP/s fp16 measured on the H200 per design.md; the bias and activation run in one fused
 epilogue kernel).
 
@@ -42,7 +42,7 @@ from graphopt.kernels.base import Signature
 CBR_DIRECT = "direct"
 CBR_IMPLICIT_GEMM = "implicit_gemm"
 CBR_CUBLAS = "cublas"
-GEMM_CUBLAS_EPILOGUE = "cublas_epilogue"
+GEMM_CUBLAS = "cublas"
 DEFAULT_LOWERING = "default"
 DIRECT_PARAMS = "opt=1"
 
@@ -148,4 +148,4 @@ def _cbr(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
 
 @register_heuristic("GemmAct")
 def _gemm_act(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
-    return GEMM_CUBLAS_EPILOGUE, "", "cuBLAS GEMM plus one fused bias/activation epilogue kernel"
+    return GEMM_CUBLAS, "", "cuBLAS GEMM plus one fused bias/activation epilogue kernel"

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
+import queue
 import signal
 import statistics
 import traceback
@@ -170,12 +172,15 @@ def _run_one(sig, cand, timer, checker, buffers, arch) -> dict:
     return {"status": OK, "samples": samples, "reason": ""}
 
 
-def _worker_main(conn, timer, checker, buffers, arch) -> None:
+def _worker_main(conn, timer, checker, buffers, arch, visible_device=None) -> None:
     """Worker loop: one (sig, candidate) task at a time; exits after any failure.
 
     Exiting after a failure matters on the GPU: a fault leaves the CUDA context unusable, so the
-    next candidate gets a fresh process.
+    next candidate gets a fresh process. ``visible_device`` pins the worker to one GPU through
+    ``CUDA_VISIBLE_DEVICES`` (set before anything in this process touches CUDA).
     """
+    if visible_device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(visible_device)
     while True:
         try:
             task = conn.recv()
@@ -197,6 +202,18 @@ def _worker_main(conn, timer, checker, buffers, arch) -> None:
             return
 
 
+def _visible_device(index: int | None) -> str | None:
+    """The CUDA_VISIBLE_DEVICES value that shows a worker only device ``index`` of this process."""
+    if index is None:
+        return None
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if parent:
+        visible = [v.strip() for v in parent.split(",") if v.strip()]
+        if index < len(visible):
+            return visible[index]
+    return str(index)
+
+
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
@@ -208,8 +225,8 @@ class IsolatedRunner:
     """Runs candidates in a worker subprocess, replacing it after a crash, timeout or failure."""
 
     def __init__(self, timer, checker, buffers=no_buffers, arch: str = "", *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 mp_context: str = "spawn"):
-        self._args = (timer, checker, buffers, arch)
+                 mp_context: str = "spawn", device_index: int | None = None):
+        self._args = (timer, checker, buffers, arch, _visible_device(device_index))
         self.timeout_s = timeout_s
         self._ctx = multiprocessing.get_context(mp_context)
         self._proc = None
@@ -383,57 +400,116 @@ def node_progress(total: int, *, enabled: bool | None = None, description: str =
 
 
 class Profiler:
-    """Profiles signatures on one present device, through the tuning cache, once per signature.
+    """Profiles signatures on the present GPUs, through the tuning cache, once per signature.
 
     ``candidates_for(sig) -> list[Candidate]`` supplies the candidates (the kernels' registry).
     Results already in ``cache`` for this exact device fingerprint and kernel source are reused;
-    new results (failures included) are written back. Use as a context manager (or ``close()``)
-    so the worker subprocess is shut down.
+    new results (failures included) are written back. With several ``devices`` (all of one model)
+    and ``isolate=True``, ``profile_many`` spreads signatures over one worker per GPU. Use as a
+    context manager (or ``close()``) so the workers are shut down.
     """
 
     def __init__(self, candidates_for: Callable[[Signature], Sequence[Candidate]], *, timer: Timer, checker: Checker,
-                 device, buffers: Callable[[Signature], tuple[list, list]] = no_buffers, cache=None,
-                 isolate: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 device=None, devices=None, buffers: Callable[[Signature], tuple[list, list]] = no_buffers,
+                 cache=None, isolate: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S):
+        devs = list(devices) if devices else ([device] if device is not None else [])
+        if not devs:
+            raise ValueError("Profiler needs the device (or devices) to profile on")
         self.candidates_for = candidates_for
-        self.device = device
+        self.devices = devs
+        self.device = devs[0]
         self.cache = cache
         self.memo: dict[str, ProfileResult] = {}
         self._profile_kw = dict(timer=timer, checker=checker, buffers=buffers, isolate=isolate,
-                                compute_capability=device.compute_capability, arch=device.arch, timeout_s=timeout_s)
+                                compute_capability=self.device.compute_capability, arch=self.device.arch,
+                                timeout_s=timeout_s)
         if isolate:
-            self._runner = IsolatedRunner(timer, checker, buffers, device.arch, timeout_s=timeout_s)
+            self._runners = [
+                IsolatedRunner(timer, checker, buffers, d.arch, timeout_s=timeout_s,
+                               device_index=d.index if len(devs) > 1 else None)
+                for d in devs
+            ]
         else:
-            self._runner = InlineRunner(timer, checker, buffers, device.arch)
+            self._runners = [InlineRunner(timer, checker, buffers, self.device.arch)]
 
     def source_hashes(self, sig: Signature) -> dict[str, str]:
         return {c.key(): c.source_hash() for c in self.candidates_for(sig)}
 
-    def __call__(self, sig: Signature) -> ProfileResult:
-        key = sig.key()
-        if key in self.memo:
-            return self.memo[key]
+    def _prepare(self, sig: Signature) -> tuple[list[Candidate], dict[str, CandidateResult]]:
         candidates = list(self.candidates_for(sig))
         known: dict[str, CandidateResult] = {}
-        fp = self.device.fingerprint()
         if self.cache is not None:
             hashes = {c.key(): c.source_hash() for c in candidates}
-            for ckey, rec in self.cache.lookup(fp, key, hashes).items():
+            for ckey, rec in self.cache.lookup(self.device.fingerprint(), sig.key(), hashes).items():
                 known[ckey] = CandidateResult(
                     candidate=ckey, lowering=rec.lowering, params=rec.params, source_hash=rec.source_hash,
-                    status=rec.status if not rec.ok else OK,
-                    ms=rec.ms, samples=rec.samples, reason=rec.reason, cached=True,
+                    status=OK if rec.ok else rec.status, ms=rec.ms, samples=rec.samples, reason=rec.reason,
+                    cached=True,
                 )
-        result = profile_node(sig, candidates, known=known, runner=self._runner, **self._profile_kw)
+        return candidates, known
+
+    def _store(self, sig: Signature, result: ProfileResult) -> None:
         if self.cache is not None:
             from graphopt.tune.cache import records_for
 
             fresh = [r for r in result.results if not r.cached and r.status != PRUNED]
-            self.cache.put_many(records_for(fp, key, sig.op, fresh))
-        self.memo[key] = result
-        return result
+            self.cache.put_many(records_for(self.device.fingerprint(), sig.key(), sig.op, fresh))
+        self.memo[sig.key()] = result
+
+    def __call__(self, sig: Signature) -> ProfileResult:
+        key = sig.key()
+        if key not in self.memo:
+            candidates, known = self._prepare(sig)
+            result = profile_node(sig, candidates, known=known, runner=self._runners[0], **self._profile_kw)
+            self._store(sig, result)
+        return self.memo[key]
+
+    def profile_many(self, sigs: Sequence[Signature], advance: Callable[[str], None] | None = None) -> None:
+        """Profile every distinct signature not yet done, one worker per GPU; fills the memo.
+
+        The cache is read and written on this thread only; worker threads just wait on their
+        worker process.
+        """
+        todo: list[Signature] = []
+        keys: set[str] = set()  # membership only
+        for sig in sigs:
+            k = sig.key()
+            if k not in self.memo and k not in keys:
+                keys.add(k)
+                todo.append(sig)
+        if len(self._runners) == 1 or len(todo) < 2:
+            for sig in todo:
+                self(sig)
+                if advance:
+                    advance(sig.op)
+            return
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        free: "queue.Queue" = queue.Queue()
+        for r in self._runners:
+            free.put(r)
+
+        def work(sig, candidates, known):
+            runner = free.get()
+            try:
+                return profile_node(sig, candidates, known=known, runner=runner, **self._profile_kw)
+            finally:
+                free.put(runner)
+
+        with ThreadPoolExecutor(max_workers=len(self._runners), thread_name_prefix="graphopt-tune") as pool:
+            futures = {}
+            for sig in todo:
+                candidates, known = self._prepare(sig)
+                futures[pool.submit(work, sig, candidates, known)] = sig
+            for fut in as_completed(futures):
+                sig = futures[fut]
+                self._store(sig, fut.result())
+                if advance:
+                    advance(sig.op)
 
     def close(self) -> None:
-        self._runner.close()
+        for r in self._runners:
+            r.close()
 
     def __enter__(self) -> "Profiler":
         return self

@@ -217,8 +217,9 @@ def select_lowerings(
     rows: list[NodeSelection] = []
     measured: set[str] = set()  # signature keys measured now; membership only
 
-    def choose(g, node, advance=None) -> NodeSelection:
-        sig, notes = node_signature(g, node, dims, shapes)
+    signatures = [node_signature(g, n, dims, shapes) for g, n in nodes]
+
+    def choose(g, node, sig, notes, advance=None) -> NodeSelection:
         key = sig.key()
         note = f" [dims: {', '.join(notes)}]" if notes else ""
         lowering = params = reason = mode = None
@@ -266,13 +267,24 @@ def select_lowerings(
             advance(node.name)
         return NodeSelection(g.name, node.name, node.op_type, key, lowering, params, mode, reason + note, timings)
 
-    if profiling:
+    if profiling and hasattr(profile, "profile_many"):
+        # Distinct signatures first (spread over the GPUs), then every node from the memo.
+        from graphopt.tune.profiler import node_progress
+
+        sigs = [sig for sig, _ in signatures]
+        distinct = len(dict.fromkeys(sig.key() for sig in sigs))
+        ndev = len(target.devices)
+        desc = f"tuning on {ndev} x {device.normalized}" if ndev > 1 else f"tuning on {device.normalized}"
+        with node_progress(distinct, enabled=progress, description=desc) as advance:
+            profile.profile_many(sigs, advance)
+        rows = [choose(g, n, sig, notes) for (g, n), (sig, notes) in zip(nodes, signatures)]
+    elif profiling:
         from graphopt.tune.profiler import node_progress
 
         with node_progress(len(nodes), enabled=progress, description=f"tuning on {device.normalized}") as advance:
-            rows = [choose(g, n, advance) for g, n in nodes]
+            rows = [choose(g, n, sig, notes, advance) for (g, n), (sig, notes) in zip(nodes, signatures)]
     else:
-        rows = [choose(g, n) for g, n in nodes]
+        rows = [choose(g, n, sig, notes) for (g, n), (sig, notes) in zip(nodes, signatures)]
 
     mode = _overall_mode(norm, profiling, rows)
     summary = _summary(requested, norm, target, device, profiling, profile, rows, measured)

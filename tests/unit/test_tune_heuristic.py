@@ -83,7 +83,7 @@ def test_compute_capability():
 
 def test_gemm_act_and_unknown_ops():
     sig = Signature.make("GemmAct", [(8, 768), (768, 3072), (3072,)], ["float16"] * 3, {"mode": "matmul"}, layout="rowmajor")
-    assert heuristic_lowering("GemmAct", sig, (9, 0))[:2] == ("cublas_epilogue", "")
+    assert heuristic_lowering("GemmAct", sig, (9, 0))[:2] == ("cublas", "")
     name, params, reason = heuristic_lowering("Attention", Signature.make("Attention", [], [], {}), (9, 0))
     assert (name, params) == ("default", "") and "Attention" in reason
 
@@ -131,3 +131,22 @@ def test_heuristic_choice_is_a_real_applicable_kernel_candidate(x, w, attrs, exp
         cands = {c.key(): c for c in kcbr.cbr_candidates()}
         assert key in cands, f"{key} is not one of the kernels' candidates"
         assert cands[key].applies(sig, cc) is None, cands[key].applies(sig, cc)
+
+
+@pytest.mark.parametrize("shapes, attrs", [
+    ([(8, 768), (768, 3072), (3072,)], {"mode": "matmul", "activation": "Gelu"}),
+    ([(2, 12, 128, 64), (2, 12, 64, 128), None], {"mode": "matmul", "activation": "none"}),
+    ([(8, 768), (3072, 768), (3072,)], {"mode": "gemm", "transB": 1, "activation": "Relu"}),
+])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_gemm_act_heuristic_choice_is_a_real_applicable_candidate(shapes, attrs, dtype):
+    try:
+        from graphopt.kernels.gemm_act import gemm_act_candidates
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"graphopt.kernels.gemm_act not importable: {exc}")
+    dts = [dtype if s is not None else "" for s in shapes]
+    sig = Signature.make("GemmAct", shapes, dts, attrs, layout="rowmajor")
+    name, params, _ = heuristic_lowering("GemmAct", sig, (9, 0))
+    key = f"{name}:{params}" if params else name
+    cands = {c.key(): c for c in gemm_act_candidates()}
+    assert key in cands and cands[key].applies(sig, (9, 0)) is None, cands.get(key) and cands[key].applies(sig, (9, 0))

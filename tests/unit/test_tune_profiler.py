@@ -270,3 +270,32 @@ def test_progress_bar_counts_nodes(capsys):
             labels.append(name)
     assert labels == ["a", "b", "c"]
     assert capsys.readouterr().err == ""
+
+
+class WhereAmI(Candidate):
+    """Its launch reports the GPU the worker was pinned to (through CUDA_VISIBLE_DEVICES) as its time."""
+
+    def build(self, sig, arch):
+        return _WhereLaunch()
+
+
+class _WhereLaunch:
+    behaviour = "ok"
+
+    def __call__(self, inputs, outputs):
+        time.sleep(0.05)
+        return float(os.environ.get("CUDA_VISIBLE_DEVICES", "-1")) + 1.0
+
+
+def test_profile_many_spreads_signatures_over_one_worker_per_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")  # the worker maps index 1 -> physical 7
+    devs = [DeviceInfo(i, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0") for i in (0, 1)]
+    sigs = [Signature.make("CBR", [(n, 8, 8, 8), (8, 8, 3, 3), None, None], ["float32"] * 2 + ["", ""], {})
+            for n in range(1, 7)]
+    done = []
+    with Profiler(lambda s: [WhereAmI("where")], timer=FakeTimer(2), checker=fake_checker, devices=devs,
+                  isolate=True, timeout_s=30) as prof:
+        prof.profile_many(sigs + sigs[:2], advance=done.append)  # repeats are profiled once
+        assert len(prof.memo) == 6 and len(done) == 6
+        seen = {prof.memo[s.key()].winner.ms for s in sigs}
+    assert seen == {6.0, 8.0}, seen  # both workers were used, each pinned to its own GPU

@@ -1,0 +1,124 @@
+"""``tune_graph``: lowering selection wired to the real pieces (devices, kernels, profiler, cache).
+
+``select_lowerings`` takes its collaborators as arguments so it can be tested with fakes; this
+module supplies the real ones, for the pipeline and the CLI:
+
+- the devices from ``detect_devices()``;
+- the default ``TuningCache`` (a cache that cannot be opened is reported, never fatal);
+- the kernels' backend (``kernels_backend``): candidates from ``graphopt.kernels.candidates_for``,
+  the CUDA-event timer ``graphopt.kernels.timing.cuda_event_timer``, and a checker and buffer
+  factory from ``graphopt.kernels.check`` (``checker(sig, launch) -> str | None`` and
+  ``buffers(sig) -> (inputs, outputs)``). While any of them is missing, a present GPU is not
+  profiled and the summary says so.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from graphopt.errors import TuningError
+from graphopt.kernels.base import Candidate, Signature
+from graphopt.tune.gpus import DeviceInfo, detect_devices, normalize_gpu_name, resolve_target
+from graphopt.tune.profiler import DEFAULT_TIMEOUT_S, Profiler
+from graphopt.tune.select import SelectionReport, select_lowerings
+
+
+@dataclass(frozen=True)
+class TuningBackend:
+    """What the profiler needs from the kernels. All four must be picklable (module-level)."""
+
+    candidates_for: Callable[[Signature], Sequence[Candidate]]
+    timer: Callable
+    checker: Callable
+    buffers: Callable
+
+
+def kernel_candidates() -> Callable[[Signature], Sequence[Candidate]] | None:
+    """``graphopt.kernels.candidates_for`` (importable without CuPy), or ``None``."""
+    try:
+        from graphopt.kernels import candidates_for
+    except Exception:  # noqa: BLE001 - kernels missing or broken: no candidates
+        return None
+    return candidates_for
+
+
+def kernels_backend() -> tuple[TuningBackend | None, str]:
+    """The real backend, or ``None`` and the reason it is not available."""
+    candidates_for = kernel_candidates()
+    if candidates_for is None:
+        return None, "graphopt.kernels.candidates_for is not importable"
+    try:
+        from graphopt.kernels.timing import cuda_event_timer
+    except Exception as exc:  # noqa: BLE001
+        return None, f"graphopt.kernels.timing.cuda_event_timer is not importable ({exc})"
+    try:
+        from graphopt.kernels.check import buffers, checker
+    except Exception as exc:  # noqa: BLE001
+        return None, f"graphopt.kernels.check (checker, buffers) is not importable ({exc})"
+    return TuningBackend(candidates_for, cuda_event_timer, checker, buffers), ""
+
+
+def tune_graph(
+    graph,
+    gpu: str = "auto",
+    *,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    cache: Any = True,
+    backend: TuningBackend | None | str = "kernels",
+    devices: list[DeviceInfo] | None = None,
+    isolate: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: bool | None = None,
+) -> SelectionReport:
+    """Choose every custom-op node's lowering for ``gpu``, profiling when that GPU is present.
+
+    ``cache``: ``True`` opens the default tuning cache, ``False``/``None`` uses none, or pass a
+    ``TuningCache``. ``backend``: ``"kernels"`` loads ``kernels_backend()``; ``None`` never
+    profiles; or pass a ``TuningBackend`` (tests). ``devices`` overrides detection (tests).
+    """
+    norm = normalize_gpu_name(gpu)  # TuningError for an unknown name, before any work
+    notes: list[str] = []
+    own_cache = False
+    if cache is True:
+        from graphopt.tune.cache import TuningCache
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # collected in cache.messages and reported below
+                cache = TuningCache(warn=False)
+            own_cache = True
+        except TuningError as exc:
+            notes.append(f"tuning cache not used: {exc}")
+            cache = None
+    elif cache is False:
+        cache = None
+    try:
+        if norm == "none":
+            return select_lowerings(graph, "none", cache=None, shapes=shapes, devices=[])
+        if devices is None:
+            devices = detect_devices()
+        target = resolve_target(norm, devices)
+        if backend == "kernels":
+            backend, why = kernels_backend() if target.present else (None, "")
+            if target.present and backend is None:
+                notes.append(f"no profiling: {why}")
+        candidates_for = backend.candidates_for if backend is not None else kernel_candidates()
+        if target.present and backend is not None:
+            with Profiler(backend.candidates_for, timer=backend.timer, checker=backend.checker,
+                          buffers=backend.buffers, devices=list(target.devices), cache=cache, isolate=isolate,
+                          timeout_s=timeout_s) as prof:
+                report = select_lowerings(graph, norm, cache=cache, profile=prof, shapes=shapes, devices=devices,
+                                          candidates_for=candidates_for, progress=progress)
+        else:
+            report = select_lowerings(graph, norm, cache=cache, shapes=shapes, devices=devices,
+                                      candidates_for=candidates_for, progress=progress)
+        report.messages = notes + report.messages
+        return report
+    finally:
+        if own_cache and cache is not None:
+            cache.close()
+
+
+__all__ = ["TuningBackend", "kernel_candidates", "kernels_backend", "tune_graph"]

@@ -1,0 +1,88 @@
+"""tune_graph: the wiring of devices, cache, backend and selection (CPU, fakes for the GPU parts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphopt.errors import TuningError
+from graphopt.ir import from_model
+from graphopt.tune.cache import CACHE_FILE, TuningCache
+from graphopt.tune.gpus import DeviceInfo
+from graphopt.tune.profiler import FakeTimer
+from graphopt.tune.tuner import TuningBackend, tune_graph
+
+from test_tune_select import build_model, fake_candidates, lowerings, ok_checker  # noqa: E402
+from test_tune_profiler import fake_checker  # noqa: F401,E402
+
+H200 = DeviceInfo(0, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0")
+
+
+def _no_buffers(sig):
+    return [], []
+
+
+BACKEND = TuningBackend(fake_candidates, FakeTimer(3), ok_checker, _no_buffers)
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHOPT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_profiles_then_second_run_is_served_from_the_default_cache(cache_dir):
+    g = from_model(build_model())
+    rep = tune_graph(g, "h200", devices=[H200], backend=BACKEND, isolate=False, progress=False)
+    assert rep.mode == "profiled"
+    assert (cache_dir / CACHE_FILE).exists()
+    g2 = from_model(build_model())
+    rep2 = tune_graph(g2, "auto", devices=[H200], backend=BACKEND, isolate=False, progress=False)
+    assert rep2.mode == "cached" and lowerings(g2) == lowerings(g)
+
+
+def test_isolated_profiling_through_tune_graph():
+    g = from_model(build_model())
+    rep = tune_graph(g, "h200", devices=[H200], backend=BACKEND, isolate=True, progress=False)
+    assert rep.mode == "profiled" and lowerings(g)["cbr_3x3"] == ("implicit_gemm", "bm=64,ms=0.25")
+
+
+def test_absent_gpu_uses_exported_timings(cache_dir, tmp_path):
+    g = from_model(build_model())
+    tune_graph(g, "h200", devices=[H200], backend=BACKEND, isolate=False, progress=False)
+    with TuningCache(cache_dir / CACHE_FILE) as c:
+        c.export(tmp_path / "h200.json")
+        c.clear()
+    with TuningCache(cache_dir / CACHE_FILE) as c:
+        c.import_(tmp_path / "h200.json")
+    g2 = from_model(build_model())
+    rep = tune_graph(g2, "h200", devices=[], backend=BACKEND, progress=False)  # a CPU machine
+    assert rep.mode == "cached" and not rep.present
+    assert rep.summary == "target h200 not present: nothing was profiled; lowerings from tuning-cache entries for h200 (6 nodes)"
+    assert lowerings(g2) == lowerings(g)
+
+
+def test_present_gpu_without_kernels_backend_says_why(monkeypatch):
+    import graphopt.tune.tuner as T
+
+    monkeypatch.setattr(T, "kernels_backend", lambda: (None, "graphopt.kernels.check is not importable"))
+    g = from_model(build_model())
+    rep = tune_graph(g, "h200", devices=[H200], cache=False)
+    assert rep.mode == "heuristic"
+    assert "present but no kernel candidates are available: nothing was profiled" in rep.summary
+    assert rep.messages[0] == "no profiling: graphopt.kernels.check is not importable"
+
+
+def test_none_and_unknown():
+    g = from_model(build_model())
+    assert tune_graph(g, "none", devices=[H200]).mode == "none"
+    with pytest.raises(TuningError):
+        tune_graph(g, "quadro9000")
+
+
+def test_unusable_cache_dir_is_reported_not_fatal(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("GRAPHOPT_CACHE_DIR", str(blocker / "sub"))  # a folder under a file cannot exist
+    g = from_model(build_model())
+    rep = tune_graph(g, "a100", devices=[])
+    assert rep.mode == "heuristic" and rep.messages and rep.messages[0].startswith("tuning cache not used:")
