@@ -44,7 +44,6 @@ from graphopt.rewrite._syntax import (
     Lit,
     Name,
     RuleSyntaxError,
-    names_in,
     parse_constraint,
     parse_pattern,
     parse_replacement,

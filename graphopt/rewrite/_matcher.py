@@ -53,10 +53,12 @@ class Trace:
         """How many pattern ops matched by type in the attempt that got furthest."""
         return max(self.best_progress, 0) // 1000
 
-    def fail(self, progress: int, message) -> None:
-        if self.enabled and progress > self.best_progress:
-            self.best_progress = progress
-            self.reason = message() if callable(message) else message
+    def fail(self, b: "Binding", message) -> None:
+        if self.enabled:
+            progress = b.progress()
+            if progress > self.best_progress:
+                self.best_progress = progress
+                self.reason = message() if callable(message) else message
 
 
 def _present(inputs: list[str]) -> list[str]:
@@ -73,25 +75,38 @@ def _orders(pat: OpPat, n: int):
     return [tuple(range(n))]
 
 
+def _quick_reject(g, pat: OpPat, node) -> bool:
+    """True when some op child of the root has no producer of its op among the root's inputs."""
+    for arg in pat.args:
+        if isinstance(arg, OpPat):
+            for t in node.inputs:
+                p = g.producer(t) if t else None
+                if p is not None and p.op_type == arg.op:
+                    break
+            else:
+                return True
+    return False
+
+
 def match_root(g, pat: OpPat, node, trace: Trace):
     """Yield every complete ``Binding`` of ``pat`` rooted at ``node``."""
+    if not trace.enabled and _quick_reject(g, pat, node):
+        return
     out = node.outputs[0] if node.outputs else ""
     yield from _match_node(g, pat, node, out, Binding({}, {}, [], {}), trace)
 
 
 def _match_node(g, pat: OpPat, node, via: str, b: Binding, trace: Trace):
-    progress = b.progress()
     if node.op_type != pat.op or (node.domain or "") not in ((pat.domain,) if pat.domain else ("", "ai.onnx")):
-        trace.fail(progress, lambda: f"{via!r} is produced by {_kind(node)} {node.name!r}, not {pat.qualname}")
+        trace.fail(b, lambda: f"{via!r} is produced by {_kind(node)} {node.name!r}, not {pat.qualname}")
         return
     b = Binding(b.tensors, b.nodes, b.matched, b.via, b.seen + 1)  # shares dicts: they are copied before writes
-    progress = b.progress()
     if any(n is node for n, _ in b.matched):
-        trace.fail(progress, lambda: f"node {node.name!r} would be matched twice; bind it once with 'as' and reuse the name")
+        trace.fail(b, lambda: f"node {node.name!r} would be matched twice; bind it once with 'as' and reuse the name")
         return
     inputs = _present(list(node.inputs))
     if len(inputs) > len(pat.args):
-        trace.fail(progress, lambda: (f"{_kind(node)} {node.name!r} has {len(inputs)} inputs, the pattern gives "
+        trace.fail(b, lambda: (f"{_kind(node)} {node.name!r} has {len(inputs)} inputs, the pattern gives "
                                       f"{len(pat.args)} (mark optional inputs with '?')"))
         return
     inputs = inputs + [""] * (len(pat.args) - len(inputs))
@@ -110,7 +125,7 @@ def _bind_node(pat: OpPat, node, via: str, b: Binding, trace: Trace):
     if pat.bind:
         prev = b.tensors.get(pat.bind, via)
         if prev != via:
-            trace.fail(b.progress(), lambda: f"{pat.bind!r} is bound to {prev!r} but {node.name!r} produces {via!r}")
+            trace.fail(b, lambda: f"{pat.bind!r} is bound to {prev!r} but {node.name!r} produces {via!r}")
             return None
         b.tensors[pat.bind] = via
         b.nodes[pat.bind] = node
@@ -126,10 +141,9 @@ def _match_args(g, pat, node, args, inputs, i, b: Binding, trace: Trace):
 
 
 def _match_arg(g, parent_pat, parent, arg, tensor: str, index: int, b: Binding, trace: Trace):
-    progress = b.progress()
     if isinstance(arg, VarPat):
         if not tensor and not arg.optional:
-            trace.fail(progress, lambda: f"input {index} of {parent.name!r} is absent but the pattern needs {arg.name!r}")
+            trace.fail(b, lambda: f"input {index} of {parent.name!r} is absent but the pattern needs {arg.name!r}")
             return
         if arg.name == "_":
             yield b
@@ -137,7 +151,7 @@ def _match_arg(g, parent_pat, parent, arg, tensor: str, index: int, b: Binding, 
         value = tensor or None
         if arg.name in b.tensors:
             if b.tensors[arg.name] != value:
-                trace.fail(progress, lambda: (f"{arg.name!r} is bound to {b.tensors[arg.name]!r} but input {index} "
+                trace.fail(b, lambda: (f"{arg.name!r} is bound to {b.tensors[arg.name]!r} but input {index} "
                                               f"of {parent.name!r} is {value!r}"))
                 return
             yield b
@@ -148,15 +162,19 @@ def _match_arg(g, parent_pat, parent, arg, tensor: str, index: int, b: Binding, 
         return
     # An op sub-pattern: the input must be produced by a node of that op.
     if not tensor:
-        trace.fail(progress, lambda: f"input {index} of {parent.name!r} is absent, expected {arg.qualname}")
+        trace.fail(b, lambda: f"input {index} of {parent.name!r} is absent, expected {arg.qualname}")
         return
     producer = g.producer(tensor)
     if producer is None:
-        what = "a graph input" if g.is_graph_input(tensor) else ("a constant" if g.constant_value(tensor) is not None
-                                                                 else "defined outside this graph")
-        trace.fail(progress, lambda: f"input {index} of {parent.name!r} ({tensor!r}) is {what}, not the output of {arg.qualname}")
+        trace.fail(b, lambda: f"input {index} of {parent.name!r} ({tensor!r}) is {_what(g, tensor)}, not the output of {arg.qualname}")
         return
     yield from _match_node(g, arg, producer, tensor, b, trace)
+
+
+def _what(g, tensor: str) -> str:
+    if g.is_graph_input(tensor):
+        return "a graph input"
+    return "a constant" if g.constant_value(tensor) is not None else "defined outside this graph"
 
 
 def _kind(node) -> str:

@@ -6,7 +6,7 @@ import fnmatch
 from dataclasses import dataclass, field
 
 from graphopt.errors import RuleError
-from graphopt.rewrite._syntax import ConstraintCall, OpPat, Replacement
+from graphopt.rewrite._syntax import ConstraintCall, OpPat, Replacement, pattern_ops
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,11 @@ class Rule:
     file: str = ""
     line: int = 0
     family: str = ""  # the rule's name template before ``for`` expansion
+
+    @property
+    def size(self) -> int:
+        """Number of ops in the pattern."""
+        return len(pattern_ops(self.pattern))
 
     @property
     def source(self) -> str:
