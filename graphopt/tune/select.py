@@ -15,10 +15,13 @@ It sets the node attributes ``lowering`` and ``lowering_params`` and the model m
 GPU was used), and returns a ``SelectionReport`` whose ``summary`` is one line that says plainly
 whether anything was profiled.
 
-Shapes come from ``graph.value_info``. Symbolic dims are bound from ``shapes`` (tensor name ->
-concrete shape, typically the graph inputs from ``--shape``): a graph input declared ``("N", 3, 224,
-224)`` given as ``(8, 3, 224, 224)`` binds ``N=8`` everywhere. Unbound symbolic or unknown dims
-become ``DEFAULT_DIM`` (1, batch-1 inference) and the node's reason says so.
+Shapes come from ``graph.value_info``. When a custom-op input has no shape (a tensor made by a
+rewrite), ONNX shape inference is run once over the model with the custom ops' function bodies
+attached, and what it finds is merged into the graph's value_info. Symbolic dims are bound from
+``shapes`` (tensor name -> concrete shape, typically the graph inputs from ``--shape``): a graph
+input declared ``("N", 3, 224, 224)`` given as ``(8, 3, 224, 224)`` binds ``N=8`` everywhere.
+Unbound dims get documented defaults, and the node's reason says so: ``SEQ_DIM`` (128) for a dim
+whose name contains "seq" (a sequence length), else ``DEFAULT_DIM`` (1, batch-1 inference).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from graphopt.tune.heuristic import heuristic_lowering
 
 DOMAIN = "graphopt"
 DEFAULT_DIM = 1
+SEQ_DIM = 128
 
 META_TARGET = "graphopt.target"
 META_MODE = "graphopt.mode"
@@ -140,11 +144,12 @@ def _concrete(shape, dims: Mapping[str, int], notes: list[str]) -> tuple[int, ..
         elif isinstance(d, str) and d in dims:
             out.append(dims[d])
         else:
+            value = SEQ_DIM if isinstance(d, str) and "seq" in d.lower() else DEFAULT_DIM
             label = repr(d) if isinstance(d, str) and d else "unknown dim"
-            note = f"{label}={DEFAULT_DIM} (default)"
+            note = f"{label}={value} (default)"
             if note not in notes:
                 notes.append(note)
-            out.append(DEFAULT_DIM)
+            out.append(value)
     return tuple(out)
 
 
@@ -183,6 +188,31 @@ def _custom_nodes(graph) -> list[tuple[Any, Any]]:
     return [(g, n) for g, n in graph.walk() if n.domain == DOMAIN]
 
 
+def infer_missing_shapes(graph, nodes=None) -> int:
+    """Run ONNX shape inference (through the custom ops' function bodies) when a custom-op input
+    has no known shape; merge what it finds into ``graph``. Returns the number of value_infos added.
+
+    Best effort: a model that shape inference cannot handle keeps the shapes it has.
+    """
+    nodes = _custom_nodes(graph) if nodes is None else nodes
+    missing = any(t and g.value_info(t).shape is None for g, n in nodes for t in n.inputs)
+    if not missing or not hasattr(graph, "merge_value_info"):
+        return 0
+    try:
+        import onnx
+
+        from graphopt.ir import to_model
+        from graphopt.ops import attach_functions
+
+        model = attach_functions(to_model(graph))
+        if model.ByteSize() > 2**31 - 2**24:  # inference needs the model in one protobuf
+            return 0
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - an aid, never a reason to fail
+        return 0
+    return int(graph.merge_value_info(inferred.graph.value_info))
+
+
 def _split_candidate(key: str) -> tuple[str, str]:
     name, _, params = key.partition(":")
     return name, params
@@ -213,6 +243,7 @@ def select_lowerings(
     cc = target.compute_capability
     profiling = device is not None and profile is not None
     nodes = _custom_nodes(graph)
+    infer_missing_shapes(graph, nodes)
     dims = bind_dims(graph, shapes)
     rows: list[NodeSelection] = []
     measured: set[str] = set()  # signature keys measured now; membership only
@@ -353,6 +384,6 @@ def _summary(requested, norm, target, device, profiling, profile, rows, measured
 
 
 __all__ = [
-    "DEFAULT_DIM", "META_DEVICE", "META_MODE", "META_TARGET", "META_VERSION", "NodeSelection", "SelectionReport",
+    "DEFAULT_DIM", "SEQ_DIM", "infer_missing_shapes", "META_DEVICE", "META_MODE", "META_TARGET", "META_VERSION", "NodeSelection", "SelectionReport",
     "bind_dims", "graphopt_version", "node_signature", "select_lowerings",
 ]

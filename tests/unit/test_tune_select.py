@@ -307,3 +307,34 @@ def test_present_gpu_without_profiler_uses_local_cache(graph, cache):
         rep = select_lowerings(graph, "h200", cache=cache, devices=[H200])
     assert lowerings(graph)["cbr_dw"] == ("direct", "v=2")
     assert rep.summary.startswith("target h200 present but no kernel candidates are available: nothing was profiled")
+
+
+def test_shapes_of_rewritten_tensors_are_inferred_through_the_function_bodies():
+    model = build_model()
+    kept = [vi for vi in model.graph.value_info if vi.name not in ("t1", "t2")]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    g = from_model(model)
+    assert g.value_info("t1").shape is None
+    rep = select_lowerings(g, "a100", devices=[], shapes={"x": (2, 16, 20, 20)})
+    by = {r.node: r for r in rep.rows}
+    assert by["cbr_dw"].signature.startswith("CBR|2x32x20x20;32x1x3x3;-;-|float32,float32,,|")
+    assert by["cbr_1x1"].signature.startswith("CBR|2x32x20x20;64x32x1x1;")
+    assert lowerings(g)["cbr_dw"] == ("direct", "opt=1") and "dims" not in by["cbr_dw"].reason
+
+
+def test_sequence_dims_default_to_128():
+    rng = np.random.default_rng(1)
+    node = helper.make_node("GemmAct", ["h", "w", "b"], ["y"], name="mlp", domain="graphopt", mode="matmul",
+                            activation="Gelu")
+    graph = helper.make_graph(
+        [node], "mlp", [helper.make_tensor_value_info("h", TensorProto.FLOAT16, ["batch", "seq_len", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", "seq_len", 256])],
+        initializer=[numpy_helper.from_array(rng.standard_normal((64, 256)).astype(np.float16), "w"),
+                     numpy_helper.from_array(rng.standard_normal((256,)).astype(np.float16), "b")])
+    g = from_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("graphopt", 1)]))
+    row = select_lowerings(g, "h100", devices=[]).rows[0]
+    assert row.signature.startswith("GemmAct|1x128x64;64x256;256|float16,float16,float16|")
+    assert "'batch'=1 (default), 'seq_len'=128 (default)" in row.reason
+    row = select_lowerings(g, "h100", devices=[], shapes={"h": (4, 77, 64)}).rows[0]
+    assert row.signature.startswith("GemmAct|4x77x64;") and "default" not in row.reason
