@@ -18,14 +18,16 @@ from graphopt.passes.conv_bn import fold_conv_bn
 from graphopt.passes.conv_mul_add import fold_conv_mul_add
 from graphopt.passes.dead_code import dead_code
 from graphopt.passes.dropout import eliminate_dropout
-from graphopt.passes.fold_constants import DEFAULT_LIMIT_BYTES, fold_constants
+from graphopt.passes.fold_constants import DEFAULT_LIMIT_BYTES, DEFAULT_TOTAL_BYTES, FoldBudget, fold_constants
 from graphopt.passes.fold_shape import fold_shape
 from graphopt.passes.identity import eliminate_identity
 from graphopt.passes.pad_conv import fold_pad_into_conv
 
 __all__ = [
     "DEFAULT_LIMIT_BYTES",
+    "DEFAULT_TOTAL_BYTES",
     "CLEANUP_ORDER",
+    "FoldBudget",
     "constants_to_initializers",
     "dead_code",
     "eliminate_dropout",
@@ -58,6 +60,7 @@ def run_cleanup(
     graph: Graph,
     *,
     fold_limit_bytes: int = DEFAULT_LIMIT_BYTES,
+    fold_total_bytes: int = DEFAULT_TOTAL_BYTES,
     max_rounds: int = 8,
     disable: tuple[str, ...] | list[str] = (),
     trace: Trace = None,
@@ -65,16 +68,18 @@ def run_cleanup(
     """Run the cleanup passes in ``CLEANUP_ORDER`` until a round changes nothing, at most
     ``max_rounds`` rounds; returns ``{pass name: total changes}`` (every pass, in order, zeros too).
 
-    ``fold_limit_bytes`` caps what constant folding may create per node. ``disable`` names passes
+    ``fold_limit_bytes`` caps what constant folding may create per node, ``fold_total_bytes`` what
+    it may create in all (over all rounds). ``disable`` names passes
     to skip. The result is deterministic: passes visit nodes in graph order. ``trace`` receives the
     near-misses of the last round only (earlier rounds' near-misses may have been resolved later).
     """
+    budget = FoldBudget(total_bytes=fold_total_bytes)
     passes = {
         "eliminate_identity": eliminate_identity,
         "eliminate_dropout": eliminate_dropout,
         "constants_to_initializers": constants_to_initializers,
         "fold_shape": fold_shape,
-        "fold_constants": lambda g, trace=None: fold_constants(g, limit_bytes=fold_limit_bytes, trace=trace),
+        "fold_constants": lambda g, trace=None: fold_constants(g, limit_bytes=fold_limit_bytes, budget=budget, trace=trace),
         "fold_pad_into_conv": fold_pad_into_conv,
         "fold_conv_bn": fold_conv_bn,
         "fold_conv_mul_add": fold_conv_mul_add,

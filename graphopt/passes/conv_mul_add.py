@@ -16,7 +16,8 @@ _COMMUTATIVE = ("Mul", "Add")
 
 
 def _match(graph: Graph, node: Node):
-    """(conv, new weight, new bias) for a foldable node, or the reason it is not foldable."""
+    """(conv, new weight, new bias) for a foldable node, the reason it is not foldable, or None
+    when no suitable operand comes from a Conv at all (not a near-miss)."""
     if len(node.inputs) != 2 or not all(node.inputs) or len(node.outputs) != 1:
         return f"{node.op_type} needs two inputs and one output"
     # Which operand is the Conv output: either for Mul/Add, only the left one for Div/Sub.
@@ -28,7 +29,7 @@ def _match(graph: Graph, node: Node):
             conv, conv_side = producer, side
             break
     if conv is None:
-        return f"no operand of the {node.op_type} is produced by a Conv" if len(sides) == 2 else f"the {node.op_type}'s left operand is not produced by a Conv"
+        return None
     y, c_name = node.inputs[conv_side], node.inputs[1 - conv_side]
     if c_name == y:
         return "both operands are the Conv output"
@@ -75,9 +76,10 @@ def fold_conv_mul_add(graph: Graph, *, trace: Trace = None) -> int:
         if node.op_type not in _OPS or node.domain != "" or node not in g:
             continue
         match = _match(g, node)
+        if match is None:
+            continue
         if isinstance(match, str):
-            if not match.startswith("no operand") and not match.startswith("the " + node.op_type + "'s left"):
-                report(trace, NAME, node, match)
+            report(trace, NAME, node, match)
             continue
         conv, new_w, new_b = match
         replace_conv(g, conv, node, new_w, new_b, pass_name=NAME)

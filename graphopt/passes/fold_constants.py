@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from graphopt.ir import Graph, Node
 
 from graphopt.passes._evaluate import NotFoldable, evaluate
@@ -11,6 +13,21 @@ NAME = "fold_constants"
 
 #: Default cap on the bytes a folded node may produce (all its outputs together): 16 MiB.
 DEFAULT_LIMIT_BYTES = 16 * 2**20
+#: Default cap on the bytes all folds of one ``run_cleanup`` (or one ``fold_constants`` call) may
+#: create together, so that many nodes just under the per-node cap cannot add up: 1 GiB.
+DEFAULT_TOTAL_BYTES = 2**30
+
+
+@dataclass
+class FoldBudget:
+    """How many bytes folding may still create; shared by the rounds of ``run_cleanup``."""
+
+    total_bytes: int = DEFAULT_TOTAL_BYTES
+    spent_bytes: int = 0
+
+    @property
+    def left(self) -> int:
+        return max(0, self.total_bytes - self.spent_bytes)
 
 #: Ops never folded: their result is random (differs per run) or they are handled by another pass.
 NEVER_FOLD = frozenset(
@@ -27,54 +44,62 @@ NEVER_FOLD = frozenset(
 )
 
 
-def _why_not(graph: Graph, node: Node) -> str | None:
+def _all_inputs_constant(graph: Graph, node: Node) -> bool:
+    """True when the node reads at least one tensor and every tensor it reads is a constant."""
+    return any(node.inputs) and all(graph.is_constant(t) for t in node.inputs if t)
+
+
+def _why_not(node: Node) -> str | None:
+    """Why a node with constant inputs must not be folded, or None."""
     if node.domain != "":
         return f"domain {node.domain!r} is not folded (only standard ONNX ops are)"
     if node.op_type in NEVER_FOLD:
         return f"{node.op_type} is never folded"
     if node.subgraphs():
         return "ops with subgraphs are never folded"
-    if not any(node.inputs):
-        return "it has no inputs"
-    for t in node.inputs:
-        if t and not graph.is_constant(t):
-            return f"input {t!r} is not a constant"
     return None
 
 
-def fold_constants(graph: Graph, *, limit_bytes: int = DEFAULT_LIMIT_BYTES, trace: Trace = None) -> int:
+def fold_constants(
+    graph: Graph,
+    *,
+    limit_bytes: int = DEFAULT_LIMIT_BYTES,
+    budget: FoldBudget | None = None,
+    trace: Trace = None,
+) -> int:
     """Replace each node whose inputs are all constants by initializers holding its outputs.
 
     Constants are initializers that are not graph inputs and ``Constant`` outputs, also from outer
     scopes. Output names are kept. The output size is computed by shape inference before anything
     is evaluated; nodes whose outputs are not fully known or take more than ``limit_bytes`` are
-    left alone. Random ops, ops with subgraphs and non-standard domains are never folded. Nodes are
+    left alone, and so is every node once ``budget`` (default: a fresh ``FoldBudget``) is spent.
+    Random ops, ops with subgraphs and non-standard domains are never folded. Nodes are
     visited in graph order, so a chain of constant nodes folds in one call. Returns the number of
     nodes folded.
     """
+    budget = budget if budget is not None else FoldBudget()
     changes = 0
     for g, node in list(graph.walk()):
-        if node not in g:
-            continue
-        reason = _why_not(g, node)
+        if node not in g or node.op_type == "Constant" or not _all_inputs_constant(g, node):
+            continue  # not a candidate: nothing to report
+        reason = _why_not(node)
         if reason is not None:
-            if not reason.startswith("input") and not reason.startswith("it has no"):
-                report(trace, NAME, node, reason)
+            report(trace, NAME, node, reason)
             continue
-        values = {}
-        for t in node.inputs:
-            if t and t not in values:
-                values[t] = g.constant_value(t)
-                if values[t] is None:  # constant but unreadable (e.g. a tensor attribute it cannot decode)
-                    break
+        values = {t: g.constant_value(t) for t in node.inputs if t}
         if any(v is None for v in values.values()):
-            report(trace, NAME, node, "a constant input could not be read")
+            report(trace, NAME, node, "a constant input could not be read as an array")
             continue
+        cap = min(limit_bytes, budget.left)
         try:
-            results = evaluate(node, values, opset_version(g), limit_bytes)
+            results = evaluate(node, values, opset_version(g), cap)
         except NotFoldable as exc:
-            report(trace, NAME, node, str(exc))
+            reason = str(exc)
+            if cap < limit_bytes and "over the folding limit" in reason:
+                reason += f" (the {budget.total_bytes}-byte folding budget of this run is nearly spent)"
+            report(trace, NAME, node, reason)
             continue
+        budget.spent_bytes += sum(r.nbytes for r in results)
         outputs = iter(results)
         replace_with_initializers(g, node, [next(outputs) if t else None for t in node.outputs])
         changes += 1

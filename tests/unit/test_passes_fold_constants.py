@@ -191,3 +191,62 @@ def test_fold_shape_of_static_tensor(rng):
 def test_fold_shape_leaves_symbolic_shapes():
     m = model([h.make_node("Shape", ["x"], ["y"])], [("x", ["batch", 3])], [("y", [2], TensorProto.INT64)])
     untouched(fold_shape, m)
+
+
+def test_overflowing_tile_is_refused_as_unknown_size():
+    nodes = [h.make_node("Tile", ["c", "rep"], ["big"]), h.make_node("ReduceSum", ["big"], ["y"], keepdims=0)]
+    m = model(nodes, [], [("y", [])], {"c": np.ones((2, 2), np.float32), "rep": np.array([2**62, 2**62], np.int64)}, opset=13)
+    reasons = untouched(fold_constants, m)
+    assert "not known before evaluation" in reasons[0] or "shape inference failed" in reasons[0]
+
+
+def test_total_budget_stops_folding_deterministically():
+    from graphopt.passes import FoldBudget
+
+    nodes = [h.make_node("ConstantOfShape", [f"s{i}"], [f"c{i}"]) for i in range(4)]
+    nodes += [h.make_node("Sum", [f"c{i}" for i in range(4)] + ["x"], ["y"])]
+    inits = {f"s{i}": np.array([100], np.int64) for i in range(4)}
+    m = model(nodes, [("x", [100])], [("y", [100])], inits)
+    g = load(m)
+    reasons = []
+    budget = FoldBudget(total_bytes=1000)  # room for two 400-byte outputs
+    assert fold_constants(g, budget=budget, trace=lambda p, n, r: reasons.append(r)) == 2
+    assert budget.spent_bytes == 800
+    assert [n.op_type for n in g.nodes()] == ["ConstantOfShape", "ConstantOfShape", "Sum"]
+    assert "budget" in reasons[0]
+
+
+def test_constant_read_by_a_subgraph_becomes_an_initializer(rng):
+    then = h.make_graph([h.make_node("Add", ["x", "k"], ["t"])], "then", [], [h.make_tensor_value_info("t", TensorProto.FLOAT, [3])])
+    els = h.make_graph([h.make_node("Sub", ["x", "k"], ["e"])], "else", [], [h.make_tensor_value_info("e", TensorProto.FLOAT, [3])])
+    nodes = [
+        h.make_node("Constant", [], ["k"], value=h.make_tensor("v", TensorProto.FLOAT, [3], [1.0, -2.0, 3.0])),
+        h.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=els),
+    ]
+    m = model(nodes, [("cond", [], TensorProto.BOOL), ("x", [3])], [("y", [3])])
+    _, out = check_pass(constants_to_initializers, m, 1, rng=rng)
+    assert ops(out) == ["If"] and [t.name for t in out.graph.initializer] == ["k"]
+    for cond in (True, False):
+        feeds = {"cond": np.array(cond), "x": rng.standard_normal(3).astype(np.float32)}
+        np.testing.assert_allclose(run(out, feeds)[0], run(m, feeds)[0])
+
+
+def test_fold_inside_loop_body_and_body_passthrough_identity_stays(rng):
+    from graphopt.passes import eliminate_identity
+
+    body = h.make_graph(
+        [
+            h.make_node("Identity", ["cond_in"], ["cond_out"]),
+            h.make_node("Neg", ["k"], ["nk"]),  # k is an outer constant: folds inside the body
+            h.make_node("Add", ["acc_in", "nk"], ["acc_out"]),
+        ],
+        "body",
+        [h.make_tensor_value_info("i", TensorProto.INT64, []), h.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         h.make_tensor_value_info("acc_in", TensorProto.FLOAT, [3])],
+        [h.make_tensor_value_info("cond_out", TensorProto.BOOL, []), h.make_tensor_value_info("acc_out", TensorProto.FLOAT, [3])],
+    )
+    nodes = [h.make_node("Loop", ["n", "", "x"], ["y"], body=body)]
+    m = model(nodes, [("x", [3])], [("y", [3])], {"n": np.array(3, np.int64), "k": np.array([1.0, 2.0, 0.5], np.float32)})
+    _, out = check_pass(fold_constants, m, 1, rng=rng)
+    g = load(out)
+    assert eliminate_identity(g) == 0  # cond_in is a body input: the Identity must stay
