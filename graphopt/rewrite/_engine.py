@@ -360,9 +360,14 @@ def apply_rules(graph, ruleset: RuleSet, explain: bool = False, max_passes: int 
     return report
 
 
-def find_matches(graph, ruleset: RuleSet) -> list[Match]:
+def find_matches(graph, ruleset: RuleSet, prepare=None) -> list[Match]:
     """The rewrites ``apply_rules`` would make, computed on a copy: ``graph`` is not touched.
 
-    For ``graphopt inspect``. Node names in the result are those the copy's new nodes got.
+    For ``graphopt inspect``. ``prepare`` (e.g. the cleanup passes, which fold Conv+BatchNorm so
+    the Conv rules can see Conv -> Relu) runs on the copy first. Node names in the result are
+    those the copy's new nodes got.
     """
-    return apply_rules(graph.copy(), ruleset).matches
+    copy = graph.copy()
+    if prepare is not None:
+        prepare(copy)
+    return apply_rules(copy, ruleset).matches

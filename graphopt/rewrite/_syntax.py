@@ -382,17 +382,3 @@ def parse_replacement(text: str) -> Replacement:
     for _, v in tree.kwargs:
         _check_value(text, v, "a keyword value")
     return Replacement(tree.op, _norm_domain(tree.domain), tree.args, tree.kwargs, " ".join(text.split()))
-
-
-def names_in(node) -> list[Name]:
-    """Every capture reference inside a replacement or constraint expression, in source order."""
-    if isinstance(node, Name):
-        return [node]
-    if isinstance(node, Call):
-        out: list[Name] = []
-        for a in node.args:
-            out += names_in(a)
-        for _, v in node.kwargs:
-            out += names_in(v)
-        return out
-    return []
