@@ -75,8 +75,9 @@ def _match(graph: Graph, conv: Node):
         return None  # not a Pad -> Conv at all: nothing to report
     if only_consumer(graph, conv.inputs[0]) is not conv or conv.inputs.count(conv.inputs[0]) != 1:
         return f"the Pad output {conv.inputs[0]!r} has another consumer or is a graph output"
-    if conv.attr("auto_pad", "NOTSET") != "NOTSET":
-        return f"the Conv has auto_pad={conv.attr('auto_pad')!r}"
+    auto_pad = conv.attr("auto_pad", "NOTSET")
+    if auto_pad not in ("NOTSET", "VALID"):
+        return f"the Conv has auto_pad={auto_pad!r} (its padding depends on the input size)"
     rank = _conv_rank(graph, conv)
     pads = _pads_of(graph, pad, rank)
     if isinstance(pads, str):
@@ -91,7 +92,8 @@ def _match(graph: Graph, conv: Node):
     if any(p < 0 for p in begin + end):
         return "the Pad has negative pads (a crop)"
     spatial = len(begin) - 2
-    conv_pads = conv.attr("pads", [0] * (2 * spatial))
+    # auto_pad VALID means no padding (any pads attribute is ignored); the result is NOTSET + pads.
+    conv_pads = [0] * (2 * spatial) if auto_pad == "VALID" else conv.attr("pads", [0] * (2 * spatial))
     if len(conv_pads) != 2 * spatial:
         return f"the Conv pads {conv_pads} do not have {2 * spatial} entries"
     new = [conv_pads[i] + begin[2 + i] for i in range(spatial)] + [conv_pads[spatial + i] + end[2 + i] for i in range(spatial)]
@@ -103,7 +105,7 @@ def fold_pad_into_conv(graph: Graph, *, trace: Trace = None) -> int:
 
     Legal when the Pad is constant-mode with value 0 and constant, non-negative pads on the spatial
     axes only (attribute form for opset < 11, input form with optional axes for opset >= 11), the
-    Conv has ``auto_pad`` NOTSET, and the Pad output is read only by the Conv (as its data input)
+    Conv has ``auto_pad`` NOTSET or VALID (SAME_* depend on the input size), and the Pad output is read only by the Conv (as its data input)
     and is not a graph output. A Conv's own pads are zeros added to its input, so the result is the
     same for any strides, dilations and groups. Returns the number of folds.
     """
@@ -120,6 +122,8 @@ def fold_pad_into_conv(graph: Graph, *, trace: Trace = None) -> int:
         pad, new_pads = match
         attrs = copied_attrs(conv)
         attrs["pads"] = new_pads
+        if "auto_pad" in attrs:
+            attrs["auto_pad"] = "NOTSET"
         note = f"graphopt:{NAME} folded Pad {pad.name!r}"
         g.replace_subgraph(
             [pad, conv],

@@ -45,6 +45,7 @@ def _pad_conv(rng, pads, *, opset=17, mode="constant", value=None, axes=None, sp
         ([0, 0, 2, 0, 0, 0, 1, 3], 10, None, {"strides": [2, 2]}),
         ([2, 1, 0, 3], 18, [2, 3], {"pads": [0, 1, 1, 0]}),
         ([1, 2, 0, 1], 18, [-1, -2], {}),
+        ([0, 0, 1, 0, 0, 0, 2, 1], 17, None, {"auto_pad": "VALID", "strides": [2, 1]}),
     ],
 )
 def test_pad_folds(rng, pads, opset, axes, conv_attrs):
