@@ -1,0 +1,361 @@
+"""CBR lowering candidates: y = act(Conv(X, W, B) + R), NCHW in and out.
+
+- ``direct``         (a) direct convolution, one thread per ``opt`` output columns;
+- ``implicit_gemm``  (b) tensor-core implicit GEMM (mma.sync fp16 / tf32), epilogue fused,
+                         reading NCHW directly (no layout conversion, so none is counted);
+- ``cublas``         (c) cuBLAS through ``cupy.matmul`` (1x1 stride-1 convs as a batched GEMM on
+                         NCHW as it is, others after an im2col kernel), then one fused epilogue.
+
+Every ``launch(inputs, outputs)`` takes ``inputs = [X, W, B or None, R or None]`` (CuPy arrays of the
+signature's dtype) and ``outputs = [Y]`` (C-contiguous, the conv output shape) and enqueues on the
+current CuPy stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from graphopt.errors import TuningError
+from graphopt.kernels import geometry as geo
+from graphopt.kernels.base import Candidate, Signature
+from graphopt.kernels.source import get_kernel, instance, source_hash
+
+SUPPORTED_DTYPES = ("float16", "float32")
+
+
+def ptr(a):
+    """A kernel pointer argument: the array, or a null pointer for an absent optional input."""
+    import numpy as np
+
+    return np.uint64(0) if a is None else a
+
+VEC = {"float16": 8, "float32": 4}
+ELEM = {"float16": 2, "float32": 4}
+
+# (bm, bn, warps_m, warps_n) for the mma kernels; bk is 32 throughout.
+TILE_CONFIGS: tuple[tuple[int, int, int, int], ...] = (
+    (128, 128, 2, 4),
+    (128, 256, 2, 4),
+    (128, 64, 2, 2),
+    (64, 128, 2, 2),
+    (64, 64, 2, 2),
+    (64, 32, 2, 1),
+)
+SPLITS = (1, 2, 4, 8, 16)
+BK = 32
+# A split-K config is only worth trying when the unsplit grid leaves most of a large GPU idle.
+SPLIT_MAX_BASE_CTAS = 256
+
+
+def mma_smem_bytes(dtype: str, mode: int, bm: int, bn: int, bk: int = BK) -> int:
+    """Dynamic shared memory of one mma_gemm instance (mirrors the constants in mma_gemm.cu)."""
+    pada = 8 if dtype == "float16" else 4
+    lda = bk + pada
+    if mode == 1:
+        b = bn * (bk + pada)
+    else:
+        b = bk * (bn + 8)
+    return 2 * (bm * lda + b) * ELEM[dtype]
+
+
+def _check_common(sig: Signature) -> str | None:
+    if sig.op != "CBR":
+        return f"op {sig.op} is not CBR"
+    if sig.layout != "NCHW":
+        return f"layout {sig.layout} (the kernels take NCHW)"
+    try:
+        dt = geo.dtype_of(sig)
+        geo.conv_geom(sig)
+        geo.act_args(sig)
+    except TuningError as exc:
+        return str(exc)
+    if dt not in SUPPORTED_DTYPES:
+        return f"dtype {dt} (supported: {', '.join(SUPPORTED_DTYPES)})"
+    if len(sig.input_shapes) > 2 and sig.input_shapes[2] is not None:
+        g = geo.conv_geom(sig)
+        if tuple(sig.input_shapes[2]) != (g.M,):
+            return f"bias shape {sig.input_shapes[2]} is not [{g.M}]"
+    return None
+
+
+def _res_plan(sig: Signature, g: geo.ConvGeom):
+    """(strides or None, needs_materialise) for the residual input."""
+    rshape = sig.input_shapes[3] if len(sig.input_shapes) > 3 else None
+    if rshape is None:
+        return None, False
+    st = geo.residual_strides(rshape, g)
+    return st, st is None
+
+
+def _prepare_residual(R, g: geo.ConvGeom, materialise: bool):
+    if R is None:
+        return None
+    import cupy
+
+    if materialise:
+        R4 = R.reshape((1,) * (4 - R.ndim) + R.shape) if R.ndim < 4 else R
+        if g.one_d:
+            R4 = R.reshape((1,) * (3 - R.ndim) + R.shape)
+        return cupy.ascontiguousarray(cupy.broadcast_to(R4, g.out_shape))
+    return cupy.ascontiguousarray(R)
+
+
+def _check_out(outputs, g: geo.ConvGeom, dt: str):
+    y = outputs[0]
+    if tuple(y.shape) != g.out_shape or str(y.dtype) != dt or not y.flags.c_contiguous:
+        raise TuningError(f"CBR output must be a C-contiguous {dt} array of shape {g.out_shape}, got {y.dtype} {y.shape}")
+    return y
+
+
+@dataclass(frozen=True)
+class DirectConv(Candidate):
+    """(a) Direct convolution; ``opt`` consecutive output columns per thread."""
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        reason = _check_common(sig)
+        if reason:
+            return reason
+        g = geo.conv_geom(sig)
+        opt = self.param("opt", 1)
+        if opt > 1 and g.OW < opt:
+            return f"output width {g.OW} < opt={opt}"
+        if g.C // g.G * g.KH * g.KW > 4608 and g.C // g.G > 64:
+            return "reduction too long for a direct convolution (use a GEMM lowering)"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("direct_conv.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        """(source, template instance) pairs ``build`` compiles (for parallel prebuilding)."""
+        return [("direct_conv.cu", instance("direct_conv", geo.dtype_of(sig), int(self.param("opt", 1))))]
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        import numpy as np
+
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        g = geo.conv_geom(sig)
+        dt = geo.dtype_of(sig)
+        opt = int(self.param("opt", 1))
+        kern = get_kernel("direct_conv.cu", instance("direct_conv", dt, opt))
+        rst, mat = _res_plan(sig, g)
+        act = geo.act_args(sig)
+        owt = -(-g.OW // opt)
+        total = g.N * g.M * g.OH * owt
+        grid = (-(-total // 256),)
+        i32, f32 = np.int32, np.float32
+        geom = tuple(i32(v) for v in (g.N, g.C, g.H, g.W, g.M, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.G))
+        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+
+        def launch(inputs, outputs):
+            X, Wt, B, R = (list(inputs) + [None, None])[:4]
+            y = _check_out(outputs, g, dt)
+            R = _prepare_residual(R, g, mat)
+            rs = (0, 0, 0) if R is None else ((0, 0, 0) if mat else rst)
+            if mat and R is not None:
+                rs = (g.M * g.OH * g.OW, g.OH * g.OW, 1)
+            kern(grid, (256,), (X, Wt, ptr(B), ptr(R), y) + geom + tuple(i32(v) for v in rs) + tail_act)
+
+        return launch
+
+
+def _mma_conv_dims(g: geo.ConvGeom):
+    """GEMM view of one conv group: M = out channels, N = output pixels, K = (c, r, s)."""
+    Mg = g.M // g.G
+    K = (g.C // g.G) * g.KH * g.KW
+    Npix = g.N * g.OH * g.OW
+    return Mg, Npix, K
+
+
+def make_ktab(g: geo.ConvGeom, bk: int = BK):
+    """Per-k offsets for the implicit-GEMM gather: (c*H*W + r*dh*W + s*dw, r*dh, s*dw, 0)."""
+    import numpy as np
+
+    K = (g.C // g.G) * g.KH * g.KW
+    kpad = -(-K // bk) * bk
+    k = np.arange(K)
+    c, r, s = k // (g.KH * g.KW), (k // g.KW) % g.KH, k % g.KW
+    tab = np.zeros((kpad, 4), dtype=np.int32)
+    tab[:K, 0] = c * g.H * g.W + r * g.dh * g.W + s * g.dw
+    tab[:K, 1] = r * g.dh
+    tab[:K, 2] = s * g.dw
+    tab[K:, 1] = 1 << 29   # padding rows: never in bounds, so they load zeros
+    return tab
+
+
+@dataclass(frozen=True)
+class ImplicitGemmConv(Candidate):
+    """(b) Tensor-core implicit GEMM; params bm, bn, bk, wm, wn (warps), splitk."""
+
+    def _cfg(self):
+        return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        reason = _check_common(sig)
+        if reason:
+            return reason
+        if tuple(compute_capability) < (8, 0):
+            return f"mma.sync fp16/tf32 needs sm_80+, device is sm_{compute_capability[0]}{compute_capability[1]}"
+        bm, bn, bk, wm, wn, sk = self._cfg()
+        if (bm, bn, wm, wn) not in TILE_CONFIGS or bk != BK or sk not in SPLITS:
+            return f"unknown tile config {self.params_str()}"
+        g = geo.conv_geom(sig)
+        Mg, Npix, K = _mma_conv_dims(g)
+        if g.C // g.G == 1 and Mg == 1:
+            return "depthwise convolution (one channel per group): use direct"
+        if Mg < 16 and bm > 64:
+            return f"{Mg} output channels per group is far below bm={bm}"
+        base = -(-Npix // bn) * -(-Mg // bm) * g.G
+        nkt = -(-K // bk)
+        if sk > 1 and (base >= SPLIT_MAX_BASE_CTAS or nkt < 2 * sk):
+            return f"split-K {sk} not useful ({base} CTAs, {nkt} K tiles)"
+        dt = geo.dtype_of(sig)
+        if mma_smem_bytes(dt, 2, bm, bn) > 200 * 1024:
+            return "shared memory over 200 KiB"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("mma_gemm.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        dt = geo.dtype_of(sig)
+        bm, bn, bk, wm, wn, _ = self._cfg()
+        return [("mma_gemm.cu", instance("mma_gemm", dt, 2, bm, bn, bk, wm, wn))]
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        import cupy
+        import numpy as np
+
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        g = geo.conv_geom(sig)
+        dt = geo.dtype_of(sig)
+        bm, bn, bk, wm, wn, sk = self._cfg()
+        Mg, Npix, K = _mma_conv_dims(g)
+        avec = int(K % VEC[dt] == 0)
+        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 2, bm, bn, bk, wm, wn))
+        smem = mma_smem_bytes(dt, 2, bm, bn, bk)
+        kern.max_dynamic_shared_size_bytes = smem
+        ktab = cupy.asarray(make_ktab(g, bk))
+        grid = (-(-Npix // bn), -(-Mg // bm), g.G * sk)
+        nthreads = wm * wn * 32
+        ws = counters = None
+        if sk > 1:
+            tiles = grid[0] * grid[1] * g.G
+            ws = cupy.empty(tiles * sk * bm * bn, dtype=cupy.float32)
+            counters = cupy.zeros(tiles, dtype=cupy.int32)
+        rst, mat = _res_plan(sig, g)
+        act = geo.act_args(sig)
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        OHW = g.OH * g.OW
+        head1 = (i32(Mg), i32(Npix), i32(K), i32(sk))
+        head = (i64(Mg * K), i64((g.C // g.G) * g.H * g.W), i64(0), i32(0),
+                i32(g.C), i32(g.H), i32(g.W), i32(OHW), i32(g.OW), i32(g.sh), i32(g.sw), i32(g.ph), i32(g.pw), i32(g.M),
+                f32(1.0), f32(1.0), i64(0), i32(1), i32(0))
+        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+
+        def launch(inputs, outputs):
+            X, Wt, B, R = (list(inputs) + [None, None])[:4]
+            y = _check_out(outputs, g, dt)
+            if not Wt.flags.c_contiguous or not X.flags.c_contiguous:
+                raise TuningError(f"{self.key()}: X and W must be C-contiguous")
+            flags = (i32(avec and Wt.data.ptr % 16 == 0), i32(0))
+            R = _prepare_residual(R, g, mat)
+            rs = (0, 0, 0)
+            if R is not None:
+                rs = (g.M * OHW, OHW, 1) if mat else rst
+            res = (i64(rs[0]), i32(rs[1]), i32(rs[2]))
+            kern(grid, (nthreads,), (Wt, X, ptr(B), ptr(R), y, ptr(ws), ptr(counters), ktab) + head1 + flags + head + res + tail_act, shared_mem=smem)
+
+        return launch
+
+
+@dataclass(frozen=True)
+class CublasConv(Candidate):
+    """(c) cupy.matmul (cuBLAS) on NCHW: 1x1 stride-1 directly, other convs after im2col."""
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        reason = _check_common(sig)
+        if reason:
+            return reason
+        g = geo.conv_geom(sig)
+        if g.C // g.G == 1 and g.M // g.G == 1:
+            return "depthwise convolution: a GEMM per channel is pointless"
+        cols = g.N * g.C * g.KH * g.KW * g.OH * g.OW
+        if not _is_pointwise(g) and cols * 4 > 4 * 2**30:
+            return "im2col buffer over 4 GiB"
+        if cols > geo.INT32_MAX and not _is_pointwise(g):
+            return "im2col buffer over 2**31 elements"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("elementwise.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        dt = geo.dtype_of(sig)
+        out = [("elementwise.cu", instance("epilogue_nchw", dt))]
+        if not _is_pointwise(geo.conv_geom(sig)):
+            out.append(("elementwise.cu", instance("im2col", dt)))
+        return out
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        import cupy
+        import numpy as np
+
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        g = geo.conv_geom(sig)
+        dt = geo.dtype_of(sig)
+        epi = get_kernel("elementwise.cu", instance("epilogue_nchw", dt))
+        pointwise = _is_pointwise(g)
+        OHW = g.OH * g.OW
+        Mg, K = g.M // g.G, (g.C // g.G) * g.KH * g.KW
+        cols = None
+        if not pointwise:
+            i2c = get_kernel("elementwise.cu", instance("im2col", dt))
+            cols = cupy.empty((g.N, g.G, K, OHW), dtype=dt)
+            i2c_total = g.N * g.C * g.KH * g.KW * OHW
+            i2c_args = tuple(np.int32(v) for v in (g.N, g.C, g.H, g.W, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.OH, g.OW))
+        rst, mat = _res_plan(sig, g)
+        act = geo.act_args(sig)
+        total = g.N * g.M * OHW
+        egrid = (min(-(-total // 256), 132 * 32),)
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+
+        def launch(inputs, outputs):
+            X, Wt, B, R = (list(inputs) + [None, None])[:4]
+            y = _check_out(outputs, g, dt)
+            if pointwise:
+                cupy.matmul(Wt.reshape(g.M, g.C), X.reshape(g.N, g.C, OHW), out=y.reshape(g.N, g.M, OHW))
+            else:
+                i2c((min(-(-i2c_total // 256), 132 * 32),), (256,), (X, cols) + i2c_args)
+                cupy.matmul(Wt.reshape(g.G, Mg, K), cols, out=y.reshape(g.N, g.G, Mg, OHW))
+            if B is None and R is None and act.code == 0:
+                return
+            R = _prepare_residual(R, g, mat)
+            rs = (0, 0, 0)
+            if R is not None:
+                rs = (g.M * OHW, OHW, 1) if mat else rst
+            epi(egrid, (256,), (y, ptr(B), ptr(R), i64(total), i32(g.M), i32(OHW), i32(rs[0]), i32(rs[1]), i32(rs[2])) + tail_act)
+
+        return launch
+
+
+def _is_pointwise(g: geo.ConvGeom) -> bool:
+    return g.KH == 1 and g.KW == 1 and g.sh == 1 and g.sw == 1 and g.ph == 0 and g.pw == 0 and g.G == 1
+
+
+def cbr_candidates() -> list[Candidate]:
+    """Every CBR candidate, in a fixed order (applies() prunes per signature)."""
+    out: list[Candidate] = [DirectConv("direct", (("opt", o),)) for o in (1, 2, 4)]
+    for bm, bn, wm, wn in TILE_CONFIGS:
+        for sk in SPLITS:
+            out.append(ImplicitGemmConv("implicit_gemm", (("bm", bm), ("bn", bn), ("bk", BK), ("wm", wm), ("wn", wn), ("splitk", sk))))
+    out.append(CublasConv("cublas", ()))
+    return out

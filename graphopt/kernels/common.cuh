@@ -1,0 +1,87 @@
+// graphopt kernel prelude: storage types, fp16 conversion, activations, epilogue helpers.
+// It includes no headers (NVRTC needs none for it), so the same text compiles in CI without the CUDA
+// toolkit headers. Python prepends it to every kernel source (graphopt/kernels/source.py).
+// Everything configurable arrives as a template integer or a kernel argument: no model text ever
+// reaches this source.
+#pragma once
+
+typedef unsigned short half_t;   // fp16 storage; arithmetic is always fp32
+
+__device__ __forceinline__ float h2f(half_t h) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ half_t f2h(float f) {
+    half_t h;
+    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
+    return h;
+}
+
+template <typename T> struct Num;
+template <> struct Num<float> {
+    static __device__ __forceinline__ float load(const float* p) { return *p; }
+    static __device__ __forceinline__ float to_f(float v) { return v; }
+    static __device__ __forceinline__ float from_f(float v) { return v; }
+};
+template <> struct Num<half_t> {
+    static __device__ __forceinline__ float load(const half_t* p) { return h2f(*p); }
+    static __device__ __forceinline__ float to_f(half_t v) { return h2f(v); }
+    static __device__ __forceinline__ half_t from_f(float v) { return f2h(v); }
+};
+
+// Activation codes; graphopt/kernels/source.py ACT_CODES must list the same numbers.
+#define ACT_NONE 0
+#define ACT_RELU 1
+#define ACT_CLIP 2
+#define ACT_LEAKYRELU 3
+#define ACT_SIGMOID 4
+#define ACT_SILU 5
+#define ACT_HARDSWISH 6
+#define ACT_HARDSIGMOIDMUL 7
+#define ACT_GELU 8
+#define ACT_GELUTANH 9
+
+struct ActParams {
+    int kind;
+    float alpha;   // LeakyRelu slope, HardSigmoid alpha
+    float beta;    // HardSigmoid beta
+    float lo, hi;  // Clip bounds (+-inf when absent)
+};
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+// The rarer activations live in one out-of-line function: a GEMM epilogue applies the activation
+// to every accumulator of a fully unrolled tile, and inlining the whole switch (erff, tanhf, ...)
+// into each of them multiplied code size and compile time. The kind is uniform per launch.
+__device__ __noinline__ float apply_act_slow(float x, int kind, float alpha, float beta, float lo, float hi) {
+    ActParams a; a.kind = kind; a.alpha = alpha; a.beta = beta; a.lo = lo; a.hi = hi;
+    switch (a.kind) {
+        case ACT_RELU: return fmaxf(x, 0.0f);
+        case ACT_CLIP: return fminf(fmaxf(x, a.lo), a.hi);
+        case ACT_LEAKYRELU: return x >= 0.0f ? x : a.alpha * x;
+        case ACT_SIGMOID: return sigmoid_f(x);
+        case ACT_SILU: return x * sigmoid_f(x);
+        case ACT_HARDSWISH: return x * fminf(fmaxf(x * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f);
+        case ACT_HARDSIGMOIDMUL: return x * fminf(fmaxf(a.alpha * x + a.beta, 0.0f), 1.0f);
+        case ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+        case ACT_GELUTANH: {
+            float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+            return 0.5f * x * (1.0f + tanhf(u));
+        }
+        default: return x;
+    }
+}
+
+__device__ __forceinline__ float apply_act(float x, const ActParams& a) {
+    if (a.kind == ACT_NONE) return x;
+    if (a.kind == ACT_RELU) return fmaxf(x, 0.0f);
+    return apply_act_slow(x, a.kind, a.alpha, a.beta, a.lo, a.hi);
+}
+
+// Loads that bypass L1 (data written by other CTAs of the same launch, split-K partials).
+__device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("{ ld.global.cg.f32 %0, [%1]; }" : "=f"(v) : "l"(p));
+    return v;
+}

@@ -1,0 +1,303 @@
+"""GemmAct lowering candidates: y = act(alpha * A.B + beta * C), MatMul (numpy batched) or Gemm mode.
+
+- ``cublas``   : ``cupy.matmul`` (cuBLAS) then one fused in-place epilogue kernel;
+- ``mma_gemm`` : the tiled tensor-core GEMM of ``mma_gemm.cu`` with the epilogue fused.
+
+``launch(inputs, outputs)`` takes ``inputs = [A, B, C or None]`` and ``outputs = [Y]``
+(C-contiguous, the numpy result shape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from graphopt.errors import TuningError
+from graphopt.kernels import geometry as geo
+from graphopt.kernels.base import Candidate, Signature
+from graphopt.kernels.cbr import BK, SPLITS, SPLIT_MAX_BASE_CTAS, TILE_CONFIGS, VEC, mma_smem_bytes, ptr
+from graphopt.kernels.source import get_kernel, instance, source_hash
+
+SUPPORTED_DTYPES = ("float16", "float32")
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """A GemmAct signature as one (possibly batched) GEMM: Y[z] = A[z] (M x K) . B[z] (K x N)."""
+
+    out_shape: tuple[int, ...]
+    Z: int
+    M: int
+    N: int
+    K: int
+    a_batch: int  # elements between batches of A (0: shared)
+    b_batch: int
+    trans_a: bool
+    trans_b: bool
+    broadcast_a: bool  # A must be materialised to the output batch first
+    broadcast_b: bool
+    fold: bool  # batch folded into M (B shared, bias independent of the row)
+    bias: tuple[int, int, int] | None  # (sb, sr, sc) over the unfolded (Z, M, N) view
+    bias_full: bool  # C must be materialised to (Z, M, N) first
+    alpha: float
+    beta: float
+    a_shape: tuple[int, ...]
+    b_shape: tuple[int, ...]
+
+
+def gemm_plan(sig: Signature) -> GemmPlan:
+    if sig.op != "GemmAct":
+        raise TuningError(f"op {sig.op} is not GemmAct")
+    ash, bsh = sig.input_shapes[0], sig.input_shapes[1]
+    csh = sig.input_shapes[2] if len(sig.input_shapes) > 2 else None
+    if ash is None or bsh is None:
+        raise TuningError("GemmAct needs A and B shapes")
+    mode = sig.attr("mode", "matmul")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode == "gemm":
+        if len(ash) != 2 or len(bsh) != 2:
+            raise TuningError(f"GemmAct mode=gemm needs 2-D A and B, got {ash} and {bsh}")
+        ta, tb = bool(sig.attr("transA", 0)), bool(sig.attr("transB", 0))
+        M, K = (ash[1], ash[0]) if ta else ash
+        K2, N = (bsh[1], bsh[0]) if tb else bsh
+        if K != K2:
+            raise TuningError(f"GemmAct inner dims differ: A {ash} B {bsh} transA={int(ta)} transB={int(tb)}")
+        out_b: tuple[int, ...] = ()
+        a_b, b_b = (), ()
+        alpha, beta = float(sig.attr("alpha", 1.0)), float(sig.attr("beta", 1.0))
+        out_shape = (M, N)
+    elif mode == "matmul":
+        ta = tb = False
+        a2 = (1,) + tuple(ash) if len(ash) == 1 else tuple(ash)
+        b2 = tuple(bsh) + (1,) if len(bsh) == 1 else tuple(bsh)
+        M, K = a2[-2:]
+        K2, N = b2[-2:]
+        if K != K2:
+            raise TuningError(f"GemmAct MatMul inner dims differ: A {ash} B {bsh}")
+        a_b, b_b = a2[:-2], b2[:-2]
+        try:
+            out_b = tuple(np.broadcast_shapes(a_b, b_b))
+        except ValueError:
+            raise TuningError(f"GemmAct MatMul batch dims do not broadcast: A {ash} B {bsh}") from None
+        alpha, beta = 1.0, 1.0
+        out_shape = out_b + ((M,) if len(ash) > 1 else ()) + ((N,) if len(bsh) > 1 else ())
+    else:
+        raise TuningError(f"GemmAct mode={mode!r} is not 'matmul' or 'gemm'")
+    Z = int(np.prod(out_b)) if out_b else 1
+    za, zb_ = (int(np.prod(a_b)) if a_b else 1), (int(np.prod(b_b)) if b_b else 1)
+    # An operand is either shared by every batch (stride 0), laid out exactly as the output batch,
+    # or it is materialised to the output batch first (rare partial broadcasts).
+    broadcast_a = za != 1 and tuple(a_b) != out_b
+    broadcast_b = zb_ != 1 and tuple(b_b) != out_b
+    a_batch = 0 if (za == 1 and Z > 1) else M * K
+    b_batch = 0 if (zb_ == 1 and Z > 1) else K * N
+    bias = None
+    bias_full = False
+    if csh is not None:
+        st = geo.broadcast_strides(csh, out_b + (M, N))
+        if st is None:
+            raise TuningError(f"GemmAct bias shape {tuple(csh)} does not broadcast to {out_b + (M, N)}")
+        bst, sr, sc = st[:-2], st[-2], st[-1]
+        if all(s == 0 for s in bst):
+            sb = 0
+        else:
+            contiguous = all(bst[i] == bst[i + 1] * out_b[i + 1] for i in range(len(bst) - 1)) and bst[-1] == M * N
+            sb = M * N if contiguous and sr == N and sc == 1 else -1
+        if sb < 0:
+            bias_full, bias = True, (M * N, N, 1)
+        else:
+            bias = (sb, sr, sc)
+    fold = Z > 1 and b_batch == 0 and a_batch == M * K and not broadcast_a and (bias is None or (bias[0] == 0 and bias[1] == 0))
+    if max(Z * M * K, Z * K * N, Z * M * N) > geo.INT32_MAX:
+        raise TuningError("GemmAct tensors over 2**31 elements are not supported by the kernels")
+    return GemmPlan(tuple(out_shape), Z, M, N, K, a_batch, b_batch, ta, tb, broadcast_a, broadcast_b, fold,
+                    bias, bias_full, alpha, beta, tuple(ash), tuple(bsh))
+
+
+def _check(sig: Signature) -> str | None:
+    try:
+        p = gemm_plan(sig)
+        dt = geo.dtype_of(sig)
+        geo.act_args(sig)
+    except TuningError as exc:
+        return str(exc)
+    if dt not in SUPPORTED_DTYPES:
+        return f"dtype {dt} (supported: {', '.join(SUPPORTED_DTYPES)})"
+    if min(p.M, p.N, p.K) < 1:
+        return "empty GEMM"
+    return None
+
+
+def _bias_array(C, p: GemmPlan):
+    import cupy
+
+    if C is None:
+        return None
+    if p.bias_full:
+        out_b = p.out_shape[:-2] if len(p.out_shape) >= 2 else ()
+        return cupy.ascontiguousarray(cupy.broadcast_to(C, tuple(out_b) + (p.M, p.N)))
+    return cupy.ascontiguousarray(C)
+
+
+def _check_out(outputs, p: GemmPlan, dt: str):
+    y = outputs[0]
+    if tuple(y.shape) != p.out_shape or str(y.dtype) != dt or not y.flags.c_contiguous:
+        raise TuningError(f"GemmAct output must be a C-contiguous {dt} array of shape {p.out_shape}, got {y.dtype} {y.shape}")
+    return y
+
+
+@dataclass(frozen=True)
+class CublasGemm(Candidate):
+    """cupy.matmul (cuBLAS, fp32 accumulation) followed by one in-place epilogue kernel."""
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        return _check(sig)
+
+    def source_hash(self) -> str:
+        return source_hash("elementwise.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        return [("elementwise.cu", instance("epilogue_gemm", geo.dtype_of(sig)))]
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        import cupy
+
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        p = gemm_plan(sig)
+        dt = geo.dtype_of(sig)
+        act = geo.act_args(sig)
+        epi = get_kernel("elementwise.cu", instance("epilogue_gemm", dt))
+        total = p.Z * p.M * p.N
+        egrid = (min(-(-total // 256), 132 * 32),)
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+        needs_epi = p.bias is not None or act.code != 0 or p.alpha != 1.0
+
+        def launch(inputs, outputs):
+            A, B, C = (list(inputs) + [None])[:3]
+            y = _check_out(outputs, p, dt)
+            a = A.T if p.trans_a else A
+            b = B.T if p.trans_b else B
+            cupy.matmul(a, b, out=y)
+            if not needs_epi:
+                return
+            c = _bias_array(C, p)
+            bs = p.bias or (0, 0, 0)
+            epi(egrid, (256,), (y, ptr(c), i64(total), i32(p.M), i32(p.N), i64(bs[0]), i32(bs[1]), i32(bs[2]),
+                                f32(p.alpha), f32(p.beta)) + tail_act)
+
+        return launch
+
+
+@dataclass(frozen=True)
+class MmaGemm(Candidate):
+    """Tiled tensor-core GEMM (mma.sync fp16 / tf32) with bias, alpha/beta and activation fused."""
+
+    def _cfg(self):
+        return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        reason = _check(sig)
+        if reason:
+            return reason
+        if tuple(compute_capability) < (8, 0):
+            return "mma.sync fp16/tf32 needs sm_80+"
+        bm, bn, bk, wm, wn, sk = self._cfg()
+        if (bm, bn, wm, wn) not in TILE_CONFIGS or bk != BK or sk not in SPLITS:
+            return f"unknown tile config {self.params_str()}"
+        p = gemm_plan(sig)
+        Mf = p.M * p.Z if p.fold else p.M
+        Zf = 1 if p.fold else p.Z
+        base = -(-p.N // bn) * -(-Mf // bm) * Zf
+        nkt = -(-p.K // bk)
+        if sk > 1 and (base >= SPLIT_MAX_BASE_CTAS or nkt < 2 * sk):
+            return f"split-K {sk} not useful ({base} CTAs, {nkt} K tiles)"
+        if Zf * sk > 65535:
+            return "batch x split over the grid's z limit"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("mma_gemm.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        return [("mma_gemm.cu", instance("mma_gemm", geo.dtype_of(sig), *self._instance_ints(sig)))]
+
+    def _instance_ints(self, sig: Signature) -> tuple[int, ...]:
+        p = gemm_plan(sig)
+        dt = geo.dtype_of(sig)
+        bm, bn, bk, wm, wn, _ = self._cfg()
+        mode = 1 if p.trans_b else 0
+        v = VEC[dt]
+        return (mode, bm, bn, bk, wm, wn)
+
+    def _vec_flags(self, sig: Signature) -> tuple[int, int]:
+        """16-byte loads for A rows / B rows when their lengths keep every row 16-byte aligned."""
+        p = gemm_plan(sig)
+        v = VEC[geo.dtype_of(sig)]
+        return int(p.K % v == 0), int((p.K if p.trans_b else p.N) % v == 0)
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        import cupy
+
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        p = gemm_plan(sig)
+        dt = geo.dtype_of(sig)
+        act = geo.act_args(sig)
+        bm, bn, bk, wm, wn, sk = self._cfg()
+        ints = self._instance_ints(sig)
+        mode = ints[0]
+        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, *ints))
+        smem = mma_smem_bytes(dt, mode, bm, bn, bk)
+        kern.max_dynamic_shared_size_bytes = smem
+        Mf = p.M * p.Z if p.fold else p.M
+        Zf = 1 if p.fold else p.Z
+        grid = (-(-p.N // bn), -(-Mf // bm), Zf * sk)
+        ws = counters = None
+        if sk > 1:
+            tiles = grid[0] * grid[1] * Zf
+            ws = cupy.empty(tiles * sk * bm * bn, dtype=cupy.float32)
+            counters = cupy.zeros(tiles, dtype=cupy.int32)
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        bs = p.bias or (0, 0, 0)
+        avec, bvec = self._vec_flags(sig)
+        head1 = (i32(Mf), i32(p.N), i32(p.K), i32(sk))
+        head = (i64(0 if p.fold else p.a_batch), i64(p.b_batch), i64(p.M * p.N),
+                i32(p.K if mode == 1 else p.N), i32(0), i32(0), i32(0), i32(1), i32(1), i32(1), i32(1), i32(0), i32(0),
+                i32(0), f32(p.alpha), f32(p.beta), i64(bs[0]), i32(bs[1]), i32(bs[2]), i64(0), i32(0), i32(0))
+        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+        out_b = p.out_shape[:-2] if len(p.out_shape) >= 2 else ()
+
+        def launch(inputs, outputs):
+            A, B, C = (list(inputs) + [None])[:3]
+            y = _check_out(outputs, p, dt)
+            a = cupy.ascontiguousarray(A.T) if p.trans_a else A
+            if p.broadcast_a:
+                a = cupy.ascontiguousarray(cupy.broadcast_to(a, tuple(out_b) + (p.M, p.K)))
+            b = B
+            if p.broadcast_b:
+                b = cupy.ascontiguousarray(cupy.broadcast_to(b, tuple(out_b) + (p.K, p.N)))
+            if not a.flags.c_contiguous:
+                a = cupy.ascontiguousarray(a)
+            if not b.flags.c_contiguous:
+                b = cupy.ascontiguousarray(b)
+            c = _bias_array(C, p)
+            flags = (i32(avec and a.data.ptr % 16 == 0), i32(bvec and b.data.ptr % 16 == 0))
+            kern(grid, (wm * wn * 32,), (a, b, ptr(c), np.uint64(0), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + flags + head + tail_act,
+                 shared_mem=smem)
+
+        return launch
+
+
+def gemm_act_candidates() -> list[Candidate]:
+    out: list[Candidate] = [CublasGemm("cublas", ())]
+    for bm, bn, wm, wn in TILE_CONFIGS:
+        for sk in SPLITS:
+            out.append(MmaGemm("mma_gemm", (("bm", bm), ("bn", bn), ("bk", BK), ("wm", wm), ("wn", wn), ("splitk", sk))))
+    return out

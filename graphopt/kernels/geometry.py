@@ -1,0 +1,186 @@
+"""Shape arithmetic shared by the CBR and GemmAct lowerings (pure Python, no GPU).
+
+It resolves a signature into the integers the kernels take: convolution geometry (ONNX ``auto_pad``,
+asymmetric pads, strides, dilations, groups, 1-D convs as 2-D with H = 1), broadcast strides for
+bias / residual operands, and activation parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from graphopt.errors import TuningError
+from graphopt.kernels.base import Signature
+from graphopt.kernels.source import ACT_CODES
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class ConvGeom:
+    """A 2-D convolution in kernel terms (a 1-D conv has H = OH = KH = 1)."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+    M: int
+    KH: int
+    KW: int
+    sh: int
+    sw: int
+    ph: int  # begin pads; end pads only change OH / OW
+    pw: int
+    dh: int
+    dw: int
+    G: int
+    OH: int
+    OW: int
+    one_d: bool
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        if self.one_d:
+            return (self.N, self.M, self.OW)
+        return (self.N, self.M, self.OH, self.OW)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.N * self.M * self.OH * self.OW * (self.C // self.G) * self.KH * self.KW
+
+
+def _pair(v, default, n, what, sig) -> list[int]:
+    if v is None:
+        return [default] * n
+    v = [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+    if len(v) != n:
+        raise TuningError(f"CBR {what}={v} does not match a {n}-D convolution ({sig.key()})")
+    return v
+
+
+def conv_geom(sig: Signature) -> ConvGeom:
+    """Resolve a CBR signature (inputs X, W, B?, R?) into a :class:`ConvGeom`."""
+    xs, ws = sig.input_shapes[0], sig.input_shapes[1]
+    if xs is None or ws is None or len(xs) not in (3, 4) or len(ws) != len(xs):
+        raise TuningError(f"CBR needs X and W of rank 3 or 4 with equal rank, got {xs} and {ws}")
+    nd = len(xs) - 2
+    one_d = nd == 1
+    G = int(sig.attr("group", 1))
+    ks = _pair(sig.attr("kernel_shape"), None, nd, "kernel_shape", sig) if sig.attr("kernel_shape") is not None else list(ws[2:])
+    if list(ks) != list(ws[2:]):
+        raise TuningError(f"CBR kernel_shape={ks} disagrees with W shape {ws}")
+    st = _pair(sig.attr("strides"), 1, nd, "strides", sig)
+    dl = _pair(sig.attr("dilations"), 1, nd, "dilations", sig)
+    spatial = list(xs[2:])
+    auto_pad = sig.attr("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    if auto_pad in ("NOTSET", "", None):
+        pads = _pair(sig.attr("pads"), 0, 2 * nd, "pads", sig)
+        begin, end = pads[:nd], pads[nd:]
+        out = [(spatial[i] + begin[i] + end[i] - dl[i] * (ks[i] - 1) - 1) // st[i] + 1 for i in range(nd)]
+    elif auto_pad == "VALID":
+        begin = [0] * nd
+        out = [(spatial[i] - dl[i] * (ks[i] - 1) - 1) // st[i] + 1 for i in range(nd)]
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [math.ceil(spatial[i] / st[i]) for i in range(nd)]
+        total = [max(0, (out[i] - 1) * st[i] + (ks[i] - 1) * dl[i] + 1 - spatial[i]) for i in range(nd)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+    else:
+        raise TuningError(f"CBR auto_pad={auto_pad!r} is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER")
+    N, C = xs[0], xs[1]
+    M = ws[0]
+    if G < 1 or C % G or M % G or ws[1] != C // G:
+        raise TuningError(f"CBR group={G} does not fit X channels {C} and W shape {ws}")
+    if any(o < 1 for o in out):
+        raise TuningError(f"CBR output would be empty: spatial {spatial}, kernel {ks}, strides {st}")
+    if one_d:
+        g = ConvGeom(N, C, 1, spatial[0], M, 1, ks[0], 1, st[0], 0, begin[0], 1, dl[0], G, 1, out[0], True)
+    else:
+        g = ConvGeom(N, C, spatial[0], spatial[1], M, ks[0], ks[1], st[0], st[1], begin[0], begin[1],
+                     dl[0], dl[1], G, out[0], out[1], False)
+    if max(N * C * g.H * g.W, N * M * g.OH * g.OW) > INT32_MAX:
+        raise TuningError(f"CBR tensors over 2**31 elements are not supported by the kernels ({sig.key()})")
+    return g
+
+
+def broadcast_strides(shape: Sequence[int] | None, target: Sequence[int]) -> list[int] | None:
+    """Element strides that read a C-contiguous tensor of ``shape`` broadcast to ``target``.
+
+    A broadcast dimension gets stride 0. ``None`` when ``shape`` does not broadcast to ``target``.
+    """
+    if shape is None:
+        return None
+    shape = list(shape)
+    if len(shape) > len(target):
+        if any(d != 1 for d in shape[: len(shape) - len(target)]):
+            return None
+        shape = shape[len(shape) - len(target):]
+    shape = [1] * (len(target) - len(shape)) + shape
+    strides, acc = [0] * len(shape), 1
+    for i in range(len(shape) - 1, -1, -1):
+        if shape[i] == target[i]:
+            strides[i] = acc if target[i] != 1 else 0
+        elif shape[i] == 1:
+            strides[i] = 0
+        else:
+            return None
+        acc *= shape[i]
+    return strides
+
+
+def residual_strides(rshape: Sequence[int] | None, g: ConvGeom) -> tuple[int, int, int] | None:
+    """(n, m, pixel) strides of the residual, or None when it needs materialising first.
+
+    The kernels flatten (oh, ow) into one pixel index, so the residual must be either full or
+    broadcast over both spatial dims together.
+    """
+    st = broadcast_strides(rshape, (g.N, g.M, g.OH, g.OW))
+    if st is None:
+        raise TuningError(f"CBR residual shape {tuple(rshape)} does not broadcast to the output {g.out_shape}")
+    rn, rm, rh, rw = st
+    if g.OH == 1:
+        return rn, rm, rw
+    if g.OW == 1:
+        return rn, rm, rh
+    if rh == rw * g.OW and rw != 0:
+        return rn, rm, rw
+    if rh == 0 and rw == 0:
+        return rn, rm, 0
+    return None
+
+
+@dataclass(frozen=True)
+class ActArgs:
+    code: int
+    alpha: float
+    beta: float
+    lo: float
+    hi: float
+
+    def as_tuple(self):
+        return (self.code, self.alpha, self.beta, self.lo, self.hi)
+
+
+def act_args(sig: Signature) -> ActArgs:
+    """The activation code and its float parameters (defaults as in the ops contract)."""
+    name = sig.attr("activation", "none")
+    if isinstance(name, bytes):
+        name = name.decode()
+    if name not in ACT_CODES:
+        raise TuningError(f"{sig.op} activation {name!r} has no kernel; known: {', '.join(ACT_CODES)}")
+    default_alpha = 0.01 if name == "LeakyRelu" else 0.2
+    alpha = float(sig.attr("act_alpha", default_alpha))
+    beta = float(sig.attr("act_beta", 0.5))
+    lo = sig.attr("clip_min")
+    hi = sig.attr("clip_max")
+    return ActArgs(ACT_CODES[name], alpha, beta, -math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
+
+
+def dtype_of(sig: Signature) -> str:
+    dts = [d for d, s in zip(sig.dtypes, sig.input_shapes) if s is not None] or list(sig.dtypes)
+    if len(set(dts)) != 1:
+        raise TuningError(f"{sig.op} mixes dtypes {sig.dtypes}; the kernels need one dtype")
+    return dts[0]

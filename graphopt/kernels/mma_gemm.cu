@@ -1,0 +1,360 @@
+// Tiled tensor-core GEMM with a fused epilogue; one source serves GemmAct and CBR (implicit GEMM).
+//
+//   Y[z] = act(alpha * A[z] . B[z] + beta * bias + R)        A: [M][K] row-major (K contiguous)
+//
+// MODE 0: B is [K][N] (N contiguous, ldb)           -- MatMul / Gemm(transB=0)
+// MODE 1: B is [N][K] (K contiguous, ldb)           -- Gemm(transB=1), nn.Linear weights
+// MODE 2: B is the implicit im2col matrix of an NCHW input, gathered on the fly: K runs over
+//         (c, r, s) -- the order of an ONNX Conv weight [M][C/G][KH][KW], which is therefore A
+//         as it is -- and N runs over output pixels (n, oh, ow). The output is written NCHW
+//         directly, so this lowering needs no layout conversion at all. z is the group.
+//
+// fp16 (T = half_t): mma.sync m16n8k16 with ldmatrix, fp32 accumulation.
+// fp32 (T = float) : mma.sync m16n8k8 tf32 (operands rounded to tf32), fp32 accumulation.
+// Global -> register -> shared double buffering (one barrier per BK step). avec / bvec (uniform
+// kernel arguments) select 16-byte global loads when rows are 16-byte aligned, else scalar loads.
+// splits > 1: serial split-K inside one launch. Each split writes its fp32 partial tile to a
+// workspace; the last CTA of a tile to arrive (atomic counter) sums the partials in split order
+// (deterministic), resets the counter for the next launch and runs the epilogue.
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void mma_f16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned to_tf32(float f) {
+    unsigned r;
+    asm("{ cvt.rna.tf32.f32 %0, %1; }" : "=r"(r) : "f"(f));
+    return r;
+}
+__device__ __forceinline__ void mma_tf32(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <typename T> struct Tile;
+template <> struct Tile<half_t> { enum { VEC = 8, PADA = 8, PADB_KN = 8, IS_HALF = 1 }; };
+template <> struct Tile<float>  { enum { VEC = 4, PADA = 4, PADB_KN = 8, IS_HALF = 0 }; };
+
+union Vec16 { uint4 u; half_t h[8]; float f[4]; };
+
+template <typename T, int MODE, int BM, int BN, int BK, int WARPS_M, int WARPS_N>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
+mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict__ bias,
+         const T* __restrict__ R, T* __restrict__ Y,
+         float* __restrict__ ws, int* __restrict__ counters, const int4* __restrict__ ktab,
+         int M, int N, int K, int splits, int avec, int bvec,
+         long long sA, long long sB, long long sY, int ldb,
+         int C, int H, int W, int OHW, int OW, int sh, int sw, int ph, int pw, int Mtot,
+         float alpha, float beta,
+         long long bias_sb, int bias_sr, int bias_sc,
+         long long res_sb, int res_sr, int res_sc,
+         int act, float act_alpha, float act_beta, float lo, float hi)
+{
+    constexpr int NT = WARPS_M * WARPS_N * 32;
+    constexpr int VEC = Tile<T>::VEC;
+    constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+    constexpr int MI = WTM / 16, NI = WTN / 8;
+    constexpr int LDA = BK + Tile<T>::PADA;                                   // A smem: [BM][LDA]
+    constexpr bool B_NK = (MODE == 1);                                        // B smem [BN][BK] else [BK][BN]
+    constexpr int LDB = B_NK ? (BK + Tile<T>::PADA) : (BN + Tile<T>::PADB_KN);
+    constexpr int A_ELEMS = BM * LDA, B_ELEMS = B_NK ? BN * LDB : BK * LDB;
+    constexpr int A_CHUNKS = BM * BK / VEC / NT;                              // 16-byte chunks per thread
+    constexpr int B_CHUNKS = BN * BK / VEC / NT;
+    constexpr int G_ROWS = NT / BN, G_ELEMS = BK * BN / NT;                   // MODE 2 gather
+    static_assert(BM % (16 * WARPS_M) == 0 && BN % (16 * WARPS_N) == 0, "warp tile");
+    static_assert(A_CHUNKS * VEC * NT == BM * BK, "A chunks");
+    static_assert(MODE != 2 || (NT % BN == 0 && G_ELEMS * NT == BK * BN), "gather split");
+    static_assert(MODE == 2 || B_CHUNKS * VEC * NT == BN * BK, "B chunks");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* As = reinterpret_cast<T*>(smem_raw);
+    T* Bs = As + 2 * A_ELEMS;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int zb = blockIdx.z / splits, ks = blockIdx.z % splits;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    A += zb * sA;
+    Bm += zb * sB;
+
+    const int nkt_all = (K + BK - 1) / BK;
+    const int per = (nkt_all + splits - 1) / splits;
+    const int kt_begin = ks * per;
+    const int kt_end = min(nkt_all, kt_begin + per);
+    const int nkt = max(0, kt_end - kt_begin);
+
+    // MODE 2: this thread's fixed output pixel (column) of the B tile.
+    int g_ih0 = -(1 << 29), g_iw0 = 0, g_base = 0;
+    if (MODE == 2) {
+        const int j = n0 + tid % BN;
+        if (j < N) {
+            const int n = j / OHW, p = j % OHW;
+            const int oh = p / OW, ow = p % OW;
+            g_ih0 = oh * sh - ph;
+            g_iw0 = ow * sw - pw;
+            g_base = n * C * H * W + g_ih0 * W + g_iw0;
+        }
+    }
+
+    Vec16 a_reg[A_CHUNKS];
+    Vec16 b_reg[MODE == 2 ? 1 : B_CHUNKS];
+    T g_reg[MODE == 2 ? G_ELEMS : 1];
+
+    auto load_tiles = [&](int kt) {
+        const int k0 = kt * BK;
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; ++i) {
+            const int c = tid + i * NT;
+            const int r = c / (BK / VEC), kc = (c % (BK / VEC)) * VEC;
+            const int gm = m0 + r, gk = k0 + kc;
+            if (avec) {
+                if (gm < M && gk < K) a_reg[i].u = *reinterpret_cast<const uint4*>(A + (long long)gm * K + gk);
+                else a_reg[i].u = make_uint4(0, 0, 0, 0);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    T v = T(0);
+                    if (gm < M && gk + e < K) v = A[(long long)gm * K + gk + e];
+                    if (Tile<T>::IS_HALF) a_reg[i].h[e] = *reinterpret_cast<half_t*>(&v);
+                    else a_reg[i].f[e] = *reinterpret_cast<float*>(&v);
+                }
+            }
+        }
+        if constexpr (MODE == 2) {
+#pragma unroll
+            for (int i = 0; i < G_ELEMS; ++i) {
+                const int kr = tid / BN + i * G_ROWS;
+                const int4 kt4 = ktab[k0 + kr];
+                const int ih = g_ih0 + kt4.y, iw = g_iw0 + kt4.z;
+                T v = T(0);
+                if ((unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) v = Bm[g_base + kt4.x];
+                g_reg[i] = v;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < B_CHUNKS; ++i) {
+                const int c = tid + i * NT;
+                int gr, gc;  // row / column in global B
+                if (B_NK) { const int r = c / (BK / VEC); gr = n0 + r; gc = k0 + (c % (BK / VEC)) * VEC; }
+                else      { const int r = c / (BN / VEC); gr = k0 + r; gc = n0 + (c % (BN / VEC)) * VEC; }
+                const int rlim = B_NK ? N : K, clim = B_NK ? K : N;
+                if (bvec) {
+                    if (gr < rlim && gc < clim) b_reg[i].u = *reinterpret_cast<const uint4*>(Bm + (long long)gr * ldb + gc);
+                    else b_reg[i].u = make_uint4(0, 0, 0, 0);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) {
+                        T v = T(0);
+                        if (gr < rlim && gc + e < clim) v = Bm[(long long)gr * ldb + gc + e];
+                        if (Tile<T>::IS_HALF) b_reg[i].h[e] = *reinterpret_cast<half_t*>(&v);
+                        else b_reg[i].f[e] = *reinterpret_cast<float*>(&v);
+                    }
+                }
+            }
+        }
+    };
+
+    auto store_tiles = [&](int buf) {
+        T* as = As + buf * A_ELEMS;
+        T* bs = Bs + buf * B_ELEMS;
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; ++i) {
+            const int c = tid + i * NT;
+            const int r = c / (BK / VEC), kc = (c % (BK / VEC)) * VEC;
+            *reinterpret_cast<uint4*>(as + r * LDA + kc) = a_reg[i].u;
+        }
+        if constexpr (MODE == 2) {
+#pragma unroll
+            for (int i = 0; i < G_ELEMS; ++i) {
+                const int kr = tid / BN + i * G_ROWS;
+                bs[kr * LDB + tid % BN] = g_reg[i];
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < B_CHUNKS; ++i) {
+                const int c = tid + i * NT;
+                int r, cc;
+                if (B_NK) { r = c / (BK / VEC); cc = (c % (BK / VEC)) * VEC; }
+                else      { r = c / (BN / VEC); cc = (c % (BN / VEC)) * VEC; }
+                *reinterpret_cast<uint4*>(bs + r * LDB + cc) = b_reg[i].u;
+            }
+        }
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+    auto compute = [&](int buf) {
+        const T* as = As + buf * A_ELEMS;
+        const T* bs = Bs + buf * B_ELEMS;
+        const int g = lane >> 2, t = lane & 3;
+        if constexpr (Tile<T>::IS_HALF != 0) {
+            static_assert(Tile<T>::IS_HALF == 0 || NI % 2 == 0, "fp16 needs an even NI");
+#pragma unroll
+            for (int kk = 0; kk < BK; kk += 16) {
+                unsigned af[MI][4], bf[NI][2];
+                const int q = lane >> 3, r8 = lane & 7;
+#pragma unroll
+                for (int mi = 0; mi < MI; ++mi) {
+                    const int row = wm * WTM + mi * 16 + (q & 1) * 8 + r8;
+                    const int col = kk + (q >> 1) * 8;
+                    ldsm_x4(smem_u32(as + row * LDA + col), af[mi][0], af[mi][1], af[mi][2], af[mi][3]);
+                }
+#pragma unroll
+                for (int nj = 0; nj < NI / 2; ++nj) {
+                    if constexpr (B_NK) {
+                        const int nrow = wn * WTN + nj * 16 + (q >> 1) * 8 + r8;
+                        const int kcol = kk + (q & 1) * 8;
+                        ldsm_x4(smem_u32(bs + nrow * LDB + kcol), bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1]);
+                    } else {
+                        const int krow = kk + (q & 1) * 8 + r8;
+                        const int ncol = wn * WTN + nj * 16 + (q >> 1) * 8;
+                        ldsm_x4_t(smem_u32(bs + krow * LDB + ncol), bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1]);
+                    }
+                }
+#pragma unroll
+                for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                    for (int ni = 0; ni < NI; ++ni)
+                        mma_f16(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bf[ni][0], bf[ni][1]);
+            }
+        } else {
+            const float* fa = reinterpret_cast<const float*>(as);
+            const float* fb = reinterpret_cast<const float*>(bs);
+#pragma unroll
+            for (int kk = 0; kk < BK; kk += 8) {
+                unsigned af[MI][4], bf[NI][2];
+#pragma unroll
+                for (int mi = 0; mi < MI; ++mi) {
+                    const int row = wm * WTM + mi * 16 + g;
+                    af[mi][0] = to_tf32(fa[row * LDA + kk + t]);
+                    af[mi][1] = to_tf32(fa[(row + 8) * LDA + kk + t]);
+                    af[mi][2] = to_tf32(fa[row * LDA + kk + t + 4]);
+                    af[mi][3] = to_tf32(fa[(row + 8) * LDA + kk + t + 4]);
+                }
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni) {
+                    const int col = wn * WTN + ni * 8 + g;
+                    if constexpr (B_NK) {
+                        bf[ni][0] = to_tf32(fb[col * LDB + kk + t]);
+                        bf[ni][1] = to_tf32(fb[col * LDB + kk + t + 4]);
+                    } else {
+                        bf[ni][0] = to_tf32(fb[(kk + t) * LDB + col]);
+                        bf[ni][1] = to_tf32(fb[(kk + t + 4) * LDB + col]);
+                    }
+                }
+#pragma unroll
+                for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                    for (int ni = 0; ni < NI; ++ni)
+                        mma_tf32(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bf[ni][0], bf[ni][1]);
+            }
+        }
+    };
+
+    if (nkt > 0) {
+        load_tiles(kt_begin);
+        store_tiles(0);
+        __syncthreads();
+        for (int it = 0; it < nkt; ++it) {
+            const bool more = it + 1 < nkt;
+            if (more) load_tiles(kt_begin + it + 1);
+            compute(it & 1);
+            if (more) store_tiles((it + 1) & 1);
+            __syncthreads();
+        }
+    }
+
+    if (splits > 1) {
+        constexpr int PER_T = MI * NI * 4;
+        const int tile = (zb * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        float* part = ws + ((long long)tile * splits + ks) * PER_T * NT;
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) part[((mi * NI + ni) * 4 + e) * NT + tid] = acc[mi][ni][e];
+        __threadfence();
+        __syncthreads();
+        __shared__ int s_last;
+        if (tid == 0) s_last = (atomicAdd(counters + tile, 1) == splits - 1);
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        const float* base = ws + (long long)tile * splits * PER_T * NT;
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float s = 0.0f;
+                    for (int q = 0; q < splits; ++q) s += ld_cg(base + (long long)q * PER_T * NT + ((mi * NI + ni) * 4 + e) * NT + tid);
+                    acc[mi][ni][e] = s;
+                }
+        if (tid == 0) counters[tile] = 0;   // ready for the next launch on this stream
+    }
+
+    // Fused epilogue.
+    ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        const int col0 = n0 + wn * WTN + ni * 8 + 2 * t;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int col = col0 + h;
+            if (col >= N) continue;
+            long long ybase, rbase;
+            int pcol = col;
+            if (MODE == 2) {
+                const int n = col / OHW; pcol = col % OHW;
+                ybase = (long long)n * Mtot * OHW + pcol;
+                rbase = (long long)n * res_sb + (long long)pcol * res_sc;
+            } else {
+                ybase = zb * sY + col;
+                rbase = zb * res_sb + (long long)col * res_sc;
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int row = m0 + wm * WTM + mi * 16 + g + hr * 8;
+                    if (row >= M) continue;
+                    float v = alpha * acc[mi][ni][hr * 2 + h];
+                    if (MODE == 2) {
+                        const int mg = zb * M + row;
+                        if (bias) v += Num<T>::load(bias + mg);
+                        if (R) v += Num<T>::load(R + rbase + (long long)mg * res_sr);
+                        Y[ybase + (long long)mg * OHW] = Num<T>::from_f(apply_act(v, ap));
+                    } else {
+                        if (bias) v += beta * Num<T>::load(bias + zb * bias_sb + (long long)row * bias_sr + (long long)col * bias_sc);
+                        if (R) v += Num<T>::load(R + rbase + (long long)row * res_sr);
+                        Y[ybase + (long long)row * N] = Num<T>::from_f(apply_act(v, ap));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+"""Kernel sources: reading, hashing, naming template instances, and compiling them.
+
+Every ``.cu`` file here is compiled with ``common.cuh`` prepended (so no ``#include`` path is needed,
+and NVRTC needs no CUDA headers). Template instances are named only from validated integers and the
+fixed C type map below: nothing from a model reaches the CUDA text.
+
+Two compilers:
+- :func:`get_kernel` (GPU): ``cupy.RawModule`` through NVRTC; CuPy adds ``-arch=sm_XX`` of the
+  current device itself.
+- :func:`nvrtc_compile` (CPU, used by CI): NVRTC directly through ``cupy_backends.cuda.libs.nvrtc``
+  for an explicit ``arch``; this needs the NVRTC shared library (pip ``nvidia-cuda-nvrtc``) but no
+  GPU and no driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from graphopt.errors import TuningError
+
+KERNEL_DIR = Path(__file__).resolve().parent
+PRELUDE = "common.cuh"
+SOURCES = ("direct_conv.cu", "mma_gemm.cu", "elementwise.cu")
+OPTIONS = ("-std=c++17",)
+
+# numpy dtype name -> C storage type used in the kernels (fp16 is stored as raw 16-bit words).
+CTYPE = {"float32": "float", "float16": "half_t"}
+
+# Activation name (the ops contract) -> code in common.cuh.
+ACT_CODES = {
+    "none": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "Sigmoid": 4, "SiLU": 5,
+    "HardSwish": 6, "HardSigmoidMul": 7, "Gelu": 8, "GeluTanh": 9,
+}
+
+
+@lru_cache(maxsize=None)
+def read_source(name: str) -> str:
+    """The full text NVRTC compiles for ``name``: the prelude, then the file."""
+    if name not in SOURCES:
+        raise TuningError(f"unknown kernel source {name!r}; known: {', '.join(SOURCES)}")
+    prelude = (KERNEL_DIR / PRELUDE).read_text()
+    body = (KERNEL_DIR / name).read_text()
+    return f'{prelude}\n#line 1 "{name}"\n{body}'
+
+
+@lru_cache(maxsize=None)
+def source_hash(name: str) -> str:
+    """Short SHA-256 of the compiled text (prelude included, compile options too)."""
+    h = hashlib.sha256(read_source(name).encode())
+    h.update(" ".join(OPTIONS).encode())
+    return h.hexdigest()[:16]
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TuningError(f"kernel template parameter {v!r} is not an int")
+    return int(v)
+
+
+def instance(template: str, dtype: str, *ints: int) -> str:
+    """``template<ctype, i0, i1, ...>`` from validated parts, e.g. ``mma_gemm<half_t,2,128,...>``."""
+    if template not in ("direct_conv", "mma_gemm", "epilogue_nchw", "epilogue_gemm", "im2col"):
+        raise TuningError(f"unknown kernel template {template!r}")
+    if dtype not in CTYPE:
+        raise TuningError(f"dtype {dtype!r} has no kernel; supported: {', '.join(CTYPE)}")
+    parts = [CTYPE[dtype]] + [str(_int(i)) for i in ints]
+    return f"{template}<{','.join(parts)}>"
+
+
+_KERNELS: dict[tuple[str, str, str], Any] = {}
+_CUBIN_DIR: list[str] = []
+
+
+def device_arch() -> str:
+    """``sm_XY`` of the current CUDA device."""
+    import cupy
+
+    return "sm_" + cupy.cuda.Device().compute_capability
+
+
+def _load(source: str, expr: str, arch: str, cubin: bytes, lowered: str):
+    import os
+    import tempfile
+
+    import cupy
+
+    if not _CUBIN_DIR:
+        _CUBIN_DIR.append(tempfile.mkdtemp(prefix="graphopt-cubin-"))
+    path = os.path.join(_CUBIN_DIR[0], hashlib.sha256(f"{source}|{expr}|{arch}".encode()).hexdigest()[:24] + ".cubin")
+    with open(path, "wb") as f:
+        f.write(cubin)
+    return cupy.RawModule(path=path).get_function(lowered)
+
+
+def get_kernel(source: str, expr: str, arch: str | None = None):
+    """The ``cupy.RawKernel`` for template instance ``expr`` of ``source``, compiled by NVRTC for
+    ``arch`` (default: the current device's ``sm_XY``) and cached for the process."""
+    arch = arch or device_arch()
+    key = (source, expr, arch)
+    k = _KERNELS.get(key)
+    if k is None:
+        cubin, lowered = _compile_one((source, expr, arch))
+        k = _KERNELS[key] = _load(source, expr, arch, cubin, lowered)
+    return k
+
+
+def _compile_one(job: tuple[str, str, str]) -> tuple[bytes, str]:
+    source, expr, arch = job
+    cubin, names = nvrtc_compile_named(source, [expr], arch)
+    return cubin, names[expr]
+
+
+def prebuild(jobs: Sequence[tuple[str, str]], arch: str | None = None, workers: int | None = None) -> dict[tuple[str, str], str]:
+    """Compile many instances in parallel worker processes (NVRTC only, no GPU there) and load them.
+
+    Returns ``{(source, expr): error}`` for the instances that failed; the others are cached for
+    :func:`get_kernel`.
+    """
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing as mp
+
+    arch = arch or device_arch()
+    todo = [(s, e, arch) for s, e in dict.fromkeys(jobs) if (s, e, arch) not in _KERNELS]
+    errors: dict[tuple[str, str], str] = {}
+    if not todo:
+        return errors
+    workers = workers or max(1, min(len(todo), (os.cpu_count() or 2)))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        futs = [(job, pool.submit(_compile_one, job)) for job in todo]
+        for job, fut in futs:
+            try:
+                cubin, lowered = fut.result()
+            except Exception as exc:
+                errors[(job[0], job[1])] = str(exc).splitlines()[0]
+                continue
+            _KERNELS[job] = _load(job[0], job[1], job[2], cubin, lowered)
+    return errors
+
+
+class NvrtcUnavailable(RuntimeError):
+    """NVRTC could not be loaded (no ``cupy`` or no NVRTC shared library)."""
+
+
+def nvrtc_compile(source: str, exprs: Sequence[str], arch: str, fast: bool = False) -> bytes:
+    return nvrtc_compile_named(source, exprs, arch, fast)[0]
+
+
+def nvrtc_compile_named(source: str, exprs: Sequence[str], arch: str, fast: bool = False) -> tuple[bytes, dict[str, str]]:
+    """Compile ``exprs`` of ``source`` for ``arch`` without any GPU.
+
+    ``arch="sm_80"`` runs the whole compiler (ptxas included: inline PTX is checked) and returns
+    the cubin; ``arch="compute_80"`` stops at PTX (about ten times faster) and returns the PTX.
+
+    ``fast=True`` adds ``-Ofc=max`` (NVRTC's fast-compile mode: the same front end, PTX and ptxas
+    checks with little optimisation, about 40x quicker); CI uses it, the GPU path never does.
+    Returns the binary and each expression's lowered (mangled) name.
+    Raises :class:`NvrtcUnavailable` when NVRTC cannot be loaded, and ``TuningError`` with the
+    compiler's log when the source does not compile.
+    """
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+        nvrtc.getVersion()
+    except Exception as exc:  # ImportError, or the shared library is missing
+        raise NvrtcUnavailable(f"NVRTC is not available ({exc}); pip install cupy-cuda13x nvidia-cuda-nvrtc") from exc
+    prog = nvrtc.createProgram(read_source(source), source, [], [])
+    try:
+        for e in exprs:
+            nvrtc.addNameExpression(prog, e)
+        try:
+            nvrtc.compileProgram(prog, list(OPTIONS) + [f"-arch={arch}"] + (["-Ofc=max"] if fast else []))
+        except Exception as exc:
+            raise TuningError(f"{source} failed to compile for {arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from exc
+        names = {e: nvrtc.getLoweredName(prog, e) for e in exprs}
+        binary = nvrtc.getCUBIN(prog) if arch.startswith("sm_") else bytes(nvrtc.getPTX(prog))
+        return binary, names
+    finally:
+        nvrtc.destroyProgram(prog)

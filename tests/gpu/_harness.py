@@ -1,0 +1,68 @@
+"""Shared checking logic for the GPU kernel tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphopt.kernels.base import Signature
+from graphopt.kernels.source import device_arch, prebuild
+
+import reference as R
+
+def require_device() -> None:
+    """Skip the calling test module when CuPy sees no CUDA device."""
+    import cupy
+
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, or a CPU-only machine
+        pytest.skip(f"no CUDA device ({exc})", allow_module_level=True)
+    if n < 1:
+        pytest.skip("no CUDA device", allow_module_level=True)
+
+
+# (normwise relative, max-abs relative to max|ref|) per numeric path.
+TOL = {"float16": (1e-2, 2e-2), "tf32": (2e-3, 1e-2), "float32": (1e-5, 1e-4)}
+
+ACTS = [
+    {"activation": "none"}, {"activation": "Relu"}, {"activation": "Clip", "clip_min": -0.5, "clip_max": 0.7},
+    {"activation": "Clip", "clip_max": 0.3}, {"activation": "LeakyRelu", "act_alpha": 0.1}, {"activation": "Sigmoid"},
+    {"activation": "SiLU"}, {"activation": "HardSwish"}, {"activation": "HardSigmoidMul", "act_alpha": 0.25, "act_beta": 0.4},
+    {"activation": "Gelu"}, {"activation": "GeluTanh"},
+]
+
+
+def tol_for(cand_name: str, dtype: str):
+    if dtype == "float16":
+        return TOL["float16"]
+    if cand_name in ("implicit_gemm", "mma_gemm"):
+        return TOL["tf32"]
+    return TOL["float32"]
+
+
+def run_and_check(cand, op: str, shapes, dtype: str, attrs: dict, inputs_np, ref: np.ndarray):
+    """Build ``cand``, run it on poisoned outputs, compare with ``ref``; returns (norm_err, max_err)."""
+    import cupy
+
+    sig = Signature.make(op, shapes, [dtype] * len(shapes), attrs)
+    reason = cand.applies(sig, (9, 0))
+    assert reason is None, reason
+    prebuild(cand.kernels(sig))
+    launch = cand.build(sig, device_arch())
+    ins = [None if a is None else cupy.asarray(a) for a in inputs_np]
+    out = cupy.full(ref.shape, cupy.nan, dtype=dtype)
+    launch(ins, [out])
+    cupy.cuda.get_current_stream().synchronize()
+    y = cupy.asnumpy(out).astype(np.float64)
+    assert np.isfinite(y).all(), f"{cand.key()}: {np.count_nonzero(~np.isfinite(y))} of {y.size} outputs unwritten or non-finite"
+    # A second launch on fresh poison must give the same answer (split-K counters reset, no races).
+    out.fill(cupy.nan)
+    launch(ins, [out])
+    y2 = cupy.asnumpy(out).astype(np.float64)
+    assert np.array_equal(y, y2), f"{cand.key()}: second launch differs (max {np.nanmax(np.abs(y - y2))})"
+    norm = np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30)
+    mx = np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30)
+    tn, tm = tol_for(cand.name, dtype)
+    assert norm <= tn and mx <= tm, f"{cand.key()} {dtype}: normwise {norm:.2e} (tol {tn}), max {mx:.2e} (tol {tm})"
+    return norm, mx

@@ -1,0 +1,106 @@
+"""Every CBR candidate and config against the float64 reference on the GPU (marker ``gpu``)."""
+
+from __future__ import annotations
+
+import zlib
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from _harness import require_device  # noqa: E402
+
+require_device()
+
+from graphopt.kernels.base import Signature
+from graphopt.kernels.cbr import cbr_candidates
+
+import reference as R
+from _harness import ACTS, run_and_check
+
+# name: (x shape, w shape, attrs, bias?, residual shape or None or "full")
+CASES = {
+    "odd_3x3_pad1_res": ((2, 13, 11, 9), (19, 13, 3, 3), {"pads": [1, 1, 1, 1]}, True, "full"),
+    "stride2_asym_pads": ((2, 8, 15, 13), (24, 8, 3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 2]}, True, None),
+    "dilation_nobias_res": ((1, 16, 12, 14), (16, 16, 3, 3), {"dilations": [2, 3], "pads": [2, 3, 2, 3]}, False, "full"),
+    "groups3_res_bcast": ((2, 12, 9, 10), (18, 4, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}, True, (1, 18, 1, 1)),
+    "depthwise_s2": ((2, 24, 13, 11), (24, 1, 3, 3), {"group": 24, "strides": [2, 2], "pads": [1, 1, 1, 1]}, True, None),
+    "depthwise_mult2": ((1, 8, 9, 9), (16, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, True, "full"),
+    "pointwise_res": ((3, 40, 7, 9), (72, 40, 1, 1), {}, True, "full"),
+    "pointwise_s2": ((2, 32, 9, 9), (48, 32, 1, 1), {"strides": [2, 2]}, False, None),
+    "stem7x7_s2": ((1, 3, 23, 21), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, True, None),
+    "same_lower_2x3": ((1, 8, 10, 9), (8, 8, 2, 3), {"auto_pad": "SAME_LOWER"}, True, None),
+    "same_upper_s2": ((1, 8, 11, 10), (12, 8, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, False, None),
+    "conv1d": ((2, 12, 37), (20, 12, 5), {"pads": [2, 1], "dilations": [2]}, True, "full"),
+    "deep_k_splitk": ((1, 64, 7, 7), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}, True, "full"),
+    "m130_tiles": ((2, 32, 20, 19), (130, 32, 3, 3), {"pads": [1, 1, 1, 1]}, True, None),
+    "res_bcast_h": ((1, 8, 6, 7), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, True, (1, 8, 1, 7)),
+}
+DTYPES = ("float16", "float32")
+
+
+def _out_shape(case):
+    xs, ws, attrs, _, _ = case
+    sig = Signature.make("CBR", [xs, ws, None, None], ["float32"] * 4, attrs)
+    from graphopt.kernels.geometry import conv_geom
+
+    return conv_geom(sig).out_shape
+
+
+@lru_cache(maxsize=None)
+def _data(name: str, dtype: str, act_idx: int = 1):
+    xs, ws, attrs, has_b, res = CASES[name]
+    rng = np.random.default_rng(zlib.crc32(f"{name}|{dtype}".encode()))
+    fan_in = int(np.prod(ws[1:]))
+    x = rng.standard_normal(xs).astype(dtype)
+    w = (rng.standard_normal(ws) / np.sqrt(fan_in)).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype) if has_b else None
+    out_shape = _out_shape(CASES[name])
+    r = None
+    if res == "full":
+        r = rng.standard_normal(out_shape).astype(dtype)
+    elif res is not None:
+        r = rng.standard_normal(res).astype(dtype)
+    a = dict(attrs, **ACTS[act_idx])
+    ref = R.reference("CBR", [x, w, b, r], a)
+    return [x, w, b, r], a, ref
+
+
+def _cases():
+    for name, case in CASES.items():
+        xs, ws, attrs, has_b, res = case
+        for dtype in DTYPES:
+            shapes = [xs, ws, (ws[0],) if has_b else None, None if res is None else (_out_shape(case) if res == "full" else res)]
+            sig = Signature.make("CBR", shapes, [dtype] * 4, dict(attrs, activation="Relu"))
+            for cand in cbr_candidates():
+                if cand.applies(sig, (9, 0)) is None:
+                    yield pytest.param(name, dtype, cand, shapes, id=f"{name}-{dtype}-{cand.key()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype,cand,shapes", list(_cases()))
+def test_cbr_candidate(name, dtype, cand, shapes):
+    inputs, attrs, ref = _data(name, dtype)
+    run_and_check(cand, "CBR", shapes, dtype, attrs, inputs, ref)
+
+
+def _act_cases():
+    picks = {"direct:opt=1", "direct:opt=4", "implicit_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1",
+             "implicit_gemm:bm=64,bn=32,bk=32,wm=2,wn=1,splitk=2", "cublas"}
+    for ai in range(len(ACTS)):
+        for dtype in DTYPES:
+            for cand in cbr_candidates():
+                if cand.key() in picks:
+                    yield pytest.param(ai, dtype, cand, id=f"act{ai}-{ACTS[ai]['activation']}-{dtype}-{cand.key()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ai,dtype,cand", list(_act_cases()))
+def test_cbr_activation(ai, dtype, cand):
+    name = "deep_k_splitk"
+    xs, ws, _, _, _ = CASES[name]
+    inputs, attrs, ref = _data(name, dtype, ai)
+    shapes = [xs, ws, (ws[0],), _out_shape(CASES[name])]
+    run_and_check(cand, "CBR", shapes, dtype, attrs, inputs, ref)

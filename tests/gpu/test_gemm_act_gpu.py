@@ -1,0 +1,84 @@
+"""Every GemmAct candidate and config against the float64 reference on the GPU (marker ``gpu``)."""
+
+from __future__ import annotations
+
+import zlib
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from _harness import require_device  # noqa: E402
+
+require_device()
+
+from graphopt.kernels.base import Signature
+from graphopt.kernels.gemm_act import gemm_act_candidates, gemm_plan
+
+import reference as R
+from _harness import ACTS, run_and_check
+
+# name: (A shape, B shape, C shape or None, attrs)
+CASES = {
+    "odd_2d": ((37, 70), (70, 53), (53,), {"mode": "matmul"}),
+    "batched_shared_b": ((3, 33, 64), (64, 96), (96,), {"mode": "matmul"}),
+    "batched_both_bias_bcast": ((2, 3, 17, 40), (2, 3, 40, 24), (3, 1, 24), {"mode": "matmul"}),
+    "shared_a": ((48, 32), (4, 32, 40), None, {"mode": "matmul"}),
+    "partial_bcast": ((2, 1, 9, 16), (3, 16, 8), (8,), {"mode": "matmul"}),
+    "vec_b": ((5, 16, 32), (32,), None, {"mode": "matmul"}),
+    "gemm_transb_alpha_beta": ((50, 72), (88, 72), (88,), {"mode": "gemm", "transB": 1, "alpha": 0.5, "beta": 2.0}),
+    "gemm_transa_rowbias": ((72, 50), (72, 88), (50, 1), {"mode": "gemm", "transA": 1}),
+    "gemm_scalar_c": ((40, 24), (24, 56), (1,), {"mode": "gemm", "beta": -1.0}),
+    "mlp_splitk": ((256, 768), (768, 1024), (1024,), {"mode": "matmul"}),
+}
+DTYPES = ("float16", "float32")
+
+
+@lru_cache(maxsize=None)
+def _data(name: str, dtype: str, act_idx: int = 1):
+    ash, bsh, csh, attrs = CASES[name]
+    rng = np.random.default_rng(zlib.crc32(f"{name}|{dtype}".encode()))
+    k = ash[-1] if not attrs.get("transA") else ash[0]
+    a = rng.standard_normal(ash).astype(dtype)
+    b = (rng.standard_normal(bsh) / np.sqrt(k)).astype(dtype)
+    c = None if csh is None else rng.standard_normal(csh).astype(dtype)
+    at = dict(attrs, **ACTS[act_idx])
+    return [a, b, c], at, R.reference("GemmAct", [a, b, c], at)
+
+
+def _cases():
+    for name, (ash, bsh, csh, attrs) in CASES.items():
+        for dtype in DTYPES:
+            shapes = [ash, bsh, csh]
+            sig = Signature.make("GemmAct", shapes, [dtype] * 3, dict(attrs, activation="Relu"))
+            for cand in gemm_act_candidates():
+                if cand.applies(sig, (9, 0)) is None:
+                    yield pytest.param(name, dtype, cand, shapes, id=f"{name}-{dtype}-{cand.key()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype,cand,shapes", list(_cases()))
+def test_gemm_candidate(name, dtype, cand, shapes):
+    inputs, attrs, ref = _data(name, dtype)
+    assert gemm_plan(Signature.make("GemmAct", shapes, [dtype] * 3, attrs)).out_shape == ref.shape
+    run_and_check(cand, "GemmAct", shapes, dtype, attrs, inputs, ref)
+
+
+def _act_cases():
+    picks = {"cublas", "mma_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1", "mma_gemm:bm=128,bn=128,bk=32,wm=2,wn=4,splitk=1"}
+    for ai in range(len(ACTS)):
+        for dtype in DTYPES:
+            for name in ("odd_2d", "gemm_transb_alpha_beta"):
+                for cand in gemm_act_candidates():
+                    if cand.key() in picks:
+                        yield pytest.param(ai, dtype, name, cand, id=f"act{ai}-{ACTS[ai]['activation']}-{name}-{dtype}-{cand.key()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ai,dtype,name,cand", list(_act_cases()))
+def test_gemm_activation(ai, dtype, name, cand):
+    ash, bsh, csh, _ = CASES[name]
+    inputs, attrs, ref = _data(name, dtype, ai)
+    run_and_check(cand, "GemmAct", [ash, bsh, csh], dtype, attrs, inputs, ref)
