@@ -454,3 +454,23 @@ def test_a_crashing_user_constraint_names_the_rule(tmp_path):
     b.output(b.op("Relu", [b.op("Neg", [x])]))
     with pytest.raises(RuleError, match=r"rule 'boomer': constraint test_boom\(x\) raised ZeroDivisionError: boom"):
         apply_rules(from_model(b.model()), rules)
+
+
+def test_outer_scope_use_of_an_intermediate_blocks_the_fusion():
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((2, 2, 1, 1)).astype(np.float32), "w")
+    then_g = helper.make_graph([helper.make_node("Neg", ["c"], ["t"], name="then_neg")], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Abs", ["x"], ["e"], name="else_abs")], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    main = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+         helper.make_node("Relu", ["c"], ["y"], name="relu"),
+         helper.make_node("If", ["cond"], ["z"], name="if0", then_branch=then_g, else_branch=else_g)], "main",
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [w])
+    g = from_model(helper.make_model(main, opset_imports=[helper.make_opsetid("", 17)], ir_version=10))
+    report = apply_rules(g, SHIPPED, explain=True)
+    assert report.counts == {}
+    assert NearMiss("conv_relu", "relu", "intermediate 'c' has 2 consumers (relu, if0)") in report.near_misses
