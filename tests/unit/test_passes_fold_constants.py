@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper as h
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_passes_common import check_pass, load, model, ops, run, to_model, untouched  # noqa: E402
+from test_passes_common import check_pass, load, model, ops, run, untouched  # noqa: E402
 
 from graphopt.passes import constants_to_initializers, fold_constants, fold_shape  # noqa: E402
 

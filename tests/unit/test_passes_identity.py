@@ -6,11 +6,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper as h
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_passes_common import check_pass, load, model, ops, to_model, untouched  # noqa: E402
+from test_passes_common import check_pass, load, model, ops, run, untouched  # noqa: E402
 
 from graphopt.passes import eliminate_dropout, eliminate_identity  # noqa: E402
 
@@ -97,11 +96,9 @@ def test_identity_inside_if_branch_reading_outer_scope(rng):
     _, out = check_pass(eliminate_identity, m, 1, rng=rng)
     then = next(a.g for a in out.graph.node[1].attribute if a.name == "then_branch")
     assert [n.op_type for n in then.node] == ["Neg"] and then.node[0].input[0] == "r"
-    # both branches run and match
-    feeds = {"cond": np.array(True), "x": rng.standard_normal(4).astype(np.float32)}
-    from test_passes_common import run
-
-    np.testing.assert_allclose(run(out, feeds)[0], run(m, feeds)[0])
+    for cond in (True, False):  # both branches match the original
+        feeds = {"cond": np.array(cond), "x": rng.standard_normal(4).astype(np.float32)}
+        np.testing.assert_allclose(run(out, feeds)[0], run(m, feeds)[0])
 
 
 def test_identity_output_renamed_inside_subgraph_reader(rng):
@@ -113,8 +110,6 @@ def test_identity_output_renamed_inside_subgraph_reader(rng):
     )
     g, out = check_pass(eliminate_identity, m, 1, rng=rng)
     for cond in (True, False):
-        from test_passes_common import run
-
         feeds = {"cond": np.array(cond), "x": rng.standard_normal(4).astype(np.float32)}
         np.testing.assert_allclose(run(out, feeds)[0], run(m, feeds)[0])
 
