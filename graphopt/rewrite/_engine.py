@@ -14,7 +14,7 @@ Each structural match (see ``_matcher``) goes through, in order:
 4. the cycle check.
 The first failure is the reason; a match that fails tries the next operand order. With
 ``explain=True`` the last pass records near-misses: candidates that matched the whole pattern
-but failed a check, or matched all but one of its ops (and at least two), with the reason.
+but failed a check, or (patterns of 4+ ops) matched all but one of its ops, with the reason.
 """
 
 from __future__ import annotations
@@ -278,9 +278,9 @@ def _try(g, rule: Rule, root, trace: Trace) -> _Plan | str | None:
                 first = f.reason
     if first is not None:
         return first
-    # A near-miss got past the root and at most one op short of the whole pattern; anything less
-    # is just a different subgraph (every Relu is not a near-miss of conv_relu).
-    if trace.enabled and trace.ops_matched >= max(2, rule.size - 1):
+    # A near-miss matched every op of a small pattern (up to 3 ops) or all but one op of a larger
+    # one; anything less is just a different subgraph (every Relu is not a near-miss of conv_relu).
+    if trace.enabled and trace.ops_matched >= min(rule.size, max(3, rule.size - 1)):
         return trace.reason
     return None
 

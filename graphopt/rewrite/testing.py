@@ -80,7 +80,7 @@ class Builder:
 
 CONV_ACTS = ("relu", "sigmoid", "hardswish", "leakyrelu", "clip", "silu", "hardsigmoid_mul")
 GEMM_ACTS = ("relu", "gelu", "silu", "gelu_erf_a_div", "gelu_erf_a_mul", "gelu_erf_b_div", "gelu_erf_b_mul",
-             "gelu_erf_c_div", "gelu_erf_c_mul")
+             "gelu_erf_c_div", "gelu_erf_c_mul", "gelu_tanh_pow", "gelu_tanh_cube")
 
 SQRT2 = 1.4142135623730951
 
@@ -103,6 +103,14 @@ def act_nodes(b: Builder, act: str, y: str) -> str:
         return b.op("Gelu", [y])
     if act == "gelu_tanh":
         return b.op("Gelu", [y], approximate="tanh")
+    if act == "gelu_tanh_pow":  # Hugging Face NewGELU
+        cube = b.op("Pow", [y, b.const(3.0, "three")])
+        inner = b.op("Mul", [b.op("Add", [y, b.op("Mul", [cube, b.const(0.044715, "kappa")])]), b.const(0.7978845608, "beta")])
+        return b.op("Mul", [b.op("Mul", [y, b.const(0.5, "half")]), b.op("Add", [b.op("Tanh", [inner]), b.const(1.0, "one")])])
+    if act == "gelu_tanh_cube":  # torch.onnx F.gelu(approximate="tanh") below opset 20
+        cube = b.op("Mul", [y, b.op("Mul", [y, y])])
+        inner = b.op("Mul", [b.const(0.7978845608, "beta"), b.op("Add", [y, b.op("Mul", [b.const(0.044715, "kappa"), cube])])])
+        return b.op("Mul", [b.const(0.5, "half"), b.op("Mul", [y, b.op("Add", [b.const(1.0, "one"), b.op("Tanh", [inner])])])])
     if act.startswith("gelu_erf_"):
         form, scale = act.split("_")[2:]
         inner = b.op("Div", [y, b.const(SQRT2, "sqrt2")]) if scale == "div" else b.op("Mul", [b.const(1 / SQRT2, "isqrt2"), y])
@@ -171,7 +179,7 @@ def _producer(b: Builder, family: str, variant: str) -> tuple[str, str]:
 def family_model(family: str, act: str | None, variant: str = "fires", opset: int | None = None) -> onnx.ModelProto:
     """The model a rule ``<family>_<act>`` fires on (``act=None``: the family alone, no activation)."""
     if opset is None:
-        opset = 20 if act and act.startswith("gelu") and not act.startswith("gelu_erf") else 17
+        opset = 20 if act in ("gelu", "gelu_tanh") else 17  # native Gelu needs opset 20
     b = Builder(opset)
     y, inner = _producer(b, family, variant)
     out = act_nodes(b, act, y) if act else y
