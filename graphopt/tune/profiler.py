@@ -20,20 +20,22 @@ The protocols (the real implementations live with the kernels, in ``graphopt/ker
   the op's reference, return the reason when wrong.
 - ``Buffers``: ``buffers(sig) -> (inputs, outputs)`` for timing (default: two empty lists).
 
-With ``isolate=True`` the candidates, timer, checker and buffers are sent to the worker by
-``multiprocessing`` (spawn by default, since CUDA does not survive ``fork``), so they must be
-picklable: module-level classes and functions. This is inter-process messaging with our own
-child, not storage; the tuning cache never uses pickle.
+With ``isolate=True`` the candidates, timer, checker and buffers are sent to the worker process
+(``python -m graphopt.tune._worker``) as pickles over a pipe, so they must be picklable:
+module-level classes and functions. This is messaging with our own child process, not storage;
+the tuning cache never uses pickle.
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import queue
 import signal
 import statistics
+import subprocess
+import sys
+import tempfile
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,6 +54,11 @@ WRONG = "wrong_answer"
 ERROR = "error"
 CRASHED = "crashed"
 TIMEOUT = "timeout"
+WORKER_FAILED = "worker_failed"  # the worker process could not start: an environment problem
+
+# Failures that say something about the candidate and are worth caching. A timeout (the GPU may
+# have been busy) or a worker that could not start is not: those are measured again next time.
+CACHEABLE_FAILURES = (BUILD_FAILED, OOM, WRONG, ERROR, CRASHED)
 
 
 class Timer(Protocol):
@@ -172,19 +179,20 @@ def _run_one(sig, cand, timer, checker, buffers, arch) -> dict:
     return {"status": OK, "samples": samples, "reason": ""}
 
 
-def _worker_main(conn, timer, checker, buffers, arch, visible_device=None) -> None:
-    """Worker loop: one (sig, candidate) task at a time; exits after any failure.
+def worker_loop(recv, send, timer, checker, buffers, arch) -> None:
+    """Worker loop (in ``graphopt.tune._worker``): one (sig, candidate) task at a time.
 
-    Exiting after a failure matters on the GPU: a fault leaves the CUDA context unusable, so the
-    next candidate gets a fresh process. ``visible_device`` pins the worker to one GPU through
-    ``CUDA_VISIBLE_DEVICES`` (set before anything in this process touches CUDA).
+    The worker exits after any failure: on the GPU a fault leaves the CUDA context unusable, so
+    the next candidate gets a fresh process.
     """
-    if visible_device is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(visible_device)
     while True:
         try:
-            task = conn.recv()
+            task = recv.recv()
         except (EOFError, OSError):
+            return
+        except Exception as exc:  # noqa: BLE001 - the candidate's class is not importable here
+            send.send({"status": WORKER_FAILED, "reason": f"the worker could not load the candidate: {_describe_exc(exc)} "
+                       "(candidates must be module-level classes in importable modules)"})
             return
         if task is None:
             return
@@ -194,9 +202,9 @@ def _worker_main(conn, timer, checker, buffers, arch, visible_device=None) -> No
         except BaseException as exc:  # noqa: BLE001 - report, then die
             reply = {"status": ERROR, "reason": f"worker error {_describe_exc(exc)}"}
         try:
-            conn.send(reply)
+            send.send(reply)
         except Exception:  # noqa: BLE001 - e.g. an unpicklable sample; report it plainly
-            conn.send({"status": ERROR, "reason": "worker could not send its result: " + traceback.format_exc(limit=1)})
+            send.send({"status": ERROR, "reason": "worker could not send its result: " + traceback.format_exc(limit=1)})
             return
         if reply["status"] != OK:
             return
@@ -221,63 +229,139 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def _last_line(f) -> str:
+    try:
+        f.flush()
+        f.seek(max(0, f.seek(0, 2) - 4096))
+        lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        return lines[-1][:300] if lines else ""
+    except (OSError, ValueError):
+        return ""
+
+
 class IsolatedRunner:
-    """Runs candidates in a worker subprocess, replacing it after a crash, timeout or failure."""
+    """Runs candidates in a worker subprocess, replacing it after a crash, timeout or failure.
+
+    The worker is ``python -m graphopt.tune._worker`` (not ``multiprocessing``: its spawn mode
+    re-imports the caller's ``__main__``, which breaks scripts without an ``if __name__ ==
+    "__main__"`` guard, and fork does not work with CUDA). Tasks and results travel over two pipes
+    as ``multiprocessing.connection`` messages; the worker sees this process's ``sys.path``, and
+    its stdout and stderr go to a temporary file whose last line explains a crash. A worker that
+    cannot start is an environment problem, not the candidate's: it is reported as
+    ``worker_failed`` (never cached) and not retried for every candidate.
+    """
 
     def __init__(self, timer, checker, buffers=no_buffers, arch: str = "", *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 mp_context: str = "spawn", device_index: int | None = None):
-        self._args = (timer, checker, buffers, arch, _visible_device(device_index))
+                 startup_timeout_s: float = 120.0, device_index: int | None = None):
+        self._init = (timer, checker, buffers, arch)
         self.timeout_s = timeout_s
-        self._ctx = multiprocessing.get_context(mp_context)
+        self.startup_timeout_s = startup_timeout_s
+        self._visible = _visible_device(device_index)
         self._proc = None
-        self._conn = None
+        self._send = self._recv = None
+        self._log = None
+        self._broken: str | None = None
         self.workers_started = 0
 
-    def _start(self) -> None:
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child, *self._args), daemon=True, name="graphopt-tune-worker")
-        proc.start()
-        child.close()
-        self._proc, self._conn = proc, parent
+    def _start(self) -> str | None:
+        """Start a worker; returns the reason when it could not start."""
+        from multiprocessing.connection import Connection
+
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
+        if self._visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self._visible
+        self._log = tempfile.TemporaryFile(prefix="graphopt-tune-worker-")
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "graphopt.tune._worker", str(p2c_r), str(c2p_w)],
+                pass_fds=(p2c_r, c2p_w), env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+            )
+        except OSError as exc:
+            for fd in (p2c_r, p2c_w, c2p_r, c2p_w):
+                os.close(fd)
+            return f"could not start a worker process: {exc}"
+        finally:
+            if self._proc is not None:
+                os.close(p2c_r)
+                os.close(c2p_w)
+        self._send = Connection(p2c_w, readable=False)
+        self._recv = Connection(c2p_r, writable=False)
         self.workers_started += 1
+        try:
+            self._send.send(self._init)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable timer/checker/buffers
+            self._stop(kill=True)
+            return f"the timer, checker or buffers cannot be sent to a worker ({_describe_exc(exc)}); make them module-level"
+        if not self._recv.poll(self.startup_timeout_s):
+            self._stop(kill=True)
+            return f"the worker did not start within {self.startup_timeout_s:g} s"
+        try:
+            hello = self._recv.recv()
+        except (EOFError, OSError):
+            why = _last_line(self._log)
+            code = self._stop(kill=True)
+            return f"the worker died while starting (exit code {code}){': ' + why if why else ''}"
+        if not hello.get("ready"):
+            self._stop(kill=True)
+            return f"the worker could not load the timer/checker: {hello.get('reason', '?')}"
+        return None
 
     def _stop(self, kill: bool = False) -> int | None:
-        proc, conn = self._proc, self._conn
-        self._proc = self._conn = None
-        if proc is None:
-            return None
-        if kill and proc.is_alive():
-            proc.kill()
-        else:
+        proc = self._proc
+        self._proc = None
+        code = None
+        if proc is not None:
+            if kill:
+                proc.kill()
+            else:
+                try:
+                    self._send.send(None)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
             try:
-                conn.send(None)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
-        conn.close()
-        return proc.exitcode
+                code = proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait(10)
+        for conn in (self._send, self._recv):
+            if conn is not None:
+                conn.close()
+        self._send = self._recv = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
 
     def run(self, sig: Signature, cand: Candidate) -> dict:
-        if self._proc is None or not self._proc.is_alive():
+        if self._broken:
+            return {"status": WORKER_FAILED, "reason": self._broken}
+        if self._proc is None or self._proc.poll() is not None:
             self._stop()
-            self._start()
+            why = self._start()
+            if why:
+                self._broken = why
+                return {"status": WORKER_FAILED, "reason": why}
         try:
-            self._conn.send((sig, cand))
+            self._send.send((sig, cand))
         except Exception as exc:  # noqa: BLE001 - unpicklable candidate, or a dead pipe
             self._stop(kill=True)
             return {"status": ERROR, "reason": f"could not send the candidate to the worker: {_describe_exc(exc)}"}
-        if not self._conn.poll(self.timeout_s):
+        if not self._recv.poll(self.timeout_s):
             self._stop(kill=True)
             return {"status": TIMEOUT, "reason": f"timed out after {self.timeout_s:g} s (killed)"}
         try:
-            reply = self._conn.recv()
+            reply = self._recv.recv()
         except (EOFError, OSError):
-            code = self._stop(kill=True)
-            how = _signal_name(code) if code is not None and code < 0 else f"exit code {code}"
-            return {"status": CRASHED, "reason": f"worker process died ({how})"}
+            why = _last_line(self._log)
+            code = self._stop(kill=True) if self._proc is not None else None
+            if code is not None and code < 0:
+                how = _signal_name(code)
+            else:
+                how = f"exit code {code}"
+            return {"status": CRASHED, "reason": f"worker process died ({how}){': ' + why if why else ''}"}
         if reply.get("status") != OK:
             self._stop()
         return reply
@@ -379,6 +463,9 @@ def profile_node(
 @contextmanager
 def node_progress(total: int, *, enabled: bool | None = None, description: str = "profiling") -> Iterator[Callable[[str], None]]:
     """A rich progress bar over nodes; yields ``advance(label)``. Off when stderr is not a terminal."""
+    if enabled is False:
+        yield lambda label: None
+        return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -452,7 +539,7 @@ class Profiler:
         if self.cache is not None:
             from graphopt.tune.cache import records_for
 
-            fresh = [r for r in result.results if not r.cached and r.status != PRUNED]
+            fresh = [r for r in result.results if not r.cached and (r.ok or r.status in CACHEABLE_FAILURES)]
             self.cache.put_many(records_for(self.device.fingerprint(), sig.key(), sig.op, fresh))
         self.memo[sig.key()] = result
 
@@ -519,7 +606,7 @@ class Profiler:
 
 
 __all__ = [
-    "BUILD_FAILED", "CRASHED", "ERROR", "OK", "OOM", "PRUNED", "TIMEOUT", "WRONG",
+    "BUILD_FAILED", "CACHEABLE_FAILURES", "CRASHED", "ERROR", "OK", "OOM", "PRUNED", "TIMEOUT", "WORKER_FAILED", "WRONG",
     "CandidateResult", "Checker", "FakeTimer", "Profiler", "InlineRunner", "IsolatedRunner", "ProfileResult", "Timer",
     "no_buffers", "node_progress", "profile_node",
 ]

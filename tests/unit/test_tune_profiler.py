@@ -299,3 +299,64 @@ def test_profile_many_spreads_signatures_over_one_worker_per_gpu(monkeypatch):
         assert len(prof.memo) == 6 and len(done) == 6
         seen = {prof.memo[s.key()].winner.ms for s in sigs}
     assert seen == {6.0, 8.0}, seen  # both workers were used, each pinned to its own GPU
+
+
+class _Unloadable:
+    """Pickles fine here, but the worker cannot unpickle it (its module does not exist there)."""
+
+    def __reduce__(self):
+        import importlib
+
+        return importlib.import_module, ("graphopt_no_such_module_for_tests",)
+
+    def __call__(self, launch, inputs, outputs):
+        return [1.0]
+
+
+def test_a_worker_that_cannot_start_is_reported_once_and_never_cached(tmp_path):
+    with IsolatedRunner(_Unloadable(), fake_checker, timeout_s=10) as runner:
+        res = profile_node(SIG, [cand("a", 0.1), cand("b", 0.2)], timer=FakeTimer(), checker=fake_checker,
+                           runner=runner)
+        assert runner.workers_started == 1  # not retried for every candidate
+    assert [r.status for r in res.results] == [P.WORKER_FAILED, P.WORKER_FAILED] and res.winner is None
+    assert "graphopt_no_such_module_for_tests" in res.results[0].reason
+    with TuningCache(tmp_path / "c.sqlite3") as cache:
+        with Profiler(CountingZoo([cand("a", 0.1)]), timer=_Unloadable(), checker=fake_checker, device=H200,
+                      cache=cache, timeout_s=10) as prof:
+            assert prof(SIG).results[0].status == P.WORKER_FAILED
+        assert len(cache) == 0
+
+
+def test_timeouts_are_not_cached(tmp_path):
+    with TuningCache(tmp_path / "c.sqlite3") as cache:
+        with Profiler(CountingZoo([cand("hang", 0.1, "hang"), cand("ok", 0.3)]), timer=FakeTimer(2),
+                      checker=fake_checker, device=H200, cache=cache, timeout_s=1.5) as prof:
+            res = prof(SIG)
+        assert [r.status for r in res.results] == [P.TIMEOUT, P.OK]
+        assert [r.lowering for r in cache.entries()] == ["ok"]
+
+
+SCRIPT = """
+import sys
+from graphopt.tune.profiler import FakeTimer, profile_node
+from test_tune_profiler import SIG, cand, fake_checker
+print("RAN")  # a script without an `if __name__ == "__main__"` guard
+res = profile_node(SIG, [cand("a", 0.3), cand("b", 0.1), cand("boom", 0.01, "segfault")], timer=FakeTimer(),
+                   checker=fake_checker, isolate=True, timeout_s=20)
+print("WINNER", res.winner.lowering, [r.status for r in res.results])
+"""
+
+
+def test_isolation_works_from_a_script_without_a_main_guard(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    script = tmp_path / "export_and_tune.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here.parents[1]), str(here)]))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("RAN") == 1, out.stdout  # the worker never re-ran the caller's script
+    assert "WINNER b ['ok', 'ok', 'crashed']" in out.stdout
