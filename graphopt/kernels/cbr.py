@@ -94,10 +94,9 @@ def _prepare_residual(R, g: geo.ConvGeom, materialise: bool):
     import cupy
 
     if materialise:
-        R4 = R.reshape((1,) * (4 - R.ndim) + R.shape) if R.ndim < 4 else R
-        if g.one_d:
-            R4 = R.reshape((1,) * (3 - R.ndim) + R.shape)
-        return cupy.ascontiguousarray(cupy.broadcast_to(R4, g.out_shape))
+        R4 = R.reshape(geo.residual_shape_4d(R.shape, g))
+        full = cupy.broadcast_to(R4, (g.N, g.M, g.OH, g.OW))
+        return cupy.ascontiguousarray(full).reshape(g.out_shape)
     return cupy.ascontiguousarray(R)
 
 

@@ -131,13 +131,22 @@ def broadcast_strides(shape: Sequence[int] | None, target: Sequence[int]) -> lis
     return strides
 
 
+def residual_shape_4d(rshape: Sequence[int], g: ConvGeom) -> tuple[int, ...]:
+    """The residual's shape aligned to the 4-D (N, M, OH, OW) view (a 1-D conv gains OH = 1)."""
+    r = tuple(int(d) for d in rshape)
+    if g.one_d:
+        r = (1,) * (3 - len(r)) + r if len(r) <= 3 else r
+        return r[:-1] + (1,) + r[-1:]
+    return (1,) * (4 - len(r)) + r if len(r) <= 4 else r
+
+
 def residual_strides(rshape: Sequence[int] | None, g: ConvGeom) -> tuple[int, int, int] | None:
     """(n, m, pixel) strides of the residual, or None when it needs materialising first.
 
     The kernels flatten (oh, ow) into one pixel index, so the residual must be either full or
     broadcast over both spatial dims together.
     """
-    st = broadcast_strides(rshape, (g.N, g.M, g.OH, g.OW))
+    st = broadcast_strides(residual_shape_4d(rshape, g), (g.N, g.M, g.OH, g.OW))
     if st is None:
         raise TuningError(f"CBR residual shape {tuple(rshape)} does not broadcast to the output {g.out_shape}")
     rn, rm, rh, rw = st

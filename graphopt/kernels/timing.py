@@ -16,6 +16,11 @@ def _spin_kernel():
     return _SPIN
 
 
+def _clone(a):
+    """A fresh copy of a CuPy array (``copy``) or a torch tensor (``clone``)."""
+    return a.clone() if hasattr(a, "clone") else a.copy()
+
+
 def _nbytes(arrays) -> int:
     return sum(int(a.nbytes) for a in arrays if a is not None)
 
@@ -49,7 +54,7 @@ def cuda_event_timer(
     n_sets = max(1, min(max_sets, -(-rotate_bytes // per_set)))
     sets = [(list(inputs), list(outputs))]
     for _ in range(n_sets - 1):
-        sets.append(([None if a is None else a.copy() for a in inputs], [a.copy() for a in outputs]))
+        sets.append(([None if a is None else _clone(a) for a in inputs], [_clone(a) for a in outputs]))
     stream = cupy.cuda.get_current_stream()
     for i in range(warmup):
         ins, outs = sets[i % n_sets]
