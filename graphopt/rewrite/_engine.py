@@ -29,7 +29,7 @@ from graphopt.rewrite import registry
 from graphopt.rewrite._loader import op_schema
 from graphopt.rewrite._matcher import Binding, Trace, match_root
 from graphopt.rewrite._rules import Rule, RuleSet
-from graphopt.rewrite._syntax import Call, Lit, Name
+from graphopt.rewrite._syntax import Call, Lit, Name, is_builder
 from graphopt.rewrite.registry import BuildFailed, NewConstant
 
 DEFAULT_MAX_PASSES = 100
@@ -86,8 +86,9 @@ class _Plan:
     rule: Rule
     root: object
     removed: list  # nodes, graph order
-    spec: dict
+    specs: list  # new node specs, producers first; the last one produces the root's outputs
     constants: list  # [(placeholder, NewConstant)]
+    temps: list  # placeholders of the nested nodes' outputs
     sources: tuple[str, ...]
 
 
@@ -169,19 +170,34 @@ def _call_builder(g, rule: Rule, call: Call, b: Binding):
         raise RuleError(f"rule {rule.name!r}: builder {call.op}() raised {type(exc).__name__}: {exc}") from exc
 
 
-def _tensor_value(g, rule, expr, b: Binding, constants: list, builder_tensors: list):
+class _Scratch:
+    """What building one replacement collects: new constants, new node specs, builder tensors."""
+
+    def __init__(self):
+        self.constants: list = []  # [(token, NewConstant)]
+        self.specs: list = []  # node specs, producers before consumers
+        self.temps: list = []  # tokens of the nested nodes' outputs
+        self.builder_tensors: list = []
+
+
+def _tensor_value(g, rule, expr, b: Binding, sc: _Scratch) -> str:
     if isinstance(expr, Name):
         return b.tensors.get(expr.name) or ""
+    if not is_builder(expr):  # a nested op: build it; its fresh output feeds the parent
+        token = f"\0tmp{len(sc.temps)}"
+        sc.temps.append(token)
+        _node_spec(g, rule, expr.domain, expr.op, expr.qualname, expr.args, expr.kwargs, [token], b, sc)
+        return token
     value = _call_builder(g, rule, expr, b)
     if isinstance(value, NewConstant):
-        token = f"\0const{len(constants)}"
-        constants.append((token, value))
+        token = f"\0const{len(sc.constants)}"
+        sc.constants.append((token, value))
         return token
     if value is None:
         return ""
     if not isinstance(value, str):
         raise RuleError(f"rule {rule.name!r}: builder {expr.op}() returned {type(value).__name__}, not a tensor")
-    builder_tensors.append(value)
+    sc.builder_tensors.append(value)
     return value
 
 
@@ -194,22 +210,21 @@ def _copy_attrs(node, schema, target: str) -> dict:
     return attrs
 
 
-def _build(g, rule: Rule, b: Binding, root) -> _Plan:
-    rep = rule.replace
-    schema = op_schema(rep.domain, rep.op) if rep.domain in ("", "graphopt") else True
+def _node_spec(g, rule: Rule, domain, op, qualname, args, kwargs, outputs, b: Binding, sc: _Scratch) -> None:
+    """Append the spec of one new node (after those of the nested nodes it reads)."""
+    schema = op_schema(domain, op) if domain in ("", "graphopt") else True
     input_names = [n for n, _ in schema.inputs] if schema is not True else []
-    constants: list = []
-    builder_tensors: list = []
-    inputs = [_tensor_value(g, rule, a, b, constants, builder_tensors) for a in rep.args]
+    inputs = [_tensor_value(g, rule, a, b, sc) for a in args]
     attrs: dict = {}
-    for key, expr in rep.kwargs:
+    for key, expr in kwargs:
         if key == "attrs" and isinstance(expr, Name):
-            attrs.update(_copy_attrs(b.nodes[expr.name], schema, rep.qualname))
+            attrs.update(_copy_attrs(b.nodes[expr.name], schema, qualname))
             continue
-        if key in input_names and not (isinstance(expr, Call) and registry.BUILDERS[expr.op].returns == "attrs"):
+        if key in input_names and not (isinstance(expr, Call) and is_builder(expr)
+                                       and registry.BUILDERS[expr.op].returns == "attrs"):
             idx = input_names.index(key)
             inputs += [""] * (idx + 1 - len(inputs))
-            inputs[idx] = _tensor_value(g, rule, expr, b, constants, builder_tensors)
+            inputs[idx] = _tensor_value(g, rule, expr, b, sc)
             continue
         if isinstance(expr, Lit):
             attrs[key] = expr.value
@@ -222,33 +237,40 @@ def _build(g, rule: Rule, b: Binding, root) -> _Plan:
     attrs = {k: v for k, v in attrs.items() if v is not None}
     while inputs and not inputs[-1]:
         inputs.pop()
-
-    outputs = list(root.outputs)
-    while outputs and not outputs[-1]:
-        outputs.pop()
     overload = ""
     if schema is not True:
         if len(outputs) > len(schema.outputs):
-            raise _Fail(f"{root.name!r} has {len(outputs)} outputs, {rep.qualname} has {len(schema.outputs)}")
+            raise _Fail(f"{qualname} has {len(schema.outputs)} outputs, the replaced nodes {len(outputs)}")
         present = [bool(t) for t in inputs]
         reason = schema.validate(attrs, present)
         if reason:
-            raise _Fail(f"{rep.qualname} would be invalid: {reason}")
+            raise _Fail(f"{qualname} would be invalid: {reason}")
         dtype = None
-        opset = g.root.opset.get("", 0)
-        if opset < 15 and schema.needs_dtype(attrs, present):
+        if g.root.opset.get("", 0) < 15 and schema.needs_dtype(attrs, present):
             dtype = g.dtype(inputs[0]) if inputs and inputs[0] and not inputs[0].startswith("\0") else None
         overload = schema.overload(attrs, present, dtype)
+    sc.specs.append(dict(op_type=op, domain=domain, inputs=inputs, outputs=list(outputs), attrs=attrs,
+                         overload=overload))
+
+
+def _build(g, rule: Rule, b: Binding, root) -> _Plan:
+    rep = rule.replace
+    outputs = list(root.outputs)
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    sc = _Scratch()
+    _node_spec(g, rule, rep.domain, rep.op, rep.qualname, rep.args, rep.kwargs, outputs, b, sc)
 
     removed = _removed_nodes(g, rule, b, root)
     removed_names = {n.name for n in removed}
-    for t in inputs:
-        p = g.producer(t) if t else None
-        if p is not None and p.name in removed_names:
-            raise _Fail(f"the replacement reads {t!r}, an intermediate that the rewrite removes")
+    for spec in sc.specs:
+        for t in spec["inputs"]:
+            p = g.producer(t) if t and not t.startswith("\0") else None
+            if p is not None and p.name in removed_names:
+                raise _Fail(f"the replacement reads {t!r}, an intermediate that the rewrite removes")
     # Cycle check. Pattern captures are inputs of matched nodes, which all feed the root, so they
     # cannot depend on the root. A tensor a builder hands back can: check it through the graph.
-    for t in builder_tensors:
+    for t in sc.builder_tensors:
         p = g.producer(t)
         if p is not None and (p is root or nx.has_path(g.nx, root.name, p.name)):
             raise _Fail(f"reading {t!r} (produced by {p.name!r}, downstream of {root.name!r}) would create a cycle")
@@ -258,11 +280,10 @@ def _build(g, rule: Rule, b: Binding, root) -> _Plan:
         for s in _provenance_sources(n):
             if s not in sources:
                 sources.append(s)
-    spec = dict(
-        op_type=rep.op, domain=rep.domain, inputs=inputs, outputs=outputs, attrs=attrs,
-        doc_string=f"{PROVENANCE_PREFIX}{rule.name} from={','.join(sources)}", overload=overload,
-    )
-    return _Plan(rule, root, removed, spec, constants, tuple(sources))
+    doc = f"{PROVENANCE_PREFIX}{rule.name} from={','.join(sources)}"
+    for spec in sc.specs:
+        spec["doc_string"] = doc
+    return _Plan(rule, root, removed, sc.specs, sc.constants, sc.temps, tuple(sources))
 
 
 def _try(g, rule: Rule, root, trace: Trace) -> _Plan | str | None:
@@ -287,17 +308,21 @@ def _try(g, rule: Rule, root, trace: Trace) -> _Plan | str | None:
 
 def _apply(g, plan: _Plan) -> str:
     added = []
-    spec = dict(plan.spec)
-    inputs = list(spec["inputs"])
+    names: dict[str, str] = {}
     try:
         for token, const in plan.constants:
-            name = g.add_initializer(const.value, const.hint)
-            added.append(name)
-            inputs = [name if t == token else t for t in inputs]
-        spec["inputs"] = inputs
-        spec["name"] = g.unique_name(f"{spec['op_type']}_{plan.root.name}")
+            names[token] = g.add_initializer(const.value, const.hint)
+            added.append(names[token])
+        for token in plan.temps:
+            names[token] = g.unique_name(f"{plan.rule.name}_out")
+        specs = []
+        for spec in plan.specs:
+            spec = dict(spec, inputs=[names.get(t, t) for t in spec["inputs"]],
+                        outputs=[names.get(t, t) for t in spec["outputs"]])
+            spec["name"] = g.unique_name(f"{spec['op_type']}_{plan.root.name}")
+            specs.append(spec)
         old_inputs = [t for n in plan.removed for t in n.inputs if t]
-        (node,) = g.replace_subgraph(plan.removed, [spec])
+        created = g.replace_subgraph(plan.removed, specs)
     except InvalidGraph as exc:
         for name in added:
             g.remove_initializer(name)
@@ -306,7 +331,7 @@ def _apply(g, plan: _Plan) -> str:
     for t in dict.fromkeys(old_inputs):
         if g.is_initializer(t) and not g.is_graph_input(t) and not g.is_graph_output(t) and not g.consumers(t):
             g.remove_initializer(t)
-    return node.name
+    return created[-1].name
 
 
 def _fixpoint(g, rules: list[Rule], report: RewriteReport, explain: bool, max_passes: int) -> None:

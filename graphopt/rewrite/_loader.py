@@ -44,6 +44,7 @@ from graphopt.rewrite._syntax import (
     Lit,
     Name,
     RuleSyntaxError,
+    is_builder,
     parse_constraint,
     parse_pattern,
     parse_replacement,
@@ -258,6 +259,11 @@ def _check_value_expr(expr, tensors, nodes, key, text):
         if tensors[expr.name] and not expr.optional:
             raise _Issue(key, f"{expr.name!r} is optional in the pattern; write '{expr.name}?' in the replacement")
         return "node" if expr.name in nodes else "tensor"
+    if not is_builder(expr):  # a nested op: another new node, whose output is a tensor
+        _check_op_call(expr.domain, expr.op, expr.qualname, expr.args, expr.kwargs, tensors, nodes, key, text)
+        return "tensor"
+    if expr.kwargs:
+        raise _Issue(key, f"builder calls take positional arguments only ({expr.op}())")
     reg = registry.BUILDERS.get(expr.op)
     if reg is None:
         known = ", ".join(sorted(registry.BUILDERS))
@@ -267,6 +273,34 @@ def _check_value_expr(expr, tensors, nodes, key, text):
             raise _Issue(key, f"{a.name!r} is optional in the pattern; write '{a.name}?' in {expr.op}()")
     _check_kinds(reg, text, expr.args, tensors, nodes, key, "builder")
     return reg.returns
+
+
+def _check_op_call(domain, op, qualname, args, kwargs, tensors, nodes, key, text):
+    """An op the replacement builds: it exists, and its inputs and attributes fit its schema."""
+    schema = op_schema(domain, op) if domain in ("", "graphopt") else True
+    if schema is None:
+        raise _Issue(key, f"unknown replacement op {qualname!r}")
+    input_names = [n for n, _ in schema.inputs] if schema is not True else None
+    for a in args:
+        kind = _check_value_expr(a, tensors, nodes, key, text)
+        if kind not in ("tensor", "node"):
+            raise _Issue(key, f"positional arguments of {qualname} are inputs, not {kind}s")
+    if input_names is not None and len(args) > len(input_names):
+        raise _Issue(key, f"{qualname} takes {len(input_names)} inputs, the replacement gives {len(args)}")
+    for k, v in kwargs:
+        kind = _check_value_expr(v, tensors, nodes, key, text)
+        if k == "attrs":
+            if kind not in ("node", "attrs"):
+                raise _Issue(key, "attrs= takes a node capture (copy its attributes) or an attribute builder")
+        elif kind == "attrs":
+            pass  # merged into the attributes; the keyword is a label
+        elif input_names is not None and k in input_names:
+            if kind not in ("tensor", "node"):
+                raise _Issue(key, f"input {k}= needs a tensor")
+        elif kind in ("tensor", "node"):
+            raise _Issue(key, f"{k}= is not an input of {qualname}; inputs: {', '.join(input_names or [])}")
+        elif schema is not True and k not in schema.attributes:
+            raise _Issue(key, f"unknown attribute {k!r} for {qualname} (known: {', '.join(sorted(schema.attributes))})")
 
 
 def _validate(raw: dict, env: dict, file: str, line: int, index: int) -> Rule:
@@ -319,32 +353,8 @@ def _validate(raw: dict, env: dict, file: str, line: int, index: int) -> Rule:
         replace = parse_replacement(replace_text)
     except RuleSyntaxError as e:
         raise _Issue("replace", f"replacement {e.text!r}: column {e.column}: {e.detail}") from None
-    schema = op_schema(replace.domain, replace.op) if replace.domain in ("", "graphopt") else True
-    if schema is None:
-        raise _Issue("replace", f"unknown replacement op {replace.qualname!r}")
-    input_names = [n for n, _ in schema.inputs] if schema is not True else None
-    for a in replace.args:
-        kind = _check_value_expr(a, tensors, nodes, "replace", replace.text)
-        if kind not in ("tensor", "node"):
-            raise _Issue("replace", f"positional arguments are inputs; {a.op}() gives {kind}")
-    if input_names is not None and len(replace.args) > len(input_names):
-        raise _Issue("replace", f"{replace.qualname} takes {len(input_names)} inputs, the replacement gives {len(replace.args)}")
-    for k, v in replace.kwargs:
-        kind = _check_value_expr(v, tensors, nodes, "replace", replace.text)
-        if k == "attrs":
-            if kind not in ("node", "attrs"):
-                raise _Issue("replace", "attrs= takes a node capture (copy its attributes) or an attribute builder")
-        elif kind == "attrs":
-            pass  # merged into the attributes; the keyword is a label
-        elif input_names is not None and k in input_names:
-            if kind not in ("tensor", "node"):
-                raise _Issue("replace", f"input {k}= needs a tensor")
-        elif kind in ("tensor", "node"):
-            raise _Issue("replace", f"{k}= is not an input of {replace.qualname}; "
-                                    f"inputs: {', '.join(input_names or [])}")
-        elif schema is not True and k not in schema.attributes:
-            raise _Issue("replace", f"unknown attribute {k!r} for {replace.qualname} "
-                                    f"(known: {', '.join(sorted(schema.attributes))})")
+    _check_op_call(replace.domain, replace.op, replace.qualname, replace.args, replace.kwargs, tensors, nodes,
+                   "replace", replace.text)
 
     keep_raw = raw.get("keep", [])
     if not isinstance(keep_raw, list):

@@ -359,14 +359,25 @@ class Replacement:
         return f"{self.domain}.{self.op}" if self.domain else self.op
 
 
+def is_builder(call: Call) -> bool:
+    """A lower-case, undotted call in a replacement is a value builder; anything else is an op."""
+    return not call.domain and call.op[:1].islower()
+
+
 def _check_value(text: str, node, where: str):
+    """Replacement values: captures, literals, and calls. A call is a builder (a registered lower-case
+    name, positional arguments only; the loader checks which) or a nested op that builds another
+    new node, e.g. ``Reshape(graphopt.GemmAct(a, b), shape)``."""
     if isinstance(node, Name) and (node.bind or node.name == "_"):
-        raise RuleSyntaxError(text, node.col, f"{where} must be a capture, a literal or a builder call")
+        raise RuleSyntaxError(text, node.col, f"{where} must be a capture, a literal or a call")
     if isinstance(node, Call):
-        if node.domain or node.bind or node.kwargs:
-            raise RuleSyntaxError(text, node.col, f"builder calls take positional arguments only ({node.qualname})")
+        if node.bind:
+            raise RuleSyntaxError(text, node.col, f"'as' is not allowed in a replacement ({node.qualname})")
         for a in node.args:
-            _check_value(text, a, "a builder argument")
+            _check_value(text, a, "an argument")
+        for _, v in node.kwargs:
+            _check_value(text, v, "a keyword value")
+        object.__setattr__(node, "domain", _norm_domain(node.domain))
 
 
 def parse_replacement(text: str) -> Replacement:

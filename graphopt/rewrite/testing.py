@@ -34,9 +34,9 @@ class Builder:
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
         return name
 
-    def const(self, value, hint: str = "c") -> str:
+    def const(self, value, hint: str = "c", dtype=np.float32) -> str:
         name = self._name(hint)
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
         return name
 
     def rand(self, shape, hint: str = "w") -> str:
@@ -128,7 +128,7 @@ def act_nodes(b: Builder, act: str, y: str) -> str:
 # Rule families
 
 CONV_FAMILIES = ("conv", "conv_add", "conv_residual", "cbr")
-GEMM_FAMILIES = ("matmul", "matmul_add", "gemm", "gemmact")
+GEMM_FAMILIES = ("matmul", "matmul_add", "gemm", "gemm_reshape", "gemmact")
 
 VARIANTS = ("fires", "second_consumer", "graph_output", "bias_not_per_channel", "bias_not_constant")
 
@@ -156,9 +156,11 @@ def _producer(b: Builder, family: str, variant: str) -> tuple[str, str]:
         r = b.input("r", [2, m, 7, 9])
         return b.op("Add", [r, conv]), conv
     a = b.input("a", [2, 3, 6])
-    if family == "gemm":
+    if family in ("gemm", "gemm_reshape"):
         a2 = b.input("a2", [3, 6])
         y = b.op("Gemm", [a2, b.rand([m, 6]), b.rand([m], "c")], transB=1, alpha=0.5)
+        if family == "gemm_reshape":
+            return b.op("Reshape", [y, b.const([1, 3, m], "shape", np.int64)]), y
         return y, y
     w = b.rand([6, m])
     if family == "gemmact":

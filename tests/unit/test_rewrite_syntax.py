@@ -95,7 +95,7 @@ def test_replacement():
     assert r.args[3] == Name("r", True, 43)
     assert r.kwargs == (("attrs", Name("conv", False, 53)), ("activation", Lit("Relu", 70)))
     for bad, col in (("graphopt.CBR(x, 1)", 17), ("graphopt.CBR(x, attrs=y, w)", 26), ("graphopt.CBR(x) as z", 1),
-                     ("graphopt.CBR(k=1, k=2)", 19), ("graphopt.CBR(f(x=1))", 14)):
+                     ("graphopt.CBR(k=1, k=2)", 19), ("graphopt.CBR(Relu(x) as y)", 14)):
         with pytest.raises(RuleSyntaxError) as info:
             parse_replacement(bad)
         assert info.value.column == col, (bad, str(info.value))
