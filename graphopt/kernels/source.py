@@ -107,9 +107,53 @@ def get_kernel(source: str, expr: str, arch: str | None = None):
     return k
 
 
+def cubin_cache_dir() -> str:
+    """Where compiled cubins are kept between processes: ``$GRAPHOPT_KERNEL_CACHE`` or
+    ``$XDG_CACHE_HOME/graphopt/cubin`` (``~/.cache/graphopt/cubin``)."""
+    import os
+
+    d = os.environ.get("GRAPHOPT_KERNEL_CACHE")
+    if not d:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "graphopt", "cubin")
+    return d
+
+
 def _compile_one(job: tuple[str, str, str]) -> tuple[bytes, str]:
+    """Compile one instance, through an on-disk cache keyed by source text, options, NVRTC
+    version, instance and arch (atomic writes: concurrent processes never see half a file)."""
+    import os
+
     source, expr, arch = job
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        ver = ".".join(map(str, nvrtc.getVersion()))
+    except Exception:
+        ver = "?"
+    key = hashlib.sha256(f"{source_hash(source)}|{expr}|{arch}|{ver}".encode()).hexdigest()[:32]
+    d = cubin_cache_dir()
+    path = os.path.join(d, key + ".cubin")
+    name_path = os.path.join(d, key + ".name")
+    try:
+        with open(path, "rb") as f:
+            cubin = f.read()
+        with open(name_path) as f:
+            lowered = f.read().strip()
+        if cubin[:4] == b"\x7fELF" and lowered:
+            return cubin, lowered
+    except OSError:
+        pass
     cubin, names = nvrtc_compile_named(source, [expr], arch)
+    try:
+        os.makedirs(d, exist_ok=True)
+        for target, data in ((name_path, names[expr].encode()), (path, cubin)):
+            tmp = f"{target}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)
+    except OSError:
+        pass  # a read-only cache only costs a recompile
     return cubin, names[expr]
 
 
