@@ -178,6 +178,7 @@ def inspect(model, rules, as_json):
 
     def work():
         from graphopt.ir import load_model
+        from graphopt.passes import run_cleanup
         from graphopt.rewrite import find_matches, load_rules
 
         graph = load_model(model)
@@ -186,8 +187,9 @@ def inspect(model, rules, as_json):
             "inputs": {t: _shape_str(graph, t) for t in graph.inputs if not graph.is_initializer(t)},
             "outputs": {t: _shape_str(graph, t) for t in graph.outputs},
         }
-        matches = find_matches(graph, load_rules(shipped=True, paths=[str(r) for r in rules]))
-        would_fire = Counter(_as_dict(m).get("rule") for m in matches)
+        ruleset = load_rules(shipped=True, paths=[str(r) for r in rules])
+        # as optimize does, cleanup runs first (on a copy) so rules see BatchNorm folded into Conv
+        would_fire = Counter(m.rule for m in find_matches(graph, ruleset, prepare=run_cleanup))
         info = {
             "model": str(model),
             "ir_version": graph.ir_version,
@@ -196,7 +198,7 @@ def inspect(model, rules, as_json):
             "nodes": sum(hist.values()),
             "ops": dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0]))),
             **io,
-            "rules_that_would_fire": dict(sorted(would_fire.items())),
+            "rules_that_would_fire": dict(sorted((k, v) for k, v in would_fire.items() if v)),
         }
         if as_json:
             click.echo(json.dumps(info, indent=2))
