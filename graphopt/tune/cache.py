@@ -30,6 +30,7 @@ import stat
 import tempfile
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -158,6 +159,7 @@ class TuningCache:
         self.messages: list[str] = []  # every warning this instance gave, for reports
         self._warn_enabled = warn
         self._warned: set[str] = set()  # only for de-duplication, never iterated
+        self._ident: tuple[int, int] | None = None
         self._conn = self._open()
 
     # ----------------------------------------------------------------- opening and validation
@@ -184,10 +186,25 @@ class TuningCache:
             return f"is owned by another user (uid {st.st_uid})"
         return None
 
-    def _quarantine(self, reason: str) -> None:
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _quarantine(self, reason: str, ident: tuple[int, int] | None = None) -> None:
+        """Move the file we judged (``ident``) aside, with its -wal/-shm, and warn.
+
+        When another process has already replaced the file (a different inode is there now), the
+        new file is left alone: it is that process's rebuilt cache, not the one we distrust.
+        """
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         dest = self.path.with_name(f"{self.path.name}.bad-{stamp}-{os.getpid()}")
         moved = False
+        if ident is not None and self._identity() != ident:
+            self._warn(f"tuning cache {self.path} {reason}: another process already rebuilt it; none of its timings are used")
+            return
         # The -wal and -shm side files belong to the old database: a stale WAL replayed into the
         # new file would corrupt it, so they go too.
         for suffix in ("", "-wal", "-shm"):
@@ -246,15 +263,47 @@ class TuningCache:
         if "timings" not in tables:
             raise _Untrusted("has no timings table")
 
+    @contextmanager
+    def _open_lock(self):
+        """Serialize opening, validation and repair across processes (an flock on a side file).
+
+        Without it, two processes that find the same damaged file race to move it (and its -wal
+        and -shm) aside while the other is creating the replacement. Plain reads and writes do not
+        take it: SQLite's own locking covers those.
+        """
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: SQLite's locking only
+            yield
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     def _open(self) -> sqlite3.Connection:
+        try:
+            with self._open_lock():
+                return self._open_locked()
+        except OSError as exc:
+            raise TuningError(f"cannot open the tuning cache {self.path}: {exc}; set GRAPHOPT_CACHE_DIR to a writable folder") from exc
+
+    def _open_locked(self) -> sqlite3.Connection:
+        ident = self._identity()
         problem = self._file_problem()
         if problem:
-            self._quarantine(problem)
+            self._quarantine(problem, ident)
         for attempt in range(2):
             conn = None
+            ident = None
             try:
                 conn = self._connect()
+                ident = self._identity()
                 self._ensure_schema(conn)
+                self._ident = ident
                 return conn
             except _Untrusted as exc:
                 reason = str(exc)
@@ -273,7 +322,7 @@ class TuningCache:
                 conn.close()
             if attempt == 1:
                 raise TuningError(f"tuning cache {self.path} {reason} even after rebuilding it; remove the folder {self.path.parent}")
-            self._quarantine(reason)
+            self._quarantine(reason, ident)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -344,7 +393,8 @@ class TuningCache:
                 raise TuningError(f"tuning cache {self.path} stayed locked: another graphopt is writing it; try again") from exc
             # Damage that quick_check did not see (or a row that is not ours): distrust the file.
             self._conn.close()
-            self._quarantine(f"is corrupt ({exc})")
+            with self._open_lock():
+                self._quarantine(f"is corrupt ({exc})", self._ident)
             self._conn = self._open()
             return []
 

@@ -325,3 +325,29 @@ def test_16_concurrent_writers_leave_a_complete_valid_cache(path):
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     conn.close()
+
+
+def _open_corrupt(path: str, barrier) -> None:
+    barrier.wait()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = TuningCache(path)
+        c.put(rec(f"from-{os.getpid()}"))
+        c.close()
+
+
+def test_many_processes_finding_one_corrupt_file_rebuild_it_once(path):
+    path.parent.mkdir(parents=True)
+    path.write_bytes(os.urandom(8192))
+    os.chmod(path, 0o600)
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    barrier = ctx.Barrier(8)
+    procs = [ctx.Process(target=_open_corrupt, args=(str(path), barrier)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 8
+    with quiet(path) as c:
+        # nobody's rebuilt cache was moved aside by a slower process: all 8 entries are there
+        assert len(c) == 8
