@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import networkx as nx
+import onnx
 
 from graphopt.errors import InvalidGraph, RuleError
 from graphopt.rewrite import registry
@@ -90,6 +91,7 @@ class _Plan:
     constants: list  # [(placeholder, NewConstant)]
     temps: list  # placeholders of the nested nodes' outputs
     sources: tuple[str, ...]
+    typed: list  # [(new tensor or placeholder, tensor whose value_info it takes)]
 
 
 class _Fail(Exception):
@@ -178,6 +180,7 @@ class _Scratch:
         self.specs: list = []  # node specs, producers before consumers
         self.temps: list = []  # tokens of the nested nodes' outputs
         self.builder_tensors: list = []
+        self.shape_like: list = []  # [(new tensor or token, existing tensor with the same type and shape)]
 
 
 def _tensor_value(g, rule, expr, b: Binding, sc: _Scratch) -> str:
@@ -217,6 +220,9 @@ def _node_spec(g, rule: Rule, domain, op, qualname, args, kwargs, outputs, b: Bi
     inputs = [_tensor_value(g, rule, a, b, sc) for a in args]
     attrs: dict = {}
     for key, expr in kwargs:
+        if key == "shape_like":  # a typing hint, not an attribute: the output is typed like that tensor
+            sc.shape_like.append((outputs[0], b.tensors.get(expr.name)))
+            continue
         if key == "attrs" and isinstance(expr, Name):
             attrs.update(_copy_attrs(b.nodes[expr.name], schema, qualname))
             continue
@@ -272,7 +278,7 @@ def _build(g, rule: Rule, b: Binding, root) -> _Plan:
     # cannot depend on the root. A tensor a builder hands back can: check it through the graph.
     for t in sc.builder_tensors:
         p = g.producer(t)
-        if p is not None and (p is root or nx.has_path(g.nx, root.name, p.name)):
+        if p is not None and g.may_reach(root, p):
             raise _Fail(f"reading {t!r} (produced by {p.name!r}, downstream of {root.name!r}) would create a cycle")
 
     sources: list[str] = []
@@ -283,7 +289,9 @@ def _build(g, rule: Rule, b: Binding, root) -> _Plan:
     doc = f"{PROVENANCE_PREFIX}{rule.name} from={','.join(sources)}"
     for spec in sc.specs:
         spec["doc_string"] = doc
-    return _Plan(rule, root, removed, sc.specs, sc.constants, sc.temps, tuple(sources))
+    # The root's outputs keep their value_info; shape_like= gives new tensors theirs.
+    typed = [(t, t) for t in outputs] + [(new, old) for new, old in sc.shape_like if old]
+    return _Plan(rule, root, removed, sc.specs, sc.constants, sc.temps, tuple(sources), typed)
 
 
 def _try(g, rule: Rule, root, trace: Trace) -> _Plan | str | None:
@@ -322,7 +330,16 @@ def _apply(g, plan: _Plan) -> str:
             spec["name"] = g.unique_name(f"{spec['op_type']}_{plan.root.name}")
             specs.append(spec)
         old_inputs = [t for n in plan.removed for t in n.inputs if t]
+        infos = []
+        for new, old in plan.typed:  # read before the old producers (and their value_info) go
+            proto = g.value_info_proto(old)
+            if proto is not None:
+                vi = onnx.ValueInfoProto()
+                vi.CopyFrom(proto)
+                vi.name = names.get(new, new)
+                infos.append(vi)
         created = g.replace_subgraph(plan.removed, specs)
+        g.merge_value_info(infos)
     except InvalidGraph as exc:
         for name in added:
             g.remove_initializer(name)

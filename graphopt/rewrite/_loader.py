@@ -17,6 +17,14 @@ A rule file is TOML and is only ever parsed as data (``tomllib``/``tomli``); not
     keep = []                          # node captures allowed to stay used outside the match
     priority = 3                       # default: the pattern's op count
 
+The replacement names the op to build. Positional arguments are its inputs: captures
+(``b?`` passes an optional one through), builder calls (``add_bias(b?, c, conv)``) or nested op
+calls, which build further new nodes (``Reshape(graphopt.GemmAct(a, b), shape)``). Keywords are
+attributes (``activation='Relu'``), inputs by schema name, ``attrs=node`` (copy that node's
+attributes) or an attribute builder (``act=activation_of(act)``, merged; the key is a label).
+Later keywords override earlier ones. ``shape_like=capture`` is a typing hint, not an attribute:
+the new node's output gets that tensor's value_info (the root's outputs keep theirs anyway).
+
 ``{key}`` / ``{key.field}`` placeholders are substituted in every string (repeatedly, so a
 parameter may use a ``let`` fragment). Several ``for`` keys expand to their cartesian product,
 in key order. ``tomllib`` gives no positions, so lines are found by scanning the text: the
@@ -288,6 +296,10 @@ def _check_op_call(domain, op, qualname, args, kwargs, tensors, nodes, key, text
     if input_names is not None and len(args) > len(input_names):
         raise _Issue(key, f"{qualname} takes {len(input_names)} inputs, the replacement gives {len(args)}")
     for k, v in kwargs:
+        if k == "shape_like":
+            if not isinstance(v, Name) or v.name not in tensors:
+                raise _Issue(key, f"shape_like= in {qualname} takes a capture whose type and shape the new output has")
+            continue
         kind = _check_value_expr(v, tensors, nodes, key, text)
         if k == "attrs":
             if kind not in ("node", "attrs"):

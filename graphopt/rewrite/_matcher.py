@@ -90,7 +90,9 @@ def _quick_reject(g, pat: OpPat, node) -> bool:
 
 def match_root(g, pat: OpPat, node, trace: Trace):
     """Yield every complete ``Binding`` of ``pat`` rooted at ``node``."""
-    if not trace.enabled and _quick_reject(g, pat, node):
+    # Also with explain: a candidate whose root lacks a producer for one of its op children is a
+    # different subgraph, not a near-miss.
+    if _quick_reject(g, pat, node):
         return
     out = node.outputs[0] if node.outputs else ""
     yield from _match_node(g, pat, node, out, Binding({}, {}, [], {}), trace)

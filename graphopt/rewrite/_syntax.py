@@ -6,6 +6,7 @@ shape each one allows:
 * pattern:      ``Relu(Add(Conv(x, w, b?) as conv, c)) as act``
 * constraint:   ``per_channel(c, conv)``   ``const_near(s, 1.4142)``
 * replacement:  ``graphopt.CBR(x, w, add_bias(b?, c, conv), attrs=conv, activation='Relu')``
+  (lower-case calls are value builders; other calls are ops, and may nest)
 
 Why hand-written and not Python's ``ast``: ``ast`` cannot express ``x as name`` inside a call or the
 ``b?`` optional marker, and anything shaped like Python invites someone to ``eval`` it. Rule files
