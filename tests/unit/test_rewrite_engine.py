@@ -474,3 +474,19 @@ def test_outer_scope_use_of_an_intermediate_blocks_the_fusion():
     report = apply_rules(g, SHIPPED, explain=True)
     assert report.counts == {}
     assert NearMiss("conv_relu", "relu", "intermediate 'c' has 2 consumers (relu, if0)") in report.near_misses
+
+
+def test_value_info_survives_and_shape_like_types_nested_outputs():
+    model = family_model("gemm_reshape", "relu")
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = from_model(inferred)
+    gemm_out = g.nodes_by_op("Gemm")[0].outputs[0]
+    relu_out = g.nodes_by_op("Relu")[0].outputs[0]
+    gemm_vi, relu_vi = g.value_info(gemm_out), g.value_info(relu_out)
+    assert gemm_vi.shape == (3, 5) and relu_vi.shape == (1, 3, 5)
+    assert apply_rules(g, SHIPPED).counts == {"gemm_reshape_relu": 1}
+    gemm_act, reshape = g.nodes()
+    assert (gemm_act.op_type, reshape.op_type) == ("GemmAct", "Reshape")
+    assert reshape.outputs == [relu_out] and g.value_info(relu_out) == relu_vi
+    assert g.value_info(gemm_act.outputs[0]) == gemm_vi
+    _same_outputs(model, to_model(g))
