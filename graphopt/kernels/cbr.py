@@ -42,6 +42,11 @@ TILE_CONFIGS: tuple[tuple[int, int, int, int], ...] = (
     (64, 64, 2, 2),
     (64, 32, 2, 1),
 )
+# Each tile config with bk = 32, and the smaller ones also with bk = 64 (half the K steps: for the
+# latency-bound batch-1 layers each step costs about one global-memory round trip).
+TILE_CONFIGS_BK: tuple[tuple[int, int, int, int, int], ...] = tuple(
+    [c + (32,) for c in TILE_CONFIGS] + [c + (64,) for c in TILE_CONFIGS if c[0] * c[1] <= 128 * 64]
+)
 SPLITS = (1, 2, 4, 8, 16)
 BK = 32
 # A split-K config is only worth trying when the unsplit grid leaves most of a large GPU idle.
@@ -119,6 +124,8 @@ class DirectConv(Candidate):
         opt = self.param("opt", 1)
         if opt > 1 and g.OW < opt:
             return f"output width {g.OW} < opt={opt}"
+        if self.name == "direct_k3" and not (g.KW == 3 and g.dw == 1 and g.sw in (1, 2)):
+            return "direct_k3 needs a 3-wide window, W dilation 1 and W stride 1 or 2"
         if g.C // g.G * g.KH * g.KW > 4608 and g.C // g.G > 64:
             return "reduction too long for a direct convolution (use a GEMM lowering)"
         return None
@@ -128,7 +135,13 @@ class DirectConv(Candidate):
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         """(source, template instance) pairs ``build`` compiles (for parallel prebuilding)."""
-        return [("direct_conv.cu", instance("direct_conv", geo.dtype_of(sig), int(self.param("opt", 1))))]
+        return [("direct_conv.cu", instance("direct_conv", geo.dtype_of(sig), *self._tmpl(sig)))]
+
+    def _tmpl(self, sig: Signature) -> tuple[int, int, int]:
+        opt = int(self.param("opt", 1))
+        if self.name == "direct_k3":
+            return opt, 3, geo.conv_geom(sig).sw
+        return opt, 0, 0
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import numpy as np
@@ -139,7 +152,7 @@ class DirectConv(Candidate):
         g = geo.conv_geom(sig)
         dt = geo.dtype_of(sig)
         opt = int(self.param("opt", 1))
-        kern = get_kernel("direct_conv.cu", instance("direct_conv", dt, opt))
+        kern = get_kernel("direct_conv.cu", instance("direct_conv", dt, *self._tmpl(sig)))
         rst, mat = _res_plan(sig, g)
         act = geo.act_args(sig)
         owt = -(-g.OW // opt)
@@ -169,20 +182,27 @@ def _mma_conv_dims(g: geo.ConvGeom):
     return Mg, Npix, K
 
 
+KTAB_PAD_ROW = 0x4000  # r*dh of a padding row: never in bounds (H < 0x4000 is required)
+
+
 def make_ktab(g: geo.ConvGeom, bk: int = BK):
-    """Per-k offsets for the implicit-GEMM gather: (c*H*W + r*dh*W + s*dw, r*dh, s*dw, 0)."""
+    """Per-k gather offsets, int32 pairs: (c*H*W + r*dh*W + s*dw, r*dh | s*dw << 16)."""
     import numpy as np
 
     K = (g.C // g.G) * g.KH * g.KW
     kpad = -(-K // bk) * bk
     k = np.arange(K)
     c, r, s = k // (g.KH * g.KW), (k // g.KW) % g.KH, k % g.KW
-    tab = np.zeros((kpad, 4), dtype=np.int32)
+    tab = np.zeros((kpad, 2), dtype=np.int32)
     tab[:K, 0] = c * g.H * g.W + r * g.dh * g.W + s * g.dw
-    tab[:K, 1] = r * g.dh
-    tab[:K, 2] = s * g.dw
-    tab[K:, 1] = 1 << 29   # padding rows: never in bounds, so they load zeros
+    tab[:K, 1] = (r * g.dh) | ((s * g.dw) << 16)
+    tab[K:, 1] = KTAB_PAD_ROW   # padding rows load zeros
     return tab
+
+
+def ktab_smem_bytes(K: int, bk: int, splits: int) -> int:
+    nkt = -(-K // bk)
+    return -(-nkt // splits) * bk * 8
 
 
 @dataclass(frozen=True)
@@ -199,10 +219,12 @@ class ImplicitGemmConv(Candidate):
         if tuple(compute_capability) < (8, 0):
             return f"mma.sync fp16/tf32 needs sm_80+, device is sm_{compute_capability[0]}{compute_capability[1]}"
         bm, bn, bk, wm, wn, sk = self._cfg()
-        if (bm, bn, wm, wn) not in TILE_CONFIGS or bk != BK or sk not in SPLITS:
+        if (bm, bn, wm, wn, bk) not in TILE_CONFIGS_BK or sk not in SPLITS:
             return f"unknown tile config {self.params_str()}"
         g = geo.conv_geom(sig)
         Mg, Npix, K = _mma_conv_dims(g)
+        if max(g.H, g.W) >= KTAB_PAD_ROW or (g.KH - 1) * g.dh >= KTAB_PAD_ROW or (g.KW - 1) * g.dw >= 0x8000:
+            return "spatial size or dilated window over 16383"
         if g.C // g.G == 1 and Mg == 1:
             return "depthwise convolution (one channel per group): use direct"
         if Mg < 16 and bm > 64:
@@ -212,7 +234,7 @@ class ImplicitGemmConv(Candidate):
         if sk > 1 and (base >= SPLIT_MAX_BASE_CTAS or nkt < 2 * sk):
             return f"split-K {sk} not useful ({base} CTAs, {nkt} K tiles)"
         dt = geo.dtype_of(sig)
-        if mma_smem_bytes(dt, 2, bm, bn) > 200 * 1024:
+        if mma_smem_bytes(dt, 2, bm, bn, bk) + ktab_smem_bytes(K, bk, sk) > 200 * 1024:
             return "shared memory over 200 KiB"
         return None
 
@@ -237,7 +259,7 @@ class ImplicitGemmConv(Candidate):
         Mg, Npix, K = _mma_conv_dims(g)
         avec = int(K % VEC[dt] == 0)
         kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 2, bm, bn, bk, wm, wn))
-        smem = mma_smem_bytes(dt, 2, bm, bn, bk)
+        smem = mma_smem_bytes(dt, 2, bm, bn, bk) + ktab_smem_bytes(K, bk, sk)
         kern.max_dynamic_shared_size_bytes = smem
         ktab = cupy.asarray(make_ktab(g, bk))
         grid = (-(-Npix // bn), -(-Mg // bm), g.G * sk)
@@ -269,6 +291,92 @@ class ImplicitGemmConv(Candidate):
                 rs = (g.M * OHW, OHW, 1) if mat else rst
             res = (i64(rs[0]), i32(rs[1]), i32(rs[2]))
             kern(grid, (nthreads,), (Wt, X, ptr(B), ptr(R), y, ptr(ws), ptr(counters), ktab) + head1 + flags + head + res + tail_act, shared_mem=smem)
+
+        return launch
+
+
+@dataclass(frozen=True)
+class PointwiseGemmConv(Candidate):
+    """(b') 1x1 stride-1 convs on the tensor cores as a batched GEMM on NCHW as it is:
+    Y[n] (M x HW) = W (M x C) . X[n] (C x HW), with 16-byte loads of both operands (HW % 8 == 0
+    for fp16) and the epilogue fused; same kernel and tile family as ``implicit_gemm``."""
+
+    def _cfg(self):
+        return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        reason = _check_common(sig)
+        if reason:
+            return reason
+        if tuple(compute_capability) < (8, 0):
+            return "mma.sync fp16/tf32 needs sm_80+"
+        g = geo.conv_geom(sig)
+        if not _is_pointwise(g):
+            return "not a 1x1, stride-1, unpadded, ungrouped convolution"
+        bm, bn, bk, wm, wn, sk = self._cfg()
+        if (bm, bn, wm, wn, bk) not in TILE_CONFIGS_BK or sk not in SPLITS:
+            return f"unknown tile config {self.params_str()}"
+        HW = g.OH * g.OW
+        if g.M < 16 and bm > 64:
+            return f"{g.M} output channels is far below bm={bm}"
+        base = -(-HW // bn) * -(-g.M // bm) * g.N
+        nkt = -(-g.C // bk)
+        if sk > 1 and (base >= SPLIT_MAX_BASE_CTAS or nkt < 2 * sk):
+            return f"split-K {sk} not useful ({base} CTAs, {nkt} K tiles)"
+        if g.N * sk > 65535:
+            return "batch x split over the grid's z limit"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("mma_gemm.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        bm, bn, bk, wm, wn, _ = self._cfg()
+        return [("mma_gemm.cu", instance("mma_gemm", geo.dtype_of(sig), 0, bm, bn, bk, wm, wn))]
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        import cupy
+        import numpy as np
+
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        g = geo.conv_geom(sig)
+        dt = geo.dtype_of(sig)
+        bm, bn, bk, wm, wn, sk = self._cfg()
+        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 0, bm, bn, bk, wm, wn))
+        smem = mma_smem_bytes(dt, 0, bm, bn, bk)
+        kern.max_dynamic_shared_size_bytes = smem
+        HW = g.OH * g.OW
+        grid = (-(-HW // bn), -(-g.M // bm), g.N * sk)
+        ws = counters = None
+        if sk > 1:
+            tiles = grid[0] * grid[1] * g.N
+            ws = cupy.empty(tiles * sk * bm * bn, dtype=cupy.float32)
+            counters = cupy.zeros(tiles, dtype=cupy.int32)
+        rst, mat = _res_plan(sig, g)
+        act = geo.act_args(sig)
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        v = VEC[dt]
+        avec, bvec = int(g.C % v == 0), int(HW % v == 0)
+        head1 = (i32(g.M), i32(HW), i32(g.C), i32(sk))
+        head = (i64(0), i64(g.C * HW), i64(g.M * HW), i32(HW), i32(0), i32(0), i32(0), i32(1), i32(1), i32(1), i32(1),
+                i32(0), i32(0), i32(0), f32(1.0), f32(1.0), i64(0), i32(1), i32(0))
+        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+
+        def launch(inputs, outputs):
+            X, Wt, B, R = (list(inputs) + [None, None])[:4]
+            y = _check_out(outputs, g, dt)
+            if not Wt.flags.c_contiguous or not X.flags.c_contiguous:
+                raise TuningError(f"{self.key()}: X and W must be C-contiguous")
+            flags = (i32(avec and Wt.data.ptr % 16 == 0), i32(bvec and X.data.ptr % 16 == 0))
+            R = _prepare_residual(R, g, mat)
+            rs = (0, 0, 0)
+            if R is not None:
+                rs = (g.M * HW, HW, 1) if mat else rst
+            res = (i64(rs[0]), i32(rs[1]), i32(rs[2]))
+            kern(grid, (wm * wn * 32,), (Wt, X, ptr(B), ptr(R), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + flags + head + res + tail_act,
+                 shared_mem=smem)
 
         return launch
 
@@ -353,8 +461,12 @@ def _is_pointwise(g: geo.ConvGeom) -> bool:
 def cbr_candidates() -> list[Candidate]:
     """Every CBR candidate, in a fixed order (applies() prunes per signature)."""
     out: list[Candidate] = [DirectConv("direct", (("opt", o),)) for o in (1, 2, 4)]
-    for bm, bn, wm, wn in TILE_CONFIGS:
+    out += [DirectConv("direct_k3", (("opt", o),)) for o in (4, 8)]
+    for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
         for sk in SPLITS:
-            out.append(ImplicitGemmConv("implicit_gemm", (("bm", bm), ("bn", bn), ("bk", BK), ("wm", wm), ("wn", wn), ("splitk", sk))))
+            out.append(ImplicitGemmConv("implicit_gemm", (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn), ("splitk", sk))))
+    for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
+        for sk in SPLITS:
+            out.append(PointwiseGemmConv("pointwise_gemm", (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn), ("splitk", sk))))
     out.append(CublasConv("cublas", ()))
     return out

@@ -3,7 +3,10 @@
 // group's input channels and the filter window. Good for depthwise and small channel counts, where
 // a GEMM formulation wastes its tiles. Bias, residual and activation are fused.
 
-template <typename T, int OPT>
+// KWF = 3 specialises for a 3-wide window with dilation 1 and stride SWF (1 or 2) along W: each
+// input row segment the OPT outputs need is loaded once into registers and reused by all taps.
+// KWF = 0 is the generic loop (any window, stride and dilation).
+template <typename T, int OPT, int KWF, int SWF>
 __global__ void __launch_bounds__(256)
 direct_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict__ Bias,
             const T* __restrict__ R, T* __restrict__ Y,
@@ -38,12 +41,27 @@ direct_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restri
             const int ih = ih0 + r * dh;
             if ((unsigned)ih >= (unsigned)H) continue;
             const T* xr = xc + (long long)ih * W;
-            for (int s = 0; s < KW; ++s) {
-                const float wv = Num<T>::load(wc + r * KW + s);
+            if constexpr (KWF == 3) {
+                constexpr int WIN = (OPT - 1) * SWF + 3;
+                float xin[WIN];
+                const int iw0 = ow0 * SWF - pw;
 #pragma unroll
-                for (int j = 0; j < OPT; ++j) {
-                    const int iw = (ow0 + j) * sw - pw + s * dw;
-                    if ((unsigned)iw < (unsigned)W) acc[j] += wv * Num<T>::load(xr + iw);
+                for (int q = 0; q < WIN; ++q) {
+                    const int iw = iw0 + q;
+                    xin[q] = ((unsigned)iw < (unsigned)W) ? Num<T>::load(xr + iw) : 0.0f;
+                }
+                const float w0 = Num<T>::load(wc + r * 3), w1 = Num<T>::load(wc + r * 3 + 1), w2 = Num<T>::load(wc + r * 3 + 2);
+#pragma unroll
+                for (int j = 0; j < OPT; ++j)
+                    acc[j] += w0 * xin[j * SWF] + w1 * xin[j * SWF + 1] + w2 * xin[j * SWF + 2];
+            } else {
+                for (int s = 0; s < KW; ++s) {
+                    const float wv = Num<T>::load(wc + r * KW + s);
+#pragma unroll
+                    for (int j = 0; j < OPT; ++j) {
+                        const int iw = (ow0 + j) * sw - pw + s * dw;
+                        if ((unsigned)iw < (unsigned)W) acc[j] += wv * Num<T>::load(xr + iw);
+                    }
                 }
             }
         }

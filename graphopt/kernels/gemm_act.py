@@ -17,7 +17,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.base import Candidate, Signature
-from graphopt.kernels.cbr import BK, SPLITS, SPLIT_MAX_BASE_CTAS, TILE_CONFIGS, VEC, mma_smem_bytes, ptr
+from graphopt.kernels.cbr import SPLITS, SPLIT_MAX_BASE_CTAS, TILE_CONFIGS_BK, VEC, mma_smem_bytes, ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
@@ -208,7 +208,7 @@ class MmaGemm(Candidate):
         if tuple(compute_capability) < (8, 0):
             return "mma.sync fp16/tf32 needs sm_80+"
         bm, bn, bk, wm, wn, sk = self._cfg()
-        if (bm, bn, wm, wn) not in TILE_CONFIGS or bk != BK or sk not in SPLITS:
+        if (bm, bn, wm, wn, bk) not in TILE_CONFIGS_BK or sk not in SPLITS:
             return f"unknown tile config {self.params_str()}"
         p = gemm_plan(sig)
         Mf = p.M * p.Z if p.fold else p.M
@@ -297,7 +297,7 @@ class MmaGemm(Candidate):
 
 def gemm_act_candidates() -> list[Candidate]:
     out: list[Candidate] = [CublasGemm("cublas", ())]
-    for bm, bn, wm, wn in TILE_CONFIGS:
+    for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
         for sk in SPLITS:
-            out.append(MmaGemm("mma_gemm", (("bm", bm), ("bn", bn), ("bk", BK), ("wm", wm), ("wn", wn), ("splitk", sk))))
+            out.append(MmaGemm("mma_gemm", (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn), ("splitk", sk))))
     return out

@@ -56,7 +56,7 @@ template <typename T, int MODE, int BM, int BN, int BK, int WARPS_M, int WARPS_N
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict__ bias,
          const T* __restrict__ R, T* __restrict__ Y,
-         float* __restrict__ ws, int* __restrict__ counters, const int4* __restrict__ ktab,
+         float* __restrict__ ws, int* __restrict__ counters, const int2* __restrict__ ktab,
          int M, int N, int K, int splits, int avec, int bvec,
          long long sA, long long sB, long long sY, int ldb,
          int C, int H, int W, int OHW, int OW, int sh, int sw, int ph, int pw, int Mtot,
@@ -84,6 +84,7 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* As = reinterpret_cast<T*>(smem_raw);
     T* Bs = As + 2 * A_ELEMS;
+    int2* Ks = reinterpret_cast<int2*>(Bs + 2 * B_ELEMS);   // MODE 2: this CTA's k offsets
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
@@ -109,6 +110,13 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
             g_iw0 = ow * sw - pw;
             g_base = n * C * H * W + g_ih0 * W + g_iw0;
         }
+    }
+
+    if constexpr (MODE == 2) {
+        // Stage the per-k gather offsets of this split in shared memory once, so each B element
+        // costs one global load instead of two dependent ones.
+        for (int i = tid; i < nkt * BK; i += NT) Ks[i] = ktab[kt_begin * BK + i];
+        __syncthreads();
     }
 
     Vec16 a_reg[A_CHUNKS];
@@ -139,10 +147,10 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
 #pragma unroll
             for (int i = 0; i < G_ELEMS; ++i) {
                 const int kr = tid / BN + i * G_ROWS;
-                const int4 kt4 = ktab[k0 + kr];
-                const int ih = g_ih0 + kt4.y, iw = g_iw0 + kt4.z;
+                const int2 kt2 = Ks[k0 - kt_begin * BK + kr];
+                const int ih = g_ih0 + (kt2.y & 0xffff), iw = g_iw0 + ((unsigned)kt2.y >> 16);
                 T v = T(0);
-                if ((unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) v = Bm[g_base + kt4.x];
+                if ((unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) v = Bm[g_base + kt2.x];
                 g_reg[i] = v;
             }
         } else {

@@ -48,16 +48,19 @@ def candidate_from_key(op: str, key: str) -> Candidate:
 
 def all_kernel_instances() -> list[tuple[str, str]]:
     """Every (source, template instance) any candidate can compile, for CI and prebuilding."""
-    from graphopt.kernels.cbr import BK, TILE_CONFIGS
+    from graphopt.kernels.cbr import TILE_CONFIGS_BK
     from graphopt.kernels.source import instance
 
     out: list[tuple[str, str]] = []
     for dt in ("float16", "float32"):
         for opt in (1, 2, 4):
-            out.append(("direct_conv.cu", instance("direct_conv", dt, opt)))
+            out.append(("direct_conv.cu", instance("direct_conv", dt, opt, 0, 0)))
+        for opt in (4, 8):
+            for sw in (1, 2):
+                out.append(("direct_conv.cu", instance("direct_conv", dt, opt, 3, sw)))
         for mode in (0, 1, 2):
-            for bm, bn, wm, wn in TILE_CONFIGS:
-                out.append(("mma_gemm.cu", instance("mma_gemm", dt, mode, bm, bn, BK, wm, wn)))
+            for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
+                out.append(("mma_gemm.cu", instance("mma_gemm", dt, mode, bm, bn, bk, wm, wn)))
         for t in ("epilogue_nchw", "epilogue_gemm", "im2col"):
             out.append(("elementwise.cu", instance(t, dt)))
     out.append(("elementwise.cu", "spin"))
