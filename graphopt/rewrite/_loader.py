@@ -464,16 +464,14 @@ def check_rule_file(path) -> list[RuleIssue]:
 
 
 def shipped_rules_dir() -> Path:
-    """The folder of the rule files that ship with graphopt (``rules/`` in a checkout, ``graphopt/_rules`` in a wheel)."""
-    try:
-        from importlib.resources import files
-
-        packaged = Path(str(files("graphopt._rules")))
-        if packaged.is_dir() and any(packaged.glob("*.toml")):
-            return packaged
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parents[2] / "rules"
+    """The folder of the rule files that ship with graphopt: ``graphopt/_rules`` in an installed
+    wheel, the top-level ``rules/`` in a checkout."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "_rules", package.parent / "rules"):
+        if candidate.is_dir() and any(candidate.glob("*.toml")):
+            return candidate
+    raise RuleError(f"graphopt's shipped rules are missing (looked in {package / '_rules'} and "
+                    f"{package.parent / 'rules'}); reinstall graphopt")
 
 
 def _rule_files(path: Path) -> list[Path]:
