@@ -109,8 +109,10 @@ class Graph:
         self._extra: onnx.GraphProto | None = None
         self._next_pos = 0
         self._order_cache: list[Node] | None = None
-        self._topo_valid = False  # nodes() is known to be in topological order
-        self.nx = nx.MultiDiGraph()
+        # nodes() is known to be in topological order; every mutation checks the positions it
+        # touches and clears this when it breaks the order (toposort() restores it)
+        self._topo_valid = True
+        self._nx: nx.MultiDiGraph | None = None  # built on first use of .nx, then kept in sync
         # Model-level fields; meaningful on the root graph only.
         self.ir_version = onnx.IR_VERSION
         self.opset: dict[str, int] = {"": onnx.defs.onnx_opset_version()}
@@ -129,6 +131,29 @@ class Graph:
         self.source_model: onnx.ModelProto | None = None  # the validated input model (set by load_model)
 
     # ------------------------------------------------------------------ structure queries
+    @property
+    def nx(self) -> nx.MultiDiGraph:
+        """The dependency graph as a ``networkx.MultiDiGraph`` (node names; an edge producer ->
+        consumer per tensor). Built on first use and kept in sync by every mutation after that, so
+        loading and rewriting pay for it only when a networkx algorithm is wanted."""
+        if self._nx is None:
+            g = nx.MultiDiGraph()
+            g.add_nodes_from(self._nodes)
+            g.add_edges_from(
+                (self._producer[t], user, t) for t, users in self._consumers.items() if t in self._producer for user in users
+            )
+            self._nx = g
+        return self._nx
+
+    def may_reach(self, src: Node, dst: Node) -> bool:
+        """Whether a path may lead from ``src`` to ``dst``. When the node order is known to be
+        topological, a node placed before ``src`` is unreachable from it (no graph search)."""
+        if src is dst:
+            return True
+        if self._topo_valid and dst._pos < src._pos:
+            return False
+        return nx.has_path(self.nx, src.name, dst.name)
+
     @property
     def root(self) -> "Graph":
         g = self
@@ -176,8 +201,16 @@ class Graph:
         return None if name is None else self._nodes[name]
 
     def consumers(self, tensor: str) -> list[Node]:
-        users = self._consumers.get(tensor, {})
+        users = self._consumers.get(tensor)
+        if not users:
+            return []
+        if len(users) == 1:
+            return [self._nodes[next(iter(users))]]
         return sorted((self._nodes[n] for n in users), key=lambda n: n._pos)
+
+    def has_users(self, tensor: str) -> bool:
+        """True when a node (or a subgraph) reads ``tensor`` or it is a graph output."""
+        return bool(self._consumers.get(tensor)) or tensor in self._outputs
 
     def is_graph_output(self, tensor: str) -> bool:
         return tensor in self._outputs
@@ -379,19 +412,22 @@ class Graph:
         self._nodes[node.name] = node
         self._reserve(node.name)
         self._by_op.setdefault((node.domain, node.op_type), {})[node.name] = None
-        self.nx.add_node(node.name)
+        if self._nx is not None:
+            self._nx.add_node(node.name)
         for t in node.outputs:
             if t:
                 self._producer[t] = node.name
                 self._reserve(t)
                 for user in self._consumers.get(t, {}):
-                    self.nx.add_edge(node.name, user, key=t)
+                    if self._topo_valid and self._nodes[user]._pos < node._pos:
+                        self._topo_valid = False
+                    if self._nx is not None:
+                        self._nx.add_edge(node.name, user, key=t)
         for t in node.inputs:
             if t:
                 self._add_use(t, node.name)
         self._adopt_subgraphs(node)
         self._order_cache = None
-        self._topo_valid = False
 
     def _adopt_subgraphs(self, node: Node) -> None:
         if not node._has_sub and node.name not in self._implicit:
@@ -416,7 +452,10 @@ class Graph:
         self._reserve(tensor)
         producer = self._producer.get(tensor)
         if producer is not None:
-            self.nx.add_edge(producer, user, key=tensor)
+            if self._topo_valid and self._nodes[producer]._pos >= self._nodes[user]._pos:
+                self._topo_valid = False
+            if self._nx is not None:
+                self._nx.add_edge(producer, user, key=tensor)
 
     def _drop_use(self, tensor: str, user: str, implicit: bool = False) -> None:
         node = self._nodes.get(user)
@@ -433,8 +472,8 @@ class Graph:
             if not users:
                 del self._consumers[tensor]
         producer = self._producer.get(tensor)
-        if producer is not None and self.nx.has_edge(producer, user, key=tensor):
-            self.nx.remove_edge(producer, user, key=tensor)
+        if producer is not None and self._nx is not None and self._nx.has_edge(producer, user, key=tensor):
+            self._nx.remove_edge(producer, user, key=tensor)
 
     def _users_outside(self, tensor: str, excluded: set[str]) -> list[str]:
         return [u for u in self._consumers.get(tensor, {}) if u not in excluded]
@@ -474,11 +513,11 @@ class Graph:
                 del self._producer[t]
                 self._value_info.pop(t, None)
         self._by_op[(node.domain, node.op_type)].pop(node.name, None)
-        self.nx.remove_node(node.name)
+        if self._nx is not None:
+            self._nx.remove_node(node.name)
         del self._nodes[node.name]
         node.graph = None
-        self._order_cache = None
-        self._topo_valid = False
+        self._order_cache = None  # removing a node keeps a topological order topological
 
     def _check_member(self, node: Node) -> None:
         if self._nodes.get(node.name) is not node:
@@ -488,7 +527,6 @@ class Graph:
         self._check_member(node)
         old = node.inputs[index]
         node.inputs[index] = tensor
-        self._topo_valid = False
         if old:
             self._drop_use(old, node.name)
         if tensor:
@@ -498,7 +536,6 @@ class Graph:
         self._check_member(node)
         old = list(node.inputs)
         node.inputs = list(inputs)
-        self._topo_valid = False
         for t in old:
             if t:
                 self._drop_use(t, node.name)
@@ -588,8 +625,8 @@ class Graph:
             if t and self._producer.get(t) == node.name:
                 del self._producer[t]
                 for user in self._consumers.get(t, {}):
-                    if self.nx.has_edge(node.name, user, key=t):
-                        self.nx.remove_edge(node.name, user, key=t)
+                    if self._nx is not None and self._nx.has_edge(node.name, user, key=t):
+                        self._nx.remove_edge(node.name, user, key=t)
 
     def _attach_outputs(self, node: Node) -> None:
         for t in node.outputs:
@@ -597,7 +634,10 @@ class Graph:
                 self._producer[t] = node.name
                 self._reserve(t)
                 for user in self._consumers.get(t, {}):
-                    self.nx.add_edge(node.name, user, key=t)
+                    if self._topo_valid and self._nodes[user]._pos < node._pos:
+                        self._topo_valid = False
+                    if self._nx is not None:
+                        self._nx.add_edge(node.name, user, key=t)
 
     def replace_subgraph(self, old_nodes: list[Node], new_nodes: list[dict[str, Any]]) -> list[Node]:
         """Atomically replace ``old_nodes`` by nodes built from ``new_nodes`` specs.
@@ -664,6 +704,31 @@ class Graph:
         self._inits[name] = proto
         return name
 
+    def replace_with_initializers(self, node: Node, values: "list[np.ndarray | onnx.TensorProto | None]") -> None:
+        """Turn ``node`` into initializers with the same output names (one value per output; an
+        output whose value is None must be unused). Readers keep reading the same names, so no use
+        is rewired: this is how Constant nodes and folded constants become weights."""
+        self._check_member(node)
+        for t, v in zip(node.outputs, values):
+            if t and v is None and (self._users_outside(t, {node.name}) or t in self._outputs):
+                raise InvalidGraph(f"cannot fold node {node.name!r}: its output {t!r} is used but has no value")
+        outputs = [(t, v) for t, v in zip(node.outputs, values) if t and v is not None]
+        self._detach(node)
+        for t, v in outputs:
+            if isinstance(v, onnx.TensorProto):
+                proto = onnx.TensorProto()
+                proto.CopyFrom(v)
+            else:
+                proto = numpy_helper.from_array(np.asarray(v))
+            proto.name = t
+            self._inits[t] = proto
+            self._const_cache.pop(t, None)
+            if t in self._value_info:
+                del self._value_info[t]
+            for user in self._consumers.get(t, {}):
+                if self._nx is not None and not self._nx.has_node(user):
+                    self._nx.add_node(user)
+
     def remove_initializer(self, name: str) -> None:
         if self._consumers.get(name):
             users = ", ".join(map(repr, self._consumers[name]))
@@ -708,17 +773,23 @@ class Graph:
     # ------------------------------------------------------------------ order and checks
     def toposort(self) -> "Graph":
         """Reorder nodes topologically, stable with respect to the current order (deterministic)."""
-        pos = {name: node._pos for name, node in self._nodes.items()}
-        try:
-            order = list(nx.lexicographical_topological_sort(self.nx, key=lambda n: pos[n]))
-        except nx.NetworkXUnfeasible:
-            self.lint()
-            raise
+        if self._topo_valid:
+            order = [n.name for n in self.nodes()]
+        else:
+            pos = {name: node._pos for name, node in self._nodes.items()}
+            try:
+                order = list(nx.lexicographical_topological_sort(self.nx, key=lambda n: pos[n]))
+            except nx.NetworkXUnfeasible:
+                self.lint()
+                raise
         for i, name in enumerate(order):
             self._nodes[name]._pos = (i,)
         self._next_pos = len(order)
         self._order_cache = None
         self._topo_valid = True
+        for node in self._nodes.values():
+            for sub in node.subgraphs():
+                sub.toposort()
         return self
 
     def lint(self) -> "Graph":

@@ -35,7 +35,7 @@ def only_consumer(graph: Graph, tensor: str) -> Node | None:
 
 def is_used(graph: Graph, tensor: str) -> bool:
     """True when ``tensor`` is read by a node (or a subgraph) or is a graph output."""
-    return bool(tensor) and (graph.is_graph_output(tensor) or bool(graph.consumers(tensor)))
+    return bool(tensor) and graph.has_users(tensor)
 
 
 def report(trace: Trace, pass_name: str, node: Node, reason: str) -> None:
@@ -74,13 +74,4 @@ def bypass(graph: Graph, node: Node, src: str, dst: str) -> str | None:
 def replace_with_initializers(graph: Graph, node: Node, values: list) -> None:
     """Replace ``node`` by initializers holding ``values`` (one per output, same order), keeping
     every output's name, graph outputs included. Outputs whose value is None must be unused."""
-    temps: list[tuple[str, str]] = []
-    for tensor, value in zip(node.outputs, values):
-        if not tensor or value is None:
-            continue
-        tmp = graph.add_initializer(value, name_hint=tensor)  # a fresh name while `tensor` is taken
-        graph.replace_all_uses(tensor, tmp)
-        temps.append((tmp, tensor))
-    graph.remove_node(node)
-    for tmp, tensor in temps:
-        graph.rename_tensor(tmp, tensor)
+    graph.replace_with_initializers(node, values)

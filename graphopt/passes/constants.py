@@ -17,7 +17,7 @@ def constants_to_initializers(graph: Graph, *, trace: Trace = None) -> int:
     (``sparse_value``, strings) are left as they are. Returns the number replaced.
     """
     changes = 0
-    for g, node in list(graph.walk()):
+    for g, node in graph.find("Constant"):  # through the op index, not a walk over every node
         if node.op_type != "Constant" or node.domain != "" or node not in g:
             continue
         if len(node.outputs) != 1 or not node.outputs[0]:
@@ -27,6 +27,8 @@ def constants_to_initializers(graph: Graph, *, trace: Trace = None) -> int:
         if value is None or value.dtype.kind not in "biufc":
             report(trace, NAME, node, "its value is not a numeric tensor the IR can decode")
             continue
-        replace_with_initializers(g, node, [value])
+        proto = node.attr_proto("value")
+        # A `value` tensor moves over as it is (no decode/encode round trip); other forms use the array.
+        replace_with_initializers(g, node, [proto.t if proto is not None and proto.type == proto.TENSOR else value])
         changes += 1
     return changes

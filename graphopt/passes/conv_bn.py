@@ -62,7 +62,7 @@ def fold_conv_bn(graph: Graph, *, trace: Trace = None) -> int:
     Returns the number of folds.
     """
     changes = 0
-    for g, bn in list(graph.walk()):
+    for g, bn in graph.find("BatchNormalization"):  # through the op index, not a walk over every node
         if bn.op_type != "BatchNormalization" or bn.domain != "" or bn not in g:
             continue
         match = _match(g, bn)

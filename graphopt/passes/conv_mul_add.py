@@ -72,7 +72,7 @@ def fold_conv_mul_add(graph: Graph, *, trace: Trace = None) -> int:
     Returns the number of folds.
     """
     changes = 0
-    for g, node in list(graph.walk()):
+    for g, node in graph.find(*_OPS):  # through the op index, not a walk over every node
         if node.op_type not in _OPS or node.domain != "" or node not in g:
             continue
         match = _match(g, node)

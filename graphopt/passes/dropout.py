@@ -38,7 +38,7 @@ def eliminate_dropout(graph: Graph, *, trace: Trace = None) -> int:
     opsets < 7. Graph outputs keep their names as in ``eliminate_identity``.
     """
     changes = 0
-    for g, node in list(graph.walk()):
+    for g, node in graph.find("Dropout"):  # through the op index, not a walk over every node
         if node.op_type != "Dropout" or node.domain != "" or node not in g:
             continue
         if not node.inputs or not node.inputs[0] or not node.outputs or not node.outputs[0]:

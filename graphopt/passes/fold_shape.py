@@ -19,7 +19,7 @@ def fold_shape(graph: Graph, *, trace: Trace = None) -> int:
     value_info). Shapes with symbolic or unknown dims are left alone. Returns the number replaced.
     """
     changes = 0
-    for g, node in list(graph.walk()):
+    for g, node in graph.find("Shape", "Size"):  # through the op index, not a walk over every node
         if node.op_type not in ("Shape", "Size") or node.domain != "" or node not in g:
             continue
         if len(node.inputs) != 1 or not node.inputs[0] or len(node.outputs) != 1 or not node.outputs[0]:

@@ -18,7 +18,7 @@ def eliminate_identity(graph: Graph, *, trace: Trace = None) -> int:
     output). Sequence and optional Identities are removed the same way: they are copies too.
     """
     changes = 0
-    for g, node in list(graph.walk()):
+    for g, node in graph.find("Identity"):  # through the op index, not a walk over every node
         if node.op_type != "Identity" or node.domain != "" or node not in g:
             continue
         if len(node.inputs) != 1 or not node.inputs[0] or len(node.outputs) != 1 or not node.outputs[0]:

@@ -110,7 +110,7 @@ def fold_pad_into_conv(graph: Graph, *, trace: Trace = None) -> int:
     same for any strides, dilations and groups. Returns the number of folds.
     """
     changes = 0
-    for g, conv in list(graph.walk()):
+    for g, conv in graph.find("Conv"):  # through the op index, not a walk over every node
         if conv.op_type != "Conv" or conv.domain != "" or conv not in g:
             continue
         match = _match(g, conv)
