@@ -24,6 +24,16 @@ from graphopt.kernels.source import get_kernel, instance, source_hash
 SUPPORTED_DTYPES = ("float16", "float32")
 
 
+def mma_tail(KW: int = 1, dh: int = 1, dw: int = 1, Cg: int = 1) -> tuple:
+    """The trailing (KWd, dh, dw, Cg) arguments of mma_gemm (used by MODE 3 only)."""
+    import numpy as np
+
+    return tuple(np.int32(v) for v in (KW, dh, dw, Cg))
+
+
+MMA_TAIL = mma_tail()
+
+
 def ptr(a):
     """A kernel pointer argument: the array, or a null pointer for an absent optional input."""
     import numpy as np
@@ -57,7 +67,7 @@ def mma_smem_bytes(dtype: str, mode: int, bm: int, bn: int, bk: int = BK) -> int
     """Dynamic shared memory of one mma_gemm instance (mirrors the constants in mma_gemm.cu)."""
     pada = 8 if dtype == "float16" else 4
     lda = bk + pada
-    if mode == 1:
+    if mode in (1, 3):
         b = bn * (bk + pada)
     else:
         b = bk * (bn + 8)
@@ -290,7 +300,114 @@ class ImplicitGemmConv(Candidate):
             if R is not None:
                 rs = (g.M * OHW, OHW, 1) if mat else rst
             res = (i64(rs[0]), i32(rs[1]), i32(rs[2]))
-            kern(grid, (nthreads,), (Wt, X, ptr(B), ptr(R), y, ptr(ws), ptr(counters), ktab) + head1 + flags + head + res + tail_act, shared_mem=smem)
+            kern(grid, (nthreads,), (Wt, X, ptr(B), ptr(R), y, ptr(ws), ptr(counters), ktab) + head1 + flags + head + res + tail_act + MMA_TAIL, shared_mem=smem)
+
+        return launch
+
+
+@dataclass(frozen=True)
+class ImplicitGemmNhwcConv(Candidate):
+    """(b'') Tensor-core implicit GEMM on an NHWC copy of the input, K ordered (r, s, c): each B
+    chunk is one 16-byte load. Needs C/G a multiple of bk. The NCHW -> NHWC transpose of X and the
+    weight reorder to [M][KH][KW][C/G] run inside ``launch`` and are counted in its time; the
+    output is written NCHW directly by the fused epilogue."""
+
+    def _cfg(self):
+        return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        reason = _check_common(sig)
+        if reason:
+            return reason
+        if tuple(compute_capability) < (8, 0):
+            return "mma.sync fp16/tf32 needs sm_80+"
+        bm, bn, bk, wm, wn, sk = self._cfg()
+        if (bm, bn, wm, wn, bk) not in TILE_CONFIGS_BK or sk not in SPLITS:
+            return f"unknown tile config {self.params_str()}"
+        g = geo.conv_geom(sig)
+        Cg, Mg = g.C // g.G, g.M // g.G
+        if Cg % bk:
+            return f"channels per group {Cg} not a multiple of bk={bk}"
+        if _is_pointwise(g):
+            return "1x1 stride-1 conv: pointwise_gemm reads NCHW without a transpose"
+        if Mg < 16 and bm > 64:
+            return f"{Mg} output channels per group is far below bm={bm}"
+        Npix = g.N * g.OH * g.OW
+        K = Cg * g.KH * g.KW
+        base = -(-Npix // bn) * -(-Mg // bm) * g.G
+        nkt = -(-K // bk)
+        if sk > 1 and (base >= SPLIT_MAX_BASE_CTAS or nkt < 2 * sk):
+            return f"split-K {sk} not useful ({base} CTAs, {nkt} K tiles)"
+        if g.N * g.C * g.H * g.W > geo.INT32_MAX // 2:
+            return "input too large for 32-bit NHWC offsets"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("mma_gemm.cu") + source_hash("elementwise.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        dt = geo.dtype_of(sig)
+        bm, bn, bk, wm, wn, _ = self._cfg()
+        return [("mma_gemm.cu", instance("mma_gemm", dt, 3, bm, bn, bk, wm, wn)),
+                ("elementwise.cu", instance("nchw_to_nhwc", dt)), ("elementwise.cu", instance("weight_to_rsc", dt))]
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        import cupy
+        import numpy as np
+
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        g = geo.conv_geom(sig)
+        dt = geo.dtype_of(sig)
+        bm, bn, bk, wm, wn, sk = self._cfg()
+        Cg, Mg = g.C // g.G, g.M // g.G
+        K = Cg * g.KH * g.KW
+        Npix = g.N * g.OH * g.OW
+        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 3, bm, bn, bk, wm, wn))
+        tr = get_kernel("elementwise.cu", instance("nchw_to_nhwc", dt))
+        wr = get_kernel("elementwise.cu", instance("weight_to_rsc", dt))
+        smem = mma_smem_bytes(dt, 3, bm, bn, bk)
+        kern.max_dynamic_shared_size_bytes = smem
+        xn = cupy.empty((g.N, g.H, g.W, g.C), dtype=dt)
+        wrs = cupy.empty((g.M, g.KH, g.KW, Cg), dtype=dt)
+        HW = g.H * g.W
+        tgrid = (-(-HW // 32), -(-g.C // 32), g.N)
+        wtotal = g.M * K
+        wgrid = (min(-(-wtotal // 256), 132 * 16),)
+        grid = (-(-Npix // bn), -(-Mg // bm), g.G * sk)
+        ws = counters = None
+        if sk > 1:
+            tiles = grid[0] * grid[1] * g.G
+            ws = cupy.empty(tiles * sk * bm * bn, dtype=cupy.float32)
+            counters = cupy.zeros(tiles, dtype=cupy.int32)
+        rst, mat = _res_plan(sig, g)
+        act = geo.act_args(sig)
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        OHW = g.OH * g.OW
+        head1 = (i32(Mg), i32(Npix), i32(K), i32(sk), i32(1), i32(1))
+        head = (i64(Mg * K), i64(Cg), i64(0), i32(0),
+                i32(g.C), i32(g.H), i32(g.W), i32(OHW), i32(g.OW), i32(g.sh), i32(g.sw), i32(g.ph), i32(g.pw), i32(g.M),
+                f32(1.0), f32(1.0), i64(0), i32(1), i32(0))
+        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+        tail = mma_tail(g.KW, g.dh, g.dw, Cg)
+        targs = (i32(g.C), i32(HW))
+        wargs = (i32(g.M), i32(Cg), i32(g.KH * g.KW))
+
+        def launch(inputs, outputs):
+            X, Wt, B, R = (list(inputs) + [None, None])[:4]
+            y = _check_out(outputs, g, dt)
+            if not Wt.flags.c_contiguous or not X.flags.c_contiguous:
+                raise TuningError(f"{self.key()}: X and W must be C-contiguous")
+            tr(tgrid, (32, 8), (X, xn) + targs)
+            wr(wgrid, (256,), (Wt, wrs) + wargs)
+            R = _prepare_residual(R, g, mat)
+            rs = (0, 0, 0)
+            if R is not None:
+                rs = (g.M * OHW, OHW, 1) if mat else rst
+            res = (i64(rs[0]), i32(rs[1]), i32(rs[2]))
+            kern(grid, (wm * wn * 32,), (wrs, xn, ptr(B), ptr(R), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + head + res + tail_act + tail,
+                 shared_mem=smem)
 
         return launch
 
@@ -375,7 +492,7 @@ class PointwiseGemmConv(Candidate):
             if R is not None:
                 rs = (g.M * HW, HW, 1) if mat else rst
             res = (i64(rs[0]), i32(rs[1]), i32(rs[2]))
-            kern(grid, (wm * wn * 32,), (Wt, X, ptr(B), ptr(R), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + flags + head + res + tail_act,
+            kern(grid, (wm * wn * 32,), (Wt, X, ptr(B), ptr(R), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + flags + head + res + tail_act + MMA_TAIL,
                  shared_mem=smem)
 
         return launch
@@ -465,6 +582,9 @@ def cbr_candidates() -> list[Candidate]:
     for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
         for sk in SPLITS:
             out.append(ImplicitGemmConv("implicit_gemm", (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn), ("splitk", sk))))
+    for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
+        for sk in SPLITS:
+            out.append(ImplicitGemmNhwcConv("implicit_gemm_nhwc", (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn), ("splitk", sk))))
     for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
         for sk in SPLITS:
             out.append(PointwiseGemmConv("pointwise_gemm", (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn), ("splitk", sk))))

@@ -61,6 +61,38 @@ __global__ void im2col(const T* __restrict__ X, T* __restrict__ cols, int N, int
     }
 }
 
+// X [N][C][HW] -> Y [N][HW][C] (NCHW to NHWC), 32x32 tiles through shared memory; block (32, 8).
+template <typename T>
+__global__ void nchw_to_nhwc(const T* __restrict__ X, T* __restrict__ Y, int C, int HW)
+{
+    __shared__ T tile[32][33];
+    const long long off = (long long)blockIdx.z * C * HW;
+    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int c = c0 + i, p = p0 + threadIdx.x;
+        if (c < C && p < HW) tile[i][threadIdx.x] = X[off + (long long)c * HW + p];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int p = p0 + i, c = c0 + threadIdx.x;
+        if (c < C && p < HW) Y[off + (long long)p * C + c] = tile[threadIdx.x][i];
+    }
+}
+
+// Conv weight [M][Cg][KHW] -> [M][KHW][Cg] (the K order (r, s, c) of the NHWC implicit GEMM).
+template <typename T>
+__global__ void weight_to_rsc(const T* __restrict__ Wt, T* __restrict__ Wr, int M, int Cg, int KHW)
+{
+    const long long total = (long long)M * Cg * KHW;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(i % Cg);
+        const long long t = i / Cg;
+        const int rs = (int)(t % KHW);
+        const long long m = t / KHW;
+        Wr[i] = Wt[(m * Cg + c) * KHW + rs];
+    }
+}
+
 // Keeps the GPU busy for about `cycles` SM clocks, so the host can queue timed work behind it.
 extern "C" __global__ void spin(long long cycles)
 {

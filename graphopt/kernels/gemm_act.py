@@ -289,7 +289,7 @@ class MmaGemm(Candidate):
                 b = cupy.ascontiguousarray(b)
             c = _bias_array(C, p)
             flags = (i32(avec and a.data.ptr % 16 == 0), i32(bvec and b.data.ptr % 16 == 0))
-            kern(grid, (wm * wn * 32,), (a, b, ptr(c), np.uint64(0), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + flags + head + tail_act,
+            kern(grid, (wm * wn * 32,), (a, b, ptr(c), np.uint64(0), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + flags + head + tail_act + MMA_TAIL,
                  shared_mem=smem)
 
         return launch

@@ -4,6 +4,9 @@
 //
 // MODE 0: B is [K][N] (N contiguous, ldb)           -- MatMul / Gemm(transB=0)
 // MODE 1: B is [N][K] (K contiguous, ldb)           -- Gemm(transB=1), nn.Linear weights
+// MODE 3: like MODE 2 but the input is NHWC and K runs over (r, s, c) (A is the weight reordered
+//         to [M][KH][KW][C/G]); with C/G a multiple of BK each K tile lies in one filter tap, so a
+//         B chunk is one 16-byte load of 8 (fp16) / 4 (fp32) channels of one input pixel.
 // MODE 2: B is the implicit im2col matrix of an NCHW input, gathered on the fly: K runs over
 //         (c, r, s) -- the order of an ONNX Conv weight [M][C/G][KH][KW], which is therefore A
 //         as it is -- and N runs over output pixels (n, oh, ow). The output is written NCHW
@@ -63,14 +66,15 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
          float alpha, float beta,
          long long bias_sb, int bias_sr, int bias_sc,
          long long res_sb, int res_sr, int res_sc,
-         int act, float act_alpha, float act_beta, float lo, float hi)
+         int act, float act_alpha, float act_beta, float lo, float hi,
+         int KWd, int dh, int dw, int Cg)
 {
     constexpr int NT = WARPS_M * WARPS_N * 32;
     constexpr int VEC = Tile<T>::VEC;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
     constexpr int MI = WTM / 16, NI = WTN / 8;
     constexpr int LDA = BK + Tile<T>::PADA;                                   // A smem: [BM][LDA]
-    constexpr bool B_NK = (MODE == 1);                                        // B smem [BN][BK] else [BK][BN]
+    constexpr bool B_NK = (MODE == 1 || MODE == 3);                                       // B smem [BN][BK] else [BK][BN]
     constexpr int LDB = B_NK ? (BK + Tile<T>::PADA) : (BN + Tile<T>::PADB_KN);
     constexpr int A_ELEMS = BM * LDA, B_ELEMS = B_NK ? BN * LDB : BK * LDB;
     constexpr int A_CHUNKS = BM * BK / VEC / NT;                              // 16-byte chunks per thread
@@ -119,6 +123,23 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
         __syncthreads();
     }
 
+    // MODE 3: the output pixel of each of this thread's B chunks (fixed across K tiles).
+    int p_base[MODE == 3 ? B_CHUNKS : 1], p_ih0[MODE == 3 ? B_CHUNKS : 1], p_iw0[MODE == 3 ? B_CHUNKS : 1];
+    if constexpr (MODE == 3) {
+#pragma unroll
+        for (int i = 0; i < B_CHUNKS; ++i) {
+            const int j = n0 + (tid + i * NT) / (BK / VEC);
+            p_ih0[i] = -(1 << 29); p_iw0[i] = 0; p_base[i] = 0;
+            if (j < N) {
+                const int n = j / OHW, p = j % OHW;
+                const int oh = p / OW, ow = p % OW;
+                p_ih0[i] = oh * sh - ph;
+                p_iw0[i] = ow * sw - pw;
+                p_base[i] = n * H * W * C;
+            }
+        }
+    }
+
     Vec16 a_reg[A_CHUNKS];
     Vec16 b_reg[MODE == 2 ? 1 : B_CHUNKS];
     T g_reg[MODE == 2 ? G_ELEMS : 1];
@@ -152,6 +173,18 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
                 T v = T(0);
                 if ((unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) v = Bm[g_base + kt2.x];
                 g_reg[i] = v;
+            }
+        } else if constexpr (MODE == 3) {
+            const int rs = k0 / Cg, c0 = k0 - rs * Cg;
+            const int r = rs / KWd, s = rs - r * KWd;
+#pragma unroll
+            for (int i = 0; i < B_CHUNKS; ++i) {
+                const int kc = ((tid + i * NT) % (BK / VEC)) * VEC;
+                const int ih = p_ih0[i] + r * dh, iw = p_iw0[i] + s * dw;
+                if ((unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W)
+                    b_reg[i].u = *reinterpret_cast<const uint4*>(Bm + p_base[i] + (ih * W + iw) * C + c0 + kc);
+                else
+                    b_reg[i].u = make_uint4(0, 0, 0, 0);
             }
         } else {
 #pragma unroll
@@ -336,7 +369,7 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
             if (col >= N) continue;
             long long ybase, rbase;
             int pcol = col;
-            if (MODE == 2) {
+            if (MODE >= 2) {
                 const int n = col / OHW; pcol = col % OHW;
                 ybase = (long long)n * Mtot * OHW + pcol;
                 rbase = (long long)n * res_sb + (long long)pcol * res_sc;
@@ -351,7 +384,7 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
                     const int row = m0 + wm * WTM + mi * 16 + g + hr * 8;
                     if (row >= M) continue;
                     float v = alpha * acc[mi][ni][hr * 2 + h];
-                    if (MODE == 2) {
+                    if (MODE >= 2) {
                         const int mg = zb * M + row;
                         if (bias) v += Num<T>::load(bias + mg);
                         if (R) v += Num<T>::load(R + rbase + (long long)mg * res_sr);

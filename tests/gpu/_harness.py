@@ -36,7 +36,7 @@ ACTS = [
 def tol_for(cand_name: str, dtype: str):
     if dtype == "float16":
         return TOL["float16"]
-    if cand_name in ("implicit_gemm", "pointwise_gemm", "mma_gemm"):
+    if cand_name in ("implicit_gemm", "implicit_gemm_nhwc", "pointwise_gemm", "mma_gemm"):
         return TOL["tf32"]
     return TOL["float32"]
 

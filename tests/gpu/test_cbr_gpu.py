@@ -37,6 +37,9 @@ CASES = {
     "deep_k_splitk": ((1, 64, 7, 7), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}, True, "full"),
     "m130_tiles": ((2, 32, 20, 19), (130, 32, 3, 3), {"pads": [1, 1, 1, 1]}, True, None),
     "res_bcast_h": ((1, 8, 6, 7), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, True, (1, 8, 1, 7)),
+    "nhwc_s2_asym_dil": ((2, 64, 13, 11), (40, 64, 3, 3), {"strides": [2, 2], "pads": [1, 0, 2, 1], "dilations": [1, 2]}, True, "full"),
+    "nhwc_groups2": ((1, 128, 9, 9), (96, 64, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, True, (96, 1, 1)),
+    "pointwise_hw_odd": ((2, 64, 7, 7), (72, 64, 1, 1), {}, True, "full"),
 }
 DTYPES = ("float16", "float32")
 
@@ -86,20 +89,26 @@ def test_cbr_candidate(name, dtype, cand, shapes):
     run_and_check(cand, "CBR", shapes, dtype, attrs, inputs, ref)
 
 
+ACT_PICKS = {
+    "deep_k_splitk": {"direct:opt=1", "direct:opt=4", "direct_k3:opt=4", "implicit_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1",
+                      "implicit_gemm:bm=64,bn=32,bk=32,wm=2,wn=1,splitk=2", "implicit_gemm_nhwc:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1",
+                      "cublas"},
+    "pointwise_res": {"pointwise_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1"},
+}
+
+
 def _act_cases():
-    picks = {"direct:opt=1", "direct:opt=4", "implicit_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1",
-             "implicit_gemm:bm=64,bn=32,bk=32,wm=2,wn=1,splitk=2", "cublas"}
     for ai in range(len(ACTS)):
         for dtype in DTYPES:
-            for cand in cbr_candidates():
-                if cand.key() in picks:
-                    yield pytest.param(ai, dtype, cand, id=f"act{ai}-{ACTS[ai]['activation']}-{dtype}-{cand.key()}")
+            for name, picks in ACT_PICKS.items():
+                for cand in cbr_candidates():
+                    if cand.key() in picks:
+                        yield pytest.param(ai, dtype, name, cand, id=f"act{ai}-{ACTS[ai]['activation']}-{name}-{dtype}-{cand.key()}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ai,dtype,cand", list(_act_cases()))
-def test_cbr_activation(ai, dtype, cand):
-    name = "deep_k_splitk"
+@pytest.mark.parametrize("ai,dtype,name,cand", list(_act_cases()))
+def test_cbr_activation(ai, dtype, name, cand):
     xs, ws, _, _, _ = CASES[name]
     inputs, attrs, ref = _data(name, dtype, ai)
     shapes = [xs, ws, (ws[0],), _out_shape(CASES[name])]
