@@ -313,14 +313,19 @@ def main(argv=None):
                       f"x{row['speedup_vs_torch']}  floor {floor_us:7.1f}  {row['graphopt_TFLOPs']} TF/s", flush=True)
                 del x, w, b, r, tx, tw, tb, tr, ref, ref_t
                 cupy.get_default_memory_pool().free_all_blocks()
-    summary = summarize(rows)
-    header["summary"] = summary
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "cbr_layers_h200.json"), "w") as f:
-        json.dump({"header": header, "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out, "cbr_layers_h200.md"), "w") as f:
-        f.write(markdown(header, rows))
+            write_results(args.out, header, rows)  # after every (dtype, batch) group: partial runs keep their rows
+    summary = write_results(args.out, header, rows)
     print(json.dumps(summary, indent=1))
+
+
+def write_results(out_dir, header, rows):
+    header["summary"] = summarize(rows)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "cbr_layers_h200.json"), "w") as f:
+        json.dump({"header": header, "rows": rows}, f, indent=1)
+    with open(os.path.join(out_dir, "cbr_layers_h200.md"), "w") as f:
+        f.write(markdown(header, rows))
+    return header["summary"]
 
 
 def report_kernels(out_dir: str):
@@ -339,7 +344,7 @@ def report_kernels(out_dir: str):
         rep[expr] = {"regs": k.num_regs, "local_bytes": k.local_size_bytes, "static_smem": k.shared_size_bytes, "max_threads": k.max_threads_per_block}
         print(f"{expr:45s} regs {k.num_regs:4d} local {k.local_size_bytes:5d} smem {k.shared_size_bytes:6d} maxthr {k.max_threads_per_block}")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "kernel_resources_h200.json"), "w") as f:
+    with open(os.path.join(out_dir, "cbr_layers_h200.kernels.json"), "w") as f:
         json.dump({"prebuild_errors": errors, "kernels": rep}, f, indent=1)
 
 

@@ -35,7 +35,7 @@ def cuda_event_timer(
     rotate_bytes: int = 128 << 20,
     max_sets: int = 16,
     queue_ahead: int = 8,
-    spin_cycles: int = 4_000_000,
+    spin_cycles: int = 1_000_000,
 ) -> list[float]:
     """Per-repetition device time in milliseconds (the median is the profiler's score).
 
@@ -44,7 +44,7 @@ def cuda_event_timer(
       set ``i % n_sets``, so no repetition finds its operands in L2 from the one before.
     - Each repetition is bracketed by its own CUDA events on the current stream.
     - Host launch overhead is kept out of the numbers: every ``queue_ahead`` repetitions, a spin
-      kernel (about ``spin_cycles`` SM clocks, 2 ms at 2 GHz) holds the GPU while the host queues
+      kernel (about ``spin_cycles`` SM clocks, 0.5 ms at 2 GHz) holds the GPU while the host queues
       them, so the events measure device time with no idle gaps, as a CUDA-graph replay would see.
       (Pass ``spin_cycles=0`` to measure eager, host-bound time instead.)
     """
