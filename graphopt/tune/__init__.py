@@ -7,6 +7,8 @@ Public API (each lives in its own module; this package re-exports the main entry
 - ``select``: ``select_lowerings(graph, gpu, cache=, profile=, shapes=)`` -> ``SelectionReport``
 - ``cache``: ``TuningCache`` (sqlite, export/import JSON), ``default_cache_dir``
 - ``profiler``: ``profile_node``, ``Profiler``, ``FakeTimer``
+- ``tuner``: ``tune_graph(graph, gpu, shapes=, cache=True)``: selection wired to the detected devices,
+  the default tuning cache and the kernels' backend (what the pipeline should call)
 - ``cache_cli``: the click group ``cache`` (mounted by ``graphopt/cli.py``)
 """
 

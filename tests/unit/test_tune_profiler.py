@@ -11,7 +11,6 @@ import os
 import signal
 import time
 
-import pytest
 
 from graphopt.kernels.base import Candidate, Signature
 from graphopt.tune import profiler as P

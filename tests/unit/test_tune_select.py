@@ -132,7 +132,7 @@ def test_signature_uses_value_info_and_binds_symbolic_dims(graph):
     assert sig.input_shapes[:3] == ((1, 16, 20, 20), (32, 16, 3, 3), (32,)) and sig.input_shapes[3] is None
     assert sig.dtypes == ("float32", "float32", "float32", "")
     assert notes == ["'N'=1 (default)"]
-    assert "lowering" not in dict(sig.attrs) and dict(sig.attrs)["group"] if "group" in dict(sig.attrs) else True
+    assert "lowering" not in dict(sig.attrs) and dict(sig.attrs)["activation"] == "Relu"
     rep = select_lowerings(graph, "a100", devices=[], shapes={"x": (8, 16, 20, 20)})
     row = rep.rows[0]
     assert row.signature.startswith("CBR|8x16x20x20;32x16x3x3;32;-|float32,float32,float32,|")

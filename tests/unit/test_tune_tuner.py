@@ -12,7 +12,6 @@ from graphopt.tune.profiler import FakeTimer
 from graphopt.tune.tuner import TuningBackend, tune_graph
 
 from test_tune_select import build_model, fake_candidates, lowerings, ok_checker  # noqa: E402
-from test_tune_profiler import fake_checker  # noqa: F401,E402
 
 H200 = DeviceInfo(0, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0")
 
