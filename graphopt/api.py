@@ -16,7 +16,7 @@ import onnx
 
 from graphopt.ir import Graph, load_model, save_model
 from graphopt.pipeline import OptimizeReport, optimize_file, optimize_model
-from graphopt.verify import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
+from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
 
 __all__ = ["optimize", "load", "save", "verify", "OptimizeReport"]
 

@@ -103,7 +103,7 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
 
     def work():
         from graphopt.pipeline import optimize_file
-        from graphopt.verify import DEFAULT_ATOL, DEFAULT_RTOL, parse_shape_overrides
+        from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, parse_shape_overrides
 
         shape_map = parse_shape_overrides(shapes)
         with _Progress(quiet) as progress:
@@ -161,8 +161,8 @@ def _print_summary(report, explain: bool) -> None:
 def _print_explain(con, report) -> None:
     con.print(f"[bold]matches ({len(report.matches)})[/bold]")
     for m in report.matches:
-        fused = m.get("fused") or m.get("original") or m.get("nodes")
-        con.print(f"  {m.get('rule')}: {m.get('node', m.get('new_node', ''))} <- {', '.join(fused) if isinstance(fused, list) else fused}")
+        sources = m.get("sources") or []
+        con.print(f"  {m.get('rule')}: {m.get('node')} <- {', '.join(sources)}")
     con.print(f"[bold]near-misses ({len(report.near_misses)})[/bold]")
     for m in report.near_misses:
         con.print(f"  {m.get('rule')} at {m.get('anchor', m.get('node', ''))!r}: {m.get('reason')}")
@@ -261,7 +261,7 @@ def verify(a, b, device, rtol, atol, shapes):
 
         from graphopt.api import verify as run_verify
         from graphopt.errors import VerificationFailed
-        from graphopt.verify import parse_shape_overrides
+        from graphopt.compare import parse_shape_overrides
 
         result = run_verify(a, b, shapes=parse_shape_overrides(shapes), rtol=rtol, atol=atol)
         t = Table(title=f"verify {a} against {b} (rtol {rtol}, atol {atol})")

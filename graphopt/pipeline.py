@@ -19,7 +19,7 @@ import onnx
 from graphopt import __version__
 from graphopt.errors import GraphoptError, VerificationFailed
 from graphopt.ir import Graph, load_model, save_model, to_model
-from graphopt.verify import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
+from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
 
 Progress = Callable[[str], None]
 

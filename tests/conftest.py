@@ -32,6 +32,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def run_graphopt(*args, cwd=None, env=None):
+    """Run the real command line in a subprocess, as a user would (source checkout on the path)."""
+    import subprocess
+
+    e = dict(os.environ)
+    e.pop("GRAPHOPT_DEBUG", None)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "graphopt.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=e, timeout=300
+    )
+
+
 def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     import onnxruntime as ort
 

@@ -13,21 +13,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.conftest import run_graphopt
 from graphopt.errors import EXIT_CODES, InputNotFound, InvalidGraph, InvalidModel, OutputRefused, UnsafeExternalData, UnsupportedModel
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 
 
-def graphopt(*args, cwd=None, env=None):
-    """Run the real console entry point in a subprocess, as a user would."""
-    e = dict(os.environ)
-    e.pop("GRAPHOPT_DEBUG", None)
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    e.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "graphopt.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=e, timeout=300
-    )
+graphopt = run_graphopt
 
 
 def _conv_relu_model(path: Path, opset=13) -> Path:

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from graphopt.pipeline import optimize_file
-from graphopt.verify import verify_models
+from graphopt.compare import verify_models
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted(p for p in (ROOT / "models").rglob("*.onnx") if p.stat().st_size < 5_000_000 and ".opt." not in p.name)
