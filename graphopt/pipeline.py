@@ -95,7 +95,7 @@ def optimize_graph(
     """Rewrite ``graph`` in place and return the report."""
     from graphopt.passes import dead_code, run_cleanup
     from graphopt.rewrite import apply_rules, load_rules
-    from graphopt.tune.select import select_lowerings
+    from graphopt.tune.tuner import tune_graph
 
     report = report or OptimizeReport(source=graph.source_path or "<model>")
     step = progress or (lambda msg: None)
@@ -124,7 +124,8 @@ def optimize_graph(
         report.timings["cleanup_after"] = time.perf_counter() - t
     step("lowering selection")
     t = time.perf_counter()
-    sel = select_lowerings(graph, gpu=gpu, shapes=shapes)
+    # Profiles when the named GPU is present, else imported cache entries, else the heuristic.
+    sel = tune_graph(graph, gpu=gpu, shapes=shapes, progress=None if progress is not None else False)
     report.target = sel.target
     report.mode = sel.mode
     report.selection_summary = sel.summary

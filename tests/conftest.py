@@ -16,6 +16,14 @@ if str(ROOT) not in sys.path:  # running from a source checkout without `pip ins
     sys.path.insert(0, str(ROOT))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_tuning_cache(tmp_path_factory):
+    """Tests never read or write the user's real tuning cache (subprocesses inherit this too)."""
+    if "GRAPHOPT_CACHE_DIR" not in os.environ:
+        os.environ["GRAPHOPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("tuning-cache"))
+    yield
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests skip cleanly on a machine without CuPy or without a CUDA device."""
     try:

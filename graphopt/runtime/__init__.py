@@ -1,0 +1,1 @@
+"""graphopt's own runtime (issue 4): runs optimized models on the GPU with CuPy."""
