@@ -259,3 +259,13 @@ def test_write_failure_leaves_no_partial_file(tmp_path, monkeypatch):
     with pytest.raises(WriteFailed, match="No space left"):
         save_model(g, out)
     assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
+
+
+REPO_MODELS = sorted(p for p in (Path(__file__).resolve().parents[2] / "models").rglob("*.onnx") if ".opt." not in p.name)
+
+
+@pytest.mark.parametrize("path", REPO_MODELS, ids=lambda p: p.name)
+def test_round_trip_is_byte_identical_on_every_model_in_models(path):
+    original = onnx.load(path)
+    graph = load_model(path)
+    assert to_model(graph).SerializeToString(deterministic=True) == original.SerializeToString(deterministic=True)
