@@ -74,6 +74,23 @@ def mma_smem_bytes(dtype: str, mode: int, bm: int, bn: int, bk: int = BK) -> int
     return 2 * (bm * lda + b) * ELEM[dtype]
 
 
+def epi_smem_bytes(bm: int, bn: int, sepi: int) -> int:
+    """Shared memory the staged epilogue needs (an fp32 [bm][bn + 4] tile), 0 without it."""
+    return bm * (bn + 4) * 4 if sepi else 0
+
+
+def mma_family(cls, name: str) -> list:
+    """Every config of one mma family: each tile, each split, plus the staged-epilogue variant of
+    the unsplit configs."""
+    out = []
+    for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
+        base = (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn))
+        for sk in SPLITS:
+            out.append(cls(name, base + (("splitk", sk),)))
+        out.append(cls(name, base + (("splitk", 1), ("sepi", 1))))
+    return out
+
+
 def _check_common(sig: Signature) -> str | None:
     if sig.op != "CBR":
         return f"op {sig.op} is not CBR"
@@ -222,6 +239,10 @@ class ImplicitGemmConv(Candidate):
     def _cfg(self):
         return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
 
+    def _sepi(self) -> int:
+        """1: the shared-memory staged (coalesced) epilogue variant."""
+        return int(self.param("sepi", 0))
+
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)
         if reason:
@@ -254,7 +275,7 @@ class ImplicitGemmConv(Candidate):
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         dt = geo.dtype_of(sig)
         bm, bn, bk, wm, wn, _ = self._cfg()
-        return [("mma_gemm.cu", instance("mma_gemm", dt, 2, bm, bn, bk, wm, wn))]
+        return [("mma_gemm.cu", instance("mma_gemm", dt, 2, bm, bn, bk, wm, wn, self._sepi()))]
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
@@ -268,8 +289,8 @@ class ImplicitGemmConv(Candidate):
         bm, bn, bk, wm, wn, sk = self._cfg()
         Mg, Npix, K = _mma_conv_dims(g)
         avec = int(K % VEC[dt] == 0)
-        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 2, bm, bn, bk, wm, wn))
-        smem = mma_smem_bytes(dt, 2, bm, bn, bk) + ktab_smem_bytes(K, bk, sk)
+        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 2, bm, bn, bk, wm, wn, self._sepi()))
+        smem = max(mma_smem_bytes(dt, 2, bm, bn, bk) + ktab_smem_bytes(K, bk, sk), epi_smem_bytes(bm, bn, self._sepi()))
         kern.max_dynamic_shared_size_bytes = smem
         ktab = cupy.asarray(make_ktab(g, bk))
         grid = (-(-Npix // bn), -(-Mg // bm), g.G * sk)
@@ -315,6 +336,10 @@ class ImplicitGemmNhwcConv(Candidate):
     def _cfg(self):
         return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
 
+    def _sepi(self) -> int:
+        """1: the shared-memory staged (coalesced) epilogue variant."""
+        return int(self.param("sepi", 0))
+
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)
         if reason:
@@ -348,7 +373,7 @@ class ImplicitGemmNhwcConv(Candidate):
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         dt = geo.dtype_of(sig)
         bm, bn, bk, wm, wn, _ = self._cfg()
-        return [("mma_gemm.cu", instance("mma_gemm", dt, 3, bm, bn, bk, wm, wn)),
+        return [("mma_gemm.cu", instance("mma_gemm", dt, 3, bm, bn, bk, wm, wn, self._sepi())),
                 ("elementwise.cu", instance("nchw_to_nhwc", dt)), ("elementwise.cu", instance("weight_to_rsc", dt))]
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
@@ -364,10 +389,10 @@ class ImplicitGemmNhwcConv(Candidate):
         Cg, Mg = g.C // g.G, g.M // g.G
         K = Cg * g.KH * g.KW
         Npix = g.N * g.OH * g.OW
-        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 3, bm, bn, bk, wm, wn))
+        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 3, bm, bn, bk, wm, wn, self._sepi()))
         tr = get_kernel("elementwise.cu", instance("nchw_to_nhwc", dt))
         wr = get_kernel("elementwise.cu", instance("weight_to_rsc", dt))
-        smem = mma_smem_bytes(dt, 3, bm, bn, bk)
+        smem = max(mma_smem_bytes(dt, 3, bm, bn, bk), epi_smem_bytes(bm, bn, self._sepi()))
         kern.max_dynamic_shared_size_bytes = smem
         xn = cupy.empty((g.N, g.H, g.W, g.C), dtype=dt)
         wrs = cupy.empty((g.M, g.KH, g.KW, Cg), dtype=dt)
@@ -421,6 +446,10 @@ class PointwiseGemmConv(Candidate):
     def _cfg(self):
         return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
 
+    def _sepi(self) -> int:
+        """1: the shared-memory staged (coalesced) epilogue variant."""
+        return int(self.param("sepi", 0))
+
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)
         if reason:
@@ -449,7 +478,7 @@ class PointwiseGemmConv(Candidate):
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         bm, bn, bk, wm, wn, _ = self._cfg()
-        return [("mma_gemm.cu", instance("mma_gemm", geo.dtype_of(sig), 0, bm, bn, bk, wm, wn))]
+        return [("mma_gemm.cu", instance("mma_gemm", geo.dtype_of(sig), 0, bm, bn, bk, wm, wn, self._sepi()))]
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
@@ -461,8 +490,8 @@ class PointwiseGemmConv(Candidate):
         g = geo.conv_geom(sig)
         dt = geo.dtype_of(sig)
         bm, bn, bk, wm, wn, sk = self._cfg()
-        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 0, bm, bn, bk, wm, wn))
-        smem = mma_smem_bytes(dt, 0, bm, bn, bk)
+        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 0, bm, bn, bk, wm, wn, self._sepi()))
+        smem = max(mma_smem_bytes(dt, 0, bm, bn, bk), epi_smem_bytes(bm, bn, self._sepi()))
         kern.max_dynamic_shared_size_bytes = smem
         HW = g.OH * g.OW
         grid = (-(-HW // bn), -(-g.M // bm), g.N * sk)
@@ -579,14 +608,8 @@ def cbr_candidates() -> list[Candidate]:
     """Every CBR candidate, in a fixed order (applies() prunes per signature)."""
     out: list[Candidate] = [DirectConv("direct", (("opt", o),)) for o in (1, 2, 4)]
     out += [DirectConv("direct_k3", (("opt", o),)) for o in (4, 8)]
-    for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
-        for sk in SPLITS:
-            out.append(ImplicitGemmConv("implicit_gemm", (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn), ("splitk", sk))))
-    for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
-        for sk in SPLITS:
-            out.append(ImplicitGemmNhwcConv("implicit_gemm_nhwc", (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn), ("splitk", sk))))
-    for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
-        for sk in SPLITS:
-            out.append(PointwiseGemmConv("pointwise_gemm", (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn), ("splitk", sk))))
+    out += mma_family(ImplicitGemmConv, "implicit_gemm")
+    out += mma_family(ImplicitGemmNhwcConv, "implicit_gemm_nhwc")
+    out += mma_family(PointwiseGemmConv, "pointwise_gemm")
     out.append(CublasConv("cublas", ()))
     return out

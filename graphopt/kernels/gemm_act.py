@@ -17,7 +17,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.base import Candidate, Signature
-from graphopt.kernels.cbr import SPLITS, SPLIT_MAX_BASE_CTAS, TILE_CONFIGS_BK, VEC, mma_smem_bytes, ptr
+from graphopt.kernels.cbr import MMA_TAIL, SPLITS, SPLIT_MAX_BASE_CTAS, TILE_CONFIGS_BK, VEC, epi_smem_bytes, mma_family, mma_smem_bytes, ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
@@ -183,7 +183,10 @@ class CublasGemm(Candidate):
             y = _check_out(outputs, p, dt)
             a = A.T if p.trans_a else A
             b = B.T if p.trans_b else B
-            cupy.matmul(a, b, out=y)
+            if p.fold:  # B shared by every batch: one 2-D GEMM instead of a batched one
+                cupy.matmul(a.reshape(p.Z * p.M, p.K), b, out=y.reshape(p.Z * p.M, p.N))
+            else:
+                cupy.matmul(a, b, out=y)
             if not needs_epi:
                 return
             c = _bias_array(C, p)
@@ -229,11 +232,9 @@ class MmaGemm(Candidate):
 
     def _instance_ints(self, sig: Signature) -> tuple[int, ...]:
         p = gemm_plan(sig)
-        dt = geo.dtype_of(sig)
         bm, bn, bk, wm, wn, _ = self._cfg()
         mode = 1 if p.trans_b else 0
-        v = VEC[dt]
-        return (mode, bm, bn, bk, wm, wn)
+        return (mode, bm, bn, bk, wm, wn, int(self.param("sepi", 0)))
 
     def _vec_flags(self, sig: Signature) -> tuple[int, int]:
         """16-byte loads for A rows / B rows when their lengths keep every row 16-byte aligned."""
@@ -254,7 +255,7 @@ class MmaGemm(Candidate):
         ints = self._instance_ints(sig)
         mode = ints[0]
         kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, *ints))
-        smem = mma_smem_bytes(dt, mode, bm, bn, bk)
+        smem = max(mma_smem_bytes(dt, mode, bm, bn, bk), epi_smem_bytes(bm, bn, int(self.param("sepi", 0))))
         kern.max_dynamic_shared_size_bytes = smem
         Mf = p.M * p.Z if p.fold else p.M
         Zf = 1 if p.fold else p.Z
@@ -297,7 +298,5 @@ class MmaGemm(Candidate):
 
 def gemm_act_candidates() -> list[Candidate]:
     out: list[Candidate] = [CublasGemm("cublas", ())]
-    for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
-        for sk in SPLITS:
-            out.append(MmaGemm("mma_gemm", (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn), ("splitk", sk))))
+    out += mma_family(MmaGemm, "mma_gemm")
     return out

@@ -55,7 +55,7 @@ template <> struct Tile<float>  { enum { VEC = 4, PADA = 4, PADB_KN = 8, IS_HALF
 
 union Vec16 { uint4 u; half_t h[8]; float f[4]; };
 
-template <typename T, int MODE, int BM, int BN, int BK, int WARPS_M, int WARPS_N>
+template <typename T, int MODE, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int SEPI>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict__ bias,
          const T* __restrict__ R, T* __restrict__ Y,
@@ -360,6 +360,62 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
     // Fused epilogue.
     ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
     const int g = lane >> 2, t = lane & 3;
+    if constexpr (SEPI != 0) {
+        // Staged epilogue: the fp32 tile goes through shared memory (which the main loop no longer
+        // needs) and each thread then finishes two adjacent columns of one row, so a warp reads the
+        // residual and writes the output as 64 consecutive columns (coalesced, paired stores).
+        constexpr int LDC = BN + 4;
+        float* Cs = reinterpret_cast<float*>(smem_raw);
+        __syncthreads();
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    Cs[(wm * WTM + mi * 16 + g + (e >> 1) * 8) * LDC + wn * WTN + ni * 8 + 2 * t + (e & 1)] = acc[mi][ni][e];
+        __syncthreads();
+        for (int idx = tid; idx < BM * BN / 2; idx += NT) {
+            const int r = idx / (BN / 2), c = (idx % (BN / 2)) * 2;
+            const int row = m0 + r, col = n0 + c;
+            if (row >= M || col >= N) continue;
+            const bool two = col + 1 < N;
+            float v0 = alpha * Cs[r * LDC + c], v1 = alpha * Cs[r * LDC + c + 1];
+            long long y0, y1, r0, r1;
+            if constexpr (MODE >= 2) {
+                const int mg = zb * M + row;
+                if (bias) { const float b = Num<T>::load(bias + mg); v0 += b; v1 += b; }
+                const int n = col / OHW, p = col - n * OHW;
+                y0 = (long long)n * Mtot * OHW + (long long)mg * OHW + p;
+                r0 = (long long)n * res_sb + (long long)mg * res_sr + (long long)p * res_sc;
+                if (p + 1 < OHW) { y1 = y0 + 1; r1 = r0 + res_sc; }
+                else { y1 = (long long)(n + 1) * Mtot * OHW + (long long)mg * OHW; r1 = (long long)(n + 1) * res_sb + (long long)mg * res_sr; }
+            } else {
+                if (bias) {
+                    const long long b0 = zb * bias_sb + (long long)row * bias_sr + (long long)col * bias_sc;
+                    v0 += beta * Num<T>::load(bias + b0);
+                    if (two) v1 += beta * Num<T>::load(bias + b0 + bias_sc);
+                }
+                y0 = zb * sY + (long long)row * N + col; y1 = y0 + 1;
+                r0 = zb * res_sb + (long long)row * res_sr + (long long)col * res_sc; r1 = r0 + res_sc;
+            }
+            if (R) { v0 += Num<T>::load(R + r0); if (two) v1 += Num<T>::load(R + r1); }
+            v0 = apply_act(v0, ap);
+            v1 = apply_act(v1, ap);
+            if (two && y1 == y0 + 1 && (y0 & 1) == 0) {
+                if constexpr (Tile<T>::IS_HALF != 0) {
+                    const unsigned packed = (unsigned)f2h(v0) | ((unsigned)f2h(v1) << 16);
+                    *reinterpret_cast<unsigned*>(Y + y0) = packed;
+                } else {
+                    *reinterpret_cast<float2*>(Y + y0) = make_float2(v0, v1);
+                }
+            } else {
+                Y[y0] = Num<T>::from_f(v0);
+                if (two) Y[y1] = Num<T>::from_f(v1);
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
         const int col0 = n0 + wn * WTN + ni * 8 + 2 * t;

@@ -60,7 +60,8 @@ def all_kernel_instances() -> list[tuple[str, str]]:
                 out.append(("direct_conv.cu", instance("direct_conv", dt, opt, 3, sw)))
         for mode in (0, 1, 2, 3):
             for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
-                out.append(("mma_gemm.cu", instance("mma_gemm", dt, mode, bm, bn, bk, wm, wn)))
+                for sepi in (0, 1):
+                    out.append(("mma_gemm.cu", instance("mma_gemm", dt, mode, bm, bn, bk, wm, wn, sepi)))
         for t in ("epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc"):
             out.append(("elementwise.cu", instance(t, dt)))
     out.append(("elementwise.cu", "spin"))

@@ -8,7 +8,6 @@ import pytest
 from graphopt.kernels.base import Signature
 from graphopt.kernels.source import device_arch, prebuild
 
-import reference as R
 
 def require_device() -> None:
     """Skip the calling test module when CuPy sees no CUDA device."""

@@ -67,7 +67,8 @@ def test_gemm_candidate(name, dtype, cand, shapes):
 
 
 def _act_cases():
-    picks = {"cublas", "mma_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1", "mma_gemm:bm=128,bn=128,bk=32,wm=2,wn=4,splitk=1"}
+    picks = {"cublas", "mma_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1", "mma_gemm:bm=128,bn=128,bk=32,wm=2,wn=4,splitk=1",
+             "mma_gemm:bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1"}
     for ai in range(len(ACTS)):
         for dtype in DTYPES:
             for name in ("odd_2d", "gemm_transb_alpha_beta"):

@@ -53,11 +53,11 @@ def test_instances_compile(arch, group):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tensor_core_kernel_compiles_optimised(arch):
-    cubin = nvrtc_compile("mma_gemm.cu", ["mma_gemm<half_t,2,64,32,32,2,1>", "mma_gemm<float,1,64,32,32,2,1>"], arch)
+    cubin = nvrtc_compile("mma_gemm.cu", ["mma_gemm<half_t,2,64,32,32,2,1,0>", "mma_gemm<float,3,64,32,32,2,1,1>"], arch)
     assert cubin[:4] == b"\x7fELF"
 
 
 def test_bad_config_is_rejected_at_compile_time():
     # BN=32 cannot be split over 4 warps of 16 columns: the kernel's static_assert must fire.
     with pytest.raises(Exception, match="warp tile"):
-        nvrtc_compile("mma_gemm.cu", ["mma_gemm<half_t,2,64,32,32,2,4>"], "sm_90", fast=True)
+        nvrtc_compile("mma_gemm.cu", ["mma_gemm<half_t,2,64,32,32,2,4,0>"], "sm_90", fast=True)
