@@ -1,0 +1,149 @@
+"""The profiler's checker and timing buffers for the GPU lowerings (``graphopt.tune`` calls these).
+
+- ``checker(sig, launch) -> str | None``: runs ``launch`` on fresh random inputs (seeded from the
+  signature, so every candidate of one signature sees the same inputs) into NaN-poisoned outputs and
+  compares with the op's float64 NumPy reference (``graphopt.ops``). Every output must be written
+  and finite; the normwise relative error must be within the dtype's tolerance. For convolutions
+  too large to evaluate in full on the CPU, the reference is computed exactly (float64) for a random
+  sample of output elements (every element is still checked for being written).
+- ``buffers(sig) -> (inputs, outputs)``: random device inputs and an output buffer for the timer.
+
+Both are module-level functions (the profiler pickles them into its worker process).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from graphopt.kernels import geometry as geo
+from graphopt.kernels.base import Signature
+
+# Normwise relative error allowed per dtype. fp32 lowerings on the tensor cores round operands to
+# tf32 (~3e-4 normwise on random data), hence 2e-3 rather than an fp32 bound.
+TOLERANCE = {"float16": 1e-2, "float32": 2e-3}
+FULL_REFERENCE_MAX_FLOPS = 5e8   # above this, a CBR reference is sampled
+SAMPLES = 2048
+
+_CACHE: dict[str, tuple] = {}   # the last signature's (inputs, reference, sample index): one entry
+
+
+def output_shape(sig: Signature) -> tuple[int, ...]:
+    if sig.op == "CBR":
+        return geo.conv_geom(sig).out_shape
+    from graphopt.kernels.gemm_act import gemm_plan
+
+    return gemm_plan(sig).out_shape
+
+
+def _rng(sig: Signature) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(sig.key().encode()))
+
+
+def random_inputs(sig: Signature, rng: np.random.Generator) -> list[np.ndarray | None]:
+    """Host inputs of the signature's dtype: N(0, 1), weights scaled by 1/sqrt(fan-in)."""
+    dt = geo.dtype_of(sig)
+    out: list[np.ndarray | None] = []
+    for i, shape in enumerate(sig.input_shapes):
+        if shape is None:
+            out.append(None)
+            continue
+        a = rng.standard_normal(shape)
+        if i == 1:  # W (CBR) / B (GemmAct): keep outputs O(1)
+            fan_in = int(np.prod(shape[1:])) if sig.op == "CBR" else int(shape[0] if len(shape) == 1 else
+                     (shape[-1] if sig.attr("transB", 0) and sig.attr("mode", "matmul") == "gemm" else shape[-2]))
+            a = a / np.sqrt(max(1, fan_in))
+        out.append(a.astype(dt))
+    return out
+
+
+def _sampled_cbr_reference(sig: Signature, inputs, rng: np.random.Generator):
+    """(flat output indices, float64 reference values) for SAMPLES random output elements."""
+    from graphopt.ops import get_schema
+    from graphopt.ops.activations import ACTIVATIONS
+
+    g = geo.conv_geom(sig)
+    X, W, B, R = (list(inputs) + [None, None])[:4]
+    X4 = X.reshape(g.N, g.C, g.H, g.W)
+    W4 = W.reshape(g.M, g.C // g.G, g.KH, g.KW)
+    total = g.N * g.M * g.OH * g.OW
+    idx = np.sort(rng.choice(total, size=min(SAMPLES, total), replace=False))
+    n, rest = np.divmod(idx, g.M * g.OH * g.OW)
+    m, rest = np.divmod(rest, g.OH * g.OW)
+    oh, ow = np.divmod(rest, g.OW)
+    Cg, Mg = g.C // g.G, g.M // g.G
+    ih = oh[:, None] * g.sh - g.ph + np.arange(g.KH)[None, :] * g.dh          # (S, KH)
+    iw = ow[:, None] * g.sw - g.pw + np.arange(g.KW)[None, :] * g.dw          # (S, KW)
+    vh = (ih >= 0) & (ih < g.H)
+    vw = (iw >= 0) & (iw < g.W)
+    c = (m // Mg)[:, None] * Cg + np.arange(Cg)[None, :]                      # (S, Cg)
+    patch = X4[n[:, None, None, None], c[:, :, None, None], np.clip(ih, 0, g.H - 1)[:, None, :, None],
+               np.clip(iw, 0, g.W - 1)[:, None, None, :]].astype(np.float64)
+    patch *= (vh[:, None, :, None] & vw[:, None, None, :])
+    y = np.einsum("scrk,scrk->s", patch, W4[m].astype(np.float64))
+    if B is not None:
+        y = y + B.astype(np.float64)[m]
+    if R is not None:
+        Rf = np.broadcast_to(R.astype(np.float64).reshape(geo.residual_shape_4d(R.shape, g)), (g.N, g.M, g.OH, g.OW))
+        y = y + Rf[n, m, oh, ow]
+    attrs = get_schema("CBR").normalize(dict(sig.attrs))
+    y = ACTIVATIONS[attrs.get("activation", "none")].numpy(y, attrs)
+    return idx, np.asarray(y, np.float64)
+
+
+def _prepare(sig: Signature):
+    key = sig.key()
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    from graphopt.ops import get_schema
+
+    rng = _rng(sig)
+    inputs = random_inputs(sig, rng)
+    if sig.op == "CBR" and geo.conv_geom(sig).flops > FULL_REFERENCE_MAX_FLOPS:
+        idx, ref = _sampled_cbr_reference(sig, inputs, rng)
+    else:
+        f64 = [None if a is None else a.astype(np.float64) for a in inputs]
+        ref = np.asarray(get_schema(sig.op).reference(f64, dict(sig.attrs))[0], np.float64).reshape(-1)
+        idx = None
+    _CACHE.clear()
+    _CACHE[key] = (inputs, ref, idx)
+    return _CACHE[key]
+
+
+def compare(out: np.ndarray, ref: np.ndarray, idx, dtype: str) -> str | None:
+    """The reason ``out`` (flat, float64) does not match ``ref``, or None."""
+    bad = ~np.isfinite(out)
+    if bad.any():
+        return f"{int(bad.sum())} of {out.size} outputs not written or not finite"
+    got = out if idx is None else out[idx]
+    err = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+    tol = TOLERANCE.get(dtype, 1e-2)
+    if not err <= tol:
+        return f"wrong result: normwise relative error {err:.2e} > {tol:g}" + (" (sampled outputs)" if idx is not None else "")
+    return None
+
+
+def checker(sig: Signature, launch: Callable[[Sequence[Any], Sequence[Any]], None]) -> str | None:
+    """Run ``launch`` once on the signature's check inputs and compare with the reference."""
+    import cupy
+
+    inputs, ref, idx = _prepare(sig)
+    dt = geo.dtype_of(sig)
+    dev = [None if a is None else cupy.asarray(a) for a in inputs]
+    out = cupy.full(output_shape(sig), cupy.nan, dtype=dt)
+    launch(dev, [out])
+    cupy.cuda.get_current_stream().synchronize()
+    return compare(cupy.asnumpy(out).astype(np.float64).reshape(-1), ref, idx, dt)
+
+
+def buffers(sig: Signature) -> tuple[list, list]:
+    """Random device inputs (generated on the GPU) and an output buffer, for the timer."""
+    import cupy
+
+    dt = geo.dtype_of(sig)
+    rs = cupy.random.RandomState(zlib.crc32(sig.key().encode()))
+    ins = [None if s is None else rs.standard_normal(s, dtype=cupy.float32).astype(dt) for s in sig.input_shapes]
+    return ins, [cupy.empty(output_shape(sig), dtype=dt)]
