@@ -173,6 +173,19 @@ def check_output_model(model: onnx.ModelProto, full: bool = False) -> None:
         raise GraphoptError(f"internal error: the optimized model fails onnx.checker: {str(e).splitlines()[0][:300]}") from None
 
 
+def _verify_or_raise(model, original, report: OptimizeReport, source: str, shapes, rtol: float, atol: float) -> None:
+    """Run both under onnxruntime; record the result; raise VerificationFailed past the tolerance."""
+    result: VerifyResult = verify_models(model, original, shapes=shapes, rtol=rtol, atol=atol)
+    report.verify = result.to_dict()
+    if not result.ok:
+        worst = result.worst()
+        note = f"; {worst.note}" if worst.note else ""
+        raise VerificationFailed(
+            f"{source}: optimized output {worst.name!r} differs from the original (max abs {worst.max_abs:.3g}, "
+            f"max rel {worst.max_rel:.3g}, rtol {rtol}, atol {atol}){note}; nothing was written"
+        )
+
+
 def default_output_path(source: str | os.PathLike) -> Path:
     p = Path(source)
     name = p.name[: -len(".onnx")] if p.name.endswith(".onnx") else p.name
@@ -209,14 +222,7 @@ def optimize_file(
     check_output_model(model, full=verify)
     if verify:
         step("verifying with onnxruntime")
-        result = verify_models(model, original_model, shapes=shapes, rtol=rtol, atol=atol)
-        report.verify = result.to_dict()
-        if not result.ok:
-            worst = result.worst()
-            raise VerificationFailed(
-                f"{source}: optimized output {worst.name!r} differs from the original (max abs {worst.max_abs:.3g}, "
-                f"max rel {worst.max_rel:.3g}, rtol {rtol}, atol {atol}){'; ' + worst.note if worst.note else ''}; nothing was written"
-            )
+        _verify_or_raise(model, original_model, report, str(source), shapes, rtol, atol)
     if write:
         out = Path(output) if output is not None else default_output_path(source)
         step(f"writing {out}")
@@ -243,12 +249,6 @@ def optimize_model(
     out = finalize_model(graph)
     check_output_model(out, full=verify)
     if verify:
-        result: VerifyResult = verify_models(out, original_model, shapes=shapes, rtol=rtol, atol=atol)
-        report.verify = result.to_dict()
-        if not result.ok:
-            worst = result.worst()
-            raise VerificationFailed(
-                f"optimized output {worst.name!r} differs from the original (max abs {worst.max_abs:.3g}, max rel {worst.max_rel:.3g})"
-            )
+        _verify_or_raise(out, original_model, report, "<model>", shapes, rtol, atol)
     report.seconds = time.perf_counter() - start
     return out, report
