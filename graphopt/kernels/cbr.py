@@ -139,6 +139,17 @@ def _check_out(outputs, g: geo.ConvGeom, dt: str):
     return y
 
 
+class TiledMmaParams:
+    """The tile-configuration accessors shared by the tensor-core families (mma_gemm.cu)."""
+
+    def _cfg(self):
+        return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
+
+    def _sepi(self) -> int:
+        """1: the shared-memory staged (coalesced) epilogue variant."""
+        return int(self.param("sepi", 0))
+
+
 @dataclass(frozen=True)
 class DirectConv(Candidate):
     """(a) Direct convolution; ``opt`` consecutive output columns per thread."""
@@ -233,15 +244,8 @@ def ktab_smem_bytes(K: int, bk: int, splits: int) -> int:
 
 
 @dataclass(frozen=True)
-class ImplicitGemmConv(Candidate):
+class ImplicitGemmConv(TiledMmaParams, Candidate):
     """(b) Tensor-core implicit GEMM; params bm, bn, bk, wm, wn (warps), splitk."""
-
-    def _cfg(self):
-        return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
-
-    def _sepi(self) -> int:
-        """1: the shared-memory staged (coalesced) epilogue variant."""
-        return int(self.param("sepi", 0))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)
@@ -327,18 +331,11 @@ class ImplicitGemmConv(Candidate):
 
 
 @dataclass(frozen=True)
-class ImplicitGemmNhwcConv(Candidate):
+class ImplicitGemmNhwcConv(TiledMmaParams, Candidate):
     """(b'') Tensor-core implicit GEMM on an NHWC copy of the input, K ordered (r, s, c): each B
     chunk is one 16-byte load. Needs C/G a multiple of bk. The NCHW -> NHWC transpose of X and the
     weight reorder to [M][KH][KW][C/G] run inside ``launch`` and are counted in its time; the
     output is written NCHW directly by the fused epilogue."""
-
-    def _cfg(self):
-        return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
-
-    def _sepi(self) -> int:
-        """1: the shared-memory staged (coalesced) epilogue variant."""
-        return int(self.param("sepi", 0))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)
@@ -438,17 +435,10 @@ class ImplicitGemmNhwcConv(Candidate):
 
 
 @dataclass(frozen=True)
-class PointwiseGemmConv(Candidate):
+class PointwiseGemmConv(TiledMmaParams, Candidate):
     """(b') 1x1 stride-1 convs on the tensor cores as a batched GEMM on NCHW as it is:
     Y[n] (M x HW) = W (M x C) . X[n] (C x HW), with 16-byte loads of both operands (HW % 8 == 0
     for fp16) and the epilogue fused; same kernel and tile family as ``implicit_gemm``."""
-
-    def _cfg(self):
-        return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
-
-    def _sepi(self) -> int:
-        """1: the shared-memory staged (coalesced) epilogue variant."""
-        return int(self.param("sepi", 0))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)

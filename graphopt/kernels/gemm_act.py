@@ -17,7 +17,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.base import Candidate, Signature
-from graphopt.kernels.cbr import MMA_TAIL, SPLITS, SPLIT_MAX_BASE_CTAS, TILE_CONFIGS_BK, VEC, epi_smem_bytes, mma_family, mma_smem_bytes, ptr
+from graphopt.kernels.cbr import MMA_TAIL, TiledMmaParams, SPLITS, SPLIT_MAX_BASE_CTAS, TILE_CONFIGS_BK, VEC, epi_smem_bytes, mma_family, mma_smem_bytes, ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
@@ -198,11 +198,8 @@ class CublasGemm(Candidate):
 
 
 @dataclass(frozen=True)
-class MmaGemm(Candidate):
+class MmaGemm(TiledMmaParams, Candidate):
     """Tiled tensor-core GEMM (mma.sync fp16 / tf32) with bias, alpha/beta and activation fused."""
-
-    def _cfg(self):
-        return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check(sig)
@@ -234,7 +231,7 @@ class MmaGemm(Candidate):
         p = gemm_plan(sig)
         bm, bn, bk, wm, wn, _ = self._cfg()
         mode = 1 if p.trans_b else 0
-        return (mode, bm, bn, bk, wm, wn, int(self.param("sepi", 0)))
+        return (mode, bm, bn, bk, wm, wn, self._sepi())
 
     def _vec_flags(self, sig: Signature) -> tuple[int, int]:
         """16-byte loads for A rows / B rows when their lengths keep every row 16-byte aligned."""
@@ -255,7 +252,7 @@ class MmaGemm(Candidate):
         ints = self._instance_ints(sig)
         mode = ints[0]
         kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, *ints))
-        smem = max(mma_smem_bytes(dt, mode, bm, bn, bk), epi_smem_bytes(bm, bn, int(self.param("sepi", 0))))
+        smem = max(mma_smem_bytes(dt, mode, bm, bn, bk), epi_smem_bytes(bm, bn, self._sepi()))
         kern.max_dynamic_shared_size_bytes = smem
         Mf = p.M * p.Z if p.fold else p.M
         Zf = 1 if p.fold else p.Z

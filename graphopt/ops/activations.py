@@ -222,3 +222,16 @@ def activation_key(attrs: Mapping[str, Any]) -> list[str]:
         if attrs.get("clip_max") is not None:
             tokens.append("hi")
     return tokens
+
+
+# The attributes every activation-carrying op declares (CBR, GemmAct): the activation, its
+# parameters, and the lowering the tuner records. One table, merged into each op's schema.
+ACTIVATION_ATTRIBUTES: dict = {
+    "activation": (str, "none"),
+    "act_alpha": (float, None),
+    "act_beta": (float, None),
+    "clip_min": (float, None),
+    "clip_max": (float, None),
+    "lowering": (str, None),
+    "lowering_params": (str, None),
+}

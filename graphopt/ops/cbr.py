@@ -16,7 +16,7 @@ from onnx import AttributeProto
 from graphopt.errors import RuleError
 from graphopt.ops._body import Body, dtype_token
 from graphopt.ops._keys import format_key, parse_key
-from graphopt.ops.activations import ACTIVATIONS, activation_key, check_activation
+from graphopt.ops.activations import ACTIVATION_ATTRIBUTES, ACTIVATIONS, activation_key, check_activation
 from graphopt.ops.schema import DOMAIN, OpSchema
 
 NAME = "CBR"
@@ -40,13 +40,7 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "kernel_shape": (list, None),
     "pads": (list, None),
     "strides": (list, None),
-    "activation": (str, "none"),
-    "act_alpha": (float, None),
-    "act_beta": (float, None),
-    "clip_min": (float, None),
-    "clip_max": (float, None),
-    "lowering": (str, None),
-    "lowering_params": (str, None),
+    **ACTIVATION_ATTRIBUTES,
 }
 
 DOC = ("graphopt.CBR: Y = act(Conv(X, W, B) + R). B ([M]) and R (broadcastable to the conv output) "

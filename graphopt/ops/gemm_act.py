@@ -15,7 +15,7 @@ from onnx import AttributeProto
 from graphopt.errors import RuleError
 from graphopt.ops._body import Body, dtype_token
 from graphopt.ops._keys import format_key, parse_key
-from graphopt.ops.activations import ACTIVATIONS, f32, activation_key, check_activation
+from graphopt.ops.activations import ACTIVATION_ATTRIBUTES, ACTIVATIONS, f32, activation_key, check_activation
 from graphopt.ops.schema import DOMAIN, OpSchema
 
 NAME = "GemmAct"
@@ -34,13 +34,7 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "beta": (float, 1.0),
     "transA": (int, 0),
     "transB": (int, 0),
-    "activation": (str, "none"),
-    "act_alpha": (float, None),
-    "act_beta": (float, None),
-    "clip_min": (float, None),
-    "clip_max": (float, None),
-    "lowering": (str, None),
-    "lowering_params": (str, None),
+    **ACTIVATION_ATTRIBUTES,
 }
 
 DOC = ('graphopt.GemmAct: Y = act(MatMul(A, B) + C) for mode "matmul", act(Gemm(A, B, C; alpha, beta, '
