@@ -43,6 +43,8 @@ def _collect_names(gproto: onnx.GraphProto, out: set[str]) -> None:
         out.add(vi.name)
     for t in gproto.initializer:
         out.add(t.name)
+    for sp in gproto.sparse_initializer:
+        out.add(sp.values.name)
     for n in gproto.node:
         out.add(n.name)
         out.update(n.input)

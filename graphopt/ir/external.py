@@ -51,6 +51,25 @@ def iter_tensors(gproto: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                     stack.extend(a.graphs)
 
 
+def iter_sparse(gproto: onnx.GraphProto) -> Iterator[onnx.SparseTensorProto]:
+    """Every SparseTensorProto of a graph: sparse initializers and sparse attributes (Constant's
+    ``sparse_value``), in all nested subgraphs (iteratively, as ``iter_tensors``)."""
+    stack = [gproto]
+    while stack:
+        g = stack.pop()
+        yield from g.sparse_initializer
+        for n in g.node:
+            for a in n.attribute:
+                if a.type == AttributeProto.SPARSE_TENSOR:
+                    yield a.sparse_tensor
+                elif a.type == AttributeProto.SPARSE_TENSORS:
+                    yield from a.sparse_tensors
+                elif a.type == AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+
+
 def model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     yield from iter_tensors(model.graph)
     for f in model.functions:

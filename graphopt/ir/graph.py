@@ -229,7 +229,16 @@ class Graph:
 
     def defines(self, tensor: str) -> bool:
         """True when ``tensor`` is produced, an input or an initializer of this graph (not a parent)."""
-        return tensor in self._producer or tensor in self._inits or tensor in self._inputs
+        return (
+            tensor in self._producer
+            or tensor in self._inits
+            or tensor in self._inputs
+            or tensor in self.sparse_initializer_names()
+        )
+
+    def sparse_initializer_names(self) -> list[str]:
+        """Names of this graph's sparse initializers (kept verbatim; they define tensors too)."""
+        return [s.values.name for s in self._sparse_inits]
 
     def visible(self, tensor: str) -> bool:
         g: Graph | None = self
@@ -342,7 +351,7 @@ class Graph:
 
     def outer_references(self) -> list[str]:
         """Tensors this graph (or its subgraphs) reads without defining them: outer-scope references."""
-        defined: set[str] = set(self._inputs) | set(self._inits) | set(self._producer)
+        defined: set[str] = set(self._inputs) | set(self._inits) | set(self._producer) | set(self.sparse_initializer_names())
         seen: dict[str, None] = {}
         for node in self.nodes():
             for t in node.inputs:

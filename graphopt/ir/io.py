@@ -30,7 +30,7 @@ from graphopt.errors import (
     WriteFailed,
 )
 from graphopt.ir.convert import from_model, to_model
-from graphopt.ir.external import check_external, is_external, iter_tensors, load_external
+from graphopt.ir.external import check_external, is_external, iter_sparse, iter_tensors, load_external
 from graphopt.ir.graph import Graph
 
 MIN_OPSET = 9
@@ -153,6 +153,26 @@ def check_tensor(t: onnx.TensorProto, source: str) -> None:
         raise InvalidModel(f"{source}: tensor {t.name!r} has {n} values but dims {list(t.dims)} need {count}")
 
 
+def check_sparse(sp: onnx.SparseTensorProto, source: str) -> None:
+    """A sparse tensor's dense dims must be non-negative without overflow, and its indices must fit
+    them (onnx.checker's own sparse check does the index part once the data is in memory)."""
+    name = sp.values.name
+    count = 1
+    for d in sp.dims:
+        if d < 0:
+            raise InvalidModel(f"{source}: sparse tensor {name!r} has a negative dimension {d}")
+        count *= d
+        if count >= 2**62:
+            raise InvalidModel(f"{source}: sparse tensor {name!r} has dimensions {list(sp.dims)} whose product overflows")
+    if is_external(sp.values) or is_external(sp.indices):
+        return  # not loaded (load_external_data=False): the references themselves were validated
+    try:
+        onnx.checker.check_sparse_tensor(sp)
+    except Exception as e:  # ValidationError, or the C++ checker's own exception types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InvalidModel(f"{source}: sparse tensor {name!r} is malformed: {first[:200]}") from None
+
+
 def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_external_data: bool = True, base_dir: "str | os.PathLike | None" = None) -> Graph:
     """Load and validate a model into a ``Graph``. The input file is only read, never modified."""
     if isinstance(model_or_path, onnx.ModelProto):
@@ -172,6 +192,8 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
         data_files = check_external(model, folder, source)
     for t in iter_tensors(model.graph):
         check_tensor(t, source)
+    for sp in iter_sparse(model.graph):
+        check_sparse(sp, source)
     try:
         graph = from_model(model)
         graph.lint()
