@@ -1,0 +1,169 @@
+"""graphopt.Attention: ``Y = softmax(Q @ K^T * scale [+ mask] [causal]) @ V`` (scaled dot-product attention).
+
+Layout: Q is [..., Sq, D] (typically [B, H, Sq, D]), V is [..., Skv, Dv]. K is [..., Skv, D], or,
+with ``k_transposed=1``, already transposed as [..., D, Skv]: exactly what the score MatMul of an
+export reads, so a rule hands it over without touching the Transpose that made it.
+
+Masks (``mask_kind``): ``"none"``; ``"additive"`` (a float tensor broadcast-added to the scores,
+e.g. BERT's extended mask); ``"bool"`` (True = attend: the scores get ``Where(mask, 0, mask_value)``
+added, as torch's SDPA export writes it, ``mask_value`` defaulting to -inf). ``causal=1`` masks
+key j > query i (top-left aligned, as torch's ``is_causal``). ``nan_to_zero=1`` turns the NaN
+probabilities of fully masked rows into 0 (the IsNaN/Where torch exports put after the Softmax).
+``num_heads`` is informational (0 = unknown) for kernels; the body does not use it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from onnx import AttributeProto, TensorProto, helper
+
+from graphopt.errors import RuleError
+from graphopt.ops._body import Body, dtype_token
+from graphopt.ops.activations import f32
+from graphopt.ops.layer_norm import flag_key, parse_flags
+from graphopt.ops.schema import DOMAIN, OpSchema
+
+NAME = "Attention"
+INPUTS = (("Q", False), ("K", False), ("V", False), ("mask", True))
+MASK_KINDS = ("none", "additive", "bool")
+ATTRIBUTES: dict[str, tuple[type, Any]] = {
+    "scale": (float, None),  # absent: 1 / sqrt(D)
+    "causal": (int, 0),
+    "mask_kind": (str, "none"),
+    "mask_value": (float, None),  # bool masks: the value added where the mask is False (absent: -inf)
+    "nan_to_zero": (int, 0),
+    "k_transposed": (int, 0),
+    "num_heads": (int, 0),
+    "lowering": (str, None),
+    "lowering_params": (str, None),
+}
+FLAG_ORDER = ("kt", "add", "bool", "mv", "causal", "nz", "scale")
+MIN_OPSET = 13  # Softmax over one axis (opset < 13 coerces to 2-D)
+
+DOC = ("graphopt.Attention: Y = softmax(Q @ K^T * scale [+ mask] [causal mask]) @ V; mask_kind none | additive "
+       "| bool (True = attend); k_transposed=1 takes K as [..., D, Skv]; nan_to_zero=1 zeroes fully masked rows.")
+
+
+def _given(present: list[bool], i: int) -> bool:
+    return i < len(present) and present[i]
+
+
+def _check(attrs: dict, present: list[bool]) -> str | None:
+    kind = attrs.get("mask_kind", "none")
+    if kind not in MASK_KINDS:
+        return f"mask_kind={kind!r} must be one of {', '.join(MASK_KINDS)}"
+    if (kind != "none") != _given(present, 3):
+        return (f"mask_kind={kind!r} but the mask input is {'present' if _given(present, 3) else 'absent'}; "
+                "give a mask exactly when mask_kind is additive or bool")
+    if attrs.get("mask_value") is not None and kind != "bool":
+        return "mask_value only applies to mask_kind='bool'"
+    for name in ("causal", "nan_to_zero", "k_transposed"):
+        if attrs.get(name, 0) not in (0, 1):
+            return f"{name}={attrs[name]} must be 0 or 1"
+    scale = attrs.get("scale")
+    if scale is not None and not math.isfinite(scale):
+        return f"scale={scale} must be finite"
+    if attrs.get("num_heads", 0) < 0:
+        return f"num_heads={attrs['num_heads']} must be >= 0 (0 = unknown)"
+    return None
+
+
+def _flags(attrs: dict) -> list[str]:
+    kind = attrs.get("mask_kind", "none")
+    flags = ["kt"] if attrs.get("k_transposed", 0) else []
+    flags += {"none": [], "additive": ["add"], "bool": ["bool"]}[kind]
+    flags += ["mv"] if attrs.get("mask_value") is not None else []
+    flags += ["causal"] if attrs.get("causal", 0) else []
+    flags += ["nz"] if attrs.get("nan_to_zero", 0) else []
+    flags += ["scale"] if attrs.get("scale") is not None else []
+    return flags
+
+
+def _overload(attrs: dict, present: list[bool], dtype: int | None) -> str:
+    return flag_key(_flags(attrs), dtype_token(dtype))
+
+
+def _int_scalar(b: Body, value: int) -> str:
+    return b.node("Constant", [], value=helper.make_tensor("value", TensorProto.INT64, [], [value]))
+
+
+def _causal(b: Body, scores: str) -> str:
+    """Where(key index > query index, -inf, scores) with Shape/Gather/Range (opset >= 11)."""
+    shape = b.node("Shape", [scores])
+    sq = b.node("Gather", [shape, _int_scalar(b, -2)], axis=0)
+    skv = b.node("Gather", [shape, _int_scalar(b, -1)], axis=0)
+    zero, one = _int_scalar(b, 0), _int_scalar(b, 1)
+    rows = b.node("Unsqueeze", [b.node("Range", [zero, sq, one]), b.node(
+        "Constant", [], value=helper.make_tensor("value", TensorProto.INT64, [1], [1]))])
+    cols = b.node("Range", [zero, skv, one])
+    future = b.node("Greater", [cols, rows])  # [Sq, Skv]
+    return b.node("Where", [future, b.const(-math.inf, scores), scores])
+
+
+def _body(overload: str, opset: int):
+    if opset < MIN_OPSET:
+        raise RuleError(f"graphopt.{NAME}: function bodies need default-domain opset >= {MIN_OPSET} "
+                        f"(Softmax over the last axis), got {opset}")
+    flags, dtype = parse_flags(NAME, overload, FLAG_ORDER)
+    if "add" in flags and "bool" in flags or "mv" in flags and "bool" not in flags:
+        raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: at most one of add/bool, "
+                        "and mv only with bool")
+    b = Body(opset, dtype)
+    # K^T: given as is (k_transposed=1), else the last two axes of a rank-4 [B, H, Skv, D] K swapped
+    # (Transpose needs the rank in its perm).
+    kt = "K" if "kt" in flags else b.node("Transpose", ["K"], perm=[0, 1, 3, 2])
+    if "scale" in flags:
+        q = b.node("Mul", ["Q", b.const_ref("scale", "Q")])
+    else:  # 1 / sqrt(D) from Q's last dim at run time
+        d = b.node("Cast", [b.node("Gather", [b.node("Shape", ["Q"]), _int_scalar(b, -1)], axis=0)],
+                   to=TensorProto.FLOAT)
+        inv = b.node("Reciprocal", [b.node("Sqrt", [d])])
+        q = b.node("Mul", ["Q", b._cast_like(inv, "Q")])
+    scores = b.node("MatMul", [q, kt])
+    if "add" in flags:
+        scores = b.node("Add", [scores, "mask"])
+    elif "bool" in flags:
+        value = b.const_ref("mask_value", "Q") if "mv" in flags else b.const(-math.inf, "Q")
+        scores = b.node("Add", [scores, b.node("Where", ["mask", b.const(0.0, "Q"), value])])
+    if "causal" in flags:
+        scores = _causal(b, scores)
+    p = b.node("Softmax", [scores], axis=-1)
+    if "nz" in flags:
+        p = b.node("Where", [b.node("IsNaN", [p]), b.const(0.0, "Q"), p])
+    b.node("MatMul", [p, "V"], "Y")
+    return b.function(NAME, overload, [n for n, _ in INPUTS], ["Y"], sorted(ATTRIBUTES),
+                      f"{DOC} Variant {overload!r}, opset {opset}.", DOMAIN)
+
+
+def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
+    q_in, k_in, v_in, mask = inputs
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q_in, k_in, v_in))
+    kt = k if attrs.get("k_transposed", 0) else np.swapaxes(k, -1, -2)
+    if q.shape[-1] != kt.shape[-2]:
+        raise RuleError(f"graphopt.Attention reference: Q {q.shape} and K^T {kt.shape} disagree on the head dim")
+    scale = f32(attrs["scale"]) if attrs.get("scale") is not None else 1.0 / math.sqrt(q.shape[-1])
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.matmul(q * scale, kt)
+        kind = attrs.get("mask_kind", "none")
+        if kind == "additive":
+            s = s + np.asarray(mask, dtype=np.float64)
+        elif kind == "bool":
+            mv = f32(attrs["mask_value"]) if attrs.get("mask_value") is not None else -math.inf
+            s = s + np.where(np.asarray(mask, dtype=bool), 0.0, mv)
+        if attrs.get("causal", 0):
+            sq, skv = s.shape[-2:]
+            s = np.where(np.arange(skv)[None, :] > np.arange(sq)[:, None], -math.inf, s)
+        m = s.max(axis=-1, keepdims=True)
+        e = np.exp(s - m)
+        p = e / e.sum(axis=-1, keepdims=True)  # fully masked rows: NaN, as onnxruntime's Softmax
+        if attrs.get("nan_to_zero", 0):
+            p = np.where(np.isnan(p), 0.0, p)
+        y = np.matmul(p, v)
+    return [y.astype(np.asarray(q_in).dtype)]
+
+
+SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
+                  _overload=_overload, _needs_dtype=lambda a, p: True, _body=_body, _reference=_reference)
