@@ -22,30 +22,15 @@ from graphopt.errors import UnsafeExternalData
 _KNOWN_KEYS = {"location", "offset", "length", "checksum", "basepath"}
 
 
-def iter_tensors(gproto: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every TensorProto of a graph: initializers, sparse initializers (values and indices), and
-    Constant/attribute tensors, in all nested subgraphs (iteratively, so deep nesting cannot overflow)."""
+def iter_graphs(gproto: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """The graph and every nested subgraph, iteratively (deep nesting cannot overflow the stack)."""
     stack = [gproto]
     while stack:
         g = stack.pop()
-        yield from g.initializer
-        for s in g.sparse_initializer:
-            yield s.values
-            yield s.indices
+        yield g
         for n in g.node:
             for a in n.attribute:
-                if a.type == AttributeProto.TENSOR:
-                    yield a.t
-                elif a.type == AttributeProto.TENSORS:
-                    yield from a.tensors
-                elif a.type == AttributeProto.SPARSE_TENSOR:
-                    yield a.sparse_tensor.values
-                    yield a.sparse_tensor.indices
-                elif a.type == AttributeProto.SPARSE_TENSORS:
-                    for s in a.sparse_tensors:
-                        yield s.values
-                        yield s.indices
-                elif a.type == AttributeProto.GRAPH:
+                if a.type == AttributeProto.GRAPH:
                     stack.append(a.g)
                 elif a.type == AttributeProto.GRAPHS:
                     stack.extend(a.graphs)
@@ -53,10 +38,8 @@ def iter_tensors(gproto: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 def iter_sparse(gproto: onnx.GraphProto) -> Iterator[onnx.SparseTensorProto]:
     """Every SparseTensorProto of a graph: sparse initializers and sparse attributes (Constant's
-    ``sparse_value``), in all nested subgraphs (iteratively, as ``iter_tensors``)."""
-    stack = [gproto]
-    while stack:
-        g = stack.pop()
+    ``sparse_value``), in all nested subgraphs."""
+    for g in iter_graphs(gproto):
         yield from g.sparse_initializer
         for n in g.node:
             for a in n.attribute:
@@ -64,10 +47,22 @@ def iter_sparse(gproto: onnx.GraphProto) -> Iterator[onnx.SparseTensorProto]:
                     yield a.sparse_tensor
                 elif a.type == AttributeProto.SPARSE_TENSORS:
                     yield from a.sparse_tensors
-                elif a.type == AttributeProto.GRAPH:
-                    stack.append(a.g)
-                elif a.type == AttributeProto.GRAPHS:
-                    stack.extend(a.graphs)
+
+
+def iter_tensors(gproto: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto of a graph: initializers, Constant/attribute tensors, and the values and
+    indices of every sparse tensor, in all nested subgraphs."""
+    for g in iter_graphs(gproto):
+        yield from g.initializer
+        for n in g.node:
+            for a in n.attribute:
+                if a.type == AttributeProto.TENSOR:
+                    yield a.t
+                elif a.type == AttributeProto.TENSORS:
+                    yield from a.tensors
+    for s in iter_sparse(gproto):
+        yield s.values
+        yield s.indices
 
 
 def model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:

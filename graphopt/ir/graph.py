@@ -233,7 +233,7 @@ class Graph:
             tensor in self._producer
             or tensor in self._inits
             or tensor in self._inputs
-            or tensor in self.sparse_initializer_names()
+            or (bool(self._sparse_inits) and tensor in self.sparse_initializer_names())  # rare: skip the list on the hot path
         )
 
     def sparse_initializer_names(self) -> list[str]:
