@@ -30,6 +30,7 @@ def optimize(
     explain: bool = False,
     verify: bool = False,
     shapes: Mapping[str, Sequence[int]] | None = None,
+    shape_profile: "Mapping[str, Mapping[str, Sequence[int]]] | Sequence[str] | None" = None,
     output: "str | os.PathLike | None" = None,
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
@@ -39,8 +40,13 @@ def optimize(
     ``gpu`` is ``"auto"``, ``"none"`` or a GPU name such as ``"a100"`` (see ``graphopt optimize --help``).
     ``rules`` adds rule files or folders to the shipped ones; ``disable`` turns shipped rules off by
     name. With ``verify=True`` both models run under onnxruntime on random inputs and a mismatch raises
-    ``graphopt.errors.VerificationFailed``. The result is written only when ``output`` is given."""
-    options = dict(gpu=gpu, rules=list(rules), disable=list(disable), explain=explain)
+    ``graphopt.errors.VerificationFailed``. The result is written only when ``output`` is given.
+
+    ``shape_profile`` tunes each value of symbolic input dims separately, like ``--shape-profile``:
+    ``{"x": {"batch": [1, 8, 32]}}`` or ``["x=batch:1,8,32"]``. Each custom-op node then records
+    ``lowering_buckets`` (see ``graphopt.tune.buckets``) and ``report.lowerings`` has one row per
+    node and bucket; without it, tuning uses ``shapes`` or the defaults (``report.tuning_dims``)."""
+    options = dict(gpu=gpu, rules=list(rules), disable=list(disable), explain=explain, shape_profile=shape_profile)
     shape_map = {k: list(v) for k, v in (shapes or {}).items()}
     if isinstance(model_or_path, onnx.ModelProto):
         model, report = optimize_model(model_or_path, verify=verify, rtol=rtol, atol=atol, shapes=shape_map, **options)

@@ -95,17 +95,24 @@ def main() -> None:
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the full report as JSON.")
 @click.option("--verify", is_flag=True, help="Compare original and optimized under onnxruntime; on a mismatch write nothing.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape for --verify and tuning (repeatable).")
+@click.option("--shape-profile", "shape_profiles", multiple=True, metavar="NAME=DIM:V1,V2..",
+              help="Tune each value of symbolic dim DIM of input NAME separately, e.g. x=batch:1,8,32 (repeatable; "
+                   "several dims combine as their product). Nodes record the choice per bucket in 'lowering_buckets'; "
+                   "'lowering' is the largest bucket's. Without it, tuning uses --shape or the defaults "
+                   "(batch-like dims 1, dims named *seq* 128) and says which.")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance for --verify (default 1e-4).")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance for --verify (default 1e-5).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
-def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, rtol, atol, quiet):
+def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, shape_profiles, rtol, atol, quiet):
     """Optimize MODEL: cleanup, fusion rules, lowering selection; write MODEL.opt.onnx."""
 
     def work():
         from graphopt.pipeline import optimize_file
         from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, parse_shape_overrides
+        from graphopt.tune.buckets import parse_shape_profiles
 
         shape_map = parse_shape_overrides(shapes)
+        profile = parse_shape_profiles(shape_profiles)  # syntax errors before the model is read
         with _Progress(quiet) as progress:
             _, report = optimize_file(
                 model,
@@ -116,6 +123,7 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
                 explain=explain,
                 verify=verify,
                 shapes=shape_map,
+                shape_profile=profile,
                 rtol=DEFAULT_RTOL if rtol is None else rtol,
                 atol=DEFAULT_ATOL if atol is None else atol,
                 progress=progress,
@@ -154,8 +162,31 @@ def _print_summary(report, explain: bool) -> None:
     table.add_row("time", f"{report.seconds:.2f} s")
     table.add_row("output", str(report.output))
     con.print(table)
+    if report.buckets:
+        _print_buckets(con, report)
     if report.selection_summary:
         con.print(report.selection_summary)
+    from graphopt.tune.select import dims_line
+
+    if report.tuning_dims:
+        con.print(dims_line(report.tuning_dims))
+
+
+def _print_buckets(con, report) -> None:
+    """One row per node and bucket: what --shape-profile tuned."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    names = list(report.buckets[0])
+    t = Table(title="lowering per bucket", show_header=True, header_style="bold")
+    for col in ("node", "op", *names, "lowering", "params", "mode"):
+        t.add_column(col, justify="right" if col in names else "left", overflow="fold")
+    for row in report.lowerings:
+        dims = row.get("dims") or {}
+        t.add_row(escape(row["node"]), row["op"], *(str(dims.get(n, "")) for n in names), row["lowering"],
+                  escape(row["params"] or "-"),
+                  row["mode"])
+    con.print(t)
 
 
 def _print_explain(con, report) -> None:

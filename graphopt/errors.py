@@ -19,6 +19,12 @@ class GraphoptError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
+class UsageError(GraphoptError):
+    """A bad option value that click cannot check by itself (for example ``--shape-profile``)."""
+
+    exit_code = 2
+
+
 class InputNotFound(GraphoptError):
     exit_code = 3
 
@@ -80,7 +86,7 @@ class TuningError(GraphoptError):
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "internal error (a bug in graphopt: please report it with the model)",
-    2: "usage error (bad option or argument)",
+    UsageError.exit_code: "usage error (bad option or argument)",
     InputNotFound.exit_code: "input file not found or unreadable",
     InvalidModel.exit_code: "not a valid ONNX model (empty, truncated, corrupt tensor data)",
     UnsupportedModel.exit_code: "unsupported opset, ir_version or custom domain",

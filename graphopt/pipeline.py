@@ -40,7 +40,9 @@ class OptimizeReport:
     target: str = "none"
     mode: str = "none"
     selection_summary: str = ""
-    lowerings: list[dict[str, Any]] = field(default_factory=list)
+    lowerings: list[dict[str, Any]] = field(default_factory=list)  # one per node (per node and bucket with a profile)
+    tuning_dims: dict[str, dict[str, Any]] = field(default_factory=dict)  # dim -> {"values", "source"}
+    buckets: list[dict[str, int]] = field(default_factory=list)  # the --shape-profile buckets, ascending
     verify: dict[str, Any] | None = None
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
@@ -89,14 +91,20 @@ def optimize_graph(
     explain: bool = False,
     cleanup: bool = True,
     shapes: dict[str, list[int]] | None = None,
+    shape_profile: Any = None,
     progress: Progress | None = None,
     report: OptimizeReport | None = None,
 ) -> OptimizeReport:
-    """Rewrite ``graph`` in place and return the report."""
+    """Rewrite ``graph`` in place and return the report.
+
+    ``shape_profile`` (``--shape-profile`` items or a mapping, see ``graphopt.tune.buckets``) is
+    checked against the graph's inputs first, so a bad one fails before any work."""
     from graphopt.passes import dead_code, run_cleanup
     from graphopt.rewrite import apply_rules, load_rules
+    from graphopt.tune.buckets import resolve_profile
     from graphopt.tune.tuner import tune_graph
 
+    profile = resolve_profile(graph, shape_profile, shapes)
     report = report or OptimizeReport(source=graph.source_path or "<model>")
     step = progress or (lambda msg: None)
     t = time.perf_counter()
@@ -125,11 +133,14 @@ def optimize_graph(
     step("lowering selection")
     t = time.perf_counter()
     # Profiles when the named GPU is present, else imported cache entries, else the heuristic.
-    sel = tune_graph(graph, gpu=gpu, shapes=shapes, progress=None if progress is not None else False)
+    sel = tune_graph(graph, gpu=gpu, shapes=shapes, progress=None if progress is not None else False,
+                     shape_profile=profile)
     report.target = sel.target
     report.mode = sel.mode
     report.selection_summary = sel.summary
     report.lowerings = [_as_dict(r) for r in sel.rows]
+    report.tuning_dims = {k: dict(v) for k, v in sel.dims.items()}
+    report.buckets = [dict(b) for b in sel.buckets]
     report.timings["select"] = time.perf_counter() - t
     graph.toposort()
     graph.lint()

@@ -234,4 +234,5 @@ ACTIVATION_ATTRIBUTES: dict = {
     "clip_max": (float, None),
     "lowering": (str, None),
     "lowering_params": (str, None),
+    "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
 }

@@ -39,6 +39,7 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "num_heads": (int, 0),
     "lowering": (str, None),
     "lowering_params": (str, None),
+    "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
 }
 FLAG_ORDER = ("kt", "add", "bool", "mv", "causal", "nz", "scale")
 MIN_OPSET = 13  # Softmax over one axis (opset < 13 coerces to 2-D)

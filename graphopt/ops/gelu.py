@@ -23,6 +23,7 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "approximate": (str, "none"),
     "lowering": (str, None),
     "lowering_params": (str, None),
+    "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
 }
 DOC = ('graphopt.Gelu: Y = 0.5 * X * (1 + erf(X / sqrt(2))) for approximate="none", '
        '0.5 * X * (1 + tanh(sqrt(2 / pi) * (X + 0.044715 X^3))) for approximate="tanh".')

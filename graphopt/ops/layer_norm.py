@@ -34,6 +34,7 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "sum_output": (int, 0),
     "lowering": (str, None),
     "lowering_params": (str, None),
+    "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
 }
 FLAG_ORDER = ("b", "skip", "sb", "sum")
 NATIVE_OPSET = 17  # ONNX LayerNormalization

@@ -23,6 +23,7 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "epsilon": (float, 1e-6),
     "lowering": (str, None),
     "lowering_params": (str, None),
+    "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
 }
 DOC = "graphopt.RMSNorm: Y = X / sqrt(mean(X * X, axis=-1) + epsilon) * scale."
 

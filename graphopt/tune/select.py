@@ -22,6 +22,13 @@ attached, and what it finds is merged into the graph's value_info. Symbolic dims
 input declared ``("N", 3, 224, 224)`` given as ``(8, 3, 224, 224)`` binds ``N=8`` everywhere.
 Unbound dims get documented defaults, and the node's reason says so: ``SEQ_DIM`` (128) for a dim
 whose name contains "seq" (a sequence length), else ``DEFAULT_DIM`` (1, batch-1 inference).
+``SelectionReport.dims`` says, per symbolic dim, the value(s) tuned at and where they came from
+(``--shape-profile NAME``, ``--shape NAME`` or ``default``).
+
+With a shape profile (``shape_profile``, see ``graphopt.tune.buckets``) every node is chosen once
+per bucket: the report has one row per node and bucket (``NodeSelection.dims`` names the bucket),
+the node gets the ``lowering_buckets`` attribute, and ``lowering`` / ``lowering_params`` hold the
+choice for the largest bucket. Without a profile a stale ``lowering_buckets`` is removed.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ class NodeSelection:
     mode: str
     reason: str
     timings: list[dict] = field(default_factory=list)
+    dims: dict[str, int] = field(default_factory=dict)  # the bucket ({} without a shape profile)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -90,6 +98,12 @@ class SelectionReport:
     summary: str
     rows: list[NodeSelection] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    # symbolic dim -> {"values": [...], "source": "--shape-profile x" | "--shape x" | "default (...)"}
+    dims: dict[str, dict] = field(default_factory=dict)
+    buckets: list[dict[str, int]] = field(default_factory=list)
+
+    def dims_line(self) -> str:
+        return dims_line(self.dims)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -102,7 +116,16 @@ class SelectionReport:
             "requested": self.requested, "target": self.target, "mode": self.mode, "present": self.present,
             "device": self.device, "summary": self.summary, "counts": self.counts(),
             "nodes": [r.to_dict() for r in self.rows], "messages": list(self.messages),
+            "dims": {k: dict(v) for k, v in self.dims.items()}, "buckets": [dict(b) for b in self.buckets],
         }
+
+
+def dims_line(dims: Mapping[str, Mapping[str, Any]]) -> str:
+    """``tuned at: 'N'=1,8,32 (--shape-profile x), 'seq'=128 (default (SEQ_DIM))``, or ``""`` without dims."""
+    if not dims:
+        return ""
+    parts = [f"{d!r}={','.join(str(v) for v in info['values'])} ({info['source']})" for d, info in dims.items()]
+    return "tuned at: " + ", ".join(parts)
 
 
 def _dtype_name(dtype: int | None) -> str:
@@ -119,9 +142,9 @@ def _dtype_name(dtype: int | None) -> str:
         return onnx.TensorProto.DataType.Name(dtype).lower()
 
 
-def bind_dims(graph, shapes: Mapping[str, Sequence[int]] | None) -> dict[str, int]:
-    """Symbolic dim name -> value, read off the tensors in ``shapes`` whose declared dims are symbolic."""
-    bound: dict[str, int] = {}
+def bind_dims_sources(graph, shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, str]]:
+    """Symbolic dim name -> (value, the tensor in ``shapes`` it was read off)."""
+    bound: dict[str, tuple[int, str]] = {}
     for name in sorted(shapes or {}):
         concrete = [int(d) for d in shapes[name]]
         info = graph.value_info(name)
@@ -130,11 +153,23 @@ def bind_dims(graph, shapes: Mapping[str, Sequence[int]] | None) -> dict[str, in
             continue
         for d, v in zip(declared, concrete):
             if isinstance(d, str) and d and d not in bound:
-                bound[d] = v
+                bound[d] = (v, name)
     return bound
 
 
-def _concrete(shape, dims: Mapping[str, int], notes: list[str]) -> tuple[int, ...] | None:
+def bind_dims(graph, shapes: Mapping[str, Sequence[int]] | None) -> dict[str, int]:
+    """Symbolic dim name -> value, read off the tensors in ``shapes`` whose declared dims are symbolic."""
+    return {d: v for d, (v, _) in bind_dims_sources(graph, shapes).items()}
+
+
+def default_dim(name: str | None) -> tuple[int, str]:
+    """The documented default for an unbound dim, and why: ``SEQ_DIM`` for a name containing "seq"."""
+    if isinstance(name, str) and "seq" in name.lower():
+        return SEQ_DIM, "default (SEQ_DIM)"
+    return DEFAULT_DIM, "default (DEFAULT_DIM)"
+
+
+def _concrete(shape, dims: Mapping[str, int], notes: list[str], defaulted: dict | None = None) -> tuple[int, ...] | None:
     if shape is None:
         return None
     out = []
@@ -144,11 +179,13 @@ def _concrete(shape, dims: Mapping[str, int], notes: list[str]) -> tuple[int, ..
         elif isinstance(d, str) and d in dims:
             out.append(dims[d])
         else:
-            value = SEQ_DIM if isinstance(d, str) and "seq" in d.lower() else DEFAULT_DIM
+            value, _ = default_dim(d)
             label = repr(d) if isinstance(d, str) and d else "unknown dim"
             note = f"{label}={value} (default)"
             if note not in notes:
                 notes.append(note)
+            if defaulted is not None:
+                defaulted.setdefault(d if isinstance(d, str) and d else "?", value)
             out.append(value)
     return tuple(out)
 
@@ -161,12 +198,14 @@ def _layout(op: str, shapes: Sequence) -> str:
 
 
 def node_signature(
-    graph, node, dims: Mapping[str, int] | None = None, shapes: Mapping[str, Sequence[int]] | None = None
+    graph, node, dims: Mapping[str, int] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+    defaulted: dict | None = None,
 ) -> tuple[Signature, list[str]]:
     """The ``Signature`` of one custom-op node, and notes on any dims that were defaulted.
 
     ``graph`` is the (sub)graph holding the node; absent optional inputs get shape ``None`` and
-    dtype ``""``; ``lowering`` / ``lowering_params`` attributes are left out (``Signature.make``).
+    dtype ``""``; the ``lowering*`` attributes are left out. ``defaulted`` (when given) collects
+    ``dim name -> default value`` for every dim that took a default (``"?"`` for unnamed dims).
     """
     notes: list[str] = []
     in_shapes, dtypes = [], []
@@ -177,7 +216,7 @@ def node_signature(
             continue
         info = graph.value_info(t)
         shape = tuple(shapes[t]) if shapes and t in shapes else (info.shape if info is not None else None)
-        in_shapes.append(_concrete(shape, dims or {}, notes))
+        in_shapes.append(_concrete(shape, dims or {}, notes, defaulted))
         dtypes.append(_dtype_name(info.dtype if info is not None else None))
     attrs = {k: v for k, v in node.attrs_dict().items() if not k.startswith("lowering")}
     sig = Signature.make(node.op_type, in_shapes, dtypes, attrs, layout=_layout(node.op_type, in_shapes))
@@ -228,29 +267,41 @@ def select_lowerings(
     devices: list[DeviceInfo] | None = None,
     candidates_for: Callable[[Signature], Sequence] | None = None,
     progress: bool | None = None,
+    shape_profile: Any = None,
 ) -> SelectionReport:
     """Choose and record a lowering for every ``graphopt`` node; see the module docstring.
 
     ``cache`` is a ``TuningCache`` (or ``None`` for none); ``profile(sig) -> ProfileResult`` is
     usually a ``Profiler``; ``devices`` overrides device detection (tests); ``candidates_for``
     lets cached entries whose kernel source changed be ignored; ``progress`` forces the progress
-    bar on or off (default: on when stderr is a terminal and something is profiled).
+    bar on or off (default: on when stderr is a terminal and something is profiled);
+    ``shape_profile`` (``--shape-profile`` items, a mapping or a ``ResolvedProfile``; see
+    ``graphopt.tune.buckets``) tunes each bucket of the profiled dims separately.
     """
+    from graphopt.tune import buckets as B
+
     requested = str(gpu)
     norm = normalize_gpu_name(requested)  # raises TuningError for unknown names, before any work
+    resolved = B.resolve_profile(graph, shape_profile, shapes)  # UsageError before any work, too
     target = resolve_target(norm, devices)
     device = target.devices[0] if target.present else None
     cc = target.compute_capability
     profiling = device is not None and profile is not None
     nodes = _custom_nodes(graph)
     infer_missing_shapes(graph, nodes)
-    dims = bind_dims(graph, shapes)
-    rows: list[NodeSelection] = []
+    bound = bind_dims_sources(graph, shapes)
+    base_dims = {d: v for d, (v, _) in bound.items()}
+    bucket_list: list[dict[str, int]] = resolved.buckets() or [{}]
     measured: set[str] = set()  # signature keys measured now; membership only
+    defaulted: dict[str, int] = {}
 
-    signatures = [node_signature(g, n, dims, shapes) for g, n in nodes]
+    # signatures[i][b]: node i at bucket b (identical signatures are timed once by the profiler)
+    signatures = [
+        [node_signature(g, n, {**base_dims, **bucket}, shapes, defaulted) for bucket in bucket_list]
+        for g, n in nodes
+    ]
 
-    def choose(g, node, sig, notes, advance=None) -> NodeSelection:
+    def choose(g, node, sig, notes, bucket, advance=None) -> NodeSelection:
         key = sig.key()
         note = f" [dims: {', '.join(notes)}]" if notes else ""
         lowering = params = reason = mode = None
@@ -292,33 +343,51 @@ def select_lowerings(
             if mode is None:
                 mode = "heuristic"
             reason = f"{reason_fail}heuristic: {h_reason}"
-        node.set_attr("lowering", lowering)
-        node.set_attr("lowering_params", params)
         if advance is not None:
             advance(node.name)
-        return NodeSelection(g.name, node.name, node.op_type, key, lowering, params, mode, reason + note, timings)
+        return NodeSelection(g.name, node.name, node.op_type, key, lowering, params, mode, reason + note, timings,
+                             dict(bucket))
 
+    def choose_node(i, advance=None) -> list[NodeSelection]:
+        g, node = nodes[i]
+        picks = [choose(g, node, sig, notes, bucket, advance)
+                 for bucket, (sig, notes) in zip(bucket_list, signatures[i])]
+        last = picks[-1]  # the largest bucket: what a consumer that ignores the buckets runs
+        node.set_attr("lowering", last.lowering)
+        node.set_attr("lowering_params", last.params)
+        if resolved:
+            node.set_attr(B.ATTR, B.encode([(p.dims, p.lowering, p.params) for p in picks]))
+        else:
+            node.del_attr(B.ATTR)  # stale buckets from an earlier run would dispatch wrongly
+        return picks
+
+    rows: list[NodeSelection] = []
     if profiling and hasattr(profile, "profile_many"):
         # Distinct signatures first (spread over the GPUs), then every node from the memo.
         from graphopt.tune.profiler import node_progress
 
-        sigs = [sig for sig, _ in signatures]
+        sigs = [sig for per_node in signatures for sig, _ in per_node]
         distinct = len(dict.fromkeys(sig.key() for sig in sigs))
         ndev = len(target.devices)
         desc = f"tuning on {ndev} x {device.normalized}" if ndev > 1 else f"tuning on {device.normalized}"
         with node_progress(distinct, enabled=progress, description=desc) as advance:
             profile.profile_many(sigs, advance)
-        rows = [choose(g, n, sig, notes) for (g, n), (sig, notes) in zip(nodes, signatures)]
+        for i in range(len(nodes)):
+            rows.extend(choose_node(i))
     elif profiling:
         from graphopt.tune.profiler import node_progress
 
-        with node_progress(len(nodes), enabled=progress, description=f"tuning on {device.normalized}") as advance:
-            rows = [choose(g, n, sig, notes, advance) for (g, n), (sig, notes) in zip(nodes, signatures)]
+        total = len(nodes) * len(bucket_list)
+        with node_progress(total, enabled=progress, description=f"tuning on {device.normalized}") as advance:
+            for i in range(len(nodes)):
+                rows.extend(choose_node(i, advance))
     else:
-        rows = [choose(g, n, sig, notes) for (g, n), (sig, notes) in zip(nodes, signatures)]
+        for i in range(len(nodes)):
+            rows.extend(choose_node(i))
 
     mode = _overall_mode(norm, profiling, rows)
-    summary = _summary(requested, norm, target, device, profiling, profile, rows, measured)
+    summary = _summary(requested, norm, target, device, profiling, profile, rows, measured,
+                       len(nodes), resolved.buckets())
     meta = graph.metadata
     meta[META_TARGET] = target.name
     meta[META_MODE] = mode
@@ -328,8 +397,21 @@ def select_lowerings(
     else:
         meta.pop(META_DEVICE, None)
     messages = list(getattr(cache, "messages", []) or [])
+    dims_info = _dims_info(resolved, bound, defaulted)
     return SelectionReport(requested, target.name, mode, target.present, device.name if device else None,
-                           summary, rows, messages)
+                           summary, rows, messages, dims_info, resolved.buckets())
+
+
+def _dims_info(resolved, bound: Mapping[str, tuple[int, str]], defaulted: Mapping[str, int]) -> dict[str, dict]:
+    """Per symbolic dim: the value(s) tuned at and where they came from, sorted by dim name."""
+    out: dict[str, dict] = {}
+    for d, (v, tensor) in bound.items():
+        out[d] = {"values": [v], "source": f"--shape {tensor}"}
+    for d, v in defaulted.items():
+        if d not in out:
+            out[d] = {"values": [v], "source": default_dim(None if d == "?" else d)[1]}
+    out.update(resolved.describe())
+    return dict(sorted(out.items()))
 
 
 def _overall_mode(norm: str, profiling: bool, rows: list[NodeSelection]) -> str:
@@ -347,14 +429,23 @@ def _overall_mode(norm: str, profiling: bool, rows: list[NodeSelection]) -> str:
     return "heuristic"
 
 
-def _summary(requested, norm, target, device, profiling, profile, rows, measured) -> str:
+def _summary(requested, norm, target, device, profiling, profile, rows, measured, n_nodes=None, buckets=()) -> str:
+    text = _summary_text(requested, norm, target, device, profiling, profile, rows, measured, bool(buckets))
+    if buckets:
+        n_nodes = len(rows) // len(buckets) if n_nodes is None else n_nodes
+        text += f" ({n_nodes} node{'s' if n_nodes != 1 else ''} x {len(buckets)} buckets)"
+    return text
+
+
+def _summary_text(requested, norm, target, device, profiling, profile, rows, measured, per_bucket=False) -> str:
     n = len(rows)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.mode] = counts.get(r.mode, 0) + 1
+    unit = "node-bucket" if per_bucket else "node"
 
     def plural(k: int) -> str:
-        return f"{k} node{'s' if k != 1 else ''}"
+        return f"{k} {unit}{'s' if k != 1 else ''}"
 
     if norm == "none":
         return f"--gpu none: nothing was profiled; lowerings recorded by heuristic ({plural(n)})"
@@ -385,5 +476,5 @@ def _summary(requested, norm, target, device, profiling, profile, rows, measured
 
 __all__ = [
     "DEFAULT_DIM", "SEQ_DIM", "infer_missing_shapes", "META_DEVICE", "META_MODE", "META_TARGET", "META_VERSION", "NodeSelection", "SelectionReport",
-    "bind_dims", "graphopt_version", "node_signature", "select_lowerings",
+    "bind_dims", "bind_dims_sources", "default_dim", "dims_line", "graphopt_version", "node_signature", "select_lowerings",
 ]

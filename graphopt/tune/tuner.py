@@ -71,14 +71,19 @@ def tune_graph(
     isolate: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: bool | None = None,
+    shape_profile: Any = None,
 ) -> SelectionReport:
     """Choose every custom-op node's lowering for ``gpu``, profiling when that GPU is present.
 
     ``cache``: ``True`` opens the default tuning cache, ``False``/``None`` uses none, or pass a
     ``TuningCache``. ``backend``: ``"kernels"`` loads ``kernels_backend()``; ``None`` never
     profiles; or pass a ``TuningBackend`` (tests). ``devices`` overrides detection (tests).
+    ``shape_profile`` tunes each bucket of the profiled dims (``graphopt.tune.buckets``).
     """
+    from graphopt.tune.buckets import resolve_profile
+
     norm = normalize_gpu_name(gpu)  # TuningError for an unknown name, before any work
+    shape_profile = resolve_profile(graph, shape_profile, shapes)  # UsageError, before any work
     notes: list[str] = []
     own_cache = False
     if cache is True:
@@ -96,7 +101,7 @@ def tune_graph(
         cache = None
     try:
         if norm == "none":
-            return select_lowerings(graph, "none", cache=None, shapes=shapes, devices=[])
+            return select_lowerings(graph, "none", cache=None, shapes=shapes, devices=[], shape_profile=shape_profile)
         if devices is None:
             devices = detect_devices()
         target = resolve_target(norm, devices)
@@ -110,10 +115,12 @@ def tune_graph(
                           buffers=backend.buffers, devices=list(target.devices), cache=cache, isolate=isolate,
                           timeout_s=timeout_s) as prof:
                 report = select_lowerings(graph, norm, cache=cache, profile=prof, shapes=shapes, devices=devices,
-                                          candidates_for=candidates_for, progress=progress)
+                                          candidates_for=candidates_for, progress=progress,
+                                          shape_profile=shape_profile)
         else:
             report = select_lowerings(graph, norm, cache=cache, shapes=shapes, devices=devices,
-                                      candidates_for=candidates_for, progress=progress)
+                                      candidates_for=candidates_for, progress=progress,
+                                      shape_profile=shape_profile)
         report.messages = notes + report.messages
         return report
     finally:
