@@ -7,6 +7,10 @@
   too large to evaluate in full on the CPU, the reference is computed exactly (float64) for a random
   sample of output elements (every element is still checked for being written).
 - ``buffers(sig) -> (inputs, outputs)``: random device inputs and an output buffer for the timer.
+- ``numpy_checker(sig, launch)``: the same check where there is no GPU, for a launch that takes
+  NumPy arrays (a kernel's NumPy emulation, as docs/adding_a_fused_op.md shows).
+
+Ops other than CBR / GemmAct get their output shape from ``register_family(output_shape=)``.
 
 Both are module-level functions (the profiler pickles them into its worker process).
 """
@@ -33,6 +37,10 @@ _CACHE: dict[str, tuple] = {}   # the last signature's (inputs, reference, sampl
 def output_shape(sig: Signature) -> tuple[int, ...]:
     if sig.op == "CBR":
         return geo.conv_geom(sig).out_shape
+    if sig.op != "GemmAct":
+        from graphopt.kernels.registry import output_shape_of
+
+        return output_shape_of(sig)
     from graphopt.kernels.gemm_act import gemm_plan
 
     return gemm_plan(sig).out_shape
@@ -51,7 +59,7 @@ def random_inputs(sig: Signature, rng: np.random.Generator) -> list[np.ndarray |
             out.append(None)
             continue
         a = rng.standard_normal(shape)
-        if i == 1:  # W (CBR) / B (GemmAct): keep outputs O(1)
+        if i == 1 and sig.op in ("CBR", "GemmAct"):  # W (CBR) / B (GemmAct): keep outputs O(1)
             fan_in = int(np.prod(shape[1:])) if sig.op == "CBR" else int(shape[0] if len(shape) == 1 else
                      (shape[-1] if sig.attr("transB", 0) and sig.attr("mode", "matmul") == "gemm" else shape[-2]))
             a = a / np.sqrt(max(1, fan_in))
@@ -137,6 +145,16 @@ def checker(sig: Signature, launch: Callable[[Sequence[Any], Sequence[Any]], Non
     launch(dev, [out])
     cupy.cuda.get_current_stream().synchronize()
     return compare(cupy.asnumpy(out).astype(np.float64).reshape(-1), ref, idx, dt)
+
+
+def numpy_checker(sig: Signature, launch: Callable[[Sequence[Any], Sequence[Any]], Any]) -> str | None:
+    """``checker`` without a GPU: ``launch`` gets the check inputs and a NaN-poisoned output as NumPy
+    arrays (what it returns is ignored), then the same comparison with the reference."""
+    inputs, ref, idx = _prepare(sig)
+    dt = geo.dtype_of(sig)
+    out = np.full(output_shape(sig), np.nan, dtype=dt)
+    launch([None if a is None else a.copy() for a in inputs], [out])
+    return compare(out.astype(np.float64).reshape(-1), ref, idx, dt)
 
 
 def buffers(sig: Signature) -> tuple[list, list]:

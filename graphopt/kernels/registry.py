@@ -1,17 +1,74 @@
-"""All lowering candidates per op: the profiler enumerates these and prunes with ``applies``."""
+"""All lowering candidates per op: the profiler enumerates these and prunes with ``applies``.
+
+``register_family`` adds a candidate family from outside this package (for a new op, or more
+candidates for CBR / GemmAct); docs/adding_a_fused_op.md walks through one.
+"""
 
 from __future__ import annotations
+
+from typing import Callable, Sequence
 
 from graphopt.kernels.base import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.gemm_act import gemm_act_candidates
 
 _FAMILIES = {"CBR": cbr_candidates, "GemmAct": gemm_act_candidates}
+# Registered families: op -> [make() -> candidates], in registration order, after the built-in one.
+_EXTRA: dict[str, list[Callable[[], Sequence[Candidate]]]] = {}
+# op -> output_shape(sig): what the profiler's checker allocates for an op it does not know.
+_OUTPUT_SHAPES: dict[str, Callable[[Signature], tuple[int, ...]]] = {}
+
+
+def _same(a: Callable, b: Callable) -> bool:
+    key = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
+    return a is b or key(a) == key(b)
+
+
+def register_family(op: str, make: Callable[[], Sequence[Candidate]], *,
+                    output_shape: Callable[[Signature], tuple[int, ...]] | None = None) -> None:
+    """Add ``make() -> [Candidate, ...]`` to the candidates the profiler enumerates for ``op``.
+
+    ``output_shape(sig)`` is required for an op other than CBR / GemmAct: the profiler's checker
+    allocates the (NaN-poisoned) output with it. Call this at import time of the module that defines
+    the candidates: the profiler's worker process imports that module when it unpickles one.
+    Registering the same function again (a reload) is a no-op.
+    """
+    if op not in _FAMILIES and output_shape is None and op not in _OUTPUT_SHAPES:
+        raise ValueError(f"register_family({op!r}): pass output_shape=fn(sig) -> shape for an op that is not built in")
+    fams = _EXTRA.setdefault(op, [])
+    fams[:] = [f for f in fams if not _same(f, make)] + [make]
+    if output_shape is not None:
+        _OUTPUT_SHAPES[op] = output_shape
+
+
+def unregister_family(op: str, make: Callable[[], Sequence[Candidate]]) -> None:
+    """Remove a family added with ``register_family`` (tests)."""
+    fams = [f for f in _EXTRA.get(op, []) if not _same(f, make)]
+    if fams:
+        _EXTRA[op] = fams
+    else:
+        _EXTRA.pop(op, None)
+        _OUTPUT_SHAPES.pop(op, None)
+
+
+def output_shape_of(sig: Signature) -> tuple[int, ...]:
+    """The output shape a registered op's family declared (``register_family(output_shape=)``)."""
+    fn = _OUTPUT_SHAPES.get(sig.op)
+    if fn is None:
+        from graphopt.errors import TuningError
+
+        raise TuningError(f"graphopt.{sig.op} has no output_shape; pass output_shape= to register_family")
+    return tuple(int(d) for d in fn(sig))
+
+
+def _makers(op: str) -> list[Callable[[], Sequence[Candidate]]]:
+    base = [_FAMILIES[op]] if op in _FAMILIES else []
+    return base + list(_EXTRA.get(op, []))
 
 
 def ops() -> list[str]:
     """Op types that have GPU lowerings."""
-    return sorted(_FAMILIES)
+    return sorted(set(_FAMILIES) | set(_EXTRA))
 
 
 def candidates_for(sig: Signature) -> list[Candidate]:
@@ -20,8 +77,7 @@ def candidates_for(sig: Signature) -> list[Candidate]:
     The list is not pruned: call ``cand.applies(sig, compute_capability)`` and skip those that return
     a reason.
     """
-    make = _FAMILIES.get(sig.op)
-    return make() if make else []
+    return [c for make in _makers(sig.op) for c in make()]
 
 
 def applicable(sig: Signature, compute_capability: tuple[int, int]) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
@@ -40,7 +96,7 @@ def candidate_from_key(op: str, key: str) -> Candidate:
     """The candidate whose ``key()`` is ``key`` (as recorded in a model or the tuning cache)."""
     from graphopt.errors import TuningError
 
-    for cand in _FAMILIES.get(op, lambda: [])():
+    for cand in (c for make in _makers(op) for c in make()):
         if cand.key() == key:
             return cand
     raise TuningError(f"no {op} lowering named {key!r}; run `graphopt optimize` again to re-tune")

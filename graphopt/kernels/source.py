@@ -36,13 +36,30 @@ ACT_CODES = {
 }
 
 
+# Sources added with register_source (kernels defined outside this package): name -> CUDA text.
+_REGISTERED: dict[str, str] = {}
+
+
+def register_source(name: str, text: str) -> None:
+    """Make CUDA ``text`` a kernel source named ``name`` (for example ``"bias_relu.cu"``), so that
+    ``get_kernel``, ``source_hash`` and ``nvrtc_compile`` work with it as with the shipped ``.cu``
+    files (``common.cuh`` is prepended). Call it at import time of the module that defines the
+    candidates. The same name with other text is refused: the tuning cache keys on the hash."""
+    if name in SOURCES:
+        raise TuningError(f"kernel source {name!r} is shipped with graphopt; pick another name")
+    old = _REGISTERED.get(name)
+    if old is not None and old != text:
+        raise TuningError(f"kernel source {name!r} is already registered with other text; pick another name")
+    _REGISTERED[name] = str(text)
+
+
 @lru_cache(maxsize=None)
 def read_source(name: str) -> str:
-    """The full text NVRTC compiles for ``name``: the prelude, then the file."""
-    if name not in SOURCES:
-        raise TuningError(f"unknown kernel source {name!r}; known: {', '.join(SOURCES)}")
+    """The full text NVRTC compiles for ``name``: the prelude, then the file (or registered text)."""
+    if name not in SOURCES and name not in _REGISTERED:
+        raise TuningError(f"unknown kernel source {name!r}; known: {', '.join(SOURCES + tuple(sorted(_REGISTERED)))}")
     prelude = (KERNEL_DIR / PRELUDE).read_text()
-    body = (KERNEL_DIR / name).read_text()
+    body = _REGISTERED[name] if name in _REGISTERED else (KERNEL_DIR / name).read_text()
     return f'{prelude}\n#line 1 "{name}"\n{body}'
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from onnx import AttributeProto
 
 from graphopt.ops._body import Body
+from graphopt.ops.schema import LOWERING_ATTRIBUTES
 
 F = AttributeProto.FLOAT
 
@@ -232,7 +233,5 @@ ACTIVATION_ATTRIBUTES: dict = {
     "act_beta": (float, None),
     "clip_min": (float, None),
     "clip_max": (float, None),
-    "lowering": (str, None),
-    "lowering_params": (str, None),
-    "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
+    **LOWERING_ATTRIBUTES,
 }

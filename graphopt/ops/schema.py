@@ -20,6 +20,14 @@ from graphopt.errors import RuleError
 DOMAIN = "graphopt"
 VERSION = 1
 
+# The attributes lowering selection writes on every graphopt node (graphopt.tune.select): each op
+# declares them, so the nodes validate and the function bodies list them.
+LOWERING_ATTRIBUTES: dict[str, tuple[type, None]] = {
+    "lowering": (str, None),
+    "lowering_params": (str, None),
+    "lowering_buckets": (str, None),  # JSON, one choice per --shape-profile bucket (graphopt.tune.buckets)
+}
+
 # Floating-point element types every graphopt op accepts (the type constraint "T").
 FLOAT_TYPES: tuple[str, ...] = ("tensor(bfloat16)", "tensor(double)", "tensor(float)", "tensor(float16)")
 
