@@ -17,7 +17,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.base import Candidate, Signature
-from graphopt.kernels.cbr import MMA_TAIL, TiledMmaParams, SPLITS, SPLIT_MAX_BASE_CTAS, TILE_CONFIGS_BK, VEC, epi_smem_bytes, mma_family, mma_smem_bytes, ptr
+from graphopt.kernels.cbr import MMA_TAIL, TiledMmaParams, VEC, mma_family, ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
@@ -208,15 +208,15 @@ class MmaGemm(TiledMmaParams, Candidate):
         if tuple(compute_capability) < (8, 0):
             return "mma.sync fp16/tf32 needs sm_80+"
         bm, bn, bk, wm, wn, sk = self._cfg()
-        if (bm, bn, wm, wn, bk) not in TILE_CONFIGS_BK or sk not in SPLITS:
-            return f"unknown tile config {self.params_str()}"
         p = gemm_plan(sig)
+        bad = self._config_error(geo.dtype_of(sig), 1 if p.trans_b else 0, vec_ok=all(self._vec_flags(sig)))
+        if bad:
+            return bad
         Mf = p.M * p.Z if p.fold else p.M
         Zf = 1 if p.fold else p.Z
-        base = -(-p.N // bn) * -(-Mf // bm) * Zf
-        nkt = -(-p.K // bk)
-        if sk > 1 and (base >= SPLIT_MAX_BASE_CTAS or nkt < 2 * sk):
-            return f"split-K {sk} not useful ({base} CTAs, {nkt} K tiles)"
+        bad = self._split_error(-(-p.N // bn) * -(-Mf // bm) * Zf, -(-p.K // bk))
+        if bad:
+            return bad
         if Zf * sk > 65535:
             return "batch x split over the grid's z limit"
         return None
@@ -225,13 +225,11 @@ class MmaGemm(TiledMmaParams, Candidate):
         return source_hash("mma_gemm.cu")
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return [("mma_gemm.cu", instance("mma_gemm", geo.dtype_of(sig), *self._instance_ints(sig)))]
+        return [("mma_gemm.cu", self._mma_instance(geo.dtype_of(sig), self._mode(sig)))]
 
-    def _instance_ints(self, sig: Signature) -> tuple[int, ...]:
-        p = gemm_plan(sig)
-        bm, bn, bk, wm, wn, _ = self._cfg()
-        mode = 1 if p.trans_b else 0
-        return (mode, bm, bn, bk, wm, wn, self._sepi())
+    @staticmethod
+    def _mode(sig: Signature) -> int:
+        return 1 if gemm_plan(sig).trans_b else 0
 
     def _vec_flags(self, sig: Signature) -> tuple[int, int]:
         """16-byte loads for A rows / B rows when their lengths keep every row 16-byte aligned."""
@@ -249,19 +247,12 @@ class MmaGemm(TiledMmaParams, Candidate):
         dt = geo.dtype_of(sig)
         act = geo.act_args(sig)
         bm, bn, bk, wm, wn, sk = self._cfg()
-        ints = self._instance_ints(sig)
-        mode = ints[0]
-        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, *ints))
-        smem = max(mma_smem_bytes(dt, mode, bm, bn, bk), epi_smem_bytes(bm, bn, self._sepi()))
-        kern.max_dynamic_shared_size_bytes = smem
+        mode = self._mode(sig)
+        kern, smem = self._mma_kernel(dt, mode)
         Mf = p.M * p.Z if p.fold else p.M
         Zf = 1 if p.fold else p.Z
         grid = (-(-p.N // bn), -(-Mf // bm), Zf * sk)
-        ws = counters = None
-        if sk > 1:
-            tiles = grid[0] * grid[1] * Zf
-            ws = cupy.empty(tiles * sk * bm * bn, dtype=cupy.float32)
-            counters = cupy.zeros(tiles, dtype=cupy.int32)
+        ws, counters = self._split_workspace(grid[0] * grid[1] * Zf)
         i32, i64, f32 = np.int32, np.int64, np.float32
         bs = p.bias or (0, 0, 0)
         avec, bvec = self._vec_flags(sig)
@@ -286,7 +277,7 @@ class MmaGemm(TiledMmaParams, Candidate):
             if not b.flags.c_contiguous:
                 b = cupy.ascontiguousarray(b)
             c = _bias_array(C, p)
-            flags = (i32(avec and a.data.ptr % 16 == 0), i32(bvec and b.data.ptr % 16 == 0))
+            flags = self._launch_flags(bool(avec and a.data.ptr % 16 == 0), bool(bvec and b.data.ptr % 16 == 0))
             kern(grid, (wm * wn * 32,), (a, b, ptr(c), np.uint64(0), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + flags + head + tail_act + MMA_TAIL,
                  shared_mem=smem)
 
