@@ -35,7 +35,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", default="32,1")
     ap.add_argument("--layers", default=",".join(DEFAULT_LAYERS))
-    ap.add_argument("--families", default="implicit_gemm_nhwc,pointwise_gemm",
+    ap.add_argument("--families", default="implicit_gemm_nhwc,pointwise_gemm,cublas,cublas_ws",
                     help="candidate families (name prefixes) to time")
     ap.add_argument("--pipelined-only", action="store_true", help="only st>=3 configs (plus the old family's 64x64)")
     args = ap.parse_args(argv)
@@ -173,7 +173,8 @@ def main(argv=None):
             gemm_rows.append({"shape": [M, N, K, transb], "error": str(exc)})
             continue
         ok_c, _ = applicable(sig, (9, 0))
-        cands = [c for c in ok_c if c.name == "mma_gemm" and (c.param("st", 2) > 2 or (c.param("bm"), c.param("bn")) == (128, 128))]
+        cands = [c for c in ok_c if c.name in ("cublas", "cublas_ws")
+                 or (c.name == "mma_gemm" and (c.param("st", 2) > 2 or (c.param("bm"), c.param("bn")) == (128, 128)))]
         prebuild([j for c in cands for j in c.kernels(sig)])
         with stream:
             a = cupy.asarray(rng.standard_normal((M, K), dtype=np.float32)).astype("float16")

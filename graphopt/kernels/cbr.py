@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from graphopt.errors import TuningError
+from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.base import Candidate, Signature
 from graphopt.kernels.source import get_kernel, instance, source_hash
@@ -572,7 +573,9 @@ class PointwiseGemmConv(TiledMmaParams, Candidate):
 
 @dataclass(frozen=True)
 class CublasConv(Candidate):
-    """(c) cupy.matmul (cuBLAS) on NCHW: 1x1 stride-1 directly, other convs after im2col."""
+    """(c) cuBLAS on NCHW: 1x1 stride-1 directly, other convs after im2col. ``cublas`` calls it
+    through ``cupy.matmul``, ``cublas_ws`` through graphopt's own handle and workspace
+    (graphopt.kernels.blas: capturable in a CUDA graph)."""
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)
@@ -589,7 +592,7 @@ class CublasConv(Candidate):
         return None
 
     def source_hash(self) -> str:
-        return source_hash("elementwise.cu")
+        return source_hash("elementwise.cu") + (f"+blas{blas.VERSION}" if self.name == "cublas_ws" else "")
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         dt = geo.dtype_of(sig)
@@ -624,10 +627,21 @@ class CublasConv(Candidate):
         i32, i64, f32 = np.int32, np.int64, np.float32
         tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
 
+        own = self.name == "cublas_ws"
+
         def launch(inputs, outputs):
             X, Wt, B, R = (list(inputs) + [None, None])[:4]
             y = _check_out(outputs, g, dt)
-            if pointwise:
+            if own:
+                Wc, Xc = cupy.ascontiguousarray(Wt), cupy.ascontiguousarray(X)
+                if pointwise:
+                    blas.gemm(Wc, Xc, y, g.M, OHW, g.C, batch=g.N, stride_b=g.C * OHW, stride_c=g.M * OHW)
+                else:
+                    i2c((min(-(-i2c_total // 256), 132 * 32),), (256,), (Xc, cols) + i2c_args)
+                    for gi in range(g.G):
+                        blas.gemm(Wc, cols, y, Mg, OHW, K, batch=g.N, stride_b=g.G * K * OHW, stride_c=g.M * OHW,
+                                  a_offset=gi * Mg * K, b_offset=gi * K * OHW, c_offset=gi * Mg * OHW)
+            elif pointwise:
                 cupy.matmul(Wt.reshape(g.M, g.C), X.reshape(g.N, g.C, OHW), out=y.reshape(g.N, g.M, OHW))
             else:
                 i2c((min(-(-i2c_total // 256), 132 * 32),), (256,), (X, cols) + i2c_args)
@@ -655,4 +669,5 @@ def cbr_candidates() -> list[Candidate]:
     out += mma_family(ImplicitGemmNhwcConv, "implicit_gemm_nhwc")
     out += mma_family(PointwiseGemmConv, "pointwise_gemm")
     out.append(CublasConv("cublas", ()))
+    out.append(CublasConv("cublas_ws", ()))
     return out

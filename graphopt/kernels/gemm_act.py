@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from graphopt.errors import TuningError
+from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.base import Candidate, Signature
 from graphopt.kernels.cbr import MMA_TAIL, TiledMmaParams, VEC, mma_family, ptr
@@ -151,13 +152,15 @@ def _check_out(outputs, p: GemmPlan, dt: str):
 
 @dataclass(frozen=True)
 class CublasGemm(Candidate):
-    """cupy.matmul (cuBLAS, fp32 accumulation) followed by one in-place epilogue kernel."""
+    """cuBLAS (fp32 accumulation) followed by one in-place epilogue kernel: ``cublas`` calls it
+    through ``cupy.matmul``; ``cublas_ws`` through graphopt's own handle with a workspace
+    (graphopt.kernels.blas), which CUDA-graph capture accepts."""
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         return _check(sig)
 
     def source_hash(self) -> str:
-        return source_hash("elementwise.cu")
+        return source_hash("elementwise.cu") + (f"+blas{blas.VERSION}" if self.name == "cublas_ws" else "")
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         return [("elementwise.cu", instance("epilogue_gemm", geo.dtype_of(sig)))]
@@ -178,15 +181,31 @@ class CublasGemm(Candidate):
         tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
         needs_epi = p.bias is not None or act.code != 0 or p.alpha != 1.0
 
+        own = self.name == "cublas_ws"
+        out_b = tuple(p.out_shape[:-2]) if len(p.out_shape) >= 2 else ()
+
         def launch(inputs, outputs):
             A, B, C = (list(inputs) + [None])[:3]
             y = _check_out(outputs, p, dt)
-            a = A.T if p.trans_a else A
-            b = B.T if p.trans_b else B
-            if p.fold:  # B shared by every batch: one 2-D GEMM instead of a batched one
-                cupy.matmul(a.reshape(p.Z * p.M, p.K), b, out=y.reshape(p.Z * p.M, p.N))
+            if own:
+                a, b = cupy.ascontiguousarray(A), cupy.ascontiguousarray(B)
+                if p.fold:  # B shared by every batch: one 2-D GEMM instead of a batched one
+                    blas.gemm(a, b, y, p.Z * p.M, p.N, p.K)
+                else:
+                    sa, sb_ = p.a_batch, p.b_batch
+                    if p.broadcast_a:
+                        a, sa = cupy.ascontiguousarray(cupy.broadcast_to(a, out_b + (p.M, p.K))), p.M * p.K
+                    if p.broadcast_b:
+                        b, sb_ = cupy.ascontiguousarray(cupy.broadcast_to(b, out_b + (p.K, p.N))), p.K * p.N
+                    blas.gemm(a, b, y, p.M, p.N, p.K, trans_a=p.trans_a, trans_b=p.trans_b,
+                              batch=p.Z, stride_a=sa, stride_b=sb_, stride_c=p.M * p.N)
             else:
-                cupy.matmul(a, b, out=y)
+                a = A.T if p.trans_a else A
+                b = B.T if p.trans_b else B
+                if p.fold:  # B shared by every batch: one 2-D GEMM instead of a batched one
+                    cupy.matmul(a.reshape(p.Z * p.M, p.K), b, out=y.reshape(p.Z * p.M, p.N))
+                else:
+                    cupy.matmul(a, b, out=y)
             if not needs_epi:
                 return
             c = _bias_array(C, p)
@@ -285,6 +304,6 @@ class MmaGemm(TiledMmaParams, Candidate):
 
 
 def gemm_act_candidates() -> list[Candidate]:
-    out: list[Candidate] = [CublasGemm("cublas", ())]
+    out: list[Candidate] = [CublasGemm("cublas", ()), CublasGemm("cublas_ws", ())]
     out += mma_family(MmaGemm, "mma_gemm")
     return out

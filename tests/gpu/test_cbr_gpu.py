@@ -97,7 +97,7 @@ ACT_PICKS = {
     "deep_k_splitk": {"direct:opt=1", "direct:opt=4", "direct_k3:opt=4", "implicit_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1",
                       "implicit_gemm:bm=64,bn=32,bk=32,wm=2,wn=1,splitk=2", "implicit_gemm_nhwc:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1",
                       "implicit_gemm_nhwc:bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1",
-                      "implicit_gemm:bm=128,bn=64,bk=32,wm=2,wn=2,splitk=1,sepi=1", "cublas"},
+                      "implicit_gemm:bm=128,bn=64,bk=32,wm=2,wn=2,splitk=1,sepi=1", "cublas", "cublas_ws"},
     "pointwise_res": {"pointwise_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1", "pointwise_gemm:bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1"},
     "nhwc_pipe_long_k": {"implicit_gemm_nhwc:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1,st=4",
                          "implicit_gemm_nhwc:bm=128,bn=128,bk=32,wm=2,wn=2,splitk=1,sepi=1,st=3",

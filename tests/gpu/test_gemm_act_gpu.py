@@ -68,7 +68,7 @@ def test_gemm_candidate(name, dtype, cand, shapes):
 
 
 def _act_cases():
-    picks = {"cublas", "mma_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1", "mma_gemm:bm=128,bn=128,bk=32,wm=2,wn=4,splitk=1",
+    picks = {"cublas", "cublas_ws", "mma_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1", "mma_gemm:bm=128,bn=128,bk=32,wm=2,wn=4,splitk=1",
              "mma_gemm:bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1",
              "mma_gemm:bm=128,bn=128,bk=32,wm=2,wn=2,splitk=1,sepi=1,st=3", "mma_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1,st=4"}
     for ai in range(len(ACTS)):
