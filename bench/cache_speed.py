@@ -1,0 +1,148 @@
+"""A second ``graphopt optimize`` of ResNet-50 is served from the tuning cache: how long each run takes.
+
+    python bench/cache_speed.py [--gpu h200] [--model models/torch/resnet50_torchscript_op17.onnx] [--out FILE]
+                                [--kernel-cache DIR]
+
+Runs the real command line twice, as a user would, with a fresh tuning cache (``GRAPHOPT_CACHE_DIR``)
+and a fresh compiled-kernel cache (``GRAPHOPT_KERNEL_CACHE``; ``--kernel-cache DIR`` keeps that one
+across invocations, to skip recompiling), both in one temporary folder: the
+first run profiles every fused node, the second must be served entirely from the cache (report
+mode ``cached``, or every node's mode ``cached``) and is timed. The issue's bar is under 5 s.
+Writes ``bench/results/cache_speed_<gpu>.json`` (date, GPU, versions, command, both times, modes)
+and exits 1 when the second run was not served from the cache.
+
+``--gpu none`` is a dry run for a machine without a GPU: it checks the script end to end, but
+nothing is profiled or cached then, so it asserts nothing about the cache, says so, and writes its
+JSON only when ``--out`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # report this checkout's graphopt version, as the runs use it
+    sys.path.insert(0, str(ROOT))
+DEFAULT_MODEL = ROOT / "models" / "torch" / "resnet50_torchscript_op17.onnx"
+LIMIT_S = 5.0
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for mod in ("graphopt", "onnx", "onnxruntime", "numpy", "cupy"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - cupy is absent on a CPU machine
+            out[mod] = None
+    return out
+
+
+def _run(model: Path, out: Path, report: Path, gpu: str, env: dict) -> tuple[float, dict, list[str]]:
+    cmd = [sys.executable, "-m", "graphopt.cli", "optimize", str(model), "-o", str(out), "--gpu", gpu,
+           "--report", str(report), "--quiet"]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        sys.exit(f"cache_speed: `{' '.join(cmd)}` failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return seconds, json.loads(report.read_text()), cmd
+
+
+def _summary(rep: dict) -> dict:
+    modes: dict[str, int] = {}
+    for row in rep.get("lowerings", []):
+        modes[row["mode"]] = modes.get(row["mode"], 0) + 1
+    return {"mode": rep.get("mode"), "target": rep.get("target"), "node_modes": dict(sorted(modes.items())),
+            "custom_ops": rep.get("custom_ops"), "selection_summary": rep.get("selection_summary"),
+            "optimize_seconds": rep.get("seconds"), "select_seconds": rep.get("timings", {}).get("select")}
+
+
+def served_from_cache(rep: dict) -> bool:
+    """The second run's report says nothing was measured: mode ``cached``, or every node ``cached``."""
+    rows = rep.get("lowerings", [])
+    return rep.get("mode") == "cached" or (bool(rows) and all(r.get("mode") == "cached" for r in rows))
+
+
+def _device(model_path: Path) -> str | None:
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(model_path, load_external_data=False).metadata_props}
+    return meta.get("graphopt.device")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", default="h200", help="the --gpu to optimize for; 'none' is a dry run (default h200)")
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--out", default=None, help="result JSON (default bench/results/cache_speed_<gpu>.json)")
+    ap.add_argument("--kernel-cache", default=None,
+                    help="keep compiled kernels in this folder across invocations (default: a fresh one, so the first "
+                         "run compiles everything); the tuning cache is always fresh")
+    args = ap.parse_args(argv)
+    dry = args.gpu.strip().lower() == "none"
+    model = Path(args.model).resolve()
+    if not model.exists():
+        sys.exit(f"cache_speed: {model} not found (see models/torch/README.md)")
+    with tempfile.TemporaryDirectory(prefix="graphopt-cache-speed-") as tmp:
+        tmp = Path(tmp)
+        env = dict(os.environ)
+        env["GRAPHOPT_CACHE_DIR"] = str(tmp / "tuning")
+        env["GRAPHOPT_KERNEL_CACHE"] = str(Path(args.kernel_cache).resolve()) if args.kernel_cache else str(tmp / "cubin")
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env.pop("GRAPHOPT_DEBUG", None)
+        first_s, first, cmd = _run(model, tmp / "first.onnx", tmp / "first.json", args.gpu, env)
+        second_s, second, _ = _run(model, tmp / "second.onnx", tmp / "second.json", args.gpu, env)
+        same_output = (tmp / "first.onnx").read_bytes() == (tmp / "second.onnx").read_bytes()
+        device = _device(tmp / "second.onnx")
+        command = " ".join(["graphopt"] + cmd[3:]).replace(str(model), os.path.relpath(model, ROOT))
+        command = command.replace(str(tmp), "$TMP")
+    from_cache = served_from_cache(second)
+    result = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": args.gpu,
+        "device": device,
+        "machine": platform.node(),
+        "versions": _versions(),
+        "command": command,
+        "model": os.path.relpath(model, ROOT),
+        "env": ("GRAPHOPT_CACHE_DIR=$TMP/tuning (fresh), GRAPHOPT_KERNEL_CACHE="
+                + (f"{args.kernel_cache} (kept)" if args.kernel_cache else "$TMP/cubin (fresh)")),
+        "first_run_s": round(first_s, 3),
+        "second_run_s": round(second_s, 3),
+        "first": _summary(first),
+        "second": _summary(second),
+        "second_served_from_cache": from_cache,
+        "second_under_5s": second_s < LIMIT_S,
+        "outputs_byte_identical": same_output,
+        "dry_run": dry,
+    }
+    if dry:
+        result["note"] = ("dry run with --gpu none: nothing is profiled or cached, so the cache claim is not "
+                          "checked; run with --gpu h200 on the device")
+    text = json.dumps(result, indent=2, sort_keys=True)
+    out = args.out or (None if dry else str(ROOT / "bench" / "results" / f"cache_speed_{args.gpu}.json"))
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
+    print(text)
+    if dry:
+        print(f"cache_speed: DRY RUN (--gpu none): first {first_s:.2f} s, second {second_s:.2f} s; nothing was profiled "
+              "or cached, so nothing about the cache was checked", file=sys.stderr)
+        return 0
+    verdict = "served from the cache" if from_cache else "NOT served from the cache"
+    print(f"cache_speed: first {first_s:.2f} s (mode {first.get('mode')}), second {second_s:.2f} s "
+          f"(mode {second.get('mode')}): {verdict}; under {LIMIT_S:g} s: {second_s < LIMIT_S}", file=sys.stderr)
+    return 0 if from_cache else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
