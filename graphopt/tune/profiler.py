@@ -335,6 +335,11 @@ class IsolatedRunner:
             self._log = None
         return code
 
+    @property
+    def broken(self) -> str | None:
+        """Why this runner's worker cannot start (then every run answers ``worker_failed``), else ``None``."""
+        return self._broken
+
     def run(self, sig: Signature, cand: Candidate) -> dict:
         if self._broken:
             return {"status": WORKER_FAILED, "reason": self._broken}
@@ -377,13 +382,25 @@ class IsolatedRunner:
 
 
 class InlineRunner:
-    """Runs candidates in this process (``isolate=False``): no protection from faults or hangs."""
+    """Runs candidates in this process (``isolate=False``): no protection from faults or hangs.
 
-    def __init__(self, timer, checker, buffers=no_buffers, arch: str = ""):
+    With a non-zero ``device_index`` each run happens inside ``cupy.cuda.Device(device_index)``, so
+    the target GPU is measured even when it is not this process's current device (0).
+    """
+
+    broken = None  # an inline runner has no worker that could fail to start
+
+    def __init__(self, timer, checker, buffers=no_buffers, arch: str = "", *, device_index: int | None = None):
         self._args = (timer, checker, buffers, arch)
+        self.device_index = device_index
 
     def run(self, sig: Signature, cand: Candidate) -> dict:
-        return _run_one(sig, cand, *self._args)
+        if not self.device_index:
+            return _run_one(sig, cand, *self._args)
+        import cupy  # noqa: PLC0415 - only with a real device other than 0
+
+        with cupy.cuda.Device(self.device_index):
+            return _run_one(sig, cand, *self._args)
 
     def close(self) -> None:
         pass
@@ -492,8 +509,10 @@ class Profiler:
     ``candidates_for(sig) -> list[Candidate]`` supplies the candidates (the kernels' registry).
     Results already in ``cache`` for this exact device fingerprint and kernel source are reused;
     new results (failures included) are written back. With several ``devices`` (all of one model)
-    and ``isolate=True``, ``profile_many`` spreads signatures over one worker per GPU. Use as a
-    context manager (or ``close()``) so the workers are shut down.
+    and ``isolate=True``, ``profile_many`` spreads signatures over one worker per GPU, each worker
+    pinned to its device (``CUDA_VISIBLE_DEVICES``; with one device too, so that a target GPU at
+    index 1 is the one measured). Use as a context manager (or ``close()``) so the workers are shut
+    down.
     """
 
     def __init__(self, candidates_for: Callable[[Signature], Sequence[Candidate]], *, timer: Timer, checker: Checker,
@@ -512,12 +531,11 @@ class Profiler:
                                 timeout_s=timeout_s)
         if isolate:
             self._runners = [
-                IsolatedRunner(timer, checker, buffers, d.arch, timeout_s=timeout_s,
-                               device_index=d.index if len(devs) > 1 else None)
+                IsolatedRunner(timer, checker, buffers, d.arch, timeout_s=timeout_s, device_index=d.index)
                 for d in devs
             ]
-        else:
-            self._runners = [InlineRunner(timer, checker, buffers, self.device.arch)]
+        else:  # one process, one device at a time: no spreading without isolation
+            self._runners = [InlineRunner(timer, checker, buffers, self.device.arch, device_index=self.device.index)]
 
     def source_hashes(self, sig: Signature) -> dict[str, str]:
         return {c.key(): c.source_hash() for c in self.candidates_for(sig)}
@@ -554,8 +572,14 @@ class Profiler:
     def profile_many(self, sigs: Sequence[Signature], advance: Callable[[str], None] | None = None) -> None:
         """Profile every distinct signature not yet done, one worker per GPU; fills the memo.
 
-        The cache is read and written on this thread only; worker threads just wait on their
-        worker process.
+        Partitioning is dynamic: each signature goes to exactly one worker, whichever GPU is free
+        next (signatures differ a lot in cost, so a fixed split would leave GPUs idle). A worker
+        that cannot start is retired and its signature is profiled on another GPU; only when every
+        worker is broken do the results say ``worker_failed``. The merge is deterministic: results
+        enter the memo and the cache in the order of ``sigs`` (each as soon as all earlier ones are
+        in), whichever GPU finished first; the progress bar advances as signatures complete. The
+        cache is read and written on this thread only; worker threads just wait on their worker
+        process.
         """
         todo: list[Signature] = []
         keys: set[str] = set()  # membership only
@@ -570,29 +594,48 @@ class Profiler:
                 if advance:
                     advance(sig.op)
             return
+        import threading
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
         free: "queue.Queue" = queue.Queue()
         for r in self._runners:
             free.put(r)
+        lock = threading.Lock()
+        alive = [len(self._runners)]
 
         def work(sig, candidates, known):
-            runner = free.get()
-            try:
-                return profile_node(sig, candidates, known=known, runner=runner, **self._profile_kw)
-            finally:
-                free.put(runner)
+            while True:
+                runner = free.get()
+                try:
+                    result = profile_node(sig, candidates, known=known, runner=runner, **self._profile_kw)
+                except BaseException:
+                    free.put(runner)  # a bug, not a candidate's failure: let the other threads finish
+                    raise
+                if runner.broken:
+                    with lock:
+                        retire = alive[0] > 1
+                        if retire:
+                            alive[0] -= 1
+                    if retire:
+                        continue  # this GPU's worker cannot start: profile the signature on another
+                free.put(runner)  # (the last runner stays, broken or not, so no thread waits forever)
+                return result
 
+        done: dict[int, ProfileResult] = {}
+        merged = 0
         with ThreadPoolExecutor(max_workers=len(self._runners), thread_name_prefix="graphopt-tune") as pool:
             futures = {}
-            for sig in todo:
+            for i, sig in enumerate(todo):
                 candidates, known = self._prepare(sig)
-                futures[pool.submit(work, sig, candidates, known)] = sig
+                futures[pool.submit(work, sig, candidates, known)] = i
             for fut in as_completed(futures):
-                sig = futures[fut]
-                self._store(sig, fut.result())
+                i = futures[fut]
+                done[i] = fut.result()
+                while merged in done:
+                    self._store(todo[merged], done.pop(merged))
+                    merged += 1
                 if advance:
-                    advance(sig.op)
+                    advance(todo[i].op)
 
     def close(self) -> None:
         for r in self._runners:

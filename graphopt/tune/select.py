@@ -457,7 +457,10 @@ def _summary_text(requested, norm, target, device, profiling, profile, rows, mea
             parts.append(f"{plural(counts['cached'])} served from the tuning cache")
         if counts.get("heuristic"):
             parts.append(f"{plural(counts['heuristic'])} fell back to the heuristic (every candidate failed)")
-        return f"target {target.name} present ({device.name}): " + ("; ".join(parts) if parts else "no custom-op nodes to tune")
+        where = device.name
+        if len(target.devices) > 1:  # one worker per GPU (Profiler.profile_many)
+            where += f" x {len(target.devices)}: devices {', '.join(str(d.index) for d in target.devices)}"
+        return f"target {target.name} present ({where}): " + ("; ".join(parts) if parts else "no custom-op nodes to tune")
     if requested.strip().lower() == "auto" and not target.present:
         where = "no GPU detected (--gpu auto)"
     elif target.present:

@@ -10,6 +10,7 @@ import math
 import os
 import signal
 import time
+from pathlib import Path
 
 
 from graphopt.kernels.base import Candidate, Signature
@@ -298,6 +299,143 @@ def test_profile_many_spreads_signatures_over_one_worker_per_gpu(monkeypatch):
         assert len(prof.memo) == 6 and len(done) == 6
         seen = {prof.memo[s.key()].winner.ms for s in sigs}
     assert seen == {6.0, 8.0}, seen  # both workers were used, each pinned to its own GPU
+
+
+def test_a_single_target_gpu_is_pinned_too(monkeypatch):
+    """The H200 at index 1 of a mixed machine is the one measured, not device 0."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    dev1 = DeviceInfo(1, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0")
+    with Profiler(lambda s: [WhereAmI("where")], timer=FakeTimer(2), checker=fake_checker, devices=[dev1],
+                  isolate=True, timeout_s=30) as prof:
+        assert prof(SIG).winner.ms == 8.0  # physical 7 + 1
+
+
+def _many_sigs(n):
+    return [Signature.make("CBR", [(b, 8, 8, 8), (8, 8, 3, 3), None, None], ["float32"] * 2 + ["", ""], {})
+            for b in range(1, n + 1)]
+
+
+def _load_timer_unless_on(bad):
+    """Unpickled in the worker: fails there when the worker is pinned to one of the ``bad`` GPUs."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in bad:
+        raise RuntimeError(f"CUDA error on GPU {os.environ['CUDA_VISIBLE_DEVICES']}: device unavailable")
+    return FakeTimer(2)
+
+
+class _TimerBrokenOn:
+    def __init__(self, *bad):
+        self.bad = bad
+
+    def __reduce__(self):
+        return _load_timer_unless_on, (self.bad,)
+
+
+H200S = [DeviceInfo(i, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0") for i in (0, 1)]
+
+
+def test_a_gpu_whose_worker_cannot_start_is_retired_and_the_others_do_its_work(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    sigs = _many_sigs(4)
+    with Profiler(lambda s: [WhereAmI("where")], timer=_TimerBrokenOn("5"), checker=fake_checker, devices=H200S,
+                  isolate=True, timeout_s=30) as prof:
+        prof.profile_many(sigs)
+        assert {prof.memo[s.key()].winner.ms for s in sigs} == {8.0}  # all on physical GPU 7
+        assert all(r.status == P.OK for s in sigs for r in prof.memo[s.key()].results)
+
+
+def test_when_every_gpu_worker_is_broken_each_signature_says_so_and_nothing_hangs(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    sigs = _many_sigs(3)
+    with Profiler(lambda s: [WhereAmI("where")], timer=_TimerBrokenOn("5", "7"), checker=fake_checker,
+                  devices=H200S, isolate=True, timeout_s=30) as prof:
+        prof.profile_many(sigs)
+        for s in sigs:
+            res = prof.memo[s.key()]
+            assert res.winner is None and [r.status for r in res.results] == [P.WORKER_FAILED]
+            assert "device unavailable" in res.results[0].reason
+
+
+class Waits(Candidate):
+    """The first signature's launch waits until the second one has run (on the other GPU's worker)."""
+
+    def build(self, sig, arch):
+        return _WaitLaunch(self.param("dir"), sig.input_shapes[0][0])
+
+
+class _WaitLaunch:
+    behaviour = "ok"
+
+    def __init__(self, folder, batch):
+        self.folder, self.batch = Path(folder), batch
+
+    def __call__(self, inputs, outputs):
+        (self.folder / f"ran-{self.batch}").touch()
+        if self.batch == 1:
+            deadline = time.monotonic() + 30
+            while not (self.folder / "ran-2").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3)  # the second signature's reply is in long before this one's
+        return float(self.batch)
+
+
+class _WaitsFor:
+    def __init__(self, folder):
+        self.folder = str(folder)
+
+    def __call__(self, sig):
+        return [Waits("waits", (("dir", self.folder),))]
+
+
+class _RecordingCache:
+    def __init__(self):
+        self.puts: list[str] = []
+
+    def lookup(self, fingerprint, signature, candidates):
+        return {}
+
+    def put_many(self, records):
+        self.puts.extend(r.signature for r in records)
+
+
+def test_results_are_merged_in_input_order_whichever_gpu_finishes_first(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    sigs = _many_sigs(5)  # the first finishes last: the other worker does the rest meanwhile
+    cache = _RecordingCache()
+    merged_at_advance = []
+    with Profiler(_WaitsFor(tmp_path), timer=FakeTimer(2), checker=fake_checker, devices=H200S, cache=cache,
+                  isolate=True, timeout_s=60) as prof:
+        prof.profile_many(sigs, advance=lambda label: merged_at_advance.append(len(prof.memo)))
+        assert list(prof.memo) == [s.key() for s in sigs]
+        assert [prof.memo[s.key()].winner.ms for s in sigs] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert cache.puts == [s.key() for s in sigs]
+    # the bar moved for the second signature before anything could be merged (the first was not done)
+    assert len(merged_at_advance) == 5 and merged_at_advance[0] == 0
+
+
+def test_inline_runner_runs_inside_its_device(monkeypatch):
+    import sys
+    import types
+    from contextlib import contextmanager
+
+    entered = []
+
+    @contextmanager
+    def device(i):
+        entered.append(i)
+        yield
+        entered.append(-i)
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(Device=device)))
+    seen = []
+
+    def checker(sig, launch):
+        seen.append(list(entered))
+        return None
+
+    rep = P.InlineRunner(FakeTimer(1), checker, device_index=1).run(SIG, cand("a", 0.5))
+    assert rep["status"] == P.OK and seen == [[1]] and entered == [1, -1]
+    monkeypatch.setitem(sys.modules, "cupy", None)  # device 0 (the current one) never imports CuPy
+    assert P.InlineRunner(FakeTimer(1), checker, device_index=0).run(SIG, cand("a", 0.5))["status"] == P.OK
 
 
 class _Unloadable:

@@ -11,7 +11,7 @@ from graphopt.tune.gpus import DeviceInfo
 from graphopt.tune.profiler import FakeTimer
 from graphopt.tune.tuner import TuningBackend, tune_graph
 
-from test_tune_select import build_model, fake_candidates, lowerings, ok_checker  # noqa: E402
+from test_tune_select import FakeCand, build_model, fake_candidates, lowerings, ok_checker  # noqa: E402
 
 H200 = DeviceInfo(0, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0")
 
@@ -85,3 +85,37 @@ def test_unusable_cache_dir_is_reported_not_fatal(tmp_path, monkeypatch):
     g = from_model(build_model())
     rep = tune_graph(g, "a100", devices=[])
     assert rep.mode == "heuristic" and rep.messages and rep.messages[0].startswith("tuning cache not used:")
+
+
+class _WhereLaunch:
+    def __call__(self, inputs, outputs):
+        import os
+        import time
+
+        time.sleep(0.05)
+        return float(os.environ.get("CUDA_VISIBLE_DEVICES", "-1")) + 1.0  # "time" = physical GPU + 1
+
+
+class WhereAmI(FakeCand):
+    """Reports, as its time, the GPU its worker was pinned to."""
+
+    def build(self, sig, arch):
+        return _WhereLaunch()
+
+
+def _where_candidates(sig):
+    return [WhereAmI("where")]
+
+
+def test_tuning_spreads_over_every_visible_gpu_of_the_target_kind_only(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")  # an A100 at index 0, two H200s at 1 and 2
+    devs = [DeviceInfo(0, "NVIDIA A100-SXM4-80GB", "a100", (8, 0), "13.0", "13.0", "14.2.0"),
+            DeviceInfo(1, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0"),
+            DeviceInfo(2, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0")]
+    g = from_model(build_model())
+    backend = TuningBackend(_where_candidates, FakeTimer(2), ok_checker, _no_buffers)
+    rep = tune_graph(g, "h200", devices=devs, backend=backend, cache=False, isolate=True, progress=False)
+    assert rep.mode == "profiled"
+    assert "(NVIDIA H200 x 2: devices 1, 2)" in rep.summary
+    where = {t["ms"] for row in rep.rows for t in row.timings}
+    assert where and where <= {6.0, 8.0}, where  # never the A100 (physical 3 -> 4.0)
