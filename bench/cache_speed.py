@@ -86,9 +86,23 @@ def _prebuild(env: dict) -> float:
 
 
 def served_from_cache(rep: dict) -> bool:
-    """The second run's report says nothing was measured: mode ``cached``, or every node ``cached``."""
+    """The second run's report says nothing was measured: mode ``cached``, or every node ``cached``, or
+    (a node whose every candidate failed falls back to the heuristic) all of that node's timings came
+    from the cache too. A node chosen by heuristic without any timings was not served from the cache."""
     rows = rep.get("lowerings", [])
-    return rep.get("mode") == "cached" or (bool(rows) and all(r.get("mode") == "cached" for r in rows))
+    if rep.get("mode") == "cached":
+        return True
+    if not rows:
+        return False
+
+    def from_cache(row: dict) -> bool:
+        if row.get("mode") == "cached":
+            return True
+        timings = row.get("timings") or []
+        return row.get("mode") == "heuristic" and bool(timings) and all(
+            t.get("cached") or t.get("status") == "pruned" for t in timings)
+
+    return all(from_cache(r) for r in rows)
 
 
 def _device(model_path: Path) -> str | None:

@@ -23,6 +23,15 @@ def _bench():
     ({"mode": "cached+heuristic", "lowerings": [{"mode": "cached"}, {"mode": "cached"}]}, True),
     ({"mode": "profiled", "lowerings": [{"mode": "cached"}, {"mode": "profiled"}]}, False),
     ({"mode": "cached+heuristic", "lowerings": [{"mode": "cached"}, {"mode": "heuristic"}]}, False),
+    # every candidate of the second node failed in the first run: its failures are served from the cache
+    ({"mode": "cached+heuristic", "lowerings": [
+        {"mode": "cached"},
+        {"mode": "heuristic", "timings": [{"status": "wrong_answer", "cached": True}, {"status": "pruned"}]}]}, True),
+    # ... but one of them timed out then (never cached) and was measured again
+    ({"mode": "cached+heuristic", "lowerings": [
+        {"mode": "cached"},
+        {"mode": "heuristic", "timings": [{"status": "wrong_answer", "cached": True},
+                                          {"status": "timeout", "cached": False}]}]}, False),
     ({"mode": "heuristic", "lowerings": []}, False),
     ({"mode": "none", "lowerings": [{"mode": "none"}]}, False),
 ])
