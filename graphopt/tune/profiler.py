@@ -565,7 +565,8 @@ class Profiler:
         key = sig.key()
         if key not in self.memo:
             candidates, known = self._prepare(sig)
-            result = profile_node(sig, candidates, known=known, runner=self._runners[0], **self._profile_kw)
+            runner = next((r for r in self._runners if not r.broken), self._runners[0])  # skip a retired GPU
+            result = profile_node(sig, candidates, known=known, runner=runner, **self._profile_kw)
             self._store(sig, result)
         return self.memo[key]
 

@@ -341,6 +341,7 @@ def test_a_gpu_whose_worker_cannot_start_is_retired_and_the_others_do_its_work(m
         prof.profile_many(sigs)
         assert {prof.memo[s.key()].winner.ms for s in sigs} == {8.0}  # all on physical GPU 7
         assert all(r.status == P.OK for s in sigs for r in prof.memo[s.key()].results)
+        assert prof(_many_sigs(5)[-1]).winner.ms == 8.0  # later single profiles skip the retired GPU too
 
 
 def test_when_every_gpu_worker_is_broken_each_signature_says_so_and_nothing_hangs(monkeypatch):
