@@ -71,7 +71,11 @@ def _summary(rep: dict) -> dict:
 def _prebuild(env: dict) -> float:
     """Compile every kernel instance into the kernel cache, in parallel (as tests/gpu/conftest.py does), so
     the first run measures profiling rather than one-by-one NVRTC compiles; returns the seconds taken."""
-    code = ("from graphopt.kernels.registry import all_kernel_instances\n"
+    code = ("from graphopt.tune.gpus import detect_devices\n"
+            "if not detect_devices():\n"
+            "    print('no GPU visible: nothing prebuilt')\n"
+            "    raise SystemExit(0)\n"
+            "from graphopt.kernels.registry import all_kernel_instances\n"
             "from graphopt.kernels.source import prebuild\n"
             "errors = prebuild(all_kernel_instances())\n"
             "print(f'prebuilt {len(all_kernel_instances())} kernel instances, {len(errors)} failed')\n")
@@ -178,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cache_speed: DRY RUN (--gpu none): first {first_s:.2f} s, second {second_s:.2f} s; nothing was profiled "
               "or cached, so nothing about the cache was checked", file=sys.stderr)
         return 0
+    if first.get("mode") != "profiled":
+        print(f"cache_speed: the first run did not profile (mode {first.get('mode')}: "
+              f"{first.get('selection_summary')}); is the {args.gpu} GPU present, with CuPy installed?", file=sys.stderr)
     verdict = "served from the cache" if from_cache else "NOT served from the cache"
     print(f"cache_speed: first {first_s:.2f} s (mode {first.get('mode')}), second {second_s:.2f} s "
           f"(mode {second.get('mode')}): {verdict}; under {LIMIT_S:g} s: {second_s < LIMIT_S}", file=sys.stderr)
