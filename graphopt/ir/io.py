@@ -83,7 +83,14 @@ def check_header(model: onnx.ModelProto, source: str) -> None:
         )
     local = {(f.domain, f.name) for f in model.functions}
     domains = {op.domain for op in model.opset_import}
+    seen_graphs: set[int] = set()
     for g, node in _iter_nodes(model.graph):
+        if id(g) not in seen_graphs:
+            seen_graphs.add(id(g))
+            _check_text(source, "graph", g.name, [g.name, *(v.name for v in (*g.input, *g.output, *g.value_info)),
+                                                  *(t.name for t in g.initializer)])
+        _check_text(source, "node", node.name, [node.name, node.op_type, node.domain, *node.input, *node.output,
+                                                *(a.name for a in node.attribute)])
         if node.domain not in KNOWN_DOMAINS and (node.domain, node.op_type) not in local:
             raise UnsupportedModel(
                 f"{source}: node {node.name or node.op_type!r} uses op {node.domain}.{node.op_type}, "
@@ -91,6 +98,16 @@ def check_header(model: onnx.ModelProto, source: str) -> None:
             )
         if node.domain not in domains and node.domain not in ("", "ai.onnx"):
             raise InvalidModel(f"{source}: node {node.name or node.op_type!r} uses domain {node.domain!r}, which the model does not import")
+
+
+def _check_text(source: str, kind: str, owner, texts) -> None:
+    """ONNX's string fields must be UTF-8. onnx's protos are proto2, so python-protobuf hands back
+    ``bytes`` instead of refusing invalid UTF-8; catch that here, once, rather than as a TypeError later."""
+    for t in texts:
+        if isinstance(t, bytes):
+            label = owner.decode("utf-8", "backslashreplace") if isinstance(owner, bytes) else owner
+            raise InvalidModel(f"{source}: {kind} {label!r} has a name or field that is not valid UTF-8 "
+                               f"({t.decode('utf-8', 'backslashreplace')!r}); the file is corrupt, re-export the model")
 
 
 def _iter_nodes(gproto: onnx.GraphProto):
