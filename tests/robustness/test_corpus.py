@@ -35,6 +35,8 @@ EXPECTED: dict[str, tuple[int, int, str]] = {
                                             "stderr besides graphopt's one-line error"),
     "mutated_non_utf8_node_name.onnx": (4, 4, "a node name that is not UTF-8 (python-protobuf returns bytes): TypeError "
                                               "in the rewrite engine, exit 1"),
+    "mutated_conv_mul_fold_overflow.onnx": (0, 0, "Conv * 1e38 whose folded weight overflows float32 (a byte-fuzzer "
+                                                  "weight): the fold turned finite results into inf (--verify: exit 9); now not folded"),
     "valid_sparse_initializer_add.onnx": (0, 0, "a sparse initializer feeding Add (onnxruntime runs it, onnx's full check "
                                                 "rejects it): --verify said 'internal error'"),
 }
