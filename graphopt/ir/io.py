@@ -231,7 +231,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _atomic_write(dest: Path, chunks) -> None:
     folder = dest.parent if str(dest.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:  # a read-only folder: nothing was created
+        raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
@@ -273,7 +276,11 @@ def save_model(
         for target in (dest, data_path):
             if _same_file(target, Path(p)):
                 raise OutputRefused(f"{target}: refusing to overwrite the input {p}; choose another output path with -o")
-    if not dest.parent.exists() and str(dest.parent):
+    try:
+        folder_ok = not str(dest.parent) or dest.parent.is_dir()
+    except OSError as e:  # PermissionError on a folder we may not even look into
+        raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
+    if not folder_ok:
         raise WriteFailed(f"{dest}: folder {dest.parent} does not exist")
     total = sum(len(t.raw_data) for t in iter_tensors(model.graph))
     use_external = external_data if external_data is not None else total > size_threshold
