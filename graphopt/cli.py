@@ -156,6 +156,8 @@ def _print_summary(report, explain: bool) -> None:
     con.print(table)
     if report.selection_summary:
         con.print(report.selection_summary)
+    for message in report.messages:
+        click.echo(f"graphopt: warning: {message}", err=True)
 
 
 def _print_explain(con, report) -> None:

@@ -42,6 +42,7 @@ class OptimizeReport:
     selection_summary: str = ""
     lowerings: list[dict[str, Any]] = field(default_factory=list)
     verify: dict[str, Any] | None = None
+    messages: list[str] = field(default_factory=list)  # warnings, e.g. a tuning cache that was not trusted
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -129,6 +130,7 @@ def optimize_graph(
     report.target = sel.target
     report.mode = sel.mode
     report.selection_summary = sel.summary
+    report.messages = list(sel.messages)
     report.lowerings = [_as_dict(r) for r in sel.rows]
     report.timings["select"] = time.perf_counter() - t
     graph.toposort()

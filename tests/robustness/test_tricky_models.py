@@ -286,3 +286,20 @@ def test_huge_constant_producers_are_left_unfolded_in_bounded_memory(kind, tmp_p
     assert kind in result["ops"], result  # not folded into a constant
     assert result["bytes"] < 10_000, result
     assert result["peak_kib"] < 2 * 1024 * 1024, result  # ru_maxrss is in KiB on Linux: < 2 GB
+
+
+# ------------------------------------------------------------------ verify on a model onnx's full check rejects
+@pytest.mark.parametrize("as_constant", [False, True], ids=["sparse initializer", "Constant sparse_value"])
+def test_verify_does_not_blame_graphopt_for_the_inputs_checker_failure(as_constant):
+    """A sparse initializer feeding Add runs under onnxruntime but fails onnx's full_check type
+    inference, in the input as much as in the output: --verify compares outputs and succeeds (with a
+    note) instead of reporting 'internal error: the optimized model fails onnx.checker'."""
+    from tests.robustness._models import sparse_model
+
+    m = sparse_model(np.array([1.0, 2.0]), np.array([1, 3]), [5], as_constant=as_constant)
+    out, report = graphopt.optimize(m, gpu="none", verify=True)
+    assert report.verify["ok"] is True
+    if not as_constant:
+        assert "input fails onnx's full check too" in report.verify["checker_note"]
+        with pytest.raises(Exception):
+            onnx.checker.check_model(m, full_check=True)  # the premise: the input itself fails it
