@@ -39,7 +39,11 @@ MIN_IR_VERSION = 3
 MAX_IR_VERSION = onnx.IR_VERSION
 PROTOBUF_LIMIT = 2**31 - 1
 DEFAULT_EXTERNAL_THRESHOLD = 2**31 - 2**24  # leave headroom for the graph structure
-MAX_NESTING = 64  # If/Loop bodies nested deeper than this are refused (no RecursionError, ever)
+# If/Loop/Scan bodies nested deeper than this are refused (no RecursionError, ever). python-protobuf (upb)
+# parses at most 100 nested messages, and it copies through its parser (CopyFrom, extend), so a deeper
+# model could be neither rebuilt nor saved nor re-read: each level costs 3 messages (graph, node, attribute),
+# and value_info types and tensor attributes need a few more below the innermost graph.
+MAX_NESTING = 30
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training", "com.microsoft", "graphopt"}
 
 
@@ -61,6 +65,11 @@ def parse_model(data: bytes, source: str) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
+        if "MaxDepth" in str(e) or "recursion" in str(e).lower():
+            raise UnsupportedModel(
+                f"{source}: the model is nested too deep for protobuf to parse (its limit is 100 nested messages, "
+                "about 30 levels of If/Loop/Scan subgraphs); flatten the subgraph nesting"
+            ) from None
         raise InvalidModel(f"{source}: not an ONNX model or truncated ({type(e).__name__}); re-export the model") from None
     if model.ir_version == 0 or not model.HasField("graph"):
         raise InvalidModel(f"{source}: not an ONNX model (no ir_version or graph); is this the right file?")
@@ -84,7 +93,7 @@ def check_header(model: onnx.ModelProto, source: str) -> None:
     local = {(f.domain, f.name) for f in model.functions}
     domains = {op.domain for op in model.opset_import}
     seen_graphs: set[int] = set()
-    for g, node in _iter_nodes(model.graph):
+    for g, node in _iter_nodes(model.graph, source):
         if id(g) not in seen_graphs:
             seen_graphs.add(id(g))
             _check_text(source, "graph", g.name, [g.name, *(v.name for v in (*g.input, *g.output, *g.value_info)),
@@ -110,12 +119,13 @@ def _check_text(source: str, kind: str, owner, texts) -> None:
                                f"({t.decode('utf-8', 'backslashreplace')!r}); the file is corrupt, re-export the model")
 
 
-def _iter_nodes(gproto: onnx.GraphProto):
+def _iter_nodes(gproto: onnx.GraphProto, source: str):
     stack = [(gproto, 0)]
     while stack:
         g, depth = stack.pop()
         if depth > MAX_NESTING:
-            raise UnsupportedModel(f"subgraphs are nested more than {MAX_NESTING} deep; graphopt refuses such models")
+            raise UnsupportedModel(f"{source}: subgraphs are nested too deep (If/Loop/Scan more than {MAX_NESTING} "
+                                   "levels); graphopt refuses such models, flatten the subgraph nesting")
         for n in g.node:
             yield g, n
             for a in n.attribute:
