@@ -142,3 +142,44 @@ def test_through_the_cli_a_crashing_candidate_is_not_a_crash(tmp_path):
     (node,) = onnx.load(str(dst)).graph.node
     assert node.op_type == "CBR" and {a.name: a.s for a in node.attribute}["lowering"] == b"fast_ok"
     assert "profiled" in r.stdout, r.stdout
+
+
+# ------------------------------------------------------------------ the GPU test's faulting kernels, on the CPU
+def test_the_gpu_fault_kernels_compile_under_nvrtc():
+    """tests/gpu/test_fault_isolation_gpu.py runs these on the device; here NVRTC (no GPU) checks that
+    they compile for sm_80 and sm_90, ptxas included, so that test cannot fail for a typo."""
+    from tests.robustness import _gpu_faults as F
+
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"NVRTC not importable: {exc}")
+    for arch in ("sm_80", "sm_90"):
+        prog = nvrtc.createProgram(F.FAULT_SOURCE, "faults.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, ["-std=c++17", f"-arch={arch}"])
+            cubin = nvrtc.getCUBIN(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+        assert cubin[:4] == b"\x7fELF"
+        for how in F.KERNELS:
+            assert f"graphopt_fault_{how}".encode() in cubin
+
+
+def test_the_gpu_fault_candidates_travel_to_the_worker():
+    """The worker unpickles (sig, candidate): the faulting candidates must survive that, and the
+    end-to-end list puts them before the real candidates."""
+    import pickle
+
+    from graphopt.kernels.base import Signature
+    from tests.robustness import _gpu_faults as F
+
+    for how in F.KERNELS:
+        c = F.faulting(how)
+        back = pickle.loads(pickle.dumps(c))
+        assert back == c and type(back).__module__ == "tests.robustness._gpu_faults"
+    sig = Signature.make("CBR", [(1, 16, 12, 12), (32, 16, 3, 3)], ["float32"] * 2, {"activation": "Relu", "pads": [1, 1, 1, 1]})
+    names = [c.name for c in F.faults_then_real(sig)]
+    assert names[:2] == ["fault_store", "fault_trap"] and len(names) > 2 and not any(n.startswith("fault_") for n in names[2:])
