@@ -64,8 +64,9 @@ class FaultingKernel(Candidate):
         return launch
 
 
-def faulting(how: str) -> FaultingKernel:
-    return FaultingKernel(f"fault_{how}", (("how", how),))
+def faulting(how: str, tag: str = "") -> FaultingKernel:
+    """``tag`` makes a distinct candidate (the profiler runs each candidate key once)."""
+    return FaultingKernel(f"fault_{how}{tag}", (("how", how),))
 
 
 def faults_then_real(sig):

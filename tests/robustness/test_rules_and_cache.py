@@ -6,7 +6,6 @@ Rule files and caches go through the real CLI (forked children, see _forkrun.py)
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
