@@ -170,6 +170,8 @@ def _print_summary(report, explain: bool) -> None:
 
     if report.tuning_dims:
         con.print(dims_line(report.tuning_dims))
+    for message in report.messages:
+        click.echo(f"graphopt: warning: {message}", err=True)
 
 
 def _print_buckets(con, report) -> None:

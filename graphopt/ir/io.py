@@ -39,7 +39,11 @@ MIN_IR_VERSION = 3
 MAX_IR_VERSION = onnx.IR_VERSION
 PROTOBUF_LIMIT = 2**31 - 1
 DEFAULT_EXTERNAL_THRESHOLD = 2**31 - 2**24  # leave headroom for the graph structure
-MAX_NESTING = 64  # If/Loop bodies nested deeper than this are refused (no RecursionError, ever)
+# If/Loop/Scan bodies nested deeper than this are refused (no RecursionError, ever). python-protobuf (upb)
+# parses at most 100 nested messages, and it copies through its parser (CopyFrom, extend), so a deeper
+# model could be neither rebuilt nor saved nor re-read: each level costs 3 messages (graph, node, attribute),
+# and value_info types and tensor attributes need a few more below the innermost graph.
+MAX_NESTING = 30
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training", "com.microsoft", "graphopt"}
 
 
@@ -61,6 +65,11 @@ def parse_model(data: bytes, source: str) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
+        if "MaxDepth" in str(e) or "recursion" in str(e).lower():
+            raise UnsupportedModel(
+                f"{source}: the model is nested too deep for protobuf to parse (its limit is 100 nested messages, "
+                "about 30 levels of If/Loop/Scan subgraphs); flatten the subgraph nesting"
+            ) from None
         raise InvalidModel(f"{source}: not an ONNX model or truncated ({type(e).__name__}); re-export the model") from None
     if model.ir_version == 0 or not model.HasField("graph"):
         raise InvalidModel(f"{source}: not an ONNX model (no ir_version or graph); is this the right file?")
@@ -83,7 +92,14 @@ def check_header(model: onnx.ModelProto, source: str) -> None:
         )
     local = {(f.domain, f.name) for f in model.functions}
     domains = {op.domain for op in model.opset_import}
-    for g, node in _iter_nodes(model.graph):
+    seen_graphs: set[int] = set()
+    for g, node in _iter_nodes(model.graph, source):
+        if id(g) not in seen_graphs:
+            seen_graphs.add(id(g))
+            _check_text(source, "graph", g.name, [g.name, *(v.name for v in (*g.input, *g.output, *g.value_info)),
+                                                  *(t.name for t in g.initializer)])
+        _check_text(source, "node", node.name, [node.name, node.op_type, node.domain, *node.input, *node.output,
+                                                *(a.name for a in node.attribute)])
         if node.domain not in KNOWN_DOMAINS and (node.domain, node.op_type) not in local:
             raise UnsupportedModel(
                 f"{source}: node {node.name or node.op_type!r} uses op {node.domain}.{node.op_type}, "
@@ -93,12 +109,23 @@ def check_header(model: onnx.ModelProto, source: str) -> None:
             raise InvalidModel(f"{source}: node {node.name or node.op_type!r} uses domain {node.domain!r}, which the model does not import")
 
 
-def _iter_nodes(gproto: onnx.GraphProto):
+def _check_text(source: str, kind: str, owner, texts) -> None:
+    """ONNX's string fields must be UTF-8. onnx's protos are proto2, so python-protobuf hands back
+    ``bytes`` instead of refusing invalid UTF-8; catch that here, once, rather than as a TypeError later."""
+    for t in texts:
+        if isinstance(t, bytes):
+            label = owner.decode("utf-8", "backslashreplace") if isinstance(owner, bytes) else owner
+            raise InvalidModel(f"{source}: {kind} {label!r} has a name or field that is not valid UTF-8 "
+                               f"({t.decode('utf-8', 'backslashreplace')!r}); the file is corrupt, re-export the model")
+
+
+def _iter_nodes(gproto: onnx.GraphProto, source: str):
     stack = [(gproto, 0)]
     while stack:
         g, depth = stack.pop()
         if depth > MAX_NESTING:
-            raise UnsupportedModel(f"subgraphs are nested more than {MAX_NESTING} deep; graphopt refuses such models")
+            raise UnsupportedModel(f"{source}: subgraphs are nested too deep (If/Loop/Scan more than {MAX_NESTING} "
+                                   "levels); graphopt refuses such models, flatten the subgraph nesting")
         for n in g.node:
             yield g, n
             for a in n.attribute:
@@ -214,7 +241,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _atomic_write(dest: Path, chunks) -> None:
     folder = dest.parent if str(dest.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:  # a read-only folder: nothing was created
+        raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
@@ -256,7 +286,11 @@ def save_model(
         for target in (dest, data_path):
             if _same_file(target, Path(p)):
                 raise OutputRefused(f"{target}: refusing to overwrite the input {p}; choose another output path with -o")
-    if not dest.parent.exists() and str(dest.parent):
+    try:
+        folder_ok = not str(dest.parent) or dest.parent.is_dir()
+    except OSError as e:  # PermissionError on a folder we may not even look into
+        raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
+    if not folder_ok:
         raise WriteFailed(f"{dest}: folder {dest.parent} does not exist")
     total = sum(len(t.raw_data) for t in iter_tensors(model.graph))
     use_external = external_data if external_data is not None else total > size_threshold

@@ -41,6 +41,17 @@ def copied_attrs(node: Node) -> dict[str, Any]:
     return attrs
 
 
+def overflows(graph: Graph, conv: Node, weight: np.ndarray, bias: np.ndarray | None) -> str | None:
+    """Why the folded ``weight``/``bias`` (float64) cannot be stored in the Conv weight's dtype: a finite
+    value that the cast would turn into inf. Folding it would change the model's results."""
+    dtype = graph.constant_value(conv.inputs[1]).dtype
+    limit = np.finfo(dtype).max
+    for role, value in (("weight", weight), ("bias", bias)):
+        if value is not None and np.any(np.isfinite(value) & (np.abs(value) > limit)):
+            return f"the folded {role} of {conv.name!r} overflows {dtype} (values beyond {limit:.3g})"
+    return None
+
+
 def replace_conv(
     graph: Graph,
     conv: Node,

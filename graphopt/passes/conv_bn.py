@@ -6,7 +6,7 @@ import numpy as np
 
 from graphopt.ir import Graph, Node
 
-from graphopt.passes._conv import along_channels, conv_constants, replace_conv
+from graphopt.passes._conv import along_channels, conv_constants, overflows, replace_conv
 from graphopt.passes._util import Trace, is_used, only_consumer, opset_version, report
 
 NAME = "fold_conv_bn"
@@ -70,6 +70,10 @@ def fold_conv_bn(graph: Graph, *, trace: Trace = None) -> int:
             report(trace, NAME, bn, match)
             continue
         conv, new_w, new_b = match
+        reason = overflows(g, conv, new_w, new_b)
+        if reason:
+            report(trace, NAME, bn, reason)
+            continue
         replace_conv(g, conv, bn, new_w, new_b, pass_name=NAME)
         changes += 1
     return changes

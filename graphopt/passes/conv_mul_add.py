@@ -6,7 +6,7 @@ import numpy as np
 
 from graphopt.ir import Graph, Node
 
-from graphopt.passes._conv import along_channels, channel_vector, conv_constants, per_channel, replace_conv
+from graphopt.passes._conv import along_channels, channel_vector, conv_constants, per_channel, overflows, replace_conv
 from graphopt.passes._util import Trace, only_consumer, report
 
 NAME = "fold_conv_mul_add"
@@ -82,6 +82,10 @@ def fold_conv_mul_add(graph: Graph, *, trace: Trace = None) -> int:
             report(trace, NAME, node, match)
             continue
         conv, new_w, new_b = match
+        reason = overflows(g, conv, new_w, new_b)
+        if reason:
+            report(trace, NAME, node, reason)
+            continue
         replace_conv(g, conv, node, new_w, new_b, pass_name=NAME)
         changes += 1
     return changes

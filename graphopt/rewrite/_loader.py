@@ -64,6 +64,7 @@ RULE_KEYS = ("name", "doc", "pattern", "where", "replace", "keep", "for", "let",
 TOP_KEYS = ("rule", "params")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\}")
 _MAX_SUBST_ROUNDS = 8
+_MAX_VARIANTS = 1000  # rules one [[rule]] may expand to through 'for' (a product of lists grows fast)
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,11 @@ def _variants(raw: dict, params: dict) -> list[dict]:
     clash = sorted(set(let) & set(keys))
     if clash:
         raise _Issue("let", f"{clash[0]!r} is both a for-parameter and a let-fragment")
+    total = 1
+    for values in lists:
+        total *= len(values)
+    if total > _MAX_VARIANTS:
+        raise _Issue("for", f"'for' expands to {total} rules (at most {_MAX_VARIANTS}); split the rule or shorten its lists")
     return [dict(let, **dict(zip(keys, combo))) for combo in itertools.product(*lists)]
 
 
@@ -403,6 +409,8 @@ def _parse_file(path: Path) -> tuple[list[Rule], list[RuleIssue]]:
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"line (\d+)", str(e))
         return [], [RuleIssue(file, int(m.group(1)) if m else 1, "", f"TOML syntax error: {e}")]
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        return [], [RuleIssue(file, 1, "", "TOML syntax error: arrays or tables nested too deep")]
     lines = _Lines(text)
     issues: list[RuleIssue] = []
     for key in data:

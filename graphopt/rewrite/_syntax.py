@@ -210,10 +210,19 @@ class _Parser:
                 self.error(tok, "',' or ')'")
 
 
+#: Deepest call nesting a pattern, constraint or replacement may have (real ones stay below 15).
+MAX_NESTING = 64
+
+
 def parse_expr(text: str):
     """Parse ``text`` into the generic tree (``Call`` / ``Name`` / ``Lit``); raises RuleSyntaxError."""
     if not isinstance(text, str):
         raise RuleSyntaxError(str(text), 1, "expected a string")
+    depth = 0
+    for col, ch in enumerate(text, 1):  # the parser and the matcher recurse once per level
+        depth += (ch == "(") - (ch == ")")
+        if depth > MAX_NESTING:
+            raise RuleSyntaxError(text, col, f"calls nested more than {MAX_NESTING} levels deep")
     return _Parser(text).parse_all()
 
 

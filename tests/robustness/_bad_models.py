@@ -464,18 +464,21 @@ for _constant, _kind in ((False, "sparse initializer"), (True, "Constant sparse_
 
 # ------------------------------------------------------------------ nesting
 def nested_if(depth: int) -> onnx.ModelProto:
-    """``depth`` If nodes, each in the then-branch of the previous one; the innermost returns x."""
-    inner = helper.make_graph([helper.make_node("Identity", ["x"], ["o0"], name="id")], "b0", [],
-                              [helper.make_tensor_value_info("o0", TensorProto.FLOAT, None)])
-    for i in range(1, depth + 1):
-        other = helper.make_graph([helper.make_node("Identity", ["x"], [f"e{i}"], name=f"e{i}")], f"e{i}", [],
-                                  [helper.make_tensor_value_info(f"e{i}", TensorProto.FLOAT, None)])
-        node = helper.make_node("If", ["cond"], [f"o{i}"], then_branch=inner, else_branch=other, name=f"if{i}")
-        inner = helper.make_graph([node], f"b{i}", [], [helper.make_tensor_value_info(f"o{i}", TensorProto.FLOAT, None)])
-    g = helper.make_graph(
-        list(inner.node),
-        "top",
-        [helper.make_tensor_value_info("cond", TensorProto.BOOL, []), helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info(f"o{depth}", TensorProto.FLOAT, None)],
+    """``depth`` If nodes, each in the then-branch of the previous one; the innermost returns x.
+    Built in place, top down: python-protobuf (upb) copies messages through its parser, which refuses
+    more than 100 nested messages, so ``make_graph([node])`` cannot build deep nesting."""
+    vi = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [2])  # noqa: E731
+    model = helper.make_model(
+        helper.make_graph([], "top", [helper.make_tensor_value_info("cond", TensorProto.BOOL, []), vi("x")], [vi(f"o{depth}")]),
+        opset_imports=[helper.make_opsetid("", 13)],
     )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    g = model.graph
+    for i in range(depth, 0, -1):
+        node = g.node.add(op_type="If", name=f"if{i}", input=["cond"], output=[f"o{i}"])
+        node.attribute.add(name="else_branch", type=onnx.AttributeProto.GRAPH).g.CopyFrom(
+            helper.make_graph([helper.make_node("Neg", ["x"], [f"e{i}"], name=f"e{i}")], f"e{i}", [], [vi(f"e{i}")]))
+        g = node.attribute.add(name="then_branch", type=onnx.AttributeProto.GRAPH).g
+        g.name = f"b{i}"
+        g.output.append(vi(f"o{i - 1}"))
+    g.node.append(helper.make_node("Identity", ["x"], ["o0"], name="id"))
+    return model

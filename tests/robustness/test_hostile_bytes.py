@@ -14,30 +14,13 @@ from graphopt.errors import GraphoptError
 from graphopt.pipeline import optimize_model
 from graphopt.ir.io import parse_model, load_model
 from tests.conftest import run_graphopt
+from tests.robustness._mutations import mutate
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = list(range(40))
 
 
-def _mutate(data: bytes, rng: random.Random) -> bytes:
-    b = bytearray(data)
-    kind = rng.choice(["flip", "truncate", "insert", "delete", "splice"])
-    if kind == "flip":
-        for _ in range(rng.randint(1, 8)):
-            i = rng.randrange(len(b))
-            b[i] ^= 1 << rng.randrange(8)
-    elif kind == "truncate":
-        del b[rng.randrange(1, len(b)) :]
-    elif kind == "insert":
-        i = rng.randrange(len(b))
-        b[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
-    elif kind == "delete":
-        i = rng.randrange(len(b))
-        del b[i : i + rng.randint(1, 64)]
-    else:
-        i, j = sorted(rng.randrange(len(b)) for _ in range(2))
-        b[i:i] = b[j : j + 32]
-    return bytes(b)
+_mutate = mutate
 
 
 @pytest.mark.parametrize("seed", SEEDS)
