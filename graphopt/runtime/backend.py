@@ -123,6 +123,42 @@ class NumpyBackend(_Backend):
         return (lambda ins: [np.asarray(y) for y in schema.reference(ins, attrs)]), None, None
 
 
+_STREAMS: list = []
+_BLAS: dict[int, tuple] = {}
+
+
+def _shared_stream(cupy):
+    """One non-blocking stream per process for every session (they then never race each other)."""
+    if not _STREAMS:
+        _STREAMS.append(cupy.cuda.Stream(non_blocking=True))
+    return _STREAMS[0]
+
+
+def fresh_stream(cupy):
+    """Replace the shared stream (after a failed capture poisoned it) and return the new one."""
+    stream = cupy.cuda.Stream(non_blocking=True)
+    _STREAMS[:] = [stream]
+    return stream
+
+
+def _blas_for(stream):
+    """(CublasGemm or None, why not) for ``stream``: one handle per stream, self-tested once."""
+    hit = _BLAS.get(stream.ptr)
+    if hit is not None and hit[2] is stream:
+        return hit[0], hit[1]
+    blas, reason = None, None
+    try:
+        from graphopt.runtime.cublas import CublasGemm
+
+        cand = CublasGemm(stream)
+        reason = cand.self_test()
+        blas = cand if reason is None else None
+    except Exception as e:  # noqa: BLE001 - no libcublas, or a symbol missing: use cupy.matmul
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    _BLAS[stream.ptr] = (blas, reason, stream)
+    return blas, reason
+
+
 class CudaBackend(_Backend):
     """``device="cuda"``: CuPy on one stream; custom ops through their lowerings."""
 
@@ -144,32 +180,20 @@ class CudaBackend(_Backend):
         self.cupy = cupy
         self.xp = cupy
         self.cuda_graphs = cuda_graphs
-        self.stream = stream or cupy.cuda.Stream(non_blocking=True)
         cc = cupy.cuda.Device().compute_capability
         self.compute_capability = (int(cc[:-1]), int(cc[-1]))
         self.arch = f"sm_{cc}"
-        self.blas_reason: str | None = None
-        self.blas = None
-        try:
-            from graphopt.runtime.cublas import CublasGemm
-
-            blas = CublasGemm(self.stream)
-            self.blas_reason = blas.self_test()
-            if self.blas_reason is None:
-                self.blas = blas
-        except Exception as e:  # noqa: BLE001 - no libcublas, or a symbol missing: use cupy.matmul
-            self.blas_reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        self.matmul = self.blas.matmul if self.blas is not None else self._cupy_matmul
+        self.set_stream(stream or _shared_stream(cupy))
         self.user_errors = _Backend.user_errors + (cupy.cuda.memory.OutOfMemoryError,)
 
     def _cupy_matmul(self, a, b):
         return self.cupy.matmul(a, b)
 
     def set_stream(self, stream) -> None:
-        """Move to a fresh stream (a failed capture poisons the old one)."""
+        """Run on ``stream`` (a fresh one after a failed capture, which poisons the old one)."""
         self.stream = stream
-        if self.blas is not None:
-            self.blas.set_stream(stream)
+        self.blas, self.blas_reason = _blas_for(stream)
+        self.matmul = self.blas.matmul if self.blas is not None else self._cupy_matmul
 
     def upload(self, host: np.ndarray, name: str = ""):
         return self.cupy.asarray(self.cast_in(host if host.flags.c_contiguous else host.copy()))

@@ -220,9 +220,12 @@ def _cast(ctx, ins):
     return [ins[0].astype(to)]
 
 
-@op("Dropout")
+@op("Dropout", host=(1, 2))
 def _dropout(ctx, ins):
     x = ins[0]
+    training = ctx.host(2)
+    if (training is not None and bool(np.asarray(training).reshape(-1)[0])) or ctx.attr("is_test", 1) == 0 and ctx.opset < 7:
+        raise NotImplementedError("Dropout in training mode (a random mask) is not supported; this is an inference runtime")
     return [x, ctx.xp.ones(x.shape, dtype=bool)]
 
 
@@ -375,46 +378,58 @@ def conv2d(ctx, actx, x, w):
     return xp.ascontiguousarray(y).reshape(N, M, OH, OW)
 
 
+def _windows_nd(xp, x, kernel, strides, dil, pads, outs, fill):
+    """Padded input -> the prod(kernel) strided window slices, each (N, C, *outs); any spatial rank."""
+    import itertools
+
+    nd = len(kernel)
+    pad_width = [(0, 0), (0, 0)]
+    for i in range(nd):
+        need = (outs[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1  # ceil_mode windows stay in bounds
+        pad_width.append((pads[i], max(pads[i + nd], need - x.shape[2 + i] - pads[i])))
+    if any(p != (0, 0) for p in pad_width):
+        x = xp.pad(x, pad_width, mode="constant", constant_values=fill)
+    slices = []
+    for ks in itertools.product(*[range(k) for k in kernel]):
+        idx = (slice(None), slice(None)) + tuple(
+            slice(k * dil[i], k * dil[i] + strides[i] * (outs[i] - 1) + 1, strides[i]) for i, k in enumerate(ks))
+        slices.append(x[idx])
+    return slices
+
+
 def _pool(ctx, x, kind):
     xp = ctx.xp
-    one_d = x.ndim == 3
-    actx = ctx
-    if one_d:
-        x, actx = x[:, :, None, :], _Attrs2D(ctx)
-    kernel = list(actx.attr("kernel_shape"))
-    strides, dil, pads, outs = _conv_geometry(actx, list(x.shape[2:]), kernel)
+    kernel = list(ctx.attr("kernel_shape"))
+    nd = len(kernel)
+    strides, dil, pads, outs = _conv_geometry(ctx, list(x.shape[2:]), kernel)
     if kind == "max":
-        sl = _windows(xp, x, kernel, strides, dil, pads, outs, -np.inf)
+        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        sl = _windows_nd(xp, x, kernel, strides, dil, pads, outs, fill)
         y = sl[0]
         for s in sl[1:]:
             y = xp.maximum(y, s)
-    else:
-        xa = _acc(ctx, x)
-        sl = _windows(xp, xa, kernel, strides, dil, pads, outs, 0)
-        y = sl[0]
-        for s in sl[1:]:
-            y = y + s
-        if ctx.attr("count_include_pad", 0):
-            # count padded cells (explicit pads) but not the ceil-mode overhang
-            ones = xp.pad(xp.ones((1, 1) + tuple(x.shape[2:]), dtype=xa.dtype),
-                          [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])], constant_values=1)
-        else:
-            ones = xp.ones((1, 1) + tuple(x.shape[2:]), dtype=xa.dtype)
-            ones = xp.pad(ones, [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])], constant_values=0)
-        cnt = _windows(xp, ones, kernel, strides, dil, [0, 0, 0, 0], outs, 0)
-        c = cnt[0]
-        for s in cnt[1:]:
-            c = c + s
-        y = (y / c).astype(x.dtype)
-    if one_d:
-        y = y[:, :, 0, :]
-    return y
+        return y
+    xa = _acc(ctx, x)
+    sl = _windows_nd(xp, xa, kernel, strides, dil, pads, outs, 0)
+    y = sl[0]
+    for s in sl[1:]:
+        y = y + s
+    # the divisor per output: cells inside the input, plus explicit pads with count_include_pad,
+    # never the ceil-mode overhang
+    ones = xp.ones((1, 1) + tuple(x.shape[2:]), dtype=xa.dtype)
+    pw = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
+    ones = xp.pad(ones, pw, constant_values=1 if ctx.attr("count_include_pad", 0) else 0)
+    cnt = _windows_nd(xp, ones, kernel, strides, dil, [0] * (2 * nd), outs, 0)
+    c = cnt[0]
+    for s in cnt[1:]:
+        c = c + s
+    return (y / c).astype(x.dtype)
 
 
 @op("MaxPool")
 def _maxpool(ctx, ins):
-    if ctx.attr("storage_order", 0):
-        raise NotImplementedError("MaxPool storage_order=1")
+    if ctx.attr("storage_order", 0) or len(ctx.node.outputs) > 1 and ctx.node.outputs[1]:
+        raise NotImplementedError("MaxPool's Indices output (and storage_order) is not supported")
     return [_pool(ctx, ins[0], "max")]
 
 
@@ -439,6 +454,8 @@ def _gmp(ctx, ins):
 @op("BatchNormalization")
 def _bn(ctx, ins):
     x, scale, bias, mean, var = ins[:5]
+    if ctx.attr("training_mode", 0):
+        raise NotImplementedError("BatchNormalization training_mode=1 is not supported; this is an inference runtime")
     eps = ctx.attr("epsilon", 1e-5)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     xa = _acc(ctx, x)
@@ -514,14 +531,26 @@ def _reduce_axes(ctx, x):
     return tuple(a % x.ndim for a in axes)
 
 
+def _empty_identity(op: str, dtype):
+    dtype = np.dtype(dtype)
+    big = np.inf if dtype.kind == "f" else (True if dtype.kind == "b" else np.iinfo(dtype).max)
+    small = -np.inf if dtype.kind == "f" else (False if dtype.kind == "b" else np.iinfo(dtype).min)
+    return {"ReduceMax": small, "ReduceMin": big, "ReduceProd": 1, "ReduceMean": np.nan,
+            "ReduceLogSum": -np.inf, "ReduceLogSumExp": -np.inf}.get(op, 0)
+
+
 def _reduction(f, accumulate=True):
     def run(ctx, ins):
         x = ins[0]
         axes = _reduce_axes(ctx, x)
         if axes == "noop":
             return [x]
+        keep = bool(ctx.attr("keepdims", 1))
+        if any(x.shape[a] == 0 for a in axes):  # an empty reduction gives the op's identity
+            shape = [1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes]
+            return [ctx.xp.full(shape, _empty_identity(ctx.node.op_type, x.dtype), dtype=x.dtype)]
         xa = _acc(ctx, x) if accumulate else x
-        return [f(ctx.xp, xa, axes, bool(ctx.attr("keepdims", 1))).astype(x.dtype)]
+        return [f(ctx.xp, xa, axes, keep).astype(x.dtype)]
 
     return run
 
@@ -543,7 +572,10 @@ for _name, _f in {
 def _argmax(ctx, ins):
     x = ins[0]
     axis = ctx.attr("axis", 0)
-    y = ctx.xp.argmax(x, axis=axis)
+    if ctx.attr("select_last_index", 0):
+        y = x.shape[axis] - 1 - ctx.xp.argmax(ctx.xp.flip(x, axis=axis), axis=axis)
+    else:
+        y = ctx.xp.argmax(x, axis=axis)
     if ctx.attr("keepdims", 1):
         y = ctx.xp.expand_dims(y, axis)
     return [y.astype(np.int64)]
@@ -580,7 +612,8 @@ def _reshape(ctx, ins):
 @op("Flatten")
 def _flatten(ctx, ins):
     x = ins[0]
-    axis = ctx.attr("axis", 1) % (x.ndim + 1) if x.ndim else 0
+    axis = ctx.attr("axis", 1)
+    axis = axis + x.ndim if axis < 0 else axis
     lead = int(np.prod(x.shape[:axis], dtype=np.int64))
     return [x.reshape(lead, -1) if x.size else x.reshape(lead, int(np.prod(x.shape[axis:], dtype=np.int64)))]
 
@@ -672,16 +705,17 @@ def _gather(ctx, ins):
 def _gathernd(ctx, ins):
     x, ind = ins
     b = ctx.attr("batch_dims", 0)
-    if b != 0:
-        raise NotImplementedError("GatherND batch_dims != 0")
     xp = ctx.xp
     ind = ind.astype(np.int64)
     k = ind.shape[-1]
-    flat = ind.reshape(-1, k)
+    nb = int(np.prod(x.shape[:b], dtype=np.int64))
+    xb = x.reshape((nb,) + tuple(x.shape[b:]))
+    flat = ind.reshape(nb, -1, k)
     # negative indices wrap per axis; python ints only, so nothing is copied host -> device during a run
-    cols = [xp.where(flat[:, i] < 0, flat[:, i] + x.shape[i], flat[:, i]) for i in range(k)]
-    out = x[tuple(cols)]
-    return [out.reshape(ind.shape[:-1] + x.shape[k:])]
+    cols = [xp.where(flat[..., i] < 0, flat[..., i] + x.shape[b + i], flat[..., i]) for i in range(k)]
+    batch = xp.arange(nb).reshape(nb, 1)
+    out = xb[(batch,) + tuple(cols)]
+    return [out.reshape(tuple(ind.shape[:-1]) + tuple(x.shape[b + k:]))]
 
 
 @op("Expand", host=(1,))
@@ -937,7 +971,8 @@ def _s2d(ctx, ins):
     x = ins[0]
     b = ctx.attr("blocksize")
     n, c, h, w = x.shape
-    y = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    y = y.transpose(0, 1, 3, 5, 2, 4) if ctx.attr("mode", "DCR") == "CRD" else y.transpose(0, 3, 5, 1, 2, 4)
     return [ctx.xp.ascontiguousarray(y).reshape(n, c * b * b, h // b, w // b)]
 
 

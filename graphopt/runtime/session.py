@@ -246,7 +246,9 @@ class Session:
                     cap = CapturedRun.capture(plan, conv, be)
                 except CaptureFailed as e:
                     # the failed capture poisoned the stream: move to a fresh one, run eagerly from now on
-                    be.set_stream(be.cupy.cuda.Stream(non_blocking=True))
+                    from graphopt.runtime.backend import fresh_stream
+
+                    be.set_stream(fresh_stream(be.cupy))
                     plan.notes.append(f"CUDA graph capture failed: {e}")
                     self._captured[sig] = False
                     self.graph_status = f"eager: capture failed ({e})"
