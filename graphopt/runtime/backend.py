@@ -4,8 +4,8 @@
   ``xp = numpy``; custom ops run their float64 NumPy references. CPU CI tests the executor and
   every op against onnxruntime through it.
 - ``CudaBackend`` (``device="cuda"``): ``xp = cupy`` on one non-blocking stream; GEMMs through
-  ``cublas.CublasGemm`` (capture-safe; ``cupy.matmul`` when that fails its self-test, and then
-  GEMM steps are not capturable); custom ops through their recorded lowering.
+  ``graphopt.kernels.blas.matmul`` (capture-safe; ``cupy.matmul`` when that fails its self-test,
+  and for float64 / integer GEMMs, and then those steps are not capturable); custom ops through their recorded lowering.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class NumpyBackend(_Backend):
 
 
 _STREAMS: list = []
-_BLAS: dict[int, tuple] = {}
+_BLAS: dict[int, str | None] = {}  # device id -> None (graphopt.kernels.blas works) or why not
 
 
 def _shared_stream(cupy):
@@ -141,22 +141,17 @@ def fresh_stream(cupy):
     return stream
 
 
-def _blas_for(stream):
-    """(CublasGemm or None, why not) for ``stream``: one handle per stream, self-tested once."""
-    hit = _BLAS.get(stream.ptr)
-    if hit is not None and hit[2] is stream:
-        return hit[0], hit[1]
-    blas, reason = None, None
-    try:
-        from graphopt.runtime.cublas import CublasGemm
+def _blas_reason(cupy) -> str | None:
+    """None when graphopt.kernels.blas (capture-safe cuBLAS) works on this device, else why not; tested once."""
+    dev = cupy.cuda.Device().id
+    if dev not in _BLAS:
+        try:
+            from graphopt.kernels import blas
 
-        cand = CublasGemm(stream)
-        reason = cand.self_test()
-        blas = cand if reason is None else None
-    except Exception as e:  # noqa: BLE001 - no libcublas, or a symbol missing: use cupy.matmul
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    _BLAS[stream.ptr] = (blas, reason, stream)
-    return blas, reason
+            _BLAS[dev] = blas.self_test()
+        except Exception as e:  # noqa: BLE001 - no libcublas, or a symbol missing: use cupy.matmul
+            _BLAS[dev] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return _BLAS[dev]
 
 
 class CudaBackend(_Backend):
@@ -192,8 +187,19 @@ class CudaBackend(_Backend):
     def set_stream(self, stream) -> None:
         """Run on ``stream`` (a fresh one after a failed capture, which poisons the old one)."""
         self.stream = stream
-        self.blas, self.blas_reason = _blas_for(stream)
-        self.matmul = self.blas.matmul if self.blas is not None else self._cupy_matmul
+        with stream:
+            self.blas_reason = _blas_reason(self.cupy)
+        self.blas = None
+        if self.blas_reason is None:
+            from graphopt.kernels import blas
+
+            self.blas = blas
+        self.matmul = self._blas_matmul if self.blas is not None else self._cupy_matmul
+
+    def _blas_matmul(self, a, b):
+        if a.dtype == b.dtype and a.dtype.name in ("float16", "float32"):
+            return self.blas.matmul(a, b)
+        return self.cupy.matmul(a, b)  # float64 / integer GEMMs: rare in models; CuPy's path (not capturable)
 
     def upload(self, host: np.ndarray, name: str = ""):
         return self.cupy.asarray(self.cast_in(host if host.flags.c_contiguous else host.copy()))

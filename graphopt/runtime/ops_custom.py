@@ -160,6 +160,6 @@ def output_shape(op: str, shapes: Sequence[tuple[int, ...] | None], attrs: Mappi
         m = a[1] if attrs.get("transA", 0) else a[0]
         n = b[0] if attrs.get("transB", 0) else b[1]
         return (m, n)
-    from graphopt.runtime.cublas import gemm_args
+    from graphopt.kernels.blas import gemm_args
 
     return gemm_args(tuple(a), tuple(b)).out_shape
