@@ -70,10 +70,22 @@ def verify(
     shapes: Mapping[str, Sequence[int]] | None = None,
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
+    device: str = "cpu",
 ) -> VerifyResult:
-    """Run both models under onnxruntime (CPU) on random inputs; per-output max abs/rel error."""
+    """Run both models on random inputs; per-output max abs/rel error. The reference always runs
+    under onnxruntime (CPU); the candidate too with ``device="cpu"``, else on the graphopt runtime
+    (``"cuda"``, or ``"numpy"``, its CPU testing backend)."""
     from graphopt.ir import to_model
 
     cand = candidate if isinstance(candidate, onnx.ModelProto) else to_model(load_model(candidate))
     ref = reference if isinstance(reference, onnx.ModelProto) else to_model(load_model(reference))
-    return verify_models(cand, ref, shapes=shapes, rtol=rtol, atol=atol)
+    runner = None
+    if device != "cpu":
+        from graphopt.runtime import Session, to_numpy
+
+        sess = Session(cand, device=device)
+
+        def runner(feeds):
+            return {k: to_numpy(v) for k, v in sess.run(feeds).items()}
+
+    return verify_models(cand, ref, shapes=shapes, rtol=rtol, atol=atol, run_candidate=runner)

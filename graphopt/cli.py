@@ -249,7 +249,8 @@ def _shape_str(graph, tensor: str) -> str:
 @main.command(epilog=_EXIT_HELP)
 @click.argument("a", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--device", type=click.Choice(["cpu"]), default="cpu", show_default=True, help="Where to run (the GPU runtime comes later).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "numpy"]), default="cpu", show_default=True,
+              help="Where A (the candidate) runs: cpu (onnxruntime), cuda (the graphopt runtime), numpy (its CPU testing backend); B, the reference, runs under onnxruntime CPU.")
 @click.option("--rtol", type=float, default=1e-4, show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape (repeatable).")
@@ -263,7 +264,7 @@ def verify(a, b, device, rtol, atol, shapes):
         from graphopt.errors import VerificationFailed
         from graphopt.compare import parse_shape_overrides
 
-        result = run_verify(a, b, shapes=parse_shape_overrides(shapes), rtol=rtol, atol=atol)
+        result = run_verify(a, b, shapes=parse_shape_overrides(shapes), rtol=rtol, atol=atol, device=device)
         t = Table(title=f"verify {a} against {b} (rtol {rtol}, atol {atol})")
         for col in ("output", "shape", "max abs", "max rel", "ok"):
             t.add_column(col)
@@ -335,6 +336,7 @@ def _mount_optional_groups() -> None:
 
 
 _mount_optional_groups()
+__import__("graphopt.cli_runtime").cli_runtime.register(main, _run, _console)  # graphopt run / bench
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -65,6 +65,16 @@ def _describe_unsupported(bad: dict[str, list[str]], source: str) -> str:
             "(onnxruntime) instead")
 
 
+def cuda_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device
+        return False
+
+
 def to_numpy(arr) -> np.ndarray:
     """A NumPy copy of a NumPy, CuPy or DLPack array (synchronises on a GPU array)."""
     if isinstance(arr, np.ndarray):
