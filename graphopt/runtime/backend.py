@@ -134,6 +134,11 @@ def _shared_stream(cupy):
     return _STREAMS[0]
 
 
+def current_stream(cupy):
+    """The shared stream sessions run on now (created on first use)."""
+    return _shared_stream(cupy)
+
+
 def fresh_stream(cupy):
     """Replace the shared stream (after a failed capture poisoned it) and return the new one."""
     stream = cupy.cuda.Stream(non_blocking=True)

@@ -54,9 +54,11 @@ class CapturedRun:
             raise CaptureFailed(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
         return cls(graph, pool, static, outs, stream)
 
-    def replay(self, feeds: dict[str, Any]) -> list:
-        with self.stream:
+    def replay(self, feeds: dict[str, Any], stream=None) -> list:
+        """Copy ``feeds`` in, launch the graph on ``stream`` (default: the capture stream), copy the outputs out."""
+        stream = stream or self.stream
+        with stream:
             for name, arr in feeds.items():
                 self.static_inputs[name][...] = arr
-            self.graph.launch(self.stream)
+            self.graph.launch(stream)
             return [o.copy() for o in self.outputs]

@@ -196,11 +196,11 @@ class Session:
             except Exception as e:  # noqa: BLE001 - onnxruntime's own exception types
                 raise GraphoptError(f"{self.source}: onnxruntime could not run the model: {str(e).splitlines()[0][:300]}") from None
             return dict(zip(names, res))
-        conv = self._convert_feeds(feeds)
-        sig = tuple((n, tuple(int(d) for d in a.shape), np.dtype(a.dtype).str) for n, a in sorted(conv.items()))
         if self.device == "cuda":
-            outs = self._run_cuda(sig, conv)
+            outs = self._run_cuda_ordered(feeds)
         else:
+            conv = self._convert_feeds(feeds)
+            sig = tuple((n, tuple(int(d) for d in a.shape), np.dtype(a.dtype).str) for n, a in sorted(conv.items()))
             with np.errstate(all="ignore"):
                 outs = self._run_plan(sig, conv)
         result = dict(zip(self.output_names, outs))
@@ -239,6 +239,29 @@ class Session:
             res.append(o)
         return res
 
+    def _run_cuda_ordered(self, feeds):
+        """Run on the session stream, ordered after the caller's current stream and before its
+        next work, through events only (no host synchronisation): inputs the caller just wrote are
+        complete before the first kernel, and ``out.get()`` or any later kernel of the caller sees
+        the finished outputs."""
+        from graphopt.runtime.backend import current_stream
+
+        be = self.backend
+        cupy = be.cupy
+        shared = current_stream(cupy)
+        if be.stream is not shared:  # another session's failed capture replaced the shared stream
+            be.set_stream(shared)
+        caller = cupy.cuda.get_current_stream()
+        with be.stream:
+            if caller.ptr != be.stream.ptr:
+                be.stream.wait_event(caller.record())
+            conv = self._convert_feeds(feeds)
+            sig = tuple((n, tuple(int(d) for d in a.shape), np.dtype(a.dtype).str) for n, a in sorted(conv.items()))
+            outs = self._run_cuda(sig, conv)
+            if caller.ptr != be.stream.ptr:
+                caller.wait_event(be.stream.record())
+        return outs
+
     def _run_cuda(self, sig, conv):
         be = self.backend
         with be.stream:
@@ -270,7 +293,7 @@ class Session:
             self.graph_status = "replaying a CUDA graph"
             self.last_plan = plan
             self.last_peak_bytes = plan.peak_bytes
-            return self._cast_out(cap.replay(conv))
+            return self._cast_out(cap.replay(conv, be.stream))
 
     def synchronize(self) -> None:
         if self.device == "cuda":
@@ -284,7 +307,11 @@ class Session:
         """
         if self._ort is not None:
             raise GraphoptError("profile needs device 'cuda' or 'numpy'")
-        conv = self._convert_feeds(feeds)
+        ctx = self.backend.stream if self.device == "cuda" else _Null()
+        if self.device == "cuda":
+            self.backend.cupy.cuda.Device().synchronize()  # the caller's uploads are complete
+        with ctx:
+            conv = self._convert_feeds(feeds)
         sig = tuple((n, tuple(int(d) for d in a.shape), np.dtype(a.dtype).str) for n, a in sorted(conv.items()))
         totals: dict[str, float] = defaultdict(float)
         sync = self.synchronize
@@ -296,7 +323,6 @@ class Session:
             totals[step.op] += time.perf_counter() - t0
             return outs
 
-        ctx = self.backend.stream if self.device == "cuda" else _Null()
         with ctx, np.errstate(all="ignore"):
             self._plan_and_run(sig, conv)
             plan = self._plans.get(sig) or self.last_plan
