@@ -84,7 +84,9 @@ def build_module(name: str):
                 self.m = m
 
             def forward(self, input_ids):
-                return self.m(input_ids=input_ids, use_cache=False, return_dict=False)[0]
+                # the mask is passed: without it transformers 5 calls torch.diff, which TorchScript cannot export
+                return self.m(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False,
+                              return_dict=False)[0]
 
         return Logits(lm).eval()
     raise ValueError(name)
