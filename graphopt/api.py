@@ -33,14 +33,19 @@ def optimize(
     output: "str | os.PathLike | None" = None,
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
+    precision: str = "fp32",
+    io_fp16: bool = False,
+    keep_fp32: Sequence[str] = (),
 ) -> tuple[onnx.ModelProto, OptimizeReport]:
     """Optimize a model (a ``ModelProto`` or a path) and return ``(optimized ModelProto, report)``.
 
     ``gpu`` is ``"auto"``, ``"none"`` or a GPU name such as ``"a100"`` (see ``graphopt optimize --help``).
     ``rules`` adds rule files or folders to the shipped ones; ``disable`` turns shipped rules off by
-    name. With ``verify=True`` both models run under onnxruntime on random inputs and a mismatch raises
+    name. ``precision="fp16"`` converts the model to fp16 first (``io_fp16``: fp16 inputs and outputs
+    too; ``keep_fp32``: op types left at fp32). With ``verify=True`` both models run under onnxruntime on random inputs and a mismatch raises
     ``graphopt.errors.VerificationFailed``. The result is written only when ``output`` is given."""
-    options = dict(gpu=gpu, rules=list(rules), disable=list(disable), explain=explain)
+    options = dict(gpu=gpu, rules=list(rules), disable=list(disable), explain=explain, precision=precision,
+                   io_fp16=io_fp16, keep_fp32=list(keep_fp32))
     shape_map = {k: list(v) for k, v in (shapes or {}).items()}
     if isinstance(model_or_path, onnx.ModelProto):
         model, report = optimize_model(model_or_path, verify=verify, rtol=rtol, atol=atol, shapes=shape_map, **options)

@@ -97,8 +97,12 @@ def main() -> None:
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape for --verify and tuning (repeatable).")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance for --verify (default 1e-4).")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance for --verify (default 1e-5).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="fp16: convert the model to fp16 first (onnxconverter-common); fusions and tuning then run at fp16.")
+@click.option("--io-fp16", is_flag=True, help="With --precision fp16: fp16 graph inputs and outputs too (default: they keep their dtypes).")
+@click.option("--keep-fp32", "keep_fp32", default="", metavar="OP,...", help="With --precision fp16: op types kept at fp32 (e.g. Softmax,ReduceMean).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
-def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, rtol, atol, quiet):
+def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, rtol, atol, precision, io_fp16, keep_fp32, quiet):
     """Optimize MODEL: cleanup, fusion rules, lowering selection; write MODEL.opt.onnx."""
 
     def work():
@@ -106,6 +110,12 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
         from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, parse_shape_overrides
 
         shape_map = parse_shape_overrides(shapes)
+        from graphopt.precision import fp16_tolerances, parse_keep_fp32
+
+        keep = parse_keep_fp32(keep_fp32)
+        if (io_fp16 or keep) and precision != "fp16":
+            raise GraphoptError("--io-fp16 and --keep-fp32 go with --precision fp16")
+        r_tol, a_tol = fp16_tolerances(rtol, atol) if precision == "fp16" else (rtol, atol)
         with _Progress(quiet) as progress:
             _, report = optimize_file(
                 model,
@@ -116,9 +126,12 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
                 explain=explain,
                 verify=verify,
                 shapes=shape_map,
-                rtol=DEFAULT_RTOL if rtol is None else rtol,
-                atol=DEFAULT_ATOL if atol is None else atol,
+                rtol=DEFAULT_RTOL if r_tol is None else r_tol,
+                atol=DEFAULT_ATOL if a_tol is None else a_tol,
                 progress=progress,
+                precision=precision,
+                io_fp16=io_fp16,
+                keep_fp32=keep,
             )
         if report_path is not None:
             from graphopt.ir.io import _atomic_write
@@ -148,6 +161,8 @@ def _print_summary(report, explain: bool) -> None:
     for name, count in report.custom_ops.items():
         table.add_row(f"custom op graphopt.{name}", str(count))
     table.add_row("target / mode", f"{report.target} / {report.mode}")
+    if report.precision != "fp32":
+        table.add_row("precision", report.precision)
     if report.verify is not None:
         worst = max((o["max_rel"] for o in report.verify["outputs"]), default=0.0)
         table.add_row("verify (max rel err)", f"ok ({worst:.2e})")
