@@ -266,7 +266,10 @@ class Session:
         be = self.backend
         with be.stream:
             if not self.cuda_graphs or sig not in self._plans:
-                return self._run_plan(sig, conv)
+                outs = self._run_plan(sig, conv)
+                if self.cuda_graphs and self.last_plan is not None and self.last_plan.dynamic:
+                    self.graph_status = f"eager: {self.last_plan.dynamic}"  # rebuilt every run, never captured
+                return outs
             plan = self._plans[sig]
             if plan.capture_reason is not None:
                 self.graph_status = f"eager: {plan.capture_reason}"
