@@ -1,6 +1,6 @@
 """The graphopt runtime on the GPU (marker ``gpu``; skipped without a CUDA device).
 
-- every model in models/ and models/torch/ on device="cuda" matches onnxruntime CPU within 1e-3
+- every model in models/ and models/torch/, and onnx's light zoo models, on device="cuda" matches onnxruntime CPU within 1e-3
   relative (max |got - want| / max |want|), on the traced run, the capture run and the replays;
 - the optimized files (graphopt.CBR / GemmAct through their recorded lowerings) within
   ``OPT_FP32_RTOL`` (the implicit-GEMM / mma lowerings compute fp32 in TF32);
@@ -107,6 +107,21 @@ def test_model_on_cuda_matches_onnxruntime(name):
     for k in range(3):  # trace, capture (or eager), replay
         _check(sess.run(feeds), want, FP32_RTOL, f"{name} run {k}")
     print(f"\n{name}: {sess.graph_status}; peak {sess.last_peak_bytes / 2**20:.1f} MiB; {sess.plan_summary()['gemm']}")
+
+
+LIGHT = sorted((Path(onnx.__file__).parent / "backend" / "test" / "data" / "light").glob("*.onnx"))
+
+
+@pytest.mark.parametrize("path", LIGHT, ids=[p.name for p in LIGHT])
+def test_onnx_zoo_light_model_on_cuda_matches_onnxruntime(path):
+    """The zoo models onnx ships (data/real holds only download stubs; data/light are the same graphs
+    with weights made by ConstantOfShape)."""
+    model = onnx.load(path)
+    feeds = random_feeds(model, np.random.default_rng(4))
+    want = ort_run(str(path), feeds)
+    sess = Session(path, device="cuda")
+    for k in range(2):
+        _check(sess.run(feeds), want, FP32_RTOL, f"{path.name} run {k}")
 
 
 @pytest.mark.parametrize("name", CAPTURED)
