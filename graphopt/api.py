@@ -34,19 +34,25 @@ def optimize(
     output: "str | os.PathLike | None" = None,
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
+    precision: str = "fp32",
+    io_fp16: bool = False,
+    keep_fp32: Sequence[str] = (),
 ) -> tuple[onnx.ModelProto, OptimizeReport]:
     """Optimize a model (a ``ModelProto`` or a path) and return ``(optimized ModelProto, report)``.
 
     ``gpu`` is ``"auto"``, ``"none"`` or a GPU name such as ``"a100"`` (see ``graphopt optimize --help``).
     ``rules`` adds rule files or folders to the shipped ones; ``disable`` turns shipped rules off by
-    name. With ``verify=True`` both models run under onnxruntime on random inputs and a mismatch raises
-    ``graphopt.errors.VerificationFailed``. The result is written only when ``output`` is given.
+    name. ``precision="fp16"`` converts the model to fp16 first (``io_fp16``: fp16 inputs and outputs
+    too; ``keep_fp32``: op types left at fp32). With ``verify=True`` both models run under onnxruntime
+    on random inputs and a mismatch raises ``graphopt.errors.VerificationFailed``. The result is
+    written only when ``output`` is given.
 
     ``shape_profile`` tunes each value of symbolic input dims separately, like ``--shape-profile``:
     ``{"x": {"batch": [1, 8, 32]}}`` or ``["x=batch:1,8,32"]``. Each custom-op node then records
     ``lowering_buckets`` (see ``graphopt.tune.buckets``) and ``report.lowerings`` has one row per
     node and bucket; without it, tuning uses ``shapes`` or the defaults (``report.tuning_dims``)."""
-    options = dict(gpu=gpu, rules=list(rules), disable=list(disable), explain=explain, shape_profile=shape_profile)
+    options = dict(gpu=gpu, rules=list(rules), disable=list(disable), explain=explain, shape_profile=shape_profile,
+                   precision=precision, io_fp16=io_fp16, keep_fp32=list(keep_fp32))
     shape_map = {k: list(v) for k, v in (shapes or {}).items()}
     if isinstance(model_or_path, onnx.ModelProto):
         model, report = optimize_model(model_or_path, verify=verify, rtol=rtol, atol=atol, shapes=shape_map, **options)
@@ -76,10 +82,22 @@ def verify(
     shapes: Mapping[str, Sequence[int]] | None = None,
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
+    device: str = "cpu",
 ) -> VerifyResult:
-    """Run both models under onnxruntime (CPU) on random inputs; per-output max abs/rel error."""
+    """Run both models on random inputs; per-output max abs/rel error. The reference always runs
+    under onnxruntime (CPU); the candidate too with ``device="cpu"``, else on the graphopt runtime
+    (``"cuda"``, or ``"numpy"``, its CPU testing backend)."""
     from graphopt.ir import to_model
 
     cand = candidate if isinstance(candidate, onnx.ModelProto) else to_model(load_model(candidate))
     ref = reference if isinstance(reference, onnx.ModelProto) else to_model(load_model(reference))
-    return verify_models(cand, ref, shapes=shapes, rtol=rtol, atol=atol)
+    runner = None
+    if device != "cpu":
+        from graphopt.runtime import Session, to_numpy
+
+        sess = Session(cand, device=device)
+
+        def runner(feeds):
+            return {k: to_numpy(v) for k, v in sess.run(feeds).items()}
+
+    return verify_models(cand, ref, shapes=shapes, rtol=rtol, atol=atol, run_candidate=runner)

@@ -102,8 +102,13 @@ def main() -> None:
                    "(batch-like dims 1, dims named *seq* 128) and says which.")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance for --verify (default 1e-4).")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance for --verify (default 1e-5).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="fp16: convert the model to fp16 first (onnxconverter-common); fusions and tuning then run at fp16.")
+@click.option("--io-fp16", is_flag=True, help="With --precision fp16: fp16 graph inputs and outputs too (default: they keep their dtypes).")
+@click.option("--keep-fp32", "keep_fp32", default="", metavar="OP,...", help="With --precision fp16: op types kept at fp32 (e.g. Softmax,ReduceMean).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
-def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, shape_profiles, rtol, atol, quiet):
+def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, shape_profiles, rtol, atol,
+             precision, io_fp16, keep_fp32, quiet):
     """Optimize MODEL: cleanup, fusion rules, lowering selection; write MODEL.opt.onnx."""
 
     def work():
@@ -113,6 +118,12 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
 
         shape_map = parse_shape_overrides(shapes)
         profile = parse_shape_profiles(shape_profiles)  # syntax errors before the model is read
+        from graphopt.precision import fp16_tolerances, parse_keep_fp32
+
+        keep = parse_keep_fp32(keep_fp32)
+        if (io_fp16 or keep) and precision != "fp16":
+            raise GraphoptError("--io-fp16 and --keep-fp32 go with --precision fp16")
+        r_tol, a_tol = fp16_tolerances(rtol, atol) if precision == "fp16" else (rtol, atol)
         with _Progress(quiet) as progress:
             _, report = optimize_file(
                 model,
@@ -124,9 +135,12 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
                 verify=verify,
                 shapes=shape_map,
                 shape_profile=profile,
-                rtol=DEFAULT_RTOL if rtol is None else rtol,
-                atol=DEFAULT_ATOL if atol is None else atol,
+                rtol=DEFAULT_RTOL if r_tol is None else r_tol,
+                atol=DEFAULT_ATOL if a_tol is None else a_tol,
                 progress=progress,
+                precision=precision,
+                io_fp16=io_fp16,
+                keep_fp32=keep,
             )
         if report_path is not None:
             from graphopt.ir.io import _atomic_write
@@ -156,6 +170,8 @@ def _print_summary(report, explain: bool) -> None:
     for name, count in report.custom_ops.items():
         table.add_row(f"custom op graphopt.{name}", str(count))
     table.add_row("target / mode", f"{report.target} / {report.mode}")
+    if report.precision != "fp32":
+        table.add_row("precision", report.precision)
     if report.verify is not None:
         worst = max((o["max_rel"] for o in report.verify["outputs"]), default=0.0)
         table.add_row("verify (max rel err)", f"ok ({worst:.2e})")
@@ -282,7 +298,8 @@ def _shape_str(graph, tensor: str) -> str:
 @main.command(epilog=_EXIT_HELP)
 @click.argument("a", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--device", type=click.Choice(["cpu"]), default="cpu", show_default=True, help="Where to run (the GPU runtime comes later).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "numpy"]), default="cpu", show_default=True,
+              help="Where A (the candidate) runs: cpu (onnxruntime), cuda (the graphopt runtime), numpy (its CPU testing backend); B, the reference, runs under onnxruntime CPU.")
 @click.option("--rtol", type=float, default=1e-4, show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape (repeatable).")
@@ -296,7 +313,7 @@ def verify(a, b, device, rtol, atol, shapes):
         from graphopt.errors import VerificationFailed
         from graphopt.compare import parse_shape_overrides
 
-        result = run_verify(a, b, shapes=parse_shape_overrides(shapes), rtol=rtol, atol=atol)
+        result = run_verify(a, b, shapes=parse_shape_overrides(shapes), rtol=rtol, atol=atol, device=device)
         t = Table(title=f"verify {a} against {b} (rtol {rtol}, atol {atol})")
         for col in ("output", "shape", "max abs", "max rel", "ok"):
             t.add_column(col)
@@ -368,6 +385,7 @@ def _mount_optional_groups() -> None:
 
 
 _mount_optional_groups()
+__import__("graphopt.cli_runtime").cli_runtime.register(main, _run, _console)  # graphopt run / bench
 
 if __name__ == "__main__":  # pragma: no cover
     main()

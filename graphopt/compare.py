@@ -147,8 +147,12 @@ def verify_models(
     atol: float = DEFAULT_ATOL,
     seed: int = 0,
     runs: int = 1,
+    run_candidate=None,
 ) -> VerifyResult:
-    """Run both models on ``runs`` sets of random inputs and compare every output by name."""
+    """Run both models on ``runs`` sets of random inputs and compare every output by name.
+
+    ``run_candidate(feeds) -> {name: array}`` runs the candidate (default: onnxruntime CPU; the CLI's
+    ``verify --device cuda`` passes the graphopt runtime)."""
     result = VerifyResult(ok=True, rtol=rtol, atol=atol, input_shapes={})
     worst: dict[str, OutputError] = {}
     for r in range(runs):
@@ -156,7 +160,7 @@ def verify_models(
         result.input_shapes = {k: list(v.shape) for k, v in feeds.items()}
         ref = run_onnxruntime(reference, feeds)
         cand_feeds = {vi.name: feeds[vi.name] for vi in _graph_inputs(candidate) if vi.name in feeds}
-        got = run_onnxruntime(candidate, cand_feeds)
+        got = run_onnxruntime(candidate, cand_feeds) if run_candidate is None else run_candidate(cand_feeds)
         for name, b in ref.items():
             if name not in got:
                 worst[name] = OutputError(name, list(np.shape(b)), float("inf"), float("inf"), False, "missing in the optimized model")

@@ -45,6 +45,7 @@ class OptimizeReport:
     buckets: list[dict[str, int]] = field(default_factory=list)  # the --shape-profile buckets, ascending
     verify: dict[str, Any] | None = None
     messages: list[str] = field(default_factory=list)  # warnings, e.g. a tuning cache that was not trusted
+    precision: str = "fp32"
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -81,6 +82,19 @@ def _with_inferred_shapes(graph: Graph) -> tuple[onnx.ModelProto, Graph]:
     if inferred is not original:
         graph.merge_value_info(inferred.graph.value_info)
     return original, graph
+
+
+def _converted(original: onnx.ModelProto, precision: str, io_fp16: bool, keep_fp32, source: str,
+               report: OptimizeReport) -> Graph:
+    """The IR of ``original`` converted to ``precision`` (graphopt.precision), shapes inferred."""
+    from graphopt.precision import PRECISIONS, convert_fp16
+
+    if precision not in PRECISIONS:
+        raise GraphoptError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    converted = convert_fp16(original, io_fp16=io_fp16, keep_fp32=list(keep_fp32), source=source)
+    report.precision = precision + (" (fp16 inputs/outputs)" if io_fp16 else "") + (
+        f" (fp32: {', '.join(keep_fp32)})" if keep_fp32 else "")
+    return _with_inferred_shapes(load_model(converted))[1]
 
 
 def optimize_graph(
@@ -244,6 +258,9 @@ def optimize_file(
     shapes: dict[str, list[int]] | None = None,
     write: bool = True,
     progress: Progress | None = None,
+    precision: str = "fp32",
+    io_fp16: bool = False,
+    keep_fp32: Sequence[str] = (),
     **options: Any,
 ) -> tuple[onnx.ModelProto, OptimizeReport]:
     """Optimize the model at ``source`` and (unless ``write`` is False) write it to ``output``.
@@ -257,8 +274,11 @@ def optimize_file(
     graph = load_model(source)
     protect = [source] + graph.data_files
     original_model, graph = _with_inferred_shapes(graph)
-    graph.source_path = str(source)
     report = OptimizeReport(source=str(source))
+    if precision != "fp32":
+        step("converting to fp16")
+        graph = _converted(original_model, precision, io_fp16, keep_fp32, str(source), report)
+    graph.source_path = str(source)
     optimize_graph(graph, shapes=shapes, progress=progress, report=report, **options)
     model = finalize_model(graph)
     note = check_output_model(model, full=verify, original=original_model, source=str(source))
@@ -284,11 +304,16 @@ def optimize_model(
     atol: float = DEFAULT_ATOL,
     shapes: dict[str, list[int]] | None = None,
     base_dir: str | os.PathLike | None = None,
+    precision: str = "fp32",
+    io_fp16: bool = False,
+    keep_fp32: Sequence[str] = (),
     **options: Any,
 ) -> tuple[onnx.ModelProto, OptimizeReport]:
     start = time.perf_counter()
     original_model, graph = _with_inferred_shapes(load_model(model, base_dir=base_dir))
     report = OptimizeReport(source="<model>")
+    if precision != "fp32":
+        graph = _converted(original_model, precision, io_fp16, keep_fp32, "<model>", report)
     optimize_graph(graph, shapes=shapes, report=report, **options)
     out = finalize_model(graph)
     note = check_output_model(out, full=verify, original=original_model)

@@ -8,7 +8,9 @@ takes: one handle per device, ``cublasSetStream_v2`` / ``cublasSetWorkspace_v2``
 and ``cublasGemmStridedBatchedEx`` with fp32 accumulation.
 
 Arrays are row-major (C order); :func:`gemm` maps them onto cuBLAS's column-major convention by
-computing ``C^T = op(B)^T op(A)^T``.
+computing ``C^T = op(B)^T op(A)^T``. :func:`matmul` is ``numpy.matmul`` on top of it (batch
+broadcasting through stride 0; the shape arithmetic, :func:`gemm_args`, is tested on the CPU); the
+runtime (graphopt.runtime) runs every MatMul/Gemm through it so that whole models capture.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import ctypes
 import glob
 import os
 import threading
+from dataclasses import dataclass
 
 from graphopt.errors import TuningError
 
@@ -137,3 +140,101 @@ def gemm(a, b, c, M: int, N: int, K: int, *, trans_a: bool = False, trans_b: boo
         batch, _COMPUTE_32F, _GEMM_DEFAULT)
     if st != 0:
         raise TuningError(f"cublasGemmStridedBatchedEx failed with status {st} (M={M} N={N} K={K} batch={batch})")
+
+
+@dataclass(frozen=True)
+class GemmArgs:
+    """The strided batched GEMM computing row-major ``Y[z] = A[z] @ B[z]`` (``numpy.matmul``)."""
+
+    out_shape: tuple[int, ...]
+    M: int
+    N: int
+    K: int
+    stride_a: int  # elements; 0: one matrix shared by every batch
+    stride_b: int
+    stride_c: int
+    batch: int
+    broadcast_a: tuple[int, ...] | None  # materialise A to this shape first (a partial batch broadcast)
+    broadcast_b: tuple[int, ...] | None
+
+
+def gemm_args(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> GemmArgs:
+    """The :func:`gemm` call for ``numpy.matmul`` of C-contiguous operands of these shapes."""
+    import numpy as np
+
+    if len(a_shape) == 0 or len(b_shape) == 0:
+        raise ValueError("matmul operands must be at least 1-D")
+    a2 = (1,) + tuple(a_shape) if len(a_shape) == 1 else tuple(a_shape)
+    b2 = tuple(b_shape) + (1,) if len(b_shape) == 1 else tuple(b_shape)
+    M, K = a2[-2:]
+    K2, N = b2[-2:]
+    if K != K2:
+        raise ValueError(f"matmul inner dimensions differ: {tuple(a_shape)} and {tuple(b_shape)}")
+    ab, bb = a2[:-2], b2[:-2]
+    out_b = tuple(np.broadcast_shapes(ab, bb))
+    Z = int(np.prod(out_b, dtype=np.int64)) if out_b else 1
+    za = int(np.prod(ab, dtype=np.int64)) if ab else 1
+    zb = int(np.prod(bb, dtype=np.int64)) if bb else 1
+    bc_a = bc_b = None
+    if za == 1:
+        sa = 0
+    elif tuple(ab) == out_b:
+        sa = M * K
+    else:
+        bc_a, sa = out_b + (M, K), M * K
+    if zb == 1:
+        sb = 0
+    elif tuple(bb) == out_b:
+        sb = K * N
+    else:
+        bc_b, sb = out_b + (K, N), K * N
+    out = out_b + ((M,) if len(a_shape) > 1 else ()) + ((N,) if len(b_shape) > 1 else ())
+    return GemmArgs(tuple(out), M, N, K, sa, sb, M * N, Z, bc_a, bc_b)
+
+
+def matmul(a, b):
+    """``numpy.matmul`` of two float16 / float32 CuPy arrays on the current stream (capture-safe)."""
+    import cupy
+
+    g = gemm_args(tuple(a.shape), tuple(b.shape))
+    if g.broadcast_a is not None:
+        a = cupy.broadcast_to(a.reshape(a.shape if a.ndim > 1 else (1,) + a.shape), g.broadcast_a)
+    if g.broadcast_b is not None:
+        b = cupy.broadcast_to(b.reshape(b.shape if b.ndim > 1 else b.shape + (1,)), g.broadcast_b)
+    a = cupy.ascontiguousarray(a)
+    b = cupy.ascontiguousarray(b)
+    y = cupy.empty(g.out_shape, dtype=a.dtype)
+    if y.size == 0:
+        return y
+    if g.K == 0:
+        y.fill(0)
+        return y
+    gemm(a, b, y, g.M, g.N, g.K, batch=g.batch, stride_a=g.stride_a, stride_b=g.stride_b, stride_c=g.stride_c)
+    return y
+
+
+def self_test() -> str | None:
+    """None when a few GEMMs (2-D, batched, broadcast, 1-D, fp16) match ``cupy.matmul``, else what failed.
+
+    Run eagerly (never during a capture) before a caller relies on :func:`matmul`.
+    """
+    import cupy
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    cases = [((5, 7), (7, 3)), ((2, 5, 7), (7, 3)), ((4, 1, 5, 6), (3, 6, 2)), ((7,), (7, 4)), ((3, 7), (7,))]
+    try:
+        for dt in (np.float32, np.float16):
+            for sa, sb in cases:
+                a = cupy.asarray(rng.standard_normal(sa).astype(dt))
+                b = cupy.asarray(rng.standard_normal(sb).astype(dt))
+                got = matmul(a, b)
+                want = cupy.matmul(a.astype(np.float32), b.astype(np.float32))
+                cupy.cuda.get_current_stream().synchronize()
+                err = float(cupy.abs(got.astype(np.float32) - want).max())
+                tol = (1e-2 if dt == np.float16 else 1e-4) * (1 + float(cupy.abs(want).max()))
+                if got.shape != want.shape or not err <= tol:
+                    return f"matmul {sa} x {sb} {np.dtype(dt).name}: shape {got.shape}, max error {err:.3g}"
+    except Exception as e:  # noqa: BLE001 - any failure means: do not use this path
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None

@@ -1,1 +1,18 @@
-"""graphopt's own runtime (issue 4): runs optimized models on the GPU with CuPy."""
+"""graphopt's runtime: ``Session(model, device="cuda"|"cpu"|"numpy", dtype=None)``.
+
+See ``session.py`` for the contract, ``plan.py`` for the execution plan, ``backend.py`` for the
+devices, ``ops_std.py`` / ``ops_custom.py`` for the ops and ``graphs.py`` for CUDA graphs.
+"""
+
+from graphopt.runtime.ops_custom import select_bucket
+from graphopt.runtime.session import Session, to_numpy, unsupported_nodes
+
+
+def supported_ops() -> list[str]:
+    """Standard ONNX op types the runtime claims (plus ``graphopt.CBR`` / ``graphopt.GemmAct``)."""
+    from graphopt.runtime.ops_std import supported_ops as std
+
+    return std()
+
+
+__all__ = ["Session", "select_bucket", "supported_ops", "to_numpy", "unsupported_nodes"]

@@ -1,0 +1,276 @@
+"""Backends: the array module and everything device-specific the plan needs.
+
+- ``NumpyBackend`` (``device="numpy"``, a testing aid): the same plan and executor with
+  ``xp = numpy``; custom ops run their float64 NumPy references. CPU CI tests the executor and
+  every op against onnxruntime through it.
+- ``CudaBackend`` (``device="cuda"``): ``xp = cupy`` on one non-blocking stream; GEMMs through
+  ``graphopt.kernels.blas.matmul`` (capture-safe; ``cupy.matmul`` when that fails its self-test,
+  and for float64 / integer GEMMs, and then those steps are not capturable); custom ops through their recorded lowering.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphopt.errors import GraphoptError, TuningError
+from graphopt.runtime import ops_custom, ops_std
+
+
+class RuntimeFailure(GraphoptError):
+    """A node could not run (bad input values, a kernel that refused the shapes)."""
+
+    exit_code = 12
+
+
+class _Backend:
+    name = "?"
+    xp: Any = np
+    user_errors: tuple = (ValueError, IndexError, TypeError, NotImplementedError, ZeroDivisionError, OverflowError)
+
+    def __init__(self, compute_dtype=None):
+        self.compute_dtype = None if compute_dtype is None else np.dtype(compute_dtype)
+        self.dims: dict[str, int] = {}  # symbolic dim -> actual size for the run being traced
+        self.matmul = ops_std.numpy_matmul
+
+    @staticmethod
+    def error(message: str) -> GraphoptError:
+        return RuntimeFailure(message)
+
+    # -- values -------------------------------------------------------------------------------
+    def cast_in(self, host: np.ndarray) -> np.ndarray:
+        if self.compute_dtype is not None and host.dtype == np.float32:
+            return host.astype(self.compute_dtype)  # fp16 execution: float weights cast once, here
+        return host
+
+    def upload(self, host: np.ndarray, name: str = ""):
+        return self.cast_in(host if host.flags.c_contiguous else host.copy())
+
+    def ensure_device(self, value):
+        return np.asarray(value)
+
+    def to_host(self, value) -> np.ndarray:
+        return np.asarray(value)
+
+    def block_id(self, arr) -> int:
+        base = arr
+        while getattr(base, "base", None) is not None and isinstance(base.base, np.ndarray):
+            base = base.base
+        return id(base)
+
+    def block_bytes(self, arr) -> int:
+        base = arr
+        while getattr(base, "base", None) is not None and isinstance(base.base, np.ndarray):
+            base = base.base
+        return int(getattr(base, "nbytes", 0))
+
+    # -- steps --------------------------------------------------------------------------------
+    def capture_issue(self, op: str) -> str | None:
+        return None
+
+    def std_step(self, node, opset: int, host_vals: dict, dyn_pos: list[int]):
+        fn = ops_std.OPS[node.op_type]
+        xp, cd, mm = self.xp, self.compute_dtype, self.matmul
+        if not dyn_pos:
+            ctx = ops_std.OpContext(xp, node, opset, host_vals, cd, mm)
+            return lambda ins: fn(ctx, ins)
+
+        def run(ins):
+            hv = dict(host_vals)
+            ins = list(ins)
+            for i in dyn_pos:
+                hv[i] = self.to_host(ins[i])
+                ins[i] = None
+            return fn(ops_std.OpContext(xp, node, opset, hv, cd, mm), ins)
+
+        return run
+
+    def if_step(self, graph, node, opset: int, vals, arrays):
+        from graphopt.runtime.plan import _Host, trace
+
+        branches = dict(node.subgraph_items())
+        cond = vals[0]
+        static = isinstance(cond, _Host)
+
+        def run(ins, outer):
+            c = cond.value if static else self.to_host(ins[0])
+            branch = branches["then_branch"] if bool(np.asarray(c).reshape(-1)[0]) else branches["else_branch"]
+            _, outs = trace(branch, self, {}, opset=opset, outer=outer)
+            return outs
+
+        dyn = None if static else "the If condition is a device value (read on the host every run)"
+        return run, "If runs its branch through a nested plan (eager)", dyn
+
+    def custom_step(self, graph, node, in_arrays):
+        raise NotImplementedError
+
+
+class NumpyBackend(_Backend):
+    """``device="numpy"``: a testing aid that runs the real plan with ``xp = numpy``."""
+
+    name = "numpy"
+    xp = np
+
+    def custom_step(self, graph, node, in_arrays):
+        from graphopt.ops import get_schema
+
+        schema = get_schema(node.op_type)
+        attrs = ops_custom.op_attrs(node)
+        if self.compute_dtype is None:
+            return (lambda ins: schema.reference(ins, attrs)), None, None
+        # fp16: the reference computes in float64 and returns the first input's dtype
+        return (lambda ins: [np.asarray(y) for y in schema.reference(ins, attrs)]), None, None
+
+
+_STREAMS: list = []
+_BLAS: dict[int, str | None] = {}  # device id -> None (graphopt.kernels.blas works) or why not
+
+
+def _shared_stream(cupy):
+    """One non-blocking stream per process for every session (they then never race each other)."""
+    if not _STREAMS:
+        _STREAMS.append(cupy.cuda.Stream(non_blocking=True))
+    return _STREAMS[0]
+
+
+def current_stream(cupy):
+    """The shared stream sessions run on now (created on first use)."""
+    return _shared_stream(cupy)
+
+
+def fresh_stream(cupy):
+    """Replace the shared stream (after a failed capture poisoned it) and return the new one."""
+    stream = cupy.cuda.Stream(non_blocking=True)
+    _STREAMS[:] = [stream]
+    return stream
+
+
+def _blas_reason(cupy) -> str | None:
+    """None when graphopt.kernels.blas (capture-safe cuBLAS) works on this device, else why not; tested once."""
+    dev = cupy.cuda.Device().id
+    if dev not in _BLAS:
+        try:
+            from graphopt.kernels import blas
+
+            _BLAS[dev] = blas.self_test()
+        except Exception as e:  # noqa: BLE001 - no libcublas, or a symbol missing: use cupy.matmul
+            _BLAS[dev] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return _BLAS[dev]
+
+
+class CudaBackend(_Backend):
+    """``device="cuda"``: CuPy on one stream; custom ops through their lowerings."""
+
+    name = "cuda"
+    user_errors = _Backend.user_errors
+
+    def __init__(self, compute_dtype=None, cuda_graphs: bool = True, stream=None):
+        super().__init__(compute_dtype)
+        try:
+            import cupy
+        except ImportError:
+            raise TuningError("device 'cuda' needs CuPy: pip install 'graphopt[gpu]' (or use device='cpu')") from None
+        try:
+            n = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # noqa: BLE001 - CUDA driver missing or broken
+            raise TuningError(f"device 'cuda': no usable GPU ({str(e).splitlines()[0][:200]}); use device='cpu'") from None
+        if n < 1:
+            raise TuningError("device 'cuda': no GPU found; use device='cpu'")
+        self.cupy = cupy
+        self.xp = cupy
+        self.cuda_graphs = cuda_graphs
+        cc = cupy.cuda.Device().compute_capability
+        self.compute_capability = (int(cc[:-1]), int(cc[-1]))
+        self.arch = f"sm_{cc}"
+        self.set_stream(stream or _shared_stream(cupy))
+        self.user_errors = _Backend.user_errors + (cupy.cuda.memory.OutOfMemoryError,)
+
+    def _cupy_matmul(self, a, b):
+        return self.cupy.matmul(a, b)
+
+    def set_stream(self, stream) -> None:
+        """Run on ``stream`` (a fresh one after a failed capture, which poisons the old one)."""
+        self.stream = stream
+        with stream:
+            self.blas_reason = _blas_reason(self.cupy)
+        self.blas = None
+        if self.blas_reason is None:
+            from graphopt.kernels import blas
+
+            self.blas = blas
+        self.matmul = self._blas_matmul if self.blas is not None else self._cupy_matmul
+
+    def _blas_matmul(self, a, b):
+        if a.dtype == b.dtype and a.dtype.name in ("float16", "float32"):
+            return self.blas.matmul(a, b)
+        return self.cupy.matmul(a, b)  # float64 / integer GEMMs: rare in models; CuPy's path (not capturable)
+
+    def upload(self, host: np.ndarray, name: str = ""):
+        return self.cupy.asarray(self.cast_in(host if host.flags.c_contiguous else host.copy()))
+
+    def ensure_device(self, value):
+        if isinstance(value, self.cupy.ndarray):
+            return value
+        return self.cupy.asarray(np.asarray(value))
+
+    def to_host(self, value) -> np.ndarray:
+        return self.cupy.asnumpy(value) if isinstance(value, self.cupy.ndarray) else np.asarray(value)
+
+    def block_id(self, arr) -> int:
+        return id(arr.data.mem) if isinstance(arr, self.cupy.ndarray) else super().block_id(arr)
+
+    def block_bytes(self, arr) -> int:
+        return int(arr.data.mem.size) if isinstance(arr, self.cupy.ndarray) else super().block_bytes(arr)
+
+    def capture_issue(self, op: str) -> str | None:
+        if op in ops_std.CUBLAS_OPS and self.blas is None:
+            return f"cupy.matmul refuses stream capture, and the runtime's own cuBLAS path is unavailable ({self.blas_reason})"
+        return None
+
+    def custom_step(self, graph, node, in_arrays):
+        """(run, capture problem, note): the recorded lowering, else the xp fallback and why."""
+        op = node.op_type
+        attrs = ops_custom.op_attrs(node)
+        ctx = ops_std.OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
+        impl = ops_custom.XP_IMPLS[op]
+        fallback = (lambda ins: impl(ctx, ins, attrs))
+        fb_capture = self.capture_issue("MatMul")
+        try:
+            key = ops_custom.lowering_key(node, self.dims)
+        except ValueError as e:
+            raise self.error(str(e)) from None
+        if key is None:
+            return fallback, fb_capture, "no lowering recorded: runs the CuPy fallback"
+        from graphopt.kernels.base import Signature
+        from graphopt.kernels.registry import candidate_from_key
+
+        shapes = [None if a is None else tuple(int(d) for d in a.shape) for a in in_arrays]
+        dtypes = ["" if a is None else np.dtype(a.dtype).name for a in in_arrays]
+        sig = Signature.make(op, shapes, dtypes, attrs, layout="rowmajor" if op == "GemmAct" else "NCHW")
+        try:
+            cand = candidate_from_key(op, key)
+        except GraphoptError as e:
+            return fallback, fb_capture, f"{e}: runs the CuPy fallback"
+        if cand.name == "cublas" and self.cuda_graphs:
+            return fallback, fb_capture, ("lowering 'cublas' calls cupy.matmul, which refuses stream capture: "
+                                          "runs the same GEMM through the runtime's cuBLAS handle")
+        reason = cand.applies(sig, self.compute_capability)
+        if reason:
+            return fallback, fb_capture, f"lowering {key} does not apply ({reason}): runs the CuPy fallback"
+        try:
+            launch = cand.build(sig, self.arch)
+        except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop the model
+            return fallback, fb_capture, f"lowering {key} failed to build ({type(e).__name__}: {str(e)[:160]}): runs the CuPy fallback"
+        out_shape = ops_custom.output_shape(op, shapes, attrs, node)
+        out_dtype = in_arrays[0].dtype
+        cupy = self.cupy
+
+        def run(ins):
+            ins = [None if a is None else cupy.ascontiguousarray(a) for a in ins]
+            y = cupy.empty(out_shape, dtype=out_dtype)
+            launch(ins, [y])
+            return [y]
+
+        capture = "lowering 'cublas' calls cupy.matmul (refuses stream capture)" if cand.name == "cublas" else None
+        return run, capture, None
