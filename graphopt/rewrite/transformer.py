@@ -11,6 +11,7 @@ Constraints (``None`` when they hold, else the reason ``--explain`` prints):
 * ``softmax_last_axis(sm)``: a Softmax over the last axis at opset >= 13;
 * ``noop_cast(cast)``: a Cast to the element type its input already has;
 * ``attention_operands(q, kt, v)``: runtime tensors of one rank (>= 3) with consistent head dims;
+* ``bool_tensor(t)``: t has element type bool;
 * ``mask_broadcast(m, mm)``: an additive mask that broadcasts onto the scores without enlarging them.
 
 Where a shape is unknown the shape checks pass: every fused op's function body broadcasts exactly
@@ -18,7 +19,8 @@ like the nodes it replaces, so the result is the same; a lowering checks the con
 
 Builders (attribute dicts): ``epsilon_attr(eps)``, ``layernorm_attrs(ln)`` (a native
 LayerNormalization's epsilon, with its axis checked), ``attention_scale(s1, s2?)`` (the product of
-scalar constants), ``attention_scale_div(s)`` (1 / s), ``heads_of(q)`` (``num_heads`` from
+scalar constants), ``attention_scale_div(s)`` (1 / s), ``mask_fill(fill)`` (the
+``mask_value`` of a Where(mask, scores, fill)), ``heads_of(q)`` (``num_heads`` from
 ``[B, H, S, D]``), ``gelu_activation(gelu)`` (GemmAct's activation for a ``graphopt.Gelu`` or ONNX
 ``Gelu`` node), ``gelu_attrs(gelu)`` (``approximate`` of an ONNX Gelu node).
 """
@@ -177,6 +179,38 @@ def mask_broadcast(g, m, mm):
             return (f"the mask {m!r} of shape {_fmt_shape(ms)} does not broadcast to the scores "
                     f"{mm.outputs[0]!r} of shape {_fmt_shape(ss)}")
     return None
+
+
+@register_constraint("bool_tensor", "t")
+def bool_tensor(g, t):
+    """t has element type bool."""
+    from onnx import TensorProto
+
+    if t is None:
+        return "the optional input is absent"
+    value = g.constant_value(t)
+    dtype = (TensorProto.BOOL if value.dtype == np.bool_ else None) if value is not None else g.dtype(t)
+    if dtype is None and value is None:
+        return f"the element type of {t!r} is unknown"
+    if dtype != TensorProto.BOOL:
+        return f"{t!r} is not a bool tensor"
+    return None
+
+
+@register_builder("mask_fill", "t", "attrs")
+def mask_fill(g, fill):
+    """The Attention mask_value for Where(mask, scores, fill): absent for -inf, else fill when <= -1e30.
+
+    Where replaces masked scores by fill; the op adds fill to them. The two agree exactly for -inf
+    and, in float32, for fills at or below -1e30 (a score is far below their rounding step).
+    """
+    value = _scalar(g, fill, "the mask fill")
+    if value == -np.inf:
+        return {}
+    if not (np.isfinite(value) and value <= -1e30):
+        raise BuildFailed(f"the mask fill {fill!r} is {value:g}; only -inf or a value <= -1e30 (float32 min) "
+                          "masks a score exactly like Where does")
+    return {"mask_value": value}
 
 
 @register_builder("epsilon_attr", "t", "attrs")

@@ -197,7 +197,7 @@ def gemmact_gelu_model(reshape: bool, approximate="tanh", activation="none"):
 
 B, H, SQ, SKV, D, DV = 2, 3, 5, 6, 4, 7
 SCALES = ["noscale", "mul", "div", "qk", "q"]
-MASKS = ["nomask", "mask"]
+MASKS = ["nomask", "mask", "where"]
 PROBS = ["softmax", "nan", "cast", "cast2"]
 
 
@@ -220,6 +220,10 @@ def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opse
     else:
         s = b.op("MatMul", [b.op("Mul", [q, s1 or b.const(0.5, "s")]), kt])
     scores = s
+    if mask == "where":  # GPT-2's eager causal mask: a constant lower-triangular bool tensor
+        tril = np.tril(np.ones((SQ, SKV), dtype=bool))[None, None]
+        fill = {"fill_small": -1e4, "fill_min": float(np.finfo(np.float32).min)}.get(variant, -math.inf)
+        s = b.op("Where", [b.const(tril, "tril", np.bool_), s, b.const(fill, "fill")])
     if mask == "mask":
         shape = [1, B, H, SQ, SKV] if variant == "mask_enlarges" else [B, 1, 1, SKV]
         s = b.op("Add", [b.input("m", shape), s])
@@ -330,6 +334,16 @@ def test_attention_attributes():
     assert node.attr("scale") == pytest.approx(0.5) and node.attr("mask_kind") == "none" and len(node.inputs) == 3
 
 
+@pytest.mark.parametrize("variant,mask_value", [("fires", None), ("fill_min", float(np.finfo(np.float32).min))])
+def test_attention_where_mask_is_a_bool_mask(variant, mask_value):
+    model = attention_model("q", "where", "softmax", variant)
+    g, report = _rewrite(model, SHIPPED)
+    assert report.counts == {"attention_q_where_softmax": 1}
+    node = next(n for n in g.nodes() if n.op_type == "Attention")
+    assert node.attr("mask_kind") == "bool" and node.attr("mask_value") == mask_value
+    _same_outputs(model, g)
+
+
 def test_gelu_after_matmul_bias_goes_into_gemmact():
     b = Builder(17, seed=10)
     mm = b.op("MatMul", [b.input("a", [2, 3, 6]), b.rand([6, 5])])
@@ -373,6 +387,7 @@ NEAR_MISSES = [
     ("attention_mul_mask_nan", lambda: attention_model(variant="second_consumer"), "has 2 consumers"),
     ("attention_mul_mask_nan", lambda: attention_model(variant="graph_output"), "is a graph output"),
     ("attention_mul_mask_nan", lambda: attention_model(opset=12), "opset 12 < 13"),
+    ("attention_mul_where_nan", lambda: attention_model(mask="where", variant="fill_small"), "is -10000; only -inf"),
     ("attention_mul_mask_cast2", lambda: attention_model(probs="cast2", variant="cast_converts"), "converts element type 1 to 10"),
 ]
 
