@@ -33,6 +33,10 @@ _CACHE: dict[str, tuple] = {}   # the last signature's (inputs, reference, sampl
 def output_shape(sig: Signature) -> tuple[int, ...]:
     if sig.op == "CBR":
         return geo.conv_geom(sig).out_shape
+    if sig.op in ("LayerNorm", "RMSNorm"):  # Y has X's shape (only Y is checked and timed, not the sum S)
+        from graphopt.kernels.norm import norm_plan
+
+        return norm_plan(sig).shape
     from graphopt.kernels.gemm_act import gemm_plan
 
     return gemm_plan(sig).out_shape

@@ -5,8 +5,10 @@ from __future__ import annotations
 from graphopt.kernels.base import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.gemm_act import gemm_act_candidates
+from graphopt.kernels.norm import norm_candidates, norm_kernel_instances
 
-_FAMILIES = {"CBR": cbr_candidates, "GemmAct": gemm_act_candidates}
+_FAMILIES = {"CBR": cbr_candidates, "GemmAct": gemm_act_candidates, "LayerNorm": norm_candidates,
+             "RMSNorm": norm_candidates}
 
 
 def ops() -> list[str]:
@@ -65,4 +67,5 @@ def all_kernel_instances() -> list[tuple[str, str]]:
         for t in ("epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc"):
             out.append(("elementwise.cu", instance(t, dt)))
     out.append(("elementwise.cu", "spin"))
+    out += norm_kernel_instances()
     return out
