@@ -283,8 +283,10 @@ def _build(g, rule: Rule, b: Binding, root) -> _Plan:
         taken = b.nodes[k]
         for spec in sc.specs:
             for t in spec["inputs"]:
-                p = g.producer(t) if t and not t.startswith("\0") else None
-                if p is not None and p.name not in removed_names and g.may_reach(taken, p):
+                if not t or t.startswith("\0") or t in taken.inputs:  # its own inputs come before it
+                    continue
+                p = g.producer(t)
+                if p is not None and p.inputs and p.name not in removed_names and g.may_reach(taken, p):
                     raise _Fail(f"{taken.outputs[0]!r} cannot become an output of the new node: it feeds "
                                 f"{t!r}, which the new node reads (a cycle)")
     for spec in sc.specs:
