@@ -404,3 +404,13 @@ def test_near_miss_is_refused_with_its_reason(rule, build, reason):
     g_all, report_all = _rewrite(model, SHIPPED)
     assert rule not in report_all.counts
     _same_outputs(model, g_all)
+
+
+def test_optimize_explain_reports_the_near_miss():
+    import graphopt
+
+    model = attention_model(variant="softmax_axis")
+    optimized, report = graphopt.optimize(model, gpu="none", explain=True, verify=True)
+    assert "Attention" not in report.custom_ops
+    reasons = [nm["reason"] for nm in report.near_misses if nm["rule"].startswith("attention_mul_mask_nan")]
+    assert any("softmax_last_axis(sm): Softmax" in r and "has axis=2, not the last axis" in r for r in reasons), reasons
