@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from graphopt.errors import TuningError
+from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.base import Candidate, Signature
 from graphopt.kernels.source import get_kernel, instance, source_hash
@@ -57,13 +58,23 @@ TILE_CONFIGS: tuple[tuple[int, int, int, int], ...] = (
 TILE_CONFIGS_BK: tuple[tuple[int, int, int, int, int], ...] = tuple(
     [c + (32,) for c in TILE_CONFIGS] + [c + (64,) for c in TILE_CONFIGS if c[0] * c[1] <= 128 * 64]
 )
+# The cp.async multistage configs (STAGES >= 3; modes 0, 1, 3 and fp16 only, where both operands
+# arrive in 16-byte chunks): (bm, bn, warps_m, warps_n, bk). 4-warp 128x128 tiles (64x64 per warp)
+# are CUTLASS's usual Ampere choice; the smaller tiles keep enough CTAs for the 7x7 / 14x14 layers.
+PIPE_TILES: tuple[tuple[int, int, int, int, int], ...] = (
+    (128, 128, 2, 2, 32), (128, 128, 2, 4, 32), (128, 256, 2, 4, 32), (256, 128, 4, 2, 32),
+    (128, 64, 2, 2, 32), (64, 128, 2, 2, 32), (64, 64, 2, 2, 32),
+    (128, 128, 2, 2, 64), (128, 64, 2, 2, 64), (64, 128, 2, 2, 64), (64, 64, 2, 2, 64),
+)
+PIPE_STAGES = (3, 4)
+PIPE_DTYPES = ("float16",)
 SPLITS = (1, 2, 4, 8, 16)
 BK = 32
 # A split-K config is only worth trying when the unsplit grid leaves most of a large GPU idle.
 SPLIT_MAX_BASE_CTAS = 256
 
 
-def mma_smem_bytes(dtype: str, mode: int, bm: int, bn: int, bk: int = BK) -> int:
+def mma_smem_bytes(dtype: str, mode: int, bm: int, bn: int, bk: int = BK, stages: int = 2) -> int:
     """Dynamic shared memory of one mma_gemm instance (mirrors the constants in mma_gemm.cu)."""
     pada = 8 if dtype == "float16" else 4
     lda = bk + pada
@@ -71,7 +82,7 @@ def mma_smem_bytes(dtype: str, mode: int, bm: int, bn: int, bk: int = BK) -> int
         b = bn * (bk + pada)
     else:
         b = bk * (bn + 8)
-    return 2 * (bm * lda + b) * ELEM[dtype]
+    return max(2, stages) * (bm * lda + b) * ELEM[dtype]
 
 
 def epi_smem_bytes(bm: int, bn: int, sepi: int) -> int:
@@ -79,15 +90,23 @@ def epi_smem_bytes(bm: int, bn: int, sepi: int) -> int:
     return bm * (bn + 4) * 4 if sepi else 0
 
 
-def mma_family(cls, name: str) -> list:
+def mma_family(cls, name: str, pipelined: bool = True) -> list:
     """Every config of one mma family: each tile, each split, plus the staged-epilogue variant of
-    the unsplit configs."""
+    the unsplit configs; then (``pipelined``) the cp.async multistage tiles, split only where the
+    tile is small enough for split-K to matter."""
     out = []
     for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
         base = (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn))
         for sk in SPLITS:
             out.append(cls(name, base + (("splitk", sk),)))
         out.append(cls(name, base + (("splitk", 1), ("sepi", 1))))
+    if pipelined:
+        for st in PIPE_STAGES:
+            for bm, bn, wm, wn, bk in PIPE_TILES:
+                base = (("bm", bm), ("bn", bn), ("bk", bk), ("wm", wm), ("wn", wn))
+                for sk in (SPLITS if bm * bn <= 128 * 64 else (1,)):
+                    out.append(cls(name, base + (("splitk", sk), ("st", st))))
+                out.append(cls(name, base + (("splitk", 1), ("sepi", 1), ("st", st))))
     return out
 
 
@@ -140,7 +159,8 @@ def _check_out(outputs, g: geo.ConvGeom, dt: str):
 
 
 class TiledMmaParams:
-    """The tile-configuration accessors shared by the tensor-core families (mma_gemm.cu)."""
+    """What the tensor-core families (mma_gemm.cu) share: the tile-configuration accessors and
+    checks, the template instance, shared memory, the split-K workspace and the launch flags."""
 
     def _cfg(self):
         return tuple(int(self.param(k)) for k in ("bm", "bn", "bk", "wm", "wn", "splitk"))
@@ -148,6 +168,62 @@ class TiledMmaParams:
     def _sepi(self) -> int:
         """1: the shared-memory staged (coalesced) epilogue variant."""
         return int(self.param("sepi", 0))
+
+    def _stages(self) -> int:
+        """2: register-staged double buffering; 3 or 4: the cp.async multistage pipeline."""
+        return int(self.param("st", 2))
+
+    def _config_error(self, dtype: str, mode: int, vec_ok: bool = True) -> str | None:
+        """Why this config cannot run ``mode`` at ``dtype`` (None when it can)."""
+        bm, bn, bk, wm, wn, sk = self._cfg()
+        st = self._stages()
+        tiles = TILE_CONFIGS_BK if st == 2 else PIPE_TILES
+        if (bm, bn, wm, wn, bk) not in tiles or sk not in SPLITS or st not in (2,) + PIPE_STAGES:
+            return f"unknown tile config {self.params_str()}"
+        if st > 2:
+            if mode == 2:
+                return "the NCHW gather mode has no cp.async pipeline"
+            if dtype not in PIPE_DTYPES:
+                return f"the cp.async pipeline is built for {', '.join(PIPE_DTYPES)} only"
+            if not vec_ok:
+                return "the cp.async pipeline needs 16-byte aligned operand rows"
+        return None
+
+    def _split_error(self, base_ctas: int, k_tiles: int) -> str | None:
+        sk = self._cfg()[5]
+        if sk > 1 and (base_ctas >= SPLIT_MAX_BASE_CTAS or k_tiles < 2 * sk):
+            return f"split-K {sk} not useful ({base_ctas} CTAs, {k_tiles} K tiles)"
+        return None
+
+    def _mma_instance(self, dtype: str, mode: int) -> str:
+        bm, bn, bk, wm, wn, _ = self._cfg()
+        return instance("mma_gemm", dtype, mode, bm, bn, bk, wm, wn, self._sepi(), self._stages())
+
+    def _mma_kernel(self, dtype: str, mode: int, extra_smem: int = 0):
+        """(kernel, dynamic shared memory bytes), the kernel allowed that much shared memory."""
+        bm, bn, bk, _, _, _ = self._cfg()
+        kern = get_kernel("mma_gemm.cu", self._mma_instance(dtype, mode))
+        smem = max(mma_smem_bytes(dtype, mode, bm, bn, bk, self._stages()) + extra_smem,
+                   epi_smem_bytes(bm, bn, self._sepi()))
+        kern.max_dynamic_shared_size_bytes = smem
+        return kern, smem
+
+    def _split_workspace(self, tiles: int):
+        """(fp32 partial-tile workspace, per-tile counters) for split-K, else (None, None)."""
+        import cupy
+
+        bm, bn, _, _, _, sk = self._cfg()
+        if sk == 1:
+            return None, None
+        return cupy.empty(tiles * sk * bm * bn, dtype=cupy.float32), cupy.zeros(tiles, dtype=cupy.int32)
+
+    def _launch_flags(self, avec: bool, bvec: bool):
+        """The kernel's (avec, bvec) arguments; the pipelined configs cannot fall back to scalar loads."""
+        import numpy as np
+
+        if self._stages() > 2 and not (avec and bvec):
+            raise TuningError(f"{self.key()}: operands are not 16-byte aligned (the cp.async pipeline needs them)")
+        return np.int32(avec), np.int32(bvec)
 
 
 @dataclass(frozen=True)
@@ -254,8 +330,10 @@ class ImplicitGemmConv(TiledMmaParams, Candidate):
         if tuple(compute_capability) < (8, 0):
             return f"mma.sync fp16/tf32 needs sm_80+, device is sm_{compute_capability[0]}{compute_capability[1]}"
         bm, bn, bk, wm, wn, sk = self._cfg()
-        if (bm, bn, wm, wn, bk) not in TILE_CONFIGS_BK or sk not in SPLITS:
-            return f"unknown tile config {self.params_str()}"
+        dt = geo.dtype_of(sig)
+        bad = self._config_error(dt, 2)
+        if bad:
+            return bad
         g = geo.conv_geom(sig)
         Mg, Npix, K = _mma_conv_dims(g)
         if max(g.H, g.W) >= KTAB_PAD_ROW or (g.KH - 1) * g.dh >= KTAB_PAD_ROW or (g.KW - 1) * g.dw >= 0x8000:
@@ -264,11 +342,9 @@ class ImplicitGemmConv(TiledMmaParams, Candidate):
             return "depthwise convolution (one channel per group): use direct"
         if Mg < 16 and bm > 64:
             return f"{Mg} output channels per group is far below bm={bm}"
-        base = -(-Npix // bn) * -(-Mg // bm) * g.G
-        nkt = -(-K // bk)
-        if sk > 1 and (base >= SPLIT_MAX_BASE_CTAS or nkt < 2 * sk):
-            return f"split-K {sk} not useful ({base} CTAs, {nkt} K tiles)"
-        dt = geo.dtype_of(sig)
+        bad = self._split_error(-(-Npix // bn) * -(-Mg // bm) * g.G, -(-K // bk))
+        if bad:
+            return bad
         if mma_smem_bytes(dt, 2, bm, bn, bk) + ktab_smem_bytes(K, bk, sk) > 200 * 1024:
             return "shared memory over 200 KiB"
         return None
@@ -277,9 +353,7 @@ class ImplicitGemmConv(TiledMmaParams, Candidate):
         return source_hash("mma_gemm.cu")
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        dt = geo.dtype_of(sig)
-        bm, bn, bk, wm, wn, _ = self._cfg()
-        return [("mma_gemm.cu", instance("mma_gemm", dt, 2, bm, bn, bk, wm, wn, self._sepi()))]
+        return [("mma_gemm.cu", self._mma_instance(geo.dtype_of(sig), 2))]
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
@@ -293,17 +367,11 @@ class ImplicitGemmConv(TiledMmaParams, Candidate):
         bm, bn, bk, wm, wn, sk = self._cfg()
         Mg, Npix, K = _mma_conv_dims(g)
         avec = int(K % VEC[dt] == 0)
-        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 2, bm, bn, bk, wm, wn, self._sepi()))
-        smem = max(mma_smem_bytes(dt, 2, bm, bn, bk) + ktab_smem_bytes(K, bk, sk), epi_smem_bytes(bm, bn, self._sepi()))
-        kern.max_dynamic_shared_size_bytes = smem
+        kern, smem = self._mma_kernel(dt, 2, ktab_smem_bytes(K, bk, sk))
         ktab = cupy.asarray(make_ktab(g, bk))
         grid = (-(-Npix // bn), -(-Mg // bm), g.G * sk)
         nthreads = wm * wn * 32
-        ws = counters = None
-        if sk > 1:
-            tiles = grid[0] * grid[1] * g.G
-            ws = cupy.empty(tiles * sk * bm * bn, dtype=cupy.float32)
-            counters = cupy.zeros(tiles, dtype=cupy.int32)
+        ws, counters = self._split_workspace(grid[0] * grid[1] * g.G)
         rst, mat = _res_plan(sig, g)
         act = geo.act_args(sig)
         i32, i64, f32 = np.int32, np.int64, np.float32
@@ -344,8 +412,9 @@ class ImplicitGemmNhwcConv(TiledMmaParams, Candidate):
         if tuple(compute_capability) < (8, 0):
             return "mma.sync fp16/tf32 needs sm_80+"
         bm, bn, bk, wm, wn, sk = self._cfg()
-        if (bm, bn, wm, wn, bk) not in TILE_CONFIGS_BK or sk not in SPLITS:
-            return f"unknown tile config {self.params_str()}"
+        bad = self._config_error(geo.dtype_of(sig), 3)
+        if bad:
+            return bad
         g = geo.conv_geom(sig)
         Cg, Mg = g.C // g.G, g.M // g.G
         if Cg % bk:
@@ -356,10 +425,9 @@ class ImplicitGemmNhwcConv(TiledMmaParams, Candidate):
             return f"{Mg} output channels per group is far below bm={bm}"
         Npix = g.N * g.OH * g.OW
         K = Cg * g.KH * g.KW
-        base = -(-Npix // bn) * -(-Mg // bm) * g.G
-        nkt = -(-K // bk)
-        if sk > 1 and (base >= SPLIT_MAX_BASE_CTAS or nkt < 2 * sk):
-            return f"split-K {sk} not useful ({base} CTAs, {nkt} K tiles)"
+        bad = self._split_error(-(-Npix // bn) * -(-Mg // bm) * g.G, -(-K // bk))
+        if bad:
+            return bad
         if g.N * g.C * g.H * g.W > geo.INT32_MAX // 2:
             return "input too large for 32-bit NHWC offsets"
         return None
@@ -369,8 +437,7 @@ class ImplicitGemmNhwcConv(TiledMmaParams, Candidate):
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         dt = geo.dtype_of(sig)
-        bm, bn, bk, wm, wn, _ = self._cfg()
-        return [("mma_gemm.cu", instance("mma_gemm", dt, 3, bm, bn, bk, wm, wn, self._sepi())),
+        return [("mma_gemm.cu", self._mma_instance(dt, 3)),
                 ("elementwise.cu", instance("nchw_to_nhwc", dt)), ("elementwise.cu", instance("weight_to_rsc", dt))]
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
@@ -386,11 +453,9 @@ class ImplicitGemmNhwcConv(TiledMmaParams, Candidate):
         Cg, Mg = g.C // g.G, g.M // g.G
         K = Cg * g.KH * g.KW
         Npix = g.N * g.OH * g.OW
-        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 3, bm, bn, bk, wm, wn, self._sepi()))
+        kern, smem = self._mma_kernel(dt, 3)
         tr = get_kernel("elementwise.cu", instance("nchw_to_nhwc", dt))
         wr = get_kernel("elementwise.cu", instance("weight_to_rsc", dt))
-        smem = max(mma_smem_bytes(dt, 3, bm, bn, bk), epi_smem_bytes(bm, bn, self._sepi()))
-        kern.max_dynamic_shared_size_bytes = smem
         xn = cupy.empty((g.N, g.H, g.W, g.C), dtype=dt)
         wrs = cupy.empty((g.M, g.KH, g.KW, Cg), dtype=dt)
         HW = g.H * g.W
@@ -398,11 +463,7 @@ class ImplicitGemmNhwcConv(TiledMmaParams, Candidate):
         wtotal = g.M * K
         wgrid = (min(-(-wtotal // 256), 132 * 16),)
         grid = (-(-Npix // bn), -(-Mg // bm), g.G * sk)
-        ws = counters = None
-        if sk > 1:
-            tiles = grid[0] * grid[1] * g.G
-            ws = cupy.empty(tiles * sk * bm * bn, dtype=cupy.float32)
-            counters = cupy.zeros(tiles, dtype=cupy.int32)
+        ws, counters = self._split_workspace(grid[0] * grid[1] * g.G)
         rst, mat = _res_plan(sig, g)
         act = geo.act_args(sig)
         i32, i64, f32 = np.int32, np.int64, np.float32
@@ -450,15 +511,16 @@ class PointwiseGemmConv(TiledMmaParams, Candidate):
         if not _is_pointwise(g):
             return "not a 1x1, stride-1, unpadded, ungrouped convolution"
         bm, bn, bk, wm, wn, sk = self._cfg()
-        if (bm, bn, wm, wn, bk) not in TILE_CONFIGS_BK or sk not in SPLITS:
-            return f"unknown tile config {self.params_str()}"
         HW = g.OH * g.OW
+        dt = geo.dtype_of(sig)
+        bad = self._config_error(dt, 0, vec_ok=g.C % VEC[dt] == 0 and HW % VEC[dt] == 0)
+        if bad:
+            return bad
         if g.M < 16 and bm > 64:
             return f"{g.M} output channels is far below bm={bm}"
-        base = -(-HW // bn) * -(-g.M // bm) * g.N
-        nkt = -(-g.C // bk)
-        if sk > 1 and (base >= SPLIT_MAX_BASE_CTAS or nkt < 2 * sk):
-            return f"split-K {sk} not useful ({base} CTAs, {nkt} K tiles)"
+        bad = self._split_error(-(-HW // bn) * -(-g.M // bm) * g.N, -(-g.C // bk))
+        if bad:
+            return bad
         if g.N * sk > 65535:
             return "batch x split over the grid's z limit"
         return None
@@ -467,11 +529,9 @@ class PointwiseGemmConv(TiledMmaParams, Candidate):
         return source_hash("mma_gemm.cu")
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        bm, bn, bk, wm, wn, _ = self._cfg()
-        return [("mma_gemm.cu", instance("mma_gemm", geo.dtype_of(sig), 0, bm, bn, bk, wm, wn, self._sepi()))]
+        return [("mma_gemm.cu", self._mma_instance(geo.dtype_of(sig), 0))]
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
-        import cupy
         import numpy as np
 
         reason = self.applies(sig)
@@ -480,16 +540,10 @@ class PointwiseGemmConv(TiledMmaParams, Candidate):
         g = geo.conv_geom(sig)
         dt = geo.dtype_of(sig)
         bm, bn, bk, wm, wn, sk = self._cfg()
-        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, 0, bm, bn, bk, wm, wn, self._sepi()))
-        smem = max(mma_smem_bytes(dt, 0, bm, bn, bk), epi_smem_bytes(bm, bn, self._sepi()))
-        kern.max_dynamic_shared_size_bytes = smem
+        kern, smem = self._mma_kernel(dt, 0)
         HW = g.OH * g.OW
         grid = (-(-HW // bn), -(-g.M // bm), g.N * sk)
-        ws = counters = None
-        if sk > 1:
-            tiles = grid[0] * grid[1] * g.N
-            ws = cupy.empty(tiles * sk * bm * bn, dtype=cupy.float32)
-            counters = cupy.zeros(tiles, dtype=cupy.int32)
+        ws, counters = self._split_workspace(grid[0] * grid[1] * g.N)
         rst, mat = _res_plan(sig, g)
         act = geo.act_args(sig)
         i32, i64, f32 = np.int32, np.int64, np.float32
@@ -505,7 +559,7 @@ class PointwiseGemmConv(TiledMmaParams, Candidate):
             y = _check_out(outputs, g, dt)
             if not Wt.flags.c_contiguous or not X.flags.c_contiguous:
                 raise TuningError(f"{self.key()}: X and W must be C-contiguous")
-            flags = (i32(avec and Wt.data.ptr % 16 == 0), i32(bvec and X.data.ptr % 16 == 0))
+            flags = self._launch_flags(bool(avec and Wt.data.ptr % 16 == 0), bool(bvec and X.data.ptr % 16 == 0))
             R = _prepare_residual(R, g, mat)
             rs = (0, 0, 0)
             if R is not None:
@@ -519,7 +573,9 @@ class PointwiseGemmConv(TiledMmaParams, Candidate):
 
 @dataclass(frozen=True)
 class CublasConv(Candidate):
-    """(c) cupy.matmul (cuBLAS) on NCHW: 1x1 stride-1 directly, other convs after im2col."""
+    """(c) cuBLAS on NCHW: 1x1 stride-1 directly, other convs after im2col. ``cublas`` calls it
+    through ``cupy.matmul``, ``cublas_ws`` through graphopt's own handle and workspace
+    (graphopt.kernels.blas: capturable in a CUDA graph)."""
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)
@@ -536,7 +592,7 @@ class CublasConv(Candidate):
         return None
 
     def source_hash(self) -> str:
-        return source_hash("elementwise.cu")
+        return source_hash("elementwise.cu") + (f"+blas{blas.VERSION}" if self.name == "cublas_ws" else "")
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         dt = geo.dtype_of(sig)
@@ -571,10 +627,21 @@ class CublasConv(Candidate):
         i32, i64, f32 = np.int32, np.int64, np.float32
         tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
 
+        own = self.name == "cublas_ws"
+
         def launch(inputs, outputs):
             X, Wt, B, R = (list(inputs) + [None, None])[:4]
             y = _check_out(outputs, g, dt)
-            if pointwise:
+            if own:
+                Wc, Xc = cupy.ascontiguousarray(Wt), cupy.ascontiguousarray(X)
+                if pointwise:
+                    blas.gemm(Wc, Xc, y, g.M, OHW, g.C, batch=g.N, stride_b=g.C * OHW, stride_c=g.M * OHW)
+                else:
+                    i2c((min(-(-i2c_total // 256), 132 * 32),), (256,), (Xc, cols) + i2c_args)
+                    for gi in range(g.G):
+                        blas.gemm(Wc, cols, y, Mg, OHW, K, batch=g.N, stride_b=g.G * K * OHW, stride_c=g.M * OHW,
+                                  a_offset=gi * Mg * K, b_offset=gi * K * OHW, c_offset=gi * Mg * OHW)
+            elif pointwise:
                 cupy.matmul(Wt.reshape(g.M, g.C), X.reshape(g.N, g.C, OHW), out=y.reshape(g.N, g.M, OHW))
             else:
                 i2c((min(-(-i2c_total // 256), 132 * 32),), (256,), (X, cols) + i2c_args)
@@ -598,8 +665,9 @@ def cbr_candidates() -> list[Candidate]:
     """Every CBR candidate, in a fixed order (applies() prunes per signature)."""
     out: list[Candidate] = [DirectConv("direct", (("opt", o),)) for o in (1, 2, 4)]
     out += [DirectConv("direct_k3", (("opt", o),)) for o in (4, 8)]
-    out += mma_family(ImplicitGemmConv, "implicit_gemm")
+    out += mma_family(ImplicitGemmConv, "implicit_gemm", pipelined=False)
     out += mma_family(ImplicitGemmNhwcConv, "implicit_gemm_nhwc")
     out += mma_family(PointwiseGemmConv, "pointwise_gemm")
     out.append(CublasConv("cublas", ()))
+    out.append(CublasConv("cublas_ws", ()))
     return out

@@ -85,6 +85,26 @@ __device__ __forceinline__ float apply_act(float x, const ActParams& a) {
     return apply_act_slow(x, a.kind, a.alpha, a.beta, a.lo, a.hi);
 }
 
+// Everything inlined: for loops that apply the activation once per element in a rolled loop (the
+// staged epilogue), where code size is no concern and the call would cost more than erff itself.
+__device__ __forceinline__ float apply_act_inline(float x, const ActParams& a) {
+    switch (a.kind) {
+        case ACT_RELU: return fmaxf(x, 0.0f);
+        case ACT_CLIP: return fminf(fmaxf(x, a.lo), a.hi);
+        case ACT_LEAKYRELU: return x >= 0.0f ? x : a.alpha * x;
+        case ACT_SIGMOID: return sigmoid_f(x);
+        case ACT_SILU: return x * sigmoid_f(x);
+        case ACT_HARDSWISH: return x * fminf(fmaxf(x * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f);
+        case ACT_HARDSIGMOIDMUL: return x * fminf(fmaxf(a.alpha * x + a.beta, 0.0f), 1.0f);
+        case ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+        case ACT_GELUTANH: {
+            float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+            return 0.5f * x * (1.0f + tanhf(u));
+        }
+        default: return x;
+    }
+}
+
 // Loads that bypass L1 (data written by other CTAs of the same launch, split-K partials).
 __device__ __forceinline__ float ld_cg(const float* p) {
     float v;

@@ -15,9 +15,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from graphopt.errors import TuningError
+from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.base import Candidate, Signature
-from graphopt.kernels.cbr import MMA_TAIL, TiledMmaParams, SPLITS, SPLIT_MAX_BASE_CTAS, TILE_CONFIGS_BK, VEC, epi_smem_bytes, mma_family, mma_smem_bytes, ptr
+from graphopt.kernels.cbr import MMA_TAIL, TiledMmaParams, VEC, mma_family, ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
@@ -151,13 +152,15 @@ def _check_out(outputs, p: GemmPlan, dt: str):
 
 @dataclass(frozen=True)
 class CublasGemm(Candidate):
-    """cupy.matmul (cuBLAS, fp32 accumulation) followed by one in-place epilogue kernel."""
+    """cuBLAS (fp32 accumulation) followed by one in-place epilogue kernel: ``cublas`` calls it
+    through ``cupy.matmul``; ``cublas_ws`` through graphopt's own handle with a workspace
+    (graphopt.kernels.blas), which CUDA-graph capture accepts."""
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         return _check(sig)
 
     def source_hash(self) -> str:
-        return source_hash("elementwise.cu")
+        return source_hash("elementwise.cu") + (f"+blas{blas.VERSION}" if self.name == "cublas_ws" else "")
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         return [("elementwise.cu", instance("epilogue_gemm", geo.dtype_of(sig)))]
@@ -178,15 +181,31 @@ class CublasGemm(Candidate):
         tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
         needs_epi = p.bias is not None or act.code != 0 or p.alpha != 1.0
 
+        own = self.name == "cublas_ws"
+        out_b = tuple(p.out_shape[:-2]) if len(p.out_shape) >= 2 else ()
+
         def launch(inputs, outputs):
             A, B, C = (list(inputs) + [None])[:3]
             y = _check_out(outputs, p, dt)
-            a = A.T if p.trans_a else A
-            b = B.T if p.trans_b else B
-            if p.fold:  # B shared by every batch: one 2-D GEMM instead of a batched one
-                cupy.matmul(a.reshape(p.Z * p.M, p.K), b, out=y.reshape(p.Z * p.M, p.N))
+            if own:
+                a, b = cupy.ascontiguousarray(A), cupy.ascontiguousarray(B)
+                if p.fold:  # B shared by every batch: one 2-D GEMM instead of a batched one
+                    blas.gemm(a, b, y, p.Z * p.M, p.N, p.K)
+                else:
+                    sa, sb_ = p.a_batch, p.b_batch
+                    if p.broadcast_a:
+                        a, sa = cupy.ascontiguousarray(cupy.broadcast_to(a, out_b + (p.M, p.K))), p.M * p.K
+                    if p.broadcast_b:
+                        b, sb_ = cupy.ascontiguousarray(cupy.broadcast_to(b, out_b + (p.K, p.N))), p.K * p.N
+                    blas.gemm(a, b, y, p.M, p.N, p.K, trans_a=p.trans_a, trans_b=p.trans_b,
+                              batch=p.Z, stride_a=sa, stride_b=sb_, stride_c=p.M * p.N)
             else:
-                cupy.matmul(a, b, out=y)
+                a = A.T if p.trans_a else A
+                b = B.T if p.trans_b else B
+                if p.fold:  # B shared by every batch: one 2-D GEMM instead of a batched one
+                    cupy.matmul(a.reshape(p.Z * p.M, p.K), b, out=y.reshape(p.Z * p.M, p.N))
+                else:
+                    cupy.matmul(a, b, out=y)
             if not needs_epi:
                 return
             c = _bias_array(C, p)
@@ -208,15 +227,15 @@ class MmaGemm(TiledMmaParams, Candidate):
         if tuple(compute_capability) < (8, 0):
             return "mma.sync fp16/tf32 needs sm_80+"
         bm, bn, bk, wm, wn, sk = self._cfg()
-        if (bm, bn, wm, wn, bk) not in TILE_CONFIGS_BK or sk not in SPLITS:
-            return f"unknown tile config {self.params_str()}"
         p = gemm_plan(sig)
+        bad = self._config_error(geo.dtype_of(sig), 1 if p.trans_b else 0, vec_ok=all(self._vec_flags(sig)))
+        if bad:
+            return bad
         Mf = p.M * p.Z if p.fold else p.M
         Zf = 1 if p.fold else p.Z
-        base = -(-p.N // bn) * -(-Mf // bm) * Zf
-        nkt = -(-p.K // bk)
-        if sk > 1 and (base >= SPLIT_MAX_BASE_CTAS or nkt < 2 * sk):
-            return f"split-K {sk} not useful ({base} CTAs, {nkt} K tiles)"
+        bad = self._split_error(-(-p.N // bn) * -(-Mf // bm) * Zf, -(-p.K // bk))
+        if bad:
+            return bad
         if Zf * sk > 65535:
             return "batch x split over the grid's z limit"
         return None
@@ -225,13 +244,11 @@ class MmaGemm(TiledMmaParams, Candidate):
         return source_hash("mma_gemm.cu")
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return [("mma_gemm.cu", instance("mma_gemm", geo.dtype_of(sig), *self._instance_ints(sig)))]
+        return [("mma_gemm.cu", self._mma_instance(geo.dtype_of(sig), self._mode(sig)))]
 
-    def _instance_ints(self, sig: Signature) -> tuple[int, ...]:
-        p = gemm_plan(sig)
-        bm, bn, bk, wm, wn, _ = self._cfg()
-        mode = 1 if p.trans_b else 0
-        return (mode, bm, bn, bk, wm, wn, self._sepi())
+    @staticmethod
+    def _mode(sig: Signature) -> int:
+        return 1 if gemm_plan(sig).trans_b else 0
 
     def _vec_flags(self, sig: Signature) -> tuple[int, int]:
         """16-byte loads for A rows / B rows when their lengths keep every row 16-byte aligned."""
@@ -249,19 +266,12 @@ class MmaGemm(TiledMmaParams, Candidate):
         dt = geo.dtype_of(sig)
         act = geo.act_args(sig)
         bm, bn, bk, wm, wn, sk = self._cfg()
-        ints = self._instance_ints(sig)
-        mode = ints[0]
-        kern = get_kernel("mma_gemm.cu", instance("mma_gemm", dt, *ints))
-        smem = max(mma_smem_bytes(dt, mode, bm, bn, bk), epi_smem_bytes(bm, bn, self._sepi()))
-        kern.max_dynamic_shared_size_bytes = smem
+        mode = self._mode(sig)
+        kern, smem = self._mma_kernel(dt, mode)
         Mf = p.M * p.Z if p.fold else p.M
         Zf = 1 if p.fold else p.Z
         grid = (-(-p.N // bn), -(-Mf // bm), Zf * sk)
-        ws = counters = None
-        if sk > 1:
-            tiles = grid[0] * grid[1] * Zf
-            ws = cupy.empty(tiles * sk * bm * bn, dtype=cupy.float32)
-            counters = cupy.zeros(tiles, dtype=cupy.int32)
+        ws, counters = self._split_workspace(grid[0] * grid[1] * Zf)
         i32, i64, f32 = np.int32, np.int64, np.float32
         bs = p.bias or (0, 0, 0)
         avec, bvec = self._vec_flags(sig)
@@ -286,7 +296,7 @@ class MmaGemm(TiledMmaParams, Candidate):
             if not b.flags.c_contiguous:
                 b = cupy.ascontiguousarray(b)
             c = _bias_array(C, p)
-            flags = (i32(avec and a.data.ptr % 16 == 0), i32(bvec and b.data.ptr % 16 == 0))
+            flags = self._launch_flags(bool(avec and a.data.ptr % 16 == 0), bool(bvec and b.data.ptr % 16 == 0))
             kern(grid, (wm * wn * 32,), (a, b, ptr(c), np.uint64(0), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + flags + head + tail_act + MMA_TAIL,
                  shared_mem=smem)
 
@@ -294,6 +304,6 @@ class MmaGemm(TiledMmaParams, Candidate):
 
 
 def gemm_act_candidates() -> list[Candidate]:
-    out: list[Candidate] = [CublasGemm("cublas", ())]
+    out: list[Candidate] = [CublasGemm("cublas", ()), CublasGemm("cublas_ws", ())]
     out += mma_family(MmaGemm, "mma_gemm")
     return out

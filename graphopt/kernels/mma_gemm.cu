@@ -14,8 +14,13 @@
 //
 // fp16 (T = half_t): mma.sync m16n8k16 with ldmatrix, fp32 accumulation.
 // fp32 (T = float) : mma.sync m16n8k8 tf32 (operands rounded to tf32), fp32 accumulation.
-// Global -> register -> shared double buffering (one barrier per BK step). avec / bvec (uniform
-// kernel arguments) select 16-byte global loads when rows are 16-byte aligned, else scalar loads.
+// STAGES == 2: global -> register -> shared double buffering (one barrier per BK step). avec / bvec
+// (uniform kernel arguments) select 16-byte global loads when rows are 16-byte aligned, else scalar
+// loads.
+// STAGES >= 3 (MODE 0, 1, 3; both operands in 16-byte chunks, which the host guarantees): a
+// STAGES-deep cp.async pipeline straight from global to shared memory (Ampere-style multistage
+// main loop: STAGES-1 tiles in flight while one is consumed, one barrier per BK step, no staging
+// registers). Out-of-bounds chunks use cp.async's zero-fill (source size 0).
 // splits > 1: serial split-K inside one launch. Each split writes its fp32 partial tile to a
 // workspace; the last CTA of a tile to arrive (atomic counter) sums the partials in split order
 // (deterministic), resets the counter for the next launch and runs the epilogue.
@@ -38,6 +43,12 @@ __device__ __forceinline__ void mma_f16(float* c, unsigned a0, unsigned a1, unsi
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// 16-byte global -> shared copy that bypasses L1; valid == false writes 16 zero bytes (src-size 0).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
 __device__ __forceinline__ unsigned to_tf32(float f) {
     unsigned r;
     asm("{ cvt.rna.tf32.f32 %0, %1; }" : "=r"(r) : "f"(f));
@@ -55,7 +66,7 @@ template <> struct Tile<float>  { enum { VEC = 4, PADA = 4, PADB_KN = 8, IS_HALF
 
 union Vec16 { uint4 u; half_t h[8]; float f[4]; };
 
-template <typename T, int MODE, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int SEPI>
+template <typename T, int MODE, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int SEPI, int STAGES = 2>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict__ bias,
          const T* __restrict__ R, T* __restrict__ Y,
@@ -84,11 +95,14 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
     static_assert(A_CHUNKS * VEC * NT == BM * BK, "A chunks");
     static_assert(MODE != 2 || (NT % BN == 0 && G_ELEMS * NT == BK * BN), "gather split");
     static_assert(MODE == 2 || B_CHUNKS * VEC * NT == BN * BK, "B chunks");
+    constexpr bool PIPE = STAGES >= 3;
+    constexpr int NBUF = PIPE ? STAGES : 2;
+    static_assert(!PIPE || MODE != 2, "the NCHW gather mode has no cp.async pipeline");
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* As = reinterpret_cast<T*>(smem_raw);
-    T* Bs = As + 2 * A_ELEMS;
-    int2* Ks = reinterpret_cast<int2*>(Bs + 2 * B_ELEMS);   // MODE 2: this CTA's k offsets
+    T* Bs = As + NBUF * A_ELEMS;
+    int2* Ks = reinterpret_cast<int2*>(Bs + NBUF * B_ELEMS);   // MODE 2: this CTA's k offsets
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
@@ -237,6 +251,43 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
         }
     };
 
+    // STAGES >= 3: one K tile straight into pipeline buffer `buf` with cp.async (16-byte chunks).
+    auto issue_tiles = [&](int kt, int buf) {
+        const int k0 = kt * BK;
+        T* as = As + buf * A_ELEMS;
+        T* bs = Bs + buf * B_ELEMS;
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; ++i) {
+            const int c = tid + i * NT;
+            const int r = c / (BK / VEC), kc = (c % (BK / VEC)) * VEC;
+            const int gm = m0 + r, gk = k0 + kc;
+            const bool ok = gm < M && gk < K;
+            cp_async16(smem_u32(as + r * LDA + kc), ok ? A + (long long)gm * K + gk : A, ok);
+        }
+        if constexpr (MODE == 3) {
+            const int rs = k0 / Cg, c0 = k0 - rs * Cg;
+            const int r = rs / KWd, s = rs - r * KWd;
+#pragma unroll
+            for (int i = 0; i < B_CHUNKS; ++i) {
+                const int c = tid + i * NT;
+                const int row = c / (BK / VEC), kc = (c % (BK / VEC)) * VEC;
+                const int ih = p_ih0[i] + r * dh, iw = p_iw0[i] + s * dw;
+                const bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+                cp_async16(smem_u32(bs + row * LDB + kc), ok ? Bm + p_base[i] + (ih * W + iw) * C + c0 + kc : Bm, ok);
+            }
+        } else if constexpr (MODE != 2) {
+#pragma unroll
+            for (int i = 0; i < B_CHUNKS; ++i) {
+                const int c = tid + i * NT;
+                int r, cc, gr, gc;
+                if (B_NK) { r = c / (BK / VEC); cc = (c % (BK / VEC)) * VEC; gr = n0 + r; gc = k0 + cc; }
+                else      { r = c / (BN / VEC); cc = (c % (BN / VEC)) * VEC; gr = k0 + r; gc = n0 + cc; }
+                const bool ok = gr < (B_NK ? N : K) && gc < (B_NK ? K : N);
+                cp_async16(smem_u32(bs + r * LDB + cc), ok ? Bm + (long long)gr * ldb + gc : Bm, ok);
+            }
+        }
+    };
+
     float acc[MI][NI][4];
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -313,7 +364,24 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
         }
     };
 
-    if (nkt > 0) {
+    if constexpr (PIPE) {
+        if (nkt > 0) {
+#pragma unroll
+            for (int st = 0; st < STAGES - 1; ++st) {
+                if (st < nkt) issue_tiles(kt_begin + st, st);
+                cp_async_commit();
+            }
+            for (int it = 0; it < nkt; ++it) {
+                cp_async_wait<STAGES - 2>();   // tile `it` has landed (for this thread's copies)
+                __syncthreads();               // ... for every thread's; and buffer (it-1) is free
+                const int nx = it + STAGES - 1;
+                if (nx < nkt) issue_tiles(kt_begin + nx, nx % STAGES);
+                cp_async_commit();
+                compute(it % STAGES);
+            }
+            cp_async_wait<0>();
+        }
+    } else if (nkt > 0) {
         load_tiles(kt_begin);
         store_tiles(0);
         __syncthreads();
@@ -400,8 +468,8 @@ mma_gemm(const T* __restrict__ A, const T* __restrict__ Bm, const T* __restrict_
                 r0 = zb * res_sb + (long long)row * res_sr + (long long)col * res_sc; r1 = r0 + res_sc;
             }
             if (R) { v0 += Num<T>::load(R + r0); if (two) v1 += Num<T>::load(R + r1); }
-            v0 = apply_act(v0, ap);
-            v1 = apply_act(v1, ap);
+            v0 = apply_act_inline(v0, ap);
+            v1 = apply_act_inline(v1, ap);
             if (two && y1 == y0 + 1 && (y0 & 1) == 0) {
                 if constexpr (Tile<T>::IS_HALF != 0) {
                     const unsigned packed = (unsigned)f2h(v0) | ((unsigned)f2h(v1) << 16);

@@ -50,7 +50,7 @@ def candidate_from_key(op: str, key: str) -> Candidate:
 
 def all_kernel_instances() -> list[tuple[str, str]]:
     """Every (source, template instance) any candidate can compile, for CI and prebuilding."""
-    from graphopt.kernels.cbr import TILE_CONFIGS_BK
+    from graphopt.kernels.cbr import PIPE_DTYPES, PIPE_STAGES, PIPE_TILES, TILE_CONFIGS_BK
     from graphopt.kernels.source import instance
 
     out: list[tuple[str, str]] = []
@@ -63,7 +63,13 @@ def all_kernel_instances() -> list[tuple[str, str]]:
         for mode in (0, 1, 2, 3):
             for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
                 for sepi in (0, 1):
-                    out.append(("mma_gemm.cu", instance("mma_gemm", dt, mode, bm, bn, bk, wm, wn, sepi)))
+                    out.append(("mma_gemm.cu", instance("mma_gemm", dt, mode, bm, bn, bk, wm, wn, sepi, 2)))
+        if dt in PIPE_DTYPES:
+            for mode in (0, 1, 3):
+                for st in PIPE_STAGES:
+                    for bm, bn, wm, wn, bk in PIPE_TILES:
+                        for sepi in (0, 1):
+                            out.append(("mma_gemm.cu", instance("mma_gemm", dt, mode, bm, bn, bk, wm, wn, sepi, st)))
         for t in ("epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc"):
             out.append(("elementwise.cu", instance(t, dt)))
     out.append(("elementwise.cu", "spin"))

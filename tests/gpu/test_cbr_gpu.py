@@ -40,6 +40,10 @@ CASES = {
     "nhwc_s2_asym_dil": ((2, 64, 13, 11), (40, 64, 3, 3), {"strides": [2, 2], "pads": [1, 0, 2, 1], "dilations": [1, 2]}, True, "full"),
     "nhwc_groups2": ((1, 128, 9, 9), (96, 64, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, True, (96, 1, 1)),
     "pointwise_hw_odd": ((2, 64, 7, 7), (72, 64, 1, 1), {}, True, "full"),
+    # cp.async pipeline (HW and C multiples of 8): fewer K tiles than stages, M and N tails.
+    "pointwise_pipe_short_k": ((3, 40, 8, 5), (72, 40, 1, 1), {}, True, "full"),
+    "pointwise_pipe_tails": ((2, 96, 12, 12), (136, 96, 1, 1), {}, True, (136, 1, 1)),
+    "nhwc_pipe_long_k": ((2, 96, 10, 9), (72, 96, 3, 3), {"pads": [1, 1, 1, 1]}, True, "full"),
 }
 DTYPES = ("float16", "float32")
 
@@ -93,8 +97,11 @@ ACT_PICKS = {
     "deep_k_splitk": {"direct:opt=1", "direct:opt=4", "direct_k3:opt=4", "implicit_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1",
                       "implicit_gemm:bm=64,bn=32,bk=32,wm=2,wn=1,splitk=2", "implicit_gemm_nhwc:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1",
                       "implicit_gemm_nhwc:bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1",
-                      "implicit_gemm:bm=128,bn=64,bk=32,wm=2,wn=2,splitk=1,sepi=1", "cublas"},
+                      "implicit_gemm:bm=128,bn=64,bk=32,wm=2,wn=2,splitk=1,sepi=1", "cublas", "cublas_ws"},
     "pointwise_res": {"pointwise_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1", "pointwise_gemm:bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1"},
+    "nhwc_pipe_long_k": {"implicit_gemm_nhwc:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1,st=4",
+                         "implicit_gemm_nhwc:bm=128,bn=128,bk=32,wm=2,wn=2,splitk=1,sepi=1,st=3",
+                         "implicit_gemm_nhwc:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=2,st=3"},
 }
 
 

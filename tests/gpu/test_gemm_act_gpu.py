@@ -32,6 +32,7 @@ CASES = {
     "gemm_transa_rowbias": ((72, 50), (72, 88), (50, 1), {"mode": "gemm", "transA": 1}),
     "gemm_scalar_c": ((40, 24), (24, 56), (1,), {"mode": "gemm", "beta": -1.0}),
     "mlp_splitk": ((256, 768), (768, 1024), (1024,), {"mode": "matmul"}),
+    "pipe_transb_tails": ((200, 136), (264, 136), (264,), {"mode": "gemm", "transB": 1}),
 }
 DTYPES = ("float16", "float32")
 
@@ -67,11 +68,12 @@ def test_gemm_candidate(name, dtype, cand, shapes):
 
 
 def _act_cases():
-    picks = {"cublas", "mma_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1", "mma_gemm:bm=128,bn=128,bk=32,wm=2,wn=4,splitk=1",
-             "mma_gemm:bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1"}
+    picks = {"cublas", "cublas_ws", "mma_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1", "mma_gemm:bm=128,bn=128,bk=32,wm=2,wn=4,splitk=1",
+             "mma_gemm:bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1",
+             "mma_gemm:bm=128,bn=128,bk=32,wm=2,wn=2,splitk=1,sepi=1,st=3", "mma_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1,st=4"}
     for ai in range(len(ACTS)):
         for dtype in DTYPES:
-            for name in ("odd_2d", "gemm_transb_alpha_beta"):
+            for name in ("odd_2d", "gemm_transb_alpha_beta", "pipe_transb_tails"):
                 for cand in gemm_act_candidates():
                     if cand.key() in picks:
                         yield pytest.param(ai, dtype, name, cand, id=f"act{ai}-{ACTS[ai]['activation']}-{name}-{dtype}-{cand.key()}")

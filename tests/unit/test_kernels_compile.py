@@ -53,7 +53,8 @@ def test_instances_compile(arch, group):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tensor_core_kernel_compiles_optimised(arch):
-    cubin = nvrtc_compile("mma_gemm.cu", ["mma_gemm<half_t,2,64,32,32,2,1,0>", "mma_gemm<float,3,64,32,32,2,1,1>"], arch)
+    cubin = nvrtc_compile("mma_gemm.cu", ["mma_gemm<half_t,2,64,32,32,2,1,0>", "mma_gemm<float,3,64,32,32,2,1,1>",
+                                          "mma_gemm<half_t,3,128,128,32,2,2,1,4>"], arch)
     assert cubin[:4] == b"\x7fELF"
 
 
@@ -61,3 +62,8 @@ def test_bad_config_is_rejected_at_compile_time():
     # BN=32 cannot be split over 4 warps of 16 columns: the kernel's static_assert must fire.
     with pytest.raises(Exception, match="warp tile"):
         nvrtc_compile("mma_gemm.cu", ["mma_gemm<half_t,2,64,32,32,2,4,0>"], "sm_90", fast=True)
+
+
+def test_gather_mode_has_no_pipeline():
+    with pytest.raises(Exception, match="no cp.async pipeline"):
+        nvrtc_compile("mma_gemm.cu", ["mma_gemm<half_t,2,64,64,32,2,2,0,3>"], "sm_90", fast=True)
