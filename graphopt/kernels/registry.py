@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from graphopt.kernels.attention import attention_candidates, attention_kernel_instances
 from graphopt.kernels.base import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.gemm_act import gemm_act_candidates
 from graphopt.kernels.norm import norm_candidates, norm_kernel_instances
 
 _FAMILIES = {"CBR": cbr_candidates, "GemmAct": gemm_act_candidates, "LayerNorm": norm_candidates,
-             "RMSNorm": norm_candidates}
+             "RMSNorm": norm_candidates, "Attention": attention_candidates}
 
 
 def ops() -> list[str]:
@@ -74,4 +75,5 @@ def all_kernel_instances() -> list[tuple[str, str]]:
             out.append(("elementwise.cu", instance(t, dt)))
     out.append(("elementwise.cu", "spin"))
     out += norm_kernel_instances()
+    out += attention_kernel_instances()
     return out
