@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pytest
 
-from graphopt.errors import TuningError
 from graphopt.kernels.attention import (FlashAttention, attention_candidates, attention_kernel_instances,
                                         attention_plan, flash_smem_bytes, score_gemm, value_gemm)
 from graphopt.kernels.base import Signature
