@@ -205,3 +205,204 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attn(
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// flash_mma: the tensor-core flash attention for fp16 (FlashAttention-2 style forward).
+// A CTA of 4 warps takes BM = 64 query rows of one (b, h); warp w owns rows 16w..16w+15. Q's
+// fragments stay in registers; per key tile of BN keys, K and V are staged in shared memory
+// (rows padded by 16 bytes: ldmatrix without bank conflicts), S = Q . K^T by mma.sync m16n8k16
+// (fp32 accumulation), the online softmax runs on the accumulator fragments (a row's values live in
+// the 4 lanes of a quad: two shuffles), and P (rounded to fp16) is reused as the A operand of
+// O += P . V without going through shared memory. K is [Skv][D] (KT = 0) or K^T [D][Skv] (KT = 1,
+// as the exports compute it; its B fragments come from ldmatrix.trans). D = Dv = HD (64 or 128);
+// Q, K and V tiles move in 16-byte chunks (D % 8 == 0), except K^T tiles when Skv % 8 != 0.
+// Shared memory: (BM + BN) * (HD + 8) halves + BN * (HD + 8) or HD * (BN + 8) halves for K.
+
+__device__ __forceinline__ unsigned attn_smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void attn_ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void attn_ldsm_x4_t(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void attn_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned attn_pack(float lo, float hi) {
+    return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16);
+}
+
+// Copy a rows x cols fp16 tile (row stride ld in global, rows beyond nrows zero) into shared
+// memory with row stride lds, in 16-byte chunks. cols % 8 == 0.
+template <int NT>
+__device__ __forceinline__ void attn_tile_load(half_t* dst, int lds, const half_t* src, long long ld, int rows, int cols,
+                                               int nrows, int ncols) {
+    const int chunks = cols / 8;
+    for (int e = threadIdx.x; e < rows * chunks; e += NT) {
+        const int r = e / chunks, c = (e % chunks) * 8;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < nrows && c < ncols) v = *reinterpret_cast<const uint4*>(src + (long long)r * ld + c);
+        *reinterpret_cast<uint4*>(dst + r * lds + c) = v;
+    }
+}
+
+// The same with 2-byte loads, for K^T rows whose length (Skv) is not a multiple of 8.
+template <int NT>
+__device__ __forceinline__ void attn_tile_load_scalar(half_t* dst, int lds, const half_t* src, long long ld, int rows,
+                                                      int cols, int nrows, int ncols) {
+    for (int e = threadIdx.x; e < rows * cols; e += NT) {
+        const int r = e / cols, c = e % cols;
+        dst[r * lds + c] = (r < nrows && c < ncols) ? src[(long long)r * ld + c] : (half_t)0;
+    }
+}
+
+template <typename T, int HD, int BN, int MASK, int KT>
+__global__ void __launch_bounds__(128) flash_mma(
+    const half_t* __restrict__ Q, const half_t* __restrict__ K, const half_t* __restrict__ V, half_t* __restrict__ Y,
+    int Sq, int Skv, int H, float scale, ATTN_MASK_ARGS, int nan_to_zero)
+{
+    static_assert(sizeof(T) == 2, "flash_mma is the fp16 kernel (T = half_t)");
+    static_assert(HD % 16 == 0 && HD >= 16 && HD <= 128, "head dim: a multiple of 16 up to 128");
+    static_assert(BN % 16 == 0 && BN >= 16 && BN <= 128, "key tile: a multiple of 16 up to 128");
+    constexpr int BM = 64, NT = 128;
+    constexpr int LQ = HD + 8;                    // Q, V and (KT = 0) K rows, in halves
+    constexpr int LKT = BN + 8;                   // K^T rows (KT = 1)
+    constexpr int NB = BN / 8;                    // score n-blocks per warp
+    constexpr int OB = HD / 8;                    // output n-blocks per warp
+    const AttnMask mask = make_mask(mptr, msb, msh, msi, msj, mvalue, causal);
+    extern __shared__ __align__(16) unsigned char attn_smem[];
+    half_t* qs = reinterpret_cast<half_t*>(attn_smem);   // [BM][LQ]
+    half_t* ks = qs + BM * LQ;                           // [BN][LQ] or [HD][LKT]
+    half_t* vs = ks + (KT ? HD * LKT : BN * LQ);         // [BN][LQ]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int z = blockIdx.y, h = z % H, b = z / H;
+    const int row0 = blockIdx.x * BM;
+    const long long qz = (long long)z * Sq * HD, kz = (long long)z * Skv * HD;
+
+    attn_tile_load<NT>(qs, LQ, Q + qz + (long long)row0 * HD, HD, BM, HD, Sq - row0, HD);
+    __syncthreads();
+    unsigned qf[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+        attn_ldsm_x4(attn_smem_u32(qs + (warp * 16 + (lane & 15)) * LQ + kk * 16 + (lane >> 4) * 8),
+                     qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+
+    float o[OB][4];
+#pragma unroll
+    for (int j = 0; j < OB; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float mrow[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, lrow[2] = {0.0f, 0.0f};
+    const int rows_of[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
+
+    const int kv_end = mask.causal ? min(Skv, row0 + BM) : Skv;
+    for (int t0 = 0; t0 < kv_end; t0 += BN) {
+        __syncthreads();  // every warp is done with the previous K / V tile
+        if (KT && (Skv & 7) == 0) attn_tile_load<NT>(ks, LKT, K + kz + t0, Skv, HD, BN, HD, Skv - t0);
+        else if (KT) attn_tile_load_scalar<NT>(ks, LKT, K + kz + t0, Skv, HD, BN, HD, Skv - t0);
+        else attn_tile_load<NT>(ks, LQ, K + kz + (long long)t0 * HD, HD, BN, HD, Skv - t0, HD);
+        attn_tile_load<NT>(vs, LQ, V + kz + (long long)t0 * HD, HD, BN, HD, Skv - t0, HD);
+        __syncthreads();
+
+        float s[NB][4];
+#pragma unroll
+        for (int j = 0; j < NB; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+            for (int j = 0; j < NB / 2; ++j) {
+                unsigned b0, b1, b2, b3;
+                if (KT)  // K^T [d][key]: rows are k (d), columns n (keys)
+                    attn_ldsm_x4_t(attn_smem_u32(ks + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LKT + j * 16 + (lane >> 4) * 8),
+                                   b0, b1, b2, b3);
+                else     // K [key][d]: rows are n (keys), columns k (d)
+                    attn_ldsm_x4(attn_smem_u32(ks + (j * 16 + (lane & 7) + (lane >> 4) * 8) * LQ + kk * 16 + ((lane >> 3) & 1) * 8),
+                                 b0, b1, b2, b3);
+                attn_mma(s[2 * j], qf[kk], b0, b1);
+                attn_mma(s[2 * j + 1], qf[kk], b2, b3);
+            }
+        }
+        // Scale, mask, and the online softmax on the fragments: s[j][e] is row rows_of[e >> 1],
+        // key t0 + 8j + 2t + (e & 1).
+        float mx[2] = {ATTN_NEG_INF, ATTN_NEG_INF};
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = rows_of[e >> 1], key = t0 + 8 * j + 2 * t + (e & 1);
+                float x = s[j][e] * scale;
+                x = key >= Skv ? ATTN_NEG_INF : (i < Sq ? masked_score<half_t, MASK>(x, mask, b, h, i, key) : x);
+                s[j][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        }
+        float alpha[2], muse[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mnew = fmaxf(mrow[r], mx[r]);
+            muse[r] = mnew == ATTN_NEG_INF ? 0.0f : mnew;
+            alpha[r] = mrow[r] == ATTN_NEG_INF ? 0.0f : expf(mrow[r] - muse[r]);
+            mrow[r] = mnew;
+        }
+        float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float x = s[j][e];
+                const float p = x == ATTN_NEG_INF ? 0.0f : expf(x - muse[e >> 1]);
+                s[j][e] = p;
+                ps[e >> 1] += p;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            ps[r] += __shfl_xor_sync(0xffffffffu, ps[r], 1);
+            ps[r] += __shfl_xor_sync(0xffffffffu, ps[r], 2);
+            lrow[r] = lrow[r] * alpha[r] + ps[r];
+        }
+#pragma unroll
+        for (int j = 0; j < OB; ++j) {
+            o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+        }
+        // O += P . V: the score accumulators of n-blocks 2kk, 2kk+1 are the A fragment of k-step kk.
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const unsigned a[4] = {attn_pack(s[2 * kk][0], s[2 * kk][1]), attn_pack(s[2 * kk][2], s[2 * kk][3]),
+                                   attn_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), attn_pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int jd = 0; jd < OB / 2; ++jd) {
+                unsigned b0, b1, b2, b3;  // V [key][dv]: rows are k (keys), columns n (dv)
+                attn_ldsm_x4_t(attn_smem_u32(vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LQ + jd * 16 + (lane >> 4) * 8),
+                               b0, b1, b2, b3);
+                attn_mma(o[2 * jd], a, b0, b1);
+                attn_mma(o[2 * jd + 1], a, b2, b3);
+            }
+        }
+    }
+    const float nan = __int_as_float(0x7fc00000);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = rows_of[r];
+        if (i >= Sq) continue;
+        const bool empty = lrow[r] == 0.0f;
+        const float inv = empty ? 0.0f : 1.0f / lrow[r];
+        half_t* yr = Y + ((long long)z * Sq + i) * HD;
+#pragma unroll
+        for (int j = 0; j < OB; ++j) {
+            const float y0 = empty ? (nan_to_zero ? 0.0f : nan) : o[j][2 * r] * inv;
+            const float y1 = empty ? (nan_to_zero ? 0.0f : nan) : o[j][2 * r + 1] * inv;
+            *reinterpret_cast<unsigned*>(yr + 8 * j + 2 * t) = attn_pack(y0, y1);
+        }
+    }
+}

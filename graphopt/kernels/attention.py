@@ -7,8 +7,13 @@
   data's dtype (fp16 for fp16 models; the GEMMs and the softmax accumulate in fp32).
 - ``flash`` (params ``dmax``, ``bm``, ``warps``): one fused kernel with an online softmax over key
   tiles held in shared memory, never writing the scores (``flash_attn``). SIMT fp32 arithmetic (no
-  tensor cores yet); ``dmax`` is the head-dim capacity (the smallest of 32/64/128 that holds D and
-  Dv applies), ``bm`` the query rows per CTA.
+  tensor cores); ``dmax`` is the head-dim capacity (the smallest of 32/64/128 that holds D and
+  Dv applies), ``bm`` the query rows per CTA. It runs every head dim and fp32.
+- ``flash_mma`` (params ``hd``, ``bn``; fp16 only): the tensor-core flash attention
+  (FlashAttention-2 style forward: mma.sync m16n8k16 with fp32 accumulation, ldmatrix from padded
+  shared-memory tiles, the online softmax on the accumulator fragments, P reused in registers as
+  the A operand of P . V). 64 query rows per CTA of 4 warps, ``bn`` keys per tile; D = Dv = ``hd``
+  (16, 32, 64 or 128); no cp.async pipelining yet.
 
 Layout: Q ``[B, H, Sq, D]`` (rank 2-4: missing leading dims are 1), K ``[B, H, Skv, D]`` or, with
 ``k_transposed=1``, ``[B, H, D, Skv]``, V ``[B, H, Skv, Dv]``, Y ``[B, H, Sq, Dv]``, all
@@ -290,6 +295,9 @@ def attention_candidates() -> list[Candidate]:
     for dmax in FLASH_DMAX:
         for bm, w in FLASH_TILES:
             out.append(FlashAttention("flash", (("dmax", dmax), ("bm", bm), ("warps", w))))
+    for hd in FLASH_MMA_HD:
+        for bn in FLASH_MMA_BN:
+            out.append(FlashMmaAttention("flash_mma", (("hd", hd), ("bn", bn))))
     return out
 
 
@@ -303,4 +311,79 @@ def attention_kernel_instances() -> list[tuple[str, str]]:
             for dmax in FLASH_DMAX:
                 for bm, w in FLASH_TILES:
                     out.append(("attention.cu", instance("flash_attn", dt, dmax, bm, w, mask)))
+    for mask in MASK_CODES.values():
+        for hd in FLASH_MMA_HD:
+            for bn in FLASH_MMA_BN:
+                for kt in (0, 1):
+                    out.append(("attention.cu", instance("flash_mma", "float16", hd, bn, mask, kt)))
     return out
+
+
+FLASH_MMA_HD = (16, 32, 64, 128)
+FLASH_MMA_BN = (64, 128)
+FLASH_MMA_BM = 64  # query rows per CTA of 4 warps (fixed in the kernel)
+
+
+def flash_mma_smem_bytes(hd: int, bn: int, kt: bool) -> int:
+    lq = hd + 8
+    return 2 * (FLASH_MMA_BM * lq + (hd * (bn + 8) if kt else bn * lq) + bn * lq)
+
+
+@dataclass(frozen=True)
+class FlashMmaAttention(Candidate):
+    """fp16 tensor-core flash attention (mma.sync m16n8k16, ldmatrix); params hd (= D = Dv), bn (keys per tile)."""
+
+    def _cfg(self) -> tuple[int, int]:
+        return int(self.param("hd")), int(self.param("bn"))
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        try:
+            p = attention_plan(sig)
+        except TuningError as exc:
+            return str(exc)
+        hd, bn = self._cfg()
+        if p.dtype != "float16":
+            return f"dtype {p.dtype} (the tensor-core kernel is fp16)"
+        if compute_capability < (8, 0):
+            return f"sm {compute_capability[0]}.{compute_capability[1]} has no mma.sync m16n8k16 (needs 8.0)"
+        if p.D != hd or p.Dv != hd:
+            return f"head dims D={p.D}, Dv={p.Dv} are not both hd={hd}"
+        if p.Z > GRID_Y_MAX:
+            return f"{p.Z} batch x heads > {GRID_Y_MAX} (grid y)"
+        limit = 227 * 1024 if compute_capability >= (9, 0) else 163 * 1024
+        if flash_mma_smem_bytes(hd, bn, p.kt) > limit:
+            return f"{flash_mma_smem_bytes(hd, bn, p.kt)} bytes of shared memory > {limit}"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("attention.cu")
+
+    def _instance(self, sig: Signature) -> str:
+        hd, bn = self._cfg()
+        p = attention_plan(sig)
+        return instance("flash_mma", "float16", hd, bn, p.mask, int(p.kt))
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        return [("attention.cu", self._instance(sig))]
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        p = attention_plan(sig)
+        hd, bn = self._cfg()
+        kern = get_kernel("attention.cu", self._instance(sig))
+        smem = flash_mma_smem_bytes(hd, bn, p.kt)
+        kern.max_dynamic_shared_size_bytes = smem
+        grid, block = (-(-p.Sq // FLASH_MMA_BM), p.Z), (128,)
+        i32 = np.int32
+
+        def launch(inputs, outputs):
+            Q, K, V, M, Y = _arrays(p, inputs, outputs, self.key())
+            for name, a in (("Q", Q), ("K", K), ("V", V), ("Y", Y)):
+                if a.data.ptr % 16:
+                    raise TuningError(f"{self.key()}: {name} is not 16-byte aligned")
+            kern(grid, block, (Q, K, V, Y, i32(p.Sq), i32(p.Skv), i32(p.H), np.float32(p.scale)) + _mask_args(p, M)
+                 + (i32(p.nan_to_zero),), shared_mem=smem)
+
+        return launch

@@ -64,11 +64,11 @@ def _sig(ins, kt, kind, attrs):
 
 
 def _cases():
-    for sq, skv in LENGTHS:
-        for d, dv in HEADS:
-            for name, kind, mshape, attrs in MASKS:
+    for li, (sq, skv) in enumerate(LENGTHS):
+        for hi, (d, dv) in enumerate(HEADS):
+            for mi, (name, kind, mshape, attrs) in enumerate(MASKS):
                 for dtype in ("float16", "float32"):
-                    kt = (sq + d) % 2  # both K layouts over the sweep
+                    kt = (li + hi + mi) % 2  # both K layouts over the sweep
                     ins = _inputs(sq, skv, d, dv, kt, kind, mshape and mshape(sq, skv), dtype, 0)
                     sig = _sig(ins, kt, kind, attrs)
                     for cand in attention_candidates():

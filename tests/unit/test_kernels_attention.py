@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from graphopt.kernels.attention import (FlashAttention, attention_candidates, attention_kernel_instances,
-                                        attention_plan, flash_smem_bytes, score_gemm, value_gemm)
+                                        attention_plan, flash_mma_smem_bytes, flash_smem_bytes, score_gemm,
+                                        value_gemm)
 from graphopt.kernels.base import Signature
 from graphopt.kernels.check import data_dtype, output_shape, random_inputs
 from graphopt.kernels.registry import all_kernel_instances, candidate_from_key, candidates_for
@@ -78,6 +79,20 @@ def test_configs_that_apply():
     big = FlashAttention("flash", (("dmax", 128), ("bm", 64), ("warps", 4)))
     assert flash_smem_bytes(128, 64) > 48 * 1024
     assert "shared memory" in big.applies(_sig(D=128), (7, 5)) and big.applies(_sig(D=128), (8, 0)) is None
+
+
+def test_tensor_core_configs():
+    fp16 = _sig(Skv=11, D=64, kt=1, dtype="float16")
+    assert [k for k in _applicable(fp16) if k.startswith("flash_mma")] == ["flash_mma:hd=64,bn=64",
+                                                                           "flash_mma:hd=64,bn=128"]
+    reasons = {c.key(): c.applies(fp16, (9, 0)) for c in attention_candidates() if c.name == "flash_mma"}
+    assert reasons["flash_mma:hd=128,bn=64"] == "head dims D=64, Dv=64 are not both hd=128"
+    cand = candidate_from_key("Attention", "flash_mma:hd=64,bn=64")
+    assert cand.applies(_sig(D=64), (9, 0)) == "dtype float32 (the tensor-core kernel is fp16)"
+    assert "not both hd=64" in cand.applies(_sig(D=64, Dv=32, dtype="float16"), (9, 0))
+    assert "needs 8.0" in cand.applies(fp16, (7, 5))
+    assert cand.kernels(fp16) == [("attention.cu", "flash_mma<half_t,64,64,0,1>")]
+    assert flash_mma_smem_bytes(128, 128, True) == 2 * (64 * 136 + 128 * 136 + 128 * 136)
 
 
 def test_keys_round_trip_and_instances_are_registered():
