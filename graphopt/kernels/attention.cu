@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(128) flash_mma(
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             const float mnew = fmaxf(mrow[r], mx[r]);
             muse[r] = mnew == ATTN_NEG_INF ? 0.0f : mnew;
-            alpha[r] = mrow[r] == ATTN_NEG_INF ? 0.0f : expf(mrow[r] - muse[r]);
+            alpha[r] = mrow[r] == ATTN_NEG_INF ? 0.0f : __expf(mrow[r] - muse[r]);
             mrow[r] = mnew;
         }
         float ps[2] = {0.0f, 0.0f};
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(128) flash_mma(
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const float x = s[j][e];
-                const float p = x == ATTN_NEG_INF ? 0.0f : expf(x - muse[e >> 1]);
+                const float p = x == ATTN_NEG_INF ? 0.0f : __expf(x - muse[e >> 1]);  // ex2.approx: ample for fp16 P
                 s[j][e] = p;
                 ps[e >> 1] += p;
             }
