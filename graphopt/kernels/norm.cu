@@ -9,6 +9,8 @@
 // MODE 0: LayerNorm  y = (s - mean) * rsqrt(var + eps) * scale [+ bias]
 // MODE 1: RMSNorm    y = s * rsqrt(mean(s^2) + eps) * scale
 // with s = X [+ skip [+ skip_bias]]; S (when not null) receives s (SkipLayerNorm's sum output).
+// skip holds skip_rows rows reused cyclically (row % skip_rows): X's shape, or a suffix of it
+// broadcast over the leading dims (position embeddings [1, S, D] added to [B, S, D]).
 // The host guarantees D % VEC == 0, D <= ITEMS * VEC * WARPS * 32 and 16-byte aligned rows for VEC > 1.
 
 template <typename T, int VEC>
@@ -35,7 +37,7 @@ template <typename T, int VEC, int WARPS, int ITEMS, int MODE>
 __global__ void __launch_bounds__(WARPS * 32) norm_rows(
     const T* __restrict__ X, const T* __restrict__ skip, const T* __restrict__ skip_bias,
     const T* __restrict__ scale, const T* __restrict__ bias, T* __restrict__ Y, T* __restrict__ S,
-    int rows, int D, float eps)
+    int rows, int D, float eps, int skip_rows)
 {
     static_assert(WARPS >= 1 && WARPS <= 32, "1..32 warps per row");
     static_assert(ITEMS >= 1 && ITEMS <= 16, "1..16 vectors per thread");
@@ -46,7 +48,7 @@ __global__ void __launch_bounds__(WARPS * 32) norm_rows(
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const long long base = (long long)row * D;
         const V* xr = reinterpret_cast<const V*>(X + base);
-        const V* kr = skip ? reinterpret_cast<const V*>(skip + base) : nullptr;
+        const V* kr = skip ? reinterpret_cast<const V*>(skip + (long long)(row % skip_rows) * D) : nullptr;
         const V* br = reinterpret_cast<const V*>(skip_bias);
         float x[ITEMS][VEC];
         float sum = 0.0f;

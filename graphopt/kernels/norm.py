@@ -9,8 +9,9 @@ size.
 
 ``launch(inputs, outputs)``: LayerNorm ``inputs = [X, scale, bias, skip, skip_bias]`` (absent ones
 None), ``outputs = [Y]`` or ``[Y, S]`` (the sum is written when S is given); RMSNorm
-``inputs = [X, scale]``, ``outputs = [Y]``. Arrays are C-contiguous; X, skip, Y and S share X's
-shape, and scale, bias and skip_bias hold D values.
+``inputs = [X, scale]``, ``outputs = [Y]``. Arrays are C-contiguous; Y and S have X's shape; skip
+has X's shape or a suffix of it broadcast over the leading dims (GPT-2 / BERT add position
+embeddings [1, S, D] to [B, S, D]); scale, bias and skip_bias hold D values.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class NormPlan:
     shape: tuple[int, ...]
     mode: int
     eps: float
+    skip_rows: int = 0  # rows of skip (it repeats over X's leading dims); 0 without skip
 
 
 def _vector_of(shape, d: int) -> bool:
@@ -62,14 +64,20 @@ def norm_plan(sig: Signature) -> NormPlan:
     if sig.op == "LayerNorm":
         if shapes[2] is not None and not _vector_of(shapes[2], d):
             raise TuningError(f"LayerNorm bias must hold {d} values, got {shapes[2]}")
-        if shapes[3] is not None and tuple(shapes[3]) != tuple(x):
-            raise TuningError(f"LayerNorm skip {shapes[3]} must have X's shape {tuple(x)} (no broadcasting)")
+        if shapes[3] is not None:
+            sk = tuple(int(v) for v in shapes[3])
+            core = sk[min(next((i for i, v in enumerate(sk) if v != 1), len(sk)), len(sk) - 1):]  # leading 1s dropped
+            if not sk or len(core) > len(x) or core != tuple(int(v) for v in x[len(x) - len(core):]):
+                raise TuningError(f"LayerNorm skip {shapes[3]} must have X's shape {tuple(x)} or a suffix of it "
+                                  "broadcast over the leading dims")
+            skip_rows = int(np.prod(core[:-1]))
         if shapes[4] is not None and not _vector_of(shapes[4], d):
             raise TuningError(f"LayerNorm skip_bias must hold {d} values, got {shapes[4]}")
     if rows * d > geo.INT32_MAX:
         raise TuningError(f"{sig.op} tensors over 2**31 elements are not supported by the kernels")
     default_eps = 1e-5 if sig.op == "LayerNorm" else 1e-6
-    return NormPlan(rows, d, tuple(int(s) for s in x), MODES[sig.op], float(sig.attr("epsilon", default_eps)))
+    return NormPlan(rows, d, tuple(int(s) for s in x), MODES[sig.op], float(sig.attr("epsilon", default_eps)),
+                    skip_rows if sig.op == "LayerNorm" and shapes[3] is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -135,14 +143,14 @@ class NormRows(Candidate):
             X = arr(ins[0], p.shape, "X")
             scale = arr(ins[1], (p.D,), "scale")
             bias = arr(ins[2], (p.D,), "bias") if p.mode == 0 else None
-            skip = arr(ins[3], p.shape, "skip") if p.mode == 0 else None
+            skip = arr(ins[3], (p.skip_rows, p.D), "skip") if p.mode == 0 and p.skip_rows else None
             skip_bias = arr(ins[4], (p.D,), "skip_bias") if p.mode == 0 else None
             Y = arr(outputs[0], p.shape, "Y")
             S = arr(outputs[1], p.shape, "S") if len(outputs) > 1 and outputs[1] is not None else None
             if S is not None and skip is None:
                 raise TuningError("LayerNorm's sum output S needs the skip input")
             kern(grid, block, (X, ptr(skip), ptr(skip_bias), scale, ptr(bias), Y, ptr(S),
-                               i32(p.rows), i32(p.D), f32(p.eps)))
+                               i32(p.rows), i32(p.D), f32(p.eps), i32(max(1, p.skip_rows))))
 
         return launch
 

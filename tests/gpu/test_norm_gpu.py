@@ -27,9 +27,10 @@ TOL = {"float16": 1e-2, "float32": 1e-5}  # max |err| / max |ref|
 DTYPES = ("float16", "float32")
 DIMS = (37, 768, 1024, 4096, 8192)
 ROWS = (13, 3)
-# (op, bias, skip, skip_bias, sum_output)
+# (op, bias, skip, skip_bias, sum_output); skip 2: broadcast over the leading dim ([1, 3, D], as
+# position embeddings are added to [B, S, D])
 VARIANTS = [("LayerNorm", 1, 0, 0, 0), ("LayerNorm", 0, 0, 0, 0), ("LayerNorm", 1, 1, 0, 0), ("LayerNorm", 1, 1, 1, 1),
-            ("LayerNorm", 0, 1, 0, 1), ("RMSNorm", 0, 0, 0, 0)]
+            ("LayerNorm", 0, 1, 0, 1), ("LayerNorm", 1, 2, 1, 1), ("RMSNorm", 0, 0, 0, 0)]
 
 
 def _data(op, bias, skip, sb, d, dtype):
@@ -39,7 +40,7 @@ def _data(op, bias, skip, sb, d, dtype):
     ins = [x, rng.standard_normal(d).astype(dtype)]
     if op == "LayerNorm":
         ins += [rng.standard_normal(d).astype(dtype) if bias else None,
-                rng.standard_normal(shape).astype(dtype) if skip else None,
+                rng.standard_normal(shape if skip == 1 else (1,) + shape[1:]).astype(dtype) if skip else None,
                 rng.standard_normal(d).astype(dtype) if sb else None]
     return ins
 

@@ -66,3 +66,24 @@ def test_counts_are_deterministic_and_the_table_is_current():
     for file in ("gpt2_torchscript_op14.onnx", "bert_dynamo_op18.onnx", "viteager_torchscript_op13.onnx"):
         row = FC.measure(file)
         assert row["counts"] == committed[file]["counts"] and row["rewrites"] == committed[file]["rewrites"]
+
+
+@pytest.mark.parametrize("file", ["gpt2_torchscript_op14.onnx", "bert_torchscript_op17.onnx", "vit_torchscript_op14.onnx"])
+def test_fused_norm_and_attention_nodes_have_gpu_lowerings(file):
+    """With concrete input shapes, every LayerNorm and Attention node the rules make is a signature
+    some GPU candidate accepts (SkipLayerNorm's skip may be a broadcast [1, S, D] embedding)."""
+    from graphopt.ir import from_model
+    from graphopt.kernels.registry import candidates_for
+    from graphopt.tune.select import bind_dims, infer_missing_shapes, node_signature
+
+    optimized, _ = graphopt.optimize(onnx.load(str(FC.TORCH / file)), gpu="none")
+    g = from_model(optimized)
+    nodes = [(sg, n) for sg, n in g.walk() if n.op_type in ("LayerNorm", "Attention")]
+    infer_missing_shapes(g, nodes)
+    shapes = {v.name: ([2, 3, 32, 32] if v.name == "pixel_values" else [2, 11]) for v in optimized.graph.input}
+    dims = bind_dims(g, shapes)
+    assert len(nodes) == sum(FC.expected_counts(file)[op] for op in ("LayerNorm", "Attention"))
+    for sg, n in nodes:
+        sig, _ = node_signature(sg, n, dims, shapes)
+        reasons = [c.applies(sig, (9, 0)) for c in candidates_for(sig)]
+        assert None in reasons, (n.name, sig.key(), reasons[:2])

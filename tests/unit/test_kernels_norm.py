@@ -45,7 +45,8 @@ def test_odd_row_length_only_scalar_loads_and_too_long_rows_none():
 
 @pytest.mark.parametrize("sig,reason", [
     (Signature.make("LayerNorm", [(2, 8), (4,)], ["float32"] * 2, {}), "scale must hold the 8 values"),
-    (Signature.make("LayerNorm", [(2, 8), (8,), None, (1, 8)], ["float32"] * 4, {}), "must have X's shape"),
+    (Signature.make("LayerNorm", [(2, 3, 8), (8,), None, (2, 1, 8)], ["float32"] * 4, {}), "must have X's shape"),
+    (Signature.make("LayerNorm", [(2, 3, 8), (8,), None, (3, 4)], ["float32"] * 4, {}), "or a suffix of it"),
     (Signature.make("LayerNorm", [None, (8,)], ["float32"] * 2, {}), "needs a known, non-empty X shape"),
     (Signature.make("RMSNorm", [(2, 8), (8,)], ["float64"] * 2, {}), "dtype float64"),
     (Signature.make("GemmAct", [(2, 8), (8, 3)], ["float32"] * 2, {}), "is not one of LayerNorm, RMSNorm"),
@@ -61,6 +62,15 @@ def test_plan_reads_epsilon_and_mode():
     assert norm_plan(_sig(64)).eps == 1e-5 and norm_plan(_sig(64, op="RMSNorm")).eps == 1e-6
     with pytest.raises(TuningError):
         norm_plan(Signature.make("LayerNorm", [(0, 8), (8,)], ["float32"] * 2, {}))
+
+
+@pytest.mark.parametrize("skip,rows", [((2, 7, 64), 14), ((1, 7, 64), 7), ((7, 64), 7), ((1, 1, 64), 1), ((64,), 1)])
+def test_skip_may_broadcast_over_leading_dims(skip, rows):
+    """Position embeddings [1, S, D] added to [B, S, D] (GPT-2, BERT): the kernel cycles over skip's rows."""
+    sig = Signature.make("LayerNorm", [(2, 7, 64), (64,), (64,), skip], ["float32"] * 4, {})
+    assert norm_plan(sig).skip_rows == rows
+    assert _applicable(sig)
+    assert norm_plan(_sig(64, skip=False)).skip_rows == 0
 
 
 def test_keys_round_trip_and_instances_are_registered():
