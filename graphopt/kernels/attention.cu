@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attn(
 // O += P . V without going through shared memory. K is [Skv][D] (KT = 0) or K^T [D][Skv] (KT = 1,
 // as the exports compute it; its B fragments come from ldmatrix.trans). D = Dv = HD (64 or 128);
 // Q, K and V tiles move in 16-byte chunks (D % 8 == 0), except K^T tiles when Skv % 8 != 0.
-// Shared memory: (BM + BN) * (HD + 8) halves + BN * (HD + 8) or HD * (BN + 8) halves for K.
+// Shared memory: BM * (HD + 8) halves for Q, then STAGES x (K: BN * (HD + 8) or HD * (BN + 8); V: BN * (HD + 8)).
 
 __device__ __forceinline__ unsigned attn_smem_u32(const void* p) {
     unsigned r;
@@ -264,7 +264,28 @@ __device__ __forceinline__ void attn_tile_load_scalar(half_t* dst, int lds, cons
     }
 }
 
-template <typename T, int HD, int BN, int MASK, int KT>
+// 16-byte global -> shared copy that bypasses L1; valid == false writes 16 zero bytes (src-size 0).
+__device__ __forceinline__ void attn_cp_async16(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void attn_cp_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void attn_cp_wait1() { asm volatile("cp.async.wait_group 1;"); }
+
+// attn_tile_load through cp.async (nothing waits here: commit, then wait before reading).
+template <int NT>
+__device__ __forceinline__ void attn_tile_load_async(half_t* dst, int lds, const half_t* src, long long ld, int rows,
+                                                     int cols, int nrows, int ncols) {
+    const int chunks = cols / 8;
+    for (int e = threadIdx.x; e < rows * chunks; e += NT) {
+        const int r = e / chunks, c = (e % chunks) * 8;
+        const bool ok = r < nrows && c < ncols;
+        attn_cp_async16(attn_smem_u32(dst + r * lds + c), ok ? src + (long long)r * ld + c : src, ok);
+    }
+}
+
+// STAGES 1: each K / V tile is loaded, then consumed. STAGES 2: two K / V buffers; tile i+1 is in
+// flight (cp.async) while tile i is consumed (K^T tiles of odd key counts are stored synchronously).
+template <typename T, int HD, int BN, int MASK, int KT, int STAGES>
 __global__ void __launch_bounds__(128) flash_mma(
     const half_t* __restrict__ Q, const half_t* __restrict__ K, const half_t* __restrict__ V, half_t* __restrict__ Y,
     int Sq, int Skv, int H, float scale, ATTN_MASK_ARGS, int nan_to_zero)
@@ -272,6 +293,7 @@ __global__ void __launch_bounds__(128) flash_mma(
     static_assert(sizeof(T) == 2, "flash_mma is the fp16 kernel (T = half_t)");
     static_assert(HD % 16 == 0 && HD >= 16 && HD <= 128, "head dim: a multiple of 16 up to 128");
     static_assert(BN % 16 == 0 && BN >= 16 && BN <= 128, "key tile: a multiple of 16 up to 128");
+    static_assert(STAGES == 1 || STAGES == 2, "1 or 2 K / V buffers");
     constexpr int BM = 64, NT = 128;
     constexpr int LQ = HD + 8;                    // Q, V and (KT = 0) K rows, in halves
     constexpr int LKT = BN + 8;                   // K^T rows (KT = 1)
@@ -279,9 +301,9 @@ __global__ void __launch_bounds__(128) flash_mma(
     constexpr int OB = HD / 8;                    // output n-blocks per warp
     const AttnMask mask = make_mask(mptr, msb, msh, msi, msj, mvalue, causal);
     extern __shared__ __align__(16) unsigned char attn_smem[];
+    constexpr int KS_ELEMS = KT ? HD * LKT : BN * LQ, VS_ELEMS = BN * LQ;
     half_t* qs = reinterpret_cast<half_t*>(attn_smem);   // [BM][LQ]
-    half_t* ks = qs + BM * LQ;                           // [BN][LQ] or [HD][LKT]
-    half_t* vs = ks + (KT ? HD * LKT : BN * LQ);         // [BN][LQ]
+    half_t* kv0 = qs + BM * LQ;                          // STAGES x (K [BN][LQ] or [HD][LKT], then V [BN][LQ])
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int z = blockIdx.y, h = z % H, b = z / H;
@@ -303,13 +325,41 @@ __global__ void __launch_bounds__(128) flash_mma(
     const int rows_of[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
 
     const int kv_end = mask.causal ? min(Skv, row0 + BM) : Skv;
-    for (int t0 = 0; t0 < kv_end; t0 += BN) {
-        __syncthreads();  // every warp is done with the previous K / V tile
-        if (KT && (Skv & 7) == 0) attn_tile_load<NT>(ks, LKT, K + kz + t0, Skv, HD, BN, HD, Skv - t0);
-        else if (KT) attn_tile_load_scalar<NT>(ks, LKT, K + kz + t0, Skv, HD, BN, HD, Skv - t0);
-        else attn_tile_load<NT>(ks, LQ, K + kz + (long long)t0 * HD, HD, BN, HD, Skv - t0, HD);
-        attn_tile_load<NT>(vs, LQ, V + kz + (long long)t0 * HD, HD, BN, HD, Skv - t0, HD);
-        __syncthreads();
+    // Load the K / V tile at key t0 into buffer buf (asynchronously with STAGES 2).
+    auto load_tile = [&](int buf, int tk) {
+        half_t* kb = kv0 + buf * (KS_ELEMS + VS_ELEMS);
+        half_t* vb = kb + KS_ELEMS;
+        if (KT && (Skv & 7) != 0) attn_tile_load_scalar<NT>(kb, LKT, K + kz + tk, Skv, HD, BN, HD, Skv - tk);
+        else if (STAGES == 2) {
+            if (KT) attn_tile_load_async<NT>(kb, LKT, K + kz + tk, Skv, HD, BN, HD, Skv - tk);
+            else attn_tile_load_async<NT>(kb, LQ, K + kz + (long long)tk * HD, HD, BN, HD, Skv - tk, HD);
+        } else {
+            if (KT) attn_tile_load<NT>(kb, LKT, K + kz + tk, Skv, HD, BN, HD, Skv - tk);
+            else attn_tile_load<NT>(kb, LQ, K + kz + (long long)tk * HD, HD, BN, HD, Skv - tk, HD);
+        }
+        if (STAGES == 2) {
+            attn_tile_load_async<NT>(vb, LQ, V + kz + (long long)tk * HD, HD, BN, HD, Skv - tk, HD);
+            attn_cp_commit();
+        } else {
+            attn_tile_load<NT>(vb, LQ, V + kz + (long long)tk * HD, HD, BN, HD, Skv - tk, HD);
+        }
+    };
+    if (STAGES == 2 && kv_end > 0) load_tile(0, 0);
+    for (int it = 0, t0 = 0; t0 < kv_end; ++it, t0 += BN) {
+        const int buf = STAGES == 2 ? (it & 1) : 0;
+        if (STAGES == 2) {
+            // Buffer buf ^ 1 was released by the barrier that ended the previous iteration.
+            if (t0 + BN < kv_end) load_tile(buf ^ 1, t0 + BN);
+            else attn_cp_commit();  // an empty group keeps "all but the newest" meaning this tile
+            attn_cp_wait1();        // this thread's copies of tile it have landed
+            __syncthreads();        // everyone's have
+        } else {
+            __syncthreads();  // every warp is done with the previous K / V tile
+            load_tile(0, t0);
+            __syncthreads();
+        }
+        const half_t* ks = kv0 + buf * (KS_ELEMS + VS_ELEMS);
+        const half_t* vs = ks + KS_ELEMS;
 
         float s[NB][4];
 #pragma unroll
@@ -389,6 +439,7 @@ __global__ void __launch_bounds__(128) flash_mma(
                 attn_mma(o[2 * jd + 1], a, b2, b3);
             }
         }
+        if (STAGES == 2) __syncthreads();  // every warp is done with buffer buf before it is refilled
     }
     const float nan = __int_as_float(0x7fc00000);
 #pragma unroll

@@ -13,7 +13,8 @@
   (FlashAttention-2 style forward: mma.sync m16n8k16 with fp32 accumulation, ldmatrix from padded
   shared-memory tiles, the online softmax on the accumulator fragments, P reused in registers as
   the A operand of P . V). 64 query rows per CTA of 4 warps, ``bn`` keys per tile; D = Dv = ``hd``
-  (16, 32, 64 or 128); no cp.async pipelining yet.
+  (16, 32, 64 or 128); ``stages`` 1 (load, then compute) or 2 (two K / V buffers, the next tile
+  loaded by cp.async while the current one is consumed).
 
 Layout: Q ``[B, H, Sq, D]`` (rank 2-4: missing leading dims are 1), K ``[B, H, Skv, D]`` or, with
 ``k_transposed=1``, ``[B, H, D, Skv]``, V ``[B, H, Skv, Dv]``, Y ``[B, H, Sq, Dv]``, all
@@ -297,7 +298,8 @@ def attention_candidates() -> list[Candidate]:
             out.append(FlashAttention("flash", (("dmax", dmax), ("bm", bm), ("warps", w))))
     for hd in FLASH_MMA_HD:
         for bn in FLASH_MMA_BN:
-            out.append(FlashMmaAttention("flash_mma", (("hd", hd), ("bn", bn))))
+            for st in FLASH_MMA_STAGES:
+                out.append(FlashMmaAttention("flash_mma", (("hd", hd), ("bn", bn), ("stages", st))))
     return out
 
 
@@ -315,33 +317,36 @@ def attention_kernel_instances() -> list[tuple[str, str]]:
         for hd in FLASH_MMA_HD:
             for bn in FLASH_MMA_BN:
                 for kt in (0, 1):
-                    out.append(("attention.cu", instance("flash_mma", "float16", hd, bn, mask, kt)))
+                    for st in FLASH_MMA_STAGES:
+                        out.append(("attention.cu", instance("flash_mma", "float16", hd, bn, mask, kt, st)))
     return out
 
 
 FLASH_MMA_HD = (16, 32, 64, 128)
 FLASH_MMA_BN = (64, 128)
+FLASH_MMA_STAGES = (1, 2)  # K / V buffers: 2 keeps the next tile in flight (cp.async)
 FLASH_MMA_BM = 64  # query rows per CTA of 4 warps (fixed in the kernel)
 
 
-def flash_mma_smem_bytes(hd: int, bn: int, kt: bool) -> int:
+def flash_mma_smem_bytes(hd: int, bn: int, kt: bool, stages: int = 1) -> int:
     lq = hd + 8
-    return 2 * (FLASH_MMA_BM * lq + (hd * (bn + 8) if kt else bn * lq) + bn * lq)
+    return 2 * (FLASH_MMA_BM * lq + stages * ((hd * (bn + 8) if kt else bn * lq) + bn * lq))
 
 
 @dataclass(frozen=True)
 class FlashMmaAttention(Candidate):
-    """fp16 tensor-core flash attention (mma.sync m16n8k16, ldmatrix); params hd (= D = Dv), bn (keys per tile)."""
+    """fp16 tensor-core flash attention (mma.sync m16n8k16, ldmatrix); params hd (= D = Dv), bn (keys
+    per tile), stages (K / V buffers)."""
 
-    def _cfg(self) -> tuple[int, int]:
-        return int(self.param("hd")), int(self.param("bn"))
+    def _cfg(self) -> tuple[int, int, int]:
+        return int(self.param("hd")), int(self.param("bn")), int(self.param("stages", 1))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         try:
             p = attention_plan(sig)
         except TuningError as exc:
             return str(exc)
-        hd, bn = self._cfg()
+        hd, bn, st = self._cfg()
         if p.dtype != "float16":
             return f"dtype {p.dtype} (the tensor-core kernel is fp16)"
         if compute_capability < (8, 0):
@@ -351,17 +356,17 @@ class FlashMmaAttention(Candidate):
         if p.Z > GRID_Y_MAX:
             return f"{p.Z} batch x heads > {GRID_Y_MAX} (grid y)"
         limit = 227 * 1024 if compute_capability >= (9, 0) else 163 * 1024
-        if flash_mma_smem_bytes(hd, bn, p.kt) > limit:
-            return f"{flash_mma_smem_bytes(hd, bn, p.kt)} bytes of shared memory > {limit}"
+        if flash_mma_smem_bytes(hd, bn, p.kt, st) > limit:
+            return f"{flash_mma_smem_bytes(hd, bn, p.kt, st)} bytes of shared memory > {limit}"
         return None
 
     def source_hash(self) -> str:
         return source_hash("attention.cu")
 
     def _instance(self, sig: Signature) -> str:
-        hd, bn = self._cfg()
+        hd, bn, st = self._cfg()
         p = attention_plan(sig)
-        return instance("flash_mma", "float16", hd, bn, p.mask, int(p.kt))
+        return instance("flash_mma", "float16", hd, bn, p.mask, int(p.kt), st)
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         return [("attention.cu", self._instance(sig))]
@@ -371,9 +376,9 @@ class FlashMmaAttention(Candidate):
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
         p = attention_plan(sig)
-        hd, bn = self._cfg()
+        hd, bn, st = self._cfg()
         kern = get_kernel("attention.cu", self._instance(sig))
-        smem = flash_mma_smem_bytes(hd, bn, p.kt)
+        smem = flash_mma_smem_bytes(hd, bn, p.kt, st)
         kern.max_dynamic_shared_size_bytes = smem
         grid, block = (-(-p.Sq // FLASH_MMA_BM), p.Z), (128,)
         i32 = np.int32

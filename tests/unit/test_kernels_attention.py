@@ -83,16 +83,21 @@ def test_configs_that_apply():
 
 def test_tensor_core_configs():
     fp16 = _sig(Skv=11, D=64, kt=1, dtype="float16")
-    assert [k for k in _applicable(fp16) if k.startswith("flash_mma")] == ["flash_mma:hd=64,bn=64",
-                                                                           "flash_mma:hd=64,bn=128"]
+    assert [k for k in _applicable(fp16) if k.startswith("flash_mma")] == [
+        "flash_mma:hd=64,bn=64,stages=1", "flash_mma:hd=64,bn=64,stages=2", "flash_mma:hd=64,bn=128,stages=1",
+        "flash_mma:hd=64,bn=128,stages=2"]
     reasons = {c.key(): c.applies(fp16, (9, 0)) for c in attention_candidates() if c.name == "flash_mma"}
-    assert reasons["flash_mma:hd=128,bn=64"] == "head dims D=64, Dv=64 are not both hd=128"
-    cand = candidate_from_key("Attention", "flash_mma:hd=64,bn=64")
+    assert reasons["flash_mma:hd=128,bn=64,stages=2"] == "head dims D=64, Dv=64 are not both hd=128"
+    cand = candidate_from_key("Attention", "flash_mma:hd=64,bn=64,stages=2")
     assert cand.applies(_sig(D=64), (9, 0)) == "dtype float32 (the tensor-core kernel is fp16)"
     assert "not both hd=64" in cand.applies(_sig(D=64, Dv=32, dtype="float16"), (9, 0))
     assert "needs 8.0" in cand.applies(fp16, (7, 5))
-    assert cand.kernels(fp16) == [("attention.cu", "flash_mma<half_t,64,64,0,1>")]
+    assert cand.kernels(fp16) == [("attention.cu", "flash_mma<half_t,64,64,0,1,2>")]
     assert flash_mma_smem_bytes(128, 128, True) == 2 * (64 * 136 + 128 * 136 + 128 * 136)
+    assert flash_mma_smem_bytes(128, 64, False, 2) == 2 * (64 * 136 + 2 * (64 * 136 + 64 * 136))
+    big = candidate_from_key("Attention", "flash_mma:hd=128,bn=128,stages=2")
+    assert big.applies(_sig(D=128, kt=1, dtype="float16"), (9, 0)) is None  # 156 KB on sm_90
+    assert flash_mma_smem_bytes(128, 128, True, 2) == 2 * (64 * 136 + 2 * (128 * 136 + 128 * 136)) < 163 * 1024
 
 
 def test_keys_round_trip_and_instances_are_registered():
