@@ -37,7 +37,15 @@ _CACHE: dict[str, tuple] = {}   # the last signature's (inputs, reference, sampl
 def output_shape(sig: Signature) -> tuple[int, ...]:
     if sig.op == "CBR":
         return geo.conv_geom(sig).out_shape
-    if sig.op != "GemmAct":
+    if sig.op in ("LayerNorm", "RMSNorm"):  # Y has X's shape (only Y is checked and timed, not the sum S)
+        from graphopt.kernels.norm import norm_plan
+
+        return norm_plan(sig).shape
+    if sig.op == "Attention":
+        from graphopt.kernels.attention import attention_plan
+
+        return attention_plan(sig).out_shape
+    if sig.op != "GemmAct":  # an op added with registry.register_family
         from graphopt.kernels.registry import output_shape_of
 
         return output_shape_of(sig)
@@ -46,17 +54,39 @@ def output_shape(sig: Signature) -> tuple[int, ...]:
     return gemm_plan(sig).out_shape
 
 
+def data_dtype(sig: Signature) -> str:
+    """The dtype of the data and the output (an Attention bool mask is not data)."""
+    if sig.op == "Attention":
+        return sig.dtypes[0]
+    return geo.dtype_of(sig)
+
+
+def _attention_mask(sig: Signature, rng: np.random.Generator):
+    """Attention's check mask: additive N(0, 1) of the data dtype, or bool with ~70% True and key 0
+    always attended (no fully masked row, whose NaN output a norm cannot compare)."""
+    shape = sig.input_shapes[3]
+    kind = sig.attr("mask_kind", "none")
+    if (kind.decode() if isinstance(kind, bytes) else kind) == "bool":
+        m = rng.random(shape) < 0.7
+        m[..., 0] = True
+        return m
+    return rng.standard_normal(shape).astype(sig.dtypes[0])
+
+
 def _rng(sig: Signature) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(sig.key().encode()))
 
 
 def random_inputs(sig: Signature, rng: np.random.Generator) -> list[np.ndarray | None]:
     """Host inputs of the signature's dtype: N(0, 1), weights scaled by 1/sqrt(fan-in)."""
-    dt = geo.dtype_of(sig)
+    dt = data_dtype(sig)
     out: list[np.ndarray | None] = []
     for i, shape in enumerate(sig.input_shapes):
         if shape is None:
             out.append(None)
+            continue
+        if sig.op == "Attention":  # Q, K, V: N(0, 1); the mask on its own terms
+            out.append(_attention_mask(sig, rng) if i == 3 else rng.standard_normal(shape).astype(dt))
             continue
         a = rng.standard_normal(shape)
         if i == 1 and sig.op in ("CBR", "GemmAct"):  # W (CBR) / B (GemmAct): keep outputs O(1)
@@ -139,7 +169,7 @@ def checker(sig: Signature, launch: Callable[[Sequence[Any], Sequence[Any]], Non
     import cupy
 
     inputs, ref, idx = _prepare(sig)
-    dt = geo.dtype_of(sig)
+    dt = data_dtype(sig)
     dev = [None if a is None else cupy.asarray(a) for a in inputs]
     out = cupy.full(output_shape(sig), cupy.nan, dtype=dt)
     launch(dev, [out])
@@ -161,7 +191,9 @@ def buffers(sig: Signature) -> tuple[list, list]:
     """Random device inputs (generated on the GPU) and an output buffer, for the timer."""
     import cupy
 
-    dt = geo.dtype_of(sig)
+    dt = data_dtype(sig)
     rs = cupy.random.RandomState(zlib.crc32(sig.key().encode()))
     ins = [None if s is None else rs.standard_normal(s, dtype=cupy.float32).astype(dt) for s in sig.input_shapes]
+    if sig.op == "Attention" and len(ins) > 3 and ins[3] is not None:  # the mask, as the checker makes it
+        ins[3] = cupy.asarray(_attention_mask(sig, np.random.default_rng(0)))
     return ins, [cupy.empty(output_shape(sig), dtype=dt)]

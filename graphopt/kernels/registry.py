@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from graphopt.kernels.attention import attention_candidates, attention_kernel_instances
 from graphopt.kernels.base import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.gemm_act import gemm_act_candidates
+from graphopt.kernels.norm import norm_candidates, norm_kernel_instances
 
-_FAMILIES = {"CBR": cbr_candidates, "GemmAct": gemm_act_candidates}
+_FAMILIES = {"CBR": cbr_candidates, "GemmAct": gemm_act_candidates, "LayerNorm": norm_candidates,
+             "RMSNorm": norm_candidates, "Attention": attention_candidates}
 # Registered families: op -> [make() -> candidates], in registration order, after the built-in one.
 _EXTRA: dict[str, list[Callable[[], Sequence[Candidate]]]] = {}
 # op -> output_shape(sig): what the profiler's checker allocates for an op it does not know.
@@ -127,4 +130,6 @@ def all_kernel_instances() -> list[tuple[str, str]]:
         for t in ("epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc"):
             out.append(("elementwise.cu", instance(t, dt)))
     out.append(("elementwise.cu", "spin"))
+    out += norm_kernel_instances()
+    out += attention_kernel_instances()
     return out

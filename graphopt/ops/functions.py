@@ -147,6 +147,10 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
         reason = schema.validate(attrs, present)
         if reason:
             raise RuleError(f"{where}: {reason}; fix the rule or pass that builds it")
+        for name in schema.explicit_defaults:
+            if name not in attrs:
+                attrs[name] = schema.attributes[name][1]
+                node.attribute.append(helper.make_attribute(name, attrs[name]))
         dtype = None
         if lookup is not None and schema.needs_dtype(attrs, present):
             dtype = lookup([name for name in node.input if name])

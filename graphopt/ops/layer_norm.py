@@ -175,4 +175,4 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
 
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
                   _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference,
-                  outputs=OUTPUTS)
+                  outputs=OUTPUTS, explicit_defaults=("epsilon",))

@@ -63,4 +63,5 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
 
 
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
-                  _overload=_overload, _needs_dtype=lambda a, p: True, _body=_body, _reference=_reference)
+                  _overload=_overload, _needs_dtype=lambda a, p: True, _body=_body, _reference=_reference,
+                  explicit_defaults=("epsilon",))

@@ -80,6 +80,10 @@ class OpSchema:
     type_constraints: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {"T": FLOAT_TYPES})
     domain: str = DOMAIN
     version: int = VERSION
+    # Attributes whose default ``attach_functions`` writes onto a node that lacks them: the body
+    # reads them through ``Constant(value_float=<ref>)``, which has no fallback when the caller's
+    # attribute is absent (an op's own attribute default, e.g. LeakyRelu's alpha, needs no entry).
+    explicit_defaults: tuple[str, ...] = ()
 
     # -- checks ---------------------------------------------------------------------------------
     def validate(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool]) -> str | None:

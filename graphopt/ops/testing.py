@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 from graphopt.ops.functions import attach_functions
 
 _NP_TO_ONNX = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float64): onnx.TensorProto.DOUBLE,
-               np.dtype(np.float16): onnx.TensorProto.FLOAT16}
+               np.dtype(np.float16): onnx.TensorProto.FLOAT16, np.dtype(np.bool_): onnx.TensorProto.BOOL}
 
 
 # (activation, its parameters): every activation, and the parameter variants that change the body.
@@ -39,27 +39,31 @@ ACT_SPECS = [
 
 
 def onnx_dtype(array: np.ndarray) -> int:
-    """The TensorProto element type of a NumPy array (float16/32/64)."""
+    """The TensorProto element type of a NumPy array (float16/32/64, bool)."""
     return _NP_TO_ONNX[np.asarray(array).dtype]
 
 
 def one_node_model(op_type: str, inputs: Sequence[tuple[str, np.ndarray | None]], attrs: Mapping,
-                   opset: int, out_shape: Sequence[int], out_dtype: int | None = None) -> onnx.ModelProto:
+                   opset: int, out_shape: Sequence[int], out_dtype: int | None = None,
+                   extra_outputs: Sequence[tuple[str, Sequence[int]]] = ()) -> onnx.ModelProto:
     """A model with one graphopt node; present inputs become graph inputs, then attach_functions.
 
     ``inputs`` is ``[(name, array or None)]`` in the op's input order (None = omitted). The
     output ``Y`` is declared with ``out_shape`` so the full checker compares it with the shape
-    inferred through the function body.
+    inferred through the function body; ``extra_outputs`` ``[(name, shape)]`` declares further
+    outputs (LayerNorm's sum ``S``) with Y's element type.
     """
     names = [name if arr is not None else "" for name, arr in inputs]
     while names and names[-1] == "":
         names.pop()
     first = next(arr for _, arr in inputs if arr is not None)
-    node = helper.make_node(op_type, names, ["Y"], domain="graphopt", name=f"{op_type.lower()}_0", **dict(attrs))
+    outs = [("Y", out_shape)] + list(extra_outputs)
+    node = helper.make_node(op_type, names, [n for n, _ in outs], domain="graphopt", name=f"{op_type.lower()}_0",
+                            **dict(attrs))
     graph = helper.make_graph(
         [node], f"{op_type}_test",
         [helper.make_tensor_value_info(n, onnx_dtype(a), list(a.shape)) for n, a in inputs if a is not None],
-        [helper.make_tensor_value_info("Y", out_dtype or onnx_dtype(first), list(out_shape))])
+        [helper.make_tensor_value_info(n, out_dtype or onnx_dtype(first), list(shape)) for n, shape in outs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10,
                               producer_name="graphopt-tests")
     return attach_functions(model)
@@ -86,7 +90,8 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, rtol: float = 1e-5, w
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != expected {expected.shape}"
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != expected {expected.dtype}"
     a, e = actual.astype(np.float64), expected.astype(np.float64)
-    scale = float(np.max(np.abs(e))) if e.size else 0.0
+    finite = np.abs(e[np.isfinite(e)])  # NaN (fully masked attention rows) must match position for position
+    scale = float(finite.max()) if finite.size else 0.0
     np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * max(scale, 1e-30), err_msg=what)
 
 

@@ -8,7 +8,8 @@ raises ``RuleError`` naming the rules still firing.
 
 Each structural match (see ``_matcher``) goes through, in order:
 1. the intermediate check, for every rule: no matched node except the root may have a consumer
-   outside the match or be a graph output, unless the rule ``keep``s it;
+   outside the match or be a graph output, unless the rule ``keep``s it or lists it in
+   ``outputs`` (the new node then produces that tensor too);
 2. the rule's ``where`` constraints;
 3. building the replacement (builders, attribute copies, the op schema's ``validate``);
 4. the cycle check.
@@ -109,7 +110,7 @@ def _provenance_sources(node) -> list[str]:
 
 def _check_intermediates(g, rule: Rule, b: Binding, root) -> None:
     matched = {n.name for n, _ in b.matched}
-    kept = {b.nodes[k].name for k in rule.keep}
+    kept = {b.nodes[k].name for k in rule.keep + rule.outputs}
     for node, _ in b.matched:
         if node is root or node.name in kept:
             continue
@@ -126,12 +127,13 @@ def _check_intermediates(g, rule: Rule, b: Binding, root) -> None:
 def _removed_nodes(g, rule: Rule, b: Binding, root) -> list:
     """Matched nodes the rewrite deletes: all but the kept ones and what they still read."""
     keep = {b.nodes[k].name for k in rule.keep}
+    taken = {b.nodes[k].name for k in rule.outputs}  # their tensors become the new node's outputs
     removed = {n.name: n for n, _ in b.matched if n.name not in keep}
     changed = True
     while changed:  # a node read by a kept node stays too
         changed = False
         for name, node in list(removed.items()):
-            if node is root:
+            if node is root or name in taken:
                 continue
             for out in node.outputs:
                 if out and (g.is_graph_output(out) or any(u.name not in removed for u in g.consumers(out))):
@@ -264,11 +266,29 @@ def _build(g, rule: Rule, b: Binding, root) -> _Plan:
     outputs = list(root.outputs)
     while outputs and not outputs[-1]:
         outputs.pop()
+    for k in rule.outputs:
+        node = b.nodes[k]
+        if len([t for t in node.outputs if t]) != 1:
+            raise _Fail(f"{node.op_type} {node.name!r} has {len(node.outputs)} outputs; only a single-output "
+                        "node can hand its tensor to the new node")
+        outputs.append(node.outputs[0])
     sc = _Scratch()
     _node_spec(g, rule, rep.domain, rep.op, rep.qualname, rep.args, rep.kwargs, outputs, b, sc)
 
     removed = _removed_nodes(g, rule, b, root)
     removed_names = {n.name for n in removed}
+    # A tensor the new node takes over must not feed, outside the match, a tensor the new node reads:
+    # the new node would then (indirectly) read its own output.
+    for k in rule.outputs:
+        taken = b.nodes[k]
+        for spec in sc.specs:
+            for t in spec["inputs"]:
+                if not t or t.startswith("\0") or t in taken.inputs:  # its own inputs come before it
+                    continue
+                p = g.producer(t)
+                if p is not None and p.inputs and p.name not in removed_names and g.may_reach(taken, p):
+                    raise _Fail(f"{taken.outputs[0]!r} cannot become an output of the new node: it feeds "
+                                f"{t!r}, which the new node reads (a cycle)")
     for spec in sc.specs:
         for t in spec["inputs"]:
             p = g.producer(t) if t and not t.startswith("\0") else None

@@ -15,6 +15,7 @@ A rule file is TOML and is only ever parsed as data (``tomllib``/``tomli``); not
                                        # with a list value splices that list in
     replace = "graphopt.CBR(x, w, b?, attrs=y, {act.attrs})"
     keep = []                          # node captures allowed to stay used outside the match
+    outputs = []                       # node captures whose output the new node also produces
     priority = 3                       # default: the pattern's op count
 
 The replacement names the op to build. Positional arguments are its inputs: captures
@@ -60,7 +61,7 @@ from graphopt.rewrite._syntax import (
     pattern_ops,
 )
 
-RULE_KEYS = ("name", "doc", "pattern", "where", "replace", "keep", "for", "let", "priority")
+RULE_KEYS = ("name", "doc", "pattern", "where", "replace", "keep", "outputs", "for", "let", "priority")
 TOP_KEYS = ("rule", "params")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\}")
 _MAX_SUBST_ROUNDS = 8
@@ -384,12 +385,26 @@ def _validate(raw: dict, env: dict, file: str, line: int, index: int) -> Rule:
         if k == pattern.bind:
             raise _Issue("keep", f"keep entry {k!r} is the pattern's root, which the replacement always replaces")
 
+    outputs_raw = raw.get("outputs", [])
+    if not isinstance(outputs_raw, list):
+        raise _Issue("outputs", "'outputs' must be a list of node captures")
+    extra = _substitute_list(outputs_raw, env, "outputs")
+    for k in extra:
+        if k not in nodes:
+            raise _Issue("outputs", f"outputs entry {k!r} is not a node capture ('... as {k}') of the pattern")
+        if k == pattern.bind:
+            raise _Issue("outputs", f"outputs entry {k!r} is the pattern's root, whose outputs the new node always takes")
+        if k in keep:
+            raise _Issue("outputs", f"{k!r} is both kept and an extra output; a kept node keeps producing its tensor")
+    if len(set(extra)) != len(extra):
+        raise _Issue("outputs", "an outputs entry is listed twice")
+
     priority = raw.get("priority", len(pattern_ops(pattern)))
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise _Issue("priority", "'priority' must be an integer")
     return Rule(
         name=name, doc=doc, pattern=pattern, pattern_text=pattern_text, where=tuple(where), replace=replace,
-        keep=tuple(keep), priority=priority, file=file, line=line, family=str(raw.get("name", name)),
+        keep=tuple(keep), outputs=tuple(extra), priority=priority, file=file, line=line, family=str(raw.get("name", name)),
     )
 
 

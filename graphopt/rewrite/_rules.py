@@ -14,6 +14,9 @@ class Rule:
     """A fusion rule: match ``pattern``, check ``where``, build ``replace``.
 
     ``keep`` names node captures that may stay in use outside the match (they are not removed).
+    ``outputs`` names node captures whose output the new node also produces, after the root's
+    outputs and in this order (SkipLayerNorm's sum ``S``): they are removed even when other nodes
+    read them or they are graph outputs, because the new node takes over their tensor names.
     ``priority`` orders rules (higher first, then by name); it defaults to the pattern's op count
     so larger patterns claim nodes before the smaller patterns they contain.
     """
@@ -25,6 +28,7 @@ class Rule:
     where: tuple[ConstraintCall, ...]
     replace: Replacement
     keep: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
     priority: int = 0
     file: str = ""
     line: int = 0

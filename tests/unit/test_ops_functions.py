@@ -19,15 +19,18 @@ ALL4 = [True, True, True, True]
 # -- schemas and validate -------------------------------------------------------------------------
 
 def test_schemas_and_unknown_op():
-    assert [s.name for s in schemas()] == ["CBR", "GemmAct"]
+    assert [s.name for s in schemas()] == ["Attention", "CBR", "Gelu", "GemmAct", "LayerNorm", "RMSNorm"]
     for s in schemas():
         assert (s.domain, s.version) == ("graphopt", 1)
-        assert s.inputs[0][1] is False and s.inputs[-1][1] is True
-        for name in ("activation", "act_alpha", "act_beta", "clip_min", "clip_max", "lowering", "lowering_params"):
+        assert s.inputs[0][1] is False
+        assert "lowering" in s.attributes and "lowering_params" in s.attributes
+    for s in (CBR, GEMM):
+        assert s.inputs[-1][1] is True
+        for name in ("activation", "act_alpha", "act_beta", "clip_min", "clip_max"):
             assert name in s.attributes
     assert [n for n, _ in CBR.inputs] == ["X", "W", "B", "R"]
     assert [n for n, _ in GEMM.inputs] == ["A", "B", "C"]
-    with pytest.raises(RuleError, match="unknown graphopt op 'Frobnicate'.*CBR, GemmAct"):
+    with pytest.raises(RuleError, match="unknown graphopt op 'Frobnicate'.*Attention, CBR, Gelu, GemmAct, LayerNorm, RMSNorm"):
         get_schema("Frobnicate")
 
 

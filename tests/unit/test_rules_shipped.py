@@ -1,4 +1,4 @@
-"""Every shipped rule (rules/conv.toml, rules/gemm.toml): it fires, its near-misses are refused with
+"""Every shipped Conv/Gemm rule (rules/conv.toml, rules/gemm.toml): it fires, its near-misses are refused with
 the reason, and the rewritten model computes what the original did under onnxruntime (CPU)."""
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def _rewrite(model: onnx.ModelProto, rules: RuleSet, explain: bool = False):
 
 
 def test_every_shipped_rule_has_a_test_case():
-    assert sorted(CASES) == SHIPPED.names()
+    # The transformer rule files (norm, gelu, attention) are covered by tests/unit/test_rules_transformer.py.
+    assert sorted(CASES) == sorted(r.name for r in SHIPPED if r.file.endswith(("conv.toml", "gemm.toml")))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

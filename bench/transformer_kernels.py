@@ -1,0 +1,255 @@
+"""Transformer kernels vs PyTorch on the GPU: memory-bound ops against the copy bandwidth, attention
+against ``torch.nn.functional.scaled_dot_product_attention`` (SDPA), in one run.
+
+Run on the GPU:  python3 bench/transformer_kernels.py --out bench/results   (add --quick for a smoke test)
+
+- LayerNorm, SkipLayerNorm (residual + skip bias, the sum written too when the model keeps it is not
+  timed here: Y only), RMSNorm: every applicable ``rows`` config, at GPT-2 / BERT sizes and large
+  sizes (>= 8 MB per tensor), against ``torch.nn.functional.layer_norm`` / ``rms_norm``.
+- bias+GELU: GemmAct's in-place epilogue kernel (``epilogue_gemm``, the cuBLAS lowering's second
+  kernel) on an (M, N) activation with a bias of N, erf and tanh forms, against torch eager.
+- softmax: ``attn_softmax`` (the cuBLAS attention lowering's middle kernel) in place over rows of
+  Skv scores, against ``torch.softmax``.
+- Attention at sequence lengths 128, 512, 2048, 4096, head dims 64 and 128, fp16 (and fp32 with
+  --dtypes): every applicable candidate, the best, SDPA and the unfused torch path
+  (matmul, softmax, matmul), in TFLOP/s (4 * B * H * Sq * Skv * D flops, no mask).
+
+Bandwidth = bytes each kernel must move (inputs read once, outputs written once) / device time,
+reported as a fraction of the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+from cbr_layers import env_header, measure_ceilings, time_candidates  # noqa: E402
+
+# (name, rows, D)
+NORM_SIZES = [("gpt2 bs1x128", 128, 768), ("bert-base bs32x128", 32 * 128, 768), ("bert-large bs32x512", 32 * 512, 1024),
+              ("large 8192x4096", 8192, 4096), ("large 16384x8192", 16384, 8192)]
+GELU_SIZES = [("gpt2.fc bs1x128", 128, 3072), ("bert-base.fc bs32x128", 32 * 128, 3072), ("large bs32x512x4096", 32 * 512, 4096)]
+SOFTMAX_SIZES = [("bert-base bs32 h12 s128", 32 * 12 * 128, 128), ("s512 bs8 h16", 8 * 16 * 512, 512),
+                 ("s2048 bs2 h16", 2 * 16 * 2048, 2048), ("s4096 bs1 h16", 16 * 4096, 4096)]
+ATTN_SEQS = (128, 512, 2048, 4096)
+ATTN_HEADS = (64, 128)
+ATTN_TOKENS = 16384  # B * S per row of the attention table (B = max(1, TOKENS / S)), H = 16
+
+
+def _bw(nbytes, us):
+    return nbytes / (us * 1e-6) / 1e12 if us and math.isfinite(us) else 0.0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--dtypes", default="float16,float32", help="memory-bound kernels")
+    ap.add_argument("--attn-dtypes", default="float16")
+    ap.add_argument("--quick", action="store_true", help="one size per table (smoke test)")
+    args = ap.parse_args(argv)
+
+    import cupy
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from graphopt.kernels.attention import attention_kernel_instances
+    from graphopt.kernels.base import Signature
+    from graphopt.kernels.norm import norm_kernel_instances
+    from graphopt.kernels.source import device_arch, get_kernel, instance, prebuild
+    from graphopt.kernels.timing import cuda_event_timer, median
+
+    command = "python3 bench/transformer_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = env_header(command)
+    t0 = time.perf_counter()
+    jobs = norm_kernel_instances() + attention_kernel_instances() + [("elementwise.cu", instance("epilogue_gemm", dt))
+                                                                     for dt in ("float16", "float32")]
+    header["prebuild_errors"] = {f"{k[0]}:{k[1]}": v for k, v in prebuild(jobs).items()}
+    header["prebuild_s"] = round(time.perf_counter() - t0, 1)
+    header["ceilings"] = measure_ceilings()
+    copy = header["ceilings"]["copy_TBps"]
+    arch = device_arch()
+    stream = cupy.cuda.Stream(non_blocking=False)
+    tstream = torch.cuda.ExternalStream(stream.ptr)
+    rng = cupy.random.RandomState(0)
+    pick = (lambda xs: xs[-1:]) if args.quick else (lambda xs: xs)
+    mem_rows, attn_rows = [], []
+
+    def torch_us(fn, ins, out):
+        def launch(i, o):
+            with torch.cuda.stream(tstream):
+                fn(*i)
+        return median(cuda_event_timer(launch, ins, [out], warmup=5, reps=args.reps)) * 1e3
+
+    def record(kind, name, dtype, shape, nbytes, cands, t_us, extra=None):
+        best = min(cands, key=lambda k: cands[k][0]) if cands else None
+        us = cands[best][0] if best else math.inf
+        row = {"kernel": kind, "size": name, "shape": list(shape), "dtype": dtype, "MB": round(nbytes / 1e6, 2),
+               "graphopt_us": round(us, 2), "chosen": best, "TBps": round(_bw(nbytes, us), 3),
+               "of_copy": round(_bw(nbytes, us) / copy, 3), "torch_us": round(t_us, 2),
+               "torch_of_copy": round(_bw(nbytes, t_us) / copy, 3),
+               "candidates": {k: (None if not math.isfinite(v[0]) else round(v[0], 2)) for k, v in cands.items()},
+               "failures": {k: v[1] for k, v in cands.items() if v[1]}, **(extra or {})}
+        mem_rows.append(row)
+        print(f"{kind:14s} {name:24s} {dtype:7s} {row['MB']:8.1f} MB  {us:8.1f} us  {row['of_copy']:.2f} of copy "
+              f"({best})  torch {t_us:8.1f} us {row['torch_of_copy']:.2f}", flush=True)
+
+    with stream:
+        for dtype in args.dtypes.split(","):
+            esz = np.dtype(dtype).itemsize
+            tol = 1e-2 if dtype == "float16" else 1e-4
+            for name, rows, d in pick(NORM_SIZES):
+                x = rng.standard_normal((rows, d), dtype=cupy.float32).astype(dtype)
+                g, b = (rng.standard_normal(d, dtype=cupy.float32).astype(dtype) for _ in range(2))
+                sk = rng.standard_normal((rows, d), dtype=cupy.float32).astype(dtype)
+                sb = rng.standard_normal(d, dtype=cupy.float32).astype(dtype)
+                tx, tg, tb, tsk, tsb = (torch.as_tensor(a, device="cuda") for a in (x, g, b, sk, sb))
+                out = torch.empty_like(tx)
+                for kind, op, ins, tfn, tins, n_io in (
+                    ("LayerNorm", "LayerNorm", [x, g, b], lambda a, w, c: F.layer_norm(a, (d,), w, c, 1e-5), [tx, tg, tb], 2),
+                    ("SkipLayerNorm", "LayerNorm", [x, g, b, sk, sb],
+                     lambda a, w, c, s, sb_: F.layer_norm(a + s + sb_, (d,), w, c, 1e-5), [tx, tg, tb, tsk, tsb], 3),
+                    ("RMSNorm", "RMSNorm", [x, g], lambda a, w: F.rms_norm(a, (d,), w, 1e-6), [tx, tg], 2),
+                ):
+                    sig = Signature.make(op, [a.shape for a in ins], [dtype] * len(ins),
+                                         {"epsilon": 1e-5 if op == "LayerNorm" else 1e-6})
+                    with torch.cuda.stream(tstream):
+                        ref = cupy.asarray(tfn(*[t.float() for t in tins]))
+                    stream.synchronize()
+                    cands = time_candidates(sig, ins, (rows, d), dtype, ref, tol, args.reps, arch)
+                    record(kind, name, dtype, (rows, d), n_io * rows * d * esz, cands, torch_us(tfn, tins, out))
+                cupy.get_default_memory_pool().free_all_blocks()
+            for name, m, n in pick(GELU_SIZES):
+                y0 = rng.standard_normal((m, n), dtype=cupy.float32).astype(dtype)
+                bias = rng.standard_normal(n, dtype=cupy.float32).astype(dtype)
+                ty, tbias = torch.as_tensor(y0, device="cuda"), torch.as_tensor(bias, device="cuda")
+                epi = get_kernel("elementwise.cu", instance("epilogue_gemm", dtype))
+                for act, code, approx in (("Gelu", 8, "none"), ("GeluTanh", 9, "tanh")):
+                    total = m * n
+                    grid = (min(-(-total // 256), 132 * 32),)
+
+                    def launch(ins, outs, code=code, grid=grid, total=total):
+                        epi(grid, (256,), (outs[0], ins[0], np.int64(total), np.int32(m), np.int32(n), np.int64(0),
+                                           np.int32(0), np.int32(1), np.float32(1.0), np.float32(1.0), np.int32(code),
+                                           np.float32(0.2), np.float32(0.5), np.float32(-np.inf), np.float32(np.inf)))
+                    work = y0.copy()
+                    launch([bias], [work])
+                    with torch.cuda.stream(tstream):
+                        ref = F.gelu(ty.float() + tbias.float(), approximate=approx)
+                    stream.synchronize()
+                    err = float(cupy.linalg.norm(work.astype(cupy.float32) - cupy.asarray(ref)) / cupy.linalg.norm(cupy.asarray(ref)))
+                    # In place: every repetition works on the same rotated buffers (the values drift, the traffic does not).
+                    us = median(cuda_event_timer(launch, [bias], [y0.copy()], warmup=3, reps=args.reps)) * 1e3
+                    cands = {"epilogue_gemm": (us, None) if err <= tol else (math.inf, f"normwise error {err:.2e}")}
+                    t_us = torch_us(lambda a, c: F.gelu(a + c, approximate=approx), [ty, tbias], torch.empty_like(ty))
+                    record(f"bias+{act}", name, dtype, (m, n), 2 * total * esz, cands, t_us)
+                cupy.get_default_memory_pool().free_all_blocks()
+            for name, rows, skv in pick(SOFTMAX_SIZES):
+                s0 = rng.standard_normal((rows, skv), dtype=cupy.float32).astype(dtype)
+                ts0 = torch.as_tensor(s0, device="cuda")
+                with torch.cuda.stream(tstream):
+                    ref = cupy.asarray(torch.softmax(ts0.float(), -1))
+                stream.synchronize()
+                cands = {}
+                for w in (1, 2, 4, 8):
+                    if w > 1 and (w // 2) * 32 >= skv:
+                        continue
+                    kern = get_kernel("attention.cu", instance("attn_softmax", dtype, w, 0))
+
+                    def launch(ins, outs, kern=kern, w=w):
+                        kern((min(rows, 132 * 64),), (w * 32,), (outs[0], np.int64(rows), np.int32(rows), np.int32(skv),
+                             np.int32(1), np.uint64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0),
+                             np.float32(-np.inf), np.int32(0), np.int32(0)))
+                    work = s0.copy()
+                    launch([], [work])
+                    err = float(cupy.linalg.norm(work.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
+                    # In place: after the first repetition the rows are probabilities; the traffic is the same.
+                    us = median(cuda_event_timer(launch, [], [s0.copy()], warmup=3, reps=args.reps)) * 1e3
+                    cands[f"attn_softmax:warps={w}"] = (us, None) if err <= tol else (math.inf, f"normwise error {err:.2e}")
+                t_us = torch_us(lambda a: torch.softmax(a, -1), [ts0], torch.empty_like(ts0))
+                record("softmax", name, dtype, (rows, skv), 2 * rows * skv * esz, cands, t_us)
+                cupy.get_default_memory_pool().free_all_blocks()
+
+        for dtype in args.attn_dtypes.split(","):
+            for s in pick(ATTN_SEQS):
+                for d in pick(ATTN_HEADS):
+                    bsz, h = max(1, ATTN_TOKENS // s), 16
+                    shape = (bsz, h, s, d)
+                    q, k, v = (rng.standard_normal(shape, dtype=cupy.float32).astype(dtype) for _ in range(3))
+                    tq, tk, tv = (torch.as_tensor(a, device="cuda") for a in (q, k, v))
+                    with torch.cuda.stream(tstream):
+                        ref = cupy.asarray(F.scaled_dot_product_attention(tq.float(), tk.float(), tv.float()))
+                    stream.synchronize()
+                    sig = Signature.make("Attention", [shape] * 3, [dtype] * 3, {})
+                    tol = 1e-2 if dtype == "float16" else 1e-4
+                    cands = time_candidates(sig, [q, k, v], shape, dtype, ref, tol, args.reps, arch)
+                    del ref
+                    out = torch.empty_like(tq)
+                    sdpa = torch_us(F.scaled_dot_product_attention, [tq, tk, tv], out)
+
+                    def unfused(a, b, c, scale=1.0 / math.sqrt(d)):
+                        return torch.matmul(torch.softmax(torch.matmul(a, b.transpose(-1, -2)) * scale, -1), c)
+                    unf = torch_us(unfused, [tq, tk, tv], out)
+                    flops = 4 * bsz * h * s * s * d
+                    best = min(cands, key=lambda kk: cands[kk][0]) if cands else None
+                    us = cands[best][0] if best else math.inf
+                    fam = {}
+                    for key, (t, _) in cands.items():
+                        f = key.split(":")[0]
+                        fam[f] = min(fam.get(f, math.inf), t)
+                    row = {"seq": s, "head_dim": d, "batch": bsz, "heads": h, "dtype": dtype,
+                           "graphopt_us": round(us, 2), "chosen": best,
+                           "TFLOPs": round(flops / (us * 1e-6) / 1e12, 2) if math.isfinite(us) else 0,
+                           "best_per_family_us": {f: (round(t, 2) if math.isfinite(t) else None) for f, t in fam.items()},
+                           "sdpa_us": round(sdpa, 2), "sdpa_TFLOPs": round(flops / (sdpa * 1e-6) / 1e12, 2),
+                           "torch_unfused_us": round(unf, 2), "vs_sdpa": round(sdpa / us, 3) if math.isfinite(us) else 0,
+                           "candidates": {kk: (None if not math.isfinite(vv[0]) else round(vv[0], 2)) for kk, vv in cands.items()},
+                           "failures": {kk: vv[1] for kk, vv in cands.items() if vv[1]}}
+                    attn_rows.append(row)
+                    print(f"attention s={s:5d} d={d:3d} {dtype}: graphopt {us:9.1f} us {row['TFLOPs']:6.1f} TF/s ({best}) "
+                          f"SDPA {sdpa:9.1f} us {row['sdpa_TFLOPs']:6.1f} TF/s  unfused torch {unf:9.1f} us  "
+                          f"families {row['best_per_family_us']}", flush=True)
+                    del q, k, v, tq, tk, tv, out
+                    cupy.get_default_memory_pool().free_all_blocks()
+                    torch.cuda.empty_cache()
+
+    big = [r for r in mem_rows if r["MB"] >= 8]
+    header["summary"] = {
+        "memory_bound_at_least_80pct_of_copy_(>=8MB)": f"{sum(r['of_copy'] >= 0.8 for r in big)} of {len(big)}",
+        "attention_vs_sdpa_seq>=2048": [r["vs_sdpa"] for r in attn_rows if r["seq"] >= 2048],
+    }
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "transformer_kernels_h200.json"), "w") as f:
+        json.dump({"header": header, "memory_bound": mem_rows, "attention": attn_rows}, f, indent=1)
+    lines = [f"# Transformer kernels on {header['gpu']} ({header['date']})", "",
+             f"Command: `{command}`; CuPy {header['cupy']}, torch {header['torch']}. Copy bandwidth "
+             f"{copy:.2f} TB/s. Timing: {header['timing']}.", "", "Summary: " + json.dumps(header["summary"]), "",
+             "## Memory-bound kernels", "",
+             "| kernel | size | dtype | MB moved | graphopt us | of copy | torch us | torch of copy | chosen |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in mem_rows:
+        lines.append(f"| {r['kernel']} | {r['size']} | {r['dtype']} | {r['MB']} | {r['graphopt_us']} | {r['of_copy']} | "
+                     f"{r['torch_us']} | {r['torch_of_copy']} | {r['chosen']} |")
+    lines += ["", "## Attention (no mask)", "",
+              "| seq | head dim | BxH | dtype | graphopt us | TFLOP/s | SDPA us | SDPA TFLOP/s | x SDPA | unfused torch us | best per family | chosen |",
+              "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in attn_rows:
+        lines.append(f"| {r['seq']} | {r['head_dim']} | {r['batch']}x{r['heads']} | {r['dtype']} | {r['graphopt_us']} | {r['TFLOPs']} | "
+                     f"{r['sdpa_us']} | {r['sdpa_TFLOPs']} | {r['vs_sdpa']} | {r['torch_unfused_us']} | "
+                     f"{json.dumps(r['best_per_family_us'])} | {r['chosen']} |")
+    with open(os.path.join(args.out, "transformer_kernels_h200.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(json.dumps(header["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+"""Attention lowering candidates (``graphopt.Attention``), two families (``attention.cu``):
+
+- ``cublas_softmax`` (param ``warps``): scores ``S = scale * Q . K^T`` by one cuBLAS strided-batched
+  GEMM (graphopt's own handle, so CUDA-graph capture works: graphopt/kernels/blas.py), then one
+  fused mask / causal / softmax / nan_to_zero kernel in place on S (``attn_softmax``, one row per
+  CTA of ``warps`` warps), then ``Y = P . V`` by a second batched GEMM. The scores are stored in the
+  data's dtype (fp16 for fp16 models; the GEMMs and the softmax accumulate in fp32).
+- ``flash`` (params ``dmax``, ``bm``, ``warps``): one fused kernel with an online softmax over key
+  tiles held in shared memory, never writing the scores (``flash_attn``). SIMT fp32 arithmetic (no
+  tensor cores); ``dmax`` is the head-dim capacity (the smallest of 32/64/128 that holds D and
+  Dv applies), ``bm`` the query rows per CTA. It runs every head dim and fp32.
+- ``flash_mma`` (params ``hd``, ``bn``; fp16 only): the tensor-core flash attention
+  (FlashAttention-2 style forward: mma.sync m16n8k16 with fp32 accumulation, ldmatrix from padded
+  shared-memory tiles, the online softmax on the accumulator fragments, P reused in registers as
+  the A operand of P . V). 64 query rows per CTA of 4 warps, ``bn`` keys per tile; D = Dv = ``hd``
+  (16, 32, 64 or 128); ``stages`` 1 (load, then compute) or 2 (two K / V buffers, the next tile
+  loaded by cp.async while the current one is consumed).
+
+Layout: Q ``[B, H, Sq, D]`` (rank 2-4: missing leading dims are 1), K ``[B, H, Skv, D]`` or, with
+``k_transposed=1``, ``[B, H, D, Skv]``, V ``[B, H, Skv, Dv]``, Y ``[B, H, Sq, Dv]``, all
+C-contiguous and sharing the leading dims (no broadcast of K/V over heads). The mask broadcasts to
+``[B, H, Sq, Skv]`` (right-aligned, rank <= 4): additive masks have the data's dtype, bool masks
+are NumPy/CuPy bool (one byte).
+
+``launch(inputs, outputs)``: ``inputs = [Q, K, V, mask or None]``, ``outputs = [Y]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from graphopt.errors import TuningError
+from graphopt.kernels import blas
+from graphopt.kernels.base import Candidate, Signature
+from graphopt.kernels.cbr import ptr
+from graphopt.kernels.source import get_kernel, instance, source_hash
+
+SUPPORTED_DTYPES = ("float16", "float32")
+MASK_CODES = {"none": 0, "additive": 1, "bool": 2}
+SOFTMAX_WARPS = (1, 2, 4, 8)
+FLASH_DMAX = (32, 64, 128)
+FLASH_TILES = ((16, 4), (32, 4), (64, 4), (64, 8))  # (bm query rows per CTA, warps)
+KEY_TILE = 32
+GRID_ROWS_MAX = 132 * 64  # softmax CTAs; rows beyond this loop inside the kernel
+GRID_Y_MAX = 65535
+
+
+@dataclass(frozen=True)
+class AttnPlan:
+    B: int
+    H: int
+    Sq: int
+    Skv: int
+    D: int
+    Dv: int
+    kt: bool
+    scale: float
+    mask: int  # MASK_CODES value
+    mask_shape: tuple[int, ...] | None
+    mask_strides: tuple[int, int, int, int]  # elements over (b, h, i, j); 0 where it broadcasts
+    mask_value: float
+    causal: int
+    nan_to_zero: int
+    dtype: str
+    out_shape: tuple[int, ...]
+
+    @property
+    def Z(self) -> int:
+        return self.B * self.H
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _lead2(shape: tuple[int, ...]) -> tuple[int, int]:
+    lead = (1, 1) + tuple(shape[:-2])
+    return int(lead[-2]), int(lead[-1])
+
+
+def _mask_strides(mshape: tuple[int, ...], full: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    if len(mshape) > 4:
+        raise TuningError(f"Attention mask of rank {len(mshape)} (at most 4: [B, H, Sq, Skv])")
+    m4 = (1,) * (4 - len(mshape)) + tuple(int(s) for s in mshape)
+    strides, acc = [0, 0, 0, 0], 1
+    for ax in range(3, -1, -1):
+        if m4[ax] not in (1, full[ax]):
+            raise TuningError(f"Attention mask {tuple(mshape)} does not broadcast to [B, H, Sq, Skv] = {list(full)}")
+        strides[ax] = acc if m4[ax] != 1 else 0
+        acc *= m4[ax]
+    return tuple(strides)  # type: ignore[return-value]
+
+
+def attention_plan(sig: Signature) -> AttnPlan:
+    """The integers the kernels take, or ``TuningError`` saying why the signature is not supported."""
+    if sig.op != "Attention":
+        raise TuningError(f"op {sig.op} is not Attention")
+    shapes = list(sig.input_shapes) + [None] * (4 - len(sig.input_shapes))
+    dtypes = list(sig.dtypes) + [""] * (4 - len(sig.dtypes))
+    q, k, v, m = shapes[:4]
+    if q is None or k is None or v is None:
+        raise TuningError("Attention needs known Q, K and V shapes")
+    if not (2 <= len(q) <= 4 and len(k) == len(q) and len(v) == len(q)):
+        raise TuningError(f"Attention Q {q}, K {k}, V {v}: one rank from 2 to 4 ([B, H, S, D]) is supported")
+    if min(q + k + v) < 1:
+        raise TuningError(f"Attention Q {q}, K {k}, V {v} has an empty dim")
+    if not (q[:-2] == k[:-2] == v[:-2]):
+        raise TuningError(f"Attention Q {q}, K {k}, V {v} must share their leading (batch, head) dims "
+                          "(K/V broadcast over heads is not supported)")
+    dt = dtypes[0]
+    if dt not in SUPPORTED_DTYPES or dtypes[1] != dt or dtypes[2] != dt:
+        raise TuningError(f"Attention dtypes {dtypes[:3]} (Q, K, V of one of {', '.join(SUPPORTED_DTYPES)})")
+    attrs = dict(sig.attrs)
+    kt = bool(attrs.get("k_transposed", 0))
+    Sq, D = int(q[-2]), int(q[-1])
+    Skv, kd = (int(k[-1]), int(k[-2])) if kt else (int(k[-2]), int(k[-1]))
+    if kd != D:
+        raise TuningError(f"Attention K {k} (k_transposed={int(kt)}) and Q {q} disagree on the head dim")
+    if int(v[-2]) != Skv:
+        raise TuningError(f"Attention V {v} has {v[-2]} keys, K has {Skv}")
+    Dv = int(v[-1])
+    B, H = _lead2(q)
+    kind = _text(attrs.get("mask_kind", "none"))
+    if kind not in MASK_CODES:
+        raise TuningError(f"Attention mask_kind={kind!r}")
+    strides = (0, 0, 0, 0)
+    if kind != "none":
+        if m is None:
+            raise TuningError(f"Attention mask_kind={kind!r} needs a known mask shape")
+        want = dt if kind == "additive" else "bool"
+        if dtypes[3] != want:
+            raise TuningError(f"Attention {kind} mask of dtype {dtypes[3]} (the kernels read {want})")
+        strides = _mask_strides(m, (B, H, Sq, Skv))
+    if max(B * H * Sq * Skv, B * H * Sq * D, B * H * Skv * max(D, Dv)) > 2**62 or max(Sq, Skv, D, Dv) > 2**31 - 1:
+        raise TuningError("Attention tensors too large for the kernels' indexing")
+    scale = attrs.get("scale")
+    scale = float(np.float32(scale)) if scale is not None else 1.0 / math.sqrt(D)
+    mv = attrs.get("mask_value")
+    return AttnPlan(B, H, Sq, Skv, D, Dv, kt, scale, MASK_CODES[kind], None if m is None else tuple(m), strides,
+                    -math.inf if mv is None else float(np.float32(mv)), int(attrs.get("causal", 0)),
+                    int(attrs.get("nan_to_zero", 0)), dt, tuple(int(s) for s in q[:-1]) + (Dv,))
+
+
+def _arrays(p: AttnPlan, inputs, outputs, what: str):
+    ins = list(inputs) + [None] * (4 - len(inputs))
+    Q, K, V, M = ins[:4]
+    Y = outputs[0]
+    for name, a, n in (("Q", Q, p.Z * p.Sq * p.D), ("K", K, p.Z * p.Skv * p.D), ("V", V, p.Z * p.Skv * p.Dv),
+                       ("Y", Y, p.Z * p.Sq * p.Dv)):
+        if a is None or str(a.dtype) != p.dtype or not a.flags.c_contiguous or int(a.size) != n:
+            raise TuningError(f"{what}: {name} must be a C-contiguous {p.dtype} array of {n} elements, "
+                              f"got {None if a is None else (a.dtype, a.shape)}")
+    if p.mask:
+        want = p.dtype if p.mask == 1 else "bool"
+        n = int(np.prod(p.mask_shape))
+        if M is None or str(M.dtype) != want or not M.flags.c_contiguous or int(M.size) != n:
+            raise TuningError(f"{what}: the mask must be a C-contiguous {want} array of {n} elements")
+    return Q, K, V, (M if p.mask else None), Y
+
+
+def _mask_args(p: AttnPlan, M):
+    sb, sh, si, sj = p.mask_strides
+    return (ptr(M), np.int64(sb), np.int64(sh), np.int64(si), np.int64(sj), np.float32(p.mask_value),
+            np.int32(p.causal))
+
+
+def score_gemm(p: AttnPlan) -> dict:
+    """``blas.gemm`` arguments of ``S[z] = scale * Q[z] . K^T[z]`` ([Sq][Skv] per (b, h))."""
+    return dict(M=p.Sq, N=p.Skv, K=p.D, trans_b=not p.kt, batch=p.Z, stride_a=p.Sq * p.D, stride_b=p.Skv * p.D,
+                stride_c=p.Sq * p.Skv, alpha=p.scale)
+
+
+def value_gemm(p: AttnPlan) -> dict:
+    """``blas.gemm`` arguments of ``Y[z] = P[z] . V[z]``."""
+    return dict(M=p.Sq, N=p.Dv, K=p.Skv, batch=p.Z, stride_a=p.Sq * p.Skv, stride_b=p.Skv * p.Dv,
+                stride_c=p.Sq * p.Dv)
+
+
+@dataclass(frozen=True)
+class CublasSoftmaxAttention(Candidate):
+    """cuBLAS batched GEMM, the fused mask/softmax kernel in place, cuBLAS batched GEMM; param warps."""
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        try:
+            p = attention_plan(sig)
+        except TuningError as exc:
+            return str(exc)
+        w = int(self.param("warps"))
+        if w > 1 and (w // 2) * 32 >= p.Skv:
+            return f"{w // 2} warps already cover a row of {p.Skv} keys"
+        if max(p.Sq, p.Skv, p.D, p.Dv) > 2**31 - 1 or p.Z > 2**31 - 1:
+            return "dims over 2**31 (cuBLAS int dims)"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("attention.cu") + f"+blas{blas.VERSION}"
+
+    def _instance(self, sig: Signature) -> str:
+        p = attention_plan(sig)
+        return instance("attn_softmax", p.dtype, int(self.param("warps")), p.mask)
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        return [("attention.cu", self._instance(sig))]
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        import cupy
+
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        p = attention_plan(sig)
+        w = int(self.param("warps"))
+        kern = get_kernel("attention.cu", self._instance(sig))
+        rows = p.Z * p.Sq
+        grid, block = (max(1, min(rows, GRID_ROWS_MAX)),), (w * 32,)
+        # The scores buffer is allocated once, at build time, so a captured CUDA graph reuses it.
+        scores = cupy.empty(p.Z * p.Sq * p.Skv, dtype=p.dtype)
+        s_gemm, y_gemm = score_gemm(p), value_gemm(p)
+
+        def launch(inputs, outputs):
+            Q, K, V, M, Y = _arrays(p, inputs, outputs, self.key())
+            blas.gemm(Q, K, scores, **s_gemm)
+            kern(grid, block, (scores, np.int64(rows), np.int32(p.Sq), np.int32(p.Skv), np.int32(p.H))
+                 + _mask_args(p, M) + (np.int32(p.nan_to_zero),))
+            blas.gemm(scores, V, Y, **y_gemm)
+
+        return launch
+
+
+def flash_smem_bytes(dmax: int, bm: int) -> int:
+    return 4 * (bm * dmax + KEY_TILE * (dmax + 1) + KEY_TILE * dmax)
+
+
+@dataclass(frozen=True)
+class FlashAttention(Candidate):
+    """One fused kernel, online softmax over key tiles in shared memory; params dmax, bm, warps."""
+
+    def _cfg(self) -> tuple[int, int, int]:
+        return int(self.param("dmax")), int(self.param("bm")), int(self.param("warps"))
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        try:
+            p = attention_plan(sig)
+        except TuningError as exc:
+            return str(exc)
+        dmax, bm, w = self._cfg()
+        hd = max(p.D, p.Dv)
+        if hd > dmax:
+            return f"head dim {hd} > dmax={dmax}"
+        smaller = [d for d in FLASH_DMAX if hd <= d < dmax]
+        if smaller:
+            return f"dmax={smaller[0]} already holds head dim {hd}"
+        if p.Z > GRID_Y_MAX:
+            return f"{p.Z} batch x heads > {GRID_Y_MAX} (grid y)"
+        limit = 227 * 1024 if compute_capability >= (9, 0) else 163 * 1024 if compute_capability >= (8, 0) else 48 * 1024
+        if flash_smem_bytes(dmax, bm) > limit:
+            return f"{flash_smem_bytes(dmax, bm)} bytes of shared memory > {limit} on sm {compute_capability}"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("attention.cu")
+
+    def _instance(self, sig: Signature) -> str:
+        dmax, bm, w = self._cfg()
+        return instance("flash_attn", attention_plan(sig).dtype, dmax, bm, w, attention_plan(sig).mask)
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        return [("attention.cu", self._instance(sig))]
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        p = attention_plan(sig)
+        dmax, bm, w = self._cfg()
+        kern = get_kernel("attention.cu", self._instance(sig))
+        smem = flash_smem_bytes(dmax, bm)
+        kern.max_dynamic_shared_size_bytes = smem
+        grid, block = (-(-p.Sq // bm), p.Z), (w * 32,)
+        i32 = np.int32
+
+        def launch(inputs, outputs):
+            Q, K, V, M, Y = _arrays(p, inputs, outputs, self.key())
+            kern(grid, block, (Q, K, V, Y, i32(p.Sq), i32(p.Skv), i32(p.D), i32(p.Dv), i32(p.H), i32(p.kt),
+                               np.float32(p.scale)) + _mask_args(p, M) + (i32(p.nan_to_zero),), shared_mem=smem)
+
+        return launch
+
+
+def attention_candidates() -> list[Candidate]:
+    out: list[Candidate] = [CublasSoftmaxAttention("cublas_softmax", (("warps", w),)) for w in SOFTMAX_WARPS]
+    for dmax in FLASH_DMAX:
+        for bm, w in FLASH_TILES:
+            out.append(FlashAttention("flash", (("dmax", dmax), ("bm", bm), ("warps", w))))
+    for hd in FLASH_MMA_HD:
+        for bn in FLASH_MMA_BN:
+            for st in FLASH_MMA_STAGES:
+                out.append(FlashMmaAttention("flash_mma", (("hd", hd), ("bn", bn), ("stages", st))))
+    return out
+
+
+def attention_kernel_instances() -> list[tuple[str, str]]:
+    """Every (source, instance) a candidate can compile: both dtypes, every mask kind."""
+    out = []
+    for dt in SUPPORTED_DTYPES:
+        for mask in MASK_CODES.values():
+            for w in SOFTMAX_WARPS:
+                out.append(("attention.cu", instance("attn_softmax", dt, w, mask)))
+            for dmax in FLASH_DMAX:
+                for bm, w in FLASH_TILES:
+                    out.append(("attention.cu", instance("flash_attn", dt, dmax, bm, w, mask)))
+    for mask in MASK_CODES.values():
+        for hd in FLASH_MMA_HD:
+            for bn in FLASH_MMA_BN:
+                for kt in (0, 1):
+                    for st in FLASH_MMA_STAGES:
+                        out.append(("attention.cu", instance("flash_mma", "float16", hd, bn, mask, kt, st)))
+    return out
+
+
+FLASH_MMA_HD = (16, 32, 64, 128)
+FLASH_MMA_BN = (64, 128)
+FLASH_MMA_STAGES = (1, 2)  # K / V buffers: 2 keeps the next tile in flight (cp.async)
+FLASH_MMA_BM = 64  # query rows per CTA of 4 warps (fixed in the kernel)
+
+
+def flash_mma_smem_bytes(hd: int, bn: int, kt: bool, stages: int = 1) -> int:
+    lq = hd + 8
+    return 2 * (FLASH_MMA_BM * lq + stages * ((hd * (bn + 8) if kt else bn * lq) + bn * lq))
+
+
+@dataclass(frozen=True)
+class FlashMmaAttention(Candidate):
+    """fp16 tensor-core flash attention (mma.sync m16n8k16, ldmatrix); params hd (= D = Dv), bn (keys
+    per tile), stages (K / V buffers)."""
+
+    def _cfg(self) -> tuple[int, int, int]:
+        return int(self.param("hd")), int(self.param("bn")), int(self.param("stages", 1))
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        try:
+            p = attention_plan(sig)
+        except TuningError as exc:
+            return str(exc)
+        hd, bn, st = self._cfg()
+        if p.dtype != "float16":
+            return f"dtype {p.dtype} (the tensor-core kernel is fp16)"
+        if compute_capability < (8, 0):
+            return f"sm {compute_capability[0]}.{compute_capability[1]} has no mma.sync m16n8k16 (needs 8.0)"
+        if p.D != hd or p.Dv != hd:
+            return f"head dims D={p.D}, Dv={p.Dv} are not both hd={hd}"
+        if p.Z > GRID_Y_MAX:
+            return f"{p.Z} batch x heads > {GRID_Y_MAX} (grid y)"
+        limit = 227 * 1024 if compute_capability >= (9, 0) else 163 * 1024
+        if flash_mma_smem_bytes(hd, bn, p.kt, st) > limit:
+            return f"{flash_mma_smem_bytes(hd, bn, p.kt, st)} bytes of shared memory > {limit}"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("attention.cu")
+
+    def _instance(self, sig: Signature) -> str:
+        hd, bn, st = self._cfg()
+        p = attention_plan(sig)
+        return instance("flash_mma", "float16", hd, bn, p.mask, int(p.kt), st)
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        return [("attention.cu", self._instance(sig))]
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        p = attention_plan(sig)
+        hd, bn, st = self._cfg()
+        kern = get_kernel("attention.cu", self._instance(sig))
+        smem = flash_mma_smem_bytes(hd, bn, p.kt, st)
+        kern.max_dynamic_shared_size_bytes = smem
+        grid, block = (-(-p.Sq // FLASH_MMA_BM), p.Z), (128,)
+        i32 = np.int32
+
+        def launch(inputs, outputs):
+            Q, K, V, M, Y = _arrays(p, inputs, outputs, self.key())
+            for name, a in (("Q", Q), ("K", K), ("V", V), ("Y", Y)):
+                if a.data.ptr % 16:
+                    raise TuningError(f"{self.key()}: {name} is not 16-byte aligned")
+            kern(grid, block, (Q, K, V, Y, i32(p.Sq), i32(p.Skv), i32(p.H), np.float32(p.scale)) + _mask_args(p, M)
+                 + (i32(p.nan_to_zero),), shared_mem=smem)
+
+        return launch

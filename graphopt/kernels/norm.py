@@ -1,0 +1,177 @@
+"""LayerNorm (with SkipLayerNorm's residual, skip bias and sum output) and RMSNorm lowering candidates.
+
+One family, ``rows`` (``norm.cu``): one row of the last axis per CTA, the row held in registers.
+Its configurations are ``warps`` (CTA size / 32), ``items`` (vectors per thread) and ``vec``
+(elements per load: 16 bytes, or 1 for rows whose length is not a multiple of 16 bytes). For a row
+length D a configuration applies when it holds the row and ``items`` is the smallest power of two
+that does, so each ``warps`` x ``vec`` gives at most one candidate and the profiler picks the CTA
+size.
+
+``launch(inputs, outputs)``: LayerNorm ``inputs = [X, scale, bias, skip, skip_bias]`` (absent ones
+None), ``outputs = [Y]`` or ``[Y, S]`` (the sum is written when S is given); RMSNorm
+``inputs = [X, scale]``, ``outputs = [Y]``. Arrays are C-contiguous; Y and S have X's shape; skip
+has X's shape or a suffix of it broadcast over the leading dims (GPT-2 / BERT add position
+embeddings [1, S, D] to [B, S, D]); scale, bias and skip_bias hold D values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from graphopt.errors import TuningError
+from graphopt.kernels import geometry as geo
+from graphopt.kernels.base import Candidate, Signature
+from graphopt.kernels.cbr import ptr
+from graphopt.kernels.source import get_kernel, instance, source_hash
+
+OPS = ("LayerNorm", "RMSNorm")
+MODES = {"LayerNorm": 0, "RMSNorm": 1}
+SUPPORTED_DTYPES = ("float16", "float32")
+WARPS = (1, 2, 4, 8, 16, 32)
+ITEMS = (1, 2, 4, 8)
+VEC16 = {"float16": 8, "float32": 4}  # elements per 16-byte load
+GRID_ROWS_MAX = 132 * 32  # CTAs; rows beyond this loop inside the kernel
+
+
+@dataclass(frozen=True)
+class NormPlan:
+    rows: int
+    D: int
+    shape: tuple[int, ...]
+    mode: int
+    eps: float
+    skip_rows: int = 0  # rows of skip (it repeats over X's leading dims); 0 without skip
+
+
+def _vector_of(shape, d: int) -> bool:
+    return shape is not None and int(np.prod(shape)) == d and all(s == 1 for s in shape[:-1])
+
+
+def norm_plan(sig: Signature) -> NormPlan:
+    if sig.op not in OPS:
+        raise TuningError(f"op {sig.op} is not one of {', '.join(OPS)}")
+    shapes = list(sig.input_shapes) + [None] * (5 - len(sig.input_shapes))
+    x = shapes[0]
+    if x is None or len(x) < 1 or min(x) < 1:
+        raise TuningError(f"{sig.op} needs a known, non-empty X shape, got {x}")
+    d = int(x[-1])
+    rows = int(np.prod(x[:-1])) if len(x) > 1 else 1
+    if not _vector_of(shapes[1], d):
+        raise TuningError(f"{sig.op} scale must hold the {d} values of the last axis, got {shapes[1]}")
+    if sig.op == "LayerNorm":
+        if shapes[2] is not None and not _vector_of(shapes[2], d):
+            raise TuningError(f"LayerNorm bias must hold {d} values, got {shapes[2]}")
+        if shapes[3] is not None:
+            sk = tuple(int(v) for v in shapes[3])
+            core = sk[min(next((i for i, v in enumerate(sk) if v != 1), len(sk)), len(sk) - 1):]  # leading 1s dropped
+            if not sk or len(core) > len(x) or core != tuple(int(v) for v in x[len(x) - len(core):]):
+                raise TuningError(f"LayerNorm skip {shapes[3]} must have X's shape {tuple(x)} or a suffix of it "
+                                  "broadcast over the leading dims")
+            skip_rows = int(np.prod(core[:-1]))
+        if shapes[4] is not None and not _vector_of(shapes[4], d):
+            raise TuningError(f"LayerNorm skip_bias must hold {d} values, got {shapes[4]}")
+    if rows * d > geo.INT32_MAX:
+        raise TuningError(f"{sig.op} tensors over 2**31 elements are not supported by the kernels")
+    default_eps = 1e-5 if sig.op == "LayerNorm" else 1e-6
+    return NormPlan(rows, d, tuple(int(s) for s in x), MODES[sig.op], float(sig.attr("epsilon", default_eps)),
+                    skip_rows if sig.op == "LayerNorm" and shapes[3] is not None else 0)
+
+
+@dataclass(frozen=True)
+class NormRows(Candidate):
+    """One row per CTA in registers; params warps, items, vec."""
+
+    def _cfg(self) -> tuple[int, int, int]:
+        return int(self.param("warps")), int(self.param("items")), int(self.param("vec"))
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        try:
+            p = norm_plan(sig)
+        except TuningError as exc:
+            return str(exc)
+        dt = geo.dtype_of(sig)
+        if dt not in SUPPORTED_DTYPES:
+            return f"dtype {dt} (supported: {', '.join(SUPPORTED_DTYPES)})"
+        w, it, vec = self._cfg()
+        if vec not in (1, VEC16[dt]):
+            return f"vec={vec} is neither 1 nor a 16-byte load of {dt} ({VEC16[dt]})"
+        if p.D % vec:
+            return f"row length {p.D} is not a multiple of vec={vec}"
+        nv = p.D // vec
+        if w * 32 * it < nv:
+            return f"{w} warps x {it} items x vec {vec} hold {w * 32 * it * vec} < {p.D} elements"
+        if it > 1 and w * 32 * (it // 2) >= nv:
+            return f"items={it // 2} already holds the row (a smaller config of the same CTA size)"
+        return None
+
+    def source_hash(self) -> str:
+        return source_hash("norm.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        w, it, vec = self._cfg()
+        return [("norm.cu", instance("norm_rows", geo.dtype_of(sig), vec, w, it, MODES[sig.op]))]
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        import cupy
+
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        p = norm_plan(sig)
+        dt = geo.dtype_of(sig)
+        w, it, vec = self._cfg()
+        kern = get_kernel("norm.cu", instance("norm_rows", dt, vec, w, it, p.mode))
+        grid = (max(1, min(p.rows, GRID_ROWS_MAX)),)
+        block = (w * 32,)
+        i32, f32 = np.int32, np.float32
+
+        def arr(a, shape, what):
+            if a is None:
+                return None
+            if str(a.dtype) != dt or not a.flags.c_contiguous or int(a.size) != int(np.prod(shape)):
+                raise TuningError(f"{sig.op} {what} must be a C-contiguous {dt} array of {int(np.prod(shape))} "
+                                  f"elements, got {a.dtype} {a.shape}")
+            if vec > 1 and a.data.ptr % 16:
+                raise TuningError(f"{sig.op} {what} is not 16-byte aligned (candidate vec={vec})")
+            return a
+
+        def launch(inputs, outputs):
+            ins = list(inputs) + [None] * (5 - len(inputs))
+            X = arr(ins[0], p.shape, "X")
+            scale = arr(ins[1], (p.D,), "scale")
+            bias = arr(ins[2], (p.D,), "bias") if p.mode == 0 else None
+            skip = arr(ins[3], (p.skip_rows, p.D), "skip") if p.mode == 0 and p.skip_rows else None
+            skip_bias = arr(ins[4], (p.D,), "skip_bias") if p.mode == 0 else None
+            Y = arr(outputs[0], p.shape, "Y")
+            S = arr(outputs[1], p.shape, "S") if len(outputs) > 1 and outputs[1] is not None else None
+            if S is not None and skip is None:
+                raise TuningError("LayerNorm's sum output S needs the skip input")
+            kern(grid, block, (X, ptr(skip), ptr(skip_bias), scale, ptr(bias), Y, ptr(S),
+                               i32(p.rows), i32(p.D), f32(p.eps), i32(max(1, p.skip_rows))))
+
+        return launch
+
+
+def norm_candidates(dtype: str = "float32") -> list[Candidate]:
+    """Every configuration; ``vec`` is the 16-byte width of ``dtype`` or 1 (``applies`` checks the dtype)."""
+    out: list[Candidate] = []
+    for vec in sorted({VEC16["float16"], VEC16["float32"], 1}, reverse=True):
+        for w in WARPS:
+            for it in ITEMS:
+                out.append(NormRows("rows", (("warps", w), ("items", it), ("vec", vec))))
+    return out
+
+
+def norm_kernel_instances() -> list[tuple[str, str]]:
+    """Every (source, instance) a candidate can compile: both dtypes, both modes."""
+    out = []
+    for dt in SUPPORTED_DTYPES:
+        for mode in (0, 1):
+            for vec in (VEC16[dt], 1):
+                for w in WARPS:
+                    for it in ITEMS:
+                        out.append(("norm.cu", instance("norm_rows", dt, vec, w, it, mode)))
+    return out

@@ -1,0 +1,284 @@
+"""Constraints and builders of the transformer rule files (``norm.toml``, ``gelu.toml``, ``attention.toml``).
+
+Constraints (``None`` when they hold, else the reason ``--explain`` prints):
+
+* ``reduces_last_axis(reduce, x)``: a ReduceMean over exactly the last axis of ``x``, keepdims=1,
+  with the axes as an attribute (opset < 18) or a constant input (opset >= 18);
+* ``last_dim_vector(c, x)``: a constant with one value per element of ``x``'s last dim, shaped
+  ``[D]`` or ``[1, .., D]`` (a LayerNorm/RMSNorm scale or bias);
+* ``residual_like(r, x)``: a runtime tensor of ``x``'s rank whose known dims equal ``x``'s (the
+  skip input of SkipLayerNorm: added without broadcasting);
+* ``softmax_last_axis(sm)``: a Softmax over the last axis at opset >= 13;
+* ``noop_cast(cast)``: a Cast to the element type its input already has;
+* ``attention_operands(q, kt, v)``: runtime tensors of one rank (>= 3) with consistent head dims;
+* ``bool_tensor(t)``: t has element type bool;
+* ``mask_broadcast(m, mm)``: an additive mask that broadcasts onto the scores without enlarging them.
+
+Where a shape is unknown the shape checks pass: every fused op's function body broadcasts exactly
+like the nodes it replaces, so the result is the same; a lowering checks the concrete shapes.
+
+Builders (attribute dicts): ``epsilon_attr(eps)``, ``layernorm_attrs(ln)`` (a native
+LayerNormalization's epsilon, with its axis checked), ``attention_scale(s1, s2?)`` (the product of
+scalar constants), ``attention_scale_div(s)`` (1 / s), ``mask_fill(fill)`` (the
+``mask_value`` of a Where(mask, scores, fill)), ``heads_of(q)`` (``num_heads`` from
+``[B, H, S, D]``), ``gelu_activation(gelu)`` (GemmAct's activation for a ``graphopt.Gelu`` or ONNX
+``Gelu`` node), ``gelu_attrs(gelu)`` (``approximate`` of an ONNX Gelu node).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.rewrite.constraints import _fmt_shape, known_rank
+from graphopt.rewrite.registry import BuildFailed, register_builder, register_constraint
+
+
+def _scalar(g, t, what: str) -> float:
+    """The value of a one-element constant; BuildFailed naming it otherwise."""
+    v = g.constant_value(t) if t else None
+    if v is None:
+        raise BuildFailed(f"{what} {t!r} is not a constant")
+    if np.size(v) != 1:
+        raise BuildFailed(f"{what} {t!r} has {np.size(v)} elements, expected one")
+    return float(np.asarray(v, dtype=np.float64).reshape(-1)[0])
+
+
+def _axes_of(g, node) -> list[int] | str:
+    """The axes a Reduce* node reduces: a list, or the reason they are unknown."""
+    if len(node.inputs) > 1 and node.inputs[1]:
+        v = g.constant_value(node.inputs[1])
+        if v is None:
+            return f"the axes {node.inputs[1]!r} of {node.name!r} are not a constant"
+        return [int(a) for a in np.asarray(v).reshape(-1)]
+    if node.has_attr("axes"):
+        return [int(a) for a in node.attr("axes")]
+    return f"{node.name!r} reduces over all axes (no axes given)"
+
+
+@register_constraint("reduces_last_axis", "nt")
+def reduces_last_axis(g, node, x):
+    """node is a ReduceMean over only the last axis of x, with keepdims=1."""
+    if int(node.attr("keepdims", 1)) != 1:
+        return f"{node.name!r} has keepdims=0; the normalisation needs the reduced axis kept"
+    if int(node.attr("noop_with_empty_axes", 0)) != 0:
+        return f"{node.name!r} has noop_with_empty_axes=1"
+    axes = _axes_of(g, node)
+    if isinstance(axes, str):
+        return axes
+    if axes == [-1]:
+        return None
+    r = known_rank(g, x)
+    if r is not None and axes == [r - 1]:
+        return None
+    if len(axes) == 1 and r is None:
+        return f"{node.name!r} reduces axis {axes[0]}, and the rank of {x!r} is unknown, so it may not be the last"
+    return f"{node.name!r} reduces axes {axes}, not only the last axis of {x!r}"
+
+
+@register_constraint("last_dim_vector", "tt")
+def last_dim_vector(g, c, x):
+    """c is a constant with one value per element of x's last dim: shape [D] or [1, .., D]."""
+    if c is None:
+        return "the optional input is absent"
+    v = g.constant_value(c)
+    if v is None:
+        return f"{c!r} is not a constant"
+    shape = tuple(np.shape(v))
+    if not shape or any(d != 1 for d in shape[:-1]):
+        return f"{c!r} has shape {_fmt_shape(shape)}, not one value per element of the last axis ([D] or [1,..,D])"
+    xs = g.shape(x)
+    if xs is not None:
+        if len(shape) > len(xs):
+            return f"{c!r} has rank {len(shape)} > the rank {len(xs)} of {x!r}; it would broadcast the input"
+        last = xs[-1] if xs else None
+        if isinstance(last, int) and last != shape[-1]:
+            return f"{c!r} has {shape[-1]} values but the last axis of {x!r} has {last}"
+    return None
+
+
+@register_constraint("residual_like", "tt")
+def residual_like(g, r, x):
+    """r is a runtime tensor of x's rank whose known dims equal x's (added without broadcasting)."""
+    if r is None or x is None:
+        return "the optional input is absent"
+    for t in (r, x):
+        if g.constant_value(t) is not None:
+            return f"{t!r} is a constant, not a runtime tensor"
+    rs, xs = g.shape(r), g.shape(x)
+    if rs is None or xs is None:
+        return None  # unknown: the fused op's body adds exactly like the Add it replaces
+    if len(rs) != len(xs):
+        return f"{r!r} has rank {len(rs)} but {x!r} has rank {len(xs)}; the Add broadcasts"
+    for a, b in zip(rs, xs):
+        if isinstance(a, int) and isinstance(b, int) and a != b:
+            return f"{r!r} of shape {_fmt_shape(rs)} and {x!r} of shape {_fmt_shape(xs)} differ; the Add broadcasts"
+    return None
+
+
+@register_constraint("softmax_last_axis", "n")
+def softmax_last_axis(g, node):
+    """node is a Softmax over the last axis at opset >= 13 (older Softmax flattens to 2-D)."""
+    opset = g.root.opset.get("", 0)
+    if opset < 13:
+        return f"opset {opset} < 13: Softmax {node.name!r} normalises over a flattened 2-D view"
+    axis = int(node.attr("axis", -1))
+    if axis == -1:
+        return None
+    r = known_rank(g, node.inputs[0])
+    if r is not None and axis == r - 1:
+        return None
+    return f"Softmax {node.name!r} has axis={axis}, not the last axis"
+
+
+@register_constraint("noop_cast", "n")
+def noop_cast(g, node):
+    """node is a Cast to the element type its input already has."""
+    src = g.dtype(node.inputs[0]) if node.inputs else None
+    to = int(node.attr("to", 0))
+    if src is None:
+        return f"the element type of {node.inputs[0]!r} is unknown, so Cast {node.name!r} may convert"
+    if src != to:
+        return f"Cast {node.name!r} converts element type {src} to {to}"
+    return None
+
+
+@register_constraint("attention_operands", "ttt")
+def attention_operands(g, q, kt, v):
+    """q, kt (K already transposed) and v are runtime tensors of one rank >= 3 with matching head dims."""
+    for t in (q, kt, v):
+        if t is None:
+            return "an input is absent"
+        if g.constant_value(t) is not None:
+            return f"{t!r} is a constant (a weight), not a query/key/value tensor"
+    shapes = [g.shape(t) for t in (q, kt, v)]
+    if any(s is None for s in shapes):
+        return None  # unknown: the body's MatMuls read the operands exactly as the replaced ones did
+    qs, ks, vs = shapes
+    if not (len(qs) == len(ks) == len(vs)) or len(qs) < 3:
+        return (f"q, k^T and v have ranks {len(qs)}, {len(ks)}, {len(vs)}; attention needs one rank >= 3 "
+                "([batch, (heads,) seq, dim])")
+    for (a, an), (b, bn) in (((qs[-1], "q's head dim"), (ks[-2], "k^T's head dim")),
+                             ((ks[-1], "k^T's key length"), (vs[-2], "v's key length"))):
+        if isinstance(a, int) and isinstance(b, int) and a != b:
+            return f"{an} {a} != {bn} {b}"
+    return None
+
+
+@register_constraint("mask_broadcast", "tn")
+def mask_broadcast(g, m, mm):
+    """m broadcasts onto the scores mm computes ([.., Sq, Skv]) without enlarging them, where shapes are known."""
+    if m is None:
+        return "the optional input is absent"
+    ms, ss = g.shape(m), g.shape(mm.outputs[0])
+    if ms is None or ss is None:
+        return None  # unknown: the body adds the mask exactly like the Add it replaces
+    if len(ms) > len(ss):
+        return f"the mask {m!r} has rank {len(ms)} > the rank {len(ss)} of the scores {mm.outputs[0]!r}"
+    for a, b in zip(reversed(ms), reversed(ss)):
+        if isinstance(a, int) and isinstance(b, int) and a not in (1, b):
+            return (f"the mask {m!r} of shape {_fmt_shape(ms)} does not broadcast to the scores "
+                    f"{mm.outputs[0]!r} of shape {_fmt_shape(ss)}")
+    return None
+
+
+@register_constraint("bool_tensor", "t")
+def bool_tensor(g, t):
+    """t has element type bool."""
+    from onnx import TensorProto
+
+    if t is None:
+        return "the optional input is absent"
+    value = g.constant_value(t)
+    dtype = (TensorProto.BOOL if value.dtype == np.bool_ else None) if value is not None else g.dtype(t)
+    if dtype is None and value is None:
+        return f"the element type of {t!r} is unknown"
+    if dtype != TensorProto.BOOL:
+        return f"{t!r} is not a bool tensor"
+    return None
+
+
+@register_builder("mask_fill", "t", "attrs")
+def mask_fill(g, fill):
+    """The Attention mask_value for Where(mask, scores, fill): absent for -inf, else fill when <= -1e30.
+
+    Where replaces masked scores by fill; the op adds fill to them. The two agree exactly for -inf
+    and, in float32, for fills at or below -1e30 (a score is far below their rounding step).
+    """
+    value = _scalar(g, fill, "the mask fill")
+    if value == -np.inf:
+        return {}
+    if not (np.isfinite(value) and value <= -1e30):
+        raise BuildFailed(f"the mask fill {fill!r} is {value:g}; only -inf or a value <= -1e30 (float32 min) "
+                          "masks a score exactly like Where does")
+    return {"mask_value": value}
+
+
+@register_builder("epsilon_attr", "t", "attrs")
+def epsilon_attr(g, eps):
+    """{"epsilon": value} of a non-negative one-element constant."""
+    value = _scalar(g, eps, "epsilon")
+    if not (np.isfinite(value) and value >= 0):
+        raise BuildFailed(f"epsilon {eps!r} is {value:g}, not a finite value >= 0")
+    return {"epsilon": value}
+
+
+@register_builder("layernorm_attrs", "n", "attrs")
+def layernorm_attrs(g, ln):
+    """{"epsilon": ...} of a native LayerNormalization over the last axis with only its Y output used."""
+    extra = [t for t in ln.outputs[1:] if t]
+    if extra:
+        raise BuildFailed(f"{ln.name!r} also outputs {', '.join(map(repr, extra))} (mean / inv std dev)")
+    axis = int(ln.attr("axis", -1))
+    r = known_rank(g, ln.inputs[0])
+    if axis != -1 and (r is None or axis != r - 1):
+        raise BuildFailed(f"{ln.name!r} normalises from axis {axis}, not only the last axis")
+    return {"epsilon": float(ln.attr("epsilon", 1e-5))}
+
+
+@register_builder("attention_scale", "tt?", "attrs")
+def attention_scale(g, s1, s2=None):
+    """{"scale": s1 * s2} of one-element constants (s2 absent: s1)."""
+    value = _scalar(g, s1, "the scale")
+    if s2 is not None:
+        value *= _scalar(g, s2, "the scale")
+    if not np.isfinite(value):
+        raise BuildFailed(f"the attention scale {value:g} is not finite")
+    return {"scale": value}
+
+
+@register_builder("attention_scale_div", "t", "attrs")
+def attention_scale_div(g, s):
+    """{"scale": 1 / s} of a one-element, non-zero constant divisor."""
+    value = _scalar(g, s, "the divisor")
+    if value == 0 or not np.isfinite(value):
+        raise BuildFailed(f"the score divisor {s!r} is {value:g}")
+    return {"scale": 1.0 / value}
+
+
+@register_builder("heads_of", "t", "attrs")
+def heads_of(g, q):
+    """{"num_heads": H} when q is [B, H, S, D] with a known H, else {} (unknown)."""
+    shape = g.shape(q)
+    if shape is not None and len(shape) == 4 and isinstance(shape[1], int) and shape[1] > 0:
+        return {"num_heads": int(shape[1])}
+    return {}
+
+
+def _approximate(node) -> str:
+    approx = node.attr("approximate", "none")
+    return approx.decode() if isinstance(approx, bytes) else str(approx)
+
+
+@register_builder("gelu_attrs", "n", "attrs")
+def gelu_attrs(g, gelu):
+    """{"approximate": ...} of an ONNX (opset 20) or graphopt Gelu node."""
+    approx = _approximate(gelu)
+    if approx not in ("none", "tanh"):
+        raise BuildFailed(f"Gelu {gelu.name!r} has approximate={approx!r}")
+    return {"approximate": approx}
+
+
+@register_builder("gelu_activation", "n", "attrs")
+def gelu_activation(g, gelu):
+    """GemmAct's activation attributes for a Gelu node: Gelu (erf) or GeluTanh."""
+    return {"activation": "GeluTanh" if gelu_attrs(g, gelu)["approximate"] == "tanh" else "Gelu"}

@@ -1,0 +1,155 @@
+"""Every Attention lowering config against graphopt's float64 reference on the GPU.
+
+Marker ``gpu``; the module skips without a device. The sweep covers odd sequence lengths (1, 37,
+257, Sq != Skv), head dims 16 (the committed test exports), 64 and 128 (and Dv != D), K given
+plain or transposed, no mask, a BERT-style additive padding mask [B, 1, 1, Skv], a bool mask
+[B, 1, Sq, Skv], causal (alone and with a mask), in fp16 and fp32. Fully masked rows must give
+NaN, or 0 with nan_to_zero, as the reference does. The cuBLAS lowering is also run inside a CUDA
+graph capture.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from _harness import require_device  # noqa: E402
+
+require_device()
+
+from graphopt.kernels.attention import attention_candidates  # noqa: E402
+from graphopt.kernels.base import Signature  # noqa: E402
+from graphopt.kernels.source import device_arch, prebuild  # noqa: E402
+from graphopt.ops import get_schema  # noqa: E402
+
+TOL = {"float16": 1e-2, "float32": 1e-5}  # max |err| / max |ref|
+B, H = 2, 3
+LENGTHS = ((1, 1), (37, 37), (257, 257), (19, 100))
+HEADS = ((16, 16), (64, 64), (128, 128), (64, 32))
+# (name, mask kind, mask shape builder, attrs)
+MASKS = [
+    ("none", "none", None, {}),
+    ("pad", "additive", lambda sq, skv: (B, 1, 1, skv), {}),
+    ("bool", "bool", lambda sq, skv: (B, 1, sq, skv), {}),
+    ("causal", "none", None, {"causal": 1}),
+    ("causal_pad_nz", "additive", lambda sq, skv: (B, 1, 1, skv), {"causal": 1, "nan_to_zero": 1}),
+]
+
+
+def _inputs(sq, skv, d, dv, kt, kind, mshape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, H, sq, d)).astype(dtype)
+    k = rng.standard_normal((B, H, d, skv) if kt else (B, H, skv, d)).astype(dtype)
+    v = rng.standard_normal((B, H, skv, dv)).astype(dtype)
+    ins = [q, k, v]
+    if kind == "additive":  # padding: the last third of batch item 1's keys masked out
+        m = np.zeros(mshape, dtype=dtype)
+        m[1, ..., skv - skv // 3:] = -10000.0
+        ins.append(m)
+    elif kind == "bool":
+        m = rng.random(mshape) < 0.7
+        m[..., 0] = True
+        ins.append(m)
+    return ins
+
+
+def _sig(ins, kt, kind, attrs):
+    dts = [str(a.dtype) for a in ins]
+    return Signature.make("Attention", [a.shape for a in ins], dts,
+                          {"k_transposed": kt, "mask_kind": kind, **attrs})
+
+
+def _cases():
+    for li, (sq, skv) in enumerate(LENGTHS):
+        for hi, (d, dv) in enumerate(HEADS):
+            for mi, (name, kind, mshape, attrs) in enumerate(MASKS):
+                for dtype in ("float16", "float32"):
+                    kt = (li + hi + mi) % 2  # both K layouts over the sweep
+                    ins = _inputs(sq, skv, d, dv, kt, kind, mshape and mshape(sq, skv), dtype, 0)
+                    sig = _sig(ins, kt, kind, attrs)
+                    for cand in attention_candidates():
+                        if cand.applies(sig, (9, 0)) is None:
+                            yield pytest.param(sq, skv, d, dv, kt, kind, mshape, attrs, dtype, cand,
+                                               id=f"{sq}x{skv}-d{d}v{dv}-kt{kt}-{name}-{dtype}-{cand.key()}")
+
+
+def _run(cand, sig, ins):
+    prebuild(cand.kernels(sig))
+    launch = cand.build(sig, device_arch())
+    dev = [cupy.asarray(a) for a in ins]
+    shape = ins[0].shape[:-1] + (ins[2].shape[-1],)
+    outs = []
+    for _ in range(2):
+        y = cupy.full(shape, cupy.nan, dtype=ins[0].dtype)
+        launch(dev, [y])
+        cupy.cuda.get_current_stream().synchronize()
+        outs.append(cupy.asnumpy(y).astype(np.float64))
+    return outs
+
+
+def _compare(key, got, again, ref, dtype):
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), f"{key}: NaN pattern differs from the reference"
+    assert np.array_equal(np.nan_to_num(got), np.nan_to_num(again)), f"{key}: a second launch differs"
+    g, r = np.nan_to_num(got), np.nan_to_num(ref)
+    err = np.abs(g - r).max() / max(np.abs(r).max(), 1e-30)
+    assert err <= TOL[dtype], f"{key} {dtype}: max error {err:.2e} > {TOL[dtype]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq,skv,d,dv,kt,kind,mshape,attrs,dtype,cand", list(_cases()))
+def test_attention_candidate(sq, skv, d, dv, kt, kind, mshape, attrs, dtype, cand):
+    ins = _inputs(sq, skv, d, dv, kt, kind, mshape and mshape(sq, skv), dtype, zlib.crc32(cand.key().encode()))
+    sig = _sig(ins, kt, kind, attrs)
+    ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
+                                            dict(sig.attrs))[0].astype(np.float64)
+    got, again = _run(cand, sig, ins)
+    _compare(cand.key(), got, again, ref, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nz", [0, 1])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_fully_masked_rows(nz, dtype):
+    """Batch item 1 masks every key: NaN rows (as ONNX Softmax), or zeros with nan_to_zero."""
+    sq, skv, d = 9, 40, 64
+    ins = _inputs(sq, skv, d, d, 0, "none", None, dtype, 5)
+    m = np.ones((B, 1, 1, skv), dtype=bool)
+    m[1] = False
+    ins.append(m)
+    sig = _sig(ins, 0, "bool", {"nan_to_zero": nz})
+    ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
+                                            dict(sig.attrs))[0].astype(np.float64)
+    assert np.isnan(ref[1]).all() != bool(nz)
+    for cand in attention_candidates():
+        if cand.applies(sig, (9, 0)) is None:
+            got, again = _run(cand, sig, ins)
+            _compare(cand.key(), got, again, ref, dtype)
+
+
+@pytest.mark.gpu
+def test_cublas_softmax_captures_and_replays():
+    ins = _inputs(33, 33, 64, 64, 1, "additive", (B, 1, 1, 33), "float16", 11)
+    sig = _sig(ins, 1, "additive", {"scale": 0.125, "causal": 1})
+    cand = next(c for c in attention_candidates() if c.name == "cublas_softmax" and c.applies(sig, (9, 0)) is None)
+    prebuild(cand.kernels(sig))
+    launch = cand.build(sig, device_arch())
+    dev = [cupy.asarray(a) for a in ins]
+    y = cupy.zeros((B, H, 33, 64), dtype="float16")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        launch(dev, [y])  # handle, workspace and kernel exist before the capture
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            launch(dev, [y])
+        finally:
+            graph = stream.end_capture()
+        y.fill(cupy.nan)
+        graph.launch(stream)
+        stream.synchronize()
+    ref = get_schema("Attention").reference([a.astype(np.float64) for a in ins], dict(sig.attrs))[0]
+    _compare(cand.key(), cupy.asnumpy(y).astype(np.float64), cupy.asnumpy(y).astype(np.float64), ref, "float16")

@@ -1,0 +1,187 @@
+"""The Attention lowering candidates on the CPU: the plan (shapes, strides, reasons), which configs
+apply, their keys and kernel instances, the profiler checker's inputs, and the cuBLAS lowering's
+integers executed by a NumPy strided-batched GEMM and mask gather against the op's reference.
+The kernels compile in tests/unit/test_kernels_compile.py and run in tests/gpu/test_attention_gpu.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from graphopt.kernels.attention import (FlashAttention, attention_candidates, attention_kernel_instances,
+                                        attention_plan, flash_mma_smem_bytes, flash_smem_bytes, score_gemm,
+                                        value_gemm)
+from graphopt.kernels.base import Signature
+from graphopt.kernels.check import data_dtype, output_shape, random_inputs
+from graphopt.kernels.registry import all_kernel_instances, candidate_from_key, candidates_for
+from graphopt.ops import get_schema
+
+
+def _sig(B=2, H=3, Sq=5, Skv=7, D=16, Dv=None, kt=0, mask=None, kind="none", dtype="float32", mdtype=None, **attrs):
+    Dv = D if Dv is None else Dv
+    lead = tuple(x for x in (B, H) if x is not None)
+    k = lead + ((D, Skv) if kt else (Skv, D))
+    shapes = [lead + (Sq, D), k, lead + (Skv, Dv)]
+    dts = [dtype] * 3
+    if kind != "none":
+        shapes.append(mask)
+        dts.append(mdtype or (dtype if kind == "additive" else "bool"))
+    return Signature.make("Attention", shapes, dts, {"k_transposed": kt, "mask_kind": kind, **attrs})
+
+
+def test_plan_of_a_gpt2_style_node():
+    p = attention_plan(_sig(B=2, H=4, Sq=11, Skv=11, D=16, kt=1, mask=(2, 1, 1, 11), kind="additive", scale=0.25,
+                            nan_to_zero=1))
+    assert (p.B, p.H, p.Sq, p.Skv, p.D, p.Dv, p.kt, p.scale) == (2, 4, 11, 11, 16, 16, True, 0.25)
+    assert p.mask_strides == (11, 0, 0, 1) and p.mask == 1 and p.nan_to_zero == 1
+    assert p.out_shape == (2, 4, 11, 16)
+    assert attention_plan(_sig(D=64)).scale == 1 / 8
+    assert attention_plan(_sig(B=None, H=None, mask=(7,), kind="bool")).mask_strides == (0, 0, 0, 1)
+    assert attention_plan(_sig(mask=(5, 7), kind="bool", mask_value=-1e30)).mask_strides == (0, 0, 7, 1)
+    assert attention_plan(_sig(mask=(5, 7), kind="bool")).mask_value == -math.inf
+
+
+@pytest.mark.parametrize("sig,reason", [
+    (_sig(mask=(2, 3, 4, 7), kind="additive"), "does not broadcast"),
+    (_sig(mask=(1, 2, 3, 5, 7), kind="additive"), "rank 5"),
+    (_sig(mask=(5, 7), kind="additive", mdtype="bool"), "additive mask of dtype bool"),
+    (_sig(mask=(5, 7), kind="bool", mdtype="float32"), "bool mask of dtype float32"),
+    (_sig(dtype="float64"), "dtypes"),
+    (Signature.make("Attention", [(2, 5, 16), (2, 7, 8), (2, 7, 16)], ["float32"] * 3, {}), "disagree on the head dim"),
+    (Signature.make("Attention", [(2, 4, 5, 16), (2, 1, 7, 16), (2, 1, 7, 16)], ["float32"] * 3, {}), "leading"),
+    (Signature.make("Attention", [(2, 5, 16), (2, 7, 16), (2, 6, 16)], ["float32"] * 3, {}), "has 6 keys"),
+    (Signature.make("Attention", [None, (2, 7, 16), (2, 7, 16)], ["float32"] * 3, {}), "known Q, K and V"),
+    (Signature.make("GemmAct", [(2, 8), (8, 3)], ["float32"] * 2, {}), "is not Attention"),
+])
+def test_signatures_no_candidate_runs(sig, reason):
+    for cand in attention_candidates():
+        assert reason in cand.applies(sig, (9, 0))
+
+
+def _applicable(sig, cc=(9, 0)):
+    return [c.key() for c in candidates_for(sig) if c.applies(sig, cc) is None]
+
+
+def test_configs_that_apply():
+    assert _applicable(_sig(Skv=7, D=16)) == [
+        "cublas_softmax:warps=1", "flash:dmax=32,bm=16,warps=4", "flash:dmax=32,bm=32,warps=4",
+        "flash:dmax=32,bm=64,warps=4", "flash:dmax=32,bm=64,warps=8"]
+    keys = _applicable(_sig(Skv=2048, D=128))
+    assert keys[:4] == [f"cublas_softmax:warps={w}" for w in (1, 2, 4, 8)]
+    assert all("dmax=128" in k for k in keys[4:]) and len(keys) == 8
+    assert _applicable(_sig(D=256)) == ["cublas_softmax:warps=1"]  # no flash config holds head dim 256
+    reasons = {c.key(): c.applies(_sig(Skv=100, D=64), (9, 0)) for c in attention_candidates()}
+    assert reasons["cublas_softmax:warps=8"] == "4 warps already cover a row of 100 keys"
+    assert reasons["flash:dmax=32,bm=16,warps=4"] == "head dim 64 > dmax=32"
+    assert reasons["flash:dmax=128,bm=16,warps=4"] == "dmax=64 already holds head dim 64"
+    big = FlashAttention("flash", (("dmax", 128), ("bm", 64), ("warps", 4)))
+    assert flash_smem_bytes(128, 64) > 48 * 1024
+    assert "shared memory" in big.applies(_sig(D=128), (7, 5)) and big.applies(_sig(D=128), (8, 0)) is None
+
+
+def test_tensor_core_configs():
+    fp16 = _sig(Skv=11, D=64, kt=1, dtype="float16")
+    assert [k for k in _applicable(fp16) if k.startswith("flash_mma")] == [
+        "flash_mma:hd=64,bn=64,stages=1", "flash_mma:hd=64,bn=64,stages=2", "flash_mma:hd=64,bn=128,stages=1",
+        "flash_mma:hd=64,bn=128,stages=2"]
+    reasons = {c.key(): c.applies(fp16, (9, 0)) for c in attention_candidates() if c.name == "flash_mma"}
+    assert reasons["flash_mma:hd=128,bn=64,stages=2"] == "head dims D=64, Dv=64 are not both hd=128"
+    cand = candidate_from_key("Attention", "flash_mma:hd=64,bn=64,stages=2")
+    assert cand.applies(_sig(D=64), (9, 0)) == "dtype float32 (the tensor-core kernel is fp16)"
+    assert "not both hd=64" in cand.applies(_sig(D=64, Dv=32, dtype="float16"), (9, 0))
+    assert "needs 8.0" in cand.applies(fp16, (7, 5))
+    assert cand.kernels(fp16) == [("attention.cu", "flash_mma<half_t,64,64,0,1,2>")]
+    assert flash_mma_smem_bytes(128, 128, True) == 2 * (64 * 136 + 128 * 136 + 128 * 136)
+    assert flash_mma_smem_bytes(128, 64, False, 2) == 2 * (64 * 136 + 2 * (64 * 136 + 64 * 136))
+    big = candidate_from_key("Attention", "flash_mma:hd=128,bn=128,stages=2")
+    assert big.applies(_sig(D=128, kt=1, dtype="float16"), (9, 0)) is None  # 156 KB on sm_90
+    assert flash_mma_smem_bytes(128, 128, True, 2) == 2 * (64 * 136 + 2 * (128 * 136 + 128 * 136)) < 163 * 1024
+
+
+def test_keys_round_trip_and_instances_are_registered():
+    for cand in attention_candidates():
+        assert candidate_from_key("Attention", cand.key()) == cand
+    sig = _sig(D=64, dtype="float16", mask=(2, 1, 1, 7), kind="additive")
+    assert candidate_from_key("Attention", "cublas_softmax:warps=4").kernels(sig) == [
+        ("attention.cu", "attn_softmax<half_t,4,1>")]
+    assert candidate_from_key("Attention", "flash:dmax=64,bm=32,warps=4").kernels(
+        _sig(D=64, mask=(5, 7), kind="bool")) == [("attention.cu", "flash_attn<float,64,32,4,2>")]
+    every = set(all_kernel_instances())
+    assert set(attention_kernel_instances()) <= every
+    for kind, mask in (("none", None), ("additive", (5, 7)), ("bool", (2, 1, 5, 7))):
+        for dt in ("float16", "float32"):
+            s = _sig(D=64, mask=mask, kind=kind, dtype=dt)
+            for c in candidates_for(s):
+                if c.applies(s, (9, 0)) is None:
+                    assert set(c.kernels(s)) <= every
+
+
+def test_checker_inputs_for_a_bool_mask():
+    sig = _sig(B=2, H=1, Sq=3, Skv=4, mask=(2, 1, 3, 4), kind="bool", causal=1, dtype="float16")
+    assert data_dtype(sig) == "float16" and output_shape(sig) == (2, 1, 3, 16)
+    q, k, v, m = random_inputs(sig, np.random.default_rng(1))
+    assert q.dtype == k.dtype == v.dtype == np.float16 and m.dtype == bool and m.shape == (2, 1, 3, 4)
+    assert m[..., 0].all() and not m.all()
+    ref = get_schema("Attention").reference([q, k, v, m], dict(sig.attrs))[0]
+    assert np.isfinite(ref).all()  # key 0 is always attended: no NaN row for the checker's norm
+
+
+def _emulate(sig, inputs):
+    """The cuBLAS lowering's integers run on the CPU: strided-batched GEMMs over flat buffers, the
+    mask gathered through the plan's strides, then the softmax as the kernel computes it."""
+    p = attention_plan(sig)
+
+    def gemm(a, b, M, N, K, trans_b=False, batch=1, stride_a=0, stride_b=0, stride_c=0, alpha=1.0):
+        out = np.empty(batch * stride_c)
+        for z in range(batch):
+            A = a[z * stride_a: z * stride_a + M * K].reshape(M, K)
+            Bm = b[z * stride_b: z * stride_b + K * N].reshape((N, K) if trans_b else (K, N))
+            out[z * stride_c: z * stride_c + M * N] = (alpha * A @ (Bm.T if trans_b else Bm)).reshape(-1)
+        return out
+
+    q, k, v = (np.asarray(x, np.float64).reshape(-1) for x in inputs[:3])
+    s = gemm(q, k, **score_gemm(p)).reshape(p.B, p.H, p.Sq, p.Skv)
+    b, h, i, j = np.meshgrid(*(np.arange(n) for n in (p.B, p.H, p.Sq, p.Skv)), indexing="ij")
+    if p.mask:
+        off = b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]
+        flat = np.asarray(inputs[3]).reshape(-1)[off]
+        s = s + flat if p.mask == 1 else np.where(flat, s, s + p.mask_value)
+    if p.causal:
+        s = np.where(j > i, -np.inf, s)
+    m = s.max(axis=-1, keepdims=True)
+    empty = np.isneginf(m)
+    e = np.where(np.isneginf(s), 0.0, np.exp(s - np.where(empty, 0, m)))
+    with np.errstate(invalid="ignore"):
+        prob = np.where(empty, 0.0 if p.nan_to_zero else np.nan, e / e.sum(axis=-1, keepdims=True))
+    y = gemm(prob.reshape(-1), v, **value_gemm(p))
+    return y.reshape(p.out_shape)
+
+
+CASES = [  # (B, H, Sq, Skv, D, Dv, kt, mask shape, kind, attrs)
+    (2, 3, 5, 7, 16, 16, 0, None, "none", {}),
+    (2, 3, 5, 7, 16, 8, 1, (2, 1, 1, 7), "additive", {"scale": 0.3}),
+    (1, 2, 9, 9, 8, 8, 1, (1, 1, 9, 9), "additive", {"nan_to_zero": 1}),
+    (2, 2, 6, 6, 8, 8, 0, (2, 1, 6, 6), "bool", {"causal": 1}),
+    (2, 2, 6, 4, 8, 8, 0, (4,), "bool", {"mask_value": -1e4}),
+    (None, 4, 3, 5, 8, 8, 1, (4, 3, 5), "bool", {"nan_to_zero": 1}),
+    (None, None, 7, 7, 8, 8, 0, None, "none", {"causal": 1}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[8]}-kt{c[6]}-{'-'.join(c[9])}")
+def test_cublas_lowering_integers_against_the_reference(case):
+    B, H, Sq, Skv, D, Dv, kt, mshape, kind, attrs = case
+    sig = _sig(B=B, H=H, Sq=Sq, Skv=Skv, D=D, Dv=Dv, kt=kt, mask=mshape, kind=kind, **attrs)
+    rng = np.random.default_rng(7)
+    ins = [rng.standard_normal(s) for s in sig.input_shapes[:3]]
+    if kind == "additive":
+        ins.append(rng.standard_normal(mshape))
+    elif kind == "bool":
+        ins.append(rng.random(mshape) < 0.6)
+    ref = get_schema("Attention").reference(ins + [None] * (4 - len(ins)), dict(sig.attrs))[0]
+    got = _emulate(sig, ins)
+    assert got.shape == ref.shape
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(ref), rtol=1e-10, atol=1e-12)

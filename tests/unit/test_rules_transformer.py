@@ -1,0 +1,416 @@
+"""The transformer rules (rules/norm.toml, gelu.toml, attention.toml): every pattern variant fires on a
+graph built the way exporters write it, near-misses are refused with the reason ``--explain``
+shows (an intermediate with another consumer or that is a graph output, a scale or bias that is
+not per-feature, a non-constant or non-scalar operand, a reduction or softmax over another axis,
+a broadcasting residual or mask), and the rewritten graph computes what the original did under
+onnxruntime (CPU) on fresh random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphopt.ir import from_model, to_model
+from graphopt.ops import attach_functions
+from graphopt.rewrite import RuleSet, apply_rules, load_rules
+from graphopt.rewrite.testing import Builder, act_nodes, random_feeds, run_ort
+
+SHIPPED = load_rules()
+FILES = ("norm.toml", "gelu.toml", "attention.toml")
+TRANSFORMER_RULES = sorted(r.name for r in SHIPPED if r.file.endswith(FILES))
+
+
+def _only(*names: str) -> RuleSet:
+    return RuleSet([SHIPPED.get(n) for n in names])
+
+
+def _rewrite(model, rules, explain=False):
+    """Apply ``rules`` to the model with its inferred shapes, as the optimize pipeline does."""
+    typed = onnx.shape_inference.infer_shapes(attach_functions(_copy(model)))
+    g = from_model(typed)
+    report = apply_rules(g, rules, explain=explain)
+    g.lint()
+    return g, report
+
+
+def _copy(model):
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    return m
+
+
+def _same_outputs(model, rewritten_graph, seed=1):
+    out = attach_functions(to_model(rewritten_graph))
+    onnx.checker.check_model(out, full_check=True)
+    feeds = random_feeds(model, seed)
+    for e, a in zip(run_ort(model, feeds), run_ort(out, feeds)):
+        assert e.shape == a.shape
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
+
+
+def _root(model) -> str:
+    return next(n.name for n in model.graph.node if model.graph.output[0].name in n.output)
+
+
+def _const(b: Builder, value, as_node: bool, hint="c", dtype=np.float32) -> str:
+    """A constant as an initializer or as a Constant node's output (both are constants to the rules)."""
+    if not as_node:
+        return b.const(value, hint, dtype)
+    out = b._name(hint)
+    b.nodes.append(helper.make_node("Constant", [], [out], name=b._name("Constant"),
+                                    value=numpy_helper.from_array(np.asarray(value, dtype=dtype))))
+    return out
+
+
+# -- model builders -------------------------------------------------------------------------------
+
+SHAPE = (2, 5, 7)
+
+
+def _reduce_mean(b: Builder, t: str, axes, as_node: bool) -> str:
+    if b.opset >= 18:
+        return b.op("ReduceMean", [t, _const(b, axes, as_node, "axes", np.int64)])
+    return b.op("ReduceMean", [t], axes=axes)
+
+
+def layernorm_model(sq="pow", dv="div", bias=True, opset=13, variant="fires", constant_nodes=False):
+    """TorchScript's decomposed LayerNorm, operands of Add/Mul commuted where exporters differ."""
+    b = Builder(opset, seed=3)
+    x = b.input("x", SHAPE)
+    d_ = SHAPE[-1]
+    axes = [1] if variant == "axis_not_last" else [-1]
+    c = lambda v, hint="c": _const(b, v, constant_nodes, hint)  # noqa: E731
+    d = b.op("Sub", [x, _reduce_mean(b, x, axes, constant_nodes)])
+    square = b.op("Pow", [d, c(2.0, "two")]) if sq == "pow" else b.op("Mul", [d, d])
+    eps = b.input("eps", [1]) if variant == "eps_not_constant" else c(1e-5, "eps")
+    std = b.op("Sqrt", [b.op("Add", [eps, _reduce_mean(b, square, axes, constant_nodes)])])
+    n = b.op("Div", [d, std]) if dv == "div" else b.op("Mul", [b.op("Reciprocal", [std]), d])
+    if variant == "scale_not_per_feature":
+        scale = b.rand([SHAPE[1], d_], "scale")
+    elif variant == "scale_not_constant":
+        scale = b.input("scale", [d_])
+    else:
+        scale = b.rand([d_], "scale")
+    y = b.op("Mul", [scale, n])
+    if bias:
+        y = b.op("Add", [y, b.rand([d_], "bias")])
+    b.output(y)
+    if variant == "second_consumer":
+        b.output(b.op("Neg", [d]))
+    elif variant == "graph_output":
+        b.output(std)
+    return b.model()
+
+
+def native_layernorm_model(variant="fires"):
+    b = Builder(17, seed=4)
+    x = b.input("x", SHAPE)
+    scale = b.input("scale", [SHAPE[-1]]) if variant == "scale_not_constant" else b.rand([SHAPE[-1]], "scale")
+    attrs = {"epsilon": 1e-3, "axis": 1 if variant == "axis_not_last" else -1}
+    out = b._name("ln_out")
+    outs = [out, b._name("mean")] if variant == "mean_used" else [out]
+    b.nodes.append(helper.make_node("LayerNormalization", [x, scale, b.rand([SHAPE[-1]], "bias")], outs,
+                                    name="ln", **attrs))
+    b.output(out)
+    if variant == "mean_used":
+        b.output(b.op("Neg", [outs[1]]))
+    return b.model()
+
+
+def skip_model(variant="single", graphopt_ln=True):
+    """Add(a, r) -> LayerNorm (graphopt's, or ONNX's when ``graphopt_ln`` is False)."""
+    b = Builder(17, seed=5)
+    a = b.input("a", SHAPE)
+    if variant == "broadcast":
+        r = b.input("r", [1, 1, SHAPE[-1]])
+    elif variant == "constant":
+        r = b.rand(SHAPE, "r")
+    else:
+        r = b.input("r", SHAPE)
+    s = b.op("Add", [r, a])
+    scale, bias = b.rand([SHAPE[-1]], "scale"), b.rand([SHAPE[-1]], "bias")
+    if graphopt_ln:
+        y = b.op("LayerNorm", [s, scale, bias], domain="graphopt", epsilon=1e-5)
+    else:
+        y = b.op("LayerNormalization", [s, scale, bias], epsilon=1e-5, axis=-1)
+    b.output(y)
+    if variant == "reused":
+        b.output(b.op("Add", [s, b.input("z", SHAPE)]))
+    elif variant == "sum_output":
+        b.output(s)
+    return b.model()
+
+
+def rmsnorm_model(sq="pow", dv="div", variant="fires"):
+    b = Builder(17, seed=6)
+    x = b.input("x", SHAPE)
+    axes = [0] if variant == "axis_not_last" else [-1]
+    square = b.op("Pow", [x, b.const(2.0, "two")]) if sq == "pow" else b.op("Mul", [x, x])
+    rms = b.op("Sqrt", [b.op("Add", [b.op("ReduceMean", [square], axes=axes), b.const(1e-6, "eps")])])
+    if dv == "div":
+        n = b.op("Div", [x, rms])
+    elif dv == "recip":
+        n = b.op("Mul", [b.op("Reciprocal", [rms]), x])
+    else:
+        n = b.op("Mul", [x, b.op("Div", [b.const(1.0, "one"), rms])])
+    w = b.rand([SHAPE[1], SHAPE[-1]], "w") if variant == "w_not_per_feature" else b.rand([SHAPE[-1]], "w")
+    b.output(b.op("Mul", [n, w]))
+    if variant == "second_consumer":
+        b.output(b.op("Neg", [rms]))
+    return b.model()
+
+
+GELU_FORMS = ["erf_a_div", "erf_a_mul", "erf_b_div", "erf_b_mul", "erf_c_div", "erf_c_mul", "tanh_pow", "tanh_cube"]
+
+
+def gelu_model(form: str, variant="fires"):
+    """GELU on a tensor that no MatMul produces (so the GemmAct epilogue rules do not apply)."""
+    opset = 20 if form in ("gelu", "gelu_tanh") else 17
+    b = Builder(opset, seed=7)
+    x = b.op("Relu", [b.input("x", SHAPE)]) if variant == "fires" else b.input("x", SHAPE)
+    x = b.op("Neg", [x])
+    y = act_nodes(b, form if form.startswith("gelu") else f"gelu_{form}", x)
+    b.output(y)
+    model = b.model()
+    if variant == "wrong_constant":
+        init = next(i for i in model.graph.initializer if i.name.startswith("half"))
+        init.CopyFrom(numpy_helper.from_array(np.asarray(0.6, dtype=np.float32), init.name))
+    elif variant == "second_consumer":
+        inner = next(n for n in model.graph.node if n.op_type in ("Erf", "Tanh"))
+        model.graph.output.append(helper.make_tensor_value_info(inner.output[0], TensorProto.FLOAT, list(SHAPE)))
+    return model
+
+
+def gemmact_gelu_model(reshape: bool, approximate="tanh", activation="none"):
+    b = Builder(17, seed=8)
+    a = b.input("a", [6, 4])
+    y = b.op("GemmAct", [a, b.rand([4, 9]), b.rand([9], "c")], domain="graphopt", mode="gemm", activation=activation)
+    if reshape:
+        y = b.op("Reshape", [y, b.const([2, 3, 9], "shape", np.int64)])
+    b.output(b.op("Gelu", [y], domain="graphopt", approximate=approximate))
+    return b.model()
+
+
+B, H, SQ, SKV, D, DV = 2, 3, 5, 6, 4, 7
+SCALES = ["noscale", "mul", "div", "qk", "q"]
+MASKS = ["nomask", "mask", "where"]
+PROBS = ["softmax", "nan", "cast", "cast2"]
+
+
+def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opset=17):
+    """softmax(q k^T * scale + mask) v as the exports write it: K^T by a Transpose, mask as a runtime tensor."""
+    b = Builder(opset, seed=9)
+    q = b.input("q", [B, H, SQ, D])
+    kt = b.op("Transpose", [b.input("k", [B, H, SKV, D])], perm=[0, 1, 3, 2])
+    v = b.rand([B, H, SKV, DV], "v") if variant == "v_constant" else b.input("v", [B, H, SKV, DV])
+    s1 = b.rand([1, H, 1, 1], "s") if variant == "scale_not_scalar" else None
+    if scale == "noscale":
+        s = b.op("MatMul", [q, kt])
+    elif scale == "mul":
+        s = b.op("Mul", [s1 or b.const(0.5, "s"), b.op("MatMul", [q, kt])])
+    elif scale == "div":
+        s = b.op("Div", [b.op("MatMul", [q, kt]), s1 or b.const(2.0, "s")])
+    elif scale == "qk":
+        r = math.sqrt(0.5)
+        s = b.op("MatMul", [b.op("Mul", [q, s1 or b.const(r, "s")]), b.op("Mul", [b.const(r, "s"), kt])])
+    else:
+        s = b.op("MatMul", [b.op("Mul", [q, s1 or b.const(0.5, "s")]), kt])
+    scores = s
+    if mask == "where":  # GPT-2's eager causal mask: a constant lower-triangular bool tensor
+        tril = np.tril(np.ones((SQ, SKV), dtype=bool))[None, None]
+        fill = {"fill_small": -1e4, "fill_min": float(np.finfo(np.float32).min)}.get(variant, -math.inf)
+        s = b.op("Where", [b.const(tril, "tril", np.bool_), s, b.const(fill, "fill")])
+    if mask == "mask":
+        shape = [1, B, H, SQ, SKV] if variant == "mask_enlarges" else [B, 1, 1, SKV]
+        s = b.op("Add", [b.input("m", shape), s])
+    sm = b.op("Softmax", [s], axis=2 if variant == "softmax_axis" else -1)
+    if probs == "nan":
+        p = b.op("Where", [b.op("IsNaN", [sm]), b.const(0.0, "zero"), sm])
+    elif probs == "cast":
+        p = b.op("Cast", [sm], to=TensorProto.FLOAT)
+    elif probs == "cast2":
+        first = TensorProto.FLOAT16 if variant == "cast_converts" else TensorProto.FLOAT
+        p = b.op("Cast", [b.op("Cast", [sm], to=first)], to=TensorProto.FLOAT)
+    else:
+        p = sm
+    b.output(b.op("MatMul", [p, v]))
+    if variant == "second_consumer":
+        b.output(b.op("Neg", [scores]))
+    elif variant == "graph_output":
+        b.output(sm)
+    return b.model()
+
+
+# -- which test model each rule fires on ------------------------------------------------------------
+
+CASES: dict = {}
+for _sq in ("pow", "mul"):
+    for _dv in ("div", "recip"):
+        CASES[f"layernorm_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: layernorm_model(sq, dv, True)
+        CASES[f"layernorm_nobias_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: layernorm_model(sq, dv, False)
+    for _dv in ("div", "recip", "divone"):
+        CASES[f"rmsnorm_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: rmsnorm_model(sq, dv)
+CASES["layernorm_native"] = native_layernorm_model
+CASES["skip_layernorm"] = lambda: skip_model("single")
+CASES["skip_layernorm_sum"] = lambda: skip_model("reused")
+for _f in GELU_FORMS:
+    CASES[f"gelu_{_f}"] = lambda f=_f: gelu_model(f)
+CASES["gelu_native"] = lambda: gelu_model("gelu_tanh")
+CASES["gemmact_gelu_op"] = lambda: gemmact_gelu_model(False)
+CASES["gemmact_reshape_gelu_op"] = lambda: gemmact_gelu_model(True)
+for _sc in SCALES:
+    for _mk in MASKS:
+        for _pr in PROBS:
+            CASES[f"attention_{_sc}_{_mk}_{_pr}"] = lambda sc=_sc, mk=_mk, pr=_pr: attention_model(sc, mk, pr)
+
+
+def test_every_transformer_rule_has_a_test_case():
+    assert sorted(CASES) == TRANSFORMER_RULES
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rule_fires_alone_and_with_every_rule(name):
+    model = CASES[name]()
+    g, report = _rewrite(model, _only(name))
+    assert report.counts == {name: 1}
+    (match,) = report.matches
+    new = g.node(match.node)
+    assert new.doc_string.startswith(f"graphopt rule={name} from=")
+    assert g.outputs == [o.name for o in model.graph.output]
+    _same_outputs(model, g)
+    g_all, report_all = _rewrite(model, SHIPPED)
+    assert report_all.counts.get(name) == 1, report_all.counts
+    assert [n.op_type for n in g_all.nodes()] == [n.op_type for n in g.nodes()]
+    _same_outputs(model, g_all, seed=2)
+
+
+# -- what each fused node says -------------------------------------------------------------------
+
+@pytest.mark.parametrize("opset", [13, 17, 18])
+@pytest.mark.parametrize("constant_nodes", [False, True])
+def test_layernorm_decomposed_at_every_opset_and_constant_form(opset, constant_nodes):
+    model = layernorm_model("pow", "div", True, opset, constant_nodes=constant_nodes)
+    g, report = _rewrite(model, SHIPPED)
+    assert report.counts == {"layernorm_pow_div": 1}
+    (node,) = [n for n in g.nodes() if n.op_type != "Constant"]  # Constant nodes go in the cleanup passes
+    assert (node.domain, node.op_type) == ("graphopt", "LayerNorm")
+    assert node.attr("epsilon") == pytest.approx(1e-5)
+    _same_outputs(model, g)
+
+
+def test_skip_layernorm_keeps_the_sum_when_it_is_read_again():
+    for variant, rule in (("reused", "skip_layernorm_sum"), ("sum_output", "skip_layernorm_sum"),
+                          ("single", "skip_layernorm")):
+        model = skip_model(variant)
+        g, report = _rewrite(model, SHIPPED, explain=True)
+        assert report.counts == {rule: 1}, (variant, report.counts)
+        ln = next(n for n in g.nodes() if n.op_type == "LayerNorm")
+        s = model.graph.node[0].output[0]  # the Add's output keeps its name, now produced by the LayerNorm
+        assert (ln.outputs == [model.graph.output[0].name, s]) == (rule == "skip_layernorm_sum")
+        assert ln.attr("sum_output", 0) == (1 if rule == "skip_layernorm_sum" else 0)
+        assert [n.op_type for n in g.nodes() if n.op_type == "Add"] == (["Add"] if variant == "reused" else [])
+        _same_outputs(model, g)
+
+
+def test_native_layernorm_then_skip():
+    model = skip_model("reused", graphopt_ln=False)
+    g, report = _rewrite(model, SHIPPED)
+    assert report.counts == {"layernorm_native": 1, "skip_layernorm_sum": 1}
+    _same_outputs(model, g)
+
+
+def test_attention_attributes():
+    g, _ = _rewrite(attention_model("qk", "mask", "nan"), SHIPPED)
+    node = next(n for n in g.nodes() if n.op_type == "Attention")
+    assert node.attr("scale") == pytest.approx(0.5)
+    assert (node.attr("mask_kind"), node.attr("nan_to_zero"), node.attr("k_transposed"), node.attr("num_heads")) == (
+        "additive", 1, 1, H)
+    g, _ = _rewrite(attention_model("div", "nomask", "softmax"), SHIPPED)
+    node = next(n for n in g.nodes() if n.op_type == "Attention")
+    assert node.attr("scale") == pytest.approx(0.5) and node.attr("mask_kind") == "none" and len(node.inputs) == 3
+
+
+@pytest.mark.parametrize("variant,mask_value", [("fires", None), ("fill_min", float(np.finfo(np.float32).min))])
+def test_attention_where_mask_is_a_bool_mask(variant, mask_value):
+    model = attention_model("q", "where", "softmax", variant)
+    g, report = _rewrite(model, SHIPPED)
+    assert report.counts == {"attention_q_where_softmax": 1}
+    node = next(n for n in g.nodes() if n.op_type == "Attention")
+    assert node.attr("mask_kind") == "bool" and node.attr("mask_value") == mask_value
+    _same_outputs(model, g)
+
+
+def test_gelu_after_matmul_bias_goes_into_gemmact():
+    b = Builder(17, seed=10)
+    mm = b.op("MatMul", [b.input("a", [2, 3, 6]), b.rand([6, 5])])
+    b.output(act_nodes(b, "gelu_erf_b_mul", b.op("Add", [b.rand([5], "c"), mm])))
+    model = b.model()
+    g, report = _rewrite(model, SHIPPED)
+    (node,) = g.nodes()
+    assert (node.op_type, node.attr("activation")) == ("GemmAct", "Gelu")
+    _same_outputs(model, g)
+
+
+# -- near-misses --------------------------------------------------------------------------------
+
+NEAR_MISSES = [
+    # (rule, model, reason fragment)
+    ("layernorm_pow_div", lambda: layernorm_model(variant="second_consumer"), "has 3 consumers"),
+    ("layernorm_pow_div", lambda: layernorm_model(variant="graph_output"), "is a graph output"),
+    ("layernorm_pow_div", lambda: layernorm_model(variant="scale_not_per_feature"), "not one value per element of the last axis"),
+    ("layernorm_pow_div", lambda: layernorm_model(variant="scale_not_constant"), "is not a constant"),
+    ("layernorm_pow_div", lambda: layernorm_model(variant="axis_not_last"), "reduces axes [1], not only the last axis"),
+    ("layernorm_pow_div", lambda: layernorm_model(opset=18, variant="axis_not_last"), "reduces axes [1], not only the last axis"),
+    ("layernorm_pow_div", lambda: layernorm_model(variant="eps_not_constant"), "epsilon 'eps' is not a constant"),
+    ("layernorm_native", lambda: native_layernorm_model("axis_not_last"), "normalises from axis 1"),
+    ("layernorm_native", lambda: native_layernorm_model("mean_used"), "(mean / inv std dev)"),
+    ("layernorm_native", lambda: native_layernorm_model("scale_not_constant"), "is not a constant"),
+    ("skip_layernorm", lambda: skip_model("reused"), "has 2 consumers"),
+    ("skip_layernorm", lambda: skip_model("broadcast"), "[1,1,7] differ; the Add broadcasts"),
+    ("skip_layernorm_sum", lambda: skip_model("broadcast"), "the Add broadcasts"),
+    ("skip_layernorm_sum", lambda: skip_model("constant"), "is a constant, not a runtime tensor"),
+    ("rmsnorm_pow_div", lambda: rmsnorm_model(variant="w_not_per_feature"), "not one value per element of the last axis"),
+    ("rmsnorm_pow_div", lambda: rmsnorm_model(variant="axis_not_last"), "reduces axes [0]"),
+    ("rmsnorm_pow_div", lambda: rmsnorm_model(variant="second_consumer"), "has 2 consumers"),
+    ("gelu_erf_a_div", lambda: gelu_model("erf_a_div", "wrong_constant"), "is 0.6, expected 0.5"),
+    ("gelu_tanh_pow", lambda: gelu_model("tanh_pow", "wrong_constant"), "is 0.6, expected 0.5"),
+    ("gelu_erf_c_mul", lambda: gelu_model("erf_c_mul", "second_consumer"), "is a graph output"),
+    ("gemmact_gelu_op", lambda: gemmact_gelu_model(False, activation="Relu"), "has activation='Relu', expected 'none'"),
+    ("attention_mul_mask_nan", lambda: attention_model(variant="scale_not_scalar"), "has shape [1,3,1,1], not a scalar"),
+    ("attention_mul_mask_nan", lambda: attention_model(variant="mask_enlarges"), "has rank 5 > the rank 4 of the scores"),
+    ("attention_mul_mask_nan", lambda: attention_model(variant="softmax_axis"), "has axis=2, not the last axis"),
+    ("attention_mul_mask_nan", lambda: attention_model(variant="v_constant"), "is a constant (a weight)"),
+    ("attention_mul_mask_nan", lambda: attention_model(variant="second_consumer"), "has 2 consumers"),
+    ("attention_mul_mask_nan", lambda: attention_model(variant="graph_output"), "is a graph output"),
+    ("attention_mul_mask_nan", lambda: attention_model(opset=12), "opset 12 < 13"),
+    ("attention_mul_where_nan", lambda: attention_model(mask="where", variant="fill_small"), "is -10000; only -inf"),
+    ("attention_mul_mask_cast2", lambda: attention_model(probs="cast2", variant="cast_converts"), "converts element type 1 to 10"),
+]
+
+
+@pytest.mark.parametrize("rule,build,reason", NEAR_MISSES, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(NEAR_MISSES)])
+def test_near_miss_is_refused_with_its_reason(rule, build, reason):
+    model = build()
+    g, report = _rewrite(model, _only(rule), explain=True)
+    assert report.counts == {}
+    assert len(g) == len(model.graph.node)
+    reasons = [nm.reason for nm in report.near_misses if nm.rule == rule]
+    assert any(reason in r for r in reasons), reasons
+    # Whatever the full rule set does instead, the outputs stay the same.
+    g_all, report_all = _rewrite(model, SHIPPED)
+    assert rule not in report_all.counts
+    _same_outputs(model, g_all)
+
+
+def test_optimize_explain_reports_the_near_miss():
+    import graphopt
+
+    model = attention_model(variant="softmax_axis")
+    optimized, report = graphopt.optimize(model, gpu="none", explain=True, verify=True)
+    assert "Attention" not in report.custom_ops
+    reasons = [nm["reason"] for nm in report.near_misses if nm["rule"].startswith("attention_mul_mask_nan")]
+    assert any("softmax_last_axis(sm): Softmax" in r and "has axis=2, not the last axis" in r for r in reasons), reasons
