@@ -10,6 +10,13 @@ export PYTHONPATH=/tmp/site:. GRAPHOPT_KERNEL_CACHE=${GRAPHOPT_KERNEL_CACHE:-/tm
 mkdir -p "$GRAPHOPT_KERNEL_CACHE"
 [ -f .cubin/cubin.tar.xz ] && tar xJf .cubin/cubin.tar.xz -C "$GRAPHOPT_KERNEL_CACHE"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+# Compile every kernel instance first (parallel NVRTC, its own limit): inside pytest the session
+# fixture's compile counts against the first test's --timeout.
+timeout ${PREBUILD_LIMIT:-240} python3 -c "
+import time; t=time.perf_counter()
+from graphopt.kernels.registry import all_kernel_instances; from graphopt.kernels.source import prebuild
+jobs=all_kernel_instances(); errors=prebuild(jobs)
+print(f'prebuilt {len(jobs)} kernel instances in {time.perf_counter()-t:.1f} s; failures: {errors}')" 2>&1 | tail -3 | tee "$OUT/prebuild.txt"
 cmd="python3 -m pytest -q --tb=line -rfE --timeout 120 -p no:cacheprovider $TESTS"
 { echo "# tests on the lent H200, $(date -u +%FT%T+00:00), code at ${HEAD_COMMIT:-unknown commit} plus the working tree"
   echo "# command: PYTHONPATH=. GRAPHOPT_KERNEL_CACHE=/tmp/gk $cmd"
