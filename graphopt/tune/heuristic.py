@@ -13,9 +13,16 @@ K = C/group*kh*kw. First match wins:
 2. Depthwise (one input channel per group)            -> ``direct`` ``opt=1``.
 3. Tiny channel counts: Mg < 16 or K < 16              -> ``direct`` ``opt=1`` (too thin for tiles).
 4. Compute capability known and below 8.0 (no mma.sync fp16/tf32 path): grouped -> ``direct``,
-   otherwise ``cublas`` (im2col + cuBLAS + fused epilogue).
-5. 1x1 kernel, stride 1, no padding, group 1          -> ``cublas`` (it already is a GEMM).
-6. Everything else                                     -> ``implicit_gemm`` with a tile by size:
+   otherwise ``cublas_ws`` (im2col + cuBLAS + fused epilogue).
+5. Group 1 and few output pixels (Npix <= 1024: batch 1 at 32x32 or less) -> ``cublas_ws``
+   (cuBLAS on graphopt's own handle; im2col first unless 1x1). Measured on the H200 at bs1 fp16
+   (``bench/results/kernel_explore_h200.json``): fastest on 9 of 11 ResNet-50 / MobileNetV2 layers,
+   e.g. r50.l3.c2 22 us against 46 us for the best tensor-core tile and 27 us for cuDNN.
+6. 1x1 kernel, stride 1, no padding, group 1          -> ``pointwise_gemm``
+   ``bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1`` (the GEMM reads NCHW directly; fastest or within
+   5% of the fastest on the most bs32 rows of ``bench/results/cbr_layers_h200.json``), ``cublas_ws``
+   where that tile does not apply.
+7. Everything else                                     -> ``implicit_gemm`` with a tile by size:
    ``bm=128`` when Mg >= 128 else 64; ``bn=128`` when Npix >= 4096 else 64; warps ``wm=2`` and
    ``wn=4`` for the 128x128 tile, else ``wm=2,wn=2``; ``bk=32``; ``splitk=1`` (split-K is left to
    profiling). An unknown capability (``--gpu none``) is treated as 8.0.
@@ -23,9 +30,14 @@ K = C/group*kh*kw. First match wins:
 The names and params are exactly those of the kernels' candidates (``Candidate.key()``), so the
 runtime can rebuild the chosen candidate from the node's ``lowering`` / ``lowering_params``.
 
-Rules for ``GemmAct``: always ``cublas`` (cuBLAS reaches the matrix peak on large GEMMs,
+Rules for ``GemmAct``: always ``cublas_ws`` (cuBLAS reaches the matrix peak on large GEMMs,
 680 TFLOP/s fp16 measured on the H200 per design.md; the bias and activation run in one fused
-epilogue kernel).
+epilogue kernel). ``cublas_ws`` calls cuBLAS through graphopt's own handle and workspace
+(``graphopt.kernels.blas``), which a CUDA graph can capture; it timed the same as ``cupy.matmul``
+(181.6 against 181.3 us at 4096^3 fp16, ``kernel_explore_h200.json``).
+
+A rule's tile is checked with the candidate's own ``applies``; where it does not apply (say, channels
+that are not a multiple of the tile's ``bk``) the next rule's choice is taken.
 
 Other ``graphopt`` ops have no rules here yet: they get ``default`` (the runtime's only kernel)
 unless a rule is added with ``register_heuristic``.
@@ -41,8 +53,12 @@ from graphopt.kernels.base import Signature
 # Lowering names shared with graphopt/kernels (a candidate's ``name``) and written into the model.
 CBR_DIRECT = "direct"
 CBR_IMPLICIT_GEMM = "implicit_gemm"
-CBR_CUBLAS = "cublas"
-GEMM_CUBLAS = "cublas"
+CBR_CUBLAS = "cublas_ws"
+CBR_POINTWISE = "pointwise_gemm"
+POINTWISE_PARAMS = "bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1"
+GEMM_CUBLAS = "cublas_ws"
+# Npix (N*Ho*Wo) at or below which cuBLAS beats the tensor-core tiles (bs1, measured on the H200).
+SMALL_NPIX = 1024
 DEFAULT_LOWERING = "default"
 DIRECT_PARAMS = "opt=1"
 
@@ -117,6 +133,17 @@ def conv_geometry(sig: Signature) -> dict | None:
     )
 
 
+def _applies(sig: Signature, name: str, params: str, cc: tuple[int, int]) -> bool:
+    """Whether the kernels' own candidate ``name:params`` takes this signature."""
+    from graphopt.kernels.registry import candidate_from_key
+
+    try:
+        cand = candidate_from_key(sig.op, f"{name}:{params}" if params else name)
+        return cand.applies(sig, cc) is None
+    except Exception:  # an incomplete signature (unknown dims) or an unknown key: do not take the rule
+        return False
+
+
 @register_heuristic("CBR")
 def _cbr(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
     g = conv_geometry(sig)
@@ -137,7 +164,11 @@ def _cbr(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
         group == 1 and all(v == 1 for v in g["kernel"]) and all(v == 1 for v in g["strides"])
         and all(v == 0 for v in g["pads"]) and g["auto_pad"] in ("NOTSET", "VALID")
     )
+    if group == 1 and npix <= SMALL_NPIX:
+        return CBR_CUBLAS, "", f"few output pixels (Npix={npix} <= {SMALL_NPIX}): cuBLAS plus fused epilogue"
     if pointwise:
+        if _applies(sig, CBR_POINTWISE, POINTWISE_PARAMS, eff_cc):
+            return CBR_POINTWISE, POINTWISE_PARAMS, "1x1 stride-1 convolution is a plain GEMM on NCHW: pointwise tensor-core tile"
         return CBR_CUBLAS, "", "1x1 stride-1 convolution is a plain GEMM: cuBLAS plus fused epilogue"
     bm = 128 if mg >= 128 else 64
     bn = 128 if npix >= 4096 else 64

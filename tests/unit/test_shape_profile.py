@@ -262,8 +262,8 @@ def test_heuristic_and_none_modes_record_buckets_too():
     g = from_model(build_model())
     rep = select_lowerings(g, "a100", devices=[], shape_profile={"x": {"N": [1, 32]}})
     cbr = json.loads(_lowering_nodes(g)["cbr_3x3"].attr("lowering_buckets"))
-    # the heuristic's tile follows the pixel count: bn=64 below 4096 output pixels, 128 above
-    assert [r["params"].split(",")[1] for r in cbr] == ["bn=64", "bn=128"]
+    # the heuristic follows the pixel count: cuBLAS for batch 1's few pixels, a bn=128 tile at batch 32
+    assert [(r["lowering"], r["params"].split(",")[1:2]) for r in cbr] == [("cublas_ws", []), ("implicit_gemm", ["bn=128"])]
     assert all(r.mode == "heuristic" for r in rep.rows) and "(6 nodes x 2 buckets)" in rep.summary
     assert "12 node-buckets" in rep.summary
     g = from_model(build_model())

@@ -27,13 +27,18 @@ CASES = [
     ((1, 256, 28, 28), (256, 32, 3, 3), dict(group=8, **P3), "implicit_gemm"),  # wide groups: tiles per group
     ((1, 64, 56, 56), (8, 64, 3, 3), P3, "direct"),                              # tiny output channels
     ((1, 3, 224, 224), (64, 3, 1, 1), {}, "direct"),                             # tiny reduction K=3
-    ((32, 256, 56, 56), (64, 256, 1, 1), dict(strides=[1, 1]), "cublas"),        # 1x1 stride 1
+    ((32, 256, 56, 56), (64, 256, 1, 1), dict(strides=[1, 1]), "pointwise_gemm"),  # 1x1 stride 1
+    ((32, 60, 56, 56), (64, 60, 1, 1), {}, "pointwise_gemm"),                  # 1x1, K=60: the tile handles tails
+    ((1, 256, 14, 14), (1024, 256, 1, 1), {}, "cublas_ws"),                    # bs1 1x1: 196 pixels
+    ((1, 256, 14, 14), (256, 256, 3, 3), P3, "cublas_ws"),                     # bs1 3x3: im2col + cuBLAS
+    ((1, 64, 56, 56), (64, 64, 3, 3), P3, "implicit_gemm"),                    # 3136 pixels: tiles again
     ((32, 256, 56, 56), (512, 256, 1, 1), dict(strides=[2, 2]), "implicit_gemm"),  # 1x1 stride 2
     ((32, 3, 224, 224), (64, 3, 7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3]), "implicit_gemm"),  # stem
     ((32, 64, 56, 56), (64, 64, 3, 3), P3, "implicit_gemm"),
-    ((1, 512, 7, 7), (512, 512, 3, 3), P3, "implicit_gemm"),
+    ((1, 512, 7, 7), (512, 512, 3, 3), P3, "cublas_ws"),
+    ((8, 512, 7, 7), (512, 512, 3, 3), P3, "cublas_ws"),                      # 392 pixels
     ((4, 64, 1000), (128, 64, 5), dict(pads=[2, 2]), "implicit_gemm"),          # 1-D
-    ((4, 64, 1000), (128, 64, 1), {}, "cublas"),
+    ((4, 64, 1000), (128, 64, 1), {}, "pointwise_gemm"),
     ((2, 17, 33, 29), (24, 17, 3, 3), dict(dilations=[2, 2], pads=[2, 1, 2, 1]), "implicit_gemm"),  # odd sizes
 ]
 
@@ -49,6 +54,8 @@ def test_cbr_choices(x, w, attrs, expected):
         assert p["bk"] == "32" and p["splitk"] == "1"
     elif name == "direct":
         assert params == "opt=1"
+    elif name == "pointwise_gemm":
+        assert params == "bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1"
     else:
         assert params == ""
 
@@ -64,10 +71,10 @@ def test_tile_follows_channels_and_pixels():
         p = params_dict(heuristic_lowering("CBR", cbr(x, w, **P3), (9, 0))[1])
         return int(p["bm"]), int(p["bn"]), int(p["wm"]), int(p["wn"])
 
-    assert tile((1, 512, 7, 7), (512, 512, 3, 3)) == (128, 64, 2, 2)     # 49 pixels at batch 1
+    assert tile((32, 512, 7, 7), (512, 512, 3, 3)) == (128, 64, 2, 2)    # 1568 pixels
     assert tile((32, 128, 28, 28), (128, 128, 3, 3)) == (128, 128, 2, 4)
     assert tile((32, 64, 56, 56), (64, 64, 3, 3)) == (64, 128, 2, 2)     # 64 output channels
-    assert tile((1, 64, 8, 8), (64, 64, 3, 3)) == (64, 64, 2, 2)
+    assert tile((32, 64, 8, 8), (64, 64, 3, 3)) == (64, 64, 2, 2)
 
 
 def test_compute_capability():
@@ -75,15 +82,15 @@ def test_compute_capability():
     s32 = cbr((32, 64, 56, 56), (64, 64, 3, 3), "float32", **P3)
     assert heuristic_lowering("CBR", s16, None)[0] == "implicit_gemm"  # unknown: treated as sm 8.0
     assert heuristic_lowering("CBR", s32, (8, 0))[0] == "implicit_gemm"  # tf32
-    assert heuristic_lowering("CBR", s16, (7, 5))[0] == "cublas"
-    assert heuristic_lowering("CBR", s32, (7, 0))[0] == "cublas"
+    assert heuristic_lowering("CBR", s16, (7, 5))[0] == "cublas_ws"
+    assert heuristic_lowering("CBR", s32, (7, 0))[0] == "cublas_ws"
     grouped = cbr((1, 256, 28, 28), (256, 32, 3, 3), group=8, **P3)
     assert heuristic_lowering("CBR", grouped, (7, 5))[:2] == ("direct", "opt=1")
 
 
 def test_gemm_act_and_unknown_ops():
     sig = Signature.make("GemmAct", [(8, 768), (768, 3072), (3072,)], ["float16"] * 3, {"mode": "matmul"}, layout="rowmajor")
-    assert heuristic_lowering("GemmAct", sig, (9, 0))[:2] == ("cublas", "")
+    assert heuristic_lowering("GemmAct", sig, (9, 0))[:2] == ("cublas_ws", "")
     name, params, reason = heuristic_lowering("Attention", Signature.make("Attention", [], [], {}), (9, 0))
     assert (name, params) == ("default", "") and "Attention" in reason
 
@@ -150,3 +157,14 @@ def test_gemm_act_heuristic_choice_is_a_real_applicable_candidate(shapes, attrs,
     key = f"{name}:{params}" if params else name
     cands = {c.key(): c for c in gemm_act_candidates()}
     assert key in cands and cands[key].applies(sig, (9, 0)) is None, cands.get(key) and cands[key].applies(sig, (9, 0))
+
+
+@pytest.mark.parametrize("x, w, attrs", [c[:3] for c in CASES])
+def test_every_choice_is_a_real_candidate_that_applies(x, w, attrs):
+    """The heuristic names a candidate the kernels have, and that candidate takes the signature."""
+    from graphopt.kernels.registry import candidate_from_key
+
+    sig = cbr(x, w, **attrs)
+    name, params, _ = heuristic_lowering("CBR", sig, (9, 0))
+    cand = candidate_from_key("CBR", f"{name}:{params}" if params else name)
+    assert cand.applies(sig, (9, 0)) is None
