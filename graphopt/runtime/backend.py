@@ -233,9 +233,16 @@ class CudaBackend(_Backend):
         op = node.op_type
         attrs = ops_custom.op_attrs(node)
         ctx = ops_std.OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
-        impl = ops_custom.XP_IMPLS[op]
-        fallback = (lambda ins: impl(ctx, ins, attrs))
-        fb_capture = self.capture_issue("MatMul")
+        impl = ops_custom.XP_IMPLS.get(op)
+        if impl is not None:
+            fallback = (lambda ins: impl(ctx, ins, attrs))
+            fb_capture = self.capture_issue("MatMul")
+        else:
+            fallback = self._host_reference(op, attrs)
+            fb_capture = f"graphopt.{op} without a usable lowering runs its NumPy reference on the host"
+        if op not in ops_custom.XP_IMPLS and len([o for o in node.outputs if o]) > 1:
+            # the kernels fill the first output only (LayerNorm's kept sum S is the reference's business)
+            return fallback, fb_capture, f"graphopt.{op} with {len(node.outputs)} outputs: runs the NumPy reference"
         try:
             key = ops_custom.lowering_key(node, self.dims)
         except ValueError as e:
@@ -262,7 +269,7 @@ class CudaBackend(_Backend):
             launch = cand.build(sig, self.arch)
         except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop the model
             return fallback, fb_capture, f"lowering {key} failed to build ({type(e).__name__}: {str(e)[:160]}): runs the CuPy fallback"
-        out_shape = ops_custom.output_shape(op, shapes, attrs, node)
+        out_shape = ops_custom.output_shape(op, shapes, attrs, node, sig)
         out_dtype = in_arrays[0].dtype
         cupy = self.cupy
 

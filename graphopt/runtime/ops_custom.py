@@ -1,11 +1,14 @@
-"""graphopt custom ops (CBR, GemmAct) in the runtime: lowering choice, output shapes, xp fallbacks.
+"""graphopt custom ops in the runtime: lowering choice, output shapes, xp fallbacks.
 
 On CUDA a node runs its recorded lowering (``lowering`` / ``lowering_params``, or the matching
 entry of ``lowering_buckets``) through ``graphopt.kernels``. When no lowering applies (none
 recorded, a dtype the kernels lack, a candidate that does not apply to the actual shapes) the node
 runs ``cbr_xp`` / ``gemm_act_xp``: the NumPy reference's semantics written against ``xp`` (CuPy on
 the GPU), with the same convolution and GEMM as the standard ops. Those fallbacks are tested on
-the CPU with ``xp = numpy`` against the references.
+the CPU with ``xp = numpy`` against the references. The other registered ops (LayerNorm, RMSNorm,
+Gelu, Attention, and any op added with ``graphopt.ops.register_schema``) run their lowering the
+same way; their fallback is the schema's NumPy reference (on the host, so a plan with one is not
+captured in a CUDA graph and says why).
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ import numpy as np
 
 from graphopt.runtime import ops_std
 
-CUSTOM_OPS = ("CBR", "GemmAct")
+CUSTOM_OPS = ("CBR", "GemmAct")  # the ops with an xp (on-device) fallback; every registered op runs
+
+
+def runnable_ops() -> set[str]:
+    """Every graphopt op the runtime can run: each registered schema (its reference is the fallback)."""
+    from graphopt.ops import schemas
+
+    return {s.name for s in schemas()}
 
 
 # ---------------------------------------------------------------- lowering selection
@@ -145,8 +155,12 @@ def gemm_act_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
 XP_IMPLS = {"CBR": cbr_xp, "GemmAct": gemm_act_xp}
 
 
-def output_shape(op: str, shapes: Sequence[tuple[int, ...] | None], attrs: Mapping[str, Any], node) -> tuple[int, ...]:
-    """The output shape of a CBR / GemmAct node for these input shapes (for the kernels' out buffer)."""
+def output_shape(op: str, shapes: Sequence[tuple[int, ...] | None], attrs: Mapping[str, Any], node, sig=None) -> tuple[int, ...]:
+    """The (first) output shape of a custom-op node for these input shapes (the kernels' out buffer)."""
+    if op not in XP_IMPLS:
+        from graphopt.kernels.check import output_shape as kernel_output_shape
+
+        return tuple(kernel_output_shape(sig))
     if op == "CBR":
         x, w = shapes[0], shapes[1]
         ctx = ops_std.OpContext(np, node, 0, {})

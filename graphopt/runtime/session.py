@@ -39,9 +39,7 @@ DTYPES = {None: None, "float32": None, "fp32": None, "float16": np.float16, "fp1
 
 def unsupported_nodes(graph) -> dict[str, list[str]]:
     """op -> node names the runtime cannot run (every graph and subgraph)."""
-    from graphopt.ops import schemas
-
-    custom = {s.name for s in schemas()} & set(ops_custom.CUSTOM_OPS)
+    custom = ops_custom.runnable_ops()
     bad: dict[str, list[str]] = defaultdict(list)
     for _, node in graph.walk():
         if node.domain in ("", "ai.onnx"):
