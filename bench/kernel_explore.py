@@ -48,7 +48,7 @@ def main(argv=None):
 
     from graphopt.kernels.base import Signature
     from graphopt.kernels.geometry import conv_geom
-    from graphopt.kernels.registry import applicable, candidates_for
+    from graphopt.kernels.registry import applicable
     from graphopt.kernels.source import device_arch, get_kernel, instance, prebuild
     from graphopt.kernels.timing import cuda_event_timer, median
 

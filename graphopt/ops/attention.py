@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 import numpy as np
-from onnx import AttributeProto, TensorProto, helper
+from onnx import TensorProto, helper
 
 from graphopt.errors import RuleError
 from graphopt.ops._body import Body, dtype_token

@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import networkx as nx
 import onnx
 
 from graphopt.errors import InvalidGraph, RuleError

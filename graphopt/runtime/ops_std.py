@@ -324,7 +324,6 @@ class _Attrs2D:
 
 @op("Conv")
 def _conv(ctx, ins):
-    xp = ctx.xp
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) > 2 else None
     one_d = x.ndim == 3

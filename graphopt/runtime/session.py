@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
-from graphopt.errors import GraphoptError, InvalidModel, TuningError, UnsupportedModel
+from graphopt.errors import GraphoptError, InvalidModel, UnsupportedModel
 from graphopt.runtime import ops_custom, ops_std
 from graphopt.runtime.plan import Plan, trace
 

@@ -4,7 +4,6 @@ peak bytes, dynamic plans, fp16, and the errors a user can cause."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
