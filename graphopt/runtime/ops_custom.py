@@ -13,7 +13,6 @@ captured in a CUDA graph and says why).
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Mapping, Sequence
 
@@ -32,37 +31,33 @@ def runnable_ops() -> set[str]:
 
 
 # ---------------------------------------------------------------- lowering selection
-def select_bucket(buckets: Sequence[Mapping[str, Any]], dims: Mapping[str, int]) -> Mapping[str, Any]:
-    """The first bucket (sorted ascending) whose every dim is >= the actual size, else the last.
+def select_bucket(buckets: "str | Sequence[Mapping[str, Any]]", dims: Mapping[str, int]) -> Mapping[str, Any]:
+    """The bucket that ``graphopt.tune.buckets.choose`` dispatches to (one rule for the optimizer and the
+    runtime): the first (ascending) whose every dim is >= the actual size, else the last.
 
     ``dims`` maps symbolic dim names to the actual sizes; a bucket dim the run does not bind counts
-    as satisfied (it cannot be compared).
+    as satisfied (it cannot be compared). ``ValueError`` for an empty or malformed list.
     """
-    if not buckets:
-        raise ValueError("lowering_buckets is empty")
-    for b in buckets:
-        if all(int(v) >= int(dims[k]) for k, v in dict(b.get("dims", {})).items() if k in dims):
-            return b
-    return buckets[-1]
+    from graphopt.errors import TuningError
+    from graphopt.tune.buckets import choose, decode
 
-
-def parse_buckets(text: str, where: str) -> list[dict]:
-    """The ``lowering_buckets`` attribute (a JSON list of {dims, lowering, params}); ValueError naming ``where``."""
     try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"{where}: lowering_buckets is not JSON ({e})") from None
-    if not isinstance(data, list) or not all(isinstance(b, dict) and isinstance(b.get("lowering"), str)
-                                             and isinstance(b.get("dims", {}), dict) for b in data):
-        raise ValueError(f"{where}: lowering_buckets must be a list of {{\"dims\": {{...}}, \"lowering\": \"...\", \"params\": \"...\"}}")
-    return data
+        rows = decode(buckets)
+        actual = {k: int(dims.get(k, 1)) for k in rows[0]["dims"]}
+        lowering, params = choose(rows, actual)
+    except TuningError as e:
+        raise ValueError(str(e)) from None
+    return next(r for r in rows if (r["lowering"], r["params"]) == (lowering, params))
 
 
 def lowering_key(node, dims: Mapping[str, int]) -> str | None:
     """The candidate key (``name`` or ``name:params``) this node should run with, or None."""
     buckets = node.attr("lowering_buckets", None)
     if buckets:
-        b = select_bucket(parse_buckets(buckets, f"node {node.name!r}"), dims)
+        try:
+            b = select_bucket(buckets, dims)
+        except ValueError as e:
+            raise ValueError(f"node {node.name!r}: {e}") from None
         name, params = b["lowering"], b.get("params", "") or ""
     else:
         name, params = node.attr("lowering", None), node.attr("lowering_params", "") or ""
