@@ -17,7 +17,7 @@ import time; t=time.perf_counter()
 from graphopt.kernels.registry import all_kernel_instances; from graphopt.kernels.source import prebuild
 jobs=all_kernel_instances(); errors=prebuild(jobs)
 print(f'prebuilt {len(jobs)} kernel instances in {time.perf_counter()-t:.1f} s; failures: {errors}')" 2>&1 | tail -3 | tee "$OUT/prebuild.txt"
-cmd="python3 -m pytest -q --tb=line -rfE --timeout 120 -p no:cacheprovider $TESTS"
+cmd="python3 -m pytest -q --tb=${TB:-line} -rfE --timeout 120 -p no:cacheprovider $TESTS"
 { echo "# tests on the lent H200, $(date -u +%FT%T+00:00), code at ${HEAD_COMMIT:-unknown commit} plus the working tree"
   echo "# command: PYTHONPATH=. GRAPHOPT_KERNEL_CACHE=/tmp/gk $cmd"
   timeout ${TEST_LIMIT:-300} $cmd 2>&1; echo "# exit status $?"; } | tee "$OUT/gpu_tests_h200.txt" | tail -25

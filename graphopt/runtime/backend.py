@@ -281,3 +281,15 @@ class CudaBackend(_Backend):
 
         capture = "lowering 'cublas' calls cupy.matmul (refuses stream capture)" if cand.name == "cublas" else None
         return run, capture, None
+
+    def _host_reference(self, op: str, attrs):
+        """The schema's NumPy reference, with the inputs copied to the host and the outputs back."""
+        from graphopt.ops import get_schema
+
+        schema, cupy = get_schema(op), self.cupy
+
+        def run(ins):
+            host = [None if a is None else cupy.asnumpy(a) for a in ins]
+            return [cupy.asarray(np.asarray(y)) for y in schema.reference(host, attrs)]
+
+        return run

@@ -93,7 +93,7 @@ def _conv_model() -> onnx.ModelProto:
                       h.make_node("Relu", ["c"], ["y"], name="relu")], "g",
                      [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
                      [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 12, 12])], [w])
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
 
 
 def test_optimize_with_faulting_candidates_finishes_with_a_real_lowering(tmp_path, monkeypatch):

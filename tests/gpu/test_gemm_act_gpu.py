@@ -75,6 +75,9 @@ def _act_cases():
         for dtype in DTYPES:
             for name in ("odd_2d", "gemm_transb_alpha_beta", "pipe_transb_tails"):
                 for cand in gemm_act_candidates():
+                    # the cp.async configs exist for fp16 with 16-byte aligned rows (pipe_transb_tails) only
+                    if "st=" in cand.key() and (dtype != "float16" or name != "pipe_transb_tails"):
+                        continue
                     if cand.key() in picks:
                         yield pytest.param(ai, dtype, name, cand, id=f"act{ai}-{ACTS[ai]['activation']}-{name}-{dtype}-{cand.key()}")
 

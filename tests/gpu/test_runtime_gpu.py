@@ -211,7 +211,7 @@ def _two_relu_model(n=64):
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, n])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, n])], [w])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def test_a_data_dependent_plan_runs_eagerly_with_a_reason():
@@ -219,7 +219,7 @@ def test_a_data_dependent_plan_runs_eagerly_with_a_reason():
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
                                        helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    sess = Session(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), device="cuda")
+    sess = Session(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), device="cuda")
     x = np.arange(12, dtype=np.float32).reshape(2, 6)
     for _ in range(3):
         assert to_numpy(sess.run({"x": x, "shape": np.array([3, 4])})["y"]).shape == (3, 4)

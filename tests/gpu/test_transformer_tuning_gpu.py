@@ -38,6 +38,7 @@ def test_norm_and_attention_nodes_are_profiled(file, tmp_path, monkeypatch):
     for r in rows:
         assert r["mode"] in ("profiled", "cached"), (r["node"], r["mode"], r["reason"])
         assert r["lowering"] in names[r["op"]], r
-        # every candidate that applies builds, passes the reference check and times
-        failed = [(t["candidate"], t["status"], t["reason"]) for t in r["timings"] if t["status"] != OK]
-        assert r["timings"] and not failed, (r["node"], failed)
+        # every candidate that applies (pruned = refused by its own applies(), e.g. vec=8 on fp32)
+        # builds, passes the reference check and times
+        failed = [(t["candidate"], t["status"], t["reason"]) for t in r["timings"] if t["status"] not in (OK, "pruned")]
+        assert any(t["status"] == OK for t in r["timings"]) and not failed, (r["node"], failed)

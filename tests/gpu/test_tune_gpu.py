@@ -27,7 +27,7 @@ def _model() -> onnx.ModelProto:
              helper.make_node("Relu", ["c"], ["y"], name="relu")]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 12, 12])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32, 12, 12])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def _buckets(model: onnx.ModelProto) -> tuple[list[dict], str, str]:

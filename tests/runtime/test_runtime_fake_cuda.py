@@ -67,6 +67,24 @@ def test_optimized_custom_ops_fall_back_when_their_lowering_cannot_build(fake_cu
         assert "CBR" in notes or "fallback" in notes, notes
 
 
+@pytest.mark.parametrize("name", ["transformer_block.onnx", "torch/gpt2_dynamo_op18.onnx"])
+def test_optimized_transformer_ops_run_on_cuda(fake_cuda, name):
+    """LayerNorm / Attention / GemmAct nodes after optimize: lowering or host reference, never a crash."""
+    import graphopt
+    from graphopt.runtime import Session, to_numpy
+
+    path = str(ROOT / "models" / name)
+    opt, _ = graphopt.optimize(path, gpu="none")
+    ops = {n.op_type for n in opt.graph.node if n.domain == "graphopt"}
+    assert ops & {"LayerNorm", "Attention"}, ops  # the test must exercise the transformer ops
+    feeds = random_feeds(opt, np.random.default_rng(2))
+    want = ort_run(path, feeds)
+    sess = Session(opt, device="cuda", cuda_graphs=False)
+    got = sess.run(feeds)
+    for k, w in want.items():
+        assert rel_err(to_numpy(got[k]), w) <= 1e-3, (name, k)
+
+
 def test_a_failed_capture_moves_every_session_to_a_fresh_stream(fake_cuda, monkeypatch):
     from graphopt.runtime import Session, backend, to_numpy
 
