@@ -482,20 +482,30 @@ def _lrn(ctx, ins):
 
 
 # ---------------------------------------------------------------- normalisation / softmax / reductions
-@op("Softmax")
-def _softmax(ctx, ins):
-    x = ins[0]
-    xp = ctx.xp
+def _softmax_family(ctx, x, fn):
+    """Softmax / LogSoftmax: ``fn(xp, xa, axis)`` over ``axis``; before opset 13 the input is coerced
+    to 2-D at ``axis`` (default 1) and the op runs over the flattened trailing dims."""
     xa = _acc(ctx, x)
     if ctx.opset < 13:
         axis = ctx.attr("axis", 1) % x.ndim
-        shape = x.shape
-        xa = xa.reshape(int(np.prod(shape[:axis], dtype=np.int64)), -1)
-        e = xp.exp(xa - xa.max(axis=1, keepdims=True))
-        return [(e / e.sum(axis=1, keepdims=True)).reshape(shape).astype(x.dtype)]
-    axis = ctx.attr("axis", -1)
+        rows = xa.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
+        return [fn(ctx.xp, rows, 1).reshape(x.shape).astype(x.dtype)]
+    return [fn(ctx.xp, xa, ctx.attr("axis", -1)).astype(x.dtype)]
+
+
+def _softmax_of(xp, xa, axis):
     e = xp.exp(xa - xa.max(axis=axis, keepdims=True))
-    return [(e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)]
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _logsoftmax_of(xp, xa, axis):
+    d = xa - xa.max(axis=axis, keepdims=True)
+    return d - xp.log(xp.exp(d).sum(axis=axis, keepdims=True))
+
+
+@op("Softmax")
+def _softmax(ctx, ins):
+    return _softmax_family(ctx, ins[0], _softmax_of)
 
 
 @op("LayerNormalization")
@@ -901,18 +911,7 @@ def _logsumexp(xp, x, axes, keep):
 
 @op("LogSoftmax")
 def _logsoftmax(ctx, ins):
-    x = ins[0]
-    xp = ctx.xp
-    xa = _acc(ctx, x)
-    if ctx.opset < 13:
-        axis = ctx.attr("axis", 1) % x.ndim
-        shape = x.shape
-        xa = xa.reshape(int(np.prod(shape[:axis], dtype=np.int64)), -1)
-        d = xa - xa.max(axis=1, keepdims=True)
-        return [(d - xp.log(xp.exp(d).sum(axis=1, keepdims=True))).reshape(shape).astype(x.dtype)]
-    axis = ctx.attr("axis", -1)
-    d = xa - xa.max(axis=axis, keepdims=True)
-    return [(d - xp.log(xp.exp(d).sum(axis=axis, keepdims=True))).astype(x.dtype)]
+    return _softmax_family(ctx, ins[0], _logsoftmax_of)
 
 
 @op("InstanceNormalization")
