@@ -279,6 +279,22 @@ def _conv_geometry(ctx, in_spatial, kernel):
     return strides, dil, pads, outs
 
 
+def pad_constant(xp, x, pad_width, fill=0):
+    """``xp.pad(x, pad_width, mode="constant", constant_values=fill)`` without host-to-device copies.
+
+    Written by hand because ``cupy.pad`` builds its constant on the host and copies it over, which
+    a CUDA-graph capture refuses: on the H200 every captured model with a padded Conv fell back to
+    eager with "H2D transfers are disallowed" (the models without one captured), which this is
+    meant to fix (not yet re-run there). The output is ``xp.full`` (a fill kernel) and the input
+    is copied into its interior: device work only."""
+    if not any(a or b for a, b in pad_width):
+        return x
+    shape = tuple(int(d) + int(a) + int(b) for d, (a, b) in zip(x.shape, pad_width))
+    out = xp.full(shape, fill, dtype=x.dtype)
+    out[tuple(slice(int(a), int(a) + int(d)) for d, (a, _) in zip(x.shape, pad_width))] = x
+    return out
+
+
 def _windows(xp, x, kernel, strides, dil, pads, outs, fill):
     """Padded input -> list of KH*KW strided slices, each (N, C, OH, OW) (2-D only; 1-D is lifted)."""
     nd = len(kernel)
@@ -289,7 +305,7 @@ def _windows(xp, x, kernel, strides, dil, pads, outs, fill):
         right = max(pads[i + nd], need - x.shape[2 + i] - pads[i])
         pad_width.append((pads[i], right))
     if any(p != (0, 0) for p in pad_width):
-        x = xp.pad(x, pad_width, mode="constant", constant_values=fill)
+        x = pad_constant(xp, x, pad_width, fill)
     slices = []
     for kh in range(kernel[0]):
         for kw in range(kernel[1]):
@@ -387,7 +403,7 @@ def _windows_nd(xp, x, kernel, strides, dil, pads, outs, fill):
         need = (outs[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1  # ceil_mode windows stay in bounds
         pad_width.append((pads[i], max(pads[i + nd], need - x.shape[2 + i] - pads[i])))
     if any(p != (0, 0) for p in pad_width):
-        x = xp.pad(x, pad_width, mode="constant", constant_values=fill)
+        x = pad_constant(xp, x, pad_width, fill)
     slices = []
     for ks in itertools.product(*[range(k) for k in kernel]):
         idx = (slice(None), slice(None)) + tuple(
@@ -417,7 +433,7 @@ def _pool(ctx, x, kind):
     # never the ceil-mode overhang
     ones = xp.ones((1, 1) + tuple(x.shape[2:]), dtype=xa.dtype)
     pw = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
-    ones = xp.pad(ones, pw, constant_values=1 if ctx.attr("count_include_pad", 0) else 0)
+    ones = pad_constant(xp, ones, pw, 1 if ctx.attr("count_include_pad", 0) else 0)
     cnt = _windows_nd(xp, ones, kernel, strides, dil, [0] * (2 * nd), outs, 0)
     c = cnt[0]
     for s in cnt[1:]:
@@ -473,7 +489,7 @@ def _lrn(ctx, ins):
     sq = xa * xa
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
     pw = [(0, 0), (lo, hi)] + [(0, 0)] * (x.ndim - 2)
-    sqp = xp.pad(sq, pw)
+    sqp = pad_constant(xp, sq, pw)
     C = x.shape[1]
     s = sqp[:, 0:C]
     for i in range(1, size):
@@ -797,8 +813,9 @@ def _pad(ctx, ins):
     if any(p < 0 for w in width for p in w):
         raise NotImplementedError("Pad with negative pads")
     np_mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
-    kw = {"constant_values": value} if np_mode == "constant" else {}
-    return [ctx.xp.pad(x, width, mode=np_mode, **kw)]
+    if np_mode == "constant":
+        return [pad_constant(ctx.xp, x, width, value)]
+    return [ctx.xp.pad(x, width, mode=np_mode)]
 
 
 @op("Constant")
