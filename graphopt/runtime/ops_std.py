@@ -381,7 +381,13 @@ def conv2d(ctx, actx, x, w):
         cols = x.reshape(N, C, H * W)  # 1x1 stride-1 convolution: the input is already the column matrix
     else:
         sl = _windows(xp, x, [KH, KW], strides, dil, pads, outs, 0)
-        cols = xp.stack(sl, axis=2).reshape(N, G, K, OH * OW)  # (N, C, K, OH, OW): c major, (kh, kw) minor
+        # (N, C, KH*KW, OH, OW): c major, (kh, kw) minor. Filled slice by slice rather than with
+        # xp.stack: CuPy's stack of many arrays may upload a pointer table from the host, which a
+        # CUDA-graph capture refuses.
+        stacked = xp.empty((N, C, KH * KW, OH, OW), dtype=x.dtype)
+        for k, s in enumerate(sl):
+            stacked[:, :, k] = s
+        cols = stacked.reshape(N, G, K, OH * OW)
         if G == 1:
             cols = cols.reshape(N, K, OH * OW)
     if G == 1:
