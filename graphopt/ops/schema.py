@@ -61,7 +61,7 @@ def _check_type(name: str, value: Any, typ: type) -> str | None:
 class OpSchema:
     """One custom op.
 
-    Fields follow /work/notes/ops_contract.md: ``inputs`` is a list of ``(name, optional)``,
+    ``inputs`` is a list of ``(name, optional)``,
     ``attributes`` maps a name to ``(python type, default or None)`` where ``list`` means a list
     of ints and a ``None`` default means "absent unless given". The four callables are the op's
     private implementation and are wrapped by the public methods below.
@@ -84,6 +84,13 @@ class OpSchema:
     # reads them through ``Constant(value_float=<ref>)``, which has no fallback when the caller's
     # attribute is absent (an op's own attribute default, e.g. LeakyRelu's alpha, needs no entry).
     explicit_defaults: tuple[str, ...] = ()
+    # The op's semantics against an array module: ``xp_impl(xp, inputs, attrs, matmul) -> outputs``,
+    # with ``xp`` numpy or cupy and ``matmul(a, b)`` the runtime's GEMM (capture-safe on the GPU). It
+    # computes in float32 (float16 inputs are upcast) and returns arrays of the first input's dtype,
+    # every output the op has. The runtime runs it on the device when no lowering applies, so a node
+    # never falls back to the host; ``None`` only for an op whose runtime fallback lives in the runtime
+    # itself (CBR's convolution).
+    xp_impl: Callable[..., list] | None = field(default=None, repr=False)
 
     # -- checks ---------------------------------------------------------------------------------
     def validate(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool]) -> str | None:
