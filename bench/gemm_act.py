@@ -48,7 +48,7 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
-    from graphopt.kernels.base import Signature
+    from graphopt.lowering.contract import Signature
     from graphopt.kernels.registry import all_kernel_instances
     from graphopt.kernels.source import device_arch, prebuild
     from graphopt.kernels.timing import cuda_event_timer, median

@@ -46,7 +46,7 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
-    from graphopt.kernels.base import Signature
+    from graphopt.lowering.contract import Signature
     from graphopt.kernels.geometry import conv_geom
     from graphopt.kernels.registry import applicable
     from graphopt.kernels.source import device_arch, get_kernel, instance, prebuild

@@ -63,7 +63,7 @@ def main(argv=None):
     import torch.nn.functional as F
 
     from graphopt.kernels.attention import attention_kernel_instances
-    from graphopt.kernels.base import Signature
+    from graphopt.lowering.contract import Signature
     from graphopt.kernels.norm import norm_kernel_instances
     from graphopt.kernels.source import device_arch, get_kernel, instance, prebuild
     from graphopt.kernels.timing import cuda_event_timer, median

@@ -262,7 +262,7 @@ def test_cpu_checks_block_compiles_and_checks_every_config(guide):
 
 def test_a_wrong_emulation_is_caught_by_the_numpy_check(guide):
     import bias_relu
-    from graphopt.kernels.base import Signature
+    from graphopt.lowering.contract import Signature
     from graphopt.kernels.check import numpy_checker
 
     sig = Signature.make("BiasRelu", [(4, 6), (6,)], ["float32", "float32"], {})
@@ -315,7 +315,7 @@ def test_register_family_and_source_checks(guide):
     import bias_relu
     from graphopt.errors import TuningError
     from graphopt.kernels import candidates_for
-    from graphopt.kernels.base import Signature
+    from graphopt.lowering.contract import Signature
     from graphopt.kernels.registry import candidate_from_key, ops, register_family, unregister_family
     from graphopt.kernels.source import read_source, register_source, source_hash
 

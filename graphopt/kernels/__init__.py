@@ -3,7 +3,7 @@
 Importing this package needs neither CuPy nor a GPU; ``build`` and the timer do.
 """
 
-from graphopt.kernels.base import Candidate, Signature
+from graphopt.lowering.contract import Candidate, Signature
 from graphopt.kernels.registry import applicable, candidate_from_key, candidates_for, ops
 from graphopt.kernels.timing import cuda_event_timer
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import blas
-from graphopt.kernels.base import Candidate, Signature
+from graphopt.lowering.contract import Candidate, Signature
 from graphopt.kernels.cbr import ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.base import Candidate, Signature
+from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
@@ -654,7 +654,8 @@ class CublasConv(Candidate):
                 rs = (g.M * OHW, OHW, 1) if mat else rst
             epi(egrid, (256,), (y, ptr(B), ptr(R), i64(total), i32(g.M), i32(OHW), i32(rs[0]), i32(rs[1]), i32(rs[2])) + tail_act)
 
-        return launch
+        # cupy.matmul refuses stream capture; the runtime's own cuBLAS handle does not
+        return Lowering(launch=lambda ins, outs, ws: launch(ins, outs), capturable=own)
 
 
 def _is_pointwise(g: geo.ConvGeom) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.base import Signature
+from graphopt.lowering.contract import Lowering, Signature
 
 # Normwise relative error allowed per dtype. fp32 lowerings on the tensor cores round operands to
 # tf32 (~3e-4 normwise on random data), hence 2e-3 rather than an fp32 bound.
@@ -171,7 +171,12 @@ def checker(sig: Signature, launch: Callable[[Sequence[Any], Sequence[Any]], Non
     inputs, ref, idx = _prepare(sig)
     dt = data_dtype(sig)
     dev = [None if a is None else cupy.asarray(a) for a in inputs]
-    out = cupy.full(output_shape(sig), cupy.nan, dtype=dt)
+    if isinstance(launch, Lowering):  # inputs and the poisoned output in the layouts it declares
+        dev = launch.conform(dev, cupy)
+        out = launch.empty_outputs(len(dev), [output_shape(sig)], dt, cupy)[0]
+        out[...] = cupy.nan
+    else:
+        out = cupy.full(output_shape(sig), cupy.nan, dtype=dt)
     launch(dev, [out])
     cupy.cuda.get_current_stream().synchronize()
     return compare(cupy.asnumpy(out).astype(np.float64).reshape(-1), ref, idx, dt)

@@ -17,7 +17,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.base import Candidate, Signature
+from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.kernels.cbr import MMA_TAIL, TiledMmaParams, VEC, mma_family, ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
@@ -213,7 +213,8 @@ class CublasGemm(Candidate):
             epi(egrid, (256,), (y, ptr(c), i64(total), i32(p.M), i32(p.N), i64(bs[0]), i32(bs[1]), i32(bs[2]),
                                 f32(p.alpha), f32(p.beta)) + tail_act)
 
-        return launch
+        # cupy.matmul refuses stream capture; the runtime's own cuBLAS handle does not
+        return Lowering(launch=lambda ins, outs, ws: launch(ins, outs), capturable=own)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from graphopt.errors import TuningError
-from graphopt.kernels.base import Signature
+from graphopt.lowering.contract import Signature
 from graphopt.kernels.source import ACT_CODES
 
 INT32_MAX = 2**31 - 1

@@ -23,7 +23,7 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.base import Candidate, Signature
+from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.kernels.cbr import ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
@@ -152,7 +152,8 @@ class NormRows(Candidate):
             kern(grid, block, (X, ptr(skip), ptr(skip_bias), scale, ptr(bias), Y, ptr(S),
                                i32(p.rows), i32(p.D), f32(p.eps), i32(max(1, p.skip_rows))))
 
-        return launch
+        # with a skip input the kernel also writes the sum S (LayerNorm's second output) when given one
+        return Lowering(launch=lambda ins, outs, ws: launch(ins, outs), outputs=2 if p.skip_rows else 1)
 
 
 def norm_candidates(dtype: str = "float32") -> list[Candidate]:

@@ -1,7 +1,11 @@
-"""All lowering candidates per op: the profiler enumerates these and prunes with ``applies``.
+"""All lowering candidates per op, from every provider: the profiler enumerates these and prunes
+with ``applies``; the runtime finds a recorded one by its key (a dict, not a scan).
 
-``register_family`` adds a candidate family from outside this package (for a new op, or more
-candidates for CBR / GemmAct); docs/adding_a_fused_op.md walks through one.
+Providers: graphopt's own kernels (this package) and the vendor libraries in ``graphopt.providers``
+(cuDNN frontend graphs; they import without the library and report in ``applies`` why they cannot
+run). ``register_family`` adds a candidate family from outside (for a new op, or more candidates
+for CBR / GemmAct); docs/adding_a_fused_op.md walks through one. ``signature_of`` is the one place
+a node's signature is made (the tuner and the runtime both call it).
 """
 
 from __future__ import annotations
@@ -9,13 +13,15 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from graphopt.kernels.attention import attention_candidates, attention_kernel_instances
-from graphopt.kernels.base import Candidate, Signature
+from graphopt.lowering.contract import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.gemm_act import gemm_act_candidates
 from graphopt.kernels.norm import norm_candidates, norm_kernel_instances
+from graphopt.providers import provider_candidates, provider_from_key
 
 _FAMILIES = {"CBR": cbr_candidates, "GemmAct": gemm_act_candidates, "LayerNorm": norm_candidates,
              "RMSNorm": norm_candidates, "Attention": attention_candidates}
+_KEYS: dict[str, dict[str, Candidate]] = {}  # op -> key -> candidate (built on first lookup; reset on registration)
 # Registered families: op -> [make() -> candidates], in registration order, after the built-in one.
 _EXTRA: dict[str, list[Callable[[], Sequence[Candidate]]]] = {}
 # op -> output_shape(sig): what the profiler's checker allocates for an op it does not know.
@@ -40,6 +46,7 @@ def register_family(op: str, make: Callable[[], Sequence[Candidate]], *,
         raise ValueError(f"register_family({op!r}): pass output_shape=fn(sig) -> shape for an op that is not built in")
     fams = _EXTRA.setdefault(op, [])
     fams[:] = [f for f in fams if not _same(f, make)] + [make]
+    _KEYS.pop(op, None)
     if output_shape is not None:
         _OUTPUT_SHAPES[op] = output_shape
 
@@ -47,6 +54,7 @@ def register_family(op: str, make: Callable[[], Sequence[Candidate]], *,
 def unregister_family(op: str, make: Callable[[], Sequence[Candidate]]) -> None:
     """Remove a family added with ``register_family`` (tests)."""
     fams = [f for f in _EXTRA.get(op, []) if not _same(f, make)]
+    _KEYS.pop(op, None)
     if fams:
         _EXTRA[op] = fams
     else:
@@ -69,6 +77,17 @@ def _makers(op: str) -> list[Callable[[], Sequence[Candidate]]]:
     return base + list(_EXTRA.get(op, []))
 
 
+def layout_of(op: str) -> str:
+    """The layout a node's signature is made in: GEMMs row-major, the rest NCHW (1-D convs too)."""
+    return "rowmajor" if op == "GemmAct" else "NCHW"
+
+
+def signature_of(op: str, shapes: Sequence, dtypes: Sequence[str], attrs) -> Signature:
+    """The signature of a node of ``op`` with these input shapes / dtypes / attributes (the
+    ``lowering*`` attributes are left out): the tuner and the runtime both make it here."""
+    return Signature.make(op, shapes, dtypes, attrs, layout=layout_of(op))
+
+
 def ops() -> list[str]:
     """Op types that have GPU lowerings."""
     return sorted(set(_FAMILIES) | set(_EXTRA))
@@ -80,7 +99,9 @@ def candidates_for(sig: Signature) -> list[Candidate]:
     The list is not pruned: call ``cand.applies(sig, compute_capability)`` and skip those that return
     a reason.
     """
-    return [c for make in _makers(sig.op) for c in make()]
+    makers = _makers(sig.op)
+    own = [c for make in makers[:1] for c in make()]
+    return own + provider_candidates(sig.op, sig) + [c for make in makers[1:] for c in make()]
 
 
 def applicable(sig: Signature, compute_capability: tuple[int, int]) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
@@ -99,9 +120,16 @@ def candidate_from_key(op: str, key: str) -> Candidate:
     """The candidate whose ``key()`` is ``key`` (as recorded in a model or the tuning cache)."""
     from graphopt.errors import TuningError
 
-    for cand in (c for make in _makers(op) for c in make()):
-        if cand.key() == key:
-            return cand
+    index = _KEYS.get(op)
+    if index is None:
+        index = _KEYS[op] = {}
+        for cand in (c for make in _makers(op) for c in make()):
+            index.setdefault(cand.key(), cand)
+    if key in index:
+        return index[key]
+    vendor = provider_from_key(op, key)  # provider plans are per signature: parsed, not listed
+    if vendor is not None:
+        return vendor
     raise TuningError(f"no {op} lowering named {key!r}; run `graphopt optimize` again to re-tune")
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from graphopt.errors import GraphoptError, TuningError
+from graphopt.kernels.registry import candidate_from_key, signature_of
+from graphopt.lowering.contract import as_lowering
 from graphopt.runtime import ops_custom, ops_std
 
 
@@ -32,6 +34,7 @@ class _Backend:
     def __init__(self, compute_dtype=None):
         self.compute_dtype = None if compute_dtype is None else np.dtype(compute_dtype)
         self.dims: dict[str, int] = {}  # symbolic dim -> actual size for the run being traced
+        self.workspace_bytes = 0  # lowering workspaces allocated at plan build (counted in peak memory)
         self.matmul = ops_std.numpy_matmul
 
     @staticmethod
@@ -229,67 +232,66 @@ class CudaBackend(_Backend):
         return None
 
     def custom_step(self, graph, node, in_arrays):
-        """(run, capture problem, note): the recorded lowering, else the xp fallback and why."""
+        """(run, capture problem, note): the recorded lowering, else the op's device fallback and why.
+
+        Nothing runs on the host: a node whose lowering cannot run and whose op has no device
+        fallback (``OpSchema.xp_impl``) is refused here, naming the node, before any run."""
         op = node.op_type
         attrs = ops_custom.op_attrs(node)
+        n_out = len(node.outputs)
         ctx = ops_std.OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
-        impl = ops_custom.XP_IMPLS.get(op)
-        if impl is not None:
-            fallback = (lambda ins: impl(ctx, ins, attrs))
-            fb_capture = self.capture_issue("MatMul")
-        else:
-            fallback = self._host_reference(op, attrs)
-            fb_capture = f"graphopt.{op} without a usable lowering runs its NumPy reference on the host"
-        if op not in ops_custom.XP_IMPLS and len([o for o in node.outputs if o]) > 1:
-            # the kernels fill the first output only (LayerNorm's kept sum S is the reference's business)
-            return fallback, fb_capture, f"graphopt.{op} with {len(node.outputs)} outputs: runs the NumPy reference"
+        impl = ops_custom.device_impl(op)
+
+        def fallback_for(why: str):
+            if impl is None:
+                raise self.error(f"node {node.name!r} (graphopt.{op}): {why}, and the op has no device implementation "
+                                 f"(OpSchema.xp_impl): it would run on the host. Re-run `graphopt optimize` for this "
+                                 f"GPU, or give the op an xp_impl")
+            return (lambda ins: impl(ctx, ins, attrs)), self.capture_issue("MatMul"), f"{why}: runs the CuPy fallback"
+
         try:
             key = ops_custom.lowering_key(node, self.dims)
         except ValueError as e:
             raise self.error(str(e)) from None
         if key is None:
-            return fallback, fb_capture, "no lowering recorded: runs the CuPy fallback"
-        from graphopt.kernels.base import Signature
-        from graphopt.kernels.registry import candidate_from_key
-
+            return fallback_for("no lowering recorded")
         shapes = [None if a is None else tuple(int(d) for d in a.shape) for a in in_arrays]
         dtypes = ["" if a is None else np.dtype(a.dtype).name for a in in_arrays]
-        sig = Signature.make(op, shapes, dtypes, attrs, layout="rowmajor" if op == "GemmAct" else "NCHW")
+        sig = signature_of(op, shapes, dtypes, attrs)
         try:
             cand = candidate_from_key(op, key)
         except GraphoptError as e:
-            return fallback, fb_capture, f"{e}: runs the CuPy fallback"
-        if cand.name == "cublas" and self.cuda_graphs:
-            return fallback, fb_capture, ("lowering 'cublas' calls cupy.matmul, which refuses stream capture: "
-                                          "runs the same GEMM through the runtime's cuBLAS handle")
+            return fallback_for(str(e))
         reason = cand.applies(sig, self.compute_capability)
         if reason:
-            return fallback, fb_capture, f"lowering {key} does not apply ({reason}): runs the CuPy fallback"
+            return fallback_for(f"lowering {key} does not apply ({reason})")
         try:
-            launch = cand.build(sig, self.arch)
+            lowering = as_lowering(cand.build(sig, self.arch))
         except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop the model
-            return fallback, fb_capture, f"lowering {key} failed to build ({type(e).__name__}: {str(e)[:160]}): runs the CuPy fallback"
+            return fallback_for(f"lowering {key} failed to build ({type(e).__name__}: {str(e)[:160]})")
+        if lowering.outputs < n_out:
+            return fallback_for(f"lowering {key} fills {lowering.outputs} of the node's {n_out} outputs")
+        if not lowering.capturable and self.cuda_graphs:
+            fb = fallback_for(f"lowering {key} cannot be captured in a CUDA graph")
+            if fb[1] is None:  # the fallback captures: it is the better choice with graphs on
+                return fb
         out_shape = ops_custom.output_shape(op, shapes, attrs, node, sig)
         out_dtype = in_arrays[0].dtype
         cupy = self.cupy
+        workspace = cupy.empty(int(lowering.workspace_bytes), dtype=cupy.uint8) if lowering.workspace_bytes else None
+        self.workspace_bytes += int(lowering.workspace_bytes)
+        n_in = len(in_arrays)
+        # Constant inputs (weights) are put into the lowering's layout once, here; activations are
+        # converted only when their producer left them in another layout (a CNN region's edge).
+        fixed = {i: lowering.conform([None] * i + [a], cupy)[i] for i, a in enumerate(in_arrays)
+                 if a is not None and i < len(node.inputs) and graph.is_constant(node.inputs[i])}
 
         def run(ins):
-            ins = [None if a is None else cupy.ascontiguousarray(a) for a in ins]
-            y = cupy.empty(out_shape, dtype=out_dtype)
-            launch(ins, [y])
-            return [y]
+            ins = lowering.conform([fixed.get(i, a) for i, a in enumerate(ins)], cupy)
+            outs = lowering.empty_outputs(n_in, [out_shape] * n_out, out_dtype, cupy)
+            lowering.launch(ins, outs, workspace)
+            return outs
 
-        capture = "lowering 'cublas' calls cupy.matmul (refuses stream capture)" if cand.name == "cublas" else None
+        capture = None if lowering.capturable else f"lowering {key} cannot be captured in a CUDA graph"
         return run, capture, None
 
-    def _host_reference(self, op: str, attrs):
-        """The schema's NumPy reference, with the inputs copied to the host and the outputs back."""
-        from graphopt.ops import get_schema
-
-        schema, cupy = get_schema(op), self.cupy
-
-        def run(ins):
-            host = [None if a is None else cupy.asnumpy(a) for a in ins]
-            return [cupy.asarray(np.asarray(y)) for y in schema.reference(host, attrs)]
-
-        return run

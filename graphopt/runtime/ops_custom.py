@@ -1,14 +1,15 @@
 """graphopt custom ops in the runtime: lowering choice, output shapes, xp fallbacks.
 
 On CUDA a node runs its recorded lowering (``lowering`` / ``lowering_params``, or the matching
-entry of ``lowering_buckets``) through ``graphopt.kernels``. When no lowering applies (none
-recorded, a dtype the kernels lack, a candidate that does not apply to the actual shapes) the node
-runs ``cbr_xp`` / ``gemm_act_xp``: the NumPy reference's semantics written against ``xp`` (CuPy on
-the GPU), with the same convolution and GEMM as the standard ops. Those fallbacks are tested on
-the CPU with ``xp = numpy`` against the references. The other registered ops (LayerNorm, RMSNorm,
-Gelu, Attention, and any op added with ``graphopt.ops.register_schema``) run their lowering the
-same way; their fallback is the schema's NumPy reference (on the host, so a plan with one is not
-captured in a CUDA graph and says why).
+entry of ``lowering_buckets``) through the lowering registry. When no lowering applies (none
+recorded, a dtype the kernels lack, a candidate that does not apply to the actual shapes, a node
+with more outputs than the lowering fills) the node runs its *device fallback*: the op's semantics
+written against ``xp`` (CuPy on the GPU), computing in float32, with the runtime's capture-safe GEMM.
+The built-in ops' fallbacks are here (``XP_IMPLS``: CBR and GemmAct share the standard ops'
+convolution and GEMM); an op added with ``graphopt.ops.register_schema`` brings its own as
+``OpSchema.xp_impl``. An op with neither cannot run on the device, and the session refuses it at
+plan build rather than copying tensors to the host. Every fallback is tested on the CPU with
+``xp = numpy`` against the op's float64 reference.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import numpy as np
 
 from graphopt.runtime import ops_std
 
-CUSTOM_OPS = ("CBR", "GemmAct")  # the ops with an xp (on-device) fallback; every registered op runs
 
 
 def runnable_ops() -> set[str]:
@@ -147,7 +147,84 @@ def gemm_act_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     return [apply_activation(ctx, y, attrs).astype(a.dtype)]
 
 
-XP_IMPLS = {"CBR": cbr_xp, "GemmAct": gemm_act_xp}
+def _eps(attrs, default: float) -> float:
+    return float(np.float32(attrs.get("epsilon", default)))
+
+
+def layer_norm_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
+    """graphopt.LayerNorm over the last axis of S = X [+ skip [+ skip_bias]]; outputs [Y] or [Y, S]."""
+    x, scale, bias, skip, skip_bias = (list(ins) + [None] * 5)[:5]
+    s = _f32(ctx, x)
+    if skip is not None:
+        s = s + _f32(ctx, skip)
+        if skip_bias is not None:
+            s = s + _f32(ctx, skip_bias)
+    xp = ctx.xp
+    d = s - s.mean(axis=-1, keepdims=True)
+    y = d / xp.sqrt((d * d).mean(axis=-1, keepdims=True) + np.float32(_eps(attrs, 1e-5))) * _f32(ctx, scale)
+    if bias is not None:
+        y = y + _f32(ctx, bias)
+    out = [y.astype(x.dtype)]
+    if attrs.get("sum_output", 0):
+        out.append(s.astype(x.dtype))
+    return out
+
+
+def rms_norm_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
+    """graphopt.RMSNorm: X / sqrt(mean(X^2) + epsilon) * scale over the last axis."""
+    x, scale = ins[0], ins[1]
+    xf = _f32(ctx, x)
+    y = xf / ctx.xp.sqrt((xf * xf).mean(axis=-1, keepdims=True) + np.float32(_eps(attrs, 1e-6))) * _f32(ctx, scale)
+    return [y.astype(x.dtype)]
+
+
+def gelu_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
+    """graphopt.Gelu, exact (erf) or ``approximate="tanh"``."""
+    x = ins[0]
+    name = "GeluTanh" if attrs.get("approximate", "none") == "tanh" else "Gelu"
+    return [apply_activation(ctx, _f32(ctx, x), {"activation": name}).astype(x.dtype)]
+
+
+def attention_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
+    """graphopt.Attention: softmax(Q K^T * scale [+ mask] [causal]) V; scores and softmax in float32."""
+    xp = ctx.xp
+    q, k, v, mask = (list(ins) + [None] * 4)[:4]
+    kt = k if attrs.get("k_transposed", 0) else xp.swapaxes(k, -1, -2)
+    scale = float(np.float32(attrs["scale"])) if attrs.get("scale") is not None else 1.0 / math.sqrt(q.shape[-1])
+    # Q is scaled before the GEMM (as the kernels do): fp16 scores then stay in range
+    qs = (_f32(ctx, q) * np.float32(scale)).astype(q.dtype)
+    s = _f32(ctx, ctx.matmul(xp.ascontiguousarray(qs), xp.ascontiguousarray(kt)))
+    kind = attrs.get("mask_kind", "none")
+    if kind == "additive":
+        s = s + _f32(ctx, mask)
+    elif kind == "bool":
+        mv = float(np.float32(attrs["mask_value"])) if attrs.get("mask_value") is not None else -math.inf
+        s = s + xp.where(mask.astype(bool), np.float32(0), np.float32(mv))
+    if attrs.get("causal", 0):
+        sq, skv = s.shape[-2:]
+        s = xp.where(xp.arange(skv)[None, :] > xp.arange(sq)[:, None], np.float32(-math.inf), s)
+    e = xp.exp(s - s.max(axis=-1, keepdims=True))
+    p = e / e.sum(axis=-1, keepdims=True)  # fully masked rows: NaN, as the reference
+    if attrs.get("nan_to_zero", 0):
+        p = xp.where(xp.isnan(p), np.float32(0), p)
+    return [ctx.matmul(xp.ascontiguousarray(p.astype(v.dtype)), xp.ascontiguousarray(v)).astype(q.dtype)]
+
+
+# The built-in ops' device fallbacks; a registered op's is its OpSchema.xp_impl (see device_impl).
+XP_IMPLS = {"CBR": cbr_xp, "GemmAct": gemm_act_xp, "LayerNorm": layer_norm_xp, "RMSNorm": rms_norm_xp,
+            "Gelu": gelu_xp, "Attention": attention_xp}
+
+
+def device_impl(op: str):
+    """``fn(ctx, inputs, attrs) -> outputs`` that runs ``op`` on ``ctx.xp``, or None when the op has none."""
+    if op in XP_IMPLS:
+        return XP_IMPLS[op]
+    from graphopt.ops import get_schema
+
+    impl = get_schema(op).xp_impl
+    if impl is None:
+        return None
+    return lambda ctx, ins, attrs: list(impl(ctx.xp, list(ins), dict(attrs), ctx.matmul))
 
 
 def output_shape(op: str, shapes: Sequence[tuple[int, ...] | None], attrs: Mapping[str, Any], node, sig=None) -> tuple[int, ...]:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from graphopt.kernels.base import Signature
+from graphopt.lowering.contract import Signature
 
 # Lowering names shared with graphopt/kernels (a candidate's ``name``) and written into the model.
 CBR_DIRECT = "direct"

@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
-from graphopt.kernels.base import Candidate, Signature
+from graphopt.lowering.contract import Candidate, Signature, as_lowering
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -154,7 +154,7 @@ def _is_oom(exc: BaseException) -> bool:
 def _run_one(sig, cand, timer, checker, buffers, arch) -> dict:
     """Build, check and time one candidate; never raises (runs in the worker or inline)."""
     try:
-        launch = cand.build(sig, arch)
+        launch = as_lowering(cand.build(sig, arch))
     except BaseException as exc:  # noqa: BLE001 - any failure of a candidate scores inf
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -169,6 +169,11 @@ def _run_one(sig, cand, timer, checker, buffers, arch) -> dict:
         return {"status": WRONG, "reason": f"wrong answer: {wrong}"}
     try:
         inputs, outputs = buffers(sig)
+        if getattr(launch, "layouts", ()):  # a GPU lowering that declares layouts: time it in them
+            import cupy
+
+            inputs = launch.conform(inputs, cupy)
+            outputs = launch.empty_outputs(len(inputs), [o.shape for o in outputs], outputs[0].dtype, cupy)
         samples = [float(t) for t in timer(launch, inputs, outputs)]
     except BaseException as exc:  # noqa: BLE001
         if isinstance(exc, KeyboardInterrupt):

@@ -37,8 +37,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from graphopt.kernels.base import Signature
+from graphopt.lowering.contract import Signature
 from graphopt.tune.gpus import DeviceInfo, normalize_gpu_name, resolve_target
+from graphopt.kernels.registry import signature_of
 from graphopt.tune.heuristic import heuristic_lowering
 
 DOMAIN = "graphopt"
@@ -190,13 +191,6 @@ def _concrete(shape, dims: Mapping[str, int], notes: list[str], defaulted: dict 
     return tuple(out)
 
 
-def _layout(op: str, shapes: Sequence) -> str:
-    if op == "GemmAct":
-        return "rowmajor"
-    # 1-D convs are "NCHW" too: the kernels take N, C, then the spatial dims, whatever their number.
-    return "NCHW"
-
-
 def node_signature(
     graph, node, dims: Mapping[str, int] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
     defaulted: dict | None = None,
@@ -219,7 +213,7 @@ def node_signature(
         in_shapes.append(_concrete(shape, dims or {}, notes, defaulted))
         dtypes.append(_dtype_name(info.dtype if info is not None else None))
     attrs = {k: v for k, v in node.attrs_dict().items() if not k.startswith("lowering")}
-    sig = Signature.make(node.op_type, in_shapes, dtypes, attrs, layout=_layout(node.op_type, in_shapes))
+    sig = signature_of(node.op_type, in_shapes, dtypes, attrs)
     return sig, notes
 
 

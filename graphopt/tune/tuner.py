@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from graphopt.errors import TuningError
-from graphopt.kernels.base import Candidate, Signature
+from graphopt.lowering.contract import Candidate, Signature
 from graphopt.tune.gpus import DeviceInfo, detect_devices, normalize_gpu_name, resolve_target
 from graphopt.tune.profiler import DEFAULT_TIMEOUT_S, Profiler
 from graphopt.tune.select import SelectionReport, select_lowerings

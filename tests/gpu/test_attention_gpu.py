@@ -22,7 +22,7 @@ from _harness import require_device  # noqa: E402
 require_device()
 
 from graphopt.kernels.attention import attention_candidates  # noqa: E402
-from graphopt.kernels.base import Signature  # noqa: E402
+from graphopt.lowering.contract import Signature  # noqa: E402
 from graphopt.kernels.source import device_arch, prebuild  # noqa: E402
 from graphopt.ops import get_schema  # noqa: E402
 

@@ -14,7 +14,7 @@ from _harness import require_device  # noqa: E402
 
 require_device()
 
-from graphopt.kernels.base import Signature
+from graphopt.lowering.contract import Signature
 from graphopt.kernels.cbr import cbr_candidates
 
 import reference as R

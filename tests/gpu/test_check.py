@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from graphopt.kernels import check
-from graphopt.kernels.base import Signature
+from graphopt.lowering.contract import Signature
 
 SIG = Signature.make("CBR", [(2, 12, 9, 11), (18, 4, 3, 3), (18,), (2, 18, 5, 8)], ["float32"] * 4,
                      {"group": 3, "strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [1, 2], "activation": "Clip",

@@ -27,7 +27,7 @@ from onnx import TensorProto  # noqa: E402
 from onnx import helper as h  # noqa: E402
 
 from graphopt.kernels import applicable  # noqa: E402
-from graphopt.kernels.base import Signature  # noqa: E402
+from graphopt.lowering.contract import Signature  # noqa: E402
 from graphopt.kernels.check import buffers, checker  # noqa: E402
 from graphopt.kernels.timing import cuda_event_timer  # noqa: E402
 from graphopt.tune import profiler as P  # noqa: E402

@@ -14,7 +14,7 @@ from _harness import require_device  # noqa: E402
 
 require_device()
 
-from graphopt.kernels.base import Signature
+from graphopt.lowering.contract import Signature
 from graphopt.kernels.gemm_act import gemm_act_candidates, gemm_plan
 
 import reference as R

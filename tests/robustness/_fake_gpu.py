@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 
-from graphopt.kernels.base import Candidate
+from graphopt.lowering.contract import Candidate
 from graphopt.tune.gpus import DeviceInfo
 from graphopt.tune.profiler import FakeTimer
 from graphopt.tune.tuner import TuningBackend

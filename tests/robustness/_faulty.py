@@ -16,7 +16,7 @@ import functools
 import os
 import time
 
-from graphopt.kernels.base import Candidate
+from graphopt.lowering.contract import Candidate
 from graphopt.tune.profiler import FakeTimer
 from graphopt.tune.tuner import TuningBackend
 from tests.robustness._fake_gpu import GPUS

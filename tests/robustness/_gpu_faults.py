@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 
-from graphopt.kernels.base import Candidate
+from graphopt.lowering.contract import Candidate
 
 FAULT_SOURCE = r"""
 extern "C" __global__ void graphopt_fault_store(float* out, unsigned long long addr) {

@@ -173,7 +173,7 @@ def test_the_gpu_fault_candidates_travel_to_the_worker():
     end-to-end list puts them before the real candidates."""
     import pickle
 
-    from graphopt.kernels.base import Signature
+    from graphopt.lowering.contract import Signature
     from tests.robustness import _gpu_faults as F
 
     for how in F.KERNELS:

@@ -13,7 +13,7 @@ import pytest
 from graphopt.kernels.attention import (FlashAttention, attention_candidates, attention_kernel_instances,
                                         attention_plan, flash_mma_smem_bytes, flash_smem_bytes, score_gemm,
                                         value_gemm)
-from graphopt.kernels.base import Signature
+from graphopt.lowering.contract import Signature
 from graphopt.kernels.check import data_dtype, output_shape, random_inputs
 from graphopt.kernels.registry import all_kernel_instances, candidate_from_key, candidates_for
 from graphopt.ops import get_schema

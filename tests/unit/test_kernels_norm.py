@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from graphopt.errors import TuningError
-from graphopt.kernels.base import Signature
+from graphopt.lowering.contract import Signature
 from graphopt.kernels.norm import NormRows, norm_candidates, norm_kernel_instances, norm_plan
 from graphopt.kernels.registry import all_kernel_instances, candidate_from_key, candidates_for
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.errors import GraphoptError, TuningError, UsageError
 from graphopt.ir import from_model
-from graphopt.kernels.base import Candidate
+from graphopt.lowering.contract import Candidate
 from graphopt.tune import buckets as B
 from graphopt.tune.cache import TuningCache
 from graphopt.tune.gpus import DeviceInfo

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from onnx import TensorProto, helper, shape_inference
 
-from graphopt.kernels.base import Signature
+from graphopt.lowering.contract import Signature
 from graphopt.tune.heuristic import conv_geometry, heuristic_lowering
 
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 
-from graphopt.kernels.base import Candidate, Signature
+from graphopt.lowering.contract import Candidate, Signature
 from graphopt.tune import profiler as P
 from graphopt.tune.cache import TuningCache
 from graphopt.tune.gpus import DeviceInfo

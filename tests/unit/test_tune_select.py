@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.errors import TuningError
 from graphopt.ir import from_model, to_model
-from graphopt.kernels.base import Candidate, Signature
+from graphopt.lowering.contract import Candidate, Signature
 from graphopt.tune.cache import TimingRecord, TuningCache
 from graphopt.tune.gpus import DeviceInfo
 from graphopt.tune.profiler import FakeTimer, Profiler

@@ -1,0 +1,152 @@
+"""The lowering contract shared by every provider (own kernels, cuDNN, cuBLASLt), the tuner and the runtime.
+
+A *signature* says what one fused node computes (op, shapes, dtypes, attributes, layout); a
+*candidate* is one way to compute it (a kernel family plus its tile parameters). Both have a stable
+string form: it is what the tuning cache keys on and what is written into the optimized model as the
+node's ``lowering`` / ``lowering_params`` attributes. ``build`` returns a :class:`Lowering`: the launch
+function plus everything the tuner and the runtime must know about it without asking by name
+(workspace, capture, layouts, the outputs it fills, library versions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from graphopt.lowering import layout
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "x".join(_fmt(v) for v in value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a fused node computes, independent of how: the profiler times each signature once."""
+
+    op: str
+    input_shapes: tuple[tuple[int, ...] | None, ...]
+    dtypes: tuple[str, ...]
+    attrs: tuple[tuple[str, Any], ...] = ()
+    layout: str = "NCHW"
+
+    @staticmethod
+    def make(op: str, shapes: Sequence, dtypes: Sequence[str], attrs: Mapping[str, Any], layout: str = "NCHW") -> "Signature":
+        frozen = tuple(
+            (k, tuple(v) if isinstance(v, list) else v)
+            for k, v in sorted(attrs.items())
+            if k not in ("lowering", "lowering_params")
+        )
+        return Signature(op, tuple(None if s is None else tuple(int(d) for d in s) for s in shapes), tuple(dtypes), frozen, layout)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(name, default)
+
+    def key(self) -> str:
+        shapes = ";".join("-" if s is None else _fmt(s) for s in self.input_shapes)
+        attrs = ",".join(f"{k}={_fmt(v)}" for k, v in self.attrs)
+        return f"{self.op}|{shapes}|{','.join(self.dtypes)}|{attrs}|{self.layout}"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One lowering: ``name`` picks the kernel family, ``params`` its configuration.
+
+    Subclasses (one per kernel family, in ``graphopt/kernels/<family>.py``) implement ``applies`` and
+    ``build``. ``applies`` returns ``None`` when the candidate can run the signature, otherwise the
+    reason it cannot (shown in reports). ``build`` compiles for ``arch`` (for example ``"sm_90"``)
+    and returns ``launch(inputs, outputs)`` that enqueues the work on the current CUDA stream.
+    """
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = field(default=())
+
+    def param(self, key: str, default: Any = None) -> Any:
+        return dict(self.params).get(key, default)
+
+    def params_str(self) -> str:
+        return ",".join(f"{k}={_fmt(v)}" for k, v in self.params)
+
+    def key(self) -> str:
+        p = self.params_str()
+        return f"{self.name}:{p}" if p else self.name
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int]) -> str | None:
+        return None
+
+    def source_hash(self) -> str:
+        """Hash of the kernel source(s) this candidate compiles; part of the tuning-cache key."""
+        return ""
+
+    def build(self, sig: Signature, arch: str) -> "Lowering | Callable[[Sequence[Any], Sequence[Any]], None]":
+        """A :class:`Lowering` (or, for simple families, a bare ``launch(inputs, outputs)``: see
+        :func:`as_lowering`, which every caller applies)."""
+        raise NotImplementedError(f"candidate {self.key()} has no GPU build")
+
+    def versions(self) -> tuple[tuple[str, str], ...]:
+        """Library versions this candidate's result depends on (cuDNN, cuBLAS): part of the cache key."""
+        return ()
+
+
+@dataclass
+class Lowering:
+    """A built candidate: ``launch(inputs, outputs, workspace)`` enqueues on the current stream.
+
+    - ``outputs``: how many of the op's outputs it fills, in order (a SkipLayerNorm kernel that
+      writes the kept sum fills 2); a node with more outputs than that runs another implementation.
+    - ``workspace_bytes``: scratch device memory ``launch`` needs; the runtime allocates it once per
+      node (and counts it), the profiler per candidate. ``workspace`` is None when it is 0.
+    - ``capturable``: whether ``launch`` may run under CUDA-graph stream capture.
+    - ``layouts``: the layout of each input then each output (``NCHW``, ``NHWC``, ``rowmajor``; see
+      ``graphopt.lowering.layout``), or ``()`` for "C-contiguous everywhere". The runtime and the
+      checker hand ``launch`` its inputs in these layouts and allocate its outputs in them.
+    - ``versions``: library versions that belong in the tuning-cache key.
+
+    Calling the object as ``lowering(inputs, outputs)`` allocates its workspace on first use (the
+    profiler's and the tests' way to run it).
+    """
+
+    launch: Callable[[Sequence[Any], Sequence[Any], Any], None]
+    outputs: int = 1
+    workspace_bytes: int = 0
+    capturable: bool = True
+    layouts: tuple[str, ...] = ()
+    versions: tuple[tuple[str, str], ...] = ()
+    _workspace: Any = field(default=None, repr=False)
+
+    def input_layout(self, i: int) -> str:
+        return self.layouts[i] if i < len(self.layouts) else ""
+
+    def output_layout(self, n_inputs: int, i: int) -> str:
+        return self.input_layout(n_inputs + i)
+
+    def conform(self, inputs: Sequence[Any], xp: Any) -> list:
+        """``inputs`` stored in the declared layouts (a no-op for those that already are); inputs
+        with no declared layout are made C-contiguous."""
+        return [None if a is None else layout.to_layout(a, self.input_layout(i) or "NCHW", xp)
+                for i, a in enumerate(inputs)]
+
+    def empty_outputs(self, n_inputs: int, shapes: Sequence[Sequence[int]], dtype: Any, xp: Any) -> list:
+        """Output buffers of the given logical shapes in the declared output layouts."""
+        return [layout.empty(s, dtype, self.output_layout(n_inputs, i) or "NCHW", xp) for i, s in enumerate(shapes)]
+
+    def __call__(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> Any:
+        if self.workspace_bytes and self._workspace is None:
+            import cupy
+
+            self._workspace = cupy.empty(int(self.workspace_bytes), dtype=cupy.uint8)
+        return self.launch(inputs, outputs, self._workspace)  # (a fake launch in tests returns its time)
+
+
+def as_lowering(built: Any) -> Lowering:
+    """``build()``'s result as a :class:`Lowering`: a bare ``launch(inputs, outputs)`` callable is one
+    output, no workspace, capturable."""
+    if isinstance(built, Lowering):
+        return built
+    if not callable(built):
+        raise TypeError(f"build() must return a Lowering or a launch(inputs, outputs) callable, got {type(built).__name__}")
+    return Lowering(launch=lambda inputs, outputs, workspace: built(inputs, outputs))

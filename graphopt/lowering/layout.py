@@ -1,0 +1,54 @@
+"""Physical layouts of N-C-spatial tensors, as strides: the one place the runtime and the checker
+convert to what a lowering declares.
+
+A tensor keeps its logical shape (N, C, H, W) everywhere in graphopt; ``NHWC`` ("channels last")
+is a property of its strides, as in PyTorch: ``x.transpose(0, 2, 3, 1)`` is C-contiguous. Array
+operations on such a view are correct whatever the layout, so a chain of lowerings that declare
+NHWC passes tensors along without a conversion, and a conversion happens only where a producer's
+layout differs from its consumer's (the edges of a CNN region).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+LAYOUTS = ("NCHW", "NHWC", "rowmajor", "")  # "": any (the lowering reads the strides itself)
+
+
+def _last_perm(ndim: int) -> tuple[int, ...]:
+    return (0,) + tuple(range(2, ndim)) + (1,)
+
+
+def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def is_layout(x: Any, layout: str) -> bool:
+    """Whether ``x``'s strides already are ``layout`` (C-contiguous for NCHW / rowmajor)."""
+    if not layout:
+        return True
+    if layout == "NHWC" and x.ndim >= 3:
+        return bool(x.transpose(_last_perm(x.ndim)).flags.c_contiguous)
+    return bool(x.flags.c_contiguous)
+
+
+def to_layout(x: Any, layout: str, xp: Any) -> Any:
+    """``x`` with the same logical shape and values, stored in ``layout`` (no copy when it already is)."""
+    if x is None or is_layout(x, layout):
+        return x
+    if layout == "NHWC" and x.ndim >= 3:
+        perm = _last_perm(x.ndim)
+        return xp.ascontiguousarray(x.transpose(perm)).transpose(_inverse(perm))
+    return xp.ascontiguousarray(x)
+
+
+def empty(shape: Sequence[int], dtype: Any, layout: str, xp: Any) -> Any:
+    """An uninitialised array of logical ``shape`` stored in ``layout``."""
+    shape = tuple(int(d) for d in shape)
+    if layout == "NHWC" and len(shape) >= 3:
+        perm = _last_perm(len(shape))
+        return xp.empty(tuple(shape[p] for p in perm), dtype=dtype).transpose(_inverse(perm))
+    return xp.empty(shape, dtype=dtype)

@@ -1,0 +1,42 @@
+"""Vendor-library lowering candidates, competing with graphopt's own kernels for each fused node.
+
+- ``cudnn``: cuDNN frontend operation graphs (``nvidia-cudnn-frontend`` with cuDNN 9): CBR as one
+  fused conv_fprop + bias + residual + activation graph in NHWC, each engine plan a candidate.
+
+A provider imports without its library: its candidates then report in ``applies`` why they cannot
+run (package missing, no GPU, shape unsupported), which the tuner shows as a reason; CPU-only
+installs work unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from graphopt.lowering.contract import Candidate, Signature
+from graphopt.providers import cudnn
+
+# op -> provider modules that offer candidates for it
+_BY_OP = {op: [cudnn] for op in cudnn.OPS}
+
+
+def provider_candidates(op: str, sig: Signature | None = None) -> list[Candidate]:
+    """Every provider's candidates for ``op``: with ``sig``, each of its plans where the library can
+    list them for that signature (else one candidate that says why not)."""
+    return [c for mod in _BY_OP.get(op, []) for c in mod.candidates(op, sig)]
+
+
+def provider_from_key(op: str, key: str) -> Candidate | None:
+    """The provider candidate recorded as ``key`` (its plans are per signature, so not enumerable)."""
+    for mod in _BY_OP.get(op, []):
+        cand = mod.from_key(op, key)
+        if cand is not None:
+            return cand
+    return None
+
+
+def provider_reasons() -> dict[str, str | None]:
+    """provider name -> None when it can offer candidates here, else why not (for reports)."""
+    return {"cudnn": cudnn.unavailable()}
+
+
+__all__: Sequence[str] = ["provider_candidates", "provider_from_key", "provider_reasons"]

@@ -1,0 +1,143 @@
+"""No graphopt op runs on the host with device="cuda": every built-in op's device fallback (written
+against ``xp``) equals its float64 reference, on the CPU with xp = numpy; through the fake CuPy, an
+optimized transformer runs with no custom step reading device data back; an op with no device
+implementation is refused at Session(...), naming the node."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import _fake_cupy
+from _runtime_helpers import ort_run, random_feeds, rel_err
+from graphopt.ops import get_schema
+from graphopt.runtime import ops_custom, ops_std
+
+ROOT = Path(__file__).resolve().parents[2]
+TOL = {np.float32: 2e-5, np.float16: 5e-3}
+
+
+def _ctx():
+    return ops_std.OpContext(np, None, 0, {}, None, ops_std.numpy_matmul)
+
+
+def _check(op, inputs, attrs, dtype):
+    ins = [None if a is None else a.astype(dtype) if a.dtype.kind == "f" else a for a in inputs]
+    want = get_schema(op).reference([None if a is None else a.astype(np.float64) if a.dtype.kind == "f" else a
+                                     for a in ins], attrs)
+    got = ops_custom.device_impl(op)(_ctx(), ins, attrs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == dtype and g.shape == w.shape
+        finite = np.isfinite(w)
+        assert np.array_equal(np.isfinite(g), finite)
+        assert rel_err(g[finite].astype(np.float64), w[finite]) <= TOL[dtype], (op, attrs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("form", ["plain", "bias", "skip", "skip_bias_sum", "skip_broadcast_sum"])
+def test_layer_norm_device_fallback(dtype, form):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 5, 37))
+    scale, bias = rng.standard_normal(37), rng.standard_normal(37)
+    skip = rng.standard_normal((1, 5, 37) if "broadcast" in form else (3, 5, 37))
+    sb = rng.standard_normal(37)
+    ins = {"plain": [x, scale], "bias": [x, scale, bias], "skip": [x, scale, bias, skip],
+           "skip_bias_sum": [x, scale, bias, skip, sb], "skip_broadcast_sum": [x, scale, None, skip, sb]}[form]
+    _check("LayerNorm", ins, {"epsilon": 1e-5, "sum_output": int(form.endswith("sum"))}, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_rms_norm_and_gelu_device_fallbacks(dtype):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 7, 45))
+    _check("RMSNorm", [x, rng.standard_normal(45)], {"epsilon": 1e-6}, dtype)
+    for approx in ("none", "tanh"):
+        _check("Gelu", [x * 3], {"approximate": approx}, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("attrs", [
+    {}, {"causal": 1}, {"scale": 0.3, "k_transposed": 1}, {"mask_kind": "additive"},
+    {"mask_kind": "bool"}, {"mask_kind": "bool", "mask_value": -1e4, "causal": 1},
+    {"mask_kind": "bool", "nan_to_zero": 1},
+], ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()) or "plain")
+def test_attention_device_fallback(dtype, attrs):
+    rng = np.random.default_rng(3)
+    b, h, sq, skv, d = 2, 3, 7, 11, 16
+    q, v = rng.standard_normal((b, h, sq, d)), rng.standard_normal((b, h, skv, d))
+    k = rng.standard_normal((b, h, d, skv) if attrs.get("k_transposed") else (b, h, skv, d))
+    kind = attrs.get("mask_kind", "none")
+    mask = None
+    if kind == "additive":
+        mask = rng.standard_normal((b, 1, 1, skv))
+    elif kind == "bool":
+        mask = rng.random((b, 1, sq, skv)) < 0.7
+        if attrs.get("nan_to_zero"):
+            mask[0, 0, 1] = False  # one fully masked row: NaN, then zeroed
+        else:
+            mask[..., 0] = True
+    _check("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype)
+
+
+@pytest.fixture()
+def fake_cuda(monkeypatch):
+    cp, extra = _fake_cupy.make()
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    for k, v in extra.items():
+        monkeypatch.setitem(sys.modules, k, v)
+    from graphopt.runtime import backend
+
+    monkeypatch.setattr(backend, "_STREAMS", [])
+    monkeypatch.setattr(backend, "_BLAS", {})
+    return cp
+
+
+@pytest.mark.parametrize("name", ["transformer_block.onnx", "torch/gpt2_dynamo_op18.onnx",
+                                  "torch/bert_torchscript_op14.onnx"])
+def test_optimized_transformers_never_copy_to_the_host(fake_cuda, monkeypatch, name):
+    import graphopt
+    from graphopt.runtime import Session, to_numpy
+
+    path = str(ROOT / "models" / name)
+    opt, _ = graphopt.optimize(path, gpu="none")
+    assert {n.op_type for n in opt.graph.node if n.domain == "graphopt"} & {"LayerNorm", "Attention"}
+    feeds = random_feeds(opt, np.random.default_rng(4))
+    want = ort_run(path, feeds)
+    sess = Session(opt, device="cuda", cuda_graphs=False)
+    sess.run(feeds)  # plan built
+    notes = " ".join(sess.plan_summary()["notes"])
+    assert "host" not in notes, notes
+    copies = []
+    real = fake_cuda.asnumpy
+    monkeypatch.setattr(fake_cuda, "asnumpy", lambda a, stream=None: copies.append(a.shape) or real(a))
+    got = sess.run(feeds)
+    assert copies == [], f"device->host copies inside the run: {copies}"
+    for k, w in want.items():
+        assert rel_err(to_numpy(got[k]), w) <= 1e-3, k
+
+
+def test_an_op_without_a_device_implementation_is_refused_at_session(fake_cuda):
+    from graphopt.ops import register_schema, unregister_schema
+    from graphopt.ops.schema import OpSchema
+    from graphopt.runtime import Session
+    from graphopt.runtime.backend import RuntimeFailure
+
+    schema = OpSchema(name="HostOnly", inputs=(("X", False),), attributes={}, doc="test op",
+                      _check=lambda a, p: None, _overload=lambda a, p, d: "base", _needs_dtype=lambda a, p: False,
+                      _body=lambda o, opset: None, _reference=lambda ins, a: [np.asarray(ins[0]) * 2])
+    register_schema(schema)
+    try:
+        node = helper.make_node("HostOnly", ["x"], ["y"], domain="graphopt", name="the_node")
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("graphopt", 1)])
+        with pytest.raises(RuntimeFailure, match="the_node.*HostOnly.*no device implementation"):
+            Session(m, device="cuda", cuda_graphs=False).run({"x": np.ones((2, 3), np.float32)})
+    finally:
+        unregister_schema("HostOnly")

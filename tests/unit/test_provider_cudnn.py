@@ -1,0 +1,204 @@
+"""The cuDNN provider's CPU side: absent, it reports why (never an error); its graph construction
+for every CBR variant against a fake ``cudnn`` module that records the calls; plan keys parse back
+to candidates; the built Lowering declares workspace, capture and NHWC layouts."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from graphopt.kernels import registry
+from graphopt.lowering import Lowering, Signature
+from graphopt.lowering import layout
+from graphopt.providers import cudnn as prov
+
+
+class _T:
+    """A fake cuDNN tensor: records what was set on it."""
+
+    def __init__(self, log, name, **kw):
+        self.log, self.name, self.kw = log, name, kw
+
+    def set_output(self, v):
+        self.log.append(("set_output", self.name, v))
+        return self
+
+    def set_data_type(self, dt):
+        self.log.append(("set_data_type", self.name, dt))
+        return self
+
+    def set_dim(self, d):
+        self.log.append(("set_dim", self.name, list(d)))
+        return self
+
+    def set_stride(self, s):
+        self.log.append(("set_stride", self.name, list(s)))
+        return self
+
+
+class _Graph:
+    def __init__(self, log, plans, **kw):
+        self.log, self.plans = log, plans
+        log.append(("pygraph", kw))
+
+    def tensor(self, name, dim, stride, data_type):
+        self.log.append(("tensor", name, list(dim), list(stride), data_type))
+        return _T(self.log, name)
+
+    def _op(self, op, **kw):
+        self.log.append((op, {k: (v.name if isinstance(v, _T) else v) for k, v in kw.items()}))
+        return _T(self.log, op)
+
+    def __getattr__(self, op):
+        if op in ("conv_fprop", "add", "relu", "leaky_relu", "sigmoid", "swish", "gelu", "gelu_approx_tanh"):
+            return lambda **kw: self._op(op, **kw)
+        if op in ("validate", "build_operation_graph", "check_support"):
+            return lambda *a: self.log.append((op,))
+        raise AttributeError(op)
+
+    def create_execution_plans(self, modes):
+        self.log.append(("create_execution_plans", modes))
+
+    def get_execution_plan_count(self):
+        return len(self.plans)
+
+    def get_plan_name_at_index(self, i):
+        return self.plans[i]
+
+    def build_plan_at_index(self, i):
+        self.log.append(("build_plan_at_index", i))
+
+    def get_workspace_size_plan_at_index(self, i):
+        return 1000 * (i + 1)
+
+    def execute_plan_at_index(self, pack, ws, i, handle=None):
+        self.log.append(("execute", sorted(t.name for t in pack), i))
+
+
+def _fake_module(plans=("eng0_k2=1", "eng7_k3=0")):
+    log: list = []
+    mod = types.SimpleNamespace(
+        data_type=types.SimpleNamespace(HALF="HALF", FLOAT="FLOAT", BFLOAT16="BF16"),
+        heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"),
+        pygraph=lambda **kw: _Graph(log, list(plans), **kw),
+        create_handle=lambda: "handle", set_stream=lambda handle, stream: log.append(("set_stream", stream)),
+        backend_version=lambda: 91900, __version__="1.32.0")
+    return mod, log
+
+
+@pytest.fixture()
+def fake(monkeypatch):
+    mod, log = _fake_module()
+    monkeypatch.setattr(prov, "_STATE", {"module": mod, "reason": None})
+    monkeypatch.setattr(prov, "_GRAPHS", {})
+    return mod, log
+
+
+def _sig(x=(2, 8, 9, 11), w=(16, 8, 3, 3), bias=True, res=False, dtype="float16", **attrs):
+    out = (x[0], w[0]) + tuple(x[2:])
+    shapes = [x, w, (w[0],) if bias else None, out if res else None]
+    attrs.setdefault("pads", [1] * (2 * (len(x) - 2)))
+    return Signature.make("CBR", shapes, [dtype, dtype, dtype if bias else "", dtype if res else ""], attrs)
+
+
+def test_absent_frontend_is_a_reason_not_an_error(monkeypatch):
+    monkeypatch.setattr(prov, "_STATE", {"module": None, "reason": "nvidia-cudnn-frontend is not importable (x)"})
+    sig = _sig(activation="Relu")
+    cands = prov.candidates("CBR", sig)
+    assert [c.key() for c in cands] == ["cudnn"]
+    assert "not importable" in cands[0].applies(sig, (9, 0))
+    assert prov.candidates("GemmAct", None) == []
+
+
+@pytest.mark.parametrize("act,call,kw", [
+    ("none", None, {}), ("Relu", "relu", {}), ("LeakyRelu", "leaky_relu", {"negative_slope": pytest.approx(0.2)}),
+    ("Sigmoid", "sigmoid", {}), ("SiLU", "swish", {}), ("Gelu", "gelu", {}), ("GeluTanh", "gelu_approx_tanh", {}),
+    ("Clip", "relu", {"lower_clip": 0.0, "upper_clip": 6.0}),
+])
+def test_graph_for_every_activation(fake, act, call, kw):
+    mod, log = fake
+    extra = {"act_alpha": 0.2} if act == "LeakyRelu" else {"clip_min": 0.0, "clip_max": 6.0} if act == "Clip" else {}
+    sig = _sig(activation=act, **extra)
+    assert prov.CudnnConv("cudnn").applies(sig, (9, 0)) is None
+    prov.conv_graph(mod, "h", sig)
+    ops = [e[0] for e in log]
+    assert ops[:4] == ["pygraph", "tensor", "tensor", "conv_fprop"]
+    if call:
+        entry = next(e for e in log if e[0] == call)
+        for k, v in kw.items():
+            assert entry[1][k] == v
+    else:
+        assert not {"relu", "sigmoid", "swish", "gelu"} & set(ops)
+    assert any(e[0] == "set_output" and e[2] is True for e in log)
+
+
+def test_graph_nhwc_strides_groups_residual_and_asymmetric_pads(fake):
+    mod, log = fake
+    sig = _sig(x=(2, 8, 9, 11), w=(8, 1, 3, 3), bias=True, res=True, group=8, pads=[1, 0, 1, 2], activation="Relu")
+    prov.conv_graph(mod, "h", sig)
+    tensors = {e[1]: (e[2], e[3]) for e in log if e[0] == "tensor"}
+    assert tensors["X"] == ([2, 8, 9, 11], [8 * 9 * 11, 1, 11 * 8, 8])  # NHWC strides
+    assert tensors["W"] == ([8, 1, 3, 3], [9, 1, 3, 1])                 # depthwise: C/G = 1
+    assert tensors["B"][0] == [1, 8, 1, 1]
+    conv = next(e for e in log if e[0] == "conv_fprop")[1]
+    assert conv["pre_padding"] == [1, 0] and conv["post_padding"] == [1, 2]
+    adds = [e[1] for e in log if e[0] == "add"]
+    assert [a["b"] for a in adds] == ["B", "R"]
+    assert ("set_dim", "relu", [2, 8, 9, 11]) in log
+
+
+def test_one_d_conv_and_unsupported_cases():
+    sig1 = _sig(x=(2, 8, 17), w=(4, 8, 3), pads=[1, 1])
+    assert prov.conv_reason(sig1) is None
+    assert "activation HardSwish" in prov.conv_reason(_sig(activation="HardSwish"))
+    assert "dtype float64" in prov.conv_reason(_sig(dtype="float64"))
+
+
+def test_plans_are_candidates_keyed_by_name_and_parse_back(fake):
+    sig = _sig(activation="Relu")
+    keys = [c.key() for c in prov.candidates("CBR", sig)]
+    assert keys == ["cudnn", "cudnn:plan=eng0_k2=1", "cudnn:plan=eng7_k3=0"]
+    all_keys = [c.key() for c in registry.candidates_for(sig)]
+    assert set(keys) <= set(all_keys)
+    for k in keys:
+        assert registry.candidate_from_key("CBR", k).key() == k
+
+
+def test_build_declares_workspace_capture_layouts_and_versions(fake, monkeypatch):
+    mod, log = fake
+    sig = _sig(activation="Relu", res=True)
+    low = prov.CudnnConv("cudnn", (("plan", "eng7_k3=0"),)).build(sig, "sm_90")
+    assert isinstance(low, Lowering)
+    assert low.workspace_bytes == 2000 and low.capturable and low.outputs == 1
+    assert low.layouts == ("NHWC", "NHWC", "", "NHWC", "NHWC")
+    assert dict(low.versions) == {"cudnn": "91900", "cudnn_frontend": "1.32.0"}
+    assert ("build_plan_at_index", 1) in log
+    heur = prov.CudnnConv("cudnn").build(sig, "sm_90")  # the heuristic's first plan, same cached graph
+    assert heur.workspace_bytes == 1000 and sum(e[0] == "pygraph" for e in log) == 1
+    with pytest.raises(Exception, match="not offered"):
+        prov.CudnnConv("cudnn", (("plan", "eng99"),)).build(sig, "sm_90")
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7)),
+                                 empty=lambda n, dtype=None: np.empty(n, np.uint8), uint8=np.uint8)
+    monkeypatch.setitem(__import__("sys").modules, "cupy", cupy)
+    x = np.zeros((2, 8, 9, 11), np.float16)
+    low.launch([x, np.zeros((16, 8, 3, 3), np.float16), np.zeros(16, np.float16), x[:, :1].repeat(16, 1)],
+               [np.zeros((2, 16, 9, 11), np.float16)], np.empty(2000, np.uint8))
+    assert ("set_stream", 7) in log
+    assert ("execute", ["B", "R", "W", "X", "relu"], 1) in log
+
+
+def test_layout_helpers_keep_values_and_convert_only_when_needed():
+    x = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    y = layout.to_layout(x, "NHWC", np)
+    assert np.array_equal(x, y) and y.transpose(0, 2, 3, 1).flags.c_contiguous
+    assert layout.to_layout(y, "NHWC", np) is y and layout.is_layout(y, "NHWC")
+    z = layout.to_layout(y, "NCHW", np)
+    assert np.array_equal(z, x) and z.flags.c_contiguous
+    e = layout.empty((2, 3, 4, 5), np.float16, "NHWC", np)
+    assert e.shape == (2, 3, 4, 5) and layout.is_layout(e, "NHWC")
+    low = Lowering(launch=lambda i, o, w: None, layouts=("NHWC", "", "NHWC"))
+    a, b = low.conform([x, x], np)
+    assert layout.is_layout(a, "NHWC") and b.flags.c_contiguous
+    assert layout.is_layout(low.empty_outputs(2, [(2, 3, 4, 5)], np.float32, np)[0], "NHWC")
