@@ -18,7 +18,7 @@ def _spin_kernel():
 
 def _clone(a):
     """A fresh copy of a CuPy array (``copy``) or a torch tensor (``clone``)."""
-    return a.clone() if hasattr(a, "clone") else a.copy()
+    return a.clone() if hasattr(a, "clone") else a.copy(order="K")  # keeps an NHWC layout
 
 
 def _nbytes(arrays) -> int:
