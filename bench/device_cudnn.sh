@@ -13,4 +13,7 @@ python3 -c "import cudnn; print('cudnn frontend', cudnn.__version__, 'backend', 
   echo "# exit status $?"; } > "$OUT/cudnn_gpu_tests_h200.txt"
 tail -15 "$OUT/cudnn_gpu_tests_h200.txt"
 timeout ${BENCH_LIMIT:-330} python3 bench/cudnn_layers.py --out "$OUT" --budget ${BENCH_BUDGET:-290} 2>&1 | tail -12
+if [ -n "${E2E_GPT2:-}" ]; then  # the optimized GPT-2 on the runtime (no custom op on the host any more)
+  timeout ${E2E_LIMIT:-200} python3 bench/e2e.py --quick --models gpt2 --batches 1 --no-compile --budget ${E2E_BUDGET:-170} --out "$OUT" 2>&1 | tail -15
+fi
 exit 0

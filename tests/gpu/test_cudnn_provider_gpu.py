@@ -22,6 +22,7 @@ from graphopt.providers import cudnn as prov  # noqa: E402
 if prov.unavailable():
     pytest.skip(prov.unavailable(), allow_module_level=True)
 
+MAX_PLANS = 8
 ACTS = [("Relu", {}), ("none", {}), ("Clip", {"clip_min": 0.0, "clip_max": 6.0}), ("LeakyRelu", {"act_alpha": 0.1}),
         ("Sigmoid", {}), ("SiLU", {}), ("Gelu", {}), ("GeluTanh", {})]
 GEOMS = [  # (x, w, attrs)
@@ -46,7 +47,7 @@ def _sig(x, w, attrs, dtype, act, extra, res):
 
 
 def _check_all_plans(sig):
-    cands = prov.candidates("CBR", sig)
+    cands = prov.candidates("CBR", sig)[:MAX_PLANS]  # the heuristic's first plans (a run's time bound)
     assert cands[0].applies(sig, (9, 0)) is None, cands[0].applies(sig, (9, 0))
     ok, wrong, unbuilt = 0, [], []
     for cand in cands:
