@@ -117,6 +117,14 @@ class Lowering:
     layouts: tuple[str, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
     _workspace: Any = field(default=None, repr=False)
+    _built: Any = field(default=None, repr=False)  # what build() returned, when as_lowering wrapped it
+
+    def __getattr__(self, name: str) -> Any:
+        # attributes of a wrapped launch object (test fakes carry their behaviour on it)
+        built = self.__dict__.get("_built")
+        if built is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(built, name)
 
     def input_layout(self, i: int) -> str:
         return self.layouts[i] if i < len(self.layouts) else ""
@@ -149,4 +157,4 @@ def as_lowering(built: Any) -> Lowering:
         return built
     if not callable(built):
         raise TypeError(f"build() must return a Lowering or a launch(inputs, outputs) callable, got {type(built).__name__}")
-    return Lowering(launch=lambda inputs, outputs, workspace: built(inputs, outputs))
+    return Lowering(launch=lambda inputs, outputs, workspace: built(inputs, outputs), _built=built)
