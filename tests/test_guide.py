@@ -60,7 +60,7 @@ def guide(tmp_path_factory):
     """The guide's files in a fresh folder, that folder as the cwd and on sys.path; undone after."""
     from graphopt.kernels import registry
     from graphopt.ops import unregister_schema
-    from graphopt.tune import heuristic
+    from graphopt.kernels import heuristic
 
     d = tmp_path_factory.mktemp("guide")
     (d / "my_rules").mkdir()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from graphopt.errors import GraphoptError, TuningError
+from graphopt.kernels.heuristic import DEFAULT_LOWERING, heuristic_lowering
 from graphopt.kernels.registry import candidate_from_key, signature_of
 from graphopt.lowering.contract import as_lowering
 from graphopt.runtime import ops_custom, ops_std
@@ -231,6 +232,20 @@ class CudaBackend(_Backend):
             return f"cupy.matmul refuses stream capture, and the runtime's own cuBLAS path is unavailable ({self.blas_reason})"
         return None
 
+    def _build(self, op: str, key: str, sig):
+        """(Lowering, None) for candidate ``key`` on ``sig``, or (None, why it cannot run here)."""
+        try:
+            cand = candidate_from_key(op, key)
+        except GraphoptError as e:
+            return None, str(e)
+        reason = cand.applies(sig, self.compute_capability)
+        if reason:
+            return None, f"lowering {key} does not apply ({reason})"
+        try:
+            return as_lowering(cand.build(sig, self.arch)), None
+        except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop the model
+            return None, f"lowering {key} failed to build ({type(e).__name__}: {str(e)[:160]})"
+
     def custom_step(self, graph, node, in_arrays):
         """(run, capture problem, note): the recorded lowering, else the op's device fallback and why.
 
@@ -258,17 +273,22 @@ class CudaBackend(_Backend):
         shapes = [None if a is None else tuple(int(d) for d in a.shape) for a in in_arrays]
         dtypes = ["" if a is None else np.dtype(a.dtype).name for a in in_arrays]
         sig = signature_of(op, shapes, dtypes, attrs)
-        try:
-            cand = candidate_from_key(op, key)
-        except GraphoptError as e:
-            return fallback_for(str(e))
-        reason = cand.applies(sig, self.compute_capability)
-        if reason:
-            return fallback_for(f"lowering {key} does not apply ({reason})")
-        try:
-            lowering = as_lowering(cand.build(sig, self.arch))
-        except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop the model
-            return fallback_for(f"lowering {key} failed to build ({type(e).__name__}: {str(e)[:160]})")
+        lowering, why = self._build(op, key, sig)
+        note = None
+        if lowering is None:
+            # the recorded lowering cannot run here (a vendor library missing, a shape it refuses):
+            # the heuristic's own-kernel choice for these shapes, before the CuPy fallback
+            name, params, _ = heuristic_lowering(op, sig, self.compute_capability, providers=False)
+            own = f"{name}:{params}" if params else name
+            if name != DEFAULT_LOWERING and own != key:
+                lowering, why2 = self._build(op, own, sig)
+                if lowering is not None:
+                    note = f"{why}: runs {own} (the own-kernel heuristic)"
+                    key = own
+                else:
+                    why = f"{why}; {why2}"
+            if lowering is None:
+                return fallback_for(why)
         if lowering.outputs < n_out:
             return fallback_for(f"lowering {key} fills {lowering.outputs} of the node's {n_out} outputs")
         if not lowering.capturable and self.cuda_graphs:
@@ -293,5 +313,5 @@ class CudaBackend(_Backend):
             return outs
 
         capture = None if lowering.capturable else f"lowering {key} cannot be captured in a CUDA graph"
-        return run, capture, None
+        return run, capture, note
 

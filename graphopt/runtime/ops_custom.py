@@ -19,6 +19,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from graphopt.errors import TuningError
+from graphopt.lowering.buckets import choose, decode
 from graphopt.runtime import ops_std
 
 
@@ -32,14 +34,12 @@ def runnable_ops() -> set[str]:
 
 # ---------------------------------------------------------------- lowering selection
 def select_bucket(buckets: "str | Sequence[Mapping[str, Any]]", dims: Mapping[str, int]) -> Mapping[str, Any]:
-    """The bucket that ``graphopt.tune.buckets.choose`` dispatches to (one rule for the optimizer and the
+    """The bucket that ``graphopt.lowering.buckets.choose`` dispatches to (one rule for the optimizer and the
     runtime): the first (ascending) whose every dim is >= the actual size, else the last.
 
     ``dims`` maps symbolic dim names to the actual sizes; a bucket dim the run does not bind counts
     as satisfied (it cannot be compared). ``ValueError`` for an empty or malformed list.
     """
-    from graphopt.errors import TuningError
-    from graphopt.tune.buckets import choose, decode
 
     try:
         rows = decode(buckets)

@@ -13,7 +13,7 @@ Public API (each lives in its own module; this package re-exports the main entry
 """
 
 from graphopt.tune.gpus import DeviceInfo, detect_devices, known_gpu_names, normalize_gpu_name, resolve_target
-from graphopt.tune.heuristic import heuristic_lowering
+from graphopt.kernels.heuristic import heuristic_lowering
 from graphopt.tune.select import SelectionReport, select_lowerings
 
 __all__ = [

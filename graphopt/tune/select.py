@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 from graphopt.lowering.contract import Signature
 from graphopt.tune.gpus import DeviceInfo, normalize_gpu_name, resolve_target
 from graphopt.kernels.registry import signature_of
-from graphopt.tune.heuristic import heuristic_lowering
+from graphopt.kernels.heuristic import heuristic_lowering
 
 DOMAIN = "graphopt"
 DEFAULT_DIM = 1

@@ -45,7 +45,8 @@ CASES = [
 
 @pytest.mark.parametrize("x, w, attrs, expected", CASES)
 def test_cbr_choices(x, w, attrs, expected):
-    name, params, reason = heuristic_lowering("CBR", cbr(x, w, **attrs), (9, 0))
+    """The own-kernel rules (``providers=False``: what the runtime takes where cuDNN is missing)."""
+    name, params, reason = heuristic_lowering("CBR", cbr(x, w, **attrs), (9, 0), providers=False)
     assert name == expected, reason
     assert reason
     if name == "implicit_gemm":
@@ -60,6 +61,42 @@ def test_cbr_choices(x, w, attrs, expected):
         assert params == ""
 
 
+@pytest.mark.parametrize("x, w, attrs, dtype, expected", [
+    ((32, 64, 56, 56), (64, 64, 3, 3), P3, "float16", "cudnn"),            # dense fp16: cuDNN's fused graph
+    ((1, 256, 14, 14), (1024, 256, 1, 1), {}, "float16", "cudnn"),         # bs1 too (2.3x torch, in a graph)
+    ((32, 3, 224, 224), (64, 3, 7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3]), "bfloat16", "cudnn"),  # K=147
+    ((32, 3, 224, 224), (32, 3, 3, 3), dict(strides=[2, 2], **P3), "float16", "implicit_gemm"),  # K=27: own
+    ((32, 64, 56, 56), (64, 64, 3, 3), P3, "float32", "implicit_gemm"),    # fp32: own kernels
+    ((1, 32, 112, 112), (32, 1, 3, 3), dict(group=32, **P3), "float16", "direct"),  # depthwise: own
+    ((1, 256, 28, 28), (256, 32, 3, 3), dict(group=8, **P3), "float16", "implicit_gemm"),  # grouped: own
+    ((2, 64, 9, 9), (64, 64, 3, 3), dict(activation="HardSwish", **P3), "float16", "cublas_ws"),  # no cuDNN form
+])
+def test_cudnn_rule(x, w, attrs, dtype, expected):
+    name, params, reason = heuristic_lowering("CBR", cbr(x, w, dtype=dtype, **attrs), (9, 0))
+    assert name == expected, reason
+    if name == "cudnn":
+        assert params == "" and "cuDNN" in reason
+    assert heuristic_lowering("CBR", cbr(x, w, dtype=dtype, **attrs), (7, 5))[0] != "cudnn"
+
+
+def test_norm_and_attention_rules_name_applicable_kernels():
+    from graphopt.kernels.registry import candidate_from_key
+
+    ln = Signature.make("LayerNorm", [(2, 128, 768), (768,), (768,), (2, 128, 768), None], ["float16"] * 4 + [""],
+                        {"sum_output": 1})
+    att = Signature.make("Attention", [(2, 12, 128, 64)] * 3 + [None], ["float16"] * 3 + [""], {"causal": 1})
+    long = Signature.make("Attention", [(1, 8, 2048, 64)] * 3 + [None], ["float16"] * 3 + [""], {})
+    for op, sig in (("LayerNorm", ln), ("RMSNorm", Signature.make("RMSNorm", [(3, 37), (37,)], ["float32"] * 2, {})),
+                    ("Attention", att), ("Attention", long)):
+        name, params, reason = heuristic_lowering(op, sig, (9, 0))
+        cand = candidate_from_key(op, f"{name}:{params}" if params else name)
+        assert cand.applies(sig, (9, 0)) is None, (op, name, params)
+    assert heuristic_lowering("Attention", att, (9, 0))[0] == "cublas_softmax"
+    assert heuristic_lowering("Attention", long, (9, 0))[0] == "flash_mma"
+    unknown = Signature.make("Attention", [None] * 4, [""] * 4, {})
+    assert heuristic_lowering("Attention", unknown, (9, 0))[0] == "default"
+
+
 def test_unknown_shapes_go_direct():
     sig = Signature.make("CBR", [None, (64, 64, 3, 3), None, None], ["float16"] * 2 + ["", ""], {})
     name, params, reason = heuristic_lowering("CBR", sig, (8, 0))
@@ -68,7 +105,7 @@ def test_unknown_shapes_go_direct():
 
 def test_tile_follows_channels_and_pixels():
     def tile(x, w):
-        p = params_dict(heuristic_lowering("CBR", cbr(x, w, **P3), (9, 0))[1])
+        p = params_dict(heuristic_lowering("CBR", cbr(x, w, **P3), (9, 0), providers=False)[1])
         return int(p["bm"]), int(p["bn"]), int(p["wm"]), int(p["wn"])
 
     assert tile((32, 512, 7, 7), (512, 512, 3, 3)) == (128, 64, 2, 2)    # 1568 pixels
@@ -80,7 +117,8 @@ def test_tile_follows_channels_and_pixels():
 def test_compute_capability():
     s16 = cbr((32, 64, 56, 56), (64, 64, 3, 3), "float16", **P3)
     s32 = cbr((32, 64, 56, 56), (64, 64, 3, 3), "float32", **P3)
-    assert heuristic_lowering("CBR", s16, None)[0] == "implicit_gemm"  # unknown: treated as sm 8.0
+    assert heuristic_lowering("CBR", s16, None)[0] == "cudnn"  # unknown: treated as sm 8.0
+    assert heuristic_lowering("CBR", s16, None, providers=False)[0] == "implicit_gemm"
     assert heuristic_lowering("CBR", s32, (8, 0))[0] == "implicit_gemm"  # tf32
     assert heuristic_lowering("CBR", s16, (7, 5))[0] == "cublas_ws"
     assert heuristic_lowering("CBR", s32, (7, 0))[0] == "cublas_ws"
@@ -91,8 +129,8 @@ def test_compute_capability():
 def test_gemm_act_and_unknown_ops():
     sig = Signature.make("GemmAct", [(8, 768), (768, 3072), (3072,)], ["float16"] * 3, {"mode": "matmul"}, layout="rowmajor")
     assert heuristic_lowering("GemmAct", sig, (9, 0))[:2] == ("cublas_ws", "")
-    name, params, reason = heuristic_lowering("Attention", Signature.make("Attention", [], [], {}), (9, 0))
-    assert (name, params) == ("default", "") and "Attention" in reason
+    name, params, reason = heuristic_lowering("Unknown", Signature.make("Unknown", [], [], {}), (9, 0))
+    assert (name, params) == ("default", "") and "Unknown" in reason
 
 
 @pytest.mark.parametrize("h, k, s, d, p, auto_pad", [
@@ -133,7 +171,7 @@ def test_heuristic_choice_is_a_real_applicable_kernel_candidate(x, w, attrs, exp
     kcbr = _kernels()
     sig = cbr(x, w, dtype, **attrs)
     for cc in [(8, 0), (9, 0), (7, 5)]:
-        name, params, _ = heuristic_lowering("CBR", sig, cc)
+        name, params, _ = heuristic_lowering("CBR", sig, cc, providers=False)
         key = f"{name}:{params}" if params else name
         cands = {c.key(): c for c in kcbr.cbr_candidates()}
         assert key in cands, f"{key} is not one of the kernels' candidates"
@@ -164,7 +202,13 @@ def test_every_choice_is_a_real_candidate_that_applies(x, w, attrs):
     """The heuristic names a candidate the kernels have, and that candidate takes the signature."""
     from graphopt.kernels.registry import candidate_from_key
 
+    from graphopt.providers.cudnn import conv_reason
+
     sig = cbr(x, w, **attrs)
-    name, params, _ = heuristic_lowering("CBR", sig, (9, 0))
-    cand = candidate_from_key("CBR", f"{name}:{params}" if params else name)
-    assert cand.applies(sig, (9, 0)) is None
+    for providers in (False, True):
+        name, params, _ = heuristic_lowering("CBR", sig, (9, 0), providers=providers)
+        cand = candidate_from_key("CBR", f"{name}:{params}" if params else name)
+        if name == "cudnn":  # a vendor candidate: applies on a GPU with cuDNN; its own shape check here
+            assert conv_reason(sig) is None
+        else:
+            assert cand.applies(sig, (9, 0)) is None

@@ -1,0 +1,247 @@
+"""The documented lowering heuristic: what graphopt picks when nothing was profiled.
+
+It is used with ``--gpu none``, when the target GPU is absent and the tuning cache has no entry,
+and as the fallback when every profiled candidate failed. It looks only at the node's signature
+and the target's compute capability (``None`` when unknown), never at the machine it runs on, so
+the same model and ``--gpu`` always give the same choice.
+
+Rules for ``CBR``. The kernels (``graphopt/kernels/cbr.py``) see one conv group as a GEMM with
+Mg = M/group output channels (tiled by ``bm``), Npix = N*Ho*Wo output pixels (tiled by ``bn``) and
+K = C/group*kh*kw. First match wins:
+
+1. Input or weight shape unknown                      -> ``direct`` ``opt=1`` (works for every shape).
+2. Depthwise (one input channel per group)            -> ``direct`` ``opt=1`` (cuDNN's fused graph
+   loses 3-9x to torch there at bs32, while ``direct`` beats it: ``bench/results/cudnn_layers_h200.md``).
+2b. float16 / bfloat16, group 1, K = C*kh*kw >= 64 (MobileNetV2's 3-channel stem, K=27, was the one
+   dense layer cuDNN lost at both batch sizes), capability >= 8.0 (or unknown), a graph cuDNN's pointwise ops can
+   express (``graphopt.providers.cudnn.conv_reason``) -> ``cudnn`` with no plan: the cuDNN frontend's
+   fused conv+bias+residual+activation graph in NHWC, its own heuristic's first plan chosen when the
+   node is loaded. Measured on the H200 (best plan, in a CUDA graph): 2.3x torch eager at bs1 and 1.3x
+   at bs32 (geomean over ResNet-50 / MobileNetV2's dense layers). Where cuDNN is not installed at
+   run time, the runtime takes this heuristic's own-kernel choice instead (``providers=False``).
+3. Tiny channel counts: Mg < 16 or K < 16              -> ``direct`` ``opt=1`` (too thin for tiles).
+4. Compute capability known and below 8.0 (no mma.sync fp16/tf32 path): grouped -> ``direct``,
+   otherwise ``cublas_ws`` (im2col + cuBLAS + fused epilogue).
+5. Group 1 and few output pixels (Npix <= 1024: batch 1 at 32x32 or less) -> ``cublas_ws``
+   (cuBLAS on graphopt's own handle; im2col first unless 1x1). Measured on the H200 at bs1 fp16
+   (``bench/results/kernel_explore_h200.json``): fastest on 9 of 11 ResNet-50 / MobileNetV2 layers,
+   e.g. r50.l3.c2 22 us against 46 us for the best tensor-core tile and 27 us for cuDNN.
+6. 1x1 kernel, stride 1, no padding, group 1          -> ``pointwise_gemm``
+   ``bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1`` (the GEMM reads NCHW directly; fastest or within
+   5% of the fastest on the most bs32 rows of ``bench/results/cbr_layers_h200.json``), ``cublas_ws``
+   where that tile does not apply.
+7. Everything else                                     -> ``implicit_gemm`` with a tile by size:
+   ``bm=128`` when Mg >= 128 else 64; ``bn=128`` when Npix >= 4096 else 64; warps ``wm=2`` and
+   ``wn=4`` for the 128x128 tile, else ``wm=2,wn=2``; ``bk=32``; ``splitk=1`` (split-K is left to
+   profiling). An unknown capability (``--gpu none``) is treated as 8.0.
+
+The names and params are exactly those of the kernels' candidates (``Candidate.key()``), so the
+runtime can rebuild the chosen candidate from the node's ``lowering`` / ``lowering_params``.
+
+Rules for ``GemmAct``: always ``cublas_ws`` (cuBLAS reaches the matrix peak on large GEMMs,
+680 TFLOP/s fp16 measured on the H200 per design.md; the bias and activation run in one fused
+epilogue kernel). ``cublas_ws`` calls cuBLAS through graphopt's own handle and workspace
+(``graphopt.kernels.blas``), which a CUDA graph can capture; it timed the same as ``cupy.matmul``
+(181.6 against 181.3 us at 4096^3 fp16, ``kernel_explore_h200.json``).
+
+A rule's tile is checked with the candidate's own ``applies``; where it does not apply (say, channels
+that are not a multiple of the tile's ``bk``) the next rule's choice is taken.
+
+Other ``graphopt`` ops have no rules here yet: they get ``default`` (the runtime's only kernel)
+unless a rule is added with ``register_heuristic``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from graphopt.lowering.contract import Signature
+
+# Lowering names shared with graphopt/kernels (a candidate's ``name``) and written into the model.
+CBR_DIRECT = "direct"
+CBR_IMPLICIT_GEMM = "implicit_gemm"
+CBR_CUBLAS = "cublas_ws"
+CBR_POINTWISE = "pointwise_gemm"
+POINTWISE_PARAMS = "bm=64,bn=64,bk=64,wm=2,wn=2,splitk=1,sepi=1"
+GEMM_CUBLAS = "cublas_ws"
+# Npix (N*Ho*Wo) at or below which cuBLAS beats the tensor-core tiles (bs1, measured on the H200).
+SMALL_NPIX = 1024
+DEFAULT_LOWERING = "default"
+DIRECT_PARAMS = "opt=1"
+
+# Treated as the target when the compute capability is unknown (``--gpu none``).
+ASSUMED_CC = (8, 0)
+
+HeuristicFn = Callable[[Signature, "tuple[int, int] | None"], "tuple[str, str, str]"]
+_HEURISTICS: dict[str, HeuristicFn] = {}
+
+
+def register_heuristic(op_type: str) -> Callable[[HeuristicFn], HeuristicFn]:
+    """Decorator: ``fn(sig, cc) -> (lowering, params_str, reason)`` becomes the rule for ``op_type``."""
+
+    def deco(fn: HeuristicFn) -> HeuristicFn:
+        _HEURISTICS[op_type] = fn
+        return fn
+
+    return deco
+
+
+def heuristic_lowering(op_type: str, sig: Signature, cc: tuple[int, int] | None, *,
+                       providers: bool = True) -> tuple[str, str, str]:
+    """Return ``(lowering_name, params_str, reason)`` for one node; see the module docstring.
+    ``providers=False`` keeps to graphopt's own kernels (the runtime's choice where a vendor library
+    is missing)."""
+    fn = _HEURISTICS.get(op_type)
+    if fn is None:
+        return DEFAULT_LOWERING, "", f"no heuristic rules for graphopt.{op_type}; the runtime's device fallback is used"
+    if op_type in _PROVIDER_AWARE:
+        return fn(sig, cc, providers=providers)
+    return fn(sig, cc)
+
+
+def _ints(value, n: int, fill: int) -> list[int]:
+    if value is None:
+        return [fill] * n
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def _known(shape) -> bool:
+    return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
+
+
+def conv_geometry(sig: Signature) -> dict | None:
+    """GEMM view of a CBR signature (``None`` when the input or weight shape is unknown).
+
+    Keys: n, c, m (output channels), group, kernel, strides, dilations, pads, out (spatial output
+    sizes), gemm_m, gemm_n, gemm_k.
+    """
+    x = sig.input_shapes[0] if sig.input_shapes else None
+    w = sig.input_shapes[1] if len(sig.input_shapes) > 1 else None
+    if not (_known(x) and _known(w)) or len(x) < 3 or len(w) != len(x):
+        return None
+    nsp = len(x) - 2
+    n, c, spatial = x[0], x[1], list(x[2:])
+    m, kernel = w[0], list(w[2:])
+    group = int(sig.attr("group", 1) or 1)
+    strides = _ints(sig.attr("strides"), nsp, 1)
+    dilations = _ints(sig.attr("dilations"), nsp, 1)
+    pads = _ints(sig.attr("pads"), 2 * nsp, 0)
+    auto_pad = sig.attr("auto_pad", "NOTSET") or "NOTSET"
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    out = []
+    for i in range(nsp):
+        eff = dilations[i] * (kernel[i] - 1) + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(math.ceil(spatial[i] / strides[i]))
+        elif auto_pad == "VALID":
+            out.append((spatial[i] - eff) // strides[i] + 1)
+        else:
+            out.append((spatial[i] + pads[i] + pads[i + nsp] - eff) // strides[i] + 1)
+    gemm_m = n * math.prod(out)
+    return dict(
+        n=n, c=c, m=m, group=group, kernel=kernel, strides=strides, dilations=dilations, pads=pads,
+        auto_pad=auto_pad, out=out, gemm_m=gemm_m, gemm_n=m, gemm_k=(c // max(group, 1)) * math.prod(kernel),
+    )
+
+
+def _applies(sig: Signature, name: str, params: str, cc: tuple[int, int]) -> bool:
+    """Whether the kernels' own candidate ``name:params`` takes this signature."""
+    from graphopt.kernels.registry import candidate_from_key
+
+    try:
+        cand = candidate_from_key(sig.op, f"{name}:{params}" if params else name)
+        return cand.applies(sig, cc) is None
+    except Exception:  # an incomplete signature (unknown dims) or an unknown key: do not take the rule
+        return False
+
+
+_PROVIDER_AWARE = {"CBR"}
+CBR_CUDNN = "cudnn"
+CUDNN_DTYPES = ("float16", "bfloat16")
+CUDNN_MIN_K = 64  # C*kh*kw: MobileNetV2's stem (3 channels, K=27) ran 3-7x slower through cuDNN than torch
+
+
+@register_heuristic("CBR")
+def _cbr(sig: Signature, cc: tuple[int, int] | None, providers: bool = True) -> tuple[str, str, str]:
+    g = conv_geometry(sig)
+    if g is None:
+        return CBR_DIRECT, DIRECT_PARAMS, "input or weight shape unknown: direct convolution handles every shape"
+    group = max(g["group"], 1)
+    mg, k, npix = g["m"] // group, g["gemm_k"], g["gemm_m"]
+    if g["c"] // group == 1 and group > 1:
+        return CBR_DIRECT, DIRECT_PARAMS, "depthwise convolution: direct convolution"
+    if (providers and group == 1 and k >= CUDNN_MIN_K and (cc is None or cc >= (8, 0)) and sig.dtypes
+            and sig.dtypes[0] in CUDNN_DTYPES):
+        from graphopt.providers.cudnn import conv_reason
+
+        if conv_reason(sig) is None:
+            return CBR_CUDNN, "", "dense half-precision convolution: cuDNN's fused conv graph (NHWC), its heuristic's plan"
+    if mg < 16 or k < 16:
+        return CBR_DIRECT, DIRECT_PARAMS, f"tiny channel counts ({mg} output channels per group, K={k}; < 16): too thin for GEMM tiles"
+    eff_cc = cc if cc is not None else ASSUMED_CC
+    if eff_cc < (8, 0):
+        if group > 1:
+            return CBR_DIRECT, DIRECT_PARAMS, f"grouped convolution on sm {cc[0]}.{cc[1]} (no mma.sync path): direct convolution"
+        return CBR_CUBLAS, "", f"no mma.sync fp16/tf32 path on sm {cc[0]}.{cc[1]}: im2col + cuBLAS"
+    pointwise = (
+        group == 1 and all(v == 1 for v in g["kernel"]) and all(v == 1 for v in g["strides"])
+        and all(v == 0 for v in g["pads"]) and g["auto_pad"] in ("NOTSET", "VALID")
+    )
+    if group == 1 and npix <= SMALL_NPIX:
+        return CBR_CUBLAS, "", f"few output pixels (Npix={npix} <= {SMALL_NPIX}): cuBLAS plus fused epilogue"
+    if pointwise:
+        if _applies(sig, CBR_POINTWISE, POINTWISE_PARAMS, eff_cc):
+            return CBR_POINTWISE, POINTWISE_PARAMS, "1x1 stride-1 convolution is a plain GEMM on NCHW: pointwise tensor-core tile"
+        return CBR_CUBLAS, "", "1x1 stride-1 convolution is a plain GEMM: cuBLAS plus fused epilogue"
+    bm = 128 if mg >= 128 else 64
+    bn = 128 if npix >= 4096 else 64
+    wm, wn = (2, 4) if (bm, bn) == (128, 128) else (2, 2)
+    params = f"bm={bm},bn={bn},bk=32,wm={wm},wn={wn},splitk=1"
+    return CBR_IMPLICIT_GEMM, params, f"implicit GEMM (Mg={mg}, Npix={npix}, K={k}): tile by size"
+
+
+@register_heuristic("GemmAct")
+def _gemm_act(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
+    return GEMM_CUBLAS, "", "cuBLAS GEMM plus one fused bias/activation epilogue kernel"
+
+
+def _first_applying(sig: Signature, keys, cc) -> str | None:
+    for key in keys:
+        name, _, params = key.partition(":")
+        if _applies(sig, name, params, cc):
+            return key
+    return None
+
+
+@register_heuristic("LayerNorm")
+@register_heuristic("RMSNorm")
+def _norm(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
+    """``rows`` with 16-byte loads where the row allows, the smallest CTA from 4 warps up that holds the
+    row (a CTA per row; the profiler picks among all of them when it can)."""
+    keys = [f"rows:warps={w},items={it},vec={v}" for v in (8, 4, 1) for w in (4, 8, 16, 32, 2, 1) for it in (1, 2, 4, 8)]
+    key = _first_applying(sig, keys, cc or ASSUMED_CC)
+    if key is None:
+        return DEFAULT_LOWERING, "", "no norm kernel takes this shape or dtype: the runtime's device fallback"
+    name, _, params = key.partition(":")
+    return name, params, "one row per CTA in registers, 16-byte loads where the row length allows"
+
+
+@register_heuristic("Attention")
+def _attention(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
+    """Short keys (< 512): the scores fit one softmax pass (``cublas_softmax``: cuBLAS GEMMs around one
+    fused softmax kernel); longer: the tensor-core flash kernel (``flash_mma``, two stages), else the
+    CUDA-core ``flash``."""
+    q = sig.input_shapes[0] if sig.input_shapes else None
+    v = sig.input_shapes[2] if len(sig.input_shapes) > 2 else None
+    skv = v[-2] if v is not None and len(v) >= 2 else 0
+    soft = [f"cublas_softmax:warps={w}" for w in (4, 8, 2, 1)]
+    flash_mma = [f"flash_mma:hd={hd},bn={bn},stages=2" for hd in (16, 32, 64, 128) for bn in (64, 128)]
+    flash = [f"flash:dmax={d},bm={bm},warps={w}" for d in (32, 64, 128) for bm, w in ((64, 4), (32, 4), (16, 4))]
+    order = soft + flash_mma + flash if skv < 512 else flash_mma + soft + flash
+    key = _first_applying(sig, order, cc or ASSUMED_CC) if q is not None else None
+    if key is None:
+        return DEFAULT_LOWERING, "", "no attention kernel takes this shape or dtype: the runtime's device fallback"
+    name, _, params = key.partition(":")
+    return name, params, f"attention over {skv} keys: {name}"
