@@ -273,8 +273,18 @@ class CudaBackend(_Backend):
         shapes = [None if a is None else tuple(int(d) for d in a.shape) for a in in_arrays]
         dtypes = ["" if a is None else np.dtype(a.dtype).name for a in in_arrays]
         sig = signature_of(op, shapes, dtypes, attrs)
-        lowering, why = self._build(op, key, sig)
         note = None
+        if self.compute_dtype is not None:
+            # a float32 model run in float16: the recorded choice was made for float32 signatures;
+            # the heuristic's choice for the dtype that actually runs (profile the model converted with
+            # `optimize --precision fp16` for tuned float16 choices)
+            name, params, _ = heuristic_lowering(op, sig, self.compute_capability)
+            if name != DEFAULT_LOWERING:
+                redo = f"{name}:{params}" if params else name
+                if redo != key:
+                    note = f"recorded {key} was chosen for float32; runs {redo}, the heuristic's {dtypes[0]} choice"
+                    key = redo
+        lowering, why = self._build(op, key, sig)
         if lowering is None:
             # the recorded lowering cannot run here (a vendor library missing, a shape it refuses):
             # the heuristic's own-kernel choice for these shapes, before the CuPy fallback

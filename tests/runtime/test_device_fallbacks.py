@@ -141,3 +141,21 @@ def test_an_op_without_a_device_implementation_is_refused_at_session(fake_cuda):
             Session(m, device="cuda", cuda_graphs=False).run({"x": np.ones((2, 3), np.float32)})
     finally:
         unregister_schema("HostOnly")
+
+
+@pytest.mark.parametrize("op,shapes,attrs,want", [
+    ("LayerNorm", [(2, 128, 768), (768,), (768,), (2, 128, 768), None], {"sum_output": 1}, (2, 128, 768)),
+    ("RMSNorm", [(3, 5, 37), (37,)], {}, (3, 5, 37)),
+    ("Attention", [(2, 12, 7, 64), (2, 12, 9, 64), (2, 12, 9, 32), None], {}, (2, 12, 7, 32)),
+    ("GemmAct", [(2, 7, 768), (768, 3072), (3072,)], {"mode": "matmul"}, (2, 7, 3072)),
+    ("CBR", [(2, 8, 9, 11), (16, 8, 3, 3), (16,), None], {"pads": [1, 1, 1, 1]}, (2, 16, 9, 11)),
+])
+def test_lowering_output_buffer_shapes(op, shapes, attrs, want):
+    """The buffer the runtime allocates for a lowering's output (a wrong one made every GPT-2
+    LayerNorm kernel refuse its Y on the H200)."""
+    from graphopt.kernels.registry import signature_of
+
+    node = type("N", (), {"attr": lambda self, k, d=None: attrs.get(k, d)})()
+    dtypes = ["float16" if s is not None else "" for s in shapes]
+    sig = signature_of(op, shapes, dtypes, attrs)
+    assert tuple(ops_custom.output_shape(op, shapes, attrs, node, sig)) == want
