@@ -18,7 +18,9 @@ import onnx
 
 from graphopt import __version__
 from graphopt.errors import GraphoptError, InvalidModel, VerificationFailed
+from graphopt.files import Output, Staged, check_outputs
 from graphopt.ir import Graph, load_model, save_model, to_model
+from graphopt.ir.io import data_file_for
 from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
 
 Progress = Callable[[str], None]
@@ -248,6 +250,28 @@ def default_output_path(source: str | os.PathLike) -> Path:
     return p.with_name(name + ".opt.onnx")
 
 
+def _rule_files(rules: Sequence[str | os.PathLike]) -> list[Path]:
+    """The files ``--rules`` reads (a folder's entries, not its subfolders), for the output checks."""
+    out: list[Path] = []
+    for r in rules:
+        p = Path(r)
+        try:
+            out.extend(sorted(q for q in p.iterdir() if not q.is_dir()) if p.is_dir() else [p])
+        except OSError:
+            out.append(p)
+    return out
+
+
+def planned_outputs(source: str | os.PathLike, output: str | os.PathLike | None,
+                    report_path: str | os.PathLike | None = None) -> list[Output]:
+    """Every path ``optimize_file`` may write: the model, its external-data file and the report."""
+    out = Path(output) if output is not None else default_output_path(source)
+    planned = [Output(out, "-o"), Output(data_file_for(out), "external data file", maybe=True)]
+    if report_path is not None:
+        planned.append(Output(Path(report_path), "--report"))
+    return planned
+
+
 def optimize_file(
     source: str | os.PathLike,
     output: str | os.PathLike | None = None,
@@ -261,18 +285,28 @@ def optimize_file(
     precision: str = "fp32",
     io_fp16: bool = False,
     keep_fp32: Sequence[str] = (),
+    report_path: str | os.PathLike | None = None,
+    force: bool = False,
     **options: Any,
 ) -> tuple[onnx.ModelProto, OptimizeReport]:
-    """Optimize the model at ``source`` and (unless ``write`` is False) write it to ``output``.
+    """Optimize the model at ``source`` and (unless ``write`` is False) write it to ``output``, and the
+    JSON report to ``report_path`` if given.
 
-    With ``verify``, the original and optimized models run under onnxruntime on random inputs first;
-    on a mismatch ``VerificationFailed`` is raised and nothing is written."""
+    Every output path is checked against every input (the model, its data files, the rule files) and
+    against the others before any work (``graphopt.files.check_outputs``); the files are then written
+    together: all of them or none. With ``verify``, the original and optimized models run under
+    onnxruntime on random inputs first; on a mismatch ``VerificationFailed`` is raised and nothing is
+    written."""
     start = time.perf_counter()
     source = Path(source)
     step = progress or (lambda msg: None)
+    outputs = planned_outputs(source, output, report_path) if write else []
+    reads = [source, *_rule_files(options.get("rules") or ())]
+    check_outputs(outputs, reads, force=force)
     step("loading")
     graph = load_model(source)
     protect = [source] + graph.data_files
+    check_outputs(outputs, reads + graph.data_files, force=force)
     original_model, graph = _with_inferred_shapes(graph)
     report = OptimizeReport(source=str(source))
     if precision != "fp32":
@@ -288,10 +322,15 @@ def optimize_file(
         if note:
             report.verify["checker_note"] = note
     if write:
-        out = Path(output) if output is not None else default_output_path(source)
+        out = outputs[0].path
         step(f"writing {out}")
-        save_model(model, out, protect=protect)
-        report.output = str(out)
+        with Staged() as staged:
+            save_model(model, out, protect=protect, staged=staged)
+            report.output = str(out)
+            report.seconds = time.perf_counter() - start
+            if report_path is not None:
+                staged.add(Path(report_path), [report.to_json().encode() + b"\n"])
+            staged.commit()
     report.seconds = time.perf_counter() - start
     return model, report
 

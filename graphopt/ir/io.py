@@ -14,7 +14,6 @@ non-atomically, which is why this module writes the bytes itself.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from graphopt.errors import (
     UnsupportedModel,
     WriteFailed,
 )
+from graphopt.files import Staged, atomic_write, regular_file
 from graphopt.ir.convert import from_model, to_model
 from graphopt.ir.external import check_external, is_external, iter_sparse, iter_tensors, load_external
 from graphopt.ir.graph import Graph
@@ -48,12 +48,15 @@ KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.previ
 
 
 def _read_bytes(path: Path) -> bytes:
-    if not path.exists():
-        raise InputNotFound(f"{path}: no such file")
-    if path.is_dir():
-        raise InputNotFound(f"{path}: is a folder, not an ONNX file")
+    """The model file's bytes: a regular file only (a device or FIFO would read forever or block), and no
+    larger than protobuf can parse."""
+    st = regular_file(path, "model")
+    if st.st_size > PROTOBUF_LIMIT:
+        raise InvalidModel(f"{path}: {st.st_size} bytes, over protobuf's 2 GB limit for one file; "
+                           "save the model with its weights as external data")
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            return f.read(PROTOBUF_LIMIT + 1)
     except OSError as e:
         raise InputNotFound(f"{path}: cannot read ({e.strerror})") from None
 
@@ -240,30 +243,17 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _atomic_write(dest: Path, chunks) -> None:
-    folder = dest.parent if str(dest.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
-    except OSError as e:  # a read-only folder: nothing was created
-        raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except BaseException as e:  # KeyboardInterrupt too: never leave the temp file behind
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
-        raise
+    atomic_write(Path(dest), chunks)
 
 
 def serialize(model: onnx.ModelProto) -> bytes:
     return model.SerializeToString(deterministic=True)
+
+
+def data_file_for(path: "str | os.PathLike") -> Path:
+    """The external-data file ``save_model`` writes beside the model at ``path`` (when it writes one)."""
+    dest = Path(path)
+    return dest.with_name(dest.name + ".data")
 
 
 def save_model(
@@ -274,14 +264,15 @@ def save_model(
     size_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
     protect: "list[str | os.PathLike]" = (),
     min_external_tensor_bytes: int = 1024,
+    staged: "Staged | None" = None,
 ) -> Path:
     """Write atomically. ``external_data=None`` picks external data only when the model would exceed
     ``size_threshold``. Paths in ``protect`` (the input model and its data files) are never overwritten:
-    compared by device and inode, not by name."""
+    compared by device and inode, not by name. With ``staged`` the files are only staged there (the
+    caller commits them together with its other outputs); otherwise they are committed here."""
     model = to_model(graph_or_model) if isinstance(graph_or_model, Graph) else graph_or_model
     dest = Path(path)
-    data_name = dest.name + ".data"
-    data_path = dest.with_name(data_name)
+    data_path = data_file_for(dest)
     for p in protect:
         for target in (dest, data_path):
             if _same_file(target, Path(p)):
@@ -292,40 +283,66 @@ def save_model(
         raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
     if not folder_ok:
         raise WriteFailed(f"{dest}: folder {dest.parent} does not exist")
+    if staged is None:
+        with Staged() as own:
+            _stage_model(own, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
+            own.commit()
+    else:
+        _stage_model(staged, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
+    return dest
+
+
+def _stage_model(staged: Staged, model: onnx.ModelProto, dest: Path, data_path: Path, external_data, size_threshold: int,
+                 min_external_tensor_bytes: int) -> None:
     total = sum(len(t.raw_data) for t in iter_tensors(model.graph))
     use_external = external_data if external_data is not None else total > size_threshold
     if not use_external:
         data = serialize(model)
         if len(data) > PROTOBUF_LIMIT:
             raise WriteFailed(f"{dest}: the model is over 2 GB; save it with external data")
-        _atomic_write(dest, [data])
-        return dest
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+        staged.add(dest, [data])
+        return
+    # Move the large tensors' bytes out of the model for the write and put them back afterwards (no
+    # second copy of the weights: the caller's model is left as it was given).
+    moved: list[tuple[onnx.TensorProto, bytes]] = []
+    converted: list[tuple[onnx.TensorProto, onnx.TensorProto]] = []
     chunks: list[bytes] = []
     offset = 0
-    for t in iter_tensors(out.graph):
-        if not t.HasField("raw_data"):
-            if t.data_type in (onnx.TensorProto.STRING,) or not t.dims:
+    try:
+        for t in iter_tensors(model.graph):
+            if not t.HasField("raw_data"):
+                if t.data_type in (onnx.TensorProto.STRING,) or not t.dims or is_external(t):
+                    continue
+                # typed fields (float_data, ...): convert to raw bytes so they can move out of the proto
+                arr = onnx.numpy_helper.to_array(t)
+                before = onnx.TensorProto()
+                before.CopyFrom(t)
+                t.CopyFrom(onnx.numpy_helper.from_array(arr, t.name))
+                converted.append((t, before))
+            if len(t.raw_data) < min_external_tensor_bytes:
                 continue
-            # typed fields (float_data, ...): convert to raw bytes so they can move out of the proto
-            arr = onnx.numpy_helper.to_array(t)
-            t.CopyFrom(onnx.numpy_helper.from_array(arr, t.name))
-        if len(t.raw_data) < min_external_tensor_bytes:
-            continue
-        pad = (-offset) % 64  # align every tensor to 64 bytes
-        if pad:
-            chunks.append(b"\0" * pad)
-            offset += pad
-        raw = t.raw_data
-        onnx.external_data_helper.set_external_data(t, location=data_name, offset=offset, length=len(raw))
-        t.data_location = onnx.TensorProto.EXTERNAL
-        t.ClearField("raw_data")
-        chunks.append(raw)
-        offset += len(raw)
-    _atomic_write(data_path, chunks)
-    _atomic_write(dest, [serialize(out)])
-    return dest
+            pad = (-offset) % 64  # align every tensor to 64 bytes
+            if pad:
+                chunks.append(b"\0" * pad)
+                offset += pad
+            raw = t.raw_data
+            moved.append((t, raw))
+            onnx.external_data_helper.set_external_data(t, location=data_path.name, offset=offset, length=len(raw))
+            t.data_location = onnx.TensorProto.EXTERNAL
+            t.ClearField("raw_data")
+            chunks.append(raw)
+            offset += len(raw)
+        structure = serialize(model)
+    finally:
+        for t, raw in moved:
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = raw
+        for t, before in converted:
+            t.CopyFrom(before)
+    staged.add(data_path, chunks)
+    del chunks
+    staged.add(dest, [structure])
 
 
 def model_bytes(graph: Graph) -> bytes:
