@@ -17,11 +17,11 @@ from typing import Any, Callable, Sequence
 import onnx
 
 from graphopt import __version__
-from graphopt.errors import GraphoptError, InvalidModel, VerificationFailed
+from graphopt.errors import GraphoptError, InvalidModel, RuleError, VerificationFailed
 from graphopt.files import Output, Staged, check_outputs
 from graphopt.ir import Graph, load_model, save_model, to_model
 from graphopt.ir.io import data_file_for
-from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
+from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, check_tolerances, input_sizes, verify_models
 
 Progress = Callable[[str], None]
 
@@ -198,15 +198,52 @@ def _checker_error(model: onnx.ModelProto, full: bool) -> str | None:
     return None
 
 
-def check_output_model(model: onnx.ModelProto, full: bool = False, original: onnx.ModelProto | None = None,
-                       source: str = "<model>") -> str | None:
+def _blame_user_rule(model: onnx.ModelProto, error: str, rules: Sequence[str | os.PathLike]) -> RuleError | None:
+    """When the optimized model fails the checker and a node a user rule built is to blame, the
+    RuleError naming that rule and its file (exit 10); None when no user rule built a node."""
+    if not rules:
+        return None
+    from graphopt.rewrite import load_rules
+    from graphopt.rewrite._engine import PROVENANCE_PREFIX
+
+    user = {r.name: r for r in load_rules(shipped=False, paths=[str(p) for p in rules]).rules}
+    made: list[tuple[str, str]] = []  # (node name, rule name)
+    for node in model.graph.node:
+        doc = node.doc_string or ""
+        if doc.startswith(PROVENANCE_PREFIX):
+            rule = doc[len(PROVENANCE_PREFIX):].split(" from=", 1)[0]
+            if rule in user:
+                made.append((node.name, rule))
+    if not made:
+        return None
+    culprits = [r for n, r in made if n and n in error] or sorted({r for _, r in made})
+    if len(culprits) == 1 or len(set(culprits)) == 1:
+        r = user[culprits[0]]
+        return RuleError(f"{r.file}:{r.line}: rule {r.name!r} builds a node that onnx.checker refuses: {error}; "
+                         "fix the rule's 'replace' (or leave the rule out)")
+    names = ", ".join(f"{user[c].name!r} ({user[c].file}:{user[c].line})" for c in sorted(set(culprits)))
+    return RuleError(f"the optimized model fails onnx.checker after user rules {names} fired: {error}; fix their 'replace'")
+
+
+_TYPE_ERRORS = ("has unsupported type", "not in allowed types", "TypeInferenceError")
+
+
+def _is_type_error(error: str) -> bool:
+    """A type-constraint violation (a bfloat16 Conv at opset 17): onnxruntime refuses such a model too."""
+    return any(k in error for k in _TYPE_ERRORS)
+
+
+def check_output_model(model: onnx.ModelProto, full: bool = True, original: onnx.ModelProto | None = None,
+                       source: str = "<model>", rules: Sequence[str | os.PathLike] = ()) -> str | None:
     """onnx.checker on the result. ``full`` adds strict shape inference through the function bodies
     (what --verify and the tests use; about 0.1 s on a 20k-node model).
 
     A failure is graphopt's bug only if the input passes the same check: when ``original`` fails it
     too, the input is refused as invalid (exit 4) -- unless only the full check fails on both (onnx's
     type inference rejects some models onnxruntime runs, such as a sparse initializer feeding Add),
-    in which case the basic check stands and the returned note says so (verify still compares outputs)."""
+    in which case the basic check stands and the returned note says so (verify still compares outputs),
+    unless the input's failure is a type-constraint violation, which onnxruntime refuses as well.
+    ``optimize`` always runs the full check, so a model no runtime accepts is never written."""
     if model.ByteSize() > 2**31 - 2**24:
         return None  # the checker needs a path for >2 GB models; save_model writes external data then
     error = _checker_error(model, full)
@@ -215,9 +252,13 @@ def check_output_model(model: onnx.ModelProto, full: bool = False, original: onn
     if original is not None:
         input_error = _checker_error(original, full)
         if input_error is not None:
-            if full and _checker_error(original, False) is None and _checker_error(model, False) is None:
+            if (full and not _is_type_error(input_error) and _checker_error(original, False) is None
+                    and _checker_error(model, False) is None):
                 return f"the input fails onnx's full check too ({input_error}); checked without type inference"
             raise InvalidModel(f"{source}: the input model fails onnx.checker: {input_error}; fix or re-export the model")
+    blamed = _blame_user_rule(model, error, rules)
+    if blamed is not None:
+        raise blamed
     raise GraphoptError(f"internal error: the optimized model fails onnx.checker: {error}")
 
 
@@ -300,6 +341,8 @@ def optimize_file(
     start = time.perf_counter()
     source = Path(source)
     step = progress or (lambda msg: None)
+    if verify:
+        check_tolerances(rtol, atol)
     outputs = planned_outputs(source, output, report_path) if write else []
     reads = [source, *_rule_files(options.get("rules") or ())]
     check_outputs(outputs, reads, force=force)
@@ -307,6 +350,8 @@ def optimize_file(
     graph = load_model(source)
     protect = [source] + graph.data_files
     check_outputs(outputs, reads + graph.data_files, force=force)
+    if verify:
+        input_sizes(graph.source_model, shapes)  # what --verify will allocate, refused before any work
     original_model, graph = _with_inferred_shapes(graph)
     report = OptimizeReport(source=str(source))
     if precision != "fp32":
@@ -315,7 +360,8 @@ def optimize_file(
     graph.source_path = str(source)
     optimize_graph(graph, shapes=shapes, progress=progress, report=report, **options)
     model = finalize_model(graph)
-    note = check_output_model(model, full=verify, original=original_model, source=str(source))
+    note = check_output_model(model, full=True, original=original_model, source=str(source),
+                              rules=options.get("rules") or ())
     if verify:
         step("verifying with onnxruntime")
         _verify_or_raise(model, original_model, report, str(source), shapes, rtol, atol)
@@ -355,7 +401,7 @@ def optimize_model(
         graph = _converted(original_model, precision, io_fp16, keep_fp32, "<model>", report)
     optimize_graph(graph, shapes=shapes, report=report, **options)
     out = finalize_model(graph)
-    note = check_output_model(out, full=verify, original=original_model)
+    note = check_output_model(out, full=True, original=original_model, rules=options.get("rules") or ())
     if verify:
         _verify_or_raise(out, original_model, report, "<model>", shapes, rtol, atol)
         if note:
