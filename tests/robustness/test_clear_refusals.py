@@ -79,7 +79,7 @@ def test_clear_refusals(tmp_path):
 def test_control_the_same_rules_shape_and_tolerances_when_valid(tmp_path):
     small = _relu_neg(tmp_path / "small.onnx")
     (tmp_path / "ok.toml").write_text('[[rule]]\nname = "relu_neg"\ndoc = "d"\npattern = "Neg(Relu(x))"\n'
-                                      'replace = "Neg(Relu(x))"\n')
+                                      'replace = "Neg(Abs(Relu(x)))"\n')
     (r,) = run_many([(["optimize", str(small), "--gpu", "none", "-q", "--verify", "--rtol", "0", "--atol", "0",
                        "--rules", str(tmp_path / "ok.toml"), "-o", str(tmp_path / "o.onnx")], tmp_path)], tmp_path)
     assert r.returncode == 0, r.stderr
