@@ -83,3 +83,41 @@ def test_control_the_same_rules_shape_and_tolerances_when_valid(tmp_path):
     (r,) = run_many([(["optimize", str(small), "--gpu", "none", "-q", "--verify", "--rtol", "0", "--atol", "0",
                        "--rules", str(tmp_path / "ok.toml"), "-o", str(tmp_path / "o.onnx")], tmp_path)], tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+def _gelu_like(path: Path, one: float, dtype=np.float32) -> Path:
+    """x * (Erf(x / sqrt 2) + one) * 0.5: exact GELU when ``one`` is 1."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    c = lambda name, v: numpy_helper.from_array(np.array(v, dtype=dtype), name)  # noqa: E731
+    nodes = [helper.make_node("Div", ["x", "s"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [4, 8])],
+                          [helper.make_tensor_value_info("y", elem, [4, 8])],
+                          [c("s", 1.4142135623730951), c("one", one), c("half", 0.5)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_gelu_look_alike_is_not_snapped(tmp_path):
+    """Issue 21 item 7: 1.0008 instead of 1 moved the outputs by 5.7e-4 once fused as exact GELU; the
+    constant must equal 1 to the dtype's precision, and --explain says why the rule did not fire."""
+    import json
+
+    cases = [("look-alike", 1.0008, np.float32), ("exact", 1.0, np.float32), ("one ulp off", float(np.nextafter(np.float32(1), 2)), np.float32),
+             ("fp16 look-alike", 1.004, np.float16), ("fp16 exact", 1.0, np.float16)]
+    jobs = []
+    for label, one, dtype in cases:
+        m = _gelu_like(tmp_path / f"{label}.onnx", one, dtype)
+        jobs.append((["optimize", str(m), "--gpu", "none", "--explain", "--report", str(tmp_path / f"{label}.json"),
+                      "-o", str(tmp_path / f"{label}.opt.onnx")] + (["--verify"] if dtype == np.float32 else []), tmp_path))
+    runs = run_many(jobs, tmp_path)
+    for (label, one, dtype), r in zip(cases, runs):
+        assert r.returncode == 0, (label, r.stderr)
+        report = json.loads((tmp_path / f"{label}.json").read_text())
+        fused = report["custom_ops"].get("Gelu", 0)
+        if "look-alike" in label:
+            assert fused == 0, label
+            assert "expected 1 to float" in r.stdout and "fusing would change the outputs" in r.stdout, r.stdout
+        else:
+            assert fused == 1, (label, report["near_misses"])
