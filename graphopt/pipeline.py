@@ -21,6 +21,7 @@ from graphopt.errors import GraphoptError, InvalidModel, RuleError, Verification
 from graphopt.files import Output, Staged, check_outputs
 from graphopt.ir import Graph, load_model, save_model, to_model
 from graphopt.ir.io import data_file_for
+from graphopt.ir.large import check_weightless, infer_shapes_weightless, is_large
 from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, check_tolerances, input_sizes, verify_models
 
 Progress = Callable[[str], None]
@@ -67,22 +68,23 @@ def _custom_op_histogram(graph: Graph) -> dict[str, int]:
     return dict(sorted(c.items()))
 
 
-def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shapes for the lowering signatures and constraints; best effort (a failure keeps the model)."""
-    if model.ByteSize() > 2**31 - 2**24:
-        return model
+def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto | None:
+    """Shapes for the lowering signatures and constraints; best effort (None on failure). A large
+    model is inferred from its weightless copy (graphopt.ir.large)."""
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        if is_large(model):
+            return infer_shapes_weightless(model, check_type=False, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True).graph
     except Exception:  # shape inference is an aid here, never a reason to refuse a valid model
-        return model
+        return None
 
 
 def _with_inferred_shapes(graph: Graph) -> tuple[onnx.ModelProto, Graph]:
     """(the validated original model, the IR with value_info from onnx shape inference merged in)."""
     original = graph.source_model if graph.source_model is not None else to_model(graph)
     inferred = _infer_shapes(original)
-    if inferred is not original:
-        graph.merge_value_info(inferred.graph.value_info)
+    if inferred is not None:
+        graph.merge_value_info(inferred.value_info)
     return original, graph
 
 
@@ -192,7 +194,10 @@ def finalize_model(graph: Graph) -> onnx.ModelProto:
 def _checker_error(model: onnx.ModelProto, full: bool) -> str | None:
     """The first line of onnx.checker's complaint about ``model``, or None when it passes."""
     try:
-        onnx.checker.check_model(model, full_check=full)
+        if is_large(model):
+            check_weightless(model, full)  # protobuf cannot serialize it whole: checked without the weights
+        else:
+            onnx.checker.check_model(model, full_check=full)
     except Exception as e:  # ValidationError, and shape inference / decoding errors raised by the checker
         return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
     return None
@@ -244,8 +249,6 @@ def check_output_model(model: onnx.ModelProto, full: bool = True, original: onnx
     in which case the basic check stands and the returned note says so (verify still compares outputs),
     unless the input's failure is a type-constraint violation, which onnxruntime refuses as well.
     ``optimize`` always runs the full check, so a model no runtime accepts is never written."""
-    if model.ByteSize() > 2**31 - 2**24:
-        return None  # the checker needs a path for >2 GB models; save_model writes external data then
     error = _checker_error(model, full)
     if error is None:
         return None

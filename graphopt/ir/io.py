@@ -261,7 +261,7 @@ def save_model(
     path: "str | os.PathLike",
     *,
     external_data: bool | None = None,
-    size_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
+    size_threshold: int | None = None,
     protect: "list[str | os.PathLike]" = (),
     min_external_tensor_bytes: int = 1024,
     staged: "Staged | None" = None,
@@ -271,6 +271,7 @@ def save_model(
     compared by device and inode, not by name. With ``staged`` the files are only staged there (the
     caller commits them together with its other outputs); otherwise they are committed here."""
     model = to_model(graph_or_model) if isinstance(graph_or_model, Graph) else graph_or_model
+    size_threshold = DEFAULT_EXTERNAL_THRESHOLD if size_threshold is None else size_threshold
     dest = Path(path)
     data_path = data_file_for(dest)
     for p in protect:
