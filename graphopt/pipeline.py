@@ -363,6 +363,7 @@ def optimize_file(
     graph.source_path = str(source)
     optimize_graph(graph, shapes=shapes, progress=progress, report=report, **options)
     model = finalize_model(graph)
+    del graph  # the IR's copy of the weights is not needed any more (peak memory on large models)
     note = check_output_model(model, full=True, original=original_model, source=str(source),
                               rules=options.get("rules") or ())
     if verify:

@@ -32,6 +32,7 @@ from graphopt.files import Staged, atomic_write, regular_file
 from graphopt.ir.convert import from_model, to_model
 from graphopt.ir.external import check_external, is_external, iter_sparse, iter_tensors, load_external
 from graphopt.ir.graph import Graph
+from graphopt.ir.large import without_initializers
 
 MIN_OPSET = 9
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -303,47 +304,87 @@ def _stage_model(staged: Staged, model: onnx.ModelProto, dest: Path, data_path: 
             raise WriteFailed(f"{dest}: the model is over 2 GB; save it with external data")
         staged.add(dest, [data])
         return
-    # Move the large tensors' bytes out of the model for the write and put them back afterwards (no
-    # second copy of the weights: the caller's model is left as it was given).
-    moved: list[tuple[onnx.TensorProto, bytes]] = []
-    converted: list[tuple[onnx.TensorProto, onnx.TensorProto]] = []
-    chunks: list[bytes] = []
+    # The structure is a copy of everything but the top-level initializers, which become stubs that
+    # point into the data file; their bytes are streamed from the caller's model one tensor at a time
+    # (no second copy of the weights, and the caller's model is left untouched).
+    structure = without_initializers(model)
+    plan: list = []  # (tensor proto to stream | raw bytes, offset, length)
     offset = 0
-    try:
-        for t in iter_tensors(model.graph):
-            if not t.HasField("raw_data"):
-                if t.data_type in (onnx.TensorProto.STRING,) or not t.dims or is_external(t):
-                    continue
-                # typed fields (float_data, ...): convert to raw bytes so they can move out of the proto
-                arr = onnx.numpy_helper.to_array(t)
-                before = onnx.TensorProto()
-                before.CopyFrom(t)
-                t.CopyFrom(onnx.numpy_helper.from_array(arr, t.name))
-                converted.append((t, before))
-            if len(t.raw_data) < min_external_tensor_bytes:
+
+    def place(length: int) -> int:
+        nonlocal offset
+        offset += (-offset) % 64  # align every tensor to 64 bytes
+        start = offset
+        offset += length
+        return start
+
+    for t in model.graph.initializer:
+        length = _data_length(t)
+        if is_external(t) or length is None or length < min_external_tensor_bytes:
+            structure.graph.initializer.append(t)
+            continue
+        start = place(length)
+        stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=list(t.dims), doc_string=t.doc_string)
+        stub.metadata_props.extend(t.metadata_props)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", data_path.name), ("offset", str(start)), ("length", str(length))):
+            stub.external_data.add(key=k, value=v)
+        structure.graph.initializer.append(stub)
+        plan.append((t, start, length))
+    top = {id(t) for t in structure.graph.initializer}
+    for t in iter_tensors(structure.graph):  # subgraph initializers, Constant and attribute tensors (copies)
+        if id(t) in top or is_external(t):
+            continue
+        if not t.HasField("raw_data"):
+            if t.data_type in (onnx.TensorProto.STRING,) or not t.dims:
                 continue
-            pad = (-offset) % 64  # align every tensor to 64 bytes
-            if pad:
-                chunks.append(b"\0" * pad)
-                offset += pad
-            raw = t.raw_data
-            moved.append((t, raw))
-            onnx.external_data_helper.set_external_data(t, location=data_path.name, offset=offset, length=len(raw))
-            t.data_location = onnx.TensorProto.EXTERNAL
-            t.ClearField("raw_data")
-            chunks.append(raw)
-            offset += len(raw)
-        structure = serialize(model)
-    finally:
-        for t, raw in moved:
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
-            t.raw_data = raw
-        for t, before in converted:
-            t.CopyFrom(before)
-    staged.add(data_path, chunks)
-    del chunks
-    staged.add(dest, [structure])
+            # typed fields (float_data, ...): convert to raw bytes so they can move out of the proto
+            t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t), t.name))
+        if len(t.raw_data) < min_external_tensor_bytes:
+            continue
+        raw = t.raw_data
+        start = place(len(raw))
+        onnx.external_data_helper.set_external_data(t, location=data_path.name, offset=start, length=len(raw))
+        t.data_location = onnx.TensorProto.EXTERNAL
+        t.ClearField("raw_data")
+        plan.append((raw, start, len(raw)))
+
+    def chunks():
+        at = 0
+        for item, start, length in plan:
+            if start > at:
+                yield b"\0" * (start - at)
+            raw = item if isinstance(item, bytes) else _raw_bytes(item)
+            if len(raw) != length:
+                raise WriteFailed(f"{dest}: tensor {item.name!r} holds {len(raw)} bytes, its dims need {length}; "
+                                  "nothing was written")
+            yield raw
+            at = start + length
+
+    staged.add(data_path, chunks())
+    staged.add(dest, [serialize(structure)])
+
+
+def _data_length(t: onnx.TensorProto) -> int | None:
+    """Bytes the tensor's data takes as raw_data, without touching the data (None: not movable)."""
+    if t.data_type == onnx.TensorProto.STRING or not t.dims and not t.HasField("raw_data"):
+        return None
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:
+        return len(t.raw_data) if t.HasField("raw_data") else None
+    if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return len(t.raw_data) if t.HasField("raw_data") else None
+    count = 1
+    for d in t.dims:
+        count *= d
+    return count * itemsize
+
+
+def _raw_bytes(t: onnx.TensorProto) -> bytes:
+    if t.HasField("raw_data"):
+        return t.raw_data
+    return onnx.numpy_helper.to_array(t).tobytes()
 
 
 def model_bytes(graph: Graph) -> bytes:

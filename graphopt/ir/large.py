@@ -70,17 +70,23 @@ def _copy_field(dest, name: str, value) -> None:
         getattr(dest, name).extend(value)
 
 
-def weightless(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """(a copy of ``model`` whose top-level initializers reference a placeholder file instead of
-    holding data, the placeholder's size). Built field by field: no weight is copied."""
+def without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with every field but the main graph's initializers (none of the weights)."""
     out = onnx.ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
             _copy_field(out, field.name, value)
-    g = out.graph
     for field, value in model.graph.ListFields():
         if field.name != "initializer":
-            _copy_field(g, field.name, value)
+            _copy_field(out.graph, field.name, value)
+    return out
+
+
+def weightless(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """(a copy of ``model`` whose top-level initializers reference a placeholder file instead of
+    holding data, the placeholder's size). Built field by field: no weight is copied."""
+    out = without_initializers(model)
+    g = out.graph
     offset = 0
     for t in model.graph.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL or t.HasField("raw_data") or t.dims:
