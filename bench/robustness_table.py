@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "robustness.md"
 
-# test file -> category label (issue 6 part numbers)
+# test file -> category label (issue 6 part numbers; 7-9 from issue 21)
 CATEGORIES = {
     "test_model_files": "1. hostile model files (not-a-model, tensor data, structure, opsets/domains, external data, sparse)",
     "test_hostile_bytes": "1./6. mutated bytes through parser+optimizer, nested If, long chain",
@@ -44,6 +44,9 @@ CATEGORIES = {
     "test_fuzz_bytes": "5. byte-mutation fuzzer through the CLI",
     "test_corpus": "5. corpus replay (every committed failure)",
     "test_scale": "6. scale (100k/1M nodes, If nested 40/10,000 deep in files and in memory)",
+    "test_output_paths": "7. output paths (issue 21: --report/-o/data file/rules/cache export onto an input or each other, by inode; missing folder, folder, read-only without --force; 0644; markup in names)",
+    "test_hostile_bounds": "8. bounds (issue 21: device/FIFO model and rule files, exponential let, 5 MiB rule file, 10,000-argument pattern, 100,000 inputs, error-line length)",
+    "test_clear_refusals": "9. clear refusals (issue 21: --verify allocation size, --rtol nan, user rule building an invalid node, checker-refused input, GELU look-alike)",
 }
 
 # (category file, what was found, how it was fixed, commit)
@@ -74,6 +77,34 @@ FINDINGS = [
      "'nested too deep for protobuf to parse' (`UnsupportedModel`, exit 5)", "1f1c285"),
     ("test_scale", "an in-memory ModelProto nested 33..64 deep passed graphopt's own limit (64) and died in save with a raw protobuf DecodeError",
      "MAX_NESTING lowered to 30 (below upb's limit); the error names the source and says 'nested too deep'", "1f1c285"),
+    ("test_output_paths", "`--report` = the input model overwrote the input with JSON (exit 0); `--report` = `-o` replaced the model with JSON",
+     "every output checked against every input and other output by device+inode before any work (`graphopt.files.check_outputs`): exit 8 / exit 2", "9023481"),
+    ("test_output_paths", "a report in a missing folder failed after the model was written ('nothing was written' was false)",
+     "checked before any work; model, data file and report staged and renamed together", "9023481"),
+    ("test_output_paths", "outputs (model, report, cache export) were created 0600; a read-only `-o` file was replaced silently",
+     "0666 & ~umask (0644 under 022), an existing file keeps its mode; read-only refused unless `--force`", "9023481"),
+    ("test_output_paths", "a model path or node name with rich markup (`[/]`) crashed the summary after the model was written (exit 1)",
+     "every console prints with markup off; styles through `rich.text.Text`", "9023481"),
+    ("test_output_paths", "a folder given as `--report` got click's three-line usage text", "one line, exit 2", "9023481"),
+    ("test_output_safety", "SIGTERM during the write left the temp file (212 MiB) beside the destination",
+     "SIGTERM raises inside the CLI, the staged files are removed, exit 143", "b0e3652"),
+    ("test_hostile_bounds", "a device file as the model read until memory ran out; a FIFO in a `--rules` folder hung",
+     "only regular files are read (`graphopt.files.read_regular`)", "3c1c2a6"),
+    ("test_hostile_bounds", "`let` fragments expanding exponentially (3.6 GB after 60 s)",
+     "substitution capped at 20,000 characters per field, checked as it grows", "3c1c2a6"),
+    ("test_hostile_bounds", "a graph with 100,000 inputs took 254 s (`Graph.lint`, `in` on the input list)",
+     "input/output names indexed, lint builds each node's input set once: about 5 s", "3c1c2a6"),
+    ("test_hostile_bounds", "a pattern with 10,000 arguments: RecursionError; an error line quoted a 10 MB pattern whole",
+     "calls capped at 256 arguments, matcher walks arguments iteratively; quoted text cut around the column", "3c1c2a6"),
+    ("test_clear_refusals", "`--verify` on an input declared [2^31, 2^31] or a 224 GiB `--shape`: MemoryError / ValueError (exit 1)",
+     "sizes computed before allocating: exit 2 naming the input", "c2d04e6"),
+    ("test_clear_refusals", "`--rtol nan` reported as 'outputs differ'", "non-finite or negative tolerances: exit 2", "c2d04e6"),
+    ("test_clear_refusals", "a user rule whose replacement builds an invalid node: 'internal error'",
+     "the rule and its file are named, exit 10", "c2d04e6"),
+    ("test_clear_refusals", "a bfloat16 Conv at opset 17 (onnx's checker and onnxruntime refuse it) was accepted and written",
+     "full checker on every run; a type-constraint failure of the input refuses it (exit 4)", "c2d04e6"),
+    ("test_clear_refusals", "a GELU look-alike with 1.0008 fused as exact GELU (outputs moved by 5.7e-4)",
+     "`const_near` matches only to the constant's dtype precision (2 ulps); `--explain` says why", "b8baaac"),
 ]
 
 def _internal_cases() -> dict[str, int]:
@@ -102,7 +133,7 @@ EXTENDED = [
 NOT_DONE = [
     "The end-to-end GPU fault test through graphopt.optimize has not passed on the device yet (its model's IR version, fixed since); the two kernel-level fault tests passed there.",
     "The 1,000,000-node run is marked `slow` (not in CI); CI runs 100,000 nodes (timings above; peak memory grows about 6.8 KB per node).",
-    "Outputs over 2 GB: the decision logic is tested with a lowered threshold; no 2 GB file is written in CI.",
+    "Outputs over 2 GB: the decision logic is tested with a lowered threshold; no 2 GB file is written in CI (issue 21 item 2: see its note below).",
     "A full disk is simulated with RLIMIT_FSIZE in a subprocess (EFBIG, as ENOSPC would be), not with a small tmpfs (mounting needs root).",
 ]
 

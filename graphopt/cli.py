@@ -14,9 +14,11 @@ from collections import Counter
 from pathlib import Path
 
 import click
+from rich.text import Text
 
 from graphopt import __version__
 from graphopt.errors import EXIT_CODES, GraphoptError
+from graphopt.files import Terminated, terminate_cleanly
 
 _EXIT_HELP = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in sorted(EXIT_CODES.items()))
 _GPU_HELP = (
@@ -27,9 +29,11 @@ _GPU_HELP = (
 
 
 def _console(stderr: bool = False):
+    """Every print goes through this console. ``markup=False``: user text (a model path, a node or rule
+    name such as ``x[/]``) is never read as rich markup; styles are given with ``rich.text.Text``."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False)
 
 
 class _Progress:
@@ -57,13 +61,17 @@ class _Progress:
 def _run(fn):
     """Map GraphoptError to its exit code with a one-line message; never a traceback for user errors."""
     try:
-        return fn()
+        with terminate_cleanly():
+            return fn()
     except GraphoptError as e:
         click.echo(f"graphopt: error: {e}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("graphopt: interrupted; nothing was written", err=True)
         sys.exit(130)
+    except Terminated:
+        click.echo("graphopt: terminated; nothing was written", err=True)
+        sys.exit(143)
     except click.exceptions.Exit:
         raise
     except Exception as e:  # a bug: say so plainly, keep the traceback behind GRAPHOPT_DEBUG
@@ -87,12 +95,12 @@ def main() -> None:
 # ------------------------------------------------------------------------------------ optimize
 @main.command(epilog=_EXIT_HELP)
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Output path (default: MODEL with .opt.onnx).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Output path (default: MODEL with .opt.onnx).")
 @click.option("--gpu", default="auto", show_default=True, help=_GPU_HELP)
 @click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path), help="Extra rule file or folder (repeatable).")
 @click.option("--disable", multiple=True, metavar="NAME", help="Turn off a shipped rule by name (repeatable).")
 @click.option("--explain", is_flag=True, help="List every match and every near-miss with the reason it did not fire.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the full report as JSON.")
+@click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the full report as JSON.")
 @click.option("--verify", is_flag=True, help="Compare original and optimized under onnxruntime; on a mismatch write nothing.")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape for --verify and tuning (repeatable).")
 @click.option("--shape-profile", "shape_profiles", multiple=True, metavar="NAME=DIM:V1,V2..",
@@ -107,8 +115,9 @@ def main() -> None:
 @click.option("--io-fp16", is_flag=True, help="With --precision fp16: fp16 graph inputs and outputs too (default: they keep their dtypes).")
 @click.option("--keep-fp32", "keep_fp32", default="", metavar="OP,...", help="With --precision fp16: op types kept at fp32 (e.g. Softmax,ReduceMean).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
+@click.option("--force", is_flag=True, help="Replace an existing output (-o, --report) even when it is read-only.")
 def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, shape_profiles, rtol, atol,
-             precision, io_fp16, keep_fp32, quiet):
+             precision, io_fp16, keep_fp32, quiet, force):
     """Optimize MODEL: cleanup, fusion rules, lowering selection; write MODEL.opt.onnx."""
 
     def work():
@@ -141,11 +150,9 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
                 precision=precision,
                 io_fp16=io_fp16,
                 keep_fp32=keep,
+                report_path=report_path,
+                force=force,
             )
-        if report_path is not None:
-            from graphopt.ir.io import _atomic_write
-
-            _atomic_write(report_path, [report.to_json().encode() + b"\n"])
         if not quiet:
             _print_summary(report, explain)
 
@@ -192,7 +199,6 @@ def _print_summary(report, explain: bool) -> None:
 
 def _print_buckets(con, report) -> None:
     """One row per node and bucket: what --shape-profile tuned."""
-    from rich.markup import escape
     from rich.table import Table
 
     names = list(report.buckets[0])
@@ -201,18 +207,17 @@ def _print_buckets(con, report) -> None:
         t.add_column(col, justify="right" if col in names else "left", overflow="fold")
     for row in report.lowerings:
         dims = row.get("dims") or {}
-        t.add_row(escape(row["node"]), row["op"], *(str(dims.get(n, "")) for n in names), row["lowering"],
-                  escape(row["params"] or "-"),
-                  row["mode"])
+        t.add_row(row["node"], row["op"], *(str(dims.get(n, "")) for n in names),
+                  row["lowering"], row["params"] or "-", row["mode"])
     con.print(t)
 
 
 def _print_explain(con, report) -> None:
-    con.print(f"[bold]matches ({len(report.matches)})[/bold]")
+    con.print(Text(f"matches ({len(report.matches)})", style="bold"))
     for m in report.matches:
         sources = m.get("sources") or []
-        con.print(f"  {m.get('rule')}: {m.get('node')} <- {', '.join(sources)}")
-    con.print(f"[bold]near-misses ({len(report.near_misses)})[/bold]")
+        con.print(f"  {m.get('rule')}: {m.get('node')} <- {', '.join(map(str, sources))}")
+    con.print(Text(f"near-misses ({len(report.near_misses)})", style="bold"))
     for m in report.near_misses:
         con.print(f"  {m.get('rule')} at {m.get('anchor', m.get('node', ''))!r}: {m.get('reason')}")
 
@@ -255,7 +260,7 @@ def inspect(model, rules, as_json):
         from rich.table import Table
 
         con = _console()
-        con.print(f"[bold]{model}[/bold]: ir_version {info['ir_version']}, opsets {info['opsets']}, {info['nodes']} nodes, producer {info['producer'] or '-'}")
+        con.print(Text(str(model), style="bold") + f": ir_version {info['ir_version']}, opsets {info['opsets']}, {info['nodes']} nodes, producer {info['producer'] or '-'}")
         for kind in ("inputs", "outputs"):
             t = Table(title=kind)
             t.add_column("name")

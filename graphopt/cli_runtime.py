@@ -6,8 +6,6 @@ error mapping so the exit codes and one-line errors are the same as every other 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import click
@@ -53,27 +51,25 @@ def _safe_name(name: str) -> str:
 
 def write_npys(out_dir: Path, arrays: dict[str, np.ndarray]) -> list[Path]:
     """Write every output as ``<name>.npy``: all to temp files first, then renamed, so either every
-    file is written or none is (no partial file is ever left)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    temps: list[tuple[str, Path]] = []
+    file is written or none is (no partial file is ever left; graphopt.files.Staged)."""
+    import io
+
+    from graphopt.files import Staged
+
     try:
-        for name, arr in arrays.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{_safe_name(name)}.", suffix=".tmp", dir=out_dir)
-            with os.fdopen(fd, "wb") as f:
-                np.save(f, arr, allow_pickle=False)
-            temps.append((name, Path(tmp)))
-        written = []
-        for name, tmp in temps:
-            dest = out_dir / f"{_safe_name(name)}.npy"
-            os.replace(tmp, dest)
-            written.append(dest)
-        return written
+        out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise WriteFailed(f"{out_dir}: cannot write the outputs ({e.strerror or e}); nothing was written") from None
-    finally:
-        for _, tmp in temps:
-            if tmp.exists():
-                tmp.unlink()
+    written = []
+    with Staged() as staged:
+        for name, arr in arrays.items():
+            buf = io.BytesIO()
+            np.save(buf, arr, allow_pickle=False)
+            dest = out_dir / f"{_safe_name(name)}.npy"
+            staged.add(dest, [buf.getbuffer()])
+            written.append(dest)
+        staged.commit()
+    return written
 
 
 def _stats(arr: np.ndarray) -> tuple[str, str, str]:

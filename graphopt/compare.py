@@ -14,11 +14,53 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from graphopt.errors import GraphoptError, InvalidModel, VerificationFailed
+from graphopt.errors import GraphoptError, InvalidModel, UsageError, VerificationFailed
 
 DEFAULT_DIM = 2
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
+#: Most bytes the random inputs of one verify/run may take together; past it, refused before allocating.
+MAX_INPUT_BYTES = 4 * 2**30
+
+
+def check_tolerances(rtol: float, atol: float) -> None:
+    """--rtol / --atol must be finite and non-negative (NaN would make every comparison fail)."""
+    for name, value in (("--rtol", rtol), ("--atol", atol)):
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+            raise UsageError(f"{name} {value}: expected a finite number >= 0, for example {name} 1e-4")
+
+
+def input_sizes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[list[int], int]]:
+    """name -> (dims, bytes) of the random input ``make_inputs`` would allocate, computed without
+    allocating; raises UsageError naming the input when they are too large together."""
+    shapes = dict(shapes or {})
+    out: dict[str, tuple[list[int], int]] = {}
+    total = 0
+    for vi in _graph_inputs(model):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        if vi.name in shapes:
+            dims = [int(d) for d in shapes[vi.name]]
+        else:
+            dims = [d.dim_value if d.HasField("dim_value") else DEFAULT_DIM for d in tt.shape.dim]
+        try:
+            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
+        except Exception:
+            itemsize = 1  # an undefined or exotic dtype: make_inputs says so
+        size = itemsize
+        for d in dims:
+            size *= max(d, 0)
+        total += size
+        out[vi.name] = (dims, size)
+        if total > MAX_INPUT_BYTES:
+            hint = "give a smaller --shape" if vi.name in shapes else "give a smaller --shape for it"
+            raise UsageError(f"input {vi.name!r} with shape {dims} needs {size / 2**30:.3g} GiB of random data "
+                             f"({total / 2**30:.3g} GiB for the inputs so far, at most {MAX_INPUT_BYTES // 2**30} GiB); "
+                             f"{hint}")
+    return out
 
 
 def parse_shape_overrides(items: Sequence[str]) -> dict[str, list[int]]:
@@ -69,7 +111,9 @@ def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def make_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random feeds for every graph input (initializer-backed inputs keep their defaults)."""
+    """Random feeds for every graph input (initializer-backed inputs keep their defaults). Their
+    total size is checked first (``input_sizes``)."""
+    input_sizes(model, shapes)
     shapes = dict(shapes or {})
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
@@ -153,6 +197,7 @@ def verify_models(
 
     ``run_candidate(feeds) -> {name: array}`` runs the candidate (default: onnxruntime CPU; the CLI's
     ``verify --device cuda`` passes the graphopt runtime)."""
+    check_tolerances(rtol, atol)
     result = VerifyResult(ok=True, rtol=rtol, atol=atol, input_shapes={})
     worst: dict[str, OutputError] = {}
     for r in range(runs):

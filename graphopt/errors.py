@@ -14,9 +14,16 @@ class GraphoptError(Exception):
 
     exit_code = 1
 
+    #: Longest message kept whole; a longer one (it quotes some huge user text) loses its middle.
+    MAX_MESSAGE = 10_000
+
     def __init__(self, message: str):
-        # One line only: the CLI contract is a single line per error.
-        super().__init__(" ".join(str(message).split()))
+        # One line only: the CLI contract is a single line per error, of a readable length.
+        text = " ".join(str(message).split())
+        if len(text) > self.MAX_MESSAGE:
+            cut = len(text) - self.MAX_MESSAGE + 40
+            text = f"{text[:self.MAX_MESSAGE * 2 // 3]} ...[{cut} characters cut]... {text[-(self.MAX_MESSAGE // 3 - 40):]}"
+        super().__init__(text)
 
 
 class UsageError(GraphoptError):

@@ -17,9 +17,12 @@ from typing import Any, Callable, Sequence
 import onnx
 
 from graphopt import __version__
-from graphopt.errors import GraphoptError, InvalidModel, VerificationFailed
+from graphopt.errors import GraphoptError, InvalidModel, RuleError, VerificationFailed
+from graphopt.files import Output, Staged, check_outputs
 from graphopt.ir import Graph, load_model, save_model, to_model
-from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
+from graphopt.ir.io import data_file_for
+from graphopt.ir.large import check_weightless, infer_shapes_weightless, is_large
+from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, check_tolerances, input_sizes, verify_models
 
 Progress = Callable[[str], None]
 
@@ -65,22 +68,23 @@ def _custom_op_histogram(graph: Graph) -> dict[str, int]:
     return dict(sorted(c.items()))
 
 
-def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shapes for the lowering signatures and constraints; best effort (a failure keeps the model)."""
-    if model.ByteSize() > 2**31 - 2**24:
-        return model
+def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto | None:
+    """Shapes for the lowering signatures and constraints; best effort (None on failure). A large
+    model is inferred from its weightless copy (graphopt.ir.large)."""
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        if is_large(model):
+            return infer_shapes_weightless(model, check_type=False, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True).graph
     except Exception:  # shape inference is an aid here, never a reason to refuse a valid model
-        return model
+        return None
 
 
 def _with_inferred_shapes(graph: Graph) -> tuple[onnx.ModelProto, Graph]:
     """(the validated original model, the IR with value_info from onnx shape inference merged in)."""
     original = graph.source_model if graph.source_model is not None else to_model(graph)
     inferred = _infer_shapes(original)
-    if inferred is not original:
-        graph.merge_value_info(inferred.graph.value_info)
+    if inferred is not None:
+        graph.merge_value_info(inferred.value_info)
     return original, graph
 
 
@@ -190,32 +194,74 @@ def finalize_model(graph: Graph) -> onnx.ModelProto:
 def _checker_error(model: onnx.ModelProto, full: bool) -> str | None:
     """The first line of onnx.checker's complaint about ``model``, or None when it passes."""
     try:
-        onnx.checker.check_model(model, full_check=full)
+        if is_large(model):
+            check_weightless(model, full)  # protobuf cannot serialize it whole: checked without the weights
+        else:
+            onnx.checker.check_model(model, full_check=full)
     except Exception as e:  # ValidationError, and shape inference / decoding errors raised by the checker
         return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
     return None
 
 
-def check_output_model(model: onnx.ModelProto, full: bool = False, original: onnx.ModelProto | None = None,
-                       source: str = "<model>") -> str | None:
+def _blame_user_rule(model: onnx.ModelProto, error: str, rules: Sequence[str | os.PathLike]) -> RuleError | None:
+    """When the optimized model fails the checker and a node a user rule built is to blame, the
+    RuleError naming that rule and its file (exit 10); None when no user rule built a node."""
+    if not rules:
+        return None
+    from graphopt.rewrite import load_rules
+    from graphopt.rewrite._engine import PROVENANCE_PREFIX
+
+    user = {r.name: r for r in load_rules(shipped=False, paths=[str(p) for p in rules]).rules}
+    made: list[tuple[str, str]] = []  # (node name, rule name)
+    for node in model.graph.node:
+        doc = node.doc_string or ""
+        if doc.startswith(PROVENANCE_PREFIX):
+            rule = doc[len(PROVENANCE_PREFIX):].split(" from=", 1)[0]
+            if rule in user:
+                made.append((node.name, rule))
+    if not made:
+        return None
+    culprits = [r for n, r in made if n and n in error] or sorted({r for _, r in made})
+    if len(culprits) == 1 or len(set(culprits)) == 1:
+        r = user[culprits[0]]
+        return RuleError(f"{r.file}:{r.line}: rule {r.name!r} builds a node that onnx.checker refuses: {error}; "
+                         "fix the rule's 'replace' (or leave the rule out)")
+    names = ", ".join(f"{user[c].name!r} ({user[c].file}:{user[c].line})" for c in sorted(set(culprits)))
+    return RuleError(f"the optimized model fails onnx.checker after user rules {names} fired: {error}; fix their 'replace'")
+
+
+_TYPE_ERRORS = ("has unsupported type", "not in allowed types", "TypeInferenceError")
+
+
+def _is_type_error(error: str) -> bool:
+    """A type-constraint violation (a bfloat16 Conv at opset 17): onnxruntime refuses such a model too."""
+    return any(k in error for k in _TYPE_ERRORS)
+
+
+def check_output_model(model: onnx.ModelProto, full: bool = True, original: onnx.ModelProto | None = None,
+                       source: str = "<model>", rules: Sequence[str | os.PathLike] = ()) -> str | None:
     """onnx.checker on the result. ``full`` adds strict shape inference through the function bodies
     (what --verify and the tests use; about 0.1 s on a 20k-node model).
 
     A failure is graphopt's bug only if the input passes the same check: when ``original`` fails it
     too, the input is refused as invalid (exit 4) -- unless only the full check fails on both (onnx's
     type inference rejects some models onnxruntime runs, such as a sparse initializer feeding Add),
-    in which case the basic check stands and the returned note says so (verify still compares outputs)."""
-    if model.ByteSize() > 2**31 - 2**24:
-        return None  # the checker needs a path for >2 GB models; save_model writes external data then
+    in which case the basic check stands and the returned note says so (verify still compares outputs),
+    unless the input's failure is a type-constraint violation, which onnxruntime refuses as well.
+    ``optimize`` always runs the full check, so a model no runtime accepts is never written."""
     error = _checker_error(model, full)
     if error is None:
         return None
     if original is not None:
         input_error = _checker_error(original, full)
         if input_error is not None:
-            if full and _checker_error(original, False) is None and _checker_error(model, False) is None:
+            if (full and not _is_type_error(input_error) and _checker_error(original, False) is None
+                    and _checker_error(model, False) is None):
                 return f"the input fails onnx's full check too ({input_error}); checked without type inference"
             raise InvalidModel(f"{source}: the input model fails onnx.checker: {input_error}; fix or re-export the model")
+    blamed = _blame_user_rule(model, error, rules)
+    if blamed is not None:
+        raise blamed
     raise GraphoptError(f"internal error: the optimized model fails onnx.checker: {error}")
 
 
@@ -248,6 +294,28 @@ def default_output_path(source: str | os.PathLike) -> Path:
     return p.with_name(name + ".opt.onnx")
 
 
+def _rule_files(rules: Sequence[str | os.PathLike]) -> list[Path]:
+    """The files ``--rules`` reads (a folder's entries, not its subfolders), for the output checks."""
+    out: list[Path] = []
+    for r in rules:
+        p = Path(r)
+        try:
+            out.extend(sorted(q for q in p.iterdir() if not q.is_dir()) if p.is_dir() else [p])
+        except OSError:
+            out.append(p)
+    return out
+
+
+def planned_outputs(source: str | os.PathLike, output: str | os.PathLike | None,
+                    report_path: str | os.PathLike | None = None) -> list[Output]:
+    """Every path ``optimize_file`` may write: the model, its external-data file and the report."""
+    out = Path(output) if output is not None else default_output_path(source)
+    planned = [Output(out, "-o"), Output(data_file_for(out), "external data file", maybe=True)]
+    if report_path is not None:
+        planned.append(Output(Path(report_path), "--report"))
+    return planned
+
+
 def optimize_file(
     source: str | os.PathLike,
     output: str | os.PathLike | None = None,
@@ -261,18 +329,32 @@ def optimize_file(
     precision: str = "fp32",
     io_fp16: bool = False,
     keep_fp32: Sequence[str] = (),
+    report_path: str | os.PathLike | None = None,
+    force: bool = False,
     **options: Any,
 ) -> tuple[onnx.ModelProto, OptimizeReport]:
-    """Optimize the model at ``source`` and (unless ``write`` is False) write it to ``output``.
+    """Optimize the model at ``source`` and (unless ``write`` is False) write it to ``output``, and the
+    JSON report to ``report_path`` if given.
 
-    With ``verify``, the original and optimized models run under onnxruntime on random inputs first;
-    on a mismatch ``VerificationFailed`` is raised and nothing is written."""
+    Every output path is checked against every input (the model, its data files, the rule files) and
+    against the others before any work (``graphopt.files.check_outputs``); the files are then written
+    together: all of them or none. With ``verify``, the original and optimized models run under
+    onnxruntime on random inputs first; on a mismatch ``VerificationFailed`` is raised and nothing is
+    written."""
     start = time.perf_counter()
     source = Path(source)
     step = progress or (lambda msg: None)
+    if verify:
+        check_tolerances(rtol, atol)
+    outputs = planned_outputs(source, output, report_path) if write else []
+    reads = [source, *_rule_files(options.get("rules") or ())]
+    check_outputs(outputs, reads, force=force)
     step("loading")
     graph = load_model(source)
     protect = [source] + graph.data_files
+    check_outputs(outputs, reads + graph.data_files, force=force)
+    if verify:
+        input_sizes(graph.source_model, shapes)  # what --verify will allocate, refused before any work
     original_model, graph = _with_inferred_shapes(graph)
     report = OptimizeReport(source=str(source))
     if precision != "fp32":
@@ -281,17 +363,24 @@ def optimize_file(
     graph.source_path = str(source)
     optimize_graph(graph, shapes=shapes, progress=progress, report=report, **options)
     model = finalize_model(graph)
-    note = check_output_model(model, full=verify, original=original_model, source=str(source))
+    del graph  # the IR's copy of the weights is not needed any more (peak memory on large models)
+    note = check_output_model(model, full=True, original=original_model, source=str(source),
+                              rules=options.get("rules") or ())
     if verify:
         step("verifying with onnxruntime")
         _verify_or_raise(model, original_model, report, str(source), shapes, rtol, atol)
         if note:
             report.verify["checker_note"] = note
     if write:
-        out = Path(output) if output is not None else default_output_path(source)
+        out = outputs[0].path
         step(f"writing {out}")
-        save_model(model, out, protect=protect)
-        report.output = str(out)
+        with Staged() as staged:
+            save_model(model, out, protect=protect, staged=staged)
+            report.output = str(out)
+            report.seconds = time.perf_counter() - start
+            if report_path is not None:
+                staged.add(Path(report_path), [report.to_json().encode() + b"\n"])
+            staged.commit()
     report.seconds = time.perf_counter() - start
     return model, report
 
@@ -316,7 +405,7 @@ def optimize_model(
         graph = _converted(original_model, precision, io_fp16, keep_fp32, "<model>", report)
     optimize_graph(graph, shapes=shapes, report=report, **options)
     out = finalize_model(graph)
-    note = check_output_model(out, full=verify, original=original_model)
+    note = check_output_model(out, full=True, original=original_model, rules=options.get("rules") or ())
     if verify:
         _verify_or_raise(out, original_model, report, "<model>", shapes, rtol, atol)
         if note:

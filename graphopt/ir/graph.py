@@ -14,6 +14,7 @@ pass fuses across, or deletes, a value a body still needs.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -99,8 +100,8 @@ class Graph:
         self._by_op: dict[tuple[str, str], dict[str, None]] = {}
         self._implicit: dict[str, list[str]] = {}  # node name -> outer tensors its subgraphs read
         self._has_subgraphs = False  # any node here ever held a subgraph (fast path for find())
-        self._inputs: list[str] = []
-        self._outputs: list[str] = []
+        self._inputs: _NameList = _NameList()
+        self._outputs: _NameList = _NameList()
         self._io_info: dict[str, onnx.ValueInfoProto] = {}
         self._value_info: dict[str, onnx.ValueInfoProto] = {}
         self._inits: dict[str, onnx.TensorProto] = {}
@@ -574,7 +575,7 @@ class Graph:
         return count
 
     def _rename_output(self, old: str, new: str) -> None:
-        self._outputs = [new if t == old else t for t in self._outputs]
+        self._outputs = _NameList(new if t == old else t for t in self._outputs)
         info = self._io_info.pop(old, None)
         if info is not None and new not in self._io_info:
             copy = onnx.ValueInfoProto()
@@ -617,7 +618,7 @@ class Graph:
             self._inits[new] = proto
             self._const_cache.pop(old, None)
         if old in self._inputs:
-            self._inputs = [new if t == old else t for t in self._inputs]
+            self._inputs = _NameList(new if t == old else t for t in self._inputs)
             info = self._io_info.pop(old, None)
             if info is not None:
                 info.name = new
@@ -777,7 +778,7 @@ class Graph:
             if t not in self._io_info:
                 vi = self._value_info.get(t)
                 self._io_info[t] = vi if vi is not None else onnx.ValueInfoProto(name=t)
-        self._outputs = list(outputs)
+        self._outputs = _NameList(outputs)
 
     # ------------------------------------------------------------------ order and checks
     def toposort(self) -> "Graph":
@@ -825,18 +826,21 @@ class Graph:
                         f"node {node.name!r} ({node.qualified_op}) reads {t!r}, which no node, input or initializer provides"
                     )
         if len(set(self._outputs)) != len(self._outputs):
-            dup = sorted({t for t in self._outputs if self._outputs.count(t) > 1})
+            dup = sorted(t for t, c in Counter(self._outputs).items() if c > 1)
             raise InvalidGraph(f"graph {self.name!r} lists output(s) {', '.join(map(repr, dup))} more than once")
         if len(set(self._inputs)) != len(self._inputs):
-            dup = sorted({t for t in self._inputs if self._inputs.count(t) > 1})
+            dup = sorted(t for t, c in Counter(self._inputs).items() if c > 1)
             raise InvalidGraph(f"graph {self.name!r} lists input(s) {', '.join(map(repr, dup))} more than once")
         for t in self._outputs:
             if not self.visible(t):
                 raise InvalidGraph(f"graph output {t!r} of graph {self.name!r} is produced by no node, input or initializer")
+        reads: dict[str, set[str]] = {}  # node -> the tensors it reads, built once (a node may have 100k inputs)
         for t, users in self._consumers.items():
             for u in users:
                 node = self._nodes.get(u)
-                if node is None or (t not in node.inputs and t not in self._implicit.get(u, [])):
+                if node is not None and u not in reads:
+                    reads[u] = set(node.inputs) | set(self._implicit.get(u, ()))
+                if node is None or t not in reads[u]:
                     raise InvalidGraph(f"internal: stale consumer link {t!r} -> {u!r}")
         for node in self.nodes():
             for sub in node.subgraphs():
@@ -850,6 +854,48 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, {len(self)} nodes, {len(self._inputs)} inputs, {len(self._outputs)} outputs)"
+
+
+class _NameList(list):
+    """A graph's input or output names: a list (order matters) with O(1) ``in``, kept in step through
+    the few mutations the IR uses (append, remove); any other change rebuilds the index."""
+
+    def __init__(self, items=()):
+        super().__init__(items)
+        self._count: dict[str, int] = {}
+        for t in self:
+            self._count[t] = self._count.get(t, 0) + 1
+
+    def __contains__(self, item) -> bool:
+        return item in self._count
+
+    def __reduce__(self):
+        return (_NameList, (list(self),))
+
+    def append(self, item) -> None:
+        super().append(item)
+        self._count[item] = self._count.get(item, 0) + 1
+
+    def remove(self, item) -> None:
+        super().remove(item)
+        left = self._count[item] - 1
+        if left:
+            self._count[item] = left
+        else:
+            del self._count[item]
+
+    def _rebuilt(name):
+        def method(self, *args, **kwargs):
+            result = getattr(list, name)(self, *args, **kwargs)
+            self._count = {}
+            for t in self:
+                self._count[t] = self._count.get(t, 0) + 1
+            return result
+        return method
+
+    for _name in ("extend", "insert", "pop", "clear", "__setitem__", "__delitem__", "__iadd__", "sort", "reverse"):
+        locals()[_name] = _rebuilt(_name)
+    del _name, _rebuilt
 
 
 def _norm_domain(domain: str) -> str:

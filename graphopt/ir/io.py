@@ -14,7 +14,6 @@ non-atomically, which is why this module writes the bytes itself.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +28,11 @@ from graphopt.errors import (
     UnsupportedModel,
     WriteFailed,
 )
+from graphopt.files import Staged, atomic_write, regular_file
 from graphopt.ir.convert import from_model, to_model
 from graphopt.ir.external import check_external, is_external, iter_sparse, iter_tensors, load_external
 from graphopt.ir.graph import Graph
+from graphopt.ir.large import without_initializers
 
 MIN_OPSET = 9
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -48,12 +49,15 @@ KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.previ
 
 
 def _read_bytes(path: Path) -> bytes:
-    if not path.exists():
-        raise InputNotFound(f"{path}: no such file")
-    if path.is_dir():
-        raise InputNotFound(f"{path}: is a folder, not an ONNX file")
+    """The model file's bytes: a regular file only (a device or FIFO would read forever or block), and no
+    larger than protobuf can parse."""
+    st = regular_file(path, "model")
+    if st.st_size > PROTOBUF_LIMIT:
+        raise InvalidModel(f"{path}: {st.st_size} bytes, over protobuf's 2 GB limit for one file; "
+                           "save the model with its weights as external data")
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            return f.read(PROTOBUF_LIMIT + 1)
     except OSError as e:
         raise InputNotFound(f"{path}: cannot read ({e.strerror})") from None
 
@@ -240,30 +244,17 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _atomic_write(dest: Path, chunks) -> None:
-    folder = dest.parent if str(dest.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
-    except OSError as e:  # a read-only folder: nothing was created
-        raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except BaseException as e:  # KeyboardInterrupt too: never leave the temp file behind
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
-        raise
+    atomic_write(Path(dest), chunks)
 
 
 def serialize(model: onnx.ModelProto) -> bytes:
     return model.SerializeToString(deterministic=True)
+
+
+def data_file_for(path: "str | os.PathLike") -> Path:
+    """The external-data file ``save_model`` writes beside the model at ``path`` (when it writes one)."""
+    dest = Path(path)
+    return dest.with_name(dest.name + ".data")
 
 
 def save_model(
@@ -271,17 +262,19 @@ def save_model(
     path: "str | os.PathLike",
     *,
     external_data: bool | None = None,
-    size_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
+    size_threshold: int | None = None,
     protect: "list[str | os.PathLike]" = (),
     min_external_tensor_bytes: int = 1024,
+    staged: "Staged | None" = None,
 ) -> Path:
     """Write atomically. ``external_data=None`` picks external data only when the model would exceed
     ``size_threshold``. Paths in ``protect`` (the input model and its data files) are never overwritten:
-    compared by device and inode, not by name."""
+    compared by device and inode, not by name. With ``staged`` the files are only staged there (the
+    caller commits them together with its other outputs); otherwise they are committed here."""
     model = to_model(graph_or_model) if isinstance(graph_or_model, Graph) else graph_or_model
+    size_threshold = DEFAULT_EXTERNAL_THRESHOLD if size_threshold is None else size_threshold
     dest = Path(path)
-    data_name = dest.name + ".data"
-    data_path = dest.with_name(data_name)
+    data_path = data_file_for(dest)
     for p in protect:
         for target in (dest, data_path):
             if _same_file(target, Path(p)):
@@ -292,40 +285,106 @@ def save_model(
         raise WriteFailed(f"{dest}: cannot write ({e.strerror or e}); nothing was written") from None
     if not folder_ok:
         raise WriteFailed(f"{dest}: folder {dest.parent} does not exist")
+    if staged is None:
+        with Staged() as own:
+            _stage_model(own, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
+            own.commit()
+    else:
+        _stage_model(staged, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
+    return dest
+
+
+def _stage_model(staged: Staged, model: onnx.ModelProto, dest: Path, data_path: Path, external_data, size_threshold: int,
+                 min_external_tensor_bytes: int) -> None:
     total = sum(len(t.raw_data) for t in iter_tensors(model.graph))
     use_external = external_data if external_data is not None else total > size_threshold
     if not use_external:
         data = serialize(model)
         if len(data) > PROTOBUF_LIMIT:
             raise WriteFailed(f"{dest}: the model is over 2 GB; save it with external data")
-        _atomic_write(dest, [data])
-        return dest
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    chunks: list[bytes] = []
+        staged.add(dest, [data])
+        return
+    # The structure is a copy of everything but the top-level initializers, which become stubs that
+    # point into the data file; their bytes are streamed from the caller's model one tensor at a time
+    # (no second copy of the weights, and the caller's model is left untouched).
+    structure = without_initializers(model)
+    plan: list = []  # (tensor proto to stream | raw bytes, offset, length)
     offset = 0
-    for t in iter_tensors(out.graph):
+
+    def place(length: int) -> int:
+        nonlocal offset
+        offset += (-offset) % 64  # align every tensor to 64 bytes
+        start = offset
+        offset += length
+        return start
+
+    for t in model.graph.initializer:
+        length = _data_length(t)
+        if is_external(t) or length is None or length < min_external_tensor_bytes:
+            structure.graph.initializer.append(t)
+            continue
+        start = place(length)
+        stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=list(t.dims), doc_string=t.doc_string)
+        stub.metadata_props.extend(t.metadata_props)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", data_path.name), ("offset", str(start)), ("length", str(length))):
+            stub.external_data.add(key=k, value=v)
+        structure.graph.initializer.append(stub)
+        plan.append((t, start, length))
+    top = {id(t) for t in structure.graph.initializer}
+    for t in iter_tensors(structure.graph):  # subgraph initializers, Constant and attribute tensors (copies)
+        if id(t) in top or is_external(t):
+            continue
         if not t.HasField("raw_data"):
             if t.data_type in (onnx.TensorProto.STRING,) or not t.dims:
                 continue
             # typed fields (float_data, ...): convert to raw bytes so they can move out of the proto
-            arr = onnx.numpy_helper.to_array(t)
-            t.CopyFrom(onnx.numpy_helper.from_array(arr, t.name))
+            t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t), t.name))
         if len(t.raw_data) < min_external_tensor_bytes:
             continue
-        pad = (-offset) % 64  # align every tensor to 64 bytes
-        if pad:
-            chunks.append(b"\0" * pad)
-            offset += pad
         raw = t.raw_data
-        onnx.external_data_helper.set_external_data(t, location=data_name, offset=offset, length=len(raw))
+        start = place(len(raw))
+        onnx.external_data_helper.set_external_data(t, location=data_path.name, offset=start, length=len(raw))
         t.data_location = onnx.TensorProto.EXTERNAL
         t.ClearField("raw_data")
-        chunks.append(raw)
-        offset += len(raw)
-    _atomic_write(data_path, chunks)
-    _atomic_write(dest, [serialize(out)])
-    return dest
+        plan.append((raw, start, len(raw)))
+
+    def chunks():
+        at = 0
+        for item, start, length in plan:
+            if start > at:
+                yield b"\0" * (start - at)
+            raw = item if isinstance(item, bytes) else _raw_bytes(item)
+            if len(raw) != length:
+                raise WriteFailed(f"{dest}: tensor {item.name!r} holds {len(raw)} bytes, its dims need {length}; "
+                                  "nothing was written")
+            yield raw
+            at = start + length
+
+    staged.add(data_path, chunks())
+    staged.add(dest, [serialize(structure)])
+
+
+def _data_length(t: onnx.TensorProto) -> int | None:
+    """Bytes the tensor's data takes as raw_data, without touching the data (None: not movable)."""
+    if t.data_type == onnx.TensorProto.STRING or not t.dims and not t.HasField("raw_data"):
+        return None
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:
+        return len(t.raw_data) if t.HasField("raw_data") else None
+    if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return len(t.raw_data) if t.HasField("raw_data") else None
+    count = 1
+    for d in t.dims:
+        count *= d
+    return count * itemsize
+
+
+def _raw_bytes(t: onnx.TensorProto) -> bytes:
+    if t.HasField("raw_data"):
+        return t.raw_data
+    return onnx.numpy_helper.to_array(t).tobytes()
 
 
 def model_bytes(graph: Graph) -> bytes:

@@ -45,7 +45,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from graphopt.errors import RuleError
+from graphopt.errors import GraphoptError, RuleError
+from graphopt.files import quote, read_regular
 from graphopt.rewrite import registry
 from graphopt.rewrite._rules import Rule, RuleSet
 from graphopt.rewrite._syntax import (
@@ -53,6 +54,7 @@ from graphopt.rewrite._syntax import (
     Lit,
     Name,
     RuleSyntaxError,
+    excerpt,
     is_builder,
     parse_constraint,
     parse_pattern,
@@ -65,6 +67,8 @@ RULE_KEYS = ("name", "doc", "pattern", "where", "replace", "keep", "outputs", "f
 TOP_KEYS = ("rule", "params")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\}")
 _MAX_SUBST_ROUNDS = 8
+_MAX_EXPANDED = 20_000  # characters one field may reach through placeholders (the longest shipped is ~300)
+MAX_RULE_FILE_BYTES = 4 * 2**20  # a rule file larger than this is refused unread
 _MAX_VARIANTS = 1000  # rules one [[rule]] may expand to through 'for' (a product of lists grows fast)
 
 
@@ -79,7 +83,7 @@ class RuleIssue:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}"
-        return f"{where}: rule {self.rule!r}: {self.message}" if self.rule else f"{where}: {self.message}"
+        return f"{where}: rule {quote(self.rule)}: {self.message}" if self.rule else f"{where}: {self.message}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,15 +162,25 @@ def _substitute(text: str, env: dict, key: str) -> str:
         if "{" not in text:
             return text
 
+        grown = [len(text)]
+
         def repl(m):
-            return _lookup(env, m.group(1), m.group(2), key, as_text=True)
+            value = _lookup(env, m.group(1), m.group(2), key, as_text=True)
+            grown[0] += len(value) - len(m.group(0))
+            if grown[0] > _MAX_EXPANDED:  # checked as it grows: one round can never get large
+                raise _Issue(key, f"placeholders expand to more than {_MAX_EXPANDED} characters (a 'let' fragment "
+                                  f"used many times inside another?) in {quote(text)}")
+            return value
 
         new = _PLACEHOLDER.sub(repl, text)
+        if len(new) > _MAX_EXPANDED:
+            raise _Issue(key, f"placeholders expand to more than {_MAX_EXPANDED} characters (a 'let' fragment used "
+                              f"many times inside another?) in {quote(text)}")
         if new == text:
             break
         text = new
     if _PLACEHOLDER.search(text):
-        raise _Issue(key, f"placeholders nest more than {_MAX_SUBST_ROUNDS} levels deep in {text!r}")
+        raise _Issue(key, f"placeholders nest more than {_MAX_SUBST_ROUNDS} levels deep in {quote(text)}")
     return text
 
 
@@ -179,7 +193,7 @@ def _lookup(env: dict, name: str, field: str | None, key: str, as_text: bool):
         if not isinstance(value, dict):
             raise _Issue(key, f"placeholder {{{name}.{field}}}: {name} is not a table")
         if field not in value:
-            raise _Issue(key, f"placeholder {{{name}.{field}}}: no field {field!r} in {value!r}")
+            raise _Issue(key, f"placeholder {{{name}.{field}}}: no field {field!r} in {quote(value)}")
         value = value[field]
     elif isinstance(value, dict):
         raise _Issue(key, f"placeholder {{{name}}} is a table; name one of its fields, e.g. {{{name}.{next(iter(value), 'x')}}}")
@@ -194,7 +208,7 @@ def _substitute_list(items: list, env: dict, key: str) -> list[str]:
     out: list[str] = []
     for item in items:
         if not isinstance(item, str):
-            raise _Issue(key, f"{key} entries must be strings, got {item!r}")
+            raise _Issue(key, f"{key} entries must be strings, got {quote(item)}")
         m = _PLACEHOLDER.fullmatch(item.strip())
         if m:
             value = _lookup(env, m.group(1), m.group(2), key, as_text=False)
@@ -246,7 +260,7 @@ def _check_kinds(reg: registry.Registered, call_text: str, args, tensors: dict, 
     lo, hi = reg.arity()
     if len(args) < lo or (hi is not None and len(args) > hi):
         want = f"{lo}" if lo == hi else (f"{lo} to {hi}" if hi is not None else f"at least {lo}")
-        raise _Issue(key, f"{what} {reg.name}() takes {want} arguments, got {len(args)} in {call_text!r}")
+        raise _Issue(key, f"{what} {reg.name}() takes {want} arguments, got {len(args)} in {quote(call_text)}")
     for i, a in enumerate(args):
         kind = reg.kind_at(i)
         if isinstance(a, Lit):
@@ -258,7 +272,7 @@ def _check_kinds(reg: registry.Registered, call_text: str, args, tensors: dict, 
         if kind == "v":
             raise _Issue(key, f"argument {i + 1} of {reg.name}() must be a literal, not the capture {a.name!r}")
         if a.name not in tensors:
-            raise _Issue(key, f"{what} {call_text!r} uses {a.name!r}, which the pattern does not bind")
+            raise _Issue(key, f"{what} {quote(call_text)} uses {a.name!r}, which the pattern does not bind")
         if kind == "n" and a.name not in nodes:
             raise _Issue(key, f"argument {i + 1} of {reg.name}() must be a node capture ('... as {a.name}'), "
                               f"but {a.name!r} is a tensor variable")
@@ -341,7 +355,7 @@ def _validate(raw: dict, env: dict, file: str, line: int, index: int) -> Rule:
     try:
         pattern = parse_pattern(pattern_text)
     except RuleSyntaxError as e:
-        raise _Issue("pattern", f"pattern {e.text!r}: column {e.column}: {e.detail}") from None
+        raise _Issue("pattern", f"pattern {excerpt(e.text, e.column)}: column {e.column}: {e.detail}") from None
     binds = [p.bind for p in pattern_ops(pattern) if p.bind]
     dup = sorted({b for b in binds if binds.count(b) > 1})
     if dup:
@@ -359,7 +373,7 @@ def _validate(raw: dict, env: dict, file: str, line: int, index: int) -> Rule:
         try:
             call = parse_constraint(text)
         except RuleSyntaxError as e:
-            raise _Issue("where", f"constraint {e.text!r}: column {e.column}: {e.detail}") from None
+            raise _Issue("where", f"constraint {excerpt(e.text, e.column)}: column {e.column}: {e.detail}") from None
         reg = registry.CONSTRAINTS.get(call.name)
         if reg is None:
             known = ", ".join(sorted(registry.CONSTRAINTS))
@@ -371,7 +385,7 @@ def _validate(raw: dict, env: dict, file: str, line: int, index: int) -> Rule:
     try:
         replace = parse_replacement(replace_text)
     except RuleSyntaxError as e:
-        raise _Issue("replace", f"replacement {e.text!r}: column {e.column}: {e.detail}") from None
+        raise _Issue("replace", f"replacement {excerpt(e.text, e.column)}: column {e.column}: {e.detail}") from None
     _check_op_call(replace.domain, replace.op, replace.qualname, replace.args, replace.kwargs, tensors, nodes,
                    "replace", replace.text)
 
@@ -416,8 +430,11 @@ def _parse_file(path: Path) -> tuple[list[Rule], list[RuleIssue]]:
     registry._ensure_builtins()
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        # regular files only: a FIFO or device in a --rules folder must not block or read forever
+        text = read_regular(path, limit=MAX_RULE_FILE_BYTES, what="rule file").decode("utf-8")
+    except GraphoptError as e:
+        return [], [RuleIssue(file, 1, "", f"cannot read the rule file: {e}")]
+    except UnicodeDecodeError as e:
         return [], [RuleIssue(file, 1, "", f"cannot read the rule file: {e}")]
     try:
         data = tomllib.loads(text)
@@ -500,8 +517,8 @@ def shipped_rules_dir() -> Path:
 def _rule_files(path: Path) -> list[Path]:
     if path.is_dir():
         return sorted(path.glob("*.toml"))
-    if path.is_file():
-        return [path]
+    if path.exists():
+        return [path]  # not a regular file: _parse_file says so
     raise RuleError(f"rule path {str(path)!r} does not exist; pass a .toml file or a folder of them")
 
 

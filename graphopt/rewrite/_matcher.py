@@ -135,11 +135,22 @@ def _bind_node(pat: OpPat, node, via: str, b: Binding, trace: Trace):
 
 
 def _match_args(g, pat, node, args, inputs, i, b: Binding, trace: Trace):
+    """Every binding of ``args[i:]`` to ``inputs[i:]``, depth first, with an explicit stack of
+    generators (one per argument): a call with many arguments never nests Python frames."""
     if i == len(args):
         yield b
         return
-    for nb in _match_arg(g, pat, node, args[i], inputs[i], i, b, trace):
-        yield from _match_args(g, pat, node, args, inputs, i + 1, nb, trace)
+    stack = [_match_arg(g, pat, node, args[i], inputs[i], i, b, trace)]
+    while stack:
+        nb = next(stack[-1], None)
+        if nb is None:
+            stack.pop()
+            continue
+        k = i + len(stack)
+        if k == len(args):
+            yield nb
+        else:
+            stack.append(_match_arg(g, pat, node, args[k], inputs[k], k, nb, trace))
 
 
 def _match_arg(g, parent_pat, parent, arg, tensor: str, index: int, b: Binding, trace: Trace):

@@ -38,7 +38,17 @@ class RuleSyntaxError(RuleError):
         self.text = text
         self.column = column
         self.detail = message
-        super().__init__(f"column {column}: {message} in {text!r}")
+        super().__init__(f"column {column}: {message} in {excerpt(text, column)}")
+
+
+def excerpt(text: str, column: int, width: int = 60) -> str:
+    """The quoted text, or for a long one the part around ``column`` (an error line stays readable)."""
+    if len(text) <= 2 * width:
+        return repr(text)
+    start = max(0, column - 1 - width)
+    end = min(len(text), column - 1 + width)
+    return (("..." if start else "") + repr(text[start:end]) + ("..." if end < len(text) else "")
+            + f" ({len(text)} characters)")
 
 
 _TOKEN = re.compile(
@@ -203,6 +213,8 @@ class _Parser:
                 if kwargs:
                     raise RuleSyntaxError(self.text, tok.col, "positional argument after a keyword argument")
                 args.append(self.expr())
+            if len(args) + len(kwargs) > MAX_ARGS:
+                raise RuleSyntaxError(self.text, tok.col, f"more than {MAX_ARGS} arguments in one call")
             tok = self.next()
             if tok.kind == "punct" and tok.text == ")":
                 return args, kwargs
@@ -212,6 +224,8 @@ class _Parser:
 
 #: Deepest call nesting a pattern, constraint or replacement may have (real ones stay below 15).
 MAX_NESTING = 64
+#: Most arguments one call may have (a Concat of many inputs stays far below).
+MAX_ARGS = 256
 
 
 def parse_expr(text: str):

@@ -183,8 +183,10 @@ def value_in(g, t, lo, hi):
 
 
 @register_constraint("const_near", "tvv?")
-def const_near(g, t, value, rtol=1e-3):
-    """t is a one-element constant within relative tolerance rtol (default 1e-3) of value."""
+def const_near(g, t, value, rtol=None):
+    """t is a one-element constant equal to value to the precision of t's dtype (within 2 units in the
+    last place: exporters round 1/sqrt(2) differently), so snapping it changes no output; a look-alike
+    (1.0008 for 1) does not match. An explicit rtol opts into a looser match."""
     if t is None:
         return _absent(t)
     v = g.constant_value(t)
@@ -192,9 +194,22 @@ def const_near(g, t, value, rtol=1e-3):
         return f"{t!r} is not a constant"
     if np.size(v) != 1:
         return f"{t!r} has {np.size(v)} elements, expected one ({value:g})"
-    x = float(np.asarray(v, dtype=np.float64).reshape(-1)[0])
-    if abs(x - value) > rtol * abs(value) + 1e-12:
-        return f"{t!r} is {x:g}, expected {value:g}"
+    arr = np.asarray(v)
+    x = float(arr.astype(np.float64).reshape(-1)[0])
+    if rtol is not None:
+        if abs(x - value) > rtol * abs(value) + 1e-12:
+            return f"{t!r} is {x:g}, expected {value:g} (rtol {rtol:g})"
+        return None
+    dtype = arr.dtype if arr.dtype.kind == "f" else None
+    if dtype is None:  # an integer or bool constant: exact
+        return None if x == value else f"{t!r} is {x:g}, expected exactly {value:g}"
+    finfo = np.finfo(dtype)
+    # two units in the last place of value in t's dtype; zero must be zero (to the smallest normal)
+    tol = 2 * float(np.spacing(dtype.type(abs(value)))) if value else float(finfo.tiny)
+    if abs(x - value) > tol:
+        shown = np.format_float_positional(arr.reshape(-1)[0], trim="-")  # shortest repr in t's dtype
+        return (f"{t!r} is {shown}, expected {value:g} to {dtype} precision (differs by {abs(x - value):.3g}); "
+                "fusing would change the outputs")
     return None
 
 

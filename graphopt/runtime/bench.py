@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from graphopt.errors import GraphoptError
+from graphopt.files import atomic_write
 
 DEFAULT_DIM = 16  # symbolic non-batch dims (sequence lengths) without a --shape
 
@@ -143,8 +144,7 @@ def top_ops(profile: Mapping[str, float], n: int = 15) -> list[tuple[str, float,
 def plot(path, timings: Sequence[Timing], breakdown: Sequence[tuple[str, float, float]], title: str) -> None:
     """Latency bars and the per-op breakdown, written atomically as a PNG (needs matplotlib: the
     ``plot`` extra)."""
-    import os
-    import tempfile
+    import io
     from pathlib import Path
 
     import matplotlib
@@ -164,12 +164,9 @@ def plot(path, timings: Sequence[Timing], breakdown: Sequence[tuple[str, float, 
     ax2.invert_yaxis()
     ax2.set_title("per-op time (optimized, eager)")
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    os.close(fd)
+    buf = io.BytesIO()
     try:
-        fig.savefig(tmp, format="png", dpi=110)
-        os.replace(tmp, path)
+        fig.savefig(buf, format="png", dpi=110)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(Path(path), [buf.getvalue()])

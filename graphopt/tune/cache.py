@@ -27,7 +27,6 @@ import math
 import os
 import sqlite3
 import stat
-import tempfile
 import time
 import warnings
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from graphopt.errors import TuningError
+from graphopt.files import Output, atomic_write, check_outputs
 from graphopt.tune.gpus import DeviceFingerprint
 
 SCHEMA_VERSION = 1
@@ -485,7 +485,10 @@ class TuningCache:
 
     # ----------------------------------------------------------------- export / import
     def export(self, path: str | os.PathLike, gpu: str | None = None) -> int:
-        """Write all entries (or one GPU's) to a JSON file, atomically. Returns the count."""
+        """Write all entries (or one GPU's) to a JSON file, atomically. Returns the count. The file may
+        not be the cache's own database (or its -wal/-shm/.lock companions)."""
+        own = [self.path, *(Path(f"{self.path}{suffix}") for suffix in ("-wal", "-shm", "-journal", ".lock"))]
+        check_outputs([Output(Path(path), "cache export file")], own)
         records = self.entries(gpu)
         doc = {
             "format": EXPORT_FORMAT,
@@ -566,27 +569,8 @@ def _parse_export(doc, path: Path) -> list[TimingRecord]:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``."""
-    path = path.expanduser()
-    folder = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise TuningError(f"cannot write {path}: {exc}") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise TuningError(f"cannot write {path}: {exc}") from exc
-        raise
+    """Write ``text`` to ``path`` atomically, with the user's normal permissions (graphopt.files)."""
+    atomic_write(path.expanduser(), [text.encode("utf-8")], error=TuningError)
 
 
 def records_for(

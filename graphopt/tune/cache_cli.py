@@ -83,7 +83,7 @@ def show(ctx: click.Context, gpu: str | None, entries: bool, as_json: bool) -> N
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(soft_wrap=True)
+    console = Console(soft_wrap=True, markup=False)  # GPU names and signatures are never markup
     total = sum(s["entries"] for s in stats)
     console.print(f"tuning cache: {path} ({total} timing{'s' if total != 1 else ''})", highlight=False)
     if not stats:
@@ -116,7 +116,7 @@ def clear(ctx: click.Context, gpu: str | None, yes: bool) -> None:
 
 
 @cache.command("export")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(path_type=Path))
 @click.option("--gpu", default=None, help="Only this GPU's timings.")
 @click.pass_context
 def export(ctx: click.Context, file: Path, gpu: str | None) -> None:

@@ -495,8 +495,8 @@ def node_progress(total: int, *, enabled: bool | None = None, description: str =
     if enabled is None:
         enabled = console.is_terminal
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[label]}"),
+        TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[label]}", markup=False),
         console=console, disable=not enabled, transient=False,
     )
     with progress:

@@ -237,13 +237,16 @@ def infer_missing_shapes(graph, nodes=None) -> int:
         from graphopt.ir import to_model
         from graphopt.ops import attach_functions
 
+        from graphopt.ir.large import infer_shapes_weightless, is_large
+
         model = attach_functions(to_model(graph))
-        if model.ByteSize() > 2**31 - 2**24:  # inference needs the model in one protobuf
-            return 0
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        if is_large(model):  # protobuf cannot serialize it whole: infer without the weights
+            inferred = infer_shapes_weightless(model, check_type=False, strict_mode=False, data_prop=True)
+        else:
+            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True).graph
     except Exception:  # noqa: BLE001 - an aid, never a reason to fail
         return 0
-    return int(graph.merge_value_info(inferred.graph.value_info))
+    return int(graph.merge_value_info(inferred.value_info))
 
 
 def _split_candidate(key: str) -> tuple[str, str]:

@@ -122,7 +122,7 @@ _SLOW_WRITE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM], ids=["kill-9", "ctrl-c", "sigterm"])
 @pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
 def test_signal_mid_write_leaves_no_partial_file(tmp_path, sig, existing):
     src = SAMPLES[0]
@@ -148,9 +148,10 @@ def test_signal_mid_write_leaves_no_partial_file(tmp_path, sig, existing):
         assert out.read_bytes() == b"previous output"
     else:
         assert not out.exists()
-    if sig == signal.SIGINT:
-        assert code == 130, rest
-        assert rest.strip().splitlines() == ["graphopt: interrupted; nothing was written"], rest
+    if sig in (signal.SIGINT, signal.SIGTERM):
+        assert code == (130 if sig == signal.SIGINT else 143), rest
+        word = "interrupted" if sig == signal.SIGINT else "terminated"
+        assert rest.strip().splitlines() == [f"graphopt: {word}; nothing was written"], rest
         assert sorted(q.name for q in tmp_path.iterdir()) == sorted(["slow.py"] + (["out.onnx"] if existing else []))
     else:
         assert code == -signal.SIGKILL

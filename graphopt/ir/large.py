@@ -1,0 +1,115 @@
+"""Models near or over protobuf's 2 GB limit: shape inference and onnx.checker without the weights.
+
+python-protobuf cannot serialize (or even size: ``ByteSize`` raises ``EncodeError``) a message over
+2 GB, and onnx's shape inference and checker serialize the model they are given. Neither needs the
+weights' bytes, only their names, types and dims; so a *weightless* copy is built (every tensor's
+data replaced by an external reference to a sparse placeholder file, which onnx's checker wants to
+exist as a regular file), and inference and checks run on that. Nothing here copies a weight.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import EncodeError, Message
+
+from graphopt.ir.external import iter_tensors
+
+#: Above this many bytes of tensor data, inference and checks run on a weightless copy.
+LARGE_MODEL_BYTES = 2**31 - 2**24
+_PLACEHOLDER = "graphopt-weights.placeholder"
+
+
+def tensor_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of tensor data held in the model (raw and typed fields; external references count 0)."""
+    total = 0
+    for t in iter_tensors(model.graph):
+        if t.HasField("raw_data"):
+            total += len(t.raw_data)
+        else:
+            total += 8 * (len(t.float_data) + len(t.int32_data) + len(t.int64_data) + len(t.double_data)
+                          + len(t.uint64_data))
+    return total
+
+
+def is_large(model: onnx.ModelProto, limit: int | None = None) -> bool:
+    """True when the model is too big for protobuf (or above ``limit`` bytes of tensor data)."""
+    limit = LARGE_MODEL_BYTES if limit is None else limit
+    if tensor_bytes(model) > limit:
+        return True
+    try:
+        return model.ByteSize() > limit
+    except EncodeError:
+        return True
+
+
+def _weightless_tensor(t: onnx.TensorProto, offset: int) -> tuple[onnx.TensorProto, int]:
+    out = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=list(t.dims))
+    size = 1
+    for d in t.dims:
+        size *= d
+    try:
+        length = size * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:
+        length = size
+    out.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", _PLACEHOLDER), ("offset", str(offset)), ("length", str(length))):
+        out.external_data.add(key=k, value=v)
+    return out, offset + length
+
+
+def _copy_field(dest, name: str, value) -> None:
+    if isinstance(value, Message):
+        getattr(dest, name).CopyFrom(value)
+    elif isinstance(value, (str, bytes, int, float, bool)):
+        setattr(dest, name, value)
+    else:  # a repeated field
+        getattr(dest, name).extend(value)
+
+
+def without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with every field but the main graph's initializers (none of the weights)."""
+    out = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(out, field.name, value)
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(out.graph, field.name, value)
+    return out
+
+
+def weightless(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """(a copy of ``model`` whose top-level initializers reference a placeholder file instead of
+    holding data, the placeholder's size). Built field by field: no weight is copied."""
+    out = without_initializers(model)
+    g = out.graph
+    offset = 0
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL or t.HasField("raw_data") or t.dims:
+            stub, offset = _weightless_tensor(t, offset)
+            g.initializer.append(stub)
+        else:
+            g.initializer.append(t)
+    return out, offset
+
+
+def infer_shapes_weightless(model: onnx.ModelProto, **kwargs) -> onnx.GraphProto:
+    """onnx shape inference on the weightless copy; returns the inferred graph (for its value_info)."""
+    light, _ = weightless(model)
+    return onnx.shape_inference.infer_shapes(light, **kwargs).graph
+
+
+def check_weightless(model: onnx.ModelProto, full: bool) -> None:
+    """onnx.checker on the weightless copy, from a temp folder holding a sparse placeholder file (the
+    checker wants external data to be a regular file; a sparse file takes no disk space)."""
+    light, size = weightless(model)
+    with tempfile.TemporaryDirectory(prefix="graphopt-check-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        path.write_bytes(light.SerializeToString())
+        with open(Path(tmp) / _PLACEHOLDER, "wb") as f:
+            os.ftruncate(f.fileno(), size)
+        onnx.checker.check_model(str(path), full_check=full)
