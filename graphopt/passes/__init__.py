@@ -13,6 +13,7 @@ from __future__ import annotations
 from graphopt.ir import Graph
 
 from graphopt.passes._util import Trace
+from graphopt.passes.cast import eliminate_noop_cast
 from graphopt.passes.constants import constants_to_initializers
 from graphopt.passes.conv_bn import fold_conv_bn
 from graphopt.passes.conv_mul_add import fold_conv_mul_add
@@ -32,6 +33,7 @@ __all__ = [
     "dead_code",
     "eliminate_dropout",
     "eliminate_identity",
+    "eliminate_noop_cast",
     "fold_constants",
     "fold_conv_bn",
     "fold_conv_mul_add",
@@ -45,6 +47,7 @@ __all__ = [
 #: last removes what the others orphaned (for example a weight no longer read).
 CLEANUP_ORDER = (
     "eliminate_identity",
+    "eliminate_noop_cast",
     "eliminate_dropout",
     "constants_to_initializers",
     "fold_shape",
@@ -76,6 +79,7 @@ def run_cleanup(
     budget = FoldBudget(total_bytes=fold_total_bytes)
     passes = {
         "eliminate_identity": eliminate_identity,
+        "eliminate_noop_cast": eliminate_noop_cast,
         "eliminate_dropout": eliminate_dropout,
         "constants_to_initializers": constants_to_initializers,
         "fold_shape": fold_shape,

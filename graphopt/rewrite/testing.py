@@ -30,8 +30,8 @@ class Builder:
         self.n += 1
         return f"{hint}_{self.n}"
 
-    def input(self, name: str, shape) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+    def input(self, name: str, shape, elem: int = TensorProto.FLOAT) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
         return name
 
     def const(self, value, hint: str = "c", dtype=np.float32) -> str:
@@ -60,6 +60,8 @@ class Builder:
         # Give the outputs their inferred types (onnx.checker's full check wants output shapes).
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
+        for out in probe.graph.output:  # let inference type them (fp16 graphs too)
+            out.type.tensor_type.elem_type = TensorProto.UNDEFINED
         if len(opsets) > 1:
             from graphopt.ops import attach_functions
 
@@ -202,7 +204,8 @@ def random_feeds(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]
         if vi.name in inits:
             continue
         shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        feeds[vi.name] = (rng.standard_normal(shape) * 2.0).astype(np.float32)
+        dtype = np.float16 if vi.type.tensor_type.elem_type == TensorProto.FLOAT16 else np.float32
+        feeds[vi.name] = (rng.standard_normal(shape) * 2.0).astype(dtype)
     return feeds
 
 

@@ -47,9 +47,11 @@ def _same_outputs(model, rewritten_graph, seed=1):
     out = attach_functions(to_model(rewritten_graph))
     onnx.checker.check_model(out, full_check=True)
     feeds = random_feeds(model, seed)
+    fp16 = any(f.dtype == np.float16 for f in feeds.values())
     for e, a in zip(run_ort(model, feeds), run_ort(out, feeds)):
-        assert e.shape == a.shape
-        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
+        assert e.shape == a.shape and e.dtype == a.dtype
+        np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=3e-2 if fp16 else 1e-4,
+                                   atol=3e-2 if fp16 else 1e-5)
 
 
 def _root(model) -> str:
@@ -145,9 +147,12 @@ def skip_model(variant="single", graphopt_ln=True):
     return b.model()
 
 
-def rmsnorm_model(sq="pow", dv="div", variant="fires"):
+def rmsnorm_model(sq="pow", dv="div", variant="fires", fp16=False):
+    """``fp16``: an fp16 model whose norm runs in fp32 between two precision Casts (LlamaRMSNorm)."""
     b = Builder(17, seed=6)
-    x = b.input("x", SHAPE)
+    x = b.input("x", SHAPE, TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT)
+    if fp16:
+        x = b.op("Cast", [x], to=TensorProto.FLOAT)
     axes = [0] if variant == "axis_not_last" else [-1]
     square = b.op("Pow", [x, b.const(2.0, "two")]) if sq == "pow" else b.op("Mul", [x, x])
     rms = b.op("Sqrt", [b.op("Add", [b.op("ReduceMean", [square], axes=axes), b.const(1e-6, "eps")])])
@@ -158,6 +163,9 @@ def rmsnorm_model(sq="pow", dv="div", variant="fires"):
     else:
         n = b.op("Mul", [x, b.op("Div", [b.const(1.0, "one"), rms])])
     w = b.rand([SHAPE[1], SHAPE[-1]], "w") if variant == "w_not_per_feature" else b.rand([SHAPE[-1]], "w")
+    if fp16:
+        n = b.op("Cast", [n], to=TensorProto.FLOAT16)
+        w = b.const(b.rng.standard_normal(SHAPE[-1]) * 0.5, "w", np.float16)
     b.output(b.op("Mul", [n, w]))
     if variant == "second_consumer":
         b.output(b.op("Neg", [rms]))
@@ -202,11 +210,19 @@ PROBS = ["softmax", "nan", "cast", "cast2"]
 
 
 def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opset=17):
-    """softmax(q k^T * scale + mask) v as the exports write it: K^T by a Transpose, mask as a runtime tensor."""
+    """softmax(q k^T * scale + mask) v as the exports write it: K^T by a Transpose, mask as a runtime tensor.
+
+    ``probs='upcast'``: an fp16 model whose softmax runs in fp32 between two precision Casts;
+    ``mask='upmask'``: fp16 scores cast to fp32 before an fp32 mask is added (then Softmax, Cast back).
+    """
+    fp16 = probs == "upcast" or mask == "upmask"
+    elem, np_t = (TensorProto.FLOAT16, np.float16) if fp16 else (TensorProto.FLOAT, np.float32)
     b = Builder(opset, seed=9)
-    q = b.input("q", [B, H, SQ, D])
-    kt = b.op("Transpose", [b.input("k", [B, H, SKV, D])], perm=[0, 1, 3, 2])
-    v = b.rand([B, H, SKV, DV], "v") if variant == "v_constant" else b.input("v", [B, H, SKV, DV])
+    if fp16:  # constants in fp16 too
+        b.const = lambda value, hint="c", dtype=np_t, _c=b.const: _c(value, hint, np_t if dtype == np.float32 else dtype)
+    q = b.input("q", [B, H, SQ, D], elem)
+    kt = b.op("Transpose", [b.input("k", [B, H, SKV, D], elem)], perm=[0, 1, 3, 2])
+    v = b.rand([B, H, SKV, DV], "v") if variant == "v_constant" else b.input("v", [B, H, SKV, DV], elem)
     s1 = b.rand([1, H, 1, 1], "s") if variant == "scale_not_scalar" else None
     if scale == "noscale":
         s = b.op("MatMul", [q, kt])
@@ -226,7 +242,11 @@ def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opse
         s = b.op("Where", [b.const(tril, "tril", np.bool_), s, b.const(fill, "fill")])
     if mask == "mask":
         shape = [1, B, H, SQ, SKV] if variant == "mask_enlarges" else [B, 1, 1, SKV]
-        s = b.op("Add", [b.input("m", shape), s])
+        s = b.op("Add", [b.input("m", shape, elem), s])
+    if mask == "upmask":
+        s = b.op("Add", [b.input("m", [B, 1, 1, SKV]), b.op("Cast", [s], to=TensorProto.FLOAT)])
+    elif probs == "upcast":
+        s = b.op("Cast", [s], to=TensorProto.FLOAT)
     sm = b.op("Softmax", [s], axis=2 if variant == "softmax_axis" else -1)
     if probs == "nan":
         p = b.op("Where", [b.op("IsNaN", [sm]), b.const(0.0, "zero"), sm])
@@ -235,6 +255,8 @@ def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opse
     elif probs == "cast2":
         first = TensorProto.FLOAT16 if variant == "cast_converts" else TensorProto.FLOAT
         p = b.op("Cast", [b.op("Cast", [sm], to=first)], to=TensorProto.FLOAT)
+    elif probs == "upcast":
+        p = b.op("Cast", [sm], to=TensorProto.FLOAT16)
     else:
         p = sm
     b.output(b.op("MatMul", [p, v]))
@@ -254,6 +276,7 @@ for _sq in ("pow", "mul"):
         CASES[f"layernorm_nobias_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: layernorm_model(sq, dv, False)
     for _dv in ("div", "recip", "divone"):
         CASES[f"rmsnorm_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: rmsnorm_model(sq, dv)
+        CASES[f"rmsnorm_cast_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: rmsnorm_model(sq, dv, fp16=True)
 CASES["layernorm_native"] = native_layernorm_model
 CASES["skip_layernorm"] = lambda: skip_model("single")
 CASES["skip_layernorm_sum"] = lambda: skip_model("reused")
@@ -266,6 +289,8 @@ for _sc in SCALES:
     for _mk in MASKS:
         for _pr in PROBS:
             CASES[f"attention_{_sc}_{_mk}_{_pr}"] = lambda sc=_sc, mk=_mk, pr=_pr: attention_model(sc, mk, pr)
+        CASES[f"attention_{_sc}_{_mk}_upcast"] = lambda sc=_sc, mk=_mk: attention_model(sc, mk, "upcast")
+    CASES[f"attention_{_sc}_upmask"] = lambda sc=_sc: attention_model(sc, "upmask", "upcast")
 
 
 def test_every_transformer_rule_has_a_test_case():
