@@ -106,6 +106,10 @@ def apply_activation(ctx, y, attrs: Mapping[str, Any]):
         return 0.5 * y * (1 + ops_std._erf(ctx, [y / math.sqrt(2.0)])[0])
     if name == "GeluTanh":
         return 0.5 * y * (1 + xp.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
+    from graphopt.ops.activations import ACTIVATIONS  # the shared table's xp form for the rest
+
+    if name in ACTIVATIONS:
+        return ACTIVATIONS[name].xp(xp, y, attrs)
     raise NotImplementedError(f"activation {name!r}")
 
 

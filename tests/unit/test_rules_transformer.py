@@ -181,7 +181,7 @@ def gelu_model(form: str, variant="fires"):
     b = Builder(opset, seed=7)
     x = b.op("Relu", [b.input("x", SHAPE)]) if variant == "fires" else b.input("x", SHAPE)
     x = b.op("Neg", [x])
-    y = act_nodes(b, form if form.startswith("gelu") else f"gelu_{form}", x)
+    y = act_nodes(b, form if form.startswith(("gelu", "quick")) else f"gelu_{form}", x)
     b.output(y)
     model = b.model()
     if variant == "wrong_constant":
@@ -191,6 +191,24 @@ def gelu_model(form: str, variant="fires"):
         inner = next(n for n in model.graph.node if n.op_type in ("Erf", "Tanh"))
         model.graph.output.append(helper.make_tensor_value_info(inner.output[0], TensorProto.FLOAT, list(SHAPE)))
     return model
+
+
+def conv_gelu_model(family="conv", approximate="none", variant="fires"):
+    """Conv [-> Add(per-channel c)] or graphopt.CBR(activation none) -> graphopt.Gelu (Whisper's conv front end)."""
+    b = Builder(17, seed=10)
+    x = b.input("x", [2, 3, 11])  # 1-D: Conv1d
+    w, bias = b.rand([4, 3, 3]), b.rand([4], "b")
+    if family == "cbr":
+        y = b.op("CBR", [x, w, bias], domain="graphopt", pads=[1, 1], activation="none")
+    else:
+        y = b.op("Conv", [x, w, bias], pads=[1, 1])
+    if family == "conv_add":
+        c = b.rand([1, 1, 11], "c") if variant == "not_per_channel" else b.rand([1, 4, 1], "c")
+        y = b.op("Add", [y, c])
+    b.output(b.op("Gelu", [y], domain="graphopt", approximate=approximate))
+    if variant == "second_consumer":
+        b.output(b.op("Neg", [y]))
+    return b.model()
 
 
 def gemmact_gelu_model(reshape: bool, approximate="tanh", activation="none"):
@@ -284,6 +302,10 @@ for _f in GELU_FORMS:
     CASES[f"gelu_{_f}"] = lambda f=_f: gelu_model(f)
 CASES["gelu_native"] = lambda: gelu_model("gelu_tanh")
 CASES["gemmact_gelu_op"] = lambda: gemmact_gelu_model(False)
+CASES["gelu_quick"] = lambda: gelu_model("quickgelu")
+CASES["conv_gelu_op"] = lambda: conv_gelu_model("conv")
+CASES["conv_add_gelu_op"] = lambda: conv_gelu_model("conv_add", "tanh")
+CASES["cbr_gelu_op"] = lambda: conv_gelu_model("cbr", "quick")
 CASES["gemmact_reshape_gelu_op"] = lambda: gemmact_gelu_model(True)
 for _sc in SCALES:
     for _mk in MASKS:
