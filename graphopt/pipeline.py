@@ -129,7 +129,7 @@ def optimize_graph(
     if cleanup:
         step("cleanup passes")
         t = time.perf_counter()
-        report.cleanup = {k: v for k, v in run_cleanup(graph).items() if v}
+        report.cleanup = {k: v for k, v in run_cleanup(graph, refine=True).items() if v}
         report.timings["cleanup"] = time.perf_counter() - t
     step("fusion rules")
     t = time.perf_counter()
