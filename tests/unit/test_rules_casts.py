@@ -174,3 +174,21 @@ def test_attention_upcast_with_a_second_consumer_is_refused():
     g, report = optimize(m, explain=True)
     assert "graphopt.Attention" not in ops(g)
     assert any("graph output" in r.reason for r in report.near_misses if r.rule.startswith("attention"))
+
+
+def test_exact_round_trip_casts_go_and_lossy_ones_stay():
+    g = G()
+    x = g.input("x", [3, 4], H)
+    up = g.op("Cast", [g.op("Relu", [x])], name="up", to=F)
+    back = g.op("Cast", [up], name="back", to=H)          # fp16 -> fp32 -> fp16: exact, removed
+    y = g.input("y", [3, 4], F)
+    lossy = g.op("Cast", [g.op("Cast", [y], name="down", to=H)], name="up2", to=F)  # fp32 -> fp16 -> fp32 stays
+    g.output(g.op("Neg", [back]))
+    g.output(lossy)
+    m = g.model()
+    ir = from_model(onnx.shape_inference.infer_shapes(m))
+    assert eliminate_noop_cast(ir) == 1
+    ir.lint()
+    names = [n.name for n in ir.nodes()]
+    assert "back" not in names and "up" in names and {"down", "up2"} <= set(names)  # 'up' is dead code now
+    same_outputs(m, ir)

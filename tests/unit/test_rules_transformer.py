@@ -223,7 +223,7 @@ def gemmact_gelu_model(reshape: bool, approximate="tanh", activation="none"):
 
 B, H, SQ, SKV, D, DV = 2, 3, 5, 6, 4, 7
 SCALES = ["noscale", "mul", "div", "qk", "q"]
-MASKS = ["nomask", "mask", "where"]
+MASKS = ["nomask", "mask", "mask2", "where"]
 PROBS = ["softmax", "nan", "cast", "cast2"]
 
 
@@ -261,6 +261,8 @@ def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opse
     if mask == "mask":
         shape = [1, B, H, SQ, SKV] if variant == "mask_enlarges" else [B, 1, 1, SKV]
         s = b.op("Add", [b.input("m", shape, elem), s])
+    if mask == "mask2":  # T5 (dynamo): scores + position bias, then + mask
+        s = b.op("Add", [b.op("Add", [s, b.input("pb", [1, H, SQ, SKV], elem)]), b.input("m", [B, 1, 1, SKV], elem)])
     if mask == "upmask":
         s = b.op("Add", [b.input("m", [B, 1, 1, SKV]), b.op("Cast", [s], to=TensorProto.FLOAT)])
     elif probs == "upcast":
