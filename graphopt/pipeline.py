@@ -19,7 +19,7 @@ import onnx
 from graphopt import __version__
 from graphopt.errors import GraphoptError, InvalidModel, VerificationFailed
 from graphopt.ir import Graph, load_model, save_model, to_model
-from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
+from graphopt.compare import VerifyResult, verify_models
 
 Progress = Callable[[str], None]
 
@@ -219,8 +219,10 @@ def check_output_model(model: onnx.ModelProto, full: bool = False, original: onn
     raise GraphoptError(f"internal error: the optimized model fails onnx.checker: {error}")
 
 
-def _verify_or_raise(model, original, report: OptimizeReport, source: str, shapes, rtol: float, atol: float) -> None:
-    """Run both under onnxruntime; record the result; raise VerificationFailed past the tolerance."""
+def _verify_or_raise(model, original, report: OptimizeReport, source: str, shapes, rtol: float | None,
+                     atol: float | None) -> None:
+    """Run both under onnxruntime; record the result; raise VerificationFailed past the tolerance
+    (``None``: the default for the models' dtypes, ``graphopt.compare.default_tolerances``)."""
     try:
         result: VerifyResult = verify_models(model, original, shapes=shapes, rtol=rtol, atol=atol)
     except VerificationFailed as e:
@@ -238,7 +240,7 @@ def _verify_or_raise(model, original, report: OptimizeReport, source: str, shape
         note = f"; {worst.note}" if worst.note else ""
         raise VerificationFailed(
             f"{source}: optimized output {worst.name!r} differs from the original (max abs {worst.max_abs:.3g}, "
-            f"max rel {worst.max_rel:.3g}, rtol {rtol}, atol {atol}){note}; nothing was written"
+            f"max rel {worst.max_rel:.3g}, rtol {result.rtol}, atol {result.atol}){note}; nothing was written"
         )
 
 
@@ -253,8 +255,8 @@ def optimize_file(
     output: str | os.PathLike | None = None,
     *,
     verify: bool = False,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     shapes: dict[str, list[int]] | None = None,
     write: bool = True,
     progress: Progress | None = None,
@@ -300,8 +302,8 @@ def optimize_model(
     model: onnx.ModelProto,
     *,
     verify: bool = False,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     shapes: dict[str, list[int]] | None = None,
     base_dir: str | os.PathLike | None = None,
     precision: str = "fp32",
