@@ -9,7 +9,7 @@ Gemm -> HardSwish) and a DenseNet-style block (pre-activation BN -> ReLU). Needs
     python3 -m venv /work/venvs/torch && /work/venvs/torch/bin/pip install torch==2.13.0 transformers onnxscript
     /work/venvs/torch/bin/python models/export_llm_family.py [--only llama ...]
 
-Writes ``models/coverage/<name>_<exporter>.onnx`` (TorchScript at opset 17, dynamo at its default
+``llamadyn`` is LLaMA with symbolic batch and sequence dims. Writes ``models/coverage/<name>_<exporter>.onnx`` (TorchScript at opset 17, dynamo at its default
 opset) and ``models/coverage/manifest.json`` (each file, or the exporter's error line). Every file
 is checked against the eager torch output under onnxruntime.
 """
@@ -159,6 +159,7 @@ def densenet():
 SPECS = {
     "llama": llama,
     "llama_fp16": lambda: llama(torch.float16),
+    "llamadyn": llama,  # dynamic batch and sequence
     "t5enc": t5_encoder,
     "clipvision": clip_vision,
     "whisperenc": whisper_encoder,
@@ -167,6 +168,15 @@ SPECS = {
     "densenet": densenet,
 }
 EXPORTERS = {"torchscript": dict(dynamo=False, opset_version=17), "dynamo": dict(dynamo=True)}
+DYNAMIC = {"llamadyn"}  # exported with symbolic batch and sequence dims
+
+
+def _dynamic(exporter: str) -> dict:
+    if exporter == "torchscript":
+        return dict(input_names=["input_ids"], dynamic_axes={"input_ids": {0: "batch", 1: "seq"}})
+    # Unwrap.forward takes *args: one more tuple level
+    return dict(input_names=["input_ids"], dynamic_shapes=(({0: torch.export.Dim("batch", max=64),
+                                                            1: torch.export.Dim("seq", max=64)},),))
 
 
 def export(name, exporter) -> dict:
@@ -176,7 +186,8 @@ def export(name, exporter) -> dict:
     path = os.path.join(OUT, f"{name}_{exporter}.onnx")
     with torch.no_grad():
         expected = module(*args)
-        torch.onnx.export(module, args, path, external_data=False, **EXPORTERS[exporter])
+        extra = _dynamic(exporter) if name in DYNAMIC else {}
+        torch.onnx.export(module, args, path, external_data=False, **EXPORTERS[exporter], **extra)
     model = onnx.load(path)
     onnx.checker.check_model(model, full_check=True)
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
