@@ -34,7 +34,7 @@ PATTERNS = {
     "attention": ("Attention", "Softmax"),
     "conv/BN/gemm + activation": ("CBR/GemmAct with an activation", "an activation op right after Conv/BN/Gemm/MatMul, a BatchNormalization"),
     "Shape/Size": ("(folded)", "Shape, Size"),
-    "RoPE": ("(no op yet)", "Neg of rotate_half"),
+    "RoPE": ("RoPE", "Neg (of a rotate_half / rotate_every_two)"),
 }
 
 
@@ -73,6 +73,8 @@ def coverage_counts(model: onnx.ModelProto) -> dict[str, list[int]]:
                 c["RMSNorm / LayerNorm"][0] += 1
             elif n.op_type == "Attention":
                 c["attention"][0] += 1
+            elif n.op_type == "RoPE":
+                c["RoPE"][0] += 1
             if n.op_type == "Gelu" or act in GELU_ACTS:
                 c["GELU (incl. QuickGELU)"][0] += 1
             elif n.op_type in ("CBR", "GemmAct") and act not in (None, "none"):
