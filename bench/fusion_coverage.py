@@ -29,10 +29,11 @@ PRODUCERS = ("Conv", "BatchNormalization", "Gemm", "MatMul")
 # pattern -> (what counts as fused, what counts as left)
 PATTERNS = {
     "gated MLP": ("GatedMLP", "Mul of an activated projection and a projection"),
-    "RMSNorm / LayerNorm": ("RMSNorm, LayerNorm", "LayerNormalization, a ReduceMean of a square or read by a Sub"),
+    "RMSNorm / LayerNorm / GroupNorm": ("RMSNorm, LayerNorm, GroupNorm",
+                                        "LayerNormalization, InstanceNormalization, a ReduceMean of a square or read by a Sub"),
     "GELU (incl. QuickGELU)": ("Gelu, or a CBR/GemmAct Gelu/GeluTanh/QuickGelu epilogue", "Erf, Tanh, Gelu"),
     "attention": ("Attention", "Softmax"),
-    "conv/BN/gemm + activation": ("CBR/GemmAct with an activation", "an activation op right after Conv/BN/Gemm/MatMul, a BatchNormalization"),
+    "conv/BN/GN/gemm + activation": ("CBR/GemmAct/GroupNorm with an activation", "an activation op right after Conv/BN/Gemm/MatMul, a BatchNormalization"),
     "Shape/Size": ("(folded)", "Shape, Size"),
     "RoPE": ("RoPE", "Neg (of a rotate_half / rotate_every_two)"),
 }
@@ -69,21 +70,21 @@ def coverage_counts(model: onnx.ModelProto) -> dict[str, list[int]]:
         if n.domain == "graphopt":
             if n.op_type == "GatedMLP":
                 c["gated MLP"][0] += 1
-            elif n.op_type in ("RMSNorm", "LayerNorm"):
-                c["RMSNorm / LayerNorm"][0] += 1
+            elif n.op_type in ("RMSNorm", "LayerNorm", "GroupNorm"):
+                c["RMSNorm / LayerNorm / GroupNorm"][0] += 1
             elif n.op_type == "Attention":
                 c["attention"][0] += 1
             elif n.op_type == "RoPE":
                 c["RoPE"][0] += 1
             if n.op_type == "Gelu" or act in GELU_ACTS:
                 c["GELU (incl. QuickGELU)"][0] += 1
-            elif n.op_type in ("CBR", "GemmAct") and act not in (None, "none"):
-                c["conv/BN/gemm + activation"][0] += 1
+            elif n.op_type in ("CBR", "GemmAct", "GroupNorm") and act not in (None, "none"):
+                c["conv/BN/GN/gemm + activation"][0] += 1
             continue
         op = n.op_type
-        if op == "LayerNormalization" or op == "ReduceMean" and (
+        if op in ("LayerNormalization", "InstanceNormalization") or op == "ReduceMean" and (
                 prod(n.input[0]) in ("Pow", "Mul") or "Sub" in consumers[n.output[0]]):  # not a global pool
-            c["RMSNorm / LayerNorm"][1] += 1
+            c["RMSNorm / LayerNorm / GroupNorm"][1] += 1
         elif op in ("Erf", "Tanh", "Gelu"):
             c["GELU (incl. QuickGELU)"][1] += 1
         elif op == "Softmax":
@@ -93,9 +94,9 @@ def coverage_counts(model: onnx.ModelProto) -> dict[str, list[int]]:
         elif op == "Neg":
             c["RoPE"][1] += 1
         elif op == "BatchNormalization":
-            c["conv/BN/gemm + activation"][1] += 1
+            c["conv/BN/GN/gemm + activation"][1] += 1
         if op in ACT_OPS and n.input and prod(n.input[0]) in PRODUCERS:
-            c["conv/BN/gemm + activation"][1] += 1
+            c["conv/BN/GN/gemm + activation"][1] += 1
         if op == "Mul" and len(n.input) == 2:
             kinds = {prod(t) for t in n.input}
             if kinds & {"MatMul", "graphopt.GemmAct"} and kinds & {"Mul", "Sigmoid", "graphopt.GemmAct", "graphopt.Gelu"} \

@@ -3,7 +3,8 @@
 Tiny configs, random weights (seed 0), static shapes: LLaMA (GQA, RoPE, SwiGLU, RMSNorm; also fp16),
 T5 v1.1 encoder (GeGLU), CLIP vision (QuickGELU), Whisper encoder (Conv1d -> GELU), Swin
 (shifted-window attention), a MobileNetV3-style block (squeeze-excitation Conv -> HardSigmoid,
-Gemm -> HardSwish) and a DenseNet-style block (pre-activation BN -> ReLU). Needs its own venv
+Gemm -> HardSwish), a DenseNet-style block (pre-activation BN -> ReLU) and a diffusion-UNet-style
+block (GroupNorm -> SiLU -> Conv). Needs its own venv
 (torch is never a test dependency)::
 
     python3 -m venv /work/venvs/torch && /work/venvs/torch/bin/pip install torch==2.13.0 transformers onnxscript
@@ -137,6 +138,29 @@ class DenseNetBlock(nn.Module):
         return self.transition(torch.cat(feats, 1))
 
 
+class GroupNormBlock(nn.Module):
+    """A diffusion-UNet-style residual block: GroupNorm -> SiLU -> Conv, twice, plus the skip."""
+
+    def __init__(self, c=16, groups=4):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, 1, 1)
+        self.n1, self.c1 = nn.GroupNorm(groups, c), nn.Conv2d(c, c, 3, 1, 1)
+        self.n2, self.c2 = nn.GroupNorm(groups, c, eps=1e-6), nn.Conv2d(c, c, 3, 1, 1)
+        g = torch.Generator().manual_seed(3)
+        for n in (self.n1, self.n2):
+            n.weight.data.copy_(torch.rand(c, generator=g) + 0.5)
+            n.bias.data.copy_(torch.randn(c, generator=g) * 0.1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        h = self.c1(nn.functional.silu(self.n1(x)))
+        return x + self.c2(nn.functional.silu(self.n2(h)))
+
+
+def groupnorm():
+    return GroupNormBlock(), (torch.randn(B, 3, 16, 16, generator=torch.Generator().manual_seed(1)),)
+
+
 def _randomize_bn(module):
     g = torch.Generator().manual_seed(2)
     for m in module.modules():
@@ -166,6 +190,7 @@ SPECS = {
     "swin": swin,
     "mobilenetv3": mobilenetv3,
     "densenet": densenet,
+    "groupnorm": groupnorm,
 }
 EXPORTERS = {"torchscript": dict(dynamo=False, opset_version=17), "dynamo": dict(dynamo=True)}
 DYNAMIC = {"llamadyn"}  # exported with symbolic batch and sequence dims

@@ -22,6 +22,7 @@ from graphopt.rewrite import builders as _builders  # noqa: F401  (registers the
 from graphopt.rewrite import batchnorm as _batchnorm  # noqa: F401
 from graphopt.rewrite import casts as _casts  # noqa: F401
 from graphopt.rewrite import constraints as _constraints  # noqa: F401
+from graphopt.rewrite import groupnorm as _groupnorm  # noqa: F401
 from graphopt.rewrite import mlp as _mlp  # noqa: F401
 from graphopt.rewrite import rope as _rope  # noqa: F401
 from graphopt.rewrite import transformer as _transformer  # noqa: F401

@@ -172,6 +172,33 @@ def rmsnorm_model(sq="pow", dv="div", variant="fires", fp16=False):
     return b.model()
 
 
+def groupnorm_model(silu=False, variant="fires"):
+    """nn.GroupNorm as torch exports it: Reshape -> InstanceNormalization -> Reshape -> Mul -> Add [-> SiLU]."""
+    b = Builder(17, seed=11)
+    x = b.input("x", [2, 6, 5, 3])
+    r1 = b.op("Reshape", [x, b.const([0, 3, -1], "s1", np.int64)])
+    scale = b.const(np.full(3, 2.0 if variant == "in_scale" else 1.0), "ones")
+    n = b.op("InstanceNormalization", [r1, scale, b.const(np.zeros(3), "zeros")], epsilon=1e-5)
+    r2 = b.op("Reshape", [n, b.const([2, 6, 5, 3], "s2", np.int64)])
+    w = b.rand([6, 1, 1] if variant != "w_not_per_channel" else [1, 1, 3], "w")
+    y = b.op("Add", [b.op("Mul", [r2, w]), b.rand([6, 1, 1], "b")])
+    if silu:
+        y = b.op("Mul", [y, b.op("Sigmoid", [y])])
+    b.output(y)
+    if variant == "second_consumer":
+        b.output(b.op("Neg", [r2]))
+    return b.model()
+
+
+def groupnorm_op_model():
+    b = Builder(17, seed=12)
+    x = b.input("x", [2, 6, 5, 3])
+    y = b.op("GroupNorm", [x, b.rand([6, 1, 1], "w"), b.rand([6, 1, 1], "b")], domain="graphopt", num_groups=3,
+             epsilon=1e-5, activation="none")
+    b.output(b.op("Mul", [y, b.op("Sigmoid", [y])]))
+    return b.model()
+
+
 GELU_FORMS = ["erf_a_div", "erf_a_mul", "erf_b_div", "erf_b_mul", "erf_c_div", "erf_c_mul", "tanh_pow", "tanh_cube"]
 
 
@@ -298,6 +325,8 @@ for _sq in ("pow", "mul"):
         CASES[f"rmsnorm_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: rmsnorm_model(sq, dv)
         CASES[f"rmsnorm_cast_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: rmsnorm_model(sq, dv, fp16=True)
 CASES["layernorm_native"] = native_layernorm_model
+CASES["groupnorm"] = groupnorm_model
+CASES["groupnorm_silu"] = groupnorm_op_model
 CASES["skip_layernorm"] = lambda: skip_model("single")
 CASES["skip_layernorm_sum"] = lambda: skip_model("reused")
 for _f in GELU_FORMS:
