@@ -19,10 +19,12 @@ _MAX_BYTES = 2**31 - 2**24
 
 
 def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | None], int],
-                    inputs: Mapping[str, list[int]] | None = None) -> dict[str, tuple[int, ...]]:
+                    inputs: Mapping[str, list[int]] | None = None, wanted=()) -> dict[str, tuple[int, ...]]:
     """Tensor name -> static shape, from shape inference (through the graphopt ops' function bodies)
     on a copy of ``graph`` whose inputs have concrete dims: ``inputs[name]`` when given, else each
-    symbolic dim from ``dims``, else ``default(dim name)``. Best effort: {} when inference fails."""
+    symbolic dim from ``dims``, else ``default(dim name)``. When inference alone leaves a tensor of
+    ``wanted`` unknown, the copy's shape arithmetic is folded first (slower: it evaluates the
+    constant subgraphs). Best effort: {} when inference fails."""
     from graphopt.ir import from_model, refine_shapes, to_model
     from graphopt.ops import attach_functions
     from graphopt.passes import run_cleanup
@@ -49,13 +51,21 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
         for out in model.graph.output:
             if out.type.HasField("tensor_type"):
                 out.type.tensor_type.ClearField("shape")
-        g = from_model(model)
-        refine_shapes(g)
-        run_cleanup(g, refine=True, max_rounds=16)  # fold what data propagation cannot follow
-        folded = attach_functions(to_model(g))
-        inferred = onnx.shape_inference.infer_shapes(folded, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        out = _static(inferred)
+        if any(t not in out for t in wanted):
+            g = from_model(model)
+            refine_shapes(g)
+            run_cleanup(g, refine=True, max_rounds=16)  # fold what data propagation cannot follow
+            folded = attach_functions(to_model(g))
+            out = _static(onnx.shape_inference.infer_shapes(folded, check_type=False, strict_mode=False,
+                                                            data_prop=True))
     except Exception:  # noqa: BLE001 - an aid, never a reason to fail
         return {}
+    return out
+
+
+def _static(inferred: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {t.name: tuple(int(d) for d in t.dims) for t in inferred.graph.initializer}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
         tt = vi.type.tensor_type

@@ -265,7 +265,7 @@ def _propagated(graph, nodes, dims: Mapping[str, int], shapes) -> dict[str, tupl
         return {}
     from graphopt.tune.propagate import concrete_shapes
 
-    known = concrete_shapes(graph, dims, lambda name: default_dim(name)[0], shapes)
+    known = concrete_shapes(graph, dims, lambda name: default_dim(name)[0], shapes, wanted)
     return {t: known[t] for t in wanted if t in known}
 
 
@@ -317,7 +317,7 @@ def select_lowerings(
     # inputs at that bucket's sizes (graphopt.tune.propagate), so it is tuned at its real size.
     signatures = [[] for _ in nodes]
     for bucket in bucket_list:
-        known = _propagated(graph, nodes, {**base_dims, **bucket}, shapes)
+        known = _propagated(graph, nodes, {**base_dims, **bucket}, shapes) if norm != "none" else {}
         for i, (g, n) in enumerate(nodes):
             signatures[i].append(node_signature(g, n, {**base_dims, **bucket}, {**known, **(shapes or {})}, defaulted))
 

@@ -250,7 +250,7 @@ def gemmact_gelu_model(reshape: bool, approximate="tanh", activation="none"):
 
 B, H, SQ, SKV, D, DV = 2, 3, 5, 6, 4, 7
 SCALES = ["noscale", "mul", "div", "qk", "q"]
-MASKS = ["nomask", "mask", "mask2", "where"]
+MASKS = ["nomask", "mask", "mask2", "window", "where"]
 PROBS = ["softmax", "nan", "cast", "cast2"]
 
 
@@ -290,6 +290,12 @@ def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opse
         s = b.op("Add", [b.input("m", shape, elem), s])
     if mask == "mask2":  # T5 (dynamo): scores + position bias, then + mask
         s = b.op("Add", [b.op("Add", [s, b.input("pb", [1, H, SQ, SKV], elem)]), b.input("m", [B, 1, 1, SKV], elem)])
+    if mask == "window":  # Swin: + relative bias, view as [B/nW, nW, H, Sq, Skv], + shift mask, view back
+        s = b.op("Add", [s, b.input("rb", [1, H, SQ, SKV], elem)])
+        s = b.op("Reshape", [s, b.const([1, B, H, SQ, SKV], "win", np.int64)])
+        s = b.op("Add", [s, b.input("m", [1, B, 1, SQ, SKV], elem)])
+        s = b.op("Reshape", [s, b.const([B, H, SQ, SKV] if variant != "window_other_shape" else [B, H, SKV, SQ],
+                                        "back", np.int64)])
     if mask == "upmask":
         s = b.op("Add", [b.input("m", [B, 1, 1, SKV]), b.op("Cast", [s], to=TensorProto.FLOAT)])
     elif probs == "upcast":
