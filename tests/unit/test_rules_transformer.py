@@ -293,8 +293,10 @@ def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opse
     if mask == "window":  # Swin: + relative bias, view as [B/nW, nW, H, Sq, Skv], + shift mask, view back
         s = b.op("Add", [s, b.input("rb", [1, H, SQ, SKV], elem)])
         s = b.op("Reshape", [s, b.const([1, B, H, SQ, SKV], "win", np.int64)])
+        if variant == "window_view_read":
+            b.output(b.op("Neg", [s]))
         s = b.op("Add", [s, b.input("m", [1, B, 1, SQ, SKV], elem)])
-        s = b.op("Reshape", [s, b.const([B, H, SQ, SKV] if variant != "window_other_shape" else [B, H, SKV, SQ],
+        s = b.op("Reshape", [s, b.const([B, H, SQ, SKV],
                                         "back", np.int64)])
     if mask == "upmask":
         s = b.op("Add", [b.input("m", [B, 1, 1, SKV]), b.op("Cast", [s], to=TensorProto.FLOAT)])
@@ -473,6 +475,10 @@ NEAR_MISSES = [
     ("attention_mul_mask_nan", lambda: attention_model(opset=12), "opset 12 < 13"),
     ("attention_mul_where_nan", lambda: attention_model(mask="where", variant="fill_small"), "is -10000; only -inf"),
     ("attention_mul_mask_cast2", lambda: attention_model(probs="cast2", variant="cast_converts"), "converts element type 1 to 10"),
+    ("attention_mul_window_nan", lambda: attention_model(mask="window", variant="window_view_read"), "has 2 consumers"),
+    ("attention_mul_mask_upcast", lambda: attention_model(probs="upcast", variant="second_consumer"), "has 2 consumers"),
+    ("rmsnorm_cast_pow_div", lambda: rmsnorm_model(fp16=True, variant="second_consumer"), "has 2 consumers"),
+    ("groupnorm", lambda: groupnorm_model(variant="in_scale"), "is not 3 1s"),
 ]
 
 
