@@ -114,7 +114,7 @@ def optimize_graph(
 
     ``shape_profile`` (``--shape-profile`` items or a mapping, see ``graphopt.tune.buckets``) is
     checked against the graph's inputs first, so a bad one fails before any work."""
-    from graphopt.passes import dead_code, run_cleanup
+    from graphopt.passes import dead_code, fold_constants, run_cleanup
     from graphopt.rewrite import apply_rules, load_rules
     from graphopt.tune.buckets import resolve_profile
     from graphopt.tune.tuner import tune_graph
@@ -139,8 +139,12 @@ def optimize_graph(
     report.near_misses = [_as_dict(m) for m in rw.near_misses] if explain else []
     report.timings["rewrite"] = time.perf_counter() - t
     if cleanup and rw.counts and any(rw.counts.values()):
-        # Rewrites can leave constants unused (a bias folded into a new one): sweep them.
+        # Rewrites can leave constants unused (a bias folded into a new one): sweep them; a rule may
+        # also build nodes of constants only (two masks summed): fold them, so a second run is a no-op.
         t = time.perf_counter()
+        folded = fold_constants(graph)
+        if folded:
+            report.cleanup["fold_constants"] = report.cleanup.get("fold_constants", 0) + folded
         removed = dead_code(graph)
         if removed:
             report.cleanup["dead_code"] = report.cleanup.get("dead_code", 0) + removed
