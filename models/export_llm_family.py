@@ -1,6 +1,7 @@
 """Export the small models of the fusion-coverage table (issue 18) with both torch exporters.
 
 Tiny configs, random weights (seed 0), static shapes: LLaMA (GQA, RoPE, SwiGLU, RMSNorm; also fp16),
+Qwen2 (q/k/v biases), Mistral,
 T5 v1.1 encoder (GeGLU), CLIP vision (QuickGELU), Whisper encoder (Conv1d -> GELU), Swin
 (shifted-window attention), a MobileNetV3-style block (squeeze-excitation Conv -> HardSigmoid,
 Gemm -> HardSwish), a DenseNet-style block (pre-activation BN -> ReLU) and a diffusion-UNet-style
@@ -59,6 +60,24 @@ def llama(dtype=torch.float32):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                       attn_implementation="eager")
     return Unwrap(LlamaModel(cfg)).to(dtype), _tokens()
+
+
+def qwen2():
+    from transformers import Qwen2Config, Qwen2Model
+
+    cfg = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      attn_implementation="eager")
+    return Unwrap(Qwen2Model(cfg)), _tokens()
+
+
+def mistral():
+    from transformers import MistralConfig, MistralModel
+
+    cfg = MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                        sliding_window=None, head_dim=16, attn_implementation="eager")
+    return Unwrap(MistralModel(cfg)), _tokens()
 
 
 def t5_encoder():
@@ -184,6 +203,8 @@ SPECS = {
     "llama": llama,
     "llama_fp16": lambda: llama(torch.float16),
     "llamadyn": llama,  # dynamic batch and sequence
+    "qwen2": qwen2,
+    "mistral": mistral,
     "t5enc": t5_encoder,
     "clipvision": clip_vision,
     "whisperenc": whisper_encoder,
