@@ -16,7 +16,7 @@ import onnx
 
 from graphopt.ir import Graph, load_model, save_model
 from graphopt.pipeline import OptimizeReport, optimize_file, optimize_model
-from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
+from graphopt.compare import VerifyResult, verify_models
 
 __all__ = ["optimize", "load", "save", "verify", "OptimizeReport"]
 
@@ -32,8 +32,8 @@ def optimize(
     shapes: Mapping[str, Sequence[int]] | None = None,
     shape_profile: "Mapping[str, Mapping[str, Sequence[int]]] | Sequence[str] | None" = None,
     output: "str | os.PathLike | None" = None,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     precision: str = "fp32",
     io_fp16: bool = False,
     keep_fp32: Sequence[str] = (),
@@ -80,8 +80,8 @@ def verify(
     reference: "onnx.ModelProto | str | os.PathLike",
     *,
     shapes: Mapping[str, Sequence[int]] | None = None,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     device: str = "cpu",
 ) -> VerifyResult:
     """Run both models on random inputs; per-output max abs/rel error. The reference always runs

@@ -108,8 +108,8 @@ def main() -> None:
                    "several dims combine as their product). Nodes record the choice per bucket in 'lowering_buckets'; "
                    "'lowering' is the largest bucket's. Without it, tuning uses --shape or the defaults "
                    "(batch-like dims 1, dims named *seq* 128) and says which.")
-@click.option("--rtol", type=float, default=None, help="Relative tolerance for --verify (default 1e-4).")
-@click.option("--atol", type=float, default=None, help="Absolute tolerance for --verify (default 1e-5).")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance for --verify (default 1e-4; 1e-2 for fp16/bf16 models).")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance for --verify (default 1e-5; 1e-2 for fp16/bf16 models).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp16: convert the model to fp16 first (onnxconverter-common); fusions and tuning then run at fp16.")
 @click.option("--io-fp16", is_flag=True, help="With --precision fp16: fp16 graph inputs and outputs too (default: they keep their dtypes).")
@@ -122,7 +122,7 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
 
     def work():
         from graphopt.pipeline import optimize_file
-        from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, parse_shape_overrides
+        from graphopt.compare import parse_shape_overrides
         from graphopt.tune.buckets import parse_shape_profiles
 
         shape_map = parse_shape_overrides(shapes)
@@ -144,8 +144,8 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
                 verify=verify,
                 shapes=shape_map,
                 shape_profile=profile,
-                rtol=DEFAULT_RTOL if r_tol is None else r_tol,
-                atol=DEFAULT_ATOL if a_tol is None else a_tol,
+                rtol=r_tol,  # None: the default for the model's dtypes
+                atol=a_tol,
                 progress=progress,
                 precision=precision,
                 io_fp16=io_fp16,
@@ -305,8 +305,8 @@ def _shape_str(graph, tensor: str) -> str:
 @click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--device", type=click.Choice(["cpu", "cuda", "numpy"]), default="cpu", show_default=True,
               help="Where A (the candidate) runs: cpu (onnxruntime), cuda (the graphopt runtime), numpy (its CPU testing backend); B, the reference, runs under onnxruntime CPU.")
-@click.option("--rtol", type=float, default=1e-4, show_default=True)
-@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--rtol", type=float, default=None, help="Relative tolerance (default 1e-4, 1e-2 for fp16/bf16 models).")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance (default 1e-5, 1e-2 for fp16/bf16 models).")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape (repeatable).")
 def verify(a, b, device, rtol, atol, shapes):
     """Compare models A and B on random inputs; per-output max abs/rel error; exit 9 if they differ."""
@@ -319,7 +319,7 @@ def verify(a, b, device, rtol, atol, shapes):
         from graphopt.compare import parse_shape_overrides
 
         result = run_verify(a, b, shapes=parse_shape_overrides(shapes), rtol=rtol, atol=atol, device=device)
-        t = Table(title=f"verify {a} against {b} (rtol {rtol}, atol {atol})")
+        t = Table(title=f"verify {a} against {b} (rtol {result.rtol:g}, atol {result.atol:g})")
         for col in ("output", "shape", "max abs", "max rel", "ok"):
             t.add_column(col)
         for o in result.outputs:

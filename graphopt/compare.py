@@ -1,9 +1,12 @@
 """Compare two models on the same random inputs under onnxruntime (CPU).
 
-Inputs follow each graph input's dtype; symbolic or unknown dims take concrete sizes (``--shape``
-overrides per input, otherwise ``DEFAULT_DIM``). Errors are reported per output as the max absolute
-error and the max relative error ``|a - b| / (|b| + atol)``; NaN and inf must sit at the same places
-in both outputs.
+Inputs follow each graph input's dtype; symbolic or unknown dims take realistic sizes (``--shape``
+overrides per input, otherwise ``BATCH_DIM`` for a leading dim and ``DEFAULT_DIM`` for the others,
+so attention runs over more than a couple of positions), and an input whose name says it is a mask
+is all ones (attend everywhere: an all-zero mask would make every score the same and hide errors).
+Errors are reported per output as the max absolute error and the max relative error
+``|a - b| / (|b| + atol)``; NaN and inf must sit at the same places in both outputs. The default
+tolerances follow the models' dtypes (``default_tolerances``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import onnx
 
 from graphopt.errors import GraphoptError, InvalidModel, UsageError, VerificationFailed
 
-DEFAULT_DIM = 2
+BATCH_DIM = 2  # a symbolic leading (batch) dim
+DEFAULT_DIM = 16  # any other symbolic dim: sequence lengths, image sides
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
 #: Most bytes the random inputs of one verify/run may take together; past it, refused before allocating.
@@ -61,6 +65,37 @@ def input_sizes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | No
                              f"({total / 2**30:.3g} GiB for the inputs so far, at most {MAX_INPUT_BYTES // 2**30} GiB); "
                              f"{hint}")
     return out
+
+
+FP16_RTOL = 1e-2  # a model that computes in float16 / bfloat16 keeps ~3 significant digits
+FP16_ATOL = 1e-2
+_NARROW = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def computes_in_fp16(model: onnx.ModelProto) -> bool:
+    """True when a float graph input or output, or an initializer, is float16 or bfloat16."""
+    g = model.graph
+    types = [vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.output) if vi.type.HasField("tensor_type")]
+    types += [t.data_type for t in g.initializer]
+    return any(t in _NARROW for t in types)
+
+
+def default_tolerances(*models: onnx.ModelProto) -> tuple[float, float]:
+    """(rtol, atol) for comparing these models' outputs: 1e-2 / 1e-2 when any of them computes in
+    float16 or bfloat16, else 1e-4 / 1e-5."""
+    if any(computes_in_fp16(m) for m in models):
+        return FP16_RTOL, FP16_ATOL
+    return DEFAULT_RTOL, DEFAULT_ATOL
+
+
+def resolve_tolerances(rtol: float | None, atol: float | None, *models: onnx.ModelProto) -> tuple[float, float]:
+    """The given tolerances; a ``None`` takes the default for the models' dtypes."""
+    d_rtol, d_atol = default_tolerances(*models) if rtol is None or atol is None else (rtol, atol)
+    return (d_rtol if rtol is None else rtol), (d_atol if atol is None else atol)
+
+
+def _is_mask(name: str) -> bool:
+    return "mask" in name.lower()
 
 
 def parse_shape_overrides(items: Sequence[str]) -> dict[str, list[int]]:
@@ -124,9 +159,12 @@ def make_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | No
         if vi.name in shapes:
             dims = list(shapes[vi.name])
         else:
-            dims = [d.dim_value if d.HasField("dim_value") else DEFAULT_DIM for d in tt.shape.dim]
+            dims = [d.dim_value if d.HasField("dim_value") else (BATCH_DIM if i == 0 else DEFAULT_DIM)
+                    for i, d in enumerate(tt.shape.dim)]
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
-        if dtype.kind == "f":
+        if _is_mask(vi.name) and dtype.kind in "fbiu":
+            feeds[vi.name] = np.ones(dims, dtype=dtype)  # attend everywhere
+        elif dtype.kind == "f":
             feeds[vi.name] = rng.standard_normal(dims).astype(dtype)
         elif dtype.kind == "b":
             feeds[vi.name] = rng.integers(0, 2, dims).astype(bool)
@@ -187,17 +225,19 @@ def verify_models(
     reference: onnx.ModelProto,
     *,
     shapes: Mapping[str, Sequence[int]] | None = None,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     seed: int = 0,
     runs: int = 1,
     run_candidate=None,
 ) -> VerifyResult:
     """Run both models on ``runs`` sets of random inputs and compare every output by name.
 
+    ``rtol`` / ``atol`` default to ``default_tolerances(candidate, reference)``.
     ``run_candidate(feeds) -> {name: array}`` runs the candidate (default: onnxruntime CPU; the CLI's
     ``verify --device cuda`` passes the graphopt runtime)."""
     check_tolerances(rtol, atol)
+    rtol, atol = resolve_tolerances(rtol, atol, candidate, reference)
     result = VerifyResult(ok=True, rtol=rtol, atol=atol, input_shapes={})
     worst: dict[str, OutputError] = {}
     for r in range(runs):

@@ -22,7 +22,7 @@ from graphopt.files import Output, Staged, check_outputs
 from graphopt.ir import Graph, load_model, save_model, to_model
 from graphopt.ir.io import data_file_for
 from graphopt.ir.large import check_weightless, infer_shapes_weightless, is_large
-from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, check_tolerances, input_sizes, verify_models
+from graphopt.compare import VerifyResult, check_tolerances, input_sizes, verify_models
 
 Progress = Callable[[str], None]
 
@@ -118,7 +118,7 @@ def optimize_graph(
 
     ``shape_profile`` (``--shape-profile`` items or a mapping, see ``graphopt.tune.buckets``) is
     checked against the graph's inputs first, so a bad one fails before any work."""
-    from graphopt.passes import dead_code, run_cleanup
+    from graphopt.passes import dead_code, fold_constants, run_cleanup
     from graphopt.rewrite import apply_rules, load_rules
     from graphopt.tune.buckets import resolve_profile
     from graphopt.tune.tuner import tune_graph
@@ -133,7 +133,7 @@ def optimize_graph(
     if cleanup:
         step("cleanup passes")
         t = time.perf_counter()
-        report.cleanup = {k: v for k, v in run_cleanup(graph).items() if v}
+        report.cleanup = {k: v for k, v in run_cleanup(graph, refine=True).items() if v}
         report.timings["cleanup"] = time.perf_counter() - t
     step("fusion rules")
     t = time.perf_counter()
@@ -143,8 +143,12 @@ def optimize_graph(
     report.near_misses = [_as_dict(m) for m in rw.near_misses] if explain else []
     report.timings["rewrite"] = time.perf_counter() - t
     if cleanup and rw.counts and any(rw.counts.values()):
-        # Rewrites can leave constants unused (a bias folded into a new one): sweep them.
+        # Rewrites can leave constants unused (a bias folded into a new one): sweep them; a rule may
+        # also build nodes of constants only (two masks summed): fold them, so a second run is a no-op.
         t = time.perf_counter()
+        folded = fold_constants(graph)
+        if folded:
+            report.cleanup["fold_constants"] = report.cleanup.get("fold_constants", 0) + folded
         removed = dead_code(graph)
         if removed:
             report.cleanup["dead_code"] = report.cleanup.get("dead_code", 0) + removed
@@ -265,8 +269,10 @@ def check_output_model(model: onnx.ModelProto, full: bool = True, original: onnx
     raise GraphoptError(f"internal error: the optimized model fails onnx.checker: {error}")
 
 
-def _verify_or_raise(model, original, report: OptimizeReport, source: str, shapes, rtol: float, atol: float) -> None:
-    """Run both under onnxruntime; record the result; raise VerificationFailed past the tolerance."""
+def _verify_or_raise(model, original, report: OptimizeReport, source: str, shapes, rtol: float | None,
+                     atol: float | None) -> None:
+    """Run both under onnxruntime; record the result; raise VerificationFailed past the tolerance
+    (``None``: the default for the models' dtypes, ``graphopt.compare.default_tolerances``)."""
     try:
         result: VerifyResult = verify_models(model, original, shapes=shapes, rtol=rtol, atol=atol)
     except VerificationFailed as e:
@@ -284,7 +290,7 @@ def _verify_or_raise(model, original, report: OptimizeReport, source: str, shape
         note = f"; {worst.note}" if worst.note else ""
         raise VerificationFailed(
             f"{source}: optimized output {worst.name!r} differs from the original (max abs {worst.max_abs:.3g}, "
-            f"max rel {worst.max_rel:.3g}, rtol {rtol}, atol {atol}){note}; nothing was written"
+            f"max rel {worst.max_rel:.3g}, rtol {result.rtol}, atol {result.atol}){note}; nothing was written"
         )
 
 
@@ -321,8 +327,8 @@ def optimize_file(
     output: str | os.PathLike | None = None,
     *,
     verify: bool = False,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     shapes: dict[str, list[int]] | None = None,
     write: bool = True,
     progress: Progress | None = None,
@@ -389,8 +395,8 @@ def optimize_model(
     model: onnx.ModelProto,
     *,
     verify: bool = False,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     shapes: dict[str, list[int]] | None = None,
     base_dir: str | os.PathLike | None = None,
     precision: str = "fp32",

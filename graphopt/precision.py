@@ -18,6 +18,8 @@ from typing import Sequence
 import onnx
 
 from graphopt.errors import GraphoptError, UnsupportedModel
+from graphopt.ir import from_model, to_model
+from graphopt.passes import eliminate_noop_cast
 
 PRECISIONS = ("fp32", "fp16")
 
@@ -41,7 +43,7 @@ def convert_fp16(model: onnx.ModelProto, *, io_fp16: bool = False, keep_fp32: Se
         from onnxconverter_common import float16
     except ImportError:
         raise GraphoptError("--precision fp16 needs onnxconverter-common: pip install onnxconverter-common") from None
-    m = copy.deepcopy(model)
+    m = _without_noop_casts(model)
     # stale fp32 value_info entries would contradict the converted types; shape inference redoes them
     del m.graph.value_info[:]
     block = sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(keep_fp32))
@@ -52,6 +54,9 @@ def convert_fp16(model: onnx.ModelProto, *, io_fp16: bool = False, keep_fp32: Se
     except Exception as e:  # noqa: BLE001 - the converter raises plain exceptions
         raise UnsupportedModel(f"{source}: the fp16 conversion failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
                                "run the fp32 model in fp16 with `graphopt run --dtype fp16` instead") from None
+    _fix_cast_targets(out)
+    if not io_fp16:
+        _read_outputs_before_their_cast(out)
     try:
         onnx.checker.check_model(out, full_check=True)
     except Exception as e:  # noqa: BLE001 - ValidationError or a shape-inference error type
@@ -66,3 +71,54 @@ def fp16_tolerances(rtol: float | None, atol: float | None) -> tuple[float, floa
     """--verify tolerances for an fp16 model: the user's, else rtol 1e-2 and atol 1e-2 (fp16 keeps
     ~3 significant digits; accumulated over a network, 1e-2 is the documented bound)."""
     return (1e-2 if rtol is None else rtol), (1e-2 if atol is None else atol)
+
+
+def _fix_cast_targets(model: onnx.ModelProto) -> int:
+    """Make the model's own Casts to float32 cast to float16 where the converter declared their output
+    float16 (it retypes tensors but leaves a Cast's ``to``: a TorchScript export's no-op
+    ``Cast(to=FLOAT)`` or an int -> float Cast, such as GPT-2's position embedding or LLaMA's rotary
+    positions, then contradicts every fp16 reader). The converter's own Casts around blocked ops are
+    declared consistently and stay. Returns the number of Casts changed."""
+    declared = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.value_info}
+    changed = 0
+    for node in model.graph.node:
+        if node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            continue
+        to = next((a for a in node.attribute if a.name == "to"), None)
+        if to is not None and to.i == onnx.TensorProto.FLOAT and declared.get(node.output[0]) == onnx.TensorProto.FLOAT16:
+            to.i = onnx.TensorProto.FLOAT16
+            changed += 1
+    return changed
+
+
+def _without_noop_casts(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy without Casts to the type a tensor already has: the converter drops a no-op Cast that
+    reads a graph input without putting its own input Cast in its place (CLIP's pixel_values then
+    reaches an fp16 Conv as fp32), and keeps a no-op Cast's ``to``."""
+    m = copy.deepcopy(model)
+    try:
+        typed = onnx.shape_inference.infer_shapes(m, strict_mode=False)
+    except Exception:  # noqa: BLE001 - best effort: convert the model as it is
+        return m
+    g = from_model(typed)
+    return to_model(g) if eliminate_noop_cast(g) else m
+
+
+def _read_outputs_before_their_cast(model: onnx.ModelProto) -> int:
+    """With the graph outputs kept fp32, the converter casts each one back to fp32 at the end, but a
+    node inside the graph that reads that output too (BERT's pooler reads last_hidden_state) then gets
+    fp32 where it was converted to fp16: it reads the fp16 tensor before the Cast instead."""
+    outputs = {o.name for o in model.graph.output}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    declared = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.value_info}
+    changed = 0
+    for node in model.graph.node:
+        for i, t in enumerate(node.input):
+            cast = producer.get(t)
+            if t not in outputs or cast is None or cast is node or cast.op_type != "Cast":
+                continue
+            src = cast.input[0]
+            if declared.get(src) == onnx.TensorProto.FLOAT16 and node.op_type != "Cast":
+                node.input[i] = src
+                changed += 1
+    return changed

@@ -770,6 +770,16 @@ class Graph:
                 added += 1
         return added
 
+    def refine_value_info(self, vi: onnx.ValueInfoProto) -> bool:
+        """Replace the value_info of an intermediate tensor (not a graph input or output) by ``vi``
+        (shape inference that proves more dims now); False when the tensor is not in this graph."""
+        if vi.name in self._io_info or not (vi.name in self._producer or vi.name in self._consumers):
+            return False
+        if vi.name in self._inits:
+            return False
+        self._value_info[vi.name] = vi
+        return True
+
     def value_info_names(self) -> list[str]:
         return list(self._value_info)
 

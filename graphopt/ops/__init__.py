@@ -1,6 +1,6 @@
 """graphopt's custom ops (domain ``graphopt``, version 1): schemas, NumPy references, function bodies.
 
-A thin facade over the op families (``cbr``, ``gemm_act``, ``layer_norm``, ``rms_norm``, ``gelu``,
+A thin facade over the op families (``cbr``, ``gemm_act``, ``gated_mlp``, ``layer_norm``, ``rms_norm``, ``rope``, ``group_norm``, ``gelu``,
 ``attention``), the shared activation registry and
 ``attach_functions``. See /work/notes/ops_contract.md for the contract. ``register_schema`` adds an
 op from outside this package (docs/adding_a_fused_op.md walks through one).
@@ -15,16 +15,20 @@ from __future__ import annotations
 from graphopt.errors import RuleError
 from graphopt.ops import attention as _attention
 from graphopt.ops import cbr as _cbr
+from graphopt.ops import gated_mlp as _gated_mlp
 from graphopt.ops import gelu as _gelu
 from graphopt.ops import gemm_act as _gemm_act
+from graphopt.ops import group_norm as _group_norm
 from graphopt.ops import layer_norm as _layer_norm
 from graphopt.ops import rms_norm as _rms_norm
+from graphopt.ops import rope as _rope
 from graphopt.ops.activations import ACTIVATIONS, Activation
 from graphopt.ops.functions import attach_functions
 from graphopt.ops.schema import DOMAIN, LOWERING_ATTRIBUTES, VERSION, OpSchema
 
-_SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (_attention.SCHEMA, _cbr.SCHEMA, _gelu.SCHEMA, _gemm_act.SCHEMA,
-                                                      _layer_norm.SCHEMA, _rms_norm.SCHEMA)}
+_SCHEMAS: dict[str, OpSchema] = {s.name: s for s in (_attention.SCHEMA, _cbr.SCHEMA, _gated_mlp.SCHEMA, _gelu.SCHEMA,
+                                                      _gemm_act.SCHEMA, _group_norm.SCHEMA, _layer_norm.SCHEMA,
+                                                      _rms_norm.SCHEMA, _rope.SCHEMA)}
 _BUILTIN = frozenset(_SCHEMAS)
 
 

@@ -43,6 +43,10 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
+#: QuickGELU's sigmoid slope (CLIP): x * sigmoid(1.702 x). Taken as float32, as the exports store it.
+QUICK_GELU_ALPHA = 1.702
+
+
 def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
     return np.clip(alpha * x + beta, 0.0, 1.0)
 
@@ -62,10 +66,17 @@ class Activation:
     _numpy: Callable[[np.ndarray, Mapping[str, Any]], np.ndarray]
     _emit: Callable[..., None]
     typed_constants: bool = False
+    # ``xp(xp, x, attrs)``: the activation against an array module (numpy or cupy), in x's dtype
+    # (callers pass float32): how ``xp_impl`` of an op applies it on the device.
+    _xp: Callable[..., Any] | None = None
 
     def numpy(self, x: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
         """Apply the activation to ``x`` in float64."""
         return self._numpy(np.asarray(x, dtype=np.float64), attrs)
+
+    def xp(self, xp, x, attrs: Mapping[str, Any]):
+        """Apply the activation to the array ``x`` of module ``xp`` (numpy or cupy) in x's dtype."""
+        return self._xp(xp, x, attrs)
 
     def onnx_nodes(self, body: Body, x: str, y: str, *, clip_min: bool = False, clip_max: bool = False) -> None:
         """Append to ``body`` the nodes computing ``y = act(x)``.
@@ -107,6 +118,15 @@ def _emit_hardsigmoid_mul(b: Body, x: str, y: str, **_: bool) -> None:
     # Absent act_alpha / act_beta fall back to HardSigmoid's own defaults (0.2, 0.5).
     hs = b.node("HardSigmoid", [x], refs={"alpha": ("act_alpha", F), "beta": ("act_beta", F)})
     b.node("Mul", [x, hs], y)
+
+
+def _emit_hardsigmoid(b: Body, x: str, y: str, **_: bool) -> None:
+    b.node("HardSigmoid", [x], y, refs={"alpha": ("act_alpha", F), "beta": ("act_beta", F)})
+
+
+def _emit_quick_gelu(b: Body, x: str, y: str, **_: bool) -> None:
+    # x * sigmoid(1.702 x): CLIP's QuickGELU
+    b.node("Mul", [x, b.node("Sigmoid", [b.node("Mul", [x, b.const(QUICK_GELU_ALPHA, x)])])], y)
 
 
 def _emit_clip(b: Body, x: str, y: str, *, clip_min: bool = False, clip_max: bool = False) -> None:
@@ -167,6 +187,54 @@ def _np_gelu_tanh(x: np.ndarray, _: Mapping[str, Any]) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
+# -- array-module (numpy / cupy) forms ------------------------------------------------------------
+
+def _xp_sigmoid(xp, x):
+    return 0.5 * (xp.tanh(0.5 * x) + 1)  # no overflow for large |x|
+
+
+def xp_erf(xp, x):
+    """erf against numpy (math.erf per element: the host path is a testing aid) or cupy."""
+    if xp is np:
+        return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)).astype(x.dtype)
+    import cupyx.scipy.special as sp  # pragma: no cover - GPU only
+
+    return sp.erf(x)
+
+
+def _xp_param(a: Mapping[str, Any], name: str, default):
+    return default if a.get(name) is None else f32(a[name])
+
+
+def _xp_clip(xp, x, a):
+    lo, hi = _xp_param(a, "clip_min", None), _xp_param(a, "clip_max", None)
+    if lo is not None:
+        x = xp.maximum(x, x.dtype.type(lo))
+    if hi is not None:
+        x = xp.minimum(x, x.dtype.type(hi))
+    return x
+
+
+def _xp_hard_sigmoid(xp, x, a):
+    return xp.clip(x * _xp_param(a, "act_alpha", 0.2) + _xp_param(a, "act_beta", 0.5), 0, 1)
+
+
+_XP: dict[str, Callable[..., Any]] = {
+    "none": lambda xp, x, a: x,
+    "Relu": lambda xp, x, a: xp.maximum(x, 0),
+    "Clip": _xp_clip,
+    "LeakyRelu": lambda xp, x, a: xp.where(x >= 0, x, x * _xp_param(a, "act_alpha", 0.01)),
+    "Sigmoid": lambda xp, x, a: _xp_sigmoid(xp, x),
+    "SiLU": lambda xp, x, a: x * _xp_sigmoid(xp, x),
+    "HardSwish": lambda xp, x, a: x * xp.clip(x / 6 + 0.5, 0, 1),
+    "HardSigmoidMul": lambda xp, x, a: x * _xp_hard_sigmoid(xp, x, a),
+    "HardSigmoid": _xp_hard_sigmoid,
+    "Gelu": lambda xp, x, a: 0.5 * x * (1 + xp_erf(xp, x / math.sqrt(2.0))),
+    "GeluTanh": lambda xp, x, a: 0.5 * x * (1 + xp.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
+    "QuickGelu": lambda xp, x, a: x * _xp_sigmoid(xp, x * f32(QUICK_GELU_ALPHA)),
+}
+
+
 _ALL: tuple[Activation, ...] = (
     Activation("none", "none", "identity", (), lambda x, a: x, _emit_none),
     Activation("Relu", "relu", "max(x, 0)", (), lambda x, a: np.maximum(x, 0.0), _emit_unary("Relu")),
@@ -185,7 +253,15 @@ _ALL: tuple[Activation, ...] = (
                lambda x, a: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))), _emit_gelu, typed_constants=True),
     Activation("GeluTanh", "gelutanh", "0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))", (),
                _np_gelu_tanh, _emit_gelu_tanh, typed_constants=True),
+    Activation("HardSigmoid", "hardsigmoid", "max(0, min(1, act_alpha * x + act_beta)) (defaults 0.2, 0.5)",
+               ("act_alpha", "act_beta"),
+               lambda x, a: _hard_sigmoid(x, _param(a, "act_alpha", 0.2), _param(a, "act_beta", 0.5)),
+               _emit_hardsigmoid),
+    Activation("QuickGelu", "quickgelu", "x * sigmoid(1.702 x) (CLIP's QuickGELU)", (),
+               lambda x, a: x * _sigmoid(f32(QUICK_GELU_ALPHA) * x), _emit_quick_gelu, typed_constants=True),
 )
+_ALL = tuple(Activation(a.name, a.key, a.doc, a.params, a._numpy, a._emit, a.typed_constants, _XP[a.name])
+             for a in _ALL)
 
 #: name (the value of a node's ``activation`` attribute) -> Activation, in a fixed order.
 ACTIVATIONS: dict[str, Activation] = {act.name: act for act in _ALL}

@@ -18,7 +18,8 @@ from graphopt.ops.schema import DOMAIN, OpSchema
 
 NAME = "Gelu"
 INPUTS = (("X", False),)
-APPROXIMATIONS = {"none": "Gelu", "tanh": "GeluTanh"}  # approximate -> activation registry entry
+# approximate -> activation registry entry ("quick": CLIP's QuickGELU x * sigmoid(1.702 x))
+APPROXIMATIONS = {"none": "Gelu", "tanh": "GeluTanh", "quick": "QuickGelu"}
 ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "approximate": (str, "none"),
     "lowering": (str, None),
@@ -26,7 +27,8 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
 }
 DOC = ('graphopt.Gelu: Y = 0.5 * X * (1 + erf(X / sqrt(2))) for approximate="none", '
-       '0.5 * X * (1 + tanh(sqrt(2 / pi) * (X + 0.044715 X^3))) for approximate="tanh".')
+       '0.5 * X * (1 + tanh(sqrt(2 / pi) * (X + 0.044715 X^3))) for approximate="tanh", '
+       'X * sigmoid(1.702 X) for approximate="quick" (QuickGELU).')
 
 
 def _check(attrs: dict, present: list[bool]) -> str | None:
@@ -46,7 +48,7 @@ def _body(overload: str, opset: int):
     if approx not in APPROXIMATIONS:
         from graphopt.errors import RuleError
 
-        raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: expected none or tanh, "
+        raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: expected none, tanh or quick, "
                         "then an optional dtype token")
     _, dtype = parse_flags(NAME, rest or "base", ())
     b = Body(opset, dtype)
@@ -61,5 +63,13 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
     return [y.astype(np.asarray(x).dtype)]
 
 
+def _xp_impl(xp, inputs, attrs, matmul) -> list:
+    """Y = gelu(X) against numpy / cupy, in float32 (fp16 upcast), returned in X's dtype."""
+    x = inputs[0]
+    y = ACTIVATIONS[APPROXIMATIONS[attrs.get("approximate", "none")]].xp(xp, x.astype(np.float32), attrs)
+    return [y.astype(x.dtype)]
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
-                  _overload=_overload, _needs_dtype=lambda a, p: True, _body=_body, _reference=_reference)
+                  _overload=_overload, _needs_dtype=lambda a, p: True, _body=_body, _reference=_reference,
+                  xp_impl=_xp_impl)

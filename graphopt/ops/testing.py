@@ -138,6 +138,12 @@ def plain_activation(act: str, params: dict, x: str, opset: int, inits: list) ->
     elif act == "HardSigmoidMul":
         kw = {"alpha": params["act_alpha"], "beta": params["act_beta"]} if params else {}
         nodes += [helper.make_node("HardSigmoid", [x], ["hs"], **kw), helper.make_node("Mul", [x, "hs"], ["act"])]
+    elif act == "HardSigmoid":
+        kw = {"alpha": params["act_alpha"], "beta": params["act_beta"]} if params else {}
+        nodes.append(helper.make_node("HardSigmoid", [x], ["act"], **kw))
+    elif act == "QuickGelu":
+        nodes += [helper.make_node("Mul", [x, c("k", 1.702)], ["kx"]), helper.make_node("Sigmoid", ["kx"], ["sig"]),
+                  helper.make_node("Mul", [x, "sig"], ["act"])]
     elif act in ("Gelu", "GeluTanh") and opset >= 20:
         nodes.append(helper.make_node("Gelu", [x], ["act"], approximate="none" if act == "Gelu" else "tanh"))
     elif act == "Gelu":

@@ -10,9 +10,10 @@ of changes per pass.
 
 from __future__ import annotations
 
-from graphopt.ir import Graph
+from graphopt.ir import Graph, refine_shapes
 
 from graphopt.passes._util import Trace
+from graphopt.passes.cast import eliminate_noop_cast
 from graphopt.passes.constants import constants_to_initializers
 from graphopt.passes.conv_bn import fold_conv_bn
 from graphopt.passes.conv_mul_add import fold_conv_mul_add
@@ -32,6 +33,7 @@ __all__ = [
     "dead_code",
     "eliminate_dropout",
     "eliminate_identity",
+    "eliminate_noop_cast",
     "fold_constants",
     "fold_conv_bn",
     "fold_conv_mul_add",
@@ -45,6 +47,7 @@ __all__ = [
 #: last removes what the others orphaned (for example a weight no longer read).
 CLEANUP_ORDER = (
     "eliminate_identity",
+    "eliminate_noop_cast",
     "eliminate_dropout",
     "constants_to_initializers",
     "fold_shape",
@@ -64,6 +67,7 @@ def run_cleanup(
     max_rounds: int = 8,
     disable: tuple[str, ...] | list[str] = (),
     trace: Trace = None,
+    refine: bool = False,
 ) -> dict[str, int]:
     """Run the cleanup passes in ``CLEANUP_ORDER`` until a round changes nothing, at most
     ``max_rounds`` rounds; returns ``{pass name: total changes}`` (every pass, in order, zeros too).
@@ -72,10 +76,15 @@ def run_cleanup(
     it may create in all (over all rounds). ``disable`` names passes
     to skip. The result is deterministic: passes visit nodes in graph order. ``trace`` receives the
     near-misses of the last round only (earlier rounds' near-misses may have been resolved later).
+
+    ``refine`` (the optimize pipeline sets it): while Shape/Size nodes remain, infer the shapes
+    again after a round that changed something (``graphopt.ir.refine_shapes``), so a folded shape
+    computation makes the tensors behind it static and their Shapes fold in the next round.
     """
     budget = FoldBudget(total_bytes=fold_total_bytes)
     passes = {
         "eliminate_identity": eliminate_identity,
+        "eliminate_noop_cast": eliminate_noop_cast,
         "eliminate_dropout": eliminate_dropout,
         "constants_to_initializers": constants_to_initializers,
         "fold_shape": fold_shape,
@@ -100,6 +109,8 @@ def run_cleanup(
             changed += count
         if not changed:
             break
+        if refine and any(True for _ in graph.find("Shape", "Size")) and not refine_shapes(graph):
+            refine = False  # inference proves nothing new: later rounds need not ask again
     if trace is not None:
         for note in notes:
             trace(*note)

@@ -1,4 +1,5 @@
-"""``fold_shape``: replace ``Shape``/``Size`` of a tensor whose shape is fully static by a constant."""
+"""``fold_shape``: replace ``Shape``/``Size`` of a statically known tensor, and a ``Gather`` of the
+static dims of a ``Shape``, by constants (the arithmetic behind them is then ``fold_constants``'s)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,52 @@ from graphopt.passes._util import Trace, replace_with_initializers
 NAME = "fold_shape"
 
 
+def _static(d) -> bool:
+    return isinstance(d, int) and not isinstance(d, bool) and d >= 0
+
+
+def _shape_value(g, node) -> np.ndarray | None:
+    """The value of ``Shape(x)`` (with its opset-15 ``start``/``end`` slice) when every dim it
+    returns is known, else None; ``Size(x)`` when every dim of x is known."""
+    shape = g.value_info(node.inputs[0]).shape
+    if shape is None:
+        return None
+    if node.op_type == "Size":
+        return np.array(math.prod(shape), dtype=np.int64) if all(_static(d) for d in shape) else None
+    # ONNX clamps start/end like Python slicing does (negative counts from the end).
+    start, end = int(node.attr("start", 0)), node.attr("end")
+    dims = list(shape)[start : None if end is None else int(end)]
+    return np.array(dims, dtype=np.int64) if all(_static(d) for d in dims) else None
+
+
+def _gathered_dims(g, gather) -> np.ndarray | None:
+    """``Gather(Shape(x), idx, axis=0)`` with constant idx whose dims of x are static (the others
+    may be symbolic: a dynamic-batch export's hidden size), else None."""
+    if gather.op_type != "Gather" or gather.domain != "" or len(gather.inputs) != 2 or int(gather.attr("axis", 0)) != 0:
+        return None
+    shape_node = g.producer(gather.inputs[0])
+    if shape_node is None or shape_node.op_type != "Shape" or shape_node.domain != "":
+        return None
+    shape = g.value_info(shape_node.inputs[0]).shape
+    idx = g.constant_value(gather.inputs[1])
+    if shape is None or idx is None or idx.dtype.kind not in "iu":
+        return None
+    start, end = int(shape_node.attr("start", 0)), shape_node.attr("end")
+    dims = list(shape)[start : None if end is None else int(end)]
+    flat = [int(i) for i in np.asarray(idx).reshape(-1)]
+    if any(not -len(dims) <= i < len(dims) for i in flat):
+        return None
+    picked = [dims[i] for i in flat]
+    if not all(_static(d) for d in picked):
+        return None
+    return np.array(picked, dtype=np.int64).reshape(np.shape(idx))
+
+
 def fold_shape(graph: Graph, *, trace: Trace = None) -> int:
     """Replace ``Shape(x)`` (with its ``start``/``end`` slice, opset 15) and ``Size(x)`` by int64
-    initializers when the IR knows a fully static shape for ``x`` (from graph inputs, initializers or
-    value_info). Shapes with symbolic or unknown dims are left alone. Returns the number replaced.
+    initializers when the IR knows the dims they return (from graph inputs, initializers or
+    value_info), and ``Gather(Shape(x), constant indices)`` when the gathered dims are known even
+    though others are symbolic. Returns the number of nodes replaced.
     """
     changes = 0
     for g, node in graph.find("Shape", "Size"):  # through the op index, not a walk over every node
@@ -24,16 +67,18 @@ def fold_shape(graph: Graph, *, trace: Trace = None) -> int:
             continue
         if len(node.inputs) != 1 or not node.inputs[0] or len(node.outputs) != 1 or not node.outputs[0]:
             continue
-        info = g.value_info(node.inputs[0])
-        if not info.is_static:
+        value = _shape_value(g, node)
+        if value is not None:
+            replace_with_initializers(g, node, [value])
+            changes += 1
             continue
-        dims = [int(d) for d in info.shape]
-        if node.op_type == "Size":
-            value = np.array(math.prod(dims), dtype=np.int64)
-        else:
-            # ONNX clamps start/end like Python slicing does (negative counts from the end).
-            start, end = int(node.attr("start", 0)), node.attr("end")
-            value = np.array(dims[start : None if end is None else int(end)], dtype=np.int64)
-        replace_with_initializers(g, node, [value])
-        changes += 1
+        if node.op_type != "Shape":
+            continue
+        for user in list(g.consumers(node.outputs[0])):
+            if user not in g or node.outputs[0] not in user.inputs[:1]:
+                continue
+            picked = _gathered_dims(g, user)
+            if picked is not None and len(user.outputs) == 1 and user.outputs[0]:
+                replace_with_initializers(g, user, [picked])
+                changes += 1
     return changes

@@ -19,8 +19,14 @@ Rule files are described in ``_loader.py``, the pattern language in ``_syntax.py
 """
 
 from graphopt.rewrite import builders as _builders  # noqa: F401  (registers the built-ins)
+from graphopt.rewrite import batchnorm as _batchnorm  # noqa: F401
+from graphopt.rewrite import casts as _casts  # noqa: F401
 from graphopt.rewrite import constraints as _constraints  # noqa: F401
+from graphopt.rewrite import groupnorm as _groupnorm  # noqa: F401
+from graphopt.rewrite import mlp as _mlp  # noqa: F401
+from graphopt.rewrite import rope as _rope  # noqa: F401
 from graphopt.rewrite import transformer as _transformer  # noqa: F401
+from graphopt.rewrite import window as _window  # noqa: F401
 from graphopt.rewrite._engine import Match, NearMiss, RewriteReport, apply_rules, find_matches
 from graphopt.rewrite._loader import RuleIssue, check_rule_file, load_rules, shipped_rules_dir
 from graphopt.rewrite._rules import Rule, RuleSet

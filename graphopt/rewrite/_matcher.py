@@ -17,6 +17,7 @@ import itertools
 from dataclasses import dataclass
 
 from graphopt.rewrite._syntax import MAX_PERMUTED_INPUTS, OpPat, VarPat
+from graphopt.rewrite.casts import type_name
 
 
 @dataclass
@@ -100,7 +101,7 @@ def match_root(g, pat: OpPat, node, trace: Trace):
 
 def _match_node(g, pat: OpPat, node, via: str, b: Binding, trace: Trace):
     if node.op_type != pat.op or (node.domain or "") not in ((pat.domain,) if pat.domain else ("", "ai.onnx")):
-        trace.fail(b, lambda: f"{via!r} is produced by {_kind(node)} {node.name!r}, not {pat.qualname}")
+        trace.fail(b, lambda: f"{via!r} is produced by {_kind(node)} {node.name!r}{_cast_note(g, node)}, not {pat.qualname}")
         return
     b = Binding(b.tensors, b.nodes, b.matched, b.via, b.seen + 1)  # shares dicts: they are copied before writes
     if any(n is node for n, _ in b.matched):
@@ -164,8 +165,8 @@ def _match_arg(g, parent_pat, parent, arg, tensor: str, index: int, b: Binding, 
         value = tensor or None
         if arg.name in b.tensors:
             if b.tensors[arg.name] != value:
-                trace.fail(b, lambda: (f"{arg.name!r} is bound to {b.tensors[arg.name]!r} but input {index} "
-                                              f"of {parent.name!r} is {value!r}"))
+                trace.fail(b, lambda: (f"{arg.name!r} is bound to {b.tensors[arg.name]!r}{_via_cast(g, b.tensors[arg.name])} "
+                                              f"but input {index} of {parent.name!r} is {value!r}{_via_cast(g, value)}"))
                 return
             yield b
             return
@@ -188,6 +189,22 @@ def _what(g, tensor: str) -> str:
     if g.is_graph_input(tensor):
         return "a graph input"
     return "a constant" if g.constant_value(tensor) is not None else "defined outside this graph"
+
+
+def _cast_note(g, node) -> str:
+    """' (float16 -> float)' for a Cast node, so --explain names the conversion that blocked a match."""
+    if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+        return ""
+    src = g.dtype(node.inputs[0]) if node.inputs and node.inputs[0] else None
+    return f" ({type_name(src)} -> {type_name(int(node.attr('to', 0)))})"
+
+
+def _via_cast(g, tensor) -> str:
+    """' (Cast 'c', float16 -> float)' when ``tensor`` is a Cast's output, else ''."""
+    node = g.producer(tensor) if tensor else None
+    if node is None or node.op_type != "Cast":
+        return ""
+    return f" (from Cast {node.name!r}{_cast_note(g, node)})"
 
 
 def _kind(node) -> str:

@@ -4,7 +4,7 @@
   per-channel constant Add);
 * ``activation_of(act)`` -> the ``activation`` / ``act_alpha`` / ``act_beta`` / ``clip_min`` /
   ``clip_max`` attributes (ops contract) for an activation node: Relu, Sigmoid, HardSwish,
-  LeakyRelu, Clip (bounds from attributes below opset 11, from constant inputs from 11), Gelu
+  LeakyRelu, HardSigmoid (with its alpha and beta), Clip (bounds from attributes below opset 11, from constant inputs from 11), Gelu
   (``approximate='tanh'`` gives GeluTanh);
 * ``gate_activation(gate)`` -> the attributes for ``x * gate(x)``: Sigmoid gives SiLU,
   HardSigmoid gives HardSigmoidMul with its alpha and beta.
@@ -79,6 +79,9 @@ def activation_of(g, act):
         return {"activation": op}
     if op == "LeakyRelu":
         return {"activation": "LeakyRelu", "act_alpha": _float_attr(act, "alpha", 0.01)}
+    if op == "HardSigmoid":
+        return {"activation": "HardSigmoid", "act_alpha": _float_attr(act, "alpha", 0.2),
+                "act_beta": _float_attr(act, "beta", 0.5)}
     if op == "Clip":
         out = {"activation": "Clip"}
         if len(act.inputs) > 1 and any(act.inputs[1:]):  # opset >= 11: bounds are inputs

@@ -117,4 +117,4 @@ def load_rules_module(module: str) -> None:
 
 def _ensure_builtins() -> None:
     # The built-in predicates live in their own modules; importing them registers them.
-    from graphopt.rewrite import builders, constraints, transformer  # noqa: F401
+    from graphopt.rewrite import batchnorm, builders, casts, constraints, groupnorm, mlp, rope, transformer, window  # noqa: F401

@@ -30,8 +30,8 @@ class Builder:
         self.n += 1
         return f"{hint}_{self.n}"
 
-    def input(self, name: str, shape) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+    def input(self, name: str, shape, elem: int = TensorProto.FLOAT) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
         return name
 
     def const(self, value, hint: str = "c", dtype=np.float32) -> str:
@@ -60,6 +60,8 @@ class Builder:
         # Give the outputs their inferred types (onnx.checker's full check wants output shapes).
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
+        for out in probe.graph.output:  # let inference type them (fp16 graphs too)
+            out.type.tensor_type.elem_type = TensorProto.UNDEFINED
         if len(opsets) > 1:
             from graphopt.ops import attach_functions
 
@@ -78,8 +80,9 @@ class Builder:
 # ----------------------------------------------------------------------------------------------
 # Activations as exporters write them
 
-CONV_ACTS = ("relu", "sigmoid", "hardswish", "leakyrelu", "clip", "silu", "hardsigmoid_mul")
-GEMM_ACTS = ("relu", "gelu", "silu", "gelu_erf_a_div", "gelu_erf_a_mul", "gelu_erf_b_div", "gelu_erf_b_mul",
+CONV_ACTS = ("relu", "sigmoid", "hardswish", "hardsigmoid", "leakyrelu", "clip", "silu", "hardsigmoid_mul", "quickgelu")
+GEMM_ACTS = ("relu", "gelu", "silu", "sigmoid", "hardswish", "hardsigmoid", "leakyrelu", "clip", "hardsigmoid_mul",
+             "quickgelu", "gelu_erf_a_div", "gelu_erf_a_mul", "gelu_erf_b_div", "gelu_erf_b_mul",
              "gelu_erf_c_div", "gelu_erf_c_mul", "gelu_tanh_pow", "gelu_tanh_cube")
 
 SQRT2 = 1.4142135623730951
@@ -99,6 +102,10 @@ def act_nodes(b: Builder, act: str, y: str) -> str:
         return b.op("Mul", [b.op("Sigmoid", [y]), y])  # gate first: exercises commutative matching
     if act == "hardsigmoid_mul":
         return b.op("Mul", [y, b.op("HardSigmoid", [y], alpha=1.0 / 6.0, beta=0.5)])
+    if act == "hardsigmoid":  # MobileNetV3's squeeze-excitation gate (torch's hardsigmoid: 1/6, 0.5)
+        return b.op("HardSigmoid", [y], alpha=1.0 / 6.0, beta=0.5)
+    if act == "quickgelu":  # CLIP: x * sigmoid(1.702 x)
+        return b.op("Mul", [y, b.op("Sigmoid", [b.op("Mul", [y, b.const(1.702, "k")])])])
     if act == "gelu":
         return b.op("Gelu", [y])
     if act == "gelu_tanh":
@@ -127,7 +134,7 @@ def act_nodes(b: Builder, act: str, y: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # Rule families
 
-CONV_FAMILIES = ("conv", "conv_add", "conv_residual", "cbr")
+CONV_FAMILIES = ("conv", "conv_add", "conv_residual", "cbr", "bn")
 GEMM_FAMILIES = ("matmul", "matmul_add", "gemm", "gemm_reshape", "gemmact")
 
 VARIANTS = ("fires", "second_consumer", "graph_output", "bias_not_per_channel", "bias_not_constant")
@@ -138,6 +145,11 @@ def _producer(b: Builder, family: str, variant: str) -> tuple[str, str]:
     m = 5  # conv output channels / matmul output features
     if family in CONV_FAMILIES:
         x = b.input("x", [2, 3, 7, 9])
+        if family == "bn":  # a standalone inference BatchNormalization (DenseNet's pre-activation)
+            var = b.const(b.rng.random(3) + 0.5, "var")
+            bn = b.op("BatchNormalization", [x, b.rand([3], "scale"), b.rand([3], "bias"), b.rand([3], "mean"), var],
+                      epsilon=1e-3)
+            return bn, bn
         w, bias = b.rand([m, 3, 3, 3]), b.rand([m], "b")
         if family == "cbr":
             y = b.op("CBR", [x, w, bias], domain="graphopt", pads=[1, 1, 1, 1], activation="none")
@@ -202,7 +214,8 @@ def random_feeds(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]
         if vi.name in inits:
             continue
         shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        feeds[vi.name] = (rng.standard_normal(shape) * 2.0).astype(np.float32)
+        dtype = np.float16 if vi.type.tensor_type.elem_type == TensorProto.FLOAT16 else np.float32
+        feeds[vi.name] = (rng.standard_normal(shape) * 2.0).astype(dtype)
     return feeds
 
 

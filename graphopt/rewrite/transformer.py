@@ -278,7 +278,14 @@ def gelu_attrs(g, gelu):
     return {"approximate": approx}
 
 
+_GELU_ACTIVATIONS = {"none": "Gelu", "tanh": "GeluTanh", "quick": "QuickGelu"}
+
+
 @register_builder("gelu_activation", "n", "attrs")
 def gelu_activation(g, gelu):
-    """GemmAct's activation attributes for a Gelu node: Gelu (erf) or GeluTanh."""
-    return {"activation": "GeluTanh" if gelu_attrs(g, gelu)["approximate"] == "tanh" else "Gelu"}
+    """GemmAct's / CBR's activation attributes for a Gelu node: Gelu (erf), GeluTanh or QuickGelu
+    (a graphopt.Gelu with approximate='quick')."""
+    approx = _approximate(gelu)
+    if approx == "quick" and gelu.domain != "graphopt" or approx not in _GELU_ACTIVATIONS:
+        raise BuildFailed(f"Gelu {gelu.name!r} has approximate={approx!r}")
+    return {"activation": _GELU_ACTIVATIONS[approx]}

@@ -21,6 +21,7 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.lowering.buckets import choose, decode
+from graphopt.ops.activations import ACTIVATIONS
 from graphopt.runtime import ops_std
 
 
@@ -72,41 +73,12 @@ def op_attrs(node) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- xp activations
-def _sigmoid(xp, x):
-    return 0.5 * (xp.tanh(0.5 * x) + 1)  # no overflow for large |x|
-
-
 def apply_activation(ctx, y, attrs: Mapping[str, Any]):
-    """The activation table of ``graphopt.ops.activations`` against ``ctx.xp`` (computes in y's dtype)."""
-    xp = ctx.xp
+    """The activation of ``attrs`` against ``ctx.xp``, from the shared table (``graphopt.ops.activations``)."""
     name = attrs.get("activation", "none")
-    f = lambda k, d: d if attrs.get(k) is None else float(np.float32(attrs[k]))  # noqa: E731
-    if name == "none":
-        return y
-    if name == "Relu":
-        return xp.maximum(y, 0)
-    if name == "Clip":
-        lo, hi = f("clip_min", None), f("clip_max", None)
-        if lo is not None:
-            y = xp.maximum(y, y.dtype.type(lo))
-        if hi is not None:
-            y = xp.minimum(y, y.dtype.type(hi))
-        return y
-    if name == "LeakyRelu":
-        return xp.where(y >= 0, y, y * f("act_alpha", 0.01))
-    if name == "Sigmoid":
-        return _sigmoid(xp, y)
-    if name == "SiLU":
-        return y * _sigmoid(xp, y)
-    if name == "HardSwish":
-        return y * xp.clip(y / 6 + 0.5, 0, 1)
-    if name == "HardSigmoidMul":
-        return y * xp.clip(y * f("act_alpha", 0.2) + f("act_beta", 0.5), 0, 1)
-    if name == "Gelu":
-        return 0.5 * y * (1 + ops_std._erf(ctx, [y / math.sqrt(2.0)])[0])
-    if name == "GeluTanh":
-        return 0.5 * y * (1 + xp.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
-    raise NotImplementedError(f"activation {name!r}")
+    if name not in ACTIVATIONS:
+        raise NotImplementedError(f"activation {name!r}")
+    return ACTIVATIONS[name].xp(ctx.xp, y, attrs)
 
 
 def _f32(ctx, x):
@@ -178,13 +150,6 @@ def rms_norm_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     return [y.astype(x.dtype)]
 
 
-def gelu_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
-    """graphopt.Gelu, exact (erf) or ``approximate="tanh"``."""
-    x = ins[0]
-    name = "GeluTanh" if attrs.get("approximate", "none") == "tanh" else "Gelu"
-    return [apply_activation(ctx, _f32(ctx, x), {"activation": name}).astype(x.dtype)]
-
-
 def attention_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     """graphopt.Attention: softmax(Q K^T * scale [+ mask] [causal]) V; scores and softmax in float32."""
     xp = ctx.xp
@@ -212,7 +177,7 @@ def attention_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
 
 # The built-in ops' device fallbacks; a registered op's is its OpSchema.xp_impl (see device_impl).
 XP_IMPLS = {"CBR": cbr_xp, "GemmAct": gemm_act_xp, "LayerNorm": layer_norm_xp, "RMSNorm": rms_norm_xp,
-            "Gelu": gelu_xp, "Attention": attention_xp}
+            "Attention": attention_xp}
 
 
 def device_impl(op: str):

@@ -249,6 +249,23 @@ def infer_missing_shapes(graph, nodes=None) -> int:
     return int(graph.merge_value_info(inferred.value_info))
 
 
+def _propagated(graph, nodes, dims: Mapping[str, int], shapes) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes of the custom nodes' inputs at these dims, when some input dim is neither
+    static nor a dim the graph inputs declare (and so bound by ``dims``); else {} (nothing to do)."""
+    declared = {d for name in graph.inputs for d in (graph.value_info(name).shape or ()) if isinstance(d, str)}
+
+    def unbound(shape):
+        return shape is None or any(not (isinstance(d, int) and d >= 0) and d not in declared for d in shape)
+
+    wanted = [t for g, n in nodes for t in n.inputs if t and g is graph and unbound(g.value_info(t).shape)]
+    if not wanted:
+        return {}
+    from graphopt.tune.propagate import concrete_shapes
+
+    known = concrete_shapes(graph, dims, lambda name: default_dim(name)[0], shapes, wanted)
+    return {t: known[t] for t in wanted if t in known}
+
+
 def _split_candidate(key: str) -> tuple[str, str]:
     name, _, params = key.partition(":")
     return name, params
@@ -292,11 +309,14 @@ def select_lowerings(
     measured: set[str] = set()  # signature keys measured now; membership only
     defaulted: dict[str, int] = {}
 
-    # signatures[i][b]: node i at bucket b (identical signatures are timed once by the profiler)
-    signatures = [
-        [node_signature(g, n, {**base_dims, **bucket}, shapes, defaulted) for bucket in bucket_list]
-        for g, n in nodes
-    ]
+    # signatures[i][b]: node i at bucket b (identical signatures are timed once by the profiler).
+    # Where a custom node's input shape has dims no input binds, the shapes are propagated from the
+    # inputs at that bucket's sizes (graphopt.tune.propagate), so it is tuned at its real size.
+    signatures = [[] for _ in nodes]
+    for bucket in bucket_list:
+        known = _propagated(graph, nodes, {**base_dims, **bucket}, shapes) if norm != "none" else {}
+        for i, (g, n) in enumerate(nodes):
+            signatures[i].append(node_signature(g, n, {**base_dims, **bucket}, {**known, **(shapes or {})}, defaulted))
 
     def choose(g, node, sig, notes, bucket, advance=None) -> NodeSelection:
         key = sig.key()

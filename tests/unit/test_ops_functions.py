@@ -19,7 +19,7 @@ ALL4 = [True, True, True, True]
 # -- schemas and validate -------------------------------------------------------------------------
 
 def test_schemas_and_unknown_op():
-    assert [s.name for s in schemas()] == ["Attention", "CBR", "Gelu", "GemmAct", "LayerNorm", "RMSNorm"]
+    assert [s.name for s in schemas()] == ["Attention", "CBR", "GatedMLP", "Gelu", "GemmAct", "GroupNorm", "LayerNorm", "RMSNorm", "RoPE"]
     for s in schemas():
         assert (s.domain, s.version) == ("graphopt", 1)
         assert s.inputs[0][1] is False
@@ -30,7 +30,7 @@ def test_schemas_and_unknown_op():
             assert name in s.attributes
     assert [n for n, _ in CBR.inputs] == ["X", "W", "B", "R"]
     assert [n for n, _ in GEMM.inputs] == ["A", "B", "C"]
-    with pytest.raises(RuleError, match="unknown graphopt op 'Frobnicate'.*Attention, CBR, Gelu, GemmAct, LayerNorm, RMSNorm"):
+    with pytest.raises(RuleError, match="unknown graphopt op 'Frobnicate'.*Attention, CBR, GatedMLP, Gelu, GemmAct, GroupNorm, LayerNorm, RMSNorm, RoPE"):
         get_schema("Frobnicate")
 
 

@@ -55,8 +55,10 @@ def test_fp16_model_matches_the_fp32_original_and_keeps_io_dtypes(name):
 def test_io_fp16_and_keep_fp32():
     import graphopt
 
+    # (the attention rules would take the fp32 Softmax and its Casts into graphopt.Attention, whose
+    # lowerings compute the softmax in fp32: off here, to see the Softmax the conversion kept)
     out, report = graphopt.optimize(str(MODELS / "transformer_block.onnx"), gpu="none", precision="fp16",
-                                    io_fp16=True, keep_fp32=["Softmax"])
+                                    io_fp16=True, keep_fp32=["Softmax"], disable=["attention_*"])
     assert all(i.type.tensor_type.elem_type == TensorProto.FLOAT16 for i in out.graph.input)
     assert all(o.type.tensor_type.elem_type == TensorProto.FLOAT16 for o in out.graph.output)
     softmax = [n for n in out.graph.node if n.op_type == "Softmax"]

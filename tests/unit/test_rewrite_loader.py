@@ -26,7 +26,7 @@ def _write(tmp_path, text, name="r.toml"):
 
 def test_shipped_files_are_clean():
     files = sorted(shipped_rules_dir().glob("*.toml"))
-    assert [f.name for f in files] == ["attention.toml", "conv.toml", "gelu.toml", "gemm.toml", "norm.toml"]
+    assert [f.name for f in files] == ["attention.toml", "conv.toml", "gelu.toml", "gemm.toml", "mlp.toml", "norm.toml", "rope.toml"]
     for f in files:
         assert check_rule_file(f) == []
 

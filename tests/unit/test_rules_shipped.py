@@ -16,7 +16,7 @@ SHIPPED = load_rules()
 # rule name -> (family the test graph is built from, activation)
 CASES: dict[str, tuple[str, str | None]] = {"conv_residual": ("conv_residual", None), "matmul_bias": ("matmul_add", None)}
 for _act in CONV_ACTS:
-    for _fam in ("conv", "conv_add", "conv_residual", "cbr"):
+    for _fam in ("conv", "conv_add", "conv_residual", "cbr", "bn"):
         CASES[f"{_fam}_{_act}"] = (_fam, _act)
 for _act in GEMM_ACTS:
     for _fam in ("matmul", "matmul_add", "gemm", "gemm_reshape", "gemmact"):

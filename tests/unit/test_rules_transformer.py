@@ -47,9 +47,11 @@ def _same_outputs(model, rewritten_graph, seed=1):
     out = attach_functions(to_model(rewritten_graph))
     onnx.checker.check_model(out, full_check=True)
     feeds = random_feeds(model, seed)
+    fp16 = any(f.dtype == np.float16 for f in feeds.values())
     for e, a in zip(run_ort(model, feeds), run_ort(out, feeds)):
-        assert e.shape == a.shape
-        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
+        assert e.shape == a.shape and e.dtype == a.dtype
+        np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=3e-2 if fp16 else 1e-4,
+                                   atol=3e-2 if fp16 else 1e-5)
 
 
 def _root(model) -> str:
@@ -145,9 +147,12 @@ def skip_model(variant="single", graphopt_ln=True):
     return b.model()
 
 
-def rmsnorm_model(sq="pow", dv="div", variant="fires"):
+def rmsnorm_model(sq="pow", dv="div", variant="fires", fp16=False):
+    """``fp16``: an fp16 model whose norm runs in fp32 between two precision Casts (LlamaRMSNorm)."""
     b = Builder(17, seed=6)
-    x = b.input("x", SHAPE)
+    x = b.input("x", SHAPE, TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT)
+    if fp16:
+        x = b.op("Cast", [x], to=TensorProto.FLOAT)
     axes = [0] if variant == "axis_not_last" else [-1]
     square = b.op("Pow", [x, b.const(2.0, "two")]) if sq == "pow" else b.op("Mul", [x, x])
     rms = b.op("Sqrt", [b.op("Add", [b.op("ReduceMean", [square], axes=axes), b.const(1e-6, "eps")])])
@@ -158,9 +163,39 @@ def rmsnorm_model(sq="pow", dv="div", variant="fires"):
     else:
         n = b.op("Mul", [x, b.op("Div", [b.const(1.0, "one"), rms])])
     w = b.rand([SHAPE[1], SHAPE[-1]], "w") if variant == "w_not_per_feature" else b.rand([SHAPE[-1]], "w")
+    if fp16:
+        n = b.op("Cast", [n], to=TensorProto.FLOAT16)
+        w = b.const(b.rng.standard_normal(SHAPE[-1]) * 0.5, "w", np.float16)
     b.output(b.op("Mul", [n, w]))
     if variant == "second_consumer":
         b.output(b.op("Neg", [rms]))
+    return b.model()
+
+
+def groupnorm_model(silu=False, variant="fires"):
+    """nn.GroupNorm as torch exports it: Reshape -> InstanceNormalization -> Reshape -> Mul -> Add [-> SiLU]."""
+    b = Builder(17, seed=11)
+    x = b.input("x", [2, 6, 5, 3])
+    r1 = b.op("Reshape", [x, b.const([0, 3, -1], "s1", np.int64)])
+    scale = b.const(np.full(3, 2.0 if variant == "in_scale" else 1.0), "ones")
+    n = b.op("InstanceNormalization", [r1, scale, b.const(np.zeros(3), "zeros")], epsilon=1e-5)
+    r2 = b.op("Reshape", [n, b.const([2, 6, 5, 3], "s2", np.int64)])
+    w = b.rand([6, 1, 1] if variant != "w_not_per_channel" else [1, 1, 3], "w")
+    y = b.op("Add", [b.op("Mul", [r2, w]), b.rand([6, 1, 1], "b")])
+    if silu:
+        y = b.op("Mul", [y, b.op("Sigmoid", [y])])
+    b.output(y)
+    if variant == "second_consumer":
+        b.output(b.op("Neg", [r2]))
+    return b.model()
+
+
+def groupnorm_op_model():
+    b = Builder(17, seed=12)
+    x = b.input("x", [2, 6, 5, 3])
+    y = b.op("GroupNorm", [x, b.rand([6, 1, 1], "w"), b.rand([6, 1, 1], "b")], domain="graphopt", num_groups=3,
+             epsilon=1e-5, activation="none")
+    b.output(b.op("Mul", [y, b.op("Sigmoid", [y])]))
     return b.model()
 
 
@@ -173,7 +208,7 @@ def gelu_model(form: str, variant="fires"):
     b = Builder(opset, seed=7)
     x = b.op("Relu", [b.input("x", SHAPE)]) if variant == "fires" else b.input("x", SHAPE)
     x = b.op("Neg", [x])
-    y = act_nodes(b, form if form.startswith("gelu") else f"gelu_{form}", x)
+    y = act_nodes(b, form if form.startswith(("gelu", "quick")) else f"gelu_{form}", x)
     b.output(y)
     model = b.model()
     if variant == "wrong_constant":
@@ -183,6 +218,24 @@ def gelu_model(form: str, variant="fires"):
         inner = next(n for n in model.graph.node if n.op_type in ("Erf", "Tanh"))
         model.graph.output.append(helper.make_tensor_value_info(inner.output[0], TensorProto.FLOAT, list(SHAPE)))
     return model
+
+
+def conv_gelu_model(family="conv", approximate="none", variant="fires"):
+    """Conv [-> Add(per-channel c)] or graphopt.CBR(activation none) -> graphopt.Gelu (Whisper's conv front end)."""
+    b = Builder(17, seed=10)
+    x = b.input("x", [2, 3, 11])  # 1-D: Conv1d
+    w, bias = b.rand([4, 3, 3]), b.rand([4], "b")
+    if family == "cbr":
+        y = b.op("CBR", [x, w, bias], domain="graphopt", pads=[1, 1], activation="none")
+    else:
+        y = b.op("Conv", [x, w, bias], pads=[1, 1])
+    if family == "conv_add":
+        c = b.rand([1, 1, 11], "c") if variant == "not_per_channel" else b.rand([1, 4, 1], "c")
+        y = b.op("Add", [y, c])
+    b.output(b.op("Gelu", [y], domain="graphopt", approximate=approximate))
+    if variant == "second_consumer":
+        b.output(b.op("Neg", [y]))
+    return b.model()
 
 
 def gemmact_gelu_model(reshape: bool, approximate="tanh", activation="none"):
@@ -197,16 +250,24 @@ def gemmact_gelu_model(reshape: bool, approximate="tanh", activation="none"):
 
 B, H, SQ, SKV, D, DV = 2, 3, 5, 6, 4, 7
 SCALES = ["noscale", "mul", "div", "qk", "q"]
-MASKS = ["nomask", "mask", "where"]
+MASKS = ["nomask", "mask", "mask2", "window", "where"]
 PROBS = ["softmax", "nan", "cast", "cast2"]
 
 
 def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opset=17):
-    """softmax(q k^T * scale + mask) v as the exports write it: K^T by a Transpose, mask as a runtime tensor."""
+    """softmax(q k^T * scale + mask) v as the exports write it: K^T by a Transpose, mask as a runtime tensor.
+
+    ``probs='upcast'``: an fp16 model whose softmax runs in fp32 between two precision Casts;
+    ``mask='upmask'``: fp16 scores cast to fp32 before an fp32 mask is added (then Softmax, Cast back).
+    """
+    fp16 = probs == "upcast" or mask == "upmask"
+    elem, np_t = (TensorProto.FLOAT16, np.float16) if fp16 else (TensorProto.FLOAT, np.float32)
     b = Builder(opset, seed=9)
-    q = b.input("q", [B, H, SQ, D])
-    kt = b.op("Transpose", [b.input("k", [B, H, SKV, D])], perm=[0, 1, 3, 2])
-    v = b.rand([B, H, SKV, DV], "v") if variant == "v_constant" else b.input("v", [B, H, SKV, DV])
+    if fp16:  # constants in fp16 too
+        b.const = lambda value, hint="c", dtype=np_t, _c=b.const: _c(value, hint, np_t if dtype == np.float32 else dtype)
+    q = b.input("q", [B, H, SQ, D], elem)
+    kt = b.op("Transpose", [b.input("k", [B, H, SKV, D], elem)], perm=[0, 1, 3, 2])
+    v = b.rand([B, H, SKV, DV], "v") if variant == "v_constant" else b.input("v", [B, H, SKV, DV], elem)
     s1 = b.rand([1, H, 1, 1], "s") if variant == "scale_not_scalar" else None
     if scale == "noscale":
         s = b.op("MatMul", [q, kt])
@@ -226,7 +287,21 @@ def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opse
         s = b.op("Where", [b.const(tril, "tril", np.bool_), s, b.const(fill, "fill")])
     if mask == "mask":
         shape = [1, B, H, SQ, SKV] if variant == "mask_enlarges" else [B, 1, 1, SKV]
-        s = b.op("Add", [b.input("m", shape), s])
+        s = b.op("Add", [b.input("m", shape, elem), s])
+    if mask == "mask2":  # T5 (dynamo): scores + position bias, then + mask
+        s = b.op("Add", [b.op("Add", [s, b.input("pb", [1, H, SQ, SKV], elem)]), b.input("m", [B, 1, 1, SKV], elem)])
+    if mask == "window":  # Swin: + relative bias, view as [B/nW, nW, H, Sq, Skv], + shift mask, view back
+        s = b.op("Add", [s, b.input("rb", [1, H, SQ, SKV], elem)])
+        s = b.op("Reshape", [s, b.const([1, B, H, SQ, SKV], "win", np.int64)])
+        if variant == "window_view_read":
+            b.output(b.op("Neg", [s]))
+        s = b.op("Add", [s, b.input("m", [1, B, 1, SQ, SKV], elem)])
+        s = b.op("Reshape", [s, b.const([B, H, SQ, SKV],
+                                        "back", np.int64)])
+    if mask == "upmask":
+        s = b.op("Add", [b.input("m", [B, 1, 1, SKV]), b.op("Cast", [s], to=TensorProto.FLOAT)])
+    elif probs == "upcast":
+        s = b.op("Cast", [s], to=TensorProto.FLOAT)
     sm = b.op("Softmax", [s], axis=2 if variant == "softmax_axis" else -1)
     if probs == "nan":
         p = b.op("Where", [b.op("IsNaN", [sm]), b.const(0.0, "zero"), sm])
@@ -235,6 +310,8 @@ def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opse
     elif probs == "cast2":
         first = TensorProto.FLOAT16 if variant == "cast_converts" else TensorProto.FLOAT
         p = b.op("Cast", [b.op("Cast", [sm], to=first)], to=TensorProto.FLOAT)
+    elif probs == "upcast":
+        p = b.op("Cast", [sm], to=TensorProto.FLOAT16)
     else:
         p = sm
     b.output(b.op("MatMul", [p, v]))
@@ -254,18 +331,27 @@ for _sq in ("pow", "mul"):
         CASES[f"layernorm_nobias_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: layernorm_model(sq, dv, False)
     for _dv in ("div", "recip", "divone"):
         CASES[f"rmsnorm_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: rmsnorm_model(sq, dv)
+        CASES[f"rmsnorm_cast_{_sq}_{_dv}"] = lambda sq=_sq, dv=_dv: rmsnorm_model(sq, dv, fp16=True)
 CASES["layernorm_native"] = native_layernorm_model
+CASES["groupnorm"] = groupnorm_model
+CASES["groupnorm_silu"] = groupnorm_op_model
 CASES["skip_layernorm"] = lambda: skip_model("single")
 CASES["skip_layernorm_sum"] = lambda: skip_model("reused")
 for _f in GELU_FORMS:
     CASES[f"gelu_{_f}"] = lambda f=_f: gelu_model(f)
 CASES["gelu_native"] = lambda: gelu_model("gelu_tanh")
 CASES["gemmact_gelu_op"] = lambda: gemmact_gelu_model(False)
+CASES["gelu_quick"] = lambda: gelu_model("quickgelu")
+CASES["conv_gelu_op"] = lambda: conv_gelu_model("conv")
+CASES["conv_add_gelu_op"] = lambda: conv_gelu_model("conv_add", "tanh")
+CASES["cbr_gelu_op"] = lambda: conv_gelu_model("cbr", "quick")
 CASES["gemmact_reshape_gelu_op"] = lambda: gemmact_gelu_model(True)
 for _sc in SCALES:
     for _mk in MASKS:
         for _pr in PROBS:
             CASES[f"attention_{_sc}_{_mk}_{_pr}"] = lambda sc=_sc, mk=_mk, pr=_pr: attention_model(sc, mk, pr)
+        CASES[f"attention_{_sc}_{_mk}_upcast"] = lambda sc=_sc, mk=_mk: attention_model(sc, mk, "upcast")
+    CASES[f"attention_{_sc}_upmask"] = lambda sc=_sc: attention_model(sc, "upmask", "upcast")
 
 
 def test_every_transformer_rule_has_a_test_case():
@@ -389,6 +475,10 @@ NEAR_MISSES = [
     ("attention_mul_mask_nan", lambda: attention_model(opset=12), "opset 12 < 13"),
     ("attention_mul_where_nan", lambda: attention_model(mask="where", variant="fill_small"), "is -10000; only -inf"),
     ("attention_mul_mask_cast2", lambda: attention_model(probs="cast2", variant="cast_converts"), "converts element type 1 to 10"),
+    ("attention_mul_window_nan", lambda: attention_model(mask="window", variant="window_view_read"), "has 2 consumers"),
+    ("attention_mul_mask_upcast", lambda: attention_model(probs="upcast", variant="second_consumer"), "has 2 consumers"),
+    ("rmsnorm_cast_pow_div", lambda: rmsnorm_model(fp16=True, variant="second_consumer"), "has 2 consumers"),
+    ("groupnorm", lambda: groupnorm_model(variant="in_scale"), "is not 3 1s"),
 ]
 
 

@@ -1,0 +1,188 @@
+"""Fusion coverage over the exports of ``models/export_llm_family.py`` (issue 18): per model and
+pattern, how many instances became a graphopt op and how many were left unfused.
+
+For every ``models/coverage/*.onnx`` this optimizes the file (``gpu="none"``), counts per pattern
+the fused nodes and the tell-tale ops left behind, and compares onnxruntime CPU outputs of the
+optimized and the original model on random inputs (token ids in [0, 100), images ~ N(0, 1)).
+
+    python bench/fusion_coverage.py        # writes bench/results/fusion_coverage.{json,md}
+
+tests/models/test_coverage_models.py imports ``coverage_counts`` / ``make_feeds`` from this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "models" / "coverage"
+GELU_ACTS = ("Gelu", "GeluTanh", "QuickGelu")
+ACT_OPS = ("Relu", "HardSigmoid", "HardSwish", "Sigmoid", "Clip", "LeakyRelu", "Gelu", "Erf", "Tanh")
+PRODUCERS = ("Conv", "BatchNormalization", "Gemm", "MatMul")
+# pattern -> (what counts as fused, what counts as left)
+PATTERNS = {
+    "gated MLP": ("GatedMLP", "Mul of an activated projection and a projection"),
+    "RMSNorm / LayerNorm / GroupNorm": ("RMSNorm, LayerNorm, GroupNorm",
+                                        "LayerNormalization, InstanceNormalization, a ReduceMean of a square or read by a Sub"),
+    "GELU (incl. QuickGELU)": ("Gelu, or a CBR/GemmAct Gelu/GeluTanh/QuickGelu epilogue", "Erf, Tanh, Gelu"),
+    "attention": ("Attention", "Softmax"),
+    "conv/BN/GN/gemm + activation": ("CBR/GemmAct/GroupNorm with an activation", "an activation op right after Conv/BN/Gemm/MatMul, a BatchNormalization"),
+    "Shape/Size": ("(folded)", "Shape, Size"),
+    "RoPE": ("RoPE", "Neg (of a rotate_half / rotate_every_two)"),
+}
+
+
+def files() -> list[str]:
+    return sorted(p.name for p in MODELS.glob("*.onnx"))
+
+
+def _attr(node: onnx.NodeProto, name: str):
+    for a in node.attribute:
+        if a.name == name:
+            v = onnx.helper.get_attribute_value(a)
+            return v.decode() if isinstance(v, bytes) else v
+    return None
+
+
+def coverage_counts(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """pattern -> [fused, left] over the main graph."""
+    nodes = list(model.graph.node)
+    producer = {o: n for n in nodes for o in n.output}
+    consumers = collections.defaultdict(list)
+    for n in nodes:
+        for t in n.input:
+            consumers[t].append(n.op_type)
+    c = {p: [0, 0] for p in PATTERNS}
+
+    def prod(t):
+        n = producer.get(t)
+        return None if n is None else (n.op_type if n.domain != "graphopt" else f"graphopt.{n.op_type}")
+
+    for n in nodes:
+        act = _attr(n, "activation") if n.domain == "graphopt" else None
+        if n.domain == "graphopt":
+            if n.op_type == "GatedMLP":
+                c["gated MLP"][0] += 1
+            elif n.op_type in ("RMSNorm", "LayerNorm", "GroupNorm"):
+                c["RMSNorm / LayerNorm / GroupNorm"][0] += 1
+            elif n.op_type == "Attention":
+                c["attention"][0] += 1
+            elif n.op_type == "RoPE":
+                c["RoPE"][0] += 1
+            if n.op_type == "Gelu" or act in GELU_ACTS:
+                c["GELU (incl. QuickGELU)"][0] += 1
+            elif n.op_type in ("CBR", "GemmAct", "GroupNorm") and act not in (None, "none"):
+                c["conv/BN/GN/gemm + activation"][0] += 1
+            continue
+        op = n.op_type
+        if op in ("LayerNormalization", "InstanceNormalization") or op == "ReduceMean" and (
+                prod(n.input[0]) in ("Pow", "Mul") or "Sub" in consumers[n.output[0]]):  # not a global pool
+            c["RMSNorm / LayerNorm / GroupNorm"][1] += 1
+        elif op in ("Erf", "Tanh", "Gelu"):
+            c["GELU (incl. QuickGELU)"][1] += 1
+        elif op == "Softmax":
+            c["attention"][1] += 1
+        elif op in ("Shape", "Size"):
+            c["Shape/Size"][1] += 1
+        elif op == "Neg":
+            c["RoPE"][1] += 1
+        elif op == "BatchNormalization":
+            c["conv/BN/GN/gemm + activation"][1] += 1
+        if op in ACT_OPS and n.input and prod(n.input[0]) in PRODUCERS:
+            c["conv/BN/GN/gemm + activation"][1] += 1
+        if op == "Mul" and len(n.input) == 2:
+            kinds = {prod(t) for t in n.input}
+            if kinds & {"MatMul", "graphopt.GemmAct"} and kinds & {"Mul", "Sigmoid", "graphopt.GemmAct", "graphopt.Gelu"} \
+                    and all(k is not None for k in kinds) and "graphopt.GatedMLP" not in kinds:
+                c["gated MLP"][1] += 1
+    return c
+
+
+def make_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for vi in model.graph.input:
+        tt = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else 2 for d in tt.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if np.issubdtype(dtype, np.integer):
+            feeds[vi.name] = rng.integers(0, 100, size=shape).astype(dtype)
+        else:
+            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def max_rel_err(original: onnx.ModelProto, optimized: onnx.ModelProto, seed: int = 0) -> float:
+    """max |optimized - original| / max |original| over every output, onnxruntime CPU."""
+    import onnxruntime as ort
+
+    feeds = make_feeds(original, seed)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    runs = [ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+            for m in (original, optimized)]
+    worst = 0.0
+    for a, b in zip(*runs):
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        worst = max(worst, float(np.max(np.abs(b - a)) / max(float(np.max(np.abs(a))), 1e-30)))
+    return worst
+
+
+def measure(file: str) -> dict:
+    import graphopt
+
+    original = onnx.load(str(MODELS / file))
+    optimized, report = graphopt.optimize(original, gpu="none")
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(original.graph.output[0].type.tensor_type.elem_type).name
+    return {"model": file, "dtype": dtype, "nodes_before": report.nodes_before, "nodes_after": len(optimized.graph.node),
+            "custom_ops": report.custom_ops, "coverage": coverage_counts(optimized),
+            "max_rel_err": max_rel_err(original, optimized)}
+
+
+def markdown(rows: list[dict]) -> str:
+    pats = list(PATTERNS)
+    lines = ["# Fusion coverage on the issue-18 exports", "",
+             "Generated by `python bench/fusion_coverage.py` from `models/coverage/*.onnx` (written by "
+             "`models/export_llm_family.py`: tiny configs, random weights, TorchScript at opset 17 and dynamo at "
+             "its default opset 20). Each cell is **fused / left**; `-` means the model has none of that pattern.",
+             "", "| model | dtype | nodes | " + " | ".join(pats) + " | max rel err |",
+             "|---|---|---|" + "---:|" * len(pats) + "---:|"]
+    for r in rows:
+        cells = []
+        for p in pats:
+            fused, left = r["coverage"][p]
+            cells.append("-" if fused == left == 0 else f"{fused} / {left}")
+        lines.append(f"| {r['model']} | {r['dtype']} | {r['nodes_before']} → {r['nodes_after']} | " + " | ".join(cells)
+                     + f" | {r['max_rel_err']:.1e} |")
+    lines += ["", "What each column counts:", ""]
+    lines += [f"- **{p}**: fused = {f}; left = {l}." for p, (f, l) in PATTERNS.items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for fusion_coverage.{json,md}")
+    args = ap.parse_args(argv)
+    rows = [measure(f) for f in files()]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in (("fusion_coverage.json", json.dumps(rows, indent=1, sort_keys=True) + "\n"),
+                       ("fusion_coverage.md", markdown(rows))):
+        tmp = out / (name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(out / name)
+    print(f"wrote {out / 'fusion_coverage.md'}; {len(rows)} models")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

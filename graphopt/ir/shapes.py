@@ -1,0 +1,44 @@
+"""``refine_shapes``: run onnx shape inference (with data propagation) on the IR again and take in
+what it now proves, so that folding a Shape makes the shapes behind it static too."""
+
+from __future__ import annotations
+
+import onnx
+
+from graphopt.ir.convert import to_model
+from graphopt.ir.graph import Graph, value_info_of_type
+
+# Shape inference works on the serialized model; past protobuf's limit it is skipped.
+_MAX_BYTES = 2**31 - 2**24
+
+
+def infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx shape inference with data propagation; best effort (a failure returns ``model``)."""
+    if model.ByteSize() > _MAX_BYTES:
+        return model
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # shape inference is an aid, never a reason to refuse a valid model
+        return model
+
+
+def refine_shapes(graph: Graph) -> int:
+    """Infer the root graph's shapes again and record every tensor whose inferred shape is more
+    static than what the IR has (a new entry, or a known dim where it had a symbol or nothing).
+    Returns the number of tensors whose value_info was added or made more static."""
+    inferred = infer(to_model(graph))
+    changed = 0
+    for vi in inferred.graph.value_info:
+        new = value_info_of_type(vi.type)
+        if new.shape is None or new.dtype is None:
+            continue
+        old = graph.value_info(vi.name)
+        if old.shape is not None and _known(old.shape) >= _known(new.shape):
+            continue
+        if graph.refine_value_info(vi):
+            changed += 1
+    return changed
+
+
+def _known(shape) -> int:
+    return sum(1 for d in shape if isinstance(d, int) and d >= 0)

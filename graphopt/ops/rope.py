@@ -1,0 +1,103 @@
+"""graphopt.RoPE: rotary position embedding, ``Y = X * cos + rotate(X) * sin``.
+
+``X`` is ``[..., D]`` (D even), ``cos`` and ``sin`` broadcast to ``X`` (the exports'
+``[B or 1, 1, S, D]`` tables, from a cache or computed from the positions: any runtime tensor).
+``interleaved=0`` rotates halves (``rotate_half``: LLaMA, Qwen2, Mistral, GPT-NeoX):
+``rotate(X) = concat(-X[..., D/2:], X[..., :D/2])``; ``interleaved=1`` rotates pairs (GPT-J,
+``rotate_every_two``): ``rotate(X)[..., 2i] = -X[..., 2i+1]``, ``rotate(X)[..., 2i+1] = X[..., 2i]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import numpy_helper
+
+from graphopt.errors import RuleError
+from graphopt.ops._body import Body
+from graphopt.ops.schema import DOMAIN, LOWERING_ATTRIBUTES, OpSchema
+
+NAME = "RoPE"
+INPUTS = (("X", False), ("cos", False), ("sin", False))
+ATTRIBUTES: dict[str, tuple[type, Any]] = {"interleaved": (int, 0), **LOWERING_ATTRIBUTES}
+FORMS = ("half", "interleaved")
+MIN_OPSET = 10  # Slice with starts/ends/axes/steps inputs
+DOC = ("graphopt.RoPE: Y = X * cos + rotate(X) * sin; interleaved=0 rotates halves "
+       "(concat(-X[..., D/2:], X[..., :D/2])), interleaved=1 rotates pairs (GPT-J).")
+_BIG = np.iinfo(np.int64).max
+
+
+def _check(attrs: dict, present: list[bool]) -> str | None:
+    if attrs.get("interleaved", 0) not in (0, 1):
+        return f"interleaved={attrs['interleaved']} must be 0 or 1"
+    return None
+
+
+def _overload(attrs: dict, present: list[bool], dtype: int | None) -> str:
+    return FORMS[attrs.get("interleaved", 0)]
+
+
+def _ints(b: Body, values) -> str:
+    return b.node("Constant", [], value=numpy_helper.from_array(np.asarray(values, dtype=np.int64)))
+
+
+def _unsqueeze_last(b: Body, x: str) -> str:
+    if b.opset >= 13:
+        return b.node("Unsqueeze", [x, _ints(b, [-1])])
+    return b.node("Unsqueeze", [x], axes=[-1])
+
+
+def _body(overload: str, opset: int):
+    if overload not in FORMS:
+        raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: expected one of {', '.join(FORMS)}")
+    if opset < MIN_OPSET:
+        raise RuleError(f"graphopt.{NAME}: function bodies need default-domain opset >= {MIN_OPSET}, got {opset}")
+    b = Body(opset)
+    if overload == "half":
+        # An equal Split (not Slices at a computed D/2): shape inference then keeps every dim.
+        lo, hi = b.tmp("lo"), b.tmp("hi")
+        b.node("Split", ["X"], lo, axis=-1, **({"num_outputs": 2} if opset >= 18 else {}))
+        b.nodes[-1].output.append(hi)
+        rot = b.node("Concat", [b.node("Neg", [hi]), lo], axis=-1)
+    else:
+        last, one, two = _ints(b, [-1]), _ints(b, [1]), _ints(b, [2])
+        even = b.node("Slice", ["X", _ints(b, [0]), _ints(b, [_BIG]), last, two])
+        odd = b.node("Slice", ["X", one, _ints(b, [_BIG]), last, two])
+        pairs = b.node("Concat", [_unsqueeze_last(b, b.node("Neg", [odd])), _unsqueeze_last(b, even)], axis=-1)
+        rot = b.node("Reshape", [pairs, b.node("Shape", ["X"])])
+    b.node("Add", [b.node("Mul", ["X", "cos"]), b.node("Mul", [rot, "sin"])], "Y")
+    return b.function(NAME, overload, [n for n, _ in INPUTS], ["Y"], sorted(ATTRIBUTES),
+                      f"{DOC} Variant {overload!r}, opset {opset}.", DOMAIN)
+
+
+def rotate(xp, x, interleaved: int):
+    """rotate(X) of the op, against numpy or cupy."""
+    d = x.shape[-1]
+    if d % 2:
+        raise RuleError(f"graphopt.RoPE: the rotated dim must be even, got {d}")
+    if interleaved:
+        return xp.stack((-x[..., 1::2], x[..., 0::2]), axis=-1).reshape(x.shape)
+    return xp.concatenate((-x[..., d // 2:], x[..., : d // 2]), axis=-1)
+
+
+def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
+    x_in, cos, sin = inputs
+    x, c, s = (np.asarray(t, dtype=np.float64) for t in (x_in, cos, sin))
+    y = x * c + rotate(np, x, attrs.get("interleaved", 0)) * s
+    if y.shape != x.shape:
+        raise RuleError(f"graphopt.RoPE reference: cos {c.shape} / sin {s.shape} enlarge X {x.shape}")
+    return [y.astype(np.asarray(x_in).dtype)]
+
+
+def _xp_impl(xp, inputs, attrs, matmul) -> list:
+    """Y = X cos + rotate(X) sin in float32, returned in X's dtype."""
+    x_in, cos, sin = inputs[:3]
+    x = x_in.astype(np.float32)
+    y = x * cos.astype(np.float32) + rotate(xp, x, attrs.get("interleaved", 0)) * sin.astype(np.float32)
+    return [y.astype(x_in.dtype)]
+
+
+SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
+                  _overload=_overload, _needs_dtype=lambda a, p: False, _body=_body, _reference=_reference,
+                  xp_impl=_xp_impl)

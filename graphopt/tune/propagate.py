@@ -1,0 +1,74 @@
+"""Concrete shapes at the tuning dims: the custom nodes' input shapes when the graph inputs take
+the sizes tuning runs at.
+
+A dynamic export's shape arithmetic (TorchScript's ``Shape -> Gather -> Concat -> Reshape`` head
+split) leaves ONNX shape inference with fresh ``unk__N`` dims that no ``--shape`` binds; a
+signature built from them would be tuned at a made-up size (attention at 1x1x1x16). With the graph
+inputs fixed to the tuning sizes, data propagation computes those shapes, so each custom node's
+signature carries the real sizes. Shape arithmetic that data propagation cannot follow (a causal
+mask built with Range / Where / Expand) is folded first, with the cleanup passes, on the copy.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import onnx
+
+_MAX_BYTES = 2**31 - 2**24
+
+
+def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | None], int],
+                    inputs: Mapping[str, list[int]] | None = None, wanted=()) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> static shape, from shape inference (through the graphopt ops' function bodies)
+    on a copy of ``graph`` whose inputs have concrete dims: ``inputs[name]`` when given, else each
+    symbolic dim from ``dims``, else ``default(dim name)``. When inference alone leaves a tensor of
+    ``wanted`` unknown, the copy's shape arithmetic is folded first (slower: it evaluates the
+    constant subgraphs). Best effort: {} when inference fails."""
+    from graphopt.ir import from_model, refine_shapes, to_model
+    from graphopt.ops import attach_functions
+    from graphopt.passes import run_cleanup
+
+    try:
+        model = attach_functions(to_model(graph))
+        if model.ByteSize() > _MAX_BYTES:
+            return {}
+        inits = {t.name for t in model.graph.initializer}
+        for vi in model.graph.input:
+            if vi.name in inits or not vi.type.HasField("tensor_type"):
+                continue
+            shape = vi.type.tensor_type.shape
+            given = (inputs or {}).get(vi.name)
+            if given is not None and len(given) == len(shape.dim):
+                values = [int(v) for v in given]
+            else:
+                values = [d.dim_value if d.HasField("dim_value") else
+                          int(dims.get(d.dim_param, default(d.dim_param or None))) for d in shape.dim]
+            for d, v in zip(shape.dim, values):
+                d.Clear()
+                d.dim_value = v
+        del model.graph.value_info[:]  # symbolic entries would only be kept, not refined
+        for out in model.graph.output:
+            if out.type.HasField("tensor_type"):
+                out.type.tensor_type.ClearField("shape")
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        out = _static(inferred)
+        if any(t not in out for t in wanted):
+            g = from_model(model)
+            refine_shapes(g)
+            run_cleanup(g, refine=True, max_rounds=16)  # fold what data propagation cannot follow
+            folded = attach_functions(to_model(g))
+            out = _static(onnx.shape_inference.infer_shapes(folded, check_type=False, strict_mode=False,
+                                                            data_prop=True))
+    except Exception:  # noqa: BLE001 - an aid, never a reason to fail
+        return {}
+    return out
+
+
+def _static(inferred: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {t.name: tuple(int(d) for d in t.dims) for t in inferred.graph.initializer}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            out[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
+    return out
