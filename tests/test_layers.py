@@ -12,14 +12,14 @@ ROOT = Path(__file__).resolve().parents[1] / "graphopt"
 
 # Lowest first. Utilities that import only graphopt.errors sit with it.
 LAYERS = [
-    {"errors", "files", "compare", "precision"},
+    {"errors", "files", "compare"},
     {"ir"},
     {"ops"},
     {"passes", "rewrite"},
     {"lowering"},
     {"kernels", "providers"},
     {"tune", "runtime"},
-    {"pipeline"},
+    {"pipeline", "precision"},
     {"api", "cli", "cli_runtime", "cli_display", "cli_checks", "outputs", "_rules"},
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
