@@ -10,7 +10,7 @@
 - ``numpy_checker(sig, launch)``: the same check where there is no GPU, for a launch that takes
   NumPy arrays (a kernel's NumPy emulation, as docs/adding_a_fused_op.md shows).
 
-Ops other than CBR / GemmAct get their output shape from ``register_family(output_shape=)``.
+Output shapes come from the op's schema (``OpSchema.output_shapes``).
 
 Both are module-level functions (the profiler pickles them into its worker process).
 """
@@ -35,23 +35,16 @@ _CACHE: dict[str, tuple] = {}   # the last signature's (inputs, reference, sampl
 
 
 def output_shape(sig: Signature) -> tuple[int, ...]:
-    if sig.op == "CBR":
-        return geo.conv_geom(sig).out_shape
-    if sig.op in ("LayerNorm", "RMSNorm"):  # Y has X's shape (only Y is checked and timed, not the sum S)
-        from graphopt.kernels.norm import norm_plan
+    """The first output's shape: the op's schema says it (``OpSchema.output_shapes``); an op
+    registered without one falls back to its family's ``register_family(output_shape=)``."""
+    from graphopt.ops import get_schema
 
-        return norm_plan(sig).shape
-    if sig.op == "Attention":
-        from graphopt.kernels.attention import attention_plan
-
-        return attention_plan(sig).out_shape
-    if sig.op != "GemmAct":  # an op added with registry.register_family
+    shapes = get_schema(sig.op).output_shapes(list(sig.input_shapes), dict(sig.attrs))
+    if shapes is None:
         from graphopt.kernels.registry import output_shape_of
 
         return output_shape_of(sig)
-    from graphopt.kernels.gemm_act import gemm_plan
-
-    return gemm_plan(sig).out_shape
+    return shapes[0]
 
 
 def data_dtype(sig: Signature) -> str:

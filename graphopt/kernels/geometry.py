@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from graphopt.errors import TuningError
+from graphopt.ops.cbr import conv_output
 from graphopt.lowering.contract import Signature
 from graphopt.kernels.source import ACT_CODES
 
@@ -77,19 +78,11 @@ def conv_geom(sig: Signature) -> ConvGeom:
     auto_pad = sig.attr("auto_pad", "NOTSET")
     if isinstance(auto_pad, bytes):
         auto_pad = auto_pad.decode()
-    if auto_pad in ("NOTSET", "", None):
-        pads = _pair(sig.attr("pads"), 0, 2 * nd, "pads", sig)
-        begin, end = pads[:nd], pads[nd:]
-        out = [(spatial[i] + begin[i] + end[i] - dl[i] * (ks[i] - 1) - 1) // st[i] + 1 for i in range(nd)]
-    elif auto_pad == "VALID":
-        begin = [0] * nd
-        out = [(spatial[i] - dl[i] * (ks[i] - 1) - 1) // st[i] + 1 for i in range(nd)]
-    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = [math.ceil(spatial[i] / st[i]) for i in range(nd)]
-        total = [max(0, (out[i] - 1) * st[i] + (ks[i] - 1) * dl[i] + 1 - spatial[i]) for i in range(nd)]
-        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
-    else:
+    if auto_pad not in ("NOTSET", "", None, "VALID", "SAME_UPPER", "SAME_LOWER"):
         raise TuningError(f"CBR auto_pad={auto_pad!r} is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER")
+    pads = _pair(sig.attr("pads"), 0, 2 * nd, "pads", sig) if (auto_pad or "NOTSET") == "NOTSET" else None
+    full, out = conv_output(spatial, ks, st, dl, auto_pad or "NOTSET", pads)
+    begin = full[:nd]
     N, C = xs[0], xs[1]
     M = ws[0]
     if G < 1 or C % G or M % G or ws[1] != C // G:

@@ -57,6 +57,7 @@ import math
 from typing import Callable
 
 from graphopt.lowering.contract import Signature
+from graphopt.ops.cbr import conv_output
 
 # Lowering names shared with graphopt/kernels (a candidate's ``name``) and written into the model.
 CBR_DIRECT = "direct"
@@ -130,15 +131,7 @@ def conv_geometry(sig: Signature) -> dict | None:
     auto_pad = sig.attr("auto_pad", "NOTSET") or "NOTSET"
     if isinstance(auto_pad, bytes):
         auto_pad = auto_pad.decode()
-    out = []
-    for i in range(nsp):
-        eff = dilations[i] * (kernel[i] - 1) + 1
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            out.append(math.ceil(spatial[i] / strides[i]))
-        elif auto_pad == "VALID":
-            out.append((spatial[i] - eff) // strides[i] + 1)
-        else:
-            out.append((spatial[i] + pads[i] + pads[i + nsp] - eff) // strides[i] + 1)
+    _, out = conv_output(spatial, kernel, strides, dilations, auto_pad, pads if auto_pad == "NOTSET" else None)
     gemm_m = n * math.prod(out)
     return dict(
         n=n, c=c, m=m, group=group, kernel=kernel, strides=strides, dilations=dilations, pads=pads,

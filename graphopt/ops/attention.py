@@ -166,5 +166,12 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
     return [y.astype(np.asarray(q_in).dtype)]
 
 
+def _output_shapes(shapes: list, attrs: dict) -> list:
+    """Y is Q's shape with V's last dim: [..., Sq, Dv] (batch dims broadcast)."""
+    q, v = shapes[0], shapes[2]
+    batch = np.broadcast_shapes(tuple(q[:-2]), tuple(v[:-2]))
+    return [tuple(batch) + (q[-2], v[-1])]
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
-                  _overload=_overload, _needs_dtype=lambda a, p: True, _body=_body, _reference=_reference)
+                  _overload=_overload, _needs_dtype=lambda a, p: True, _body=_body, _reference=_reference, _output_shapes=_output_shapes)

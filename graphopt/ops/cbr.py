@@ -117,6 +117,30 @@ def conv_pads(in_shape: tuple[int, ...], kernel: tuple[int, ...], strides: list[
     return begins + ends
 
 
+def conv_output(in_spatial, kernel, strides=None, dilations=None, auto_pad: str = "NOTSET", pads=None,
+                ceil_mode: bool = False) -> tuple[list[int], list[int]]:
+    """``(pads, out)``: Conv's (and pooling's) explicit [begins..., ends...] pads and output spatial sizes.
+
+    The one home of a convolution's geometry: the reference, the kernels' ``conv_geom``, the
+    heuristic and the runtime's Conv / pooling ops all call it. ``ceil_mode`` is pooling's: the last
+    window must still start inside the input or the left padding (the ONNX / onnxruntime rule).
+    """
+    nd = len(kernel)
+    strides = list(strides) if strides is not None else [1] * nd
+    dilations = list(dilations) if dilations is not None else [1] * nd
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    full = conv_pads(tuple(in_spatial), tuple(kernel), strides, dilations, auto_pad or "NOTSET", pads)
+    out = []
+    for i in range(nd):
+        span = in_spatial[i] + full[i] + full[i + nd] - (kernel[i] - 1) * dilations[i] - 1
+        o = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
+        if ceil_mode and (o - 1) * strides[i] >= in_spatial[i] + full[i]:
+            o -= 1
+        out.append(o)
+    return full, out
+
+
 def conv_nd(x: np.ndarray, w: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
     """ONNX Conv (no bias) for any number of spatial dims, in float64, by im2col + einsum.
 
@@ -178,5 +202,13 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
     return [y.astype(np.asarray(x).dtype)]
 
 
+def _output_shapes(shapes: list, attrs: dict) -> list:
+    """(N, M, spatial out...) from X, W and Conv's attributes (``conv_output``)."""
+    x, w = shapes[0], shapes[1]
+    _, out = conv_output(x[2:], w[2:], attrs.get("strides"), attrs.get("dilations"), attrs.get("auto_pad", "NOTSET"),
+                         attrs.get("pads"))
+    return [(x[0], w[0]) + tuple(out)]
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
-                  _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference)
+                  _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference, _output_shapes=_output_shapes)

@@ -101,6 +101,13 @@ def _xp_impl(xp, inputs, attrs, matmul) -> list:
     return [y.astype(x.dtype).reshape(lead + (wg.shape[1],))]
 
 
+def _output_shapes(shapes: list, attrs: dict) -> list:
+    """X [..., K] times Wg [K, N]: [..., N]."""
+    from graphopt.ops.gemm_act import matmul_shape
+
+    return [matmul_shape(shapes[0], shapes[1])]
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
                   _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference,
-                  xp_impl=_xp_impl)
+                  xp_impl=_xp_impl, _output_shapes=_output_shapes)

@@ -121,5 +121,26 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
     return [y.astype(np.asarray(a_in).dtype)]
 
 
+def matmul_shape(a, b) -> tuple[int, ...]:
+    """numpy.matmul's output shape (1-D operands promoted and dropped as matmul does)."""
+    a1, b1 = len(a) == 1, len(b) == 1
+    a2 = (1,) + tuple(a) if a1 else tuple(a)
+    b2 = tuple(b) + (1,) if b1 else tuple(b)
+    out = tuple(np.broadcast_shapes(a2[:-2], b2[:-2])) + (a2[-2], b2[-1])
+    if a1:
+        out = out[:-2] + out[-1:]
+    if b1:
+        out = out[:-1]
+    return out
+
+
+def _output_shapes(shapes: list, attrs: dict) -> list:
+    """matmul mode: numpy.matmul's shape; gemm mode: (M, N) after transA / transB."""
+    a, b = shapes[0], shapes[1]
+    if attrs.get("mode", "matmul") == "gemm":
+        return [(a[1] if attrs.get("transA", 0) else a[0], b[0] if attrs.get("transB", 0) else b[1])]
+    return [matmul_shape(a, b)]
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
-                  _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference)
+                  _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference, _output_shapes=_output_shapes)

@@ -173,6 +173,11 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
     return out
 
 
+def _output_shapes(shapes: list, attrs: dict) -> list:
+    """Y (and S with sum_output=1) have X's shape."""
+    return [shapes[0]] * (2 if attrs.get("sum_output", 0) else 1)
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
                   _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference,
-                  outputs=OUTPUTS, explicit_defaults=("epsilon",))
+                  outputs=OUTPUTS, explicit_defaults=("epsilon",), _output_shapes=_output_shapes)

@@ -62,6 +62,11 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
     return [y.astype(np.asarray(x_in).dtype)]
 
 
+def _output_shapes(shapes: list, attrs: dict) -> list:
+    """Y has X's shape."""
+    return [shapes[0]]
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
                   _overload=_overload, _needs_dtype=lambda a, p: True, _body=_body, _reference=_reference,
-                  explicit_defaults=("epsilon",))
+                  explicit_defaults=("epsilon",), _output_shapes=_output_shapes)

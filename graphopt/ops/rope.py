@@ -98,6 +98,11 @@ def _xp_impl(xp, inputs, attrs, matmul) -> list:
     return [y.astype(x_in.dtype)]
 
 
+def _output_shapes(shapes: list, attrs: dict) -> list:
+    """Y has X's shape."""
+    return [shapes[0]]
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
                   _overload=_overload, _needs_dtype=lambda a, p: False, _body=_body, _reference=_reference,
-                  xp_impl=_xp_impl)
+                  xp_impl=_xp_impl, _output_shapes=_output_shapes)

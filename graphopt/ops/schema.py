@@ -91,6 +91,10 @@ class OpSchema:
     # never falls back to the host; ``None`` only for an op whose runtime fallback lives in the runtime
     # itself (CBR's convolution).
     xp_impl: Callable[..., list] | None = field(default=None, repr=False)
+    # ``_output_shapes(input_shapes, attrs) -> [shape of each output]``: the one place an op's output
+    # shapes are computed (the runtime's buffers, the profiler's checker); ``None`` for an op that
+    # does not say (its kernels' family then declares it, see ``register_family(output_shape=)``).
+    _output_shapes: Callable[[list, dict], list] | None = field(default=None, repr=False)
 
     # -- checks ---------------------------------------------------------------------------------
     def validate(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool]) -> str | None:
@@ -172,6 +176,15 @@ class OpSchema:
         self._require_valid(attrs, present)
         padded = list(inputs) + [None] * (len(self.inputs) - len(inputs))
         return self._reference(padded, self.normalize(attrs))
+
+    def output_shapes(self, input_shapes: Sequence[Sequence[int] | None], attrs: Mapping[str, Any]) -> list[tuple[int, ...]] | None:
+        """The shape of every output the op has for these input shapes (``None`` for an absent
+        optional input), or ``None`` when the op does not declare them."""
+        if self._output_shapes is None:
+            return None
+        padded = [None if s is None else tuple(int(d) for d in s) for s in input_shapes]
+        padded += [None] * (len(self.inputs) - len(padded))
+        return [tuple(int(d) for d in s) for s in self._output_shapes(padded, self.normalize(attrs))]
 
     def attribute_names(self) -> list[str]:
         """All declared attribute names, sorted (the FunctionProto's attribute list)."""

@@ -192,25 +192,10 @@ def device_impl(op: str):
     return lambda ctx, ins, attrs: list(impl(ctx.xp, list(ins), dict(attrs), ctx.matmul))
 
 
-def output_shape(op: str, shapes: Sequence[tuple[int, ...] | None], attrs: Mapping[str, Any], node, sig=None) -> tuple[int, ...]:
-    """The (first) output shape of a custom-op node for these input shapes (the kernels' out buffer)."""
-    if op not in ("CBR", "GemmAct"):
-        from graphopt.kernels.check import output_shape as kernel_output_shape
+def output_shape(op: str, shapes: Sequence[tuple[int, ...] | None], attrs: Mapping[str, Any], node=None, sig=None) -> tuple[int, ...]:
+    """The (first) output shape of a custom-op node for these input shapes (the lowering's out buffer):
+    the op's schema says it."""
+    from graphopt.kernels.check import output_shape as checked_shape
+    from graphopt.kernels.registry import signature_of
 
-        return tuple(kernel_output_shape(sig))
-    if op == "CBR":
-        x, w = shapes[0], shapes[1]
-        ctx = ops_std.OpContext(np, node, 0, {})
-        actx = ops_std._Attrs2D(ctx) if len(x) == 3 else ctx
-        spatial = list(x[2:]) if len(x) == 4 else [1] + list(x[2:])
-        kernel = list(w[2:]) if len(w) == 4 else [1] + list(w[2:])
-        _, _, _, outs = ops_std._conv_geometry(actx, spatial, kernel)
-        return (x[0], w[0]) + tuple(outs if len(x) == 4 else outs[1:])
-    a, b = shapes[0], shapes[1]
-    if attrs.get("mode", "matmul") == "gemm":
-        m = a[1] if attrs.get("transA", 0) else a[0]
-        n = b[0] if attrs.get("transB", 0) else b[1]
-        return (m, n)
-    from graphopt.kernels.blas import gemm_args
-
-    return gemm_args(tuple(a), tuple(b)).out_shape
+    return tuple(checked_shape(sig if sig is not None else signature_of(op, shapes, [""] * len(shapes), attrs)))

@@ -15,6 +15,8 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
+from graphopt.ops.cbr import conv_output
+
 OpFn = Callable[["OpContext", list], list]
 OPS: dict[str, OpFn] = {}
 # input positions that must be known at plan time (host values), per op
@@ -257,25 +259,8 @@ def _conv_geometry(ctx, in_spatial, kernel):
     nd = len(kernel)
     strides = list(ctx.attr("strides", [1] * nd))
     dil = list(ctx.attr("dilations", [1] * nd))
-    pads = list(ctx.attr("pads", [0] * (2 * nd)))
-    auto = ctx.attr("auto_pad", "NOTSET")
-    ceil = ctx.attr("ceil_mode", 0)
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        pads = [0] * (2 * nd)
-        for i in range(nd):
-            out = -(-in_spatial[i] // strides[i])
-            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - in_spatial[i])
-            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
-            pads[i], pads[i + nd] = lo, total - lo
-    elif auto == "VALID":
-        pads = [0] * (2 * nd)
-    outs = []
-    for i in range(nd):
-        span = in_spatial[i] + pads[i] + pads[i + nd] - (kernel[i] - 1) * dil[i] - 1
-        o = (-(-span // strides[i]) if ceil else span // strides[i]) + 1
-        if ceil and (o - 1) * strides[i] >= in_spatial[i] + pads[i]:
-            o -= 1  # the last window must start inside the input or left padding (ONNX/ORT rule)
-        outs.append(o)
+    pads, outs = conv_output(in_spatial, kernel, strides, dil, ctx.attr("auto_pad", "NOTSET"),
+                             ctx.attr("pads", None), bool(ctx.attr("ceil_mode", 0)))
     return strides, dil, pads, outs
 
 

@@ -25,12 +25,12 @@ bucket whose every dim is at or above the actual size, else the last bucket.
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from graphopt.errors import TuningError, UsageError
-from graphopt.lowering.buckets import ATTR, OPTION, _sort_key, choose, decode, encode  # noqa: F401 - the runtime's half
+from graphopt.errors import UsageError
+# the dispatch half lives in graphopt.lowering.buckets (the runtime uses it); re-exported here
+from graphopt.lowering.buckets import ATTR, OPTION, choose, decode, encode  # noqa: F401
 
 # The product of the profiles' value counts: each bucket costs one tuning pass over the model.
 MAX_BUCKETS = 64
