@@ -153,6 +153,31 @@ def _act_torch(y, act):
     return y
 
 
+def layer_data(rng, xs, ws, oshape, s, p, g, act, res, dtype, tstream):
+    """One layer's random CuPy inputs (x, w, b, r), the same as torch tensors, and torch's float32
+    result with TF32 off (the reference), computed on ``tstream``."""
+    import cupy
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    cout, fan_in = ws[0], ws[1] * ws[2] * ws[3]
+    x = cupy.asarray(rng.standard_normal(xs, dtype=np.float32)).astype(dtype)
+    w = cupy.asarray(rng.standard_normal(ws, dtype=np.float32) / math.sqrt(fan_in)).astype(dtype)
+    b = cupy.asarray(rng.standard_normal(cout, dtype=np.float32)).astype(dtype)
+    r = cupy.asarray(rng.standard_normal(oshape, dtype=np.float32)).astype(dtype) if res else None
+    tx, tw, tb = (torch.as_tensor(v, device="cuda") for v in (x, w, b))
+    tr = torch.as_tensor(r, device="cuda") if res else None
+    with torch.cuda.stream(tstream):
+        torch.backends.cudnn.allow_tf32 = False
+        ref_t = F.conv2d(tx.float(), tw.float(), tb.float(), s, p, 1, g)
+        if res:
+            ref_t = ref_t + tr.float()
+        ref_t = _act_torch(ref_t, act)
+        torch.backends.cudnn.allow_tf32 = True
+    return (x, w, b, r), (tx, tw, tb, tr), ref_t
+
+
 def _attrs(k, s, p, g, act):
     a = {"kernel_shape": [k, k], "strides": [s, s], "pads": [p, p, p, p], "dilations": [1, 1], "group": g}
     if act == "Relu":
@@ -246,19 +271,7 @@ def main(argv=None):
                 shapes = [xs, ws, (cout,), oshape if res else None]
                 sig = Signature.make("CBR", shapes, [dtype] * len(shapes), attrs)
                 with stream:
-                    x = cupy.asarray(rng.standard_normal(xs, dtype=np.float32)).astype(dtype)
-                    w = cupy.asarray(rng.standard_normal(ws, dtype=np.float32) / math.sqrt(cin // g * k * k)).astype(dtype)
-                    b = cupy.asarray(rng.standard_normal(cout, dtype=np.float32)).astype(dtype)
-                    r = cupy.asarray(rng.standard_normal(oshape, dtype=np.float32)).astype(dtype) if res else None
-                    tx, tw, tb = (torch.as_tensor(v, device="cuda") for v in (x, w, b))
-                    tr = torch.as_tensor(r, device="cuda") if res else None
-                    with torch.cuda.stream(tstream):
-                        torch.backends.cudnn.allow_tf32 = False
-                        ref_t = F.conv2d(tx.float(), tw.float(), tb.float(), s, p, 1, g)
-                        if res:
-                            ref_t = ref_t + tr.float()
-                        ref_t = _act_torch(ref_t, act)
-                        torch.backends.cudnn.allow_tf32 = True
+                    (x, w, b, r), (tx, tw, tb, tr), ref_t = layer_data(rng, xs, ws, oshape, s, p, g, act, res, dtype, tstream)
                     stream.synchronize()
                     ref = cupy.asarray(ref_t)
                     tol = 1e-2 if dtype == "float16" else 3e-3

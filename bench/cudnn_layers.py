@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cbr_layers import MOBILENETV2, RESNET50, _act_torch, _attrs, env_header  # noqa: E402
+from cbr_layers import MOBILENETV2, RESNET50, _act_torch, _attrs, env_header, layer_data  # noqa: E402
 
 
 def _own_best(path: str) -> dict:
@@ -91,19 +91,7 @@ def main(argv=None) -> int:
             row = {"model": model, "layer": name, "bs": bs, "dtype": dtype, "groups": g, "activation": act, "residual": res}
             try:
                 with stream:
-                    x = cupy.asarray(rng.standard_normal(xs, dtype=np.float32)).astype(dtype)
-                    w = cupy.asarray(rng.standard_normal(ws, dtype=np.float32) / math.sqrt(cin // g * k * k)).astype(dtype)
-                    b = cupy.asarray(rng.standard_normal(cout, dtype=np.float32)).astype(dtype)
-                    r = cupy.asarray(rng.standard_normal(oshape, dtype=np.float32)).astype(dtype) if res else None
-                    tx, tw, tb = (torch.as_tensor(v, device="cuda") for v in (x, w, b))
-                    tr = torch.as_tensor(r, device="cuda") if res else None
-                    with torch.cuda.stream(tstream):
-                        torch.backends.cudnn.allow_tf32 = False
-                        ref_t = F.conv2d(tx.float(), tw.float(), tb.float(), s, p, 1, g)
-                        if res:
-                            ref_t = ref_t + tr.float()
-                        ref_t = _act_torch(ref_t, act)
-                        torch.backends.cudnn.allow_tf32 = True
+                    (x, w, b, r), (tx, tw, tb, tr), ref_t = layer_data(rng, xs, ws, oshape, s, p, g, act, res, dtype, tstream)
                     stream.synchronize()
                     ref = cupy.asnumpy(cupy.asarray(ref_t)).astype(np.float64).reshape(-1)
                     plans = {}

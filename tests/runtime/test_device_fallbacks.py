@@ -5,15 +5,12 @@ implementation is refused at Session(...), naming the node."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import _fake_cupy
 from _runtime_helpers import ort_run, random_feeds, rel_err
 from graphopt.ops import get_schema
 from graphopt.runtime import ops_custom, ops_std
@@ -83,19 +80,6 @@ def test_attention_device_fallback(dtype, attrs):
         else:
             mask[..., 0] = True
     _check("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype)
-
-
-@pytest.fixture()
-def fake_cuda(monkeypatch):
-    cp, extra = _fake_cupy.make()
-    monkeypatch.setitem(sys.modules, "cupy", cp)
-    for k, v in extra.items():
-        monkeypatch.setitem(sys.modules, k, v)
-    from graphopt.runtime import backend
-
-    monkeypatch.setattr(backend, "_STREAMS", [])
-    monkeypatch.setattr(backend, "_BLAS", {})
-    return cp
 
 
 @pytest.mark.parametrize("name", ["transformer_block.onnx", "torch/gpt2_dynamo_op18.onnx",

@@ -4,30 +4,15 @@ ops falling back when their lowering cannot build. The GPU itself is tested in t
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-import _fake_cupy
 from _runtime_helpers import ort_run, random_feeds, rel_err
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture()
-def fake_cuda(monkeypatch):
-    cp, extra = _fake_cupy.make()
-    monkeypatch.setitem(sys.modules, "cupy", cp)
-    for k, v in extra.items():
-        monkeypatch.setitem(sys.modules, k, v)
-    from graphopt.runtime import backend
-
-    monkeypatch.setattr(backend, "_STREAMS", [])
-    monkeypatch.setattr(backend, "_BLAS", {})
-    return cp
 
 
 @pytest.mark.parametrize("name", ["resnet_style.onnx", "transformer_block.onnx", "subgraph_if.onnx",
