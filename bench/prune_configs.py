@@ -1,19 +1,22 @@
 """Which kernel configurations earn their place: reads kernel_explore_h200.json (or cbr_layers_h200.json)
-and prints, per candidate key, on how many (layer, batch) rows it is the fastest and within 5% / 15%
-of the fastest. Configurations that are never within 15% anywhere are candidates for removal from
-the families in graphopt/kernels/cbr.py (pruning from data, not from guesses).
+and prints, per candidate key, on how many (layer, batch, dtype) rows it is the fastest and within 5% /
+15% of the fastest. With ``--with-cudnn cudnn_layers_h200.json`` the best cuDNN plan of each fp16 layer
+competes too (the tactic competition the tuner runs), so an own configuration earns its place only
+where it is within 5% of the best of both. Configurations never within 5% anywhere are candidates for
+removal from the families in graphopt/kernels/cbr.py (pruning from data, not from guesses).
 
-    python3 bench/prune_configs.py bench/results/kernel_explore_h200.json
+    python3 bench/prune_configs.py bench/results/cbr_layers_h200.json --with-cudnn bench/results/cudnn_layers_h200.json \\
+        --md bench/results/prune_configs_h200.md
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
-import sys
 
 
-def rank(rows: list[dict]) -> dict[str, collections.Counter]:
+def rank(rows: list[dict], vendor: dict | None = None) -> dict[str, collections.Counter]:
     stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for row in rows:
         times = row.get("times") or row.get("candidates") or {}
@@ -21,6 +24,9 @@ def rank(rows: list[dict]) -> dict[str, collections.Counter]:
         if not ok:
             continue
         best = min(ok.values())
+        other = (vendor or {}).get((row.get("layer"), row.get("bs"), row.get("dtype")))
+        if other:
+            best = min(best, other)
         for key, t in ok.items():
             s = stats[key]
             s["rows"] += 1
@@ -30,14 +36,37 @@ def rank(rows: list[dict]) -> dict[str, collections.Counter]:
     return stats
 
 
-def main(path: str) -> None:
+def vendor_best(path: str) -> dict:
     with open(path) as f:
+        rows = json.load(f)["rows"]
+    return {(r["layer"], r["bs"], r["dtype"]): r["cudnn_best_us"] for r in rows if r.get("cudnn_best_us")}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results", nargs="?", default="bench/results/kernel_explore_h200.json")
+    ap.add_argument("--with-cudnn", default=None, help="bench/results/cudnn_layers_h200.json: cuDNN competes")
+    ap.add_argument("--md", default=None, help="also write this markdown table")
+    args = ap.parse_args(argv)
+    with open(args.results) as f:
         data = json.load(f)
-    stats = rank(data["rows"])
-    print(f"{'best':>4} {'<=5%':>4} {'<=15%':>5} {'rows':>4}  key")
-    for key, s in sorted(stats.items(), key=lambda kv: (-kv[1]["within5"], -kv[1]["within15"], kv[0])):
-        print(f"{s['best']:4d} {s['within5']:4d} {s['within15']:5d} {s['rows']:4d}  {key}")
+    stats = rank(data["rows"], vendor_best(args.with_cudnn) if args.with_cudnn else None)
+    lines = [f"{'best':>4} {'<=5%':>4} {'<=15%':>5} {'rows':>4}  key"]
+    order = sorted(stats.items(), key=lambda kv: (-kv[1]["within5"], -kv[1]["within15"], kv[0]))
+    for key, s in order:
+        lines.append(f"{s['best']:4d} {s['within5']:4d} {s['within15']:5d} {s['rows']:4d}  {key}")
+    print("\n".join(lines))
+    if args.md:
+        keep = [k for k, s in order if s["within5"]]
+        with open(args.md, "w") as f:
+            f.write(f"# Own CBR configurations against the fastest (own and cuDNN)\n\n`python3 bench/prune_configs.py "
+                    f"{args.results}{' --with-cudnn ' + args.with_cudnn if args.with_cudnn else ''}`: own timings from "
+                    f"{args.results}, cuDNN's best plan per fp16 layer from {args.with_cudnn or '(not used)'} (another run, "
+                    f"same GPU). {len(keep)} of {len(stats)} configurations are within 5% of the fastest on at least one "
+                    f"(layer, batch, dtype) row.\n\n| best | <=5% | <=15% | rows | key |\n|---|---|---|---|---|\n")
+            for key, s in order:
+                f.write(f"| {s['best']} | {s['within5']} | {s['within15']} | {s['rows']} | `{key}` |\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/kernel_explore_h200.json")
+    main()
