@@ -242,6 +242,8 @@ def run_model(name: str, args, budget: Budget, rows: list, meta: dict, save) -> 
                 sess = Session(opt_path, device="cuda", dtype=rt_dtype)
                 ms = timed(lambda: sess.run(feed), sess.synchronize, budget_s=args.item_budget, **kw)
                 row["graph_status"] = sess.graph_status
+                # which nodes did not run their recorded lowering, and why (fallbacks cost time)
+                row["plan_notes"] = list(sess.plan_summary().get("notes", []))[:50]
                 out = to_numpy(sess.run(feed)["output"]).astype(np.float64)
                 if ref is not None:
                     row["max_rel_err_vs_torch"] = float(np.abs(out - ref).max() / (np.abs(ref).max() + 1e-12))
