@@ -98,7 +98,7 @@ FINDINGS = [
     ("test_hostile_bounds", "a pattern with 10,000 arguments: RecursionError; an error line quoted a 10 MB pattern whole",
      "calls capped at 256 arguments, matcher walks arguments iteratively; quoted text cut around the column", "3c1c2a6"),
     ("test_large_models", "a model with 2.15 GB of external weights: 'internal error: EncodeError' (protobuf's ByteSize) after 38 s at 12.2 GB",
-     "shape inference and onnx.checker on a weightless copy (`graphopt.ir.large`); save streams the weights; peak 4.0x the weights", "see git log"),
+     "shape inference and onnx.checker on a weightless copy (`graphopt.ir.large`); save streams the weights; peak 4.0x the weights", "bc75347, e30b453"),
     ("test_clear_refusals", "`--verify` on an input declared [2^31, 2^31] or a 224 GiB `--shape`: MemoryError / ValueError (exit 1)",
      "sizes computed before allocating: exit 2 naming the input", "c2d04e6"),
     ("test_clear_refusals", "`--rtol nan` reported as 'outputs differ'", "non-finite or negative tolerances: exit 2", "c2d04e6"),
