@@ -46,8 +46,8 @@ CATEGORIES = {
     "test_scale": "6. scale (100k/1M nodes, If nested 40/10,000 deep in files and in memory)",
     "test_output_paths": "7. output paths (issue 21: --report/-o/data file/rules/cache export onto an input or each other, by inode; missing folder, folder, read-only without --force; 0644; markup in names)",
     "test_hostile_bounds": "8. bounds (issue 21: device/FIFO model and rule files, exponential let, 5 MiB rule file, 10,000-argument pattern, 100,000 inputs, error-line length)",
-    "test_large_models": "10. models over the protobuf limit (issue 21: optimized with weights in files; limit simulated at 200 KB, with its control)",
     "test_clear_refusals": "9. clear refusals (issue 21: --verify allocation size, --rtol nan, user rule building an invalid node, checker-refused input, GELU look-alike)",
+    "test_large_models": "10. models over the protobuf limit (issue 21: optimized with weights in files; limit simulated at 200 KB, with its control)",
 }
 
 # (category file, what was found, how it was fixed, commit)
