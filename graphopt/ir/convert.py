@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import networkx as nx
 import onnx
+from google.protobuf.message import Message
 from onnx import AttributeProto
 
 from graphopt.errors import InvalidGraph
@@ -29,11 +30,23 @@ def _set_scalar(proto, field: str, value) -> None:
         setattr(proto, field, value)
 
 
+def copy_field(dest, name: str, value) -> None:
+    """Set field ``name`` of ``dest`` to ``value`` (a message, a scalar or a repeated field's values)."""
+    if isinstance(value, Message):
+        getattr(dest, name).CopyFrom(value)
+    elif isinstance(value, (str, bytes, int, float, bool)):
+        setattr(dest, name, value)
+    else:  # a repeated field
+        getattr(dest, name).extend(value)
+
+
 def _stripped(proto, fields):
+    """A copy of ``proto`` without ``fields``, built field by field: copying the whole message and then
+    clearing would keep the cleared fields' bytes (every weight) alive in the copy's upb arena."""
     copy = type(proto)()
-    copy.CopyFrom(proto)
-    for f in fields:
-        copy.ClearField(f)
+    for fd, value in proto.ListFields():
+        if fd.name not in fields:
+            copy_field(copy, fd.name, value)
     return copy if copy.ByteSize() else None
 
 

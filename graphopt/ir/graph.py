@@ -264,7 +264,8 @@ class Graph:
                 cached = g._const_cache.get(tensor)
                 if cached is None:
                     cached = numpy_helper.to_array(g._inits[tensor])
-                    g._const_cache[tensor] = cached
+                    if cached.nbytes <= _CACHE_MAX_BYTES:  # a cached weight would hold a second copy of it
+                        g._const_cache[tensor] = cached
                 return cached
             if tensor in g._inputs:
                 return None
@@ -864,6 +865,10 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, {len(self)} nodes, {len(self._inputs)} inputs, {len(self._outputs)} outputs)"
+
+
+#: Constants up to this size are cached as arrays; larger ones (weights) are decoded on each use.
+_CACHE_MAX_BYTES = 2**20
 
 
 class _NameList(list):

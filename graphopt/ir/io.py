@@ -331,9 +331,8 @@ def _stage_model(staged: Staged, model: onnx.ModelProto, dest: Path, data_path: 
             stub.external_data.add(key=k, value=v)
         structure.graph.initializer.append(stub)
         plan.append((t, start, length))
-    top = {id(t) for t in structure.graph.initializer}
     for t in iter_tensors(structure.graph):  # subgraph initializers, Constant and attribute tensors (copies)
-        if id(t) in top or is_external(t):
+        if is_external(t):  # the stubs above (and any other reference)
             continue
         if not t.HasField("raw_data"):
             if t.data_type in (onnx.TensorProto.STRING,) or not t.dims:

@@ -14,12 +14,18 @@ import tempfile
 from pathlib import Path
 
 import onnx
-from google.protobuf.message import EncodeError, Message
+from google.protobuf.message import EncodeError
 
+from graphopt.ir.convert import copy_field
 from graphopt.ir.external import iter_tensors
 
-#: Above this many bytes of tensor data, inference and checks run on a weightless copy.
+#: Above this many bytes of tensor data a model cannot be serialized whole (protobuf's limit).
 LARGE_MODEL_BYTES = 2**31 - 2**24
+#: Above this many bytes of tensor data, inference and checks run on a weightless copy anyway: onnx
+#: serializes and parses the model it is given several times over (a peak of 4x the weights).
+WEIGHTLESS_ABOVE = 64 * 2**20
+#: Tensors smaller than this stay in the weightless copy (shape constants feed data propagation).
+KEEP_INLINE_BYTES = 2**20
 _PLACEHOLDER = "graphopt-weights.placeholder"
 
 
@@ -61,24 +67,15 @@ def _weightless_tensor(t: onnx.TensorProto, offset: int) -> tuple[onnx.TensorPro
     return out, offset + length
 
 
-def _copy_field(dest, name: str, value) -> None:
-    if isinstance(value, Message):
-        getattr(dest, name).CopyFrom(value)
-    elif isinstance(value, (str, bytes, int, float, bool)):
-        setattr(dest, name, value)
-    else:  # a repeated field
-        getattr(dest, name).extend(value)
-
-
 def without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with every field but the main graph's initializers (none of the weights)."""
     out = onnx.ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
-            _copy_field(out, field.name, value)
+            copy_field(out, field.name, value)
     for field, value in model.graph.ListFields():
         if field.name != "initializer":
-            _copy_field(out.graph, field.name, value)
+            copy_field(out.graph, field.name, value)
     return out
 
 
@@ -89,7 +86,7 @@ def weightless(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     g = out.graph
     offset = 0
     for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL or t.HasField("raw_data") or t.dims:
+        if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() >= KEEP_INLINE_BYTES:
             stub, offset = _weightless_tensor(t, offset)
             g.initializer.append(stub)
         else:

@@ -237,10 +237,10 @@ def infer_missing_shapes(graph, nodes=None) -> int:
         from graphopt.ir import to_model
         from graphopt.ops import attach_functions
 
-        from graphopt.ir.large import infer_shapes_weightless, is_large
+        from graphopt.ir.large import WEIGHTLESS_ABOVE, infer_shapes_weightless, is_large
 
         model = attach_functions(to_model(graph))
-        if is_large(model):  # protobuf cannot serialize it whole: infer without the weights
+        if is_large(model, WEIGHTLESS_ABOVE):  # inference on a big model: without the weights
             inferred = infer_shapes_weightless(model, check_type=False, strict_mode=False, data_prop=True)
         else:
             inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True).graph

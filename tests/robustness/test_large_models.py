@@ -43,6 +43,7 @@ _LIMITED = textwrap.dedent("""
     onnx.ModelProto.ByteSize = byte_size
     onnx.ModelProto.SerializeToString = serialize
     large.LARGE_MODEL_BYTES = LIMIT - 50_000
+    large.KEEP_INLINE_BYTES = 1024
     io.DEFAULT_EXTERNAL_THRESHOLD = LIMIT - 50_000
     from graphopt.cli import main
     main(args=sys.argv[1:], prog_name="graphopt")

@@ -95,11 +95,11 @@ def test_run_refuses_an_unwritable_output_dir_without_leaving_files(tmp_path):
 
 
 def test_write_npys_writes_all_or_nothing(tmp_path, monkeypatch):
-    from graphopt import cli_runtime
+    from graphopt import cli_runtime, files
     from graphopt.errors import WriteFailed
 
     calls = []
-    real = cli_runtime.os.replace
+    real = files.os.replace
 
     def flaky(src, dst):
         calls.append(dst)
@@ -107,7 +107,7 @@ def test_write_npys_writes_all_or_nothing(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return real(src, dst)
 
-    monkeypatch.setattr(cli_runtime.os, "replace", flaky)
+    monkeypatch.setattr(files.os, "replace", flaky)  # write_npys stages through graphopt.files
     with pytest.raises(WriteFailed, match="nothing was written"):
         cli_runtime.write_npys(tmp_path, {"a": np.zeros(3), "b/c": np.ones(2)})
     assert list(tmp_path.iterdir()) == []
