@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from graphopt import __version__
-from graphopt.errors import EXIT_CODES, GraphoptError
+from graphopt.errors import EXIT_CODES, GraphoptError, UsageError
 
 _EXIT_HELP = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in sorted(EXIT_CODES.items()))
 _GPU_HELP = (
@@ -100,8 +100,8 @@ def main() -> None:
                    "several dims combine as their product). Nodes record the choice per bucket in 'lowering_buckets'; "
                    "'lowering' is the largest bucket's. Without it, tuning uses --shape or the defaults "
                    "(batch-like dims 1, dims named *seq* 128) and says which.")
-@click.option("--rtol", type=float, default=None, help="Relative tolerance for --verify (default 1e-4).")
-@click.option("--atol", type=float, default=None, help="Absolute tolerance for --verify (default 1e-5).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance for --verify (default 1e-4).")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance for --verify (default 1e-5).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp16: convert the model to fp16 first (onnxconverter-common); fusions and tuning then run at fp16.")
 @click.option("--io-fp16", is_flag=True, help="With --precision fp16: fp16 graph inputs and outputs too (default: they keep their dtypes).")
@@ -115,14 +115,16 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
         from graphopt.pipeline import optimize_file
         from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, parse_shape_overrides
         from graphopt.tune.buckets import parse_shape_profiles
+        from graphopt.tune.gpus import normalize_gpu_name
 
+        normalize_gpu_name(gpu)  # an unknown --gpu is exit 2 before any work
         shape_map = parse_shape_overrides(shapes)
         profile = parse_shape_profiles(shape_profiles)  # syntax errors before the model is read
         from graphopt.precision import fp16_tolerances, parse_keep_fp32
 
         keep = parse_keep_fp32(keep_fp32)
         if (io_fp16 or keep) and precision != "fp16":
-            raise GraphoptError("--io-fp16 and --keep-fp32 go with --precision fp16")
+            raise UsageError("--io-fp16 and --keep-fp32 go with --precision fp16")
         r_tol, a_tol = fp16_tolerances(rtol, atol) if precision == "fp16" else (rtol, atol)
         with _Progress(quiet) as progress:
             _, report = optimize_file(
@@ -300,8 +302,8 @@ def _shape_str(graph, tensor: str) -> str:
 @click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--device", type=click.Choice(["cpu", "cuda", "numpy"]), default="cpu", show_default=True,
               help="Where A (the candidate) runs: cpu (onnxruntime), cuda (the graphopt runtime), numpy (its CPU testing backend); B, the reference, runs under onnxruntime CPU.")
-@click.option("--rtol", type=float, default=1e-4, show_default=True)
-@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True)
+@click.option("--atol", type=click.FloatRange(min=0), default=1e-5, show_default=True)
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape (repeatable).")
 def verify(a, b, device, rtol, atol, shapes):
     """Compare models A and B on random inputs; per-output max abs/rel error; exit 9 if they differ."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from graphopt.errors import GraphoptError, InputNotFound, WriteFailed
+from graphopt.errors import InputNotFound, UsageError, WriteFailed
 
 _guard = None  # cli._run: GraphoptError -> one line on stderr + its exit code
 _console = None
@@ -35,15 +35,15 @@ def _parse_inputs(items) -> dict[str, np.ndarray]:
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise GraphoptError(f"--input {item!r}: expected NAME=FILE.npy, for example --input x=image.npy")
+            raise UsageError(f"--input {item!r}: expected NAME=FILE.npy, for example --input x=image.npy")
         p = Path(path)
         if not p.is_file():
             raise InputNotFound(f"--input {name}: {p} does not exist")
         try:
             out[name] = np.load(p, allow_pickle=False)
         except Exception as e:  # noqa: BLE001 - numpy raises ValueError / OSError / EOFError for bad files
-            raise GraphoptError(f"--input {name}: {p} is not a readable .npy file ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0][:120] if str(e) else ''}); save it with numpy.save") from None
+            raise UsageError(f"--input {name}: {p} is not a readable .npy file ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:120] if str(e) else ''}); save it with numpy.save") from None
     return out
 
 
@@ -103,22 +103,22 @@ def run_cmd(model, inputs, shapes, output_dir, device, dtype, seed):
     def work():
         from rich.table import Table
 
-        from graphopt.compare import make_inputs, parse_shape_overrides
+        from graphopt.compare import check_given_inputs, check_shape_overrides, make_inputs, parse_shape_overrides
         from graphopt.ir import load_model, to_model
         from graphopt.runtime import Session, to_numpy
 
         dev = _device(device)
         given = _parse_inputs(inputs)
+        shape_map = parse_shape_overrides(shapes)
         graph = load_model(model)
+        proto = to_model(graph)
+        check_given_inputs(proto, given)
+        check_shape_overrides(proto, shape_map)
         sess = Session(model, device=dev, dtype=None if dtype == "fp32" else "float16")
-        unknown = sorted(set(given) - set(sess.input_names))
-        if unknown:
-            raise GraphoptError(f"--input {unknown[0]}: {model} has no input of that name; its inputs are "
-                                f"{', '.join(map(repr, sess.input_names))}")
         random_for = [n for n in sess.input_names if n not in given]
         feeds = dict(given)
         if random_for:
-            rnd = make_inputs(to_model(graph), parse_shape_overrides(shapes), seed=seed)
+            rnd = make_inputs(proto, shape_map, seed=seed)
             feeds.update({n: rnd[n] for n in random_for})
         outs = {k: to_numpy(v) for k, v in sess.run(feeds).items()}
         con = _console()
@@ -141,14 +141,14 @@ def run_cmd(model, inputs, shapes, output_dir, device, dtype, seed):
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--optimized", type=click.Path(dir_okay=False, path_type=Path),
               help="The optimized model: used if it exists, else MODEL is optimized (and tuned on a GPU) and written there.")
-@click.option("--batch", "batches", multiple=True, type=int, help="Batch size (repeatable; default: the model's own or 1).")
+@click.option("--batch", "batches", multiple=True, type=click.IntRange(min=1), help="Batch size (repeatable; default: the model's own or 1).")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Full shape of an input (repeatable).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True, help="Runtime compute precision.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True,
               help="Where the graphopt runtime runs (auto: cuda if present, else numpy).")
-@click.option("--repeats", type=int, default=20, show_default=True, help="Timed runs per row.")
-@click.option("--warmup", type=int, default=3, show_default=True, help="Untimed runs per row first.")
-@click.option("--budget", type=float, default=20.0, show_default=True, help="Seconds at most per row.")
+@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs per row.")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed runs per row first.")
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True, help="Seconds at most per row.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Draw latency and the per-op breakdown (needs graphopt[plot]).")
 def bench(model, optimized, batches, shapes, dtype, device, repeats, warmup, budget, plot_path):
     """Median/p90 latency and throughput: onnxruntime CPU, the runtime on MODEL, on the optimized
@@ -168,7 +168,7 @@ def bench(model, optimized, batches, shapes, dtype, device, repeats, warmup, bud
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
-                raise GraphoptError("--plot needs matplotlib: pip install 'graphopt[plot]'") from None
+                raise UsageError("--plot needs matplotlib, which the 'plot' extra installs: pip install 'graphopt[plot]'") from None
         dev = device if device != "auto" else ("cuda" if _device("auto") == "cuda" else "numpy")
         rt_dtype = None if dtype == "fp32" else "float16"
         shape_map = parse_shape_overrides(shapes)
@@ -230,7 +230,7 @@ def bench_batches(model, batches) -> list[int]:
     """The requested batch sizes, else the model's fixed first dim (or 1)."""
     if batches:
         if any(b < 1 for b in batches):
-            raise GraphoptError(f"--batch {min(batches)}: batch sizes are at least 1")
+            raise UsageError(f"--batch {min(batches)}: batch sizes are at least 1")
         return list(batches)
     inits = {t.name for t in model.graph.initializer}
     for vi in model.graph.input:

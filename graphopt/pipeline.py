@@ -19,7 +19,7 @@ import onnx
 from graphopt import __version__
 from graphopt.errors import GraphoptError, InvalidModel, VerificationFailed
 from graphopt.ir import Graph, load_model, save_model, to_model
-from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, verify_models
+from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, VerifyResult, check_shape_overrides, verify_models
 
 Progress = Callable[[str], None]
 
@@ -272,6 +272,7 @@ def optimize_file(
     step = progress or (lambda msg: None)
     step("loading")
     graph = load_model(source)
+    check_shape_overrides(graph.source_model if graph.source_model is not None else to_model(graph), shapes)
     protect = [source] + graph.data_files
     original_model, graph = _with_inferred_shapes(graph)
     report = OptimizeReport(source=str(source))
@@ -310,6 +311,7 @@ def optimize_model(
     **options: Any,
 ) -> tuple[onnx.ModelProto, OptimizeReport]:
     start = time.perf_counter()
+    check_shape_overrides(model, shapes)
     original_model, graph = _with_inferred_shapes(load_model(model, base_dir=base_dir))
     report = OptimizeReport(source="<model>")
     if precision != "fp32":

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from graphopt.errors import GraphoptError
+from graphopt.errors import UsageError
 
 DEFAULT_DIM = 16  # symbolic non-batch dims (sequence lengths) without a --shape
 
@@ -24,8 +24,9 @@ def bench_feeds(model: onnx.ModelProto, batch: int | None, shapes: Mapping[str, 
                 seed: int = 0) -> dict[str, np.ndarray]:
     """Random feeds: ``shapes`` per input, else the declared dims with the first (batch) dim set to
     ``batch`` when it is symbolic and other symbolic dims ``DEFAULT_DIM``."""
-    from graphopt.compare import make_inputs
+    from graphopt.compare import check_shape_overrides, make_inputs
 
+    check_shape_overrides(model, shapes)
     shapes = dict(shapes or {})
     full: dict[str, list[int]] = {}
     inits = {t.name for t in model.graph.initializer}
@@ -37,8 +38,8 @@ def bench_feeds(model: onnx.ModelProto, batch: int | None, shapes: Mapping[str, 
             fixed = d.dim_value if d.HasField("dim_value") else None
             if i == 0 and batch is not None:
                 if fixed is not None and fixed != batch:
-                    raise GraphoptError(f"input {vi.name!r} has a fixed batch dimension {fixed}, so --batch {batch} "
-                                        "cannot apply; export the model with a dynamic batch dimension")
+                    raise UsageError(f"--batch {batch}: input {vi.name!r} has a fixed batch dimension {fixed}; "
+                                     "leave --batch out, or export the model with a dynamic batch dimension")
                 dims.append(batch)
             else:
                 dims.append(fixed if fixed is not None else DEFAULT_DIM)
