@@ -106,9 +106,10 @@ def main() -> None:
               help="fp16: convert the model to fp16 first (onnxconverter-common); fusions and tuning then run at fp16.")
 @click.option("--io-fp16", is_flag=True, help="With --precision fp16: fp16 graph inputs and outputs too (default: they keep their dtypes).")
 @click.option("--keep-fp32", "keep_fp32", default="", metavar="OP,...", help="With --precision fp16: op types kept at fp32 (e.g. Softmax,ReduceMean).")
+@click.option("--ops", "ops_table", is_flag=True, help="Also print each op type's count before and after.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
 def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, shape_profiles, rtol, atol,
-             precision, io_fp16, keep_fp32, quiet):
+             precision, io_fp16, keep_fp32, ops_table, quiet):
     """Optimize MODEL: cleanup, fusion rules, lowering selection; write MODEL.opt.onnx."""
 
     def work():
@@ -149,45 +150,26 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
 
             _atomic_write(report_path, [report.to_json().encode() + b"\n"])
         if not quiet:
-            _print_summary(report, explain)
+            _print_summary(report, explain, ops_table)
 
     _run(work)
 
 
-def _print_summary(report, explain: bool) -> None:
-    from rich.table import Table
+def _print_summary(report, explain: bool, ops: bool = False) -> None:
+    from graphopt.cli_display import ops_table, print_whole, summary_table, tuned_at_line
 
     con = _console()
     if explain:
         _print_explain(con, report)
-    table = Table(title=f"graphopt optimize: {report.source}", show_header=True, header_style="bold")
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    table.add_row("nodes before", str(report.nodes_before))
-    table.add_row("nodes after", str(report.nodes_after))
-    for name, count in report.cleanup.items():
-        table.add_row(f"cleanup {name}", str(count))
-    for name, count in report.rewrites.items():
-        table.add_row(f"rule {name}", str(count))
-    for name, count in report.custom_ops.items():
-        table.add_row(f"custom op graphopt.{name}", str(count))
-    table.add_row("target / mode", f"{report.target} / {report.mode}")
-    if report.precision != "fp32":
-        table.add_row("precision", report.precision)
-    if report.verify is not None:
-        worst = max((o["max_rel"] for o in report.verify["outputs"]), default=0.0)
-        table.add_row("verify (max rel err)", f"ok ({worst:.2e})")
-    table.add_row("time", f"{report.seconds:.2f} s")
-    table.add_row("output", str(report.output))
-    con.print(table)
+    print_whole(con, summary_table(report))
+    if ops:
+        con.print(ops_table(report))
     if report.buckets:
         _print_buckets(con, report)
     if report.selection_summary:
         con.print(report.selection_summary)
-    from graphopt.tune.select import dims_line
-
-    if report.tuning_dims:
-        con.print(dims_line(report.tuning_dims))
+    if tuned_at_line(report):
+        con.print(tuned_at_line(report))
     for message in report.messages:
         click.echo(f"graphopt: warning: {message}", err=True)
 
@@ -217,6 +199,9 @@ def _print_explain(con, report) -> None:
     con.print(f"[bold]near-misses ({len(report.near_misses)})[/bold]")
     for m in report.near_misses:
         con.print(f"  {m.get('rule')} at {m.get('anchor', m.get('node', ''))!r}: {m.get('reason')}")
+    con.print(f"[bold]unfused Conv/Gemm/MatMul -> activation ({len(report.unfused)})[/bold]")
+    for u in report.unfused:
+        con.print(f"  {u['chain']} at {u['node']!r} -> {u['activation']!r}: {u['reason']}", markup=False)
 
 
 # ------------------------------------------------------------------------------------ inspect
@@ -254,17 +239,21 @@ def inspect(model, rules, as_json):
         if as_json:
             click.echo(json.dumps(info, indent=2))
             return
+        from rich.markup import escape
         from rich.table import Table
 
+        from graphopt.cli_display import opsets_text, print_whole
+
         con = _console()
-        con.print(f"[bold]{model}[/bold]: ir_version {info['ir_version']}, opsets {info['opsets']}, {info['nodes']} nodes, producer {info['producer'] or '-'}")
+        con.print(f"[bold]{escape(str(model))}[/bold]: ir_version {info['ir_version']}, opsets {opsets_text(info['opsets'])}, "
+                  f"{info['nodes']} nodes, producer {escape(info['producer'] or '-')}")
         for kind in ("inputs", "outputs"):
             t = Table(title=kind)
-            t.add_column("name")
-            t.add_column("type / shape")
+            t.add_column("name", no_wrap=True)
+            t.add_column("type / shape", no_wrap=True)
             for name, s in info[kind].items():
-                t.add_row(name, s)
-            con.print(t)
+                t.add_row(escape(name), escape(s))
+            print_whole(con, t)
         t = Table(title="ops")
         t.add_column("op")
         t.add_column("count", justify="right")
@@ -290,10 +279,10 @@ def _as_dict(obj):
 def _shape_str(graph, tensor: str) -> str:
     import onnx
 
+    from graphopt.cli_display import shape_text
+
     vi = graph.value_info(tensor)
-    dtype = onnx.TensorProto.DataType.Name(vi.dtype).lower() if vi.dtype else "?"
-    shape = "?" if vi.shape is None else "[" + ", ".join("?" if d is None else str(d) for d in vi.shape) + "]"
-    return f"{dtype} {shape}"
+    return shape_text(onnx.TensorProto.DataType.Name(vi.dtype).lower() if vi.dtype else "?", vi.shape)
 
 
 # ------------------------------------------------------------------------------------ verify
@@ -341,17 +330,21 @@ def rules_list(extra):
     """List the shipped (and extra) rules with their doc lines."""
 
     def work():
+        from rich.markup import escape
         from rich.table import Table
 
         from graphopt.rewrite import load_rules
 
         ruleset = load_rules(shipped=True, paths=[str(p) for p in extra])
+        from graphopt.cli_display import print_whole
+
         t = Table(title="fusion rules")
-        for col in ("name", "file", "doc"):
-            t.add_column(col)
+        t.add_column("name", no_wrap=True)  # the names --disable takes: never cut
+        t.add_column("file", no_wrap=True)
+        t.add_column("doc", min_width=20)
         for r in ruleset.rules:
-            t.add_row(r.name, Path(str(getattr(r, "source", "") or "")).name, getattr(r, "doc", ""))
-        _console().print(t)
+            t.add_row(escape(r.name), escape(Path(str(getattr(r, "source", "") or "")).name), escape(getattr(r, "doc", "")))
+        print_whole(_console(), t, fold=True)
 
     _run(work)
 

@@ -37,6 +37,7 @@ class OptimizeReport:
     custom_ops: dict[str, int] = field(default_factory=dict)
     matches: list[dict[str, Any]] = field(default_factory=list)
     near_misses: list[dict[str, Any]] = field(default_factory=list)
+    unfused: list[dict[str, Any]] = field(default_factory=list)  # --explain: Conv/Gemm/MatMul -> activation left
     target: str = "none"
     mode: str = "none"
     selection_summary: str = ""
@@ -46,6 +47,10 @@ class OptimizeReport:
     verify: dict[str, Any] | None = None
     messages: list[str] = field(default_factory=list)  # warnings, e.g. a tuning cache that was not trusted
     precision: str = "fp32"
+    nodes_after_cleanup: int = 0  # nodes_before -> (cleanup) -> nodes_after_cleanup -> (fusion rules) -> nodes_after
+    ops_before: dict[str, int] = field(default_factory=dict)  # op type -> count, before and after (--ops)
+    ops_after: dict[str, int] = field(default_factory=dict)
+    input_dims: list[str] = field(default_factory=list)  # symbolic dims of the graph inputs ("tuned at:")
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -58,6 +63,18 @@ class OptimizeReport:
 
 def _count_nodes(graph: Graph) -> int:
     return sum(1 for _ in graph.walk())
+
+
+def _op_histogram(graph: Graph) -> dict[str, int]:
+    return dict(sorted(Counter(n.qualified_op for _, n in graph.walk()).items()))
+
+
+def _input_dims(graph: Graph) -> list[str]:
+    dims: list[str] = []
+    for t in graph.inputs:
+        shape = graph.value_info(t).shape if not graph.is_initializer(t) else None
+        dims += [d for d in shape or () if isinstance(d, str) and d and d not in dims]
+    return dims
 
 
 def _custom_op_histogram(graph: Graph) -> dict[str, int]:
@@ -126,17 +143,24 @@ def optimize_graph(
     ruleset = load_rules(shipped=True, paths=[str(p) for p in rules], disable=list(disable))
     report.timings["load_rules"] = time.perf_counter() - t
     report.nodes_before = report.nodes_before or _count_nodes(graph)
+    report.ops_before = report.ops_before or _op_histogram(graph)
+    report.input_dims = _input_dims(graph)
     if cleanup:
         step("cleanup passes")
         t = time.perf_counter()
         report.cleanup = {k: v for k, v in run_cleanup(graph).items() if v}
         report.timings["cleanup"] = time.perf_counter() - t
+    report.nodes_after_cleanup = _count_nodes(graph)
     step("fusion rules")
     t = time.perf_counter()
     rw = apply_rules(graph, ruleset, explain=explain)
     report.rewrites = dict(sorted((k, v) for k, v in rw.counts.items() if v))
     report.matches = [_as_dict(m) for m in rw.matches]
     report.near_misses = [_as_dict(m) for m in rw.near_misses] if explain else []
+    if explain:
+        from graphopt.rewrite.unfused import unfused_chains
+
+        report.unfused = unfused_chains(graph, ruleset, rw.near_misses)
     report.timings["rewrite"] = time.perf_counter() - t
     if cleanup and rw.counts and any(rw.counts.values()):
         # Rewrites can leave constants unused (a bias folded into a new one): sweep them.
@@ -161,6 +185,7 @@ def optimize_graph(
     graph.toposort()
     graph.lint()
     report.nodes_after = _count_nodes(graph)
+    report.ops_after = _op_histogram(graph)
     report.custom_ops = _custom_op_histogram(graph)
     return report
 
