@@ -78,7 +78,24 @@ def _run(fn):
         sys.exit(1)
 
 
-@click.group(epilog=_EXIT_HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class _Group(click.Group):
+    """A group whose ``--help`` lists each command's description whole (click cuts it at ~45 columns)."""
+
+    def format_commands(self, ctx, formatter):
+        from graphopt.cli_display import first_paragraph
+
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.short_help or first_paragraph(cmd.help or "")))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=_Group, epilog=_EXIT_HELP,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="graphopt")
 def main() -> None:
     """graphopt: a kernel-tuning graph optimizer for ONNX models."""
@@ -311,6 +328,8 @@ def verify(a, b, device, rtol, atol, shapes):
         for o in result.outputs:
             t.add_row(o.name, str(o.shape), f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", "yes" if o.ok else f"NO {o.note}")
         _console().print(t)
+        for message in result.warnings:
+            click.echo(f"graphopt: warning: {message}", err=True)
         if not result.ok:
             w = result.worst()
             raise VerificationFailed(f"{a} and {b} differ at output {w.name!r} (max abs {w.max_abs:.3g}, max rel {w.max_rel:.3g})")
@@ -319,7 +338,7 @@ def verify(a, b, device, rtol, atol, shapes):
 
 
 # ------------------------------------------------------------------------------------ rules
-@main.group()
+@main.group(cls=_Group)
 def rules():
     """List and check fusion rules."""
 

@@ -100,3 +100,10 @@ def shape_text(dtype: str, shape) -> str:
 def opsets_text(opsets: dict) -> str:
     """``ai.onnx 17, com.microsoft 1``."""
     return ", ".join(f"{domain or 'ai.onnx'} {version}" for domain, version in sorted(opsets.items())) or "-"
+
+
+def first_paragraph(text: str) -> str:
+    """A command's description for the command list: its docstring's first paragraph, on one line."""
+    import re
+
+    return " ".join(re.split(r"\n\s*\n", text.strip(), maxsplit=1)[0].split())

@@ -138,6 +138,7 @@ class VerifyResult:
     atol: float
     input_shapes: dict[str, list[int]]
     outputs: list[OutputError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # e.g. outputs too small for the tolerance
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -239,6 +240,7 @@ def verify_models(
     ``verify --device cuda`` passes the graphopt runtime)."""
     result = VerifyResult(ok=True, rtol=rtol, atol=atol, input_shapes={})
     worst: dict[str, OutputError] = {}
+    ref: dict[str, np.ndarray] = {}
     for r in range(runs):
         feeds = make_inputs(reference, shapes, seed=seed + r)
         result.input_shapes = {k: list(v.shape) for k, v in feeds.items()}
@@ -255,4 +257,22 @@ def verify_models(
                 worst[name] = err
     result.outputs = list(worst.values())
     result.ok = all(o.ok for o in result.outputs)
+    result.warnings = [w for name, b in ref.items() if (w := tolerance_warning(name, b, atol))]
     return result
+
+
+def tolerance_warning(name: str, reference: np.ndarray, atol: float) -> str:
+    """A warning when every finite value of a float output is within ``atol`` of zero: any candidate
+    that is also near zero passes, so the comparison says nothing about it. ``""`` otherwise."""
+    b = np.asarray(reference)
+    if b.dtype.kind not in "fc" or b.size == 0 or atol <= 0:
+        return ""
+    finite = np.abs(b[np.isfinite(b)].astype(np.float64))
+    if finite.size == 0:
+        return ""
+    biggest = float(finite.max())
+    if biggest > atol:
+        return ""
+    hint = f"give --atol below {biggest * 1e-3:.1e}" if biggest > 0 else "use inputs or weights that give non-zero outputs"
+    return (f"output {name!r}: every value is within atol {atol:g} of zero (largest |value| {biggest:.3g}), so the "
+            f"check cannot tell right from wrong there; {hint}")

@@ -258,6 +258,7 @@ def _verify_or_raise(model, original, report: OptimizeReport, source: str, shape
             raise InvalidModel(f"{source}: the input model cannot be run: {ref_error}; fix or re-export the model") from None
         raise VerificationFailed(f"{source}: {e}; nothing was written") from None
     report.verify = result.to_dict()
+    report.messages.extend(result.warnings)
     if not result.ok:
         worst = result.worst()
         note = f"; {worst.note}" if worst.note else ""
