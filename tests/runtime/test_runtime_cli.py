@@ -148,7 +148,8 @@ def test_bench_prints_every_configuration_and_the_op_breakdown(tmp_path):
                  "--repeats", "2", "--warmup", "1")
     assert r.returncode == 0, r.stderr
     assert opt.exists() and any(n.domain == "graphopt" for n in onnx.load(opt).graph.node)
-    for label in ("ORT CPU", "runtime numpy, unoptimized", "runtime numpy, optimized, eager", "CUDA graphs need device"):
+    for label in ("│ ORT CPU ", "ORT CPU, optimized", "runtime numpy (a testing aid), unoptimized",
+                  "runtime numpy (a testing aid), optimized, eager", "CUDA graphs need device"):
         assert r.stdout.count(label) == 2, label
     assert "per-op time" in r.stdout and "CBR" in r.stdout
 
