@@ -133,9 +133,7 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
         from graphopt.pipeline import optimize_file
         from graphopt.compare import DEFAULT_ATOL, DEFAULT_RTOL, parse_shape_overrides
         from graphopt.tune.buckets import parse_shape_profiles
-        from graphopt.tune.gpus import normalize_gpu_name
 
-        normalize_gpu_name(gpu)  # an unknown --gpu is exit 2 before any work
         shape_map = parse_shape_overrides(shapes)
         profile = parse_shape_profiles(shape_profiles)  # syntax errors before the model is read
         from graphopt.precision import fp16_tolerances, parse_keep_fp32

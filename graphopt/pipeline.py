@@ -126,6 +126,7 @@ def optimize_graph(
     shape_profile: Any = None,
     progress: Progress | None = None,
     report: OptimizeReport | None = None,
+    ruleset: Any = None,
 ) -> OptimizeReport:
     """Rewrite ``graph`` in place and return the report.
 
@@ -140,7 +141,7 @@ def optimize_graph(
     report = report or OptimizeReport(source=graph.source_path or "<model>")
     step = progress or (lambda msg: None)
     t = time.perf_counter()
-    ruleset = load_rules(shipped=True, paths=[str(p) for p in rules], disable=list(disable))
+    ruleset = ruleset or load_rules(shipped=True, paths=[str(p) for p in rules], disable=list(disable))
     report.timings["load_rules"] = time.perf_counter() - t
     report.nodes_before = report.nodes_before or _count_nodes(graph)
     report.ops_before = report.ops_before or _op_histogram(graph)
@@ -268,6 +269,18 @@ def _verify_or_raise(model, original, report: OptimizeReport, source: str, shape
         )
 
 
+def _check_options_first(options: dict) -> None:
+    """Options are checked before the model is read: the --gpu name, the rule files and the
+    ``disable`` names (by loading the rules, which optimize_graph then uses)."""
+    from graphopt.rewrite import load_rules
+    from graphopt.tune.gpus import normalize_gpu_name
+
+    normalize_gpu_name(options.get("gpu", "auto"))
+    if options.get("ruleset") is None:
+        options["ruleset"] = load_rules(shipped=True, paths=[str(p) for p in options.get("rules", ())],
+                                        disable=list(options.get("disable", ())))
+
+
 def default_output_path(source: str | os.PathLike) -> Path:
     p = Path(source)
     name = p.name[: -len(".onnx")] if p.name.endswith(".onnx") else p.name
@@ -296,6 +309,7 @@ def optimize_file(
     start = time.perf_counter()
     source = Path(source)
     step = progress or (lambda msg: None)
+    _check_options_first(options)
     step("loading")
     graph = load_model(source)
     check_shape_overrides(graph.source_model if graph.source_model is not None else to_model(graph), shapes)
@@ -337,6 +351,7 @@ def optimize_model(
     **options: Any,
 ) -> tuple[onnx.ModelProto, OptimizeReport]:
     start = time.perf_counter()
+    _check_options_first(options)
     check_shape_overrides(model, shapes)
     original_model, graph = _with_inferred_shapes(load_model(model, base_dir=base_dir))
     report = OptimizeReport(source="<model>")
