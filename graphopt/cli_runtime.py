@@ -36,6 +36,8 @@ def _parse_inputs(items) -> dict[str, np.ndarray]:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise UsageError(f"--input {item!r}: expected NAME=FILE.npy, for example --input x=image.npy")
+        if name in out:
+            raise UsageError(f"--input {name}: given twice; give each input once")
         p = Path(path)
         if not p.is_file():
             raise InputNotFound(f"--input {name}: {p} does not exist")
@@ -96,7 +98,7 @@ def _stats(arr: np.ndarray) -> tuple[str, str, str]:
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), help="Write every output as NAME.npy here.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu", "numpy"]), default="auto", show_default=True, help=DEVICE_HELP)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True, help="Compute precision (fp16: cuda/numpy).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs.")
 def run_cmd(model, inputs, shapes, output_dir, device, dtype, seed):
     """Run MODEL once and print shape, dtype, min/max/mean of every output."""
 

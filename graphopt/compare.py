@@ -37,6 +37,8 @@ def parse_shape_overrides(items: Sequence[str]) -> dict[str, list[int]]:
                 raise UsageError(f"--shape {item!r}: {d!r} is not a positive integer; "
                                  "dims are sizes of 1 or more, for example input=1x3x224x224")
             values.append(int(d))
+        if name in out:
+            raise UsageError(f"--shape {item!r}: input {name!r} is given twice; give each input once")
         out[name] = values
     return out
 

@@ -106,7 +106,8 @@ def test_verify_models_with_different_inputs_is_exit_2(tmp_path):
 @pytest.mark.parametrize("args", [
     ["optimize", "{m}", "--rtol", "-1"], ["verify", "{m}", "{m}", "--atol", "-1"],
     ["bench", "{m}", "--repeats", "0"], ["bench", "{m}", "--batch", "0"], ["bench", "{m}", "--budget", "0"],
-    ["optimize", "{m}", "--keep-fp32", "Softmax"],
+    ["optimize", "{m}", "--keep-fp32", "Softmax"], ["run", "{m}", "--seed", "-1"],
+    ["optimize", "{m}", "--shape", "x=1x3x9x9", "--shape", "x=2x3x9x9"], ["run", "{m}", "--dtype", "fp16", "--device", "cpu"],
 ])
 def test_every_bad_option_value_is_exit_2(tmp_path, args):
     model = _conv_act(tmp_path / "m.onnx")
