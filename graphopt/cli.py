@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from graphopt import __version__
+from graphopt.cli_display import WholeHelpGroup
 from graphopt.errors import EXIT_CODES, GraphoptError, UsageError
 
 _EXIT_HELP = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in sorted(EXIT_CODES.items()))
@@ -78,23 +79,7 @@ def _run(fn):
         sys.exit(1)
 
 
-class _Group(click.Group):
-    """A group whose ``--help`` lists each command's description whole (click cuts it at ~45 columns)."""
-
-    def format_commands(self, ctx, formatter):
-        from graphopt.cli_display import first_paragraph
-
-        rows = []
-        for name in self.list_commands(ctx):
-            cmd = self.get_command(ctx, name)
-            if cmd is not None and not cmd.hidden:
-                rows.append((name, cmd.short_help or first_paragraph(cmd.help or "")))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-
-@click.group(cls=_Group, epilog=_EXIT_HELP,
+@click.group(cls=WholeHelpGroup, epilog=_EXIT_HELP,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="graphopt")
 def main() -> None:
@@ -336,7 +321,7 @@ def verify(a, b, device, rtol, atol, shapes):
 
 
 # ------------------------------------------------------------------------------------ rules
-@main.group(cls=_Group)
+@main.group(cls=WholeHelpGroup)
 def rules():
     """List and check fusion rules."""
 

@@ -1,4 +1,5 @@
-"""What the CLI prints: the optimize summary, the per-op before/after table, inspect's rows.
+"""What the CLI prints: the optimize summary, the per-op before/after table, inspect's rows, the
+command list of ``--help``.
 
 Rich tables built from the report; nothing here does work. Paths and names are never cut: their
 columns do not wrap or shorten, and a narrow terminal folds the free text (doc lines) instead.
@@ -6,8 +7,25 @@ columns do not wrap or shorten, and a narrow terminal folds the free text (doc l
 
 from __future__ import annotations
 
+import re
+
+import click
 from rich.markup import escape
 from rich.table import Table
+
+
+class WholeHelpGroup(click.Group):
+    """A click group whose ``--help`` lists each command's description whole (click cuts it at ~45 columns)."""
+
+    def format_commands(self, ctx, formatter):
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.short_help or first_paragraph(cmd.help or "")))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 def print_whole(con, renderable, fold: bool = False) -> None:
@@ -104,6 +122,4 @@ def opsets_text(opsets: dict) -> str:
 
 def first_paragraph(text: str) -> str:
     """A command's description for the command list: its docstring's first paragraph, on one line."""
-    import re
-
     return " ".join(re.split(r"\n\s*\n", text.strip(), maxsplit=1)[0].split())
