@@ -199,9 +199,11 @@ def _print_explain(con, report) -> None:
     con.print(f"[bold]near-misses ({len(report.near_misses)})[/bold]")
     for m in report.near_misses:
         con.print(f"  {m.get('rule')} at {m.get('anchor', m.get('node', ''))!r}: {m.get('reason')}")
-    con.print(f"[bold]unfused Conv/Gemm/MatMul -> activation ({len(report.unfused)})[/bold]")
+    from rich.text import Text
+
+    con.print(Text(f"unfused Conv/Gemm/MatMul -> activation ({len(report.unfused)})", style="bold"))
     for u in report.unfused:
-        con.print(f"  {u['chain']} at {u['node']!r} -> {u['activation']!r}: {u['reason']}", markup=False)
+        con.print(Text(f"  {u['chain']} at {u['node']!r} -> {u['activation']!r}: {u['reason']}"))
 
 
 # ------------------------------------------------------------------------------------ inspect
@@ -239,20 +241,20 @@ def inspect(model, rules, as_json):
         if as_json:
             click.echo(json.dumps(info, indent=2))
             return
-        from rich.markup import escape
         from rich.table import Table
+        from rich.text import Text
 
         from graphopt.cli_display import opsets_text, print_whole
 
         con = _console()
-        con.print(f"[bold]{escape(str(model))}[/bold]: ir_version {info['ir_version']}, opsets {opsets_text(info['opsets'])}, "
-                  f"{info['nodes']} nodes, producer {escape(info['producer'] or '-')}")
+        con.print(Text(str(model), style="bold") + f": ir_version {info['ir_version']}, opsets {opsets_text(info['opsets'])}, "
+                  f"{info['nodes']} nodes, producer {info['producer'] or '-'}")
         for kind in ("inputs", "outputs"):
             t = Table(title=kind)
             t.add_column("name", no_wrap=True)
             t.add_column("type / shape", no_wrap=True)
             for name, s in info[kind].items():
-                t.add_row(escape(name), escape(s))
+                t.add_row(Text(name), Text(s))
             print_whole(con, t)
         t = Table(title="ops")
         t.add_column("op")
@@ -332,8 +334,8 @@ def rules_list(extra):
     """List the shipped (and extra) rules with their doc lines."""
 
     def work():
-        from rich.markup import escape
         from rich.table import Table
+        from rich.text import Text
 
         from graphopt.rewrite import load_rules
 
@@ -345,7 +347,7 @@ def rules_list(extra):
         t.add_column("file", no_wrap=True)
         t.add_column("doc", min_width=20)
         for r in ruleset.rules:
-            t.add_row(escape(r.name), escape(Path(str(getattr(r, "source", "") or "")).name), escape(getattr(r, "doc", "")))
+            t.add_row(Text(r.name), Text(Path(str(getattr(r, "source", "") or "")).name), Text(getattr(r, "doc", "")))
         print_whole(_console(), t, fold=True)
 
     _run(work)

@@ -1,7 +1,8 @@
 """What the CLI prints: the optimize summary, the per-op before/after table, inspect's rows, the
 command list of ``--help``.
 
-Rich tables built from the report; nothing here does work. Paths and names are never cut: their
+Rich tables built from the report; nothing here does work. User text (paths, node, op and rule names)
+goes in as ``rich.text.Text``, so it is never read as markup whatever the console's setting. Paths and names are never cut: their
 columns do not wrap or shorten, and a narrow terminal folds the free text (doc lines) instead.
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 import re
 
 import click
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 
 class WholeHelpGroup(click.Group):
@@ -47,7 +48,7 @@ def print_whole(con, renderable, fold: bool = False) -> None:
 def summary_table(report) -> Table:
     """Node counts that add up (before -> cleanup -> fusion rules -> after), what each step did,
     the target, verify and the output path."""
-    table = Table(title=f"graphopt optimize: {escape(str(report.source))}", show_header=True, header_style="bold")
+    table = Table(title=Text(f"graphopt optimize: {report.source}"), show_header=True, header_style="bold")
     table.add_column("what", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     after_cleanup = report.nodes_after_cleanup or report.nodes_before
@@ -70,7 +71,7 @@ def summary_table(report) -> Table:
         table.add_row("verify (max rel err)", f"ok ({worst:.2e})")
     table.add_row("time", f"{report.seconds:.2f} s")
     if report.output is not None:
-        table.add_row("output", escape(str(report.output)))
+        table.add_row("output", Text(str(report.output)))
     return table
 
 
@@ -103,7 +104,7 @@ def ops_table(report) -> Table:
                  key=lambda op: (-report.ops_before.get(op, 0), -report.ops_after.get(op, 0), op))
     for op in ops:
         b, a = report.ops_before.get(op, 0), report.ops_after.get(op, 0)
-        t.add_row(escape(op), str(b), str(a), "" if a == b else f"{a - b:+d}")
+        t.add_row(Text(op), str(b), str(a), "" if a == b else f"{a - b:+d}")
     t.add_row("total", str(sum(report.ops_before.values())), str(sum(report.ops_after.values())),
               f"{sum(report.ops_after.values()) - sum(report.ops_before.values()):+d}", style="bold")
     return t
