@@ -16,7 +16,7 @@ import onnx
 
 from graphopt.ir import Graph, load_model, save_model
 from graphopt.pipeline import OptimizeReport, optimize_file, optimize_model
-from graphopt.compare import VerifyResult, verify_models
+from graphopt.compare import VerifyResult, check_same_inputs, check_shape_overrides, verify_models
 
 __all__ = ["optimize", "load", "save", "verify", "OptimizeReport"]
 
@@ -91,6 +91,9 @@ def verify(
 
     cand = candidate if isinstance(candidate, onnx.ModelProto) else to_model(load_model(candidate))
     ref = reference if isinstance(reference, onnx.ModelProto) else to_model(load_model(reference))
+    names = [str(m) if not isinstance(m, onnx.ModelProto) else n for m, n in ((candidate, "A"), (reference, "B"))]
+    check_same_inputs(cand, ref, *names)
+    check_shape_overrides(ref, shapes)
     runner = None
     if device != "cpu":
         from graphopt.runtime import Session, to_numpy

@@ -17,7 +17,8 @@ import click
 from rich.text import Text
 
 from graphopt import __version__
-from graphopt.errors import EXIT_CODES, GraphoptError
+from graphopt.cli_display import WholeHelpGroup
+from graphopt.errors import EXIT_CODES, GraphoptError, UsageError
 from graphopt.files import Terminated, terminate_cleanly
 
 _EXIT_HELP = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in sorted(EXIT_CODES.items()))
@@ -86,7 +87,8 @@ def _run(fn):
         sys.exit(1)
 
 
-@click.group(epilog=_EXIT_HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=WholeHelpGroup, epilog=_EXIT_HELP,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="graphopt")
 def main() -> None:
     """graphopt: a kernel-tuning graph optimizer for ONNX models."""
@@ -108,16 +110,17 @@ def main() -> None:
                    "several dims combine as their product). Nodes record the choice per bucket in 'lowering_buckets'; "
                    "'lowering' is the largest bucket's. Without it, tuning uses --shape or the defaults "
                    "(batch-like dims 1, dims named *seq* 128) and says which.")
-@click.option("--rtol", type=float, default=None, help="Relative tolerance for --verify (default 1e-4; 1e-2 for fp16/bf16 models).")
-@click.option("--atol", type=float, default=None, help="Absolute tolerance for --verify (default 1e-5; 1e-2 for fp16/bf16 models).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance for --verify (default 1e-4; 1e-2 for fp16/bf16 models).")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance for --verify (default 1e-5; 1e-2 for fp16/bf16 models).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp16: convert the model to fp16 first (onnxconverter-common); fusions and tuning then run at fp16.")
 @click.option("--io-fp16", is_flag=True, help="With --precision fp16: fp16 graph inputs and outputs too (default: they keep their dtypes).")
 @click.option("--keep-fp32", "keep_fp32", default="", metavar="OP,...", help="With --precision fp16: op types kept at fp32 (e.g. Softmax,ReduceMean).")
+@click.option("--ops", "ops_table", is_flag=True, help="Also print each op type's count before and after.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
 @click.option("--force", is_flag=True, help="Replace an existing output (-o, --report) even when it is read-only.")
 def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, shape_profiles, rtol, atol,
-             precision, io_fp16, keep_fp32, quiet, force):
+             precision, io_fp16, keep_fp32, ops_table, quiet, force):
     """Optimize MODEL: cleanup, fusion rules, lowering selection; write MODEL.opt.onnx."""
 
     def work():
@@ -131,7 +134,7 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
 
         keep = parse_keep_fp32(keep_fp32)
         if (io_fp16 or keep) and precision != "fp16":
-            raise GraphoptError("--io-fp16 and --keep-fp32 go with --precision fp16")
+            raise UsageError("--io-fp16 and --keep-fp32 go with --precision fp16")
         r_tol, a_tol = fp16_tolerances(rtol, atol) if precision == "fp16" else (rtol, atol)
         with _Progress(quiet) as progress:
             _, report = optimize_file(
@@ -154,45 +157,26 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
                 force=force,
             )
         if not quiet:
-            _print_summary(report, explain)
+            _print_summary(report, explain, ops_table)
 
     _run(work)
 
 
-def _print_summary(report, explain: bool) -> None:
-    from rich.table import Table
+def _print_summary(report, explain: bool, ops: bool = False) -> None:
+    from graphopt.cli_display import ops_table, print_whole, summary_table, tuned_at_line
 
     con = _console()
     if explain:
         _print_explain(con, report)
-    table = Table(title=f"graphopt optimize: {report.source}", show_header=True, header_style="bold")
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    table.add_row("nodes before", str(report.nodes_before))
-    table.add_row("nodes after", str(report.nodes_after))
-    for name, count in report.cleanup.items():
-        table.add_row(f"cleanup {name}", str(count))
-    for name, count in report.rewrites.items():
-        table.add_row(f"rule {name}", str(count))
-    for name, count in report.custom_ops.items():
-        table.add_row(f"custom op graphopt.{name}", str(count))
-    table.add_row("target / mode", f"{report.target} / {report.mode}")
-    if report.precision != "fp32":
-        table.add_row("precision", report.precision)
-    if report.verify is not None:
-        worst = max((o["max_rel"] for o in report.verify["outputs"]), default=0.0)
-        table.add_row("verify (max rel err)", f"ok ({worst:.2e})")
-    table.add_row("time", f"{report.seconds:.2f} s")
-    table.add_row("output", str(report.output))
-    con.print(table)
+    print_whole(con, summary_table(report))
+    if ops:
+        con.print(ops_table(report))
     if report.buckets:
         _print_buckets(con, report)
     if report.selection_summary:
         con.print(report.selection_summary)
-    from graphopt.tune.select import dims_line
-
-    if report.tuning_dims:
-        con.print(dims_line(report.tuning_dims))
+    if tuned_at_line(report):
+        con.print(tuned_at_line(report))
     for message in report.messages:
         click.echo(f"graphopt: warning: {message}", err=True)
 
@@ -220,6 +204,11 @@ def _print_explain(con, report) -> None:
     con.print(Text(f"near-misses ({len(report.near_misses)})", style="bold"))
     for m in report.near_misses:
         con.print(f"  {m.get('rule')} at {m.get('anchor', m.get('node', ''))!r}: {m.get('reason')}")
+    from rich.text import Text
+
+    con.print(Text(f"unfused Conv/Gemm/MatMul -> activation ({len(report.unfused)})", style="bold"))
+    for u in report.unfused:
+        con.print(Text(f"  {u['chain']} at {u['node']!r} -> {u['activation']!r}: {u['reason']}"))
 
 
 # ------------------------------------------------------------------------------------ inspect
@@ -258,16 +247,20 @@ def inspect(model, rules, as_json):
             click.echo(json.dumps(info, indent=2))
             return
         from rich.table import Table
+        from rich.text import Text
+
+        from graphopt.cli_display import opsets_text, print_whole
 
         con = _console()
-        con.print(Text(str(model), style="bold") + f": ir_version {info['ir_version']}, opsets {info['opsets']}, {info['nodes']} nodes, producer {info['producer'] or '-'}")
+        con.print(Text(str(model), style="bold") + f": ir_version {info['ir_version']}, opsets {opsets_text(info['opsets'])}, "
+                  f"{info['nodes']} nodes, producer {info['producer'] or '-'}")
         for kind in ("inputs", "outputs"):
             t = Table(title=kind)
-            t.add_column("name")
-            t.add_column("type / shape")
+            t.add_column("name", no_wrap=True)
+            t.add_column("type / shape", no_wrap=True)
             for name, s in info[kind].items():
-                t.add_row(name, s)
-            con.print(t)
+                t.add_row(Text(name), Text(s))
+            print_whole(con, t)
         t = Table(title="ops")
         t.add_column("op")
         t.add_column("count", justify="right")
@@ -293,10 +286,10 @@ def _as_dict(obj):
 def _shape_str(graph, tensor: str) -> str:
     import onnx
 
+    from graphopt.cli_display import shape_text
+
     vi = graph.value_info(tensor)
-    dtype = onnx.TensorProto.DataType.Name(vi.dtype).lower() if vi.dtype else "?"
-    shape = "?" if vi.shape is None else "[" + ", ".join("?" if d is None else str(d) for d in vi.shape) + "]"
-    return f"{dtype} {shape}"
+    return shape_text(onnx.TensorProto.DataType.Name(vi.dtype).lower() if vi.dtype else "?", vi.shape)
 
 
 # ------------------------------------------------------------------------------------ verify
@@ -305,8 +298,8 @@ def _shape_str(graph, tensor: str) -> str:
 @click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--device", type=click.Choice(["cpu", "cuda", "numpy"]), default="cpu", show_default=True,
               help="Where A (the candidate) runs: cpu (onnxruntime), cuda (the graphopt runtime), numpy (its CPU testing backend); B, the reference, runs under onnxruntime CPU.")
-@click.option("--rtol", type=float, default=None, help="Relative tolerance (default 1e-4, 1e-2 for fp16/bf16 models).")
-@click.option("--atol", type=float, default=None, help="Absolute tolerance (default 1e-5, 1e-2 for fp16/bf16 models).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance (default 1e-4, 1e-2 for fp16/bf16 models).")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance (default 1e-5, 1e-2 for fp16/bf16 models).")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape (repeatable).")
 def verify(a, b, device, rtol, atol, shapes):
     """Compare models A and B on random inputs; per-output max abs/rel error; exit 9 if they differ."""
@@ -325,6 +318,8 @@ def verify(a, b, device, rtol, atol, shapes):
         for o in result.outputs:
             t.add_row(o.name, str(o.shape), f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", "yes" if o.ok else f"NO {o.note}")
         _console().print(t)
+        for message in result.warnings:
+            click.echo(f"graphopt: warning: {message}", err=True)
         if not result.ok:
             w = result.worst()
             raise VerificationFailed(f"{a} and {b} differ at output {w.name!r} (max abs {w.max_abs:.3g}, max rel {w.max_rel:.3g})")
@@ -333,7 +328,7 @@ def verify(a, b, device, rtol, atol, shapes):
 
 
 # ------------------------------------------------------------------------------------ rules
-@main.group()
+@main.group(cls=WholeHelpGroup)
 def rules():
     """List and check fusion rules."""
 
@@ -345,16 +340,20 @@ def rules_list(extra):
 
     def work():
         from rich.table import Table
+        from rich.text import Text
 
         from graphopt.rewrite import load_rules
 
         ruleset = load_rules(shipped=True, paths=[str(p) for p in extra])
+        from graphopt.cli_display import print_whole
+
         t = Table(title="fusion rules")
-        for col in ("name", "file", "doc"):
-            t.add_column(col)
+        t.add_column("name", no_wrap=True)  # the names --disable takes: never cut
+        t.add_column("file", no_wrap=True)
+        t.add_column("doc", min_width=20)
         for r in ruleset.rules:
-            t.add_row(r.name, Path(str(getattr(r, "source", "") or "")).name, getattr(r, "doc", ""))
-        _console().print(t)
+            t.add_row(Text(r.name), Text(Path(str(getattr(r, "source", "") or "")).name), Text(getattr(r, "doc", "")))
+        print_whole(_console(), t, fold=True)
 
     _run(work)
 

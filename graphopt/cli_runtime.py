@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from graphopt.errors import GraphoptError, InputNotFound, WriteFailed
+from graphopt.errors import InputNotFound, UsageError, WriteFailed
 
 _guard = None  # cli._run: GraphoptError -> one line on stderr + its exit code
 _console = None
@@ -33,15 +33,17 @@ def _parse_inputs(items) -> dict[str, np.ndarray]:
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise GraphoptError(f"--input {item!r}: expected NAME=FILE.npy, for example --input x=image.npy")
+            raise UsageError(f"--input {item!r}: expected NAME=FILE.npy, for example --input x=image.npy")
+        if name in out:
+            raise UsageError(f"--input {name}: given twice; give each input once")
         p = Path(path)
         if not p.is_file():
             raise InputNotFound(f"--input {name}: {p} does not exist")
         try:
             out[name] = np.load(p, allow_pickle=False)
         except Exception as e:  # noqa: BLE001 - numpy raises ValueError / OSError / EOFError for bad files
-            raise GraphoptError(f"--input {name}: {p} is not a readable .npy file ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0][:120] if str(e) else ''}); save it with numpy.save") from None
+            raise UsageError(f"--input {name}: {p} is not a readable .npy file ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:120] if str(e) else ''}); save it with numpy.save") from None
     return out
 
 
@@ -92,29 +94,29 @@ def _stats(arr: np.ndarray) -> tuple[str, str, str]:
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), help="Write every output as NAME.npy here.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu", "numpy"]), default="auto", show_default=True, help=DEVICE_HELP)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True, help="Compute precision (fp16: cuda/numpy).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs.")
 def run_cmd(model, inputs, shapes, output_dir, device, dtype, seed):
     """Run MODEL once and print shape, dtype, min/max/mean of every output."""
 
     def work():
         from rich.table import Table
 
-        from graphopt.compare import make_inputs, parse_shape_overrides
+        from graphopt.compare import check_given_inputs, check_shape_overrides, make_inputs, parse_shape_overrides
         from graphopt.ir import load_model, to_model
         from graphopt.runtime import Session, to_numpy
 
         dev = _device(device)
         given = _parse_inputs(inputs)
+        shape_map = parse_shape_overrides(shapes)
         graph = load_model(model)
+        proto = to_model(graph)
+        check_given_inputs(proto, given)
+        check_shape_overrides(proto, shape_map)
         sess = Session(model, device=dev, dtype=None if dtype == "fp32" else "float16")
-        unknown = sorted(set(given) - set(sess.input_names))
-        if unknown:
-            raise GraphoptError(f"--input {unknown[0]}: {model} has no input of that name; its inputs are "
-                                f"{', '.join(map(repr, sess.input_names))}")
         random_for = [n for n in sess.input_names if n not in given]
         feeds = dict(given)
         if random_for:
-            rnd = make_inputs(to_model(graph), parse_shape_overrides(shapes), seed=seed)
+            rnd = make_inputs(proto, shape_map, seed=seed)
             feeds.update({n: rnd[n] for n in random_for})
         outs = {k: to_numpy(v) for k, v in sess.run(feeds).items()}
         con = _console()
@@ -137,18 +139,19 @@ def run_cmd(model, inputs, shapes, output_dir, device, dtype, seed):
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--optimized", type=click.Path(dir_okay=False, path_type=Path),
               help="The optimized model: used if it exists, else MODEL is optimized (and tuned on a GPU) and written there.")
-@click.option("--batch", "batches", multiple=True, type=int, help="Batch size (repeatable; default: the model's own or 1).")
+@click.option("--batch", "batches", multiple=True, type=click.IntRange(min=1), help="Batch size (repeatable; default: the model's own or 1).")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Full shape of an input (repeatable).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True, help="Runtime compute precision.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "numpy"]), default="auto", show_default=True,
               help="Where the graphopt runtime runs (auto: cuda if present, else numpy).")
-@click.option("--repeats", type=int, default=20, show_default=True, help="Timed runs per row.")
-@click.option("--warmup", type=int, default=3, show_default=True, help="Untimed runs per row first.")
-@click.option("--budget", type=float, default=20.0, show_default=True, help="Seconds at most per row.")
+@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs per row.")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed runs per row first.")
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True, help="Seconds at most per row.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Draw latency and the per-op breakdown (needs graphopt[plot]).")
 def bench(model, optimized, batches, shapes, dtype, device, repeats, warmup, budget, plot_path):
-    """Median/p90 latency and throughput: onnxruntime CPU, the runtime on MODEL, on the optimized
-    model without and with CUDA graphs; then the optimized model's top-15 ops."""
+    """Median/p90 latency and throughput: onnxruntime CPU (on the CPU also on the optimized model), the
+    runtime on MODEL, on the optimized model without and with CUDA graphs; then the optimized model's
+    top-15 ops."""
 
     def work():
         import onnx
@@ -164,7 +167,7 @@ def bench(model, optimized, batches, shapes, dtype, device, repeats, warmup, bud
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
-                raise GraphoptError("--plot needs matplotlib: pip install 'graphopt[plot]'") from None
+                raise UsageError("--plot needs matplotlib, which the 'plot' extra installs: pip install 'graphopt[plot]'") from None
         dev = device if device != "auto" else ("cuda" if _device("auto") == "cuda" else "numpy")
         rt_dtype = None if dtype == "fp32" else "float16"
         shape_map = parse_shape_overrides(shapes)
@@ -184,13 +187,18 @@ def bench(model, optimized, batches, shapes, dtype, device, repeats, warmup, bud
         kw = dict(warmup=warmup, repeats=repeats, budget_s=budget)
         rows: list[rb.Timing] = []
         breakdown = []
+        runtime = f"runtime {dev}" + (" (a testing aid)" if dev == "numpy" else "")
         for bs in bench_batches(src, batches):
             feeds = rb.bench_feeds(src, bs, shape_map)
             ort = Session(src, device="cpu")
             rows.append(rb.time_runs("ORT CPU", bs, lambda: ort.run(feeds), **kw))
-            rows.append(rb.time_session(f"runtime {dev}, unoptimized", Session(src, device=dev, dtype=rt_dtype), feeds, bs, **kw))
+            if dev != "cuda":  # on the CPU the optimized model's real runtime is onnxruntime
+                ort_opt = Session(opt_model, device="cpu")
+                rows.append(rb.time_runs("ORT CPU, optimized", bs, lambda: ort_opt.run(feeds), **kw))
+            rows.append(rb.time_session(f"{runtime}, unoptimized", Session(src, device=dev, dtype=rt_dtype), feeds, bs, **kw))
             eager = Session(opt_model, device=dev, dtype=rt_dtype, cuda_graphs=False)
-            rows.append(rb.time_session(f"runtime {dev}, optimized, eager", eager, feeds, bs, **kw))
+            eager_row = rb.time_session(f"{runtime}, optimized, eager", eager, feeds, bs, **kw)
+            rows.append(eager_row)
             if dev == "cuda":
                 graphs = Session(opt_model, device=dev, dtype=rt_dtype)
                 rows.append(rb.time_session("runtime cuda, optimized, CUDA graphs", graphs, feeds, bs, **kw))
@@ -198,7 +206,8 @@ def bench(model, optimized, batches, shapes, dtype, device, repeats, warmup, bud
                 con.print(f"bs {bs}: host overhead {us:.1f} us per node over {steps} nodes (eager, no CUDA graphs)")
             else:
                 rows.append(rb.Timing("runtime, optimized, CUDA graphs", bs, error="n/a: CUDA graphs need device cuda"))
-            breakdown = rb.top_ops(eager.profile(feeds, repeats=3))
+            breakdown = rb.top_ops(eager.profile(feeds, repeats=3), total_ms=eager_row.median_ms)
+            breakdown_batch = bs
         t = Table(title=f"bench {model} ({dtype}, runtime on {dev})")
         for col in ("configuration", "batch", "median ms", "p90 ms", "items/s", "note"):
             t.add_column(col)
@@ -208,7 +217,11 @@ def bench(model, optimized, batches, shapes, dtype, device, repeats, warmup, bud
             else:
                 t.add_row(r.label, str(r.batch), f"{r.median_ms:.3f}", f"{r.p90_ms:.3f}", f"{r.throughput:.1f}", r.note)
         con.print(t)
-        ops = Table(title=f"per-op time, optimized model, eager on {dev} (top 15, batch {rows[-1].batch})")
+        if dev == "numpy":
+            con.print("The numpy runtime is the graphopt runtime's executor on NumPy, a testing aid, not a fast "
+                      "path: on the CPU, compare the two ORT CPU rows.")
+        ops = Table(title=f"per-op time, optimized model, eager on {dev} (top 15, batch {breakdown_batch}; "
+                          "each op's share of the eager median)")
         for col in ("op", "ms per run", "share"):
             ops.add_column(col)
         for op, ms, pct in breakdown:
@@ -226,7 +239,7 @@ def bench_batches(model, batches) -> list[int]:
     """The requested batch sizes, else the model's fixed first dim (or 1)."""
     if batches:
         if any(b < 1 for b in batches):
-            raise GraphoptError(f"--batch {min(batches)}: batch sizes are at least 1")
+            raise UsageError(f"--batch {min(batches)}: batch sizes are at least 1")
         return list(batches)
     inits = {t.name for t in model.graph.initializer}
     for vi in model.graph.input:

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from graphopt.errors import GraphoptError, InvalidModel, UsageError, VerificationFailed
+from graphopt.errors import GraphoptError, InvalidModel, UsageError, VerificationFailed, did_you_mean
 
 BATCH_DIM = 2  # a symbolic leading (batch) dim
 DEFAULT_DIM = 16  # any other symbolic dim: sequence lengths, image sides
@@ -99,19 +99,105 @@ def _is_mask(name: str) -> bool:
 
 
 def parse_shape_overrides(items: Sequence[str]) -> dict[str, list[int]]:
-    """``["x=1x3x224x224", "ids=2x16"]`` -> ``{"x": [1, 3, 224, 224], "ids": [2, 16]}``."""
+    """``["x=1x3x224x224", "ids=2x16"]`` -> ``{"x": [1, 3, 224, 224], "ids": [2, 16]}``.
+
+    ``UsageError`` (exit 2) for anything but NAME=D1xD2... with positive integer dims."""
     out: dict[str, list[int]] = {}
     for item in items:
         name, sep, dims = item.rpartition("=")
-        try:
-            if not sep or not name:
-                raise ValueError
-            out[name] = [int(d) for d in dims.lower().split("x")]
-            if any(d < 0 for d in out[name]):
-                raise ValueError
-        except ValueError:
-            raise GraphoptError(f"--shape {item!r}: expected NAME=D1xD2x..., for example input=1x3x224x224") from None
+        if not sep or not name or not dims:
+            raise UsageError(f"--shape {item!r}: expected NAME=D1xD2x..., for example input=1x3x224x224")
+        values = []
+        for d in dims.lower().split("x"):
+            d = d.strip()
+            if not d.isdigit() or int(d) < 1:
+                raise UsageError(f"--shape {item!r}: {d!r} is not a positive integer; "
+                                 "dims are sizes of 1 or more, for example input=1x3x224x224")
+            values.append(int(d))
+        if name in out:
+            raise UsageError(f"--shape {item!r}: input {name!r} is given twice; give each input once")
+        out[name] = values
     return out
+
+
+def _declared_dims(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+
+
+def _shown(dims) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def check_shape_overrides(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None, option: str = "--shape") -> None:
+    """Check ``--shape`` values against the model's graph inputs before any work: the input exists,
+    the rank matches, fixed dims agree, and a symbolic dim shared by several inputs gets one value.
+    ``UsageError`` (exit 2) naming the option, the value and what the model declares."""
+    if not shapes:
+        return
+    inputs = {vi.name: vi for vi in _graph_inputs(model)}
+    declared = {n: _declared_dims(vi) for n, vi in inputs.items()}
+    bound: dict[str, tuple[str, int]] = {}
+    for name, dims in shapes.items():
+        value = f"{option} {name}={'x'.join(map(str, dims))}"
+        if name not in inputs:
+            listed = ", ".join(f"{n} {_shown(d) if d is not None else '[?]'}" for n, d in declared.items()) or "none"
+            raise UsageError(f"{value}: the model has no input {name!r}{did_you_mean(name, inputs) or ';'} "
+                             f"its inputs are: {listed}")
+        want = declared[name]
+        if want is None:
+            continue
+        if len(want) != len(dims):
+            raise UsageError(f"{value}: input {name!r} has {len(want)} dims {_shown(want)}, the value gives {len(dims)}")
+        for i, (w, d) in enumerate(zip(want, dims)):
+            if isinstance(w, int) and w > 0 and w != d:
+                raise UsageError(f"{value}: dim {i} of input {name!r} is fixed at {w} in the model {_shown(want)}; "
+                                 f"give {w} there")
+            if isinstance(w, str):
+                prev = bound.setdefault(w, (name, d))
+                if prev[1] != d:
+                    raise UsageError(f"{value}: dim {w!r} is {prev[1]} in the value for input {prev[0]!r}; "
+                                     f"one symbolic dim takes one size")
+
+
+def check_given_inputs(model: onnx.ModelProto, given: Mapping[str, np.ndarray], option: str = "--input") -> None:
+    """Arrays given for graph inputs (``run --input``) against the declared names, dtypes, ranks and
+    fixed dims: ``UsageError`` (exit 2) naming the option and the input."""
+    inputs = {vi.name: vi for vi in _graph_inputs(model)}
+    for name, arr in given.items():
+        if name not in inputs:
+            raise UsageError(f"{option} {name}: the model has no input of that name{did_you_mean(name, inputs) or ';'} "
+                             f"its inputs are {', '.join(map(repr, inputs)) or 'none'}")
+        elem = inputs[name].type.tensor_type.elem_type
+        want = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)) if elem else None
+        if want is not None and arr.dtype != want:
+            raise UsageError(f"{option} {name}: the array has dtype {arr.dtype.name}, the model's input {name!r} is "
+                             f"{want.name}; save it as {want.name} (numpy: arr.astype('{want.name}'))")
+        dims = _declared_dims(inputs[name])
+        if dims is not None and (len(dims) != arr.ndim or any(
+                isinstance(d, int) and d > 0 and d != s for d, s in zip(dims, arr.shape))):
+            raise UsageError(f"{option} {name}: the array has shape {list(arr.shape)}, the model's input {name!r} "
+                             f"is {_shown(dims)}")
+
+
+def check_same_inputs(candidate: onnx.ModelProto, reference: onnx.ModelProto, a: str = "A", b: str = "B") -> None:
+    """``UsageError`` (exit 2) unless both models take the same inputs: names, dtypes and ranks."""
+    def sig(model):
+        return {vi.name: (vi.type.tensor_type.elem_type, len(_declared_dims(vi) or [])) for vi in _graph_inputs(model)}
+
+    sa, sb = sig(candidate), sig(reference)
+    if set(sa) != set(sb):
+        raise UsageError(f"{a} and {b} take different inputs ({', '.join(sorted(sa)) or 'none'} against "
+                         f"{', '.join(sorted(sb)) or 'none'}); verify compares two versions of one model")
+    for name in sorted(sa):
+        (ta, ra), (tb, rb) = sa[name], sb[name]
+        if ta != tb or (ra and rb and ra != rb):
+            def show(t, r):
+                return f"{onnx.TensorProto.DataType.Name(t).lower() if t else '?'} of rank {r}"
+            raise UsageError(f"input {name!r} is {show(ta, ra)} in {a} but {show(tb, rb)} in {b}; "
+                             "verify compares two versions of one model")
 
 
 @dataclass
@@ -131,6 +217,7 @@ class VerifyResult:
     atol: float
     input_shapes: dict[str, list[int]]
     outputs: list[OutputError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # e.g. outputs too small for the tolerance
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -240,6 +327,7 @@ def verify_models(
     rtol, atol = resolve_tolerances(rtol, atol, candidate, reference)
     result = VerifyResult(ok=True, rtol=rtol, atol=atol, input_shapes={})
     worst: dict[str, OutputError] = {}
+    ref: dict[str, np.ndarray] = {}
     for r in range(runs):
         feeds = make_inputs(reference, shapes, seed=seed + r)
         result.input_shapes = {k: list(v.shape) for k, v in feeds.items()}
@@ -256,4 +344,22 @@ def verify_models(
                 worst[name] = err
     result.outputs = list(worst.values())
     result.ok = all(o.ok for o in result.outputs)
+    result.warnings = [w for name, b in ref.items() if (w := tolerance_warning(name, b, atol))]
     return result
+
+
+def tolerance_warning(name: str, reference: np.ndarray, atol: float) -> str:
+    """A warning when every finite value of a float output is within ``atol`` of zero: any candidate
+    that is also near zero passes, so the comparison says nothing about it. ``""`` otherwise."""
+    b = np.asarray(reference)
+    if b.dtype.kind not in "fc" or b.size == 0 or atol <= 0:
+        return ""
+    finite = np.abs(b[np.isfinite(b)].astype(np.float64))
+    if finite.size == 0:
+        return ""
+    biggest = float(finite.max())
+    if biggest > atol:
+        return ""
+    hint = f"give --atol below {biggest * 1e-3:.1e}" if biggest > 0 else "use inputs or weights that give non-zero outputs"
+    return (f"output {name!r}: every value is within atol {atol:g} of zero (largest |value| {biggest:.3g}), so the "
+            f"check cannot tell right from wrong there; {hint}")

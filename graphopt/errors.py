@@ -8,6 +8,9 @@ the class's ``exit_code``; it never prints a traceback for these. The codes are 
 
 from __future__ import annotations
 
+import difflib
+from typing import Iterable
+
 
 class GraphoptError(Exception):
     """Base class: a problem with the user's input or environment, not a bug in graphopt."""
@@ -88,6 +91,16 @@ class TuningError(GraphoptError):
     """The GPU, its tuning cache or a lowering could not be used as asked."""
 
     exit_code = 12
+
+
+def did_you_mean(word: str, choices: Iterable[str], n: int = 3) -> str:
+    """``"; did you mean a100?"`` for the closest of ``choices`` to ``word`` (difflib), else ``""``."""
+    choices = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(word), choices, n=n, cutoff=0.6)
+    if not close:
+        low = {c.lower(): c for c in choices}
+        close = [low[c] for c in difflib.get_close_matches(str(word).lower(), list(low), n=n, cutoff=0.6)]
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 EXIT_CODES: dict[int, str] = {

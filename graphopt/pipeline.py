@@ -23,7 +23,7 @@ from graphopt.files import Output, Staged, check_outputs
 from graphopt.ir import Graph, load_model, save_model, to_model
 from graphopt.ir.io import data_file_for
 from graphopt.ir.large import WEIGHTLESS_ABOVE, check_weightless, infer_shapes_weightless, is_large
-from graphopt.compare import VerifyResult, check_tolerances, input_sizes, verify_models
+from graphopt.compare import VerifyResult, check_shape_overrides, check_tolerances, input_sizes, verify_models
 
 Progress = Callable[[str], None]
 
@@ -41,6 +41,7 @@ class OptimizeReport:
     custom_ops: dict[str, int] = field(default_factory=dict)
     matches: list[dict[str, Any]] = field(default_factory=list)
     near_misses: list[dict[str, Any]] = field(default_factory=list)
+    unfused: list[dict[str, Any]] = field(default_factory=list)  # --explain: Conv/Gemm/MatMul -> activation left
     target: str = "none"
     mode: str = "none"
     selection_summary: str = ""
@@ -50,6 +51,10 @@ class OptimizeReport:
     verify: dict[str, Any] | None = None
     messages: list[str] = field(default_factory=list)  # warnings, e.g. a tuning cache that was not trusted
     precision: str = "fp32"
+    nodes_after_cleanup: int = 0  # nodes_before -> (cleanup) -> nodes_after_cleanup -> (fusion rules) -> nodes_after
+    ops_before: dict[str, int] = field(default_factory=dict)  # op type -> count, before and after (--ops)
+    ops_after: dict[str, int] = field(default_factory=dict)
+    input_dims: list[str] = field(default_factory=list)  # symbolic dims of the graph inputs ("tuned at:")
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -62,6 +67,18 @@ class OptimizeReport:
 
 def _count_nodes(graph: Graph) -> int:
     return sum(1 for _ in graph.walk())
+
+
+def _op_histogram(graph: Graph) -> dict[str, int]:
+    return dict(sorted(Counter(n.qualified_op for _, n in graph.walk()).items()))
+
+
+def _input_dims(graph: Graph) -> list[str]:
+    dims: list[str] = []
+    for t in graph.inputs:
+        shape = graph.value_info(t).shape if not graph.is_initializer(t) else None
+        dims += [d for d in shape or () if isinstance(d, str) and d and d not in dims]
+    return dims
 
 
 def _custom_op_histogram(graph: Graph) -> dict[str, int]:
@@ -114,6 +131,7 @@ def optimize_graph(
     shape_profile: Any = None,
     progress: Progress | None = None,
     report: OptimizeReport | None = None,
+    ruleset: Any = None,
 ) -> OptimizeReport:
     """Rewrite ``graph`` in place and return the report.
 
@@ -128,20 +146,27 @@ def optimize_graph(
     report = report or OptimizeReport(source=graph.source_path or "<model>")
     step = progress or (lambda msg: None)
     t = time.perf_counter()
-    ruleset = load_rules(shipped=True, paths=[str(p) for p in rules], disable=list(disable))
+    ruleset = ruleset or load_rules(shipped=True, paths=[str(p) for p in rules], disable=list(disable))
     report.timings["load_rules"] = time.perf_counter() - t
     report.nodes_before = report.nodes_before or _count_nodes(graph)
+    report.ops_before = report.ops_before or _op_histogram(graph)
+    report.input_dims = _input_dims(graph)
     if cleanup:
         step("cleanup passes")
         t = time.perf_counter()
         report.cleanup = {k: v for k, v in run_cleanup(graph, refine=True).items() if v}
         report.timings["cleanup"] = time.perf_counter() - t
+    report.nodes_after_cleanup = _count_nodes(graph)
     step("fusion rules")
     t = time.perf_counter()
     rw = apply_rules(graph, ruleset, explain=explain)
     report.rewrites = dict(sorted((k, v) for k, v in rw.counts.items() if v))
     report.matches = [_as_dict(m) for m in rw.matches]
     report.near_misses = [_as_dict(m) for m in rw.near_misses] if explain else []
+    if explain:
+        from graphopt.rewrite.unfused import unfused_chains
+
+        report.unfused = unfused_chains(graph, ruleset, rw.near_misses)
     report.timings["rewrite"] = time.perf_counter() - t
     if cleanup and rw.counts and any(rw.counts.values()):
         # Rewrites can leave constants unused (a bias folded into a new one): sweep them; a rule may
@@ -170,6 +195,7 @@ def optimize_graph(
     graph.toposort()
     graph.lint()
     report.nodes_after = _count_nodes(graph)
+    report.ops_after = _op_histogram(graph)
     report.custom_ops = _custom_op_histogram(graph)
     return report
 
@@ -287,6 +313,7 @@ def _verify_or_raise(model, original, report: OptimizeReport, source: str, shape
             raise InvalidModel(f"{source}: the input model cannot be run: {ref_error}; fix or re-export the model") from None
         raise VerificationFailed(f"{source}: {e}; nothing was written") from None
     report.verify = result.to_dict()
+    report.messages.extend(result.warnings)
     if not result.ok:
         worst = result.worst()
         note = f"; {worst.note}" if worst.note else ""
@@ -294,6 +321,18 @@ def _verify_or_raise(model, original, report: OptimizeReport, source: str, shape
             f"{source}: optimized output {worst.name!r} differs from the original (max abs {worst.max_abs:.3g}, "
             f"max rel {worst.max_rel:.3g}, rtol {result.rtol}, atol {result.atol}){note}; nothing was written"
         )
+
+
+def _check_options_first(options: dict) -> None:
+    """Options are checked before the model is read: the --gpu name, the rule files and the
+    ``disable`` names (by loading the rules, which optimize_graph then uses)."""
+    from graphopt.rewrite import load_rules
+    from graphopt.tune.gpus import normalize_gpu_name
+
+    normalize_gpu_name(options.get("gpu", "auto"))
+    if options.get("ruleset") is None:
+        options["ruleset"] = load_rules(shipped=True, paths=[str(p) for p in options.get("rules", ())],
+                                        disable=list(options.get("disable", ())))
 
 
 def default_output_path(source: str | os.PathLike) -> Path:
@@ -357,8 +396,10 @@ def optimize_file(
     outputs = planned_outputs(source, output, report_path) if write else []
     reads = [source, *_rule_files(options.get("rules") or ())]
     check_outputs(outputs, reads, force=force)
+    _check_options_first(options)
     step("loading")
     graph = load_model(source)
+    check_shape_overrides(graph.source_model if graph.source_model is not None else to_model(graph), shapes)
     protect = [source] + graph.data_files
     check_outputs(outputs, reads + graph.data_files, force=force)
     if verify:
@@ -408,6 +449,8 @@ def optimize_model(
     **options: Any,
 ) -> tuple[onnx.ModelProto, OptimizeReport]:
     start = time.perf_counter()
+    _check_options_first(options)
+    check_shape_overrides(model, shapes)
     original_model, graph = _with_inferred_shapes(load_model(model, base_dir=base_dir))
     report = OptimizeReport(source="<model>")
     if precision != "fp32":

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import onnx
 
-from graphopt.errors import GraphoptError, UnsupportedModel
+from graphopt.errors import GraphoptError, UnsupportedModel, UsageError
 from graphopt.ir import from_model, to_model
 from graphopt.passes import eliminate_noop_cast
 
@@ -32,7 +32,7 @@ def parse_keep_fp32(text: str | Sequence[str] | None) -> list[str]:
     ops = [x.strip() for x in items if x.strip()]
     for op in ops:
         if not onnx.defs.has(op):
-            raise GraphoptError(f"--keep-fp32 {op}: not an ONNX op type (expected names such as Softmax,ReduceMean)")
+            raise UsageError(f"--keep-fp32 {op}: not an ONNX op type (expected names such as Softmax,ReduceMean)")
     return sorted(set(ops))
 
 

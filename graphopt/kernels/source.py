@@ -227,7 +227,7 @@ def nvrtc_compile_named(source: str, exprs: Sequence[str], arch: str, fast: bool
         from cupy_backends.cuda.libs import nvrtc
         nvrtc.getVersion()
     except Exception as exc:  # ImportError, or the shared library is missing
-        raise NvrtcUnavailable(f"NVRTC is not available ({exc}); pip install cupy-cuda13x nvidia-cuda-nvrtc") from exc
+        raise NvrtcUnavailable(f"NVRTC is not available ({exc}); pip install 'graphopt[nvrtc]' (cupy-cuda13x and nvidia-cuda-nvrtc)") from exc
     prog = nvrtc.createProgram(read_source(source), source, [], [])
     try:
         for e in exprs:

@@ -45,8 +45,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from graphopt.errors import GraphoptError, RuleError
+from graphopt.errors import GraphoptError, RuleError, did_you_mean
 from graphopt.files import quote, read_regular
+from graphopt.ops.schema import _check_type as _attr_type_reason
 from graphopt.rewrite import registry
 from graphopt.rewrite._rules import Rule, RuleSet
 from graphopt.rewrite._syntax import (
@@ -333,7 +334,49 @@ def _check_op_call(domain, op, qualname, args, kwargs, tensors, nodes, key, text
         elif kind in ("tensor", "node"):
             raise _Issue(key, f"{k}= is not an input of {qualname}; inputs: {', '.join(input_names or [])}")
         elif schema is not True and k not in schema.attributes:
-            raise _Issue(key, f"unknown attribute {k!r} for {qualname} (known: {', '.join(sorted(schema.attributes))})")
+            raise _Issue(key, f"unknown attribute {k!r} for {qualname}{did_you_mean(k, schema.attributes) or ';'} "
+                              f"known: {', '.join(sorted(schema.attributes))}")
+    given = {k for k, _ in kwargs}
+    present = [i < len(args) or n in given for i, n in enumerate(input_names or [])]
+    _check_literal_attrs(schema, qualname, domain, op, {k: v.value for k, v in kwargs if isinstance(v, Lit)}, key,
+                         present)
+
+
+_ONNX_ATTR_TYPES = {1: ((int, float), "a float"), 2: (int, "an int"), 3: (str, "a string")}  # AttributeProto types
+
+
+def _check_literal_attrs(schema, qualname: str, domain: str, op: str, literals: dict, key: str,
+                         present: list[bool]) -> None:
+    """The literal attribute values a replacement writes (``activation='Relu'``, ``alpha=0.1``): the
+    op has the attribute, the value has its type, and the op's own check accepts it. Values copied
+    from the match (``attrs=conv``) are only known at match time and are checked then."""
+    if not literals:
+        return
+    if schema is True:  # a standard ONNX op: names and types from onnx.defs
+        import onnx.defs
+
+        attrs = onnx.defs.get_schema(op, domain=domain).attributes
+        for k, v in literals.items():
+            if k not in attrs:
+                raise _Issue(key, f"unknown attribute {k!r} for {qualname}{did_you_mean(k, attrs) or ';'} "
+                                  f"known: {', '.join(sorted(attrs)) or 'none'}")
+            want = _ONNX_ATTR_TYPES.get(int(attrs[k].type))
+            if want is not None and (not isinstance(v, want[0]) or isinstance(v, bool)):
+                raise _Issue(key, f"attribute {k}={v!r} of {qualname} must be {want[1]}")
+        return
+    for k, v in literals.items():
+        reason = _attr_type_reason(k, v, schema.attributes[k][0])
+        if reason:
+            raise _Issue(key, f"{qualname}: {reason}")
+    reason = schema._check(schema.normalize(literals), present)
+    if reason and any(k in reason for k in literals):  # other attributes come from the match
+        if "activation" in literals and "unknown activation" in reason:
+            from graphopt.ops.activations import ACTIVATIONS
+
+            hint = did_you_mean(str(literals["activation"]), ACTIVATIONS)
+            if hint:
+                reason = f"unknown activation {literals['activation']!r}{hint}"
+        raise _Issue(key, f"{qualname}: {reason}")
 
 
 def _validate(raw: dict, env: dict, file: str, line: int, index: int) -> Rule:

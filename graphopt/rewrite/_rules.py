@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-from graphopt.errors import RuleError
+from graphopt.errors import RuleError, UsageError, did_you_mean
 from graphopt.rewrite._syntax import ConstraintCall, OpPat, Replacement, pattern_ops
 
 
@@ -101,6 +101,7 @@ class RuleSet:
             hits = [n for n in self.names() if fnmatch.fnmatchcase(n, pat)] if any(c in pat for c in "*?[") else (
                 [pat] if pat in self._by_name else [])
             if not hits:
-                raise RuleError(f"cannot disable unknown rule {pat!r}; valid rule names: {', '.join(self.names())}")
+                hint = did_you_mean(pat, self.names(), n=5)
+                raise UsageError(f"--disable {pat}: no rule of that name{hint or ''} (graphopt rules list shows them all)")
             drop.update(hits)
         return RuleSet([r for r in self.rules if r.name not in drop])

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from graphopt.errors import GraphoptError
+from graphopt.errors import GraphoptError, UsageError
 from graphopt.files import atomic_write
 
 DEFAULT_DIM = 16  # symbolic non-batch dims (sequence lengths) without a --shape
@@ -25,8 +25,9 @@ def bench_feeds(model: onnx.ModelProto, batch: int | None, shapes: Mapping[str, 
                 seed: int = 0) -> dict[str, np.ndarray]:
     """Random feeds: ``shapes`` per input, else the declared dims with the first (batch) dim set to
     ``batch`` when it is symbolic and other symbolic dims ``DEFAULT_DIM``."""
-    from graphopt.compare import make_inputs
+    from graphopt.compare import check_shape_overrides, make_inputs
 
+    check_shape_overrides(model, shapes)
     shapes = dict(shapes or {})
     full: dict[str, list[int]] = {}
     inits = {t.name for t in model.graph.initializer}
@@ -38,8 +39,8 @@ def bench_feeds(model: onnx.ModelProto, batch: int | None, shapes: Mapping[str, 
             fixed = d.dim_value if d.HasField("dim_value") else None
             if i == 0 and batch is not None:
                 if fixed is not None and fixed != batch:
-                    raise GraphoptError(f"input {vi.name!r} has a fixed batch dimension {fixed}, so --batch {batch} "
-                                        "cannot apply; export the model with a dynamic batch dimension")
+                    raise UsageError(f"--batch {batch}: input {vi.name!r} has a fixed batch dimension {fixed}; "
+                                     "leave --batch out, or export the model with a dynamic batch dimension")
                 dims.append(batch)
             else:
                 dims.append(fixed if fixed is not None else DEFAULT_DIM)
@@ -134,11 +135,16 @@ def host_overhead_us(sess, feeds: Mapping[str, Any], repeats: int = 20) -> tuple
     return best / steps * 1e6, steps
 
 
-def top_ops(profile: Mapping[str, float], n: int = 15) -> list[tuple[str, float, float]]:
-    """(op, ms, percent of the total) for the ``n`` costliest op types."""
-    total = sum(profile.values()) or 1.0
+def top_ops(profile: Mapping[str, float], n: int = 15, total_ms: float | None = None) -> list[tuple[str, float, float]]:
+    """(op, ms, percent of the total) for the ``n`` costliest op types.
+
+    ``profile`` is measured with a synchronisation after every step, so its sum exceeds a normal run;
+    with ``total_ms`` (the measured median of the same configuration) each op's time is its share of
+    that total, so the rows never add up to more than the run they break down."""
+    measured = sum(profile.values()) or 1.0
+    scale = 1e3 if total_ms is None else min(1e3, total_ms / measured)
     rows = sorted(profile.items(), key=lambda kv: -kv[1])[:n]
-    return [(op, s * 1e3, 100.0 * s / total) for op, s in rows]
+    return [(op, s * scale, 100.0 * s / measured) for op, s in rows]
 
 
 def plot(path, timings: Sequence[Timing], breakdown: Sequence[tuple[str, float, float]], title: str) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
-from graphopt.errors import GraphoptError, InvalidModel, UnsupportedModel
+from graphopt.errors import GraphoptError, InvalidModel, UnsupportedModel, UsageError
 from graphopt.runtime import ops_custom, ops_std
 from graphopt.runtime.plan import Plan, trace
 
@@ -93,9 +93,9 @@ class Session:
 
     def __init__(self, model_or_path, device: str = "cuda", dtype: str | None = None, *, cuda_graphs: bool = True):
         if device not in DEVICES:
-            raise GraphoptError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
+            raise UsageError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
         if dtype not in DTYPES:
-            raise GraphoptError(f"dtype {dtype!r}: expected float32 or float16")
+            raise UsageError(f"dtype {dtype!r}: expected float32 or float16")
         from graphopt.ir import load_model
 
         self.source = str(model_or_path) if not isinstance(model_or_path, onnx.ModelProto) else "model"
@@ -116,7 +116,7 @@ class Session:
         self._ort = None
         if device == "cpu":
             if self.compute_dtype is not None:
-                raise GraphoptError("dtype float16 runs on device 'cuda' (or 'numpy'); on 'cpu' optimize with fp16 instead")
+                raise UsageError("dtype float16 runs on device 'cuda' (or 'numpy'); on 'cpu' optimize with fp16 instead")
             self._ort = _ort_session(self.graph)
             return
         bad = unsupported_nodes(self.graph)
@@ -135,26 +135,33 @@ class Session:
     def _declared(self, name: str):
         return self.graph.value_info(name)
 
-    def _convert_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    def _check_feeds(self, feeds: Mapping[str, Any]) -> None:
+        """Names, dtypes and shapes against the model's inputs: ``UsageError`` (exit 2) naming the input."""
         unknown = sorted(set(feeds) - set(self.input_names) - set(self.optional_inputs))
         if unknown:
-            raise GraphoptError(f"{self.source}: unknown input(s) {', '.join(map(repr, unknown))}; "
-                                f"the model's inputs are {', '.join(map(repr, self.input_names))}")
+            raise UsageError(f"{self.source}: unknown input(s) {', '.join(map(repr, unknown))}; "
+                             f"the model's inputs are {', '.join(map(repr, self.input_names))}")
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
-            raise GraphoptError(f"{self.source}: missing input(s) {', '.join(map(repr, missing))}")
-        out: dict[str, Any] = {}
+            raise UsageError(f"{self.source}: missing input(s) {', '.join(map(repr, missing))}")
         for name, value in feeds.items():
-            arr = self._to_backend(value, name)
             vi = self._declared(name)
+            dtype, shape = np.dtype(getattr(value, "dtype", np.asarray(value).dtype)), tuple(np.shape(value))
             if vi.dtype:
                 want = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.dtype))
-                if np.dtype(arr.dtype) != want:
-                    raise GraphoptError(f"{self.source}: input {name!r} has dtype {np.dtype(arr.dtype).name}, the model declares {want.name}")
+                if dtype != want:
+                    raise UsageError(f"{self.source}: input {name!r} has dtype {dtype.name}, the model declares "
+                                     f"{want.name}; convert it (numpy: arr.astype('{want.name}'))")
             if vi.shape is not None:
-                if len(vi.shape) != arr.ndim or any(isinstance(d, int) and d != s for d, s in zip(vi.shape, arr.shape)):
+                if len(vi.shape) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(vi.shape, shape)):
                     shown = "x".join(str(d) if isinstance(d, int) else str(d or "?") for d in vi.shape)
-                    raise GraphoptError(f"{self.source}: input {name!r} has shape {tuple(arr.shape)}, the model declares {shown}")
+                    raise UsageError(f"{self.source}: input {name!r} has shape {shape}, the model declares {shown}")
+
+    def _convert_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        arrays = {name: self._to_backend(value, name) for name, value in feeds.items()}
+        self._check_feeds(arrays)
+        out: dict[str, Any] = {}
+        for name, arr in arrays.items():
             if self.compute_dtype is not None and np.dtype(arr.dtype) == np.float32:
                 arr = arr.astype(self.compute_dtype)
             out[name] = arr
@@ -189,6 +196,7 @@ class Session:
         if self._ort is not None:
             names = list(output_names or self.output_names)
             np_feeds = {k: to_numpy(v) for k, v in feeds.items()}
+            self._check_feeds(np_feeds)
             try:
                 res = self._ort.run(names, np_feeds)
             except Exception as e:  # noqa: BLE001 - onnxruntime's own exception types
@@ -307,7 +315,7 @@ class Session:
         it is a measurement mode, never how ``run`` executes.
         """
         if self._ort is not None:
-            raise GraphoptError("profile needs device 'cuda' or 'numpy'")
+            raise UsageError("profile needs device 'cuda' or 'numpy'")
         ctx = self.backend.stream if self.device == "cuda" else _Null()
         if self.device == "cuda":
             self.backend.cupy.cuda.Device().synchronize()  # the caller's uploads are complete

@@ -15,7 +15,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from graphopt.errors import TuningError
+from graphopt.errors import UsageError, did_you_mean
 
 SPECIAL_NAMES = ("auto", "none")
 
@@ -101,22 +101,24 @@ def try_normalize_gpu_name(name: str) -> str | None:
 def normalize_gpu_name(name: str) -> str:
     """Return the normalized GPU name (``"a100"``, ``"h200"``, ``"rtx4090"``) or ``auto`` / ``none``.
 
-    Raises ``TuningError`` listing the known names when the name is not recognised.
+    Raises ``UsageError`` (exit 2) naming the closest known names and listing them all when the name
+    is not recognised.
     """
     found = try_normalize_gpu_name(name)
     if found is None:
-        raise TuningError(
-            f"unknown GPU name {name!r} for --gpu: use one of {', '.join(known_gpu_names())}, "
+        hint = did_you_mean(str(name).strip().lower(), [*known_gpu_names(), *SPECIAL_NAMES])
+        raise UsageError(
+            f"unknown GPU name {name!r} for --gpu{hint or ';'} known names: {', '.join(known_gpu_names())}, "
             "or 'auto' to detect the device, or 'none' to skip lowering selection"
         )
     return found
 
 
 def gpu_spec(name: str) -> GpuSpec:
-    """The ``GpuSpec`` for any spelling of a known GPU name (``TuningError`` when unknown or special)."""
+    """The ``GpuSpec`` for any spelling of a known GPU name (``UsageError`` when unknown or special)."""
     norm = normalize_gpu_name(name)
     if norm in SPECIAL_NAMES:
-        raise TuningError(f"--gpu {norm} names no particular GPU; give a GPU name such as a100")
+        raise UsageError(f"--gpu {norm} names no particular GPU; give a GPU name such as a100")
     return KNOWN_GPUS[norm]
 
 

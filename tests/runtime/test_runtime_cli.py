@@ -68,10 +68,10 @@ def test_run_on_cpu_with_random_inputs_is_deterministic(tmp_path):
 
 @pytest.mark.parametrize("args, code, fragment", [
     (["--input", "x=/nonexistent/x.npy"], 3, "does not exist"),
-    (["--input", "x"], 1, "expected NAME=FILE.npy"),
-    (["--input", "zz={npy}"], 1, "no input of that name"),
-    (["--input", "x={bad}"], 1, "not a readable .npy file"),
-    (["--input", "x={wrong_shape}"], 1, "has shape (2, 5)"),
+    (["--input", "x"], 2, "expected NAME=FILE.npy"),
+    (["--input", "zz={npy}"], 2, "no input of that name"),
+    (["--input", "x={bad}"], 2, "not a readable .npy file"),
+    (["--input", "x={wrong_shape}"], 2, "has shape [2, 5]"),
 ])
 def test_run_bad_inputs_give_one_line_errors(tmp_path, args, code, fragment):
     model = _conv_relu(tmp_path)
@@ -148,7 +148,8 @@ def test_bench_prints_every_configuration_and_the_op_breakdown(tmp_path):
                  "--repeats", "2", "--warmup", "1")
     assert r.returncode == 0, r.stderr
     assert opt.exists() and any(n.domain == "graphopt" for n in onnx.load(opt).graph.node)
-    for label in ("ORT CPU", "runtime numpy, unoptimized", "runtime numpy, optimized, eager", "CUDA graphs need device"):
+    for label in ("│ ORT CPU ", "ORT CPU, optimized", "runtime numpy (a testing aid), unoptimized",
+                  "runtime numpy (a testing aid), optimized, eager", "CUDA graphs need device"):
         assert r.stdout.count(label) == 2, label
     assert "per-op time" in r.stdout and "CBR" in r.stdout
 
@@ -157,7 +158,7 @@ def test_bench_batch_on_a_fixed_batch_model_is_a_one_line_error(tmp_path):
     nodes = [helper.make_node("Relu", ["x"], ["y"])]
     model = _save(tmp_path, "fixed.onnx", nodes, in_shape=[1, 4])
     r = graphopt("bench", model, "--device", "numpy", "--batch", "8")
-    assert r.returncode == 1 and "fixed batch dimension 1" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "fixed batch dimension 1" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_bench_plot_without_matplotlib_names_the_extra(tmp_path):
@@ -166,7 +167,7 @@ def test_bench_plot_without_matplotlib_names_the_extra(tmp_path):
         import matplotlib  # noqa: F401
     except ImportError:
         r = graphopt("bench", _conv_relu(tmp_path), "--device", "numpy", "--plot", tmp_path / "p.png")
-        assert r.returncode == 1 and "graphopt[plot]" in r.stderr and not (tmp_path / "p.png").exists()
+        assert r.returncode == 2 and "the 'plot' extra" in r.stderr and "graphopt[plot]" in r.stderr and not (tmp_path / "p.png").exists()
     else:
         r = graphopt("bench", _conv_relu(tmp_path), "--device", "numpy", "--repeats", "1", "--plot", tmp_path / "p.png")
         assert r.returncode == 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -109,7 +109,7 @@ def test_cli_fp16_verify_writes_deterministically_and_leaves_the_input(tmp_path)
 
 def test_cli_refuses_fp16_flags_without_fp16_and_bad_conversions(tmp_path):
     r = graphopt("optimize", MODELS / "resnet_style.onnx", "-o", tmp_path / "o.onnx", "--io-fp16")
-    assert r.returncode == 1 and "go with --precision fp16" in r.stderr and not (tmp_path / "o.onnx").exists()
+    assert r.returncode == 2 and "go with --precision fp16" in r.stderr and not (tmp_path / "o.onnx").exists()
     r = graphopt("optimize", MODELS / "subgraph_if.onnx", "-o", tmp_path / "o.onnx", "--precision", "fp16")
     assert r.returncode == 5 and "fp16 conversion" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o.onnx").exists()

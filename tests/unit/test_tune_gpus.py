@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from graphopt.errors import TuningError
+from graphopt.errors import UsageError
 from graphopt.tune import gpus
 from graphopt.tune.gpus import (
     KNOWN_GPUS, DeviceInfo, detect_devices, gpu_spec, known_gpu_names, normalize_gpu_name, resolve_target,
@@ -57,7 +57,7 @@ def test_normalize(raw, expected):
 
 @pytest.mark.parametrize("raw", ["", "   ", "a1000", "h300", "radeon 7900", "NVIDIA", "rtx", "gpu0", "sxm4-80gb"])
 def test_unknown_names_raise_with_the_known_list(raw):
-    with pytest.raises(TuningError) as err:
+    with pytest.raises(UsageError) as err:
         normalize_gpu_name(raw)
     msg = str(err.value)
     assert "\n" not in msg
@@ -83,7 +83,7 @@ def test_compute_capabilities(name, cc):
 
 
 def test_gpu_spec_refuses_special_names():
-    with pytest.raises(TuningError):
+    with pytest.raises(UsageError):
         gpu_spec("auto")
 
 
@@ -165,7 +165,7 @@ def test_resolve_target():
     assert t.name == "none" and not t.present and t.compute_capability is None
     t = resolve_target("none", h200)
     assert t.name == "none" and not t.present
-    with pytest.raises(TuningError):
+    with pytest.raises(UsageError):
         resolve_target("h300", h200)
 
 

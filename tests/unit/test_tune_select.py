@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphopt.errors import TuningError
+from graphopt.errors import UsageError
 from graphopt.ir import from_model, to_model
 from graphopt.lowering.contract import Candidate, Signature
 from graphopt.tune.cache import TimingRecord, TuningCache
@@ -120,7 +120,7 @@ def test_auto_without_gpu(graph):
 
 
 def test_unknown_gpu_name_raises_before_touching_the_graph(graph):
-    with pytest.raises(TuningError, match="h300"):
+    with pytest.raises(UsageError, match="h300"):
         select_lowerings(graph, "h300", devices=[])
     assert lowerings(graph)["cbr_dw"] == (None, None)
     assert "graphopt.mode" not in graph.metadata

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphopt.errors import TuningError
+from graphopt.errors import UsageError
 from graphopt.ir import from_model
 from graphopt.tune.cache import CACHE_FILE, TuningCache
 from graphopt.tune.gpus import DeviceInfo
@@ -74,7 +74,7 @@ def test_present_gpu_without_kernels_backend_says_why(monkeypatch):
 def test_none_and_unknown():
     g = from_model(build_model())
     assert tune_graph(g, "none", devices=[H200]).mode == "none"
-    with pytest.raises(TuningError):
+    with pytest.raises(UsageError):
         tune_graph(g, "quadro9000")
 
 
