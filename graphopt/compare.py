@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from graphopt.errors import GraphoptError, InvalidModel, UsageError, VerificationFailed, did_you_mean
+from graphopt.errors import InvalidModel, UsageError, VerificationFailed, did_you_mean
 
 BATCH_DIM = 2  # a symbolic leading (batch) dim
 DEFAULT_DIM = 16  # any other symbolic dim: sequence lengths, image sides

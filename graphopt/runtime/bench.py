@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from graphopt.errors import GraphoptError, UsageError
+from graphopt.errors import UsageError
 from graphopt.files import atomic_write
 
 DEFAULT_DIM = 16  # symbolic non-batch dims (sequence lengths) without a --shape
