@@ -110,8 +110,8 @@ def main() -> None:
                    "several dims combine as their product). Nodes record the choice per bucket in 'lowering_buckets'; "
                    "'lowering' is the largest bucket's. Without it, tuning uses --shape or the defaults "
                    "(batch-like dims 1, dims named *seq* 128) and says which.")
-@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance for --verify (default 1e-4; 1e-2 for fp16/bf16 models).")
-@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance for --verify (default 1e-5; 1e-2 for fp16/bf16 models).")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance for --verify (default 1e-4; 1e-2 for fp16/bf16 models).")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance for --verify (default 1e-5; 1e-2 for fp16/bf16 models).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp16: convert the model to fp16 first (onnxconverter-common); fusions and tuning then run at fp16.")
 @click.option("--io-fp16", is_flag=True, help="With --precision fp16: fp16 graph inputs and outputs too (default: they keep their dtypes).")
@@ -204,7 +204,6 @@ def _print_explain(con, report) -> None:
     con.print(Text(f"near-misses ({len(report.near_misses)})", style="bold"))
     for m in report.near_misses:
         con.print(f"  {m.get('rule')} at {m.get('anchor', m.get('node', ''))!r}: {m.get('reason')}")
-    from rich.text import Text
 
     con.print(Text(f"unfused Conv/Gemm/MatMul -> activation ({len(report.unfused)})", style="bold"))
     for u in report.unfused:
@@ -247,7 +246,6 @@ def inspect(model, rules, as_json):
             click.echo(json.dumps(info, indent=2))
             return
         from rich.table import Table
-        from rich.text import Text
 
         from graphopt.cli_display import opsets_text, print_whole
 
@@ -298,8 +296,8 @@ def _shape_str(graph, tensor: str) -> str:
 @click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--device", type=click.Choice(["cpu", "cuda", "numpy"]), default="cpu", show_default=True,
               help="Where A (the candidate) runs: cpu (onnxruntime), cuda (the graphopt runtime), numpy (its CPU testing backend); B, the reference, runs under onnxruntime CPU.")
-@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance (default 1e-4, 1e-2 for fp16/bf16 models).")
-@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance (default 1e-5, 1e-2 for fp16/bf16 models).")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance (default 1e-4, 1e-2 for fp16/bf16 models).")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance (default 1e-5, 1e-2 for fp16/bf16 models).")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D1xD2..", help="Concrete input shape (repeatable).")
 def verify(a, b, device, rtol, atol, shapes):
     """Compare models A and B on random inputs; per-output max abs/rel error; exit 9 if they differ."""
@@ -340,7 +338,6 @@ def rules_list(extra):
 
     def work():
         from rich.table import Table
-        from rich.text import Text
 
         from graphopt.rewrite import load_rules
 

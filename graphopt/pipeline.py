@@ -391,8 +391,7 @@ def optimize_file(
     start = time.perf_counter()
     source = Path(source)
     step = progress or (lambda msg: None)
-    if verify:
-        check_tolerances(rtol, atol)
+    check_tolerances(rtol, atol)  # a bad value is a usage error with or without --verify
     outputs = planned_outputs(source, output, report_path) if write else []
     reads = [source, *_rule_files(options.get("rules") or ())]
     check_outputs(outputs, reads, force=force)
