@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from cbr_layers import MOBILENETV2, RESNET50, _act_torch, _attrs, env_header, measure_ceilings  # noqa: E402
+from cbr_layers import MOBILENETV2, RESNET50, _act_torch, _attrs, env_header, layer_data, measure_ceilings  # noqa: E402
 
 DEFAULT_LAYERS = ("r50.l1.c2", "r50.l2.c2", "r50.l3.c2", "r50.l4.c2", "r50.l3.c2s2", "r50.l1.c3", "r50.l3.c1a",
                   "r50.l4.c1", "r50.l2.c1a", "mv2.s1.0.exp", "mv2.s3.1.pw")
@@ -102,19 +102,7 @@ def main(argv=None):
     for (bs, name, cin, cout, k, s, p, h, g, act, res, attrs, xs, ws, geom, sig, cands) in sigs:
         oshape = geom.out_shape
         with stream:
-            x = cupy.asarray(rng.standard_normal(xs, dtype=np.float32)).astype("float16")
-            w = cupy.asarray(rng.standard_normal(ws, dtype=np.float32) / math.sqrt(cin // g * k * k)).astype("float16")
-            b = cupy.asarray(rng.standard_normal(cout, dtype=np.float32)).astype("float16")
-            r = cupy.asarray(rng.standard_normal(oshape, dtype=np.float32)).astype("float16") if res else None
-            tx, tw, tb = (torch.as_tensor(v, device="cuda") for v in (x, w, b))
-            tr = torch.as_tensor(r, device="cuda") if res else None
-            with torch.cuda.stream(tstream):
-                torch.backends.cudnn.allow_tf32 = False
-                ref_t = F.conv2d(tx.float(), tw.float(), tb.float(), s, p, 1, g)
-                if res:
-                    ref_t = ref_t + tr.float()
-                ref_t = _act_torch(ref_t, act)
-                torch.backends.cudnn.allow_tf32 = True
+            (x, w, b, r), (tx, tw, tb, tr), ref_t = layer_data(rng, xs, ws, oshape, s, p, g, act, res, "float16", tstream)
             stream.synchronize()
             ref = cupy.asarray(ref_t)
             times = {}
