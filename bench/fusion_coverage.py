@@ -21,6 +21,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fusion_counts import max_rel_err as _counts_max_rel_err  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models" / "coverage"
 GELU_ACTS = ("Gelu", "GeluTanh", "QuickGelu")
@@ -120,20 +123,8 @@ def make_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def max_rel_err(original: onnx.ModelProto, optimized: onnx.ModelProto, seed: int = 0) -> float:
-    """max |optimized - original| / max |original| over every output, onnxruntime CPU."""
-    import onnxruntime as ort
-
-    feeds = make_feeds(original, seed)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    runs = [ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
-            for m in (original, optimized)]
-    worst = 0.0
-    for a, b in zip(*runs):
-        a, b = a.astype(np.float64), b.astype(np.float64)
-        worst = max(worst, float(np.max(np.abs(b - a)) / max(float(np.max(np.abs(a))), 1e-30)))
-    return worst
+    """fusion_counts.max_rel_err on this file's feeds."""
+    return _counts_max_rel_err(original, optimized, feeds=make_feeds(original, seed))
 
 
 def measure(file: str) -> dict:

@@ -71,6 +71,15 @@ def bypass(graph: Graph, node: Node, src: str, dst: str) -> str | None:
     return None
 
 
+def bypass_or_report(graph: Graph, trace: Trace, pass_name: str, node: Node, src: str, dst: str) -> int:
+    """``bypass``; 1 when the node was removed, else 0 with the reason reported to ``trace``."""
+    reason = bypass(graph, node, src, dst)
+    if reason is None:
+        return 1
+    report(trace, pass_name, node, reason)
+    return 0
+
+
 def replace_with_initializers(graph: Graph, node: Node, values: list) -> None:
     """Replace ``node`` by initializers holding ``values`` (one per output, same order), keeping
     every output's name, graph outputs included. Outputs whose value is None must be unused."""

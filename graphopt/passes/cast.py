@@ -14,7 +14,7 @@ from onnx import TensorProto
 
 from graphopt.ir import Graph
 
-from graphopt.passes._util import Trace, bypass, report
+from graphopt.passes._util import Trace, bypass_or_report, report
 
 NAME = "eliminate_noop_cast"
 
@@ -52,11 +52,7 @@ def eliminate_noop_cast(graph: Graph, *, trace: Trace = None) -> int:
             continue
         back = _round_trip_source(g, node)
         if back is not None:
-            reason = bypass(g, node, back, node.outputs[0])
-            if reason is None:
-                changes += 1
-            else:
-                report(trace, NAME, node, reason)
+            changes += bypass_or_report(g, trace, NAME, node, back, node.outputs[0])
             continue
         src, to = g.dtype(node.inputs[0]), int(node.attr("to", 0))
         if src is None or src == 0:
@@ -64,9 +60,5 @@ def eliminate_noop_cast(graph: Graph, *, trace: Trace = None) -> int:
             continue
         if src != to:
             continue  # a real conversion: not a near-miss
-        reason = bypass(g, node, node.inputs[0], node.outputs[0])
-        if reason is None:
-            changes += 1
-        else:
-            report(trace, NAME, node, reason)
+        changes += bypass_or_report(g, trace, NAME, node, node.inputs[0], node.outputs[0])
     return changes

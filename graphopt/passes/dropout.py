@@ -6,7 +6,7 @@ import numpy as np
 
 from graphopt.ir import Graph, Node
 
-from graphopt.passes._util import Trace, bypass, is_used, opset_version, report
+from graphopt.passes._util import Trace, bypass_or_report, is_used, opset_version, report
 
 NAME = "eliminate_dropout"
 
@@ -45,10 +45,8 @@ def eliminate_dropout(graph: Graph, *, trace: Trace = None) -> int:
             report(trace, NAME, node, "Dropout without a data input or output")
             continue
         reason = _why_not_inference(g, node)
-        if reason is None:
-            reason = bypass(g, node, node.inputs[0], node.outputs[0])
-        if reason is None:
-            changes += 1
-        else:
+        if reason is not None:
             report(trace, NAME, node, reason)
+            continue
+        changes += bypass_or_report(g, trace, NAME, node, node.inputs[0], node.outputs[0])
     return changes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphopt.ir import Graph
 
-from graphopt.passes._util import Trace, bypass, report
+from graphopt.passes._util import Trace, bypass_or_report, report
 
 NAME = "eliminate_identity"
 
@@ -24,9 +24,5 @@ def eliminate_identity(graph: Graph, *, trace: Trace = None) -> int:
         if len(node.inputs) != 1 or not node.inputs[0] or len(node.outputs) != 1 or not node.outputs[0]:
             report(trace, NAME, node, "malformed Identity (needs exactly one input and one output)")
             continue
-        reason = bypass(g, node, node.inputs[0], node.outputs[0])
-        if reason is None:
-            changes += 1
-        else:
-            report(trace, NAME, node, reason)
+        changes += bypass_or_report(g, trace, NAME, node, node.inputs[0], node.outputs[0])
     return changes
