@@ -305,7 +305,7 @@ class CudaBackend(_Backend):
             fb = fallback_for(f"lowering {key} cannot be captured in a CUDA graph")
             if fb[1] is None:  # the fallback captures: it is the better choice with graphs on
                 return fb
-        out_shape = ops_custom.output_shape(op, shapes, attrs, node, sig)
+        out_shape = ops_custom.output_shape(op, shapes, attrs, sig)
         out_dtype = in_arrays[0].dtype
         cupy = self.cupy
         workspace = cupy.empty(int(lowering.workspace_bytes), dtype=cupy.uint8) if lowering.workspace_bytes else None

@@ -192,7 +192,7 @@ def device_impl(op: str):
     return lambda ctx, ins, attrs: list(impl(ctx.xp, list(ins), dict(attrs), ctx.matmul))
 
 
-def output_shape(op: str, shapes: Sequence[tuple[int, ...] | None], attrs: Mapping[str, Any], node=None, sig=None) -> tuple[int, ...]:
+def output_shape(op: str, shapes: Sequence[tuple[int, ...] | None], attrs: Mapping[str, Any], sig=None) -> tuple[int, ...]:
     """The (first) output shape of a custom-op node for these input shapes (the lowering's out buffer):
     the op's schema says it."""
     from graphopt.kernels.check import output_shape as checked_shape
