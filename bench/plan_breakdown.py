@@ -1,0 +1,177 @@
+"""Where the time of an optimized model goes on the graphopt runtime: device time per step (CUDA events
+between steps, one synchronisation at the end, so the GPU runs back to back as in a real run), grouped by
+op and lowering, beside the CUDA-graph replay time of the whole plan and torch's time for the same model.
+
+    python3 bench/plan_breakdown.py --models resnet50,gpt2 --batches 32,1 --out OUT
+
+The models are built and exported exactly as in ``bench/e2e.py`` (torchvision / transformers configs,
+random weights), optimized with ``--gpu none`` (the heuristic's lowerings: this script explains a plan,
+it does not tune) and run in fp16. Writes OUT/plan_breakdown_<gpu>.json and .md after every model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import e2e  # noqa: E402  (bench/e2e.py: the same models and exports)
+
+
+def lowering_of(step) -> str:
+    node = getattr(step, "node", None)
+    low = getattr(step, "lowering", None)
+    return str(low or (getattr(node, "attrs", {}) or {}).get("lowering", "") or "")
+
+
+def breakdown(sess, feed, repeats: int) -> dict:
+    cp = sess.backend.cupy
+    stream = sess.backend.stream
+    sess.run(feed)
+    sess.synchronize()
+    plan = sess.last_plan
+    per = defaultdict(list)
+    host = defaultdict(float)
+    for _ in range(repeats):
+        marks = []
+
+        def timed(step, ins):
+            t0 = time.perf_counter()
+            a = cp.cuda.Event()
+            a.record(stream)
+            outs = step.run(ins)
+            b = cp.cuda.Event()
+            b.record(stream)
+            marks.append((step, a, b))
+            host[step.label] += time.perf_counter() - t0
+            return outs
+
+        with stream:
+            conv = sess._convert_feeds(feed)
+            plan.execute(conv, timed)
+        stream.synchronize()
+        for step, a, b in marks:
+            per[(step.label, step.op)].append(cp.cuda.get_elapsed_time(a, b) * 1e3)
+    steps = []
+    for (label, op), ts in per.items():
+        steps.append({"label": label, "op": op, "device_us": float(np.median(ts)),
+                      "host_us": host[label] / repeats * 1e6})
+    groups = defaultdict(lambda: [0, 0.0, 0.0])
+    for s in steps:
+        g = groups[s["op"]]
+        g[0] += 1
+        g[1] += s["device_us"]
+        g[2] += s["host_us"]
+    return {"steps": sorted(steps, key=lambda s: -s["device_us"]),
+            "by_op": sorted(([op, n, d, h] for op, (n, d, h) in groups.items()), key=lambda r: -r[2]),
+            "device_sum_us": sum(s["device_us"] for s in steps), "host_sum_us": sum(s["host_us"] for s in steps),
+            "notes": list(sess.plan_summary().get("notes", []))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet50,gpt2")
+    ap.add_argument("--batches", default="32,1")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--gpu-args", default="--gpu none", help="graphopt optimize's lowering options")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--gpu-name", default="h200")
+    args = ap.parse_args()
+    import cupy
+    import torch
+
+    from graphopt.runtime import Session
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cupy": cupy.__version__}
+    try:
+        import cudnn
+
+        meta["cudnn_frontend"] = getattr(cudnn, "__version__", "?")
+        meta["cudnn"] = str(cudnn.backend_version())
+    except Exception as e:  # noqa: BLE001
+        meta["cudnn_frontend"] = f"absent: {e}"
+    res = {"meta": meta, "models": []}
+    out_json = args.out / f"plan_breakdown_{args.gpu_name}.json"
+    for name, bs in zip(args.models.split(","), [int(b) for b in args.batches.split(",")]):
+        work = Path(tempfile.mkdtemp(prefix=f"pb_{name}_"))
+        src = work / f"{name}.onnx"
+        module = e2e.build_module(name)
+        e2e.export(name, module, src)
+        opt = work / f"{name}.opt.onnx"
+        shape = f"input={bs}x{e2e.SEQ}" if name == "gpt2" else f"input={bs}x3x224x224"
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "graphopt.cli", "optimize", str(src), "-o", str(opt),
+                            *args.gpu_args.split(), "--shape", shape, "-q"], capture_output=True, text=True)
+        entry = {"model": name, "bs": bs, "optimize_s": time.perf_counter() - t0, "optimize_rc": r.returncode,
+                 "optimize_err": r.stderr[-400:]}
+        x = e2e.example_input(name, bs).cuda()
+        feed = {"input": x if name == "gpt2" else x.float()}
+        for label, path in (("optimized", opt), ("unoptimized", src)):
+            try:
+                sess = Session(path, device="cuda", dtype="float16")
+                sess.run(feed)
+                sess.synchronize()
+                reps = []
+                for _ in range(30):
+                    t = time.perf_counter()
+                    sess.run(feed)
+                    sess.synchronize()
+                    reps.append((time.perf_counter() - t) * 1e3)
+                entry[f"{label}_graph_ms"] = float(np.median(reps))
+                entry[f"{label}_graph_status"] = sess.graph_status
+                es = Session(path, device="cuda", dtype="float16", cuda_graphs=False)
+                entry[label] = breakdown(es, feed, args.repeats)
+            except Exception as e:  # noqa: BLE001
+                entry[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        mod = module.to("cuda").half()
+        xt = x if name == "gpt2" else x.half()
+        with torch.inference_mode():
+            for _ in range(5):
+                mod(xt)
+            torch.cuda.synchronize()
+            ts = []
+            for _ in range(30):
+                t = time.perf_counter()
+                mod(xt)
+                torch.cuda.synchronize()
+                ts.append((time.perf_counter() - t) * 1e3)
+        entry["torch_eager_ms"] = float(np.median(ts))
+        res["models"].append(entry)
+        out_json.write_text(json.dumps(res, indent=1))
+        print(json.dumps({k: v for k, v in entry.items() if k not in ("optimized", "unoptimized")}), flush=True)
+        if "optimized" in entry:
+            o = entry["optimized"]
+            print(f"  device sum {o['device_sum_us']:.0f} us, host sum {o['host_sum_us']:.0f} us", flush=True)
+            for op, n, d, h in o["by_op"][:12]:
+                print(f"  {op:28s} n={n:4d} device {d:9.1f} us  host {h:9.1f} us", flush=True)
+            for s in o["steps"][:15]:
+                print(f"    {s['label'][:60]:60s} {s['device_us']:8.1f}", flush=True)
+            print("  notes:", o["notes"][:20], flush=True)
+    md = [f"# Plan breakdown ({meta['date']}, {meta['gpu']})", "", f"command: `{meta['command']}`", ""]
+    for e in res["models"]:
+        md.append(f"## {e['model']} bs{e['bs']}: graph replay {e.get('optimized_graph_ms')} ms optimized, "
+                  f"{e.get('unoptimized_graph_ms')} ms unoptimized, torch eager {e['torch_eager_ms']:.2f} ms")
+        if "optimized" in e:
+            md += ["", "| op | nodes | device us | host us |", "|---|---:|---:|---:|"]
+            md += [f"| {op} | {n} | {d:.1f} | {h:.1f} |" for op, n, d, h in e["optimized"]["by_op"]]
+            md += ["", "notes: " + "; ".join(e["optimized"]["notes"][:30]), ""]
+    (args.out / f"plan_breakdown_{args.gpu_name}.md").write_text("\n".join(md) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
