@@ -136,7 +136,11 @@ def main() -> int:
                 es = Session(path, device="cuda", dtype="float16", cuda_graphs=False)
                 entry[label] = breakdown(es, feed, args.repeats)
             except Exception as e:  # noqa: BLE001
+                import traceback
+
                 entry[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                entry[f"{label}_traceback"] = traceback.format_exc()[-2500:]
+                print(traceback.format_exc()[-2500:], flush=True)
         mod = module.to("cuda").half()
         xt = x if name == "gpt2" else x.half()
         with torch.inference_mode():

@@ -146,7 +146,9 @@ class Session:
             raise UsageError(f"{self.source}: missing input(s) {', '.join(map(repr, missing))}")
         for name, value in feeds.items():
             vi = self._declared(name)
-            dtype, shape = np.dtype(getattr(value, "dtype", np.asarray(value).dtype)), tuple(np.shape(value))
+            # device arrays refuse np.asarray (an implicit device-to-host copy): read dtype/shape as attributes
+            dtype = np.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
+            shape = tuple(value.shape) if hasattr(value, "shape") else tuple(np.shape(value))
             if vi.dtype:
                 want = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.dtype))
                 if dtype != want:

@@ -104,3 +104,21 @@ def test_runs_are_ordered_with_the_callers_stream(fake_cuda):
     with user:
         sess.run(feeds)
     assert sess.backend.stream.waits == 1 and user.waits == 1  # ours waited for the caller, the caller for ours
+
+
+def test_feed_checks_never_copy_a_device_array_to_the_host(fake_cuda):
+    """CuPy arrays refuse ``np.asarray`` (an implicit device-to-host copy): the feed checks read the dtype
+    and shape as attributes. A regression here broke every ``device="cuda"`` run on the GPU."""
+    from graphopt.runtime import Session
+
+    class DeviceOnly:
+        def __init__(self, arr):
+            self.dtype, self.shape = arr.dtype, arr.shape
+
+        def __array__(self, *a, **k):
+            raise TypeError("Implicit conversion to a NumPy array is not allowed")
+
+    path = ROOT / "models" / "resnet_style.onnx"
+    feeds = random_feeds(onnx.load(path), np.random.default_rng(0))
+    sess = Session(path, device="cuda", cuda_graphs=False)
+    sess._check_feeds({k: DeviceOnly(v) for k, v in feeds.items()})
