@@ -1,5 +1,5 @@
-"""Where the time of an optimized model goes on the graphopt runtime: device time per step (CUDA events
-between steps, one synchronisation at the end, so the GPU runs back to back as in a real run), grouped by
+"""Where the time of an optimized model goes on the graphopt runtime: device time per step (each step captured
+alone into a CUDA graph and replayed between two events), grouped by
 op and lowering, beside the CUDA-graph replay time of the whole plan and torch's time for the same model.
 
     python3 bench/plan_breakdown.py --models resnet50,gpt2 --batches 32,1 --out OUT
@@ -37,37 +37,47 @@ def lowering_of(step) -> str:
 
 
 def breakdown(sess, feed, repeats: int) -> dict:
+    """Per step: its device time alone, from a CUDA graph of that one step replayed ``repeats`` times
+    between two events (events around eager steps would measure the host, which is slower than the
+    GPU here); a step that cannot be captured is timed eagerly with a synchronisation (labelled)."""
     cp = sess.backend.cupy
     stream = sess.backend.stream
     sess.run(feed)
     sess.synchronize()
     plan = sess.last_plan
-    per = defaultdict(list)
-    host = defaultdict(float)
-    for _ in range(repeats):
-        marks = []
-
-        def timed(step, ins):
-            t0 = time.perf_counter()
-            a = cp.cuda.Event()
-            a.record(stream)
-            outs = step.run(ins)
-            b = cp.cuda.Event()
-            b.record(stream)
-            marks.append((step, a, b))
-            host[step.label] += time.perf_counter() - t0
-            return outs
-
-        with stream:
-            conv = sess._convert_feeds(feed)
-            plan.execute(conv, timed)
-        stream.synchronize()
-        for step, a, b in marks:
-            per[(step.label, step.op)].append(cp.cuda.get_elapsed_time(a, b) * 1e3)
     steps = []
-    for (label, op), ts in per.items():
-        steps.append({"label": label, "op": op, "device_us": float(np.median(ts)),
-                      "host_us": host[label] / repeats * 1e6})
+
+    def timed(step, ins):
+        t0 = time.perf_counter()
+        outs = step.run(ins)
+        stream.synchronize()
+        host_sync = (time.perf_counter() - t0) * 1e6
+        entry = {"label": step.label, "op": step.op, "how": "graph"}
+        try:
+            stream.begin_capture()
+            try:
+                step.run(ins)
+            finally:
+                graph = stream.end_capture()
+            graph.launch(stream)
+            stream.synchronize()
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(stream)
+            for _ in range(repeats):
+                graph.launch(stream)
+            b.record(stream)
+            b.synchronize()
+            entry["device_us"] = cp.cuda.get_elapsed_time(a, b) * 1e3 / repeats
+        except Exception as e:  # noqa: BLE001 - not capturable: eager time with a sync (host included)
+            entry.update(how=f"eager+sync ({type(e).__name__})", device_us=host_sync)
+        entry["host_us"] = host_sync
+        steps.append(entry)
+        return outs
+
+    with stream:
+        conv = sess._convert_feeds(feed)
+        plan.execute(conv, timed)
+    stream.synchronize()
     groups = defaultdict(lambda: [0, 0.0, 0.0])
     for s in steps:
         g = groups[s["op"]]
@@ -84,7 +94,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet50,gpt2")
     ap.add_argument("--batches", default="32,1")
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=20, help="graph replays per step")
     ap.add_argument("--gpu-args", default="--gpu none", help="graphopt optimize's lowering options")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--gpu-name", default="h200")
@@ -162,8 +172,8 @@ def main() -> int:
             print(f"  device sum {o['device_sum_us']:.0f} us, host sum {o['host_sum_us']:.0f} us", flush=True)
             for op, n, d, h in o["by_op"][:12]:
                 print(f"  {op:28s} n={n:4d} device {d:9.1f} us  host {h:9.1f} us", flush=True)
-            for s in o["steps"][:15]:
-                print(f"    {s['label'][:60]:60s} {s['device_us']:8.1f}", flush=True)
+            for s in o["steps"][:25]:
+                print(f"    {s['label'][:60]:60s} {s['device_us']:8.1f} {s['how'][:20]}", flush=True)
             print("  notes:", o["notes"][:20], flush=True)
     md = [f"# Plan breakdown ({meta['date']}, {meta['gpu']})", "", f"command: `{meta['command']}`", ""]
     for e in res["models"]:

@@ -136,6 +136,7 @@ def candidate_from_key(op: str, key: str) -> Candidate:
 def all_kernel_instances() -> list[tuple[str, str]]:
     """Every (source, template instance) any candidate can compile, for CI and prebuilding."""
     from graphopt.kernels.cbr import PIPE_DTYPES, PIPE_STAGES, PIPE_TILES, TILE_CONFIGS_BK
+    from graphopt.kernels.pool import instances as pool_instances
     from graphopt.kernels.source import instance
 
     out: list[tuple[str, str]] = []
@@ -160,4 +161,5 @@ def all_kernel_instances() -> list[tuple[str, str]]:
     out.append(("elementwise.cu", "spin"))
     out += norm_kernel_instances()
     out += attention_kernel_instances()
+    out += pool_instances()
     return out

@@ -23,7 +23,7 @@ from graphopt.errors import TuningError
 
 KERNEL_DIR = Path(__file__).resolve().parent
 PRELUDE = "common.cuh"
-SOURCES = ("direct_conv.cu", "mma_gemm.cu", "elementwise.cu", "norm.cu", "attention.cu")
+SOURCES = ("direct_conv.cu", "mma_gemm.cu", "elementwise.cu", "norm.cu", "attention.cu", "pool.cu")
 OPTIONS = ("-std=c++17",)
 
 # numpy dtype name -> C storage type used in the kernels (fp16 is stored as raw 16-bit words).
@@ -80,7 +80,7 @@ def _int(v: Any) -> int:
 def instance(template: str, dtype: str, *ints: int) -> str:
     """``template<ctype, i0, i1, ...>`` from validated parts, e.g. ``mma_gemm<half_t,2,128,...>``."""
     if template not in ("direct_conv", "mma_gemm", "epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc",
-                        "norm_rows", "attn_softmax", "flash_attn", "flash_mma"):
+                        "norm_rows", "attn_softmax", "flash_attn", "flash_mma", "pool2d"):
         raise TuningError(f"unknown kernel template {template!r}")
     if dtype not in CTYPE:
         raise TuningError(f"dtype {dtype!r} has no kernel; supported: {', '.join(CTYPE)}")

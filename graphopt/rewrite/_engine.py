@@ -1,7 +1,8 @@
 """The fixpoint driver: check matches, build replacements, rewrite, record provenance and explain.
 
 For every graph (the main graph, then each subgraph from ``graph.graphs()``) the driver runs
-passes until one pass changes nothing. A pass goes over the rules in order (priority, then
+passes until one pass changes nothing (rules of priority below 0 are late: they join once the
+others have reached their fixpoint). A pass goes over the rules in order (priority, then
 name) and, for each rule, over the candidates ``graph.nodes_by_op(root op)`` in graph order, so
 the result is deterministic. A rule that keeps firing for ``max_passes`` passes (A -> B -> A)
 raises ``RuleError`` naming the rules still firing.
@@ -416,7 +417,12 @@ def apply_rules(graph, ruleset: RuleSet, explain: bool = False, max_passes: int 
             if id(sub) in done:
                 continue
             done.add(id(sub))
-            _fixpoint(sub, rules, report, explain, max_passes)
+            _fixpoint(sub, [r for r in rules if r.priority >= 0], report, explain, max_passes)
+            if any(r.priority < 0 for r in rules):
+                # late rules (priority < 0) start once the others are at their fixpoint, whose
+                # near-misses are the ones reported; then every rule again (a late rewrite may let a
+                # composing rule fire), without a second set of near-misses
+                _fixpoint(sub, rules, report, False, max_passes)
     report.counts = dict(sorted(report.counts.items()))
     return report
 

@@ -16,7 +16,8 @@ A rule file is TOML and is only ever parsed as data (``tomllib``/``tomli``); not
     replace = "graphopt.CBR(x, w, b?, attrs=y, {act.attrs})"
     keep = []                          # node captures allowed to stay used outside the match
     outputs = []                       # node captures whose output the new node also produces
-    priority = 3                       # default: the pattern's op count
+    priority = 3                       # default: the pattern's op count; < 0: a late rule, run
+                                       # after the others reach their fixpoint
 
 The replacement names the op to build. Positional arguments are its inputs: captures
 (``b?`` passes an optional one through), builder calls (``add_bias(b?, c, conv)``) or nested op

@@ -18,7 +18,9 @@ class Rule:
     outputs and in this order (SkipLayerNorm's sum ``S``): they are removed even when other nodes
     read them or they are graph outputs, because the new node takes over their tensor names.
     ``priority`` orders rules (higher first, then by name); it defaults to the pattern's op count
-    so larger patterns claim nodes before the smaller patterns they contain.
+    so larger patterns claim nodes before the smaller patterns they contain. A negative priority
+    makes a late rule: it runs only once the other rules have reached their fixpoint (``--explain``
+    reports the near-misses of that point), e.g. ``conv_alone`` turning what no fusion took into a CBR.
     """
 
     name: str

@@ -8,6 +8,7 @@ or that the producer's output has another consumer or is a graph output (rules n
 
 from __future__ import annotations
 
+from graphopt.rewrite._engine import _provenance_sources
 from graphopt.rewrite._rules import RuleSet
 from graphopt.rewrite._syntax import OpPat, pattern_ops
 
@@ -39,33 +40,45 @@ def unfused_chains(graph, ruleset: RuleSet, near_misses=()) -> list[dict]:
         misses.setdefault(m.anchor, []).append(m)
     out = []
     for g, node in graph.walk():
-        if node.domain or node.op_type not in PRODUCERS or not node.outputs:
+        op, name = _producer(node)
+        if op is None or not node.outputs:
             continue
         tensor = node.outputs[0]
         users = g.consumers(tensor)
         hops = [(u, None) for u in users]
-        if node.op_type in ("MatMul", "Gemm"):  # MatMul -> Add(bias) -> activation
+        if op in ("MatMul", "Gemm"):  # MatMul -> Add(bias) -> activation
             hops += [(v, u) for u in users if u.op_type == "Add" and u.outputs for v in g.consumers(u.outputs[0])]
         for act, via in hops:
             if act.domain or act.op_type not in ACTIVATIONS:
                 continue
-            chain = f"{node.op_type} -> {'Add -> ' if via is not None else ''}{act.op_type}"
-            out.append({"node": node.name, "op": node.op_type, "activation": act.name,
+            chain = f"{op} -> {'Add -> ' if via is not None else ''}{act.op_type}"
+            out.append({"node": name, "op": op, "activation": act.name,
                         "activation_op": act.op_type, "chain": chain,
-                        "reason": _reason(g, node, tensor, users, act, covered, misses)})
+                        "reason": _reason(g, op, tensor, users, act, covered, misses)})
     return out
 
 
-def _reason(g, node, tensor, users, act, covered, misses) -> str:
-    if (node.op_type, act.op_type) not in covered:
-        return f"no rule fuses {node.op_type} -> {act.op_type}"
+def _producer(node) -> tuple[str | None, str]:
+    """(producer op, the name to show): a Conv/Gemm/MatMul, or the CBR that the late rule conv_alone made
+    of a Conv no fusion took (it stands for that Conv, by its original name)."""
+    if not node.domain and node.op_type in PRODUCERS:
+        return node.op_type, node.name
+    if node.domain == "graphopt" and node.op_type == "CBR" and "rule=conv_alone " in (node.doc_string or ""):
+        sources = _provenance_sources(node)
+        return "Conv", sources[0] if sources else node.name
+    return None, node.name
+
+
+def _reason(g, op, tensor, users, act, covered, misses) -> str:
+    if (op, act.op_type) not in covered:
+        return f"no rule fuses {op} -> {act.op_type}"
     found = misses.get(act.name, [])
-    related = [m for m in found if node.op_type in m.rule.lower() or node.op_type.lower() in m.rule.lower()] or found
+    related = [m for m in found if op in m.rule.lower() or op.lower() in m.rule.lower()] or found
     if related:
         return "; ".join(f"{m.rule}: {m.reason}" for m in related[:3]) + (
             f" (and {len(related) - 3} more near-misses)" if len(related) > 3 else "")
     if len(users) > 1:
-        return f"{node.op_type} output {tensor!r} has {len(users)} consumers; rules never fuse across it"
+        return f"{op} output {tensor!r} has {len(users)} consumers; rules never fuse across it"
     if g.is_graph_output(tensor):
-        return f"{node.op_type} output {tensor!r} is a graph output; rules never fuse across it"
+        return f"{op} output {tensor!r} is a graph output; rules never fuse across it"
     return "the rules for this pair did not match here and recorded no near-miss"

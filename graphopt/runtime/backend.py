@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from graphopt.errors import GraphoptError, TuningError
+from graphopt.kernels import pool as pool_kernels
 from graphopt.kernels.heuristic import DEFAULT_LOWERING, heuristic_lowering
 from graphopt.kernels.registry import candidate_from_key, signature_of
 from graphopt.lowering.contract import as_lowering
@@ -37,6 +38,7 @@ class _Backend:
         self.dims: dict[str, int] = {}  # symbolic dim -> actual size for the run being traced
         self.workspace_bytes = 0  # lowering workspaces allocated at plan build (counted in peak memory)
         self.matmul = ops_std.numpy_matmul
+        self.pool = None  # a pooling-kernel module (CUDA only), handed to the standard ops
 
     @staticmethod
     def error(message: str) -> GraphoptError:
@@ -75,9 +77,9 @@ class _Backend:
 
     def std_step(self, node, opset: int, host_vals: dict, dyn_pos: list[int]):
         fn = ops_std.OPS[node.op_type]
-        xp, cd, mm = self.xp, self.compute_dtype, self.matmul
+        xp, cd, mm, pool = self.xp, self.compute_dtype, self.matmul, self.pool
         if not dyn_pos:
-            ctx = ops_std.OpContext(xp, node, opset, host_vals, cd, mm)
+            ctx = ops_std.OpContext(xp, node, opset, host_vals, cd, mm, pool)
             return lambda ins: fn(ctx, ins)
 
         def run(ins):
@@ -86,7 +88,7 @@ class _Backend:
             for i in dyn_pos:
                 hv[i] = self.to_host(ins[i])
                 ins[i] = None
-            return fn(ops_std.OpContext(xp, node, opset, hv, cd, mm), ins)
+            return fn(ops_std.OpContext(xp, node, opset, hv, cd, mm, pool), ins)
 
         return run
 
@@ -189,6 +191,8 @@ class CudaBackend(_Backend):
         self.arch = f"sm_{cc}"
         self.set_stream(stream or _shared_stream(cupy))
         self.user_errors = _Backend.user_errors + (cupy.cuda.memory.OutOfMemoryError,)
+        if hasattr(cupy, "RawModule"):  # a real CuPy (the CPU tests' stand-in has no kernels)
+            self.pool = pool_kernels
 
     def _cupy_matmul(self, a, b):
         return self.cupy.matmul(a, b)

@@ -30,8 +30,11 @@ FOLDABLE_MAX_ELEMENTS = 1 << 16
 class OpContext:
     """What an op implementation sees: ``xp``, attributes, opset, plan-time host inputs, accumulation dtype."""
 
-    def __init__(self, xp, node, opset: int, host_values: dict[int, np.ndarray], compute_dtype=None, matmul=None):
+    def __init__(self, xp, node, opset: int, host_values: dict[int, np.ndarray], compute_dtype=None, matmul=None,
+                 pool=None):
         self.xp = xp
+        # the backend's pooling kernel (graphopt.kernels.pool.pool2d on a GPU, any layout), or None
+        self.pool = pool
         self.node = node
         self.opset = opset
         self._host = host_values
@@ -408,6 +411,10 @@ def _pool(ctx, x, kind):
     kernel = list(ctx.attr("kernel_shape"))
     nd = len(kernel)
     strides, dil, pads, outs = _conv_geometry(ctx, list(x.shape[2:]), kernel)
+    if ctx.pool is not None and ctx.pool.supports(x, kernel):
+        if kind == "avg":
+            kind = "avg_pad" if ctx.attr("count_include_pad", 0) else "avg"
+        return ctx.pool.pool2d(xp, x, kind, kernel, strides, dil, pads, outs)
     if kind == "max":
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
         sl = _windows_nd(xp, x, kernel, strides, dil, pads, outs, fill)
@@ -447,6 +454,9 @@ def _avgpool(ctx, ins):
 @op("GlobalAveragePool")
 def _gap(ctx, ins):
     x = ins[0]
+    if ctx.pool is not None and ctx.pool.supports(x, x.shape[2:]):
+        sp = [int(d) for d in x.shape[2:]]
+        return [ctx.pool.pool2d(ctx.xp, x, "avg", sp, [1] * len(sp), [1] * len(sp), [0] * 2 * len(sp), [1] * len(sp))]
     axes = tuple(range(2, x.ndim))
     return [_acc(ctx, x).mean(axis=axes, keepdims=True).astype(x.dtype)]
 
@@ -454,6 +464,9 @@ def _gap(ctx, ins):
 @op("GlobalMaxPool")
 def _gmp(ctx, ins):
     x = ins[0]
+    if ctx.pool is not None and ctx.pool.supports(x, x.shape[2:]):
+        sp = [int(d) for d in x.shape[2:]]
+        return [ctx.pool.pool2d(ctx.xp, x, "max", sp, [1] * len(sp), [1] * len(sp), [0] * 2 * len(sp), [1] * len(sp))]
     return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]
 
 

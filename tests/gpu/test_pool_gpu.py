@@ -1,0 +1,84 @@
+"""The runtime's pooling kernel (graphopt.kernels.pool) against the array-module pooling on the host
+(float64), over NCHW and NHWC storage, odd sizes, pads, strides, dilations, ceil mode, count_include_pad,
+1-D windows and the global forms, fp16 and fp32; the output keeps the input's layout; it captures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from _harness import require_device  # noqa: E402
+
+require_device()
+
+from graphopt.kernels import pool  # noqa: E402
+from graphopt.lowering.layout import is_layout, to_layout  # noqa: E402
+from graphopt.runtime import ops_std  # noqa: E402
+
+CASES = [  # op, input shape, attributes
+    ("MaxPool", (32, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("MaxPool", (3, 5, 13, 11), dict(kernel_shape=[3, 2], strides=[2, 3], pads=[1, 0, 1, 1], ceil_mode=1)),
+    ("MaxPool", (2, 7, 17, 9), dict(kernel_shape=[3, 3], dilations=[2, 1], pads=[2, 1, 2, 1])),
+    ("MaxPool", (2, 3, 29), dict(kernel_shape=[4], strides=[3], pads=[1, 2])),
+    ("AveragePool", (3, 5, 13, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("AveragePool", (3, 5, 13, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)),
+    ("AveragePool", (2, 6, 10, 10), dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, count_include_pad=1)),
+    ("AveragePool", (2, 4, 31), dict(kernel_shape=[5], pads=[2, 2])),
+    ("GlobalAveragePool", (32, 2048, 7, 7), {}),
+    ("GlobalAveragePool", (3, 5, 1, 13), {}),
+    ("GlobalMaxPool", (3, 9, 7, 5), {}),
+]
+
+
+class _Node:  # what OpContext reads of a node: its attributes and outputs
+    outputs = ["y"]
+
+    def __init__(self, attrs):
+        self.attrs = dict(attrs)
+
+    def attr(self, name, default=None):
+        return self.attrs.get(name, default)
+
+
+def _node(op, attrs):
+    return _Node(attrs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}")
+def test_pool_kernel_matches_the_reference(case, layout, dtype):
+    op, shape, attrs = case
+    rng = np.random.default_rng(len(shape) * 7 + shape[1])
+    x = rng.standard_normal(shape).astype(dtype)
+    x[(0,) * len(shape)] = np.nan if op == "MaxPool" else x[(0,) * len(shape)]  # NaN propagates through max
+    node = _node(op, attrs)
+    want = ops_std.OPS[op](ops_std.OpContext(np, node, 17, {}), [x.astype(np.float64)])[0]
+    xd = to_layout(cp.asarray(x), layout, cp)
+    ctx = ops_std.OpContext(cp, node, 17, {}, pool=pool)
+    got = ops_std.OPS[op](ctx, [xd])[0]
+    assert got.shape == want.shape and got.dtype == x.dtype
+    if len(shape) == 4:
+        assert is_layout(got, layout), (got.strides, layout)
+    tol = 2e-2 if dtype == "float16" else 1e-5
+    np.testing.assert_allclose(cp.asnumpy(got).astype(np.float64), want, rtol=tol, atol=tol, equal_nan=True)
+
+
+def test_pool_kernel_captures_in_a_cuda_graph():
+    x = cp.asarray(np.random.default_rng(0).standard_normal((4, 8, 15, 15)).astype(np.float16))
+    ctx = ops_std.OpContext(cp, _node("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2])), 17, {}, pool=pool)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        ops_std.OPS["MaxPool"](ctx, [x])  # compiled outside the capture
+        s.begin_capture()
+        try:
+            y = ops_std.OPS["MaxPool"](ctx, [x])[0]
+        finally:
+            g = s.end_capture()
+        y.fill(0)
+        g.launch(s)
+        s.synchronize()
+    want = ops_std.OPS["MaxPool"](ops_std.OpContext(np, ctx.node, 17, {}), [cp.asnumpy(x).astype(np.float64)])[0]
+    np.testing.assert_allclose(cp.asnumpy(y).astype(np.float64), want, rtol=1e-2, atol=1e-2)

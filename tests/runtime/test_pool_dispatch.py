@@ -1,0 +1,56 @@
+"""The standard pooling ops hand their geometry to the backend's pooling kernel when there is one
+(the kernel itself is tested on the GPU: tests/gpu/test_pool_gpu.py), and use the array-module path
+when there is none or the input is outside what the kernel takes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphopt.runtime import ops_std
+
+
+class _Node:
+    outputs = ["y"]
+
+    def __init__(self, attrs):
+        self.attrs = attrs
+
+    def attr(self, name, default=None):
+        return self.attrs.get(name, default)
+
+
+class _FakePool:
+    def __init__(self):
+        self.calls = []
+
+    @staticmethod
+    def supports(x, kernel):
+        return x.dtype == np.float32 and x.ndim in (3, 4)
+
+    def pool2d(self, xp, x, kind, kernel, strides, dil, pads, outs):
+        self.calls.append((kind, list(kernel), list(strides), list(dil), list(pads), list(outs)))
+        return "kernel"
+
+
+@pytest.mark.parametrize("op,attrs,want", [
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), ("max", [3, 3], [2, 2], [1, 1], [1, 1, 1, 1], [5, 4])),
+    ("AveragePool", dict(kernel_shape=[2, 2]), ("avg", [2, 2], [1, 1], [1, 1], [0, 0, 0, 0], [8, 6])),
+    ("AveragePool", dict(kernel_shape=[2, 2], count_include_pad=1, pads=[1, 0, 1, 0]),
+     ("avg_pad", [2, 2], [1, 1], [1, 1], [1, 0, 1, 0], [10, 6])),
+    ("GlobalAveragePool", {}, ("avg", [9, 7], [1, 1], [1, 1], [0, 0, 0, 0], [1, 1])),
+    ("GlobalMaxPool", {}, ("max", [9, 7], [1, 1], [1, 1], [0, 0, 0, 0], [1, 1])),
+])
+def test_pooling_ops_dispatch_to_the_kernel(op, attrs, want):
+    fake = _FakePool()
+    x = np.zeros((2, 3, 9, 7), np.float32)
+    out = ops_std.OPS[op](ops_std.OpContext(np, _Node(attrs), 17, {}, pool=fake), [x])
+    assert out == ["kernel"] and fake.calls == [want]
+
+
+def test_pooling_without_a_kernel_or_outside_it_uses_the_array_path():
+    x = np.arange(2 * 3 * 4 * 4, dtype=np.float64).reshape(2, 3, 4, 4)  # float64: outside the kernel
+    fake = _FakePool()
+    node = _Node(dict(kernel_shape=[2, 2], strides=[2, 2]))
+    got = ops_std.OPS["MaxPool"](ops_std.OpContext(np, node, 17, {}, pool=fake), [x])[0]
+    assert fake.calls == [] and got.shape == (2, 3, 2, 2) and got[0, 0, 0, 0] == 5

@@ -1,0 +1,91 @@
+"""conv_alone (a Conv no other rule fuses becomes a CBR without activation, last) and cbr_residual
+(a CBR without activation absorbs the residual Add after it): they fire, they come after every larger
+Conv rule, and the rewritten models compute what the originals did under onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from graphopt.ir import from_model, to_model
+from graphopt.rewrite import RuleSet, apply_rules, load_rules
+from graphopt.rewrite.testing import random_feeds, run_ort
+
+SHIPPED = load_rules()
+RNG = np.random.default_rng(0)
+
+
+def _w(name, *shape):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * 0.2).astype(np.float32), name)
+
+
+def _model(nodes, outputs, inits, extra_out=()):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 9, 9])
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in list(outputs) + list(extra_out)]
+    g = helper.make_graph(nodes, "g", [x], outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_operatorsetid("", 17)])
+
+
+def _run(model, rules=SHIPPED):
+    g = from_model(model)
+    report = apply_rules(g, rules, explain=True)
+    g.lint()
+    out = to_model(g)
+    feeds = random_feeds(model)
+    for e, a in zip(run_ort(model, feeds), run_ort(out, feeds)):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
+    return g, report
+
+
+def test_a_lone_conv_becomes_a_cbr_without_activation():
+    m = _model([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])], ["y"],
+               [_w("w", 6, 4, 3, 3), _w("b", 6)])
+    g, report = _run(m)
+    assert report.counts == {"conv_alone": 1}
+    (n,) = g.nodes()
+    assert (n.domain, n.op_type, n.attr("activation"), n.attr("strides")) == ("graphopt", "CBR", "none", [2, 2])
+
+
+def test_a_conv_read_twice_or_a_graph_output_still_becomes_a_cbr():
+    # the Relu cannot be fused (the Conv output has a second consumer); the Conv alone is still tuned
+    m = _model([helper.make_node("Conv", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["r"])],
+               ["r"], [_w("w", 6, 4, 1, 1)], extra_out=["y"])
+    g, report = _run(m)
+    assert report.counts == {"conv_alone": 1}
+    assert sorted(n.op_type for n in g.nodes()) == ["CBR", "Relu"]
+
+
+def test_larger_conv_rules_win_over_conv_alone():
+    # ResNet's downsample block: Relu(Add(Conv(main), Conv(downsample)))
+    m = _model([helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Conv", ["x", "w2"], ["d"]),
+                helper.make_node("Add", ["a", "d"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+               ["y"], [_w("w1", 6, 4, 1, 1), _w("w2", 6, 4, 1, 1)])
+    g, report = _run(m)
+    assert report.counts == {"conv_alone": 1, "conv_residual_relu": 1}
+    cbrs = sorted(n.attr("activation") for n in g.nodes())
+    assert cbrs == ["Relu", "none"] and len(g) == 2
+
+
+def test_cbr_residual_absorbs_the_add_after_a_cbr_without_activation():
+    m = _model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])],
+               ["y"], [_w("w", 4, 4, 3, 3)])
+    m.graph.node[0].attribute.extend([helper.make_attribute("pads", [1, 1, 1, 1])])
+    # conv_alone first (only it), then cbr_residual on the result
+    g = from_model(m)
+    apply_rules(g, RuleSet([SHIPPED.get("conv_alone")]))
+    m2 = to_model(g)
+    g2, report = _run(m2, RuleSet([SHIPPED.get("cbr_residual")]))
+    assert report.counts == {"cbr_residual": 1}
+    (n,) = g2.nodes()
+    assert n.op_type == "CBR" and len(n.inputs) == 4 and n.attr("activation") == "none"
+
+
+def test_cbr_residual_refuses_a_constant_operand():
+    m = _model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Add", ["c", "k"], ["y"])],
+               ["y"], [_w("w", 4, 4, 1, 1), _w("k", 1, 4, 9, 9)])
+    g = from_model(m)
+    apply_rules(g, RuleSet([SHIPPED.get("conv_alone")]))
+    g2, report = _run(to_model(g), RuleSet([SHIPPED.get("cbr_residual")]))
+    assert report.counts == {}
+    assert any(nm.rule == "cbr_residual" and "constant" in nm.reason for nm in report.near_misses), report.near_misses
