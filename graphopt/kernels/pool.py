@@ -19,18 +19,21 @@ from graphopt.lowering.layout import empty, is_layout
 
 SOURCE = "pool.cu"
 MODES = {"max": 0, "avg": 1, "avg_pad": 2}
+VECS = {"float16": 8, "float32": 4}  # channels per thread when they are contiguous: one 16-byte load
 THREADS = 256
 MAX_BLOCKS = 65536
+MAX_ELEMENTS = 2**31 - 1  # the kernel's indices are 32-bit
 
 
 def instances() -> list[tuple[str, str]]:
     """Every (source, instance) the runtime can launch."""
-    return [(SOURCE, instance("pool2d", dt, m)) for dt in CTYPE for m in MODES.values()]
+    return [(SOURCE, instance("pool2d", dt, m, v)) for dt in CTYPE for m in MODES.values() for v in (1, VECS[dt])]
 
 
 def supports(x: Any, kernel: Sequence[int]) -> bool:
-    """Whether ``pool2d`` takes this input: 1-D or 2-D windows over an fp16/fp32 N-C-spatial tensor."""
-    return str(x.dtype) in CTYPE and x.ndim in (3, 4) and len(kernel) == x.ndim - 2
+    """Whether ``pool2d`` takes this input: 1-D or 2-D windows over an fp16/fp32 N-C-spatial tensor
+    of fewer than 2^31 elements."""
+    return str(x.dtype) in CTYPE and x.ndim in (3, 4) and len(kernel) == x.ndim - 2 and int(x.size) <= MAX_ELEMENTS
 
 
 def pool2d(xp: Any, x: Any, kind: str, kernel: Sequence[int], strides: Sequence[int], dil: Sequence[int],
@@ -47,17 +50,22 @@ def pool2d(xp: Any, x: Any, kind: str, kernel: Sequence[int], strides: Sequence[
     oh, ow = int(outs[0]), int(outs[1])
     layout = "NHWC" if not is_layout(x, "NCHW") and is_layout(x, "NHWC") else "NCHW"
     y = empty((n, c, oh, ow), x.dtype, layout, xp)
-    total = n * c * oh * ow
-    if total == 0:
+    if y.size == 0:
         return y
     item = x.dtype.itemsize
     sx = [int(s) // item for s in x.strides]
     sy = [int(s) // y.dtype.itemsize for s in y.strides]
-    k = get_kernel(SOURCE, instance("pool2d", str(x.dtype), MODES[kind]))
-    i32, i64 = np.int32, np.int64
+    vec = VECS[str(x.dtype)]
+    # channel vectors: channels contiguous in both, every other stride and both pointers 16-byte aligned
+    if not (sx[1] == 1 and sy[1] == 1 and c % vec == 0 and all(s % vec == 0 for s in sx[:1] + sx[2:] + sy[:1] + sy[2:])
+            and x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0):
+        vec = 1
+    total = n * (c // vec) * oh * ow
+    k = get_kernel(SOURCE, instance("pool2d", str(x.dtype), MODES[kind], vec))
+    i32 = np.int32
     blocks = min(MAX_BLOCKS, (total + THREADS - 1) // THREADS)
-    k((blocks,), (THREADS,), (x, y, i32(n), i32(c), i32(h), i32(w), *(i64(s) for s in sx), i32(oh), i32(ow),
-                              *(i64(s) for s in sy), i32(kernel[0]), i32(kernel[1]), i32(strides[0]),
+    k((blocks,), (THREADS,), (x, y, i32(n), i32(c), i32(h), i32(w), *(i32(s) for s in sx), i32(oh), i32(ow),
+                              *(i32(s) for s in sy), i32(kernel[0]), i32(kernel[1]), i32(strides[0]),
                               i32(strides[1]), i32(dil[0]), i32(dil[1]), i32(pads[0]), i32(pads[1]), i32(pads[2]),
                               i32(pads[3]), i32(1 if layout == "NHWC" else 0)))
     return y

@@ -27,6 +27,7 @@ CASES = [  # op, input shape, attributes
     ("AveragePool", (2, 6, 10, 10), dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, count_include_pad=1)),
     ("AveragePool", (2, 4, 31), dict(kernel_shape=[5], pads=[2, 2])),
     ("GlobalAveragePool", (32, 2048, 7, 7), {}),
+    ("GlobalAveragePool", (4, 16, 1, 1), {}),  # H = W = 1: NCHW and NHWC strides coincide
     ("GlobalAveragePool", (3, 5, 1, 13), {}),
     ("GlobalMaxPool", (3, 9, 7, 5), {}),
 ]
