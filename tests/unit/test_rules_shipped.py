@@ -35,8 +35,8 @@ def _rewrite(model: onnx.ModelProto, rules: RuleSet, explain: bool = False):
     return g, report
 
 
-# single-node or CBR-composing rules, tested in tests/unit/test_rules_conv_alone.py
-SEPARATE = {"conv_alone", "cbr_residual"}
+# the late single-node rules and the CBR-composing one, tested in tests/unit/test_rules_late.py
+SEPARATE = {"conv_alone", "cbr_residual", "gemm_alone", "matmul_alone"}
 
 
 def test_every_shipped_rule_has_a_test_case():

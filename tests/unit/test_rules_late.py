@@ -1,6 +1,8 @@
-"""conv_alone (a Conv no other rule fuses becomes a CBR without activation, last) and cbr_residual
-(a CBR without activation absorbs the residual Add after it): they fire, they come after every larger
-Conv rule, and the rewritten models compute what the originals did under onnxruntime."""
+"""The late rules (priority -1): conv_alone, gemm_alone and matmul_alone turn a Conv, a Gemm or a
+MatMul by a constant weight that no other rule fuses into a CBR / GemmAct without activation, so their
+lowerings are tuned; and cbr_residual (a CBR without activation absorbs the residual Add after it).
+They fire, they come after every larger rule (whose near-misses --explain still reports), and the
+rewritten models compute what the originals did under onnxruntime."""
 
 from __future__ import annotations
 
@@ -89,3 +91,34 @@ def test_cbr_residual_refuses_a_constant_operand():
     g2, report = _run(to_model(g), RuleSet([SHIPPED.get("cbr_residual")]))
     assert report.counts == {}
     assert any(nm.rule == "cbr_residual" and "constant" in nm.reason for nm in report.near_misses), report.near_misses
+
+
+def _gemm_model(nodes, inits, x_shape=(3, 8)):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
+                             opset_imports=[helper.make_operatorsetid("", 17)])
+
+
+def test_a_lone_gemm_becomes_a_gemmact_without_activation():
+    m = _gemm_model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1, alpha=0.5)], [_w("w", 5, 8), _w("b", 5)])
+    g, report = _run(m)
+    assert report.counts == {"gemm_alone": 1}
+    (n,) = g.nodes()
+    assert (n.op_type, n.attr("mode"), n.attr("activation"), n.attr("transB"), n.attr("alpha")) == (
+        "GemmAct", "gemm", "none", 1, 0.5)
+
+
+def test_a_matmul_by_a_constant_becomes_a_gemmact_and_one_by_an_activation_does_not():
+    m = _gemm_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("MatMul", ["h", "hT"], ["y"]),
+                     helper.make_node("Transpose", ["h"], ["hT"])], [_w("w", 8, 5)])
+    g, report = _run(m)
+    assert report.counts == {"matmul_alone": 1}
+    assert sorted(n.op_type for n in g.nodes()) == ["GemmAct", "MatMul", "Transpose"]
+
+
+def test_larger_gemm_rules_win_over_the_late_ones():
+    m = _gemm_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+                     helper.make_node("Relu", ["a"], ["y"])], [_w("w", 8, 5), _w("b", 5)])
+    g, report = _run(m)
+    assert report.counts == {"matmul_add_relu": 1}
