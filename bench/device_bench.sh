@@ -3,7 +3,8 @@
 #
 #   bash bench/device_bench.sh STEP OUT          (from the repository root; OUT is the run tool's $OUT)
 #
-# Carried (the run tool's `carry`): .whl (nvidia-cudnn-frontend wheel; installed to /tmp/site),
+# Travels with the working tree (untracked, or named in the run tool's `carry` where ignored): .whl (the
+# nvidia-cudnn-frontend wheel; installed to /tmp/site),
 # .cubin (cubin.tar.xz: compiled kernels of an earlier call) and .tuning (tuning.tar.xz: the tuning
 # cache of an earlier call). Every step writes OUT/cubin.tar.xz and, for the e2e steps,
 # OUT/tuning.tar.xz: put them back as .cubin/cubin.tar.xz and .tuning/tuning.tar.xz for the next call,
