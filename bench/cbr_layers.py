@@ -208,6 +208,7 @@ def main(argv=None):
     import torch.nn.functional as F
 
     from graphopt.kernels.geometry import conv_geom
+    from graphopt.kernels.registry import signature_of
     from graphopt.lowering.contract import Signature
 
     torch.backends.cudnn.benchmark = True
@@ -222,7 +223,6 @@ def main(argv=None):
     layers = layer_list(args.models.split(","))
     if args.quick:
         layers = [x for x in layers if x[1] in ("r50.stem", "r50.l1.c2", "r50.l3.c2", "r50.l1.c3", "mv2.s2.1.dw", "mv2.s3.1.pw")]
-    tstream = torch.cuda.Stream()
 
     def save():
         header["summary"] = summarize(rows)
@@ -248,8 +248,8 @@ def main(argv=None):
                     xs, ws = (bs, cin, h, h), (cout, cin // g, k, k)
                     geom = conv_geom(Signature.make("CBR", [xs, ws, (cout,), None], [dtype] * 3, attrs))
                     oshape = geom.out_shape
-                    shapes = [xs, ws, (cout,), oshape if res else None]
-                    sig = Signature.make("CBR", shapes, [dtype, dtype, dtype, dtype if res else ""], attrs)
+                    shapes = [xs, ws, (cout,)] + ([oshape] if res else [])  # as a model's node has them
+                    sig = signature_of("CBR", shapes, [dtype] * len(shapes), attrs)
                     row = {"model": model, "layer": name, "bs": bs, "dtype": dtype, "x_shape": list(xs), "w_shape": list(ws),
                            "stride": s, "pad": p, "groups": g, "activation": act, "residual": res}
                     try:
@@ -266,10 +266,10 @@ def main(argv=None):
                             return _act_torch(y + r if r is not None else y, act)
 
                         out = torch.empty(oshape, device="cuda", dtype=tdt)
-                        t_nchw = torch_us(conv, [tx, tw, tb, tr], out, tstream, args.reps)
+                        t_nchw = torch_us(conv, [tx, tw, tb, tr], out, args.reps)
                         cl = [v.to(memory_format=torch.channels_last) if v is not None and v.dim() == 4 else v
                               for v in (tx, tw, tb, tr)]
-                        t_cl = torch_us(conv, cl, out.to(memory_format=torch.channels_last), tstream, args.reps)
+                        t_cl = torch_us(conv, cl, out.to(memory_format=torch.channels_last), args.reps)
                         esz = 2 if dtype == "float16" else 4
                         nbytes = esz * (int(np.prod(xs)) + int(np.prod(ws)) + cout + int(np.prod(oshape)) * (2 if res else 1))
                         best = choice["best_by_provider"]

@@ -56,14 +56,13 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
-    from graphopt.lowering.contract import Signature
+    from graphopt.kernels.registry import signature_of
 
     command = "python3 bench/gemm_act.py " + " ".join(argv if argv is not None else sys.argv[1:])
     header = env_header(command)
     header.update(prebuild_all())
     header["ceilings"] = measure_ceilings()
     torch.backends.cuda.matmul.allow_tf32 = False
-    tstream = torch.cuda.Stream()
     rows, skipped = [], []
     acts = {"Gelu": lambda y: F.gelu(y), "GeluTanh": lambda y: F.gelu(y, approximate="tanh"), "none": lambda y: y}
 
@@ -86,14 +85,14 @@ def main(argv=None):
                     M = bsz * seq
                     row = {"layer": name, "tokens": [bsz, seq], "M": M, "N": N, "K": K, "dtype": dtype, "activation": act}
                     try:
-                        sig = Signature.make("GemmAct", [(bsz, seq, K), (K, N), (N,)], [dtype] * 3,
-                                             {"mode": "matmul", "activation": act})
+                        sig = signature_of("GemmAct", [(bsz, seq, K), (K, N), (N,)], [dtype] * 3,
+                                           {"mode": "matmul", "activation": act})
                         choice = tuner.profile(sig)
                         ta = torch.randn(bsz, seq, K, device="cuda", dtype=tdt)
                         tw = torch.randn(K, N, device="cuda", dtype=tdt) / math.sqrt(K)
                         tb = torch.randn(N, device="cuda", dtype=tdt)
                         t_us = torch_us(lambda a, w, b: acts[act](torch.matmul(a, w) + b), [ta, tw, tb],
-                                        torch.empty(bsz, seq, N, device="cuda", dtype=tdt), tstream, args.reps)
+                                        torch.empty(bsz, seq, N, device="cuda", dtype=tdt), args.reps)
                         esz = 2 if dtype == "float16" else 4
                         gus = choice["graphopt_us"]
                         best = choice["best_by_provider"]

@@ -162,17 +162,26 @@ class TunerChoice:
         self.close()
 
 
-def torch_us(fn, ins, out, tstream, reps: int = 20) -> float:
-    """Device time of torch ``fn(*ins)`` on ``tstream`` with the kernels' timer (eager, no graph)."""
+def torch_us(fn, ins, out, reps: int = 20) -> float:
+    """Device time of torch ``fn(*ins)`` in us with the kernels' timer (eager, no graph). The timer records
+    its events on CuPy's current stream, so torch runs on that very stream (an ExternalStream of it)."""
+    import cupy
+    import torch
+
     from graphopt.kernels.timing import cuda_event_timer, median
 
-    import torch
+    torch.cuda.synchronize()
+    stream = cupy.cuda.Stream(non_blocking=False)
+    tstream = torch.cuda.ExternalStream(stream.ptr)
 
     def launch(i, o):
         with torch.cuda.stream(tstream):
             fn(*i)
 
-    return round(median(cuda_event_timer(launch, ins, [out], warmup=5, reps=reps)) * 1e3, 2)
+    with stream:
+        ms = median(cuda_event_timer(launch, ins, [out], warmup=5, reps=reps))
+        stream.synchronize()
+    return round(ms * 1e3, 2)
 
 
 def prebuild_all() -> dict:

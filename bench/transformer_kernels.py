@@ -74,7 +74,7 @@ def main(argv=None):
     import torch.nn.functional as F
 
     from graphopt.kernels.attention import attention_kernel_instances
-    from graphopt.lowering.contract import Signature
+    from graphopt.kernels.registry import signature_of
     from graphopt.kernels.norm import norm_kernel_instances
     from graphopt.kernels.source import get_kernel, instance, prebuild
     from graphopt.kernels.timing import cuda_event_timer, median
@@ -123,7 +123,7 @@ def main(argv=None):
     def attention_row(s, d, causal, dtype):
         bsz, h = max(1, ATTN_TOKENS // s), 16
         shape = (bsz, h, s, d)
-        sig = Signature.make("Attention", [shape] * 3, [dtype] * 3, {"causal": causal} if causal else {})
+        sig = signature_of("Attention", [shape] * 3, [dtype] * 3, {"causal": causal} if causal else {})
         choice = tuner.profile(sig)
         tq, tk, tv = (torch.randn(shape, device="cuda", dtype=getattr(torch, dtype)) for _ in range(3))
         out = torch.empty_like(tq)
@@ -169,7 +169,7 @@ def main(argv=None):
                      lambda a, w, c, s, sb_: F.layer_norm(a + s + sb_, (d,), w, c, 1e-5), [tx, tg, tb, tsk, tsb], 3),
                     ("RMSNorm", "RMSNorm", [x, g], lambda a, w: F.rms_norm(a, (d,), w, 1e-6), [tx, tg], 2),
                 ):
-                    sig = Signature.make(op, [a.shape for a in ins], [dtype] * len(ins),
+                    sig = signature_of(op, [a.shape for a in ins], [dtype] * len(ins),
                                          {"epsilon": 1e-5 if op == "LayerNorm" else 1e-6})
                     if budget.left() < 10:
                         skipped.append(f"{kind} {name} {dtype}")
