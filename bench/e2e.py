@@ -171,9 +171,11 @@ class Runner:
         t0 = time.perf_counter()
         self.module = build_module(name, tiny=args.dry)
         self.fp32_onnx = self.work / f"{name}.onnx"
-        if not self.fp32_onnx.exists():
-            meta.setdefault("exports", {})[name] = export(name, self.module, self.fp32_onnx) + \
-                f" in {time.perf_counter() - t0:.1f} s"
+        if not self.fp32_onnx.exists():  # reused on a warm machine: written whole or not at all
+            tmp = self.work / f".{name}.partial.onnx"
+            how = export(name, self.module, tmp)
+            os.replace(tmp, self.fp32_onnx)
+            meta.setdefault("exports", {})[name] = f"{how} in {time.perf_counter() - t0:.1f} s"
         self.fp16_onnx = None  # exported in fp16 on the GPU only when --precision fp16 fails
 
     def fp16_export(self) -> Path:
