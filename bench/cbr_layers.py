@@ -1,27 +1,41 @@
-"""CBR lowerings vs PyTorch eager on every distinct conv layer of ResNet-50 and MobileNetV2.
+"""CBR: the lowering the tuner would choose against PyTorch eager, on every distinct conv layer of
+ResNet-50 and MobileNetV2 (torchvision shapes, 224x224 input), issue 20's "Benchmarks".
 
-Run on the GPU:  python3 bench/cbr_layers.py --out bench/results  [--quick]
+Run on the GPU:  python3 bench/cbr_layers.py --out bench/results [--batches 1,32] [--dtypes float16] [--budget 500]
 
-For each layer (torchvision shapes, 224x224 input), batch 1 and 32, fp16 and fp32: every applicable
-candidate is built, checked against a float32 cuDNN result (TF32 off) of the same inputs, and timed
-with graphopt.kernels.timing.cuda_event_timer (device time, inputs rotated beyond L2); PyTorch eager
-(F.conv2d with bias, then the activation, plus the residual add where the layer has one;
-cudnn.benchmark=True, default TF32 for fp32) is timed with the same timer in the same run.
-floor_us = max(FLOPs / matrix peak, minimum bytes / copy bandwidth), both measured in this run.
+For each layer, batch and dtype: every candidate of graphopt.kernels.registry (graphopt's own kernels
+and every provider's plans: cuDNN, cuBLASLt where it applies) is built, checked and timed by the
+tuner's own backend in its isolated worker (bench/lowering_bench.TunerChoice; a capturable lowering
+is timed inside a CUDA graph). ``graphopt_us`` / ``chosen`` = the fastest correct candidate (what
+``graphopt optimize`` records); ``<provider>_best_us`` = the fastest correct candidate of each
+provider (``own_best_us``, ``cudnn_best_us``, ``cublaslt_best_us``; null where it has none).
+PyTorch eager conv+bias(+residual)+activation with cudnn.benchmark=True, in NCHW
+(``torch_eager_us``) and channels_last (``torch_channels_last_us``), is timed with the same timer.
+floor_us = max(FLOPs / fp16-or-tf32 GEMM peak, minimum bytes / copy bandwidth), both measured here.
+
+Rows are written after every layer to OUT/cbr_layers_h200.json and .md; layers past --budget seconds
+are listed as skipped. ``--previous FILE`` starts from an earlier run's rows (same format) and
+skips the (layer, bs, dtype) rows it already has, so several device calls complete one table.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+from lowering_bench import (Budget, TunerChoice, env_header, geomean, measure_ceilings, prebuild_all,  # noqa: E402,F401
+                            torch_us, write_atomic, write_json)
+
+FORMAT = 2  # rows with per-provider columns (the 2026-12-02 file, own kernels only, has no "format")
+PROVIDERS = ("own", "cudnn", "cublaslt")
 
 # (name, Cin, Cout, k, stride, pad, H_in, groups, activation, residual)
 RESNET50 = [
@@ -83,66 +97,6 @@ def _mobilenet_v2():
 MOBILENETV2 = _mobilenet_v2()
 
 
-def env_header(command: str) -> dict:
-    import cupy
-    import torch
-
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
-        "compute_capability": cupy.cuda.Device().compute_capability,
-        "sm_count": props["multiProcessorCount"],
-        "l2_bytes": props["l2CacheSize"],
-        "driver": cupy.cuda.runtime.driverGetVersion(),
-        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
-        "nvrtc": ".".join(map(str, cupy.cuda.nvrtc.getVersion())),
-        "cupy": cupy.__version__,
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "python": platform.python_version(),
-        "command": command,
-        "timing": "graphopt.kernels.timing.cuda_event_timer: median of reps, CUDA events per launch, "
-                  "spin-kernel prefill so host launch gaps are excluded (device time), inputs rotated over >=128 MiB",
-    }
-
-
-def measure_ceilings() -> dict:
-    """Copy bandwidth (bytes read + written) and dense matrix peaks, on random data."""
-    import torch
-
-    from graphopt.kernels.timing import median
-
-    out = {}
-    n = 1 << 30  # 1 GiB each way
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    ts = []
-    for _ in range(10):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); b.copy_(a); e.record(); e.synchronize()
-        ts.append(s.elapsed_time(e))
-    out["copy_TBps"] = 2 * n / (median(ts) * 1e-3) / 1e12
-    del a, b
-    for name, dt, tf32 in (("fp16_TFLOPs", torch.float16, False), ("tf32_TFLOPs", torch.float32, True)):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        m = 8192
-        x = torch.randn(m, m, device="cuda", dtype=dt)
-        y = torch.randn(m, m, device="cuda", dtype=dt)
-        for _ in range(3):
-            x @ y
-        ts = []
-        for _ in range(10):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record(); x @ y; e.record(); e.synchronize()
-            ts.append(s.elapsed_time(e))
-        out[name] = 2 * m**3 / (median(ts) * 1e-3) / 1e12
-    torch.backends.cuda.matmul.allow_tf32 = False
-    return out
-
-
 def _act_torch(y, act):
     import torch.nn.functional as F
 
@@ -189,158 +143,6 @@ def _attrs(k, s, p, g, act):
     return a
 
 
-def time_candidates(sig, inputs_cp, out_shape, dtype, ref, tol, reps, arch):
-    """{candidate key: (median us or inf, error or None)} for every applicable candidate."""
-    import cupy
-
-    from graphopt.kernels.registry import applicable
-    from graphopt.kernels.timing import cuda_event_timer, median
-
-    ok, _ = applicable(sig, tuple(int(c) for c in arch[3:5]) if len(arch) >= 5 else (9, 0))
-    res = {}
-    for cand in ok:
-        key = cand.key()
-        try:
-            launch = cand.build(sig, arch)
-            out = cupy.full(out_shape, cupy.nan, dtype=dtype)
-            launch(inputs_cp, [out])
-            y = out.astype(cupy.float32)
-            err = float(cupy.linalg.norm(y - ref) / cupy.linalg.norm(ref))
-            if not math.isfinite(err) or err > tol:
-                res[key] = (math.inf, f"wrong result: normwise error {err:.2e} > {tol}")
-                continue
-            ts = cuda_event_timer(launch, inputs_cp, [out], warmup=3, reps=reps)
-            res[key] = (median(ts) * 1e3, None)
-        except Exception as exc:  # a failing candidate scores infinity and is reported
-            res[key] = (math.inf, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-    return res
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    ap.add_argument("--quick", action="store_true", help="a few layers only (smoke test)")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--batches", default="1,32")
-    ap.add_argument("--dtypes", default="float16,float32")
-    ap.add_argument("--report-kernels", action="store_true", help="print registers / local memory of every instance and exit")
-    args = ap.parse_args(argv)
-    if args.report_kernels:
-        return report_kernels(args.out)
-
-    import cupy
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-
-    from graphopt.lowering.contract import Signature
-    from graphopt.kernels.geometry import conv_geom
-    from graphopt.kernels.registry import all_kernel_instances
-    from graphopt.kernels.source import device_arch, prebuild
-    from graphopt.kernels.timing import cuda_event_timer, median
-
-    torch.backends.cudnn.benchmark = True
-    command = "python3 bench/cbr_layers.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    header = env_header(command)
-    t0 = time.perf_counter()
-    errors = prebuild(all_kernel_instances())
-    header["prebuild_s"] = round(time.perf_counter() - t0, 1)
-    header["prebuild_errors"] = errors
-    header["ceilings"] = measure_ceilings()
-    arch = device_arch()
-    print(json.dumps(header, indent=1), flush=True)
-
-    layers = [("resnet50",) + l for l in RESNET50] + [("mobilenetv2",) + l for l in MOBILENETV2]
-    if args.quick:
-        layers = [l for l in layers if l[1] in ("r50.stem", "r50.l1.c2", "r50.l3.c2", "r50.l1.c3", "mv2.s2.1.dw", "mv2.s3.1.pw")]
-    stream = cupy.cuda.Stream(non_blocking=False)
-    tstream = torch.cuda.ExternalStream(stream.ptr)
-    rows = []
-    rng = np.random.default_rng(0)
-    for dtype in args.dtypes.split(","):
-        tdt = {"float16": torch.float16, "float32": torch.float32}[dtype]
-        peak = header["ceilings"]["fp16_TFLOPs" if dtype == "float16" else "tf32_TFLOPs"] * 1e12
-        bw = header["ceilings"]["copy_TBps"] * 1e12
-        for bs in [int(b) for b in args.batches.split(",")]:
-            for (model, name, cin, cout, k, s, p, h, g, act, res) in layers:
-                attrs = _attrs(k, s, p, g, act)
-                xs, ws = (bs, cin, h, h), (cout, cin // g, k, k)
-                shapes0 = [xs, ws, (cout,), None]
-                geom = conv_geom(Signature.make("CBR", shapes0, [dtype] * 3, attrs))
-                oshape = geom.out_shape
-                shapes = [xs, ws, (cout,), oshape if res else None]
-                sig = Signature.make("CBR", shapes, [dtype] * len(shapes), attrs)
-                with stream:
-                    (x, w, b, r), (tx, tw, tb, tr), ref_t = layer_data(rng, xs, ws, oshape, s, p, g, act, res, dtype, tstream)
-                    stream.synchronize()
-                    ref = cupy.asarray(ref_t)
-                    tol = 1e-2 if dtype == "float16" else 3e-3
-                    cand = time_candidates(sig, [x, w, b, r], oshape, dtype, ref, tol, args.reps, arch)
-
-                    def torch_launch(ins, outs):
-                        with torch.cuda.stream(tstream):
-                            y = F.conv2d(ins[0], ins[1], ins[2], s, p, 1, g)
-                            if res:
-                                y = y + ins[3]
-                            _act_torch(y, act)
-
-                    tins = [tx, tw, tb, tr]
-                    torch_ts = cuda_event_timer(torch_launch, tins, [torch.empty(oshape, dtype=tdt, device="cuda")], warmup=5, reps=args.reps)
-                torch_us = median(torch_ts) * 1e3
-                best_key = min(cand, key=lambda kk: cand[kk][0]) if cand else None
-                best_us = cand[best_key][0] if best_key else math.inf
-                # Fused-epilogue cost: the fastest implicit-GEMM config again with no bias, residual or activation.
-                epi = None
-                ig = [kk for kk in cand if kk.startswith("implicit_gemm") and math.isfinite(cand[kk][0])]
-                if ig:
-                    from graphopt.kernels.registry import candidate_from_key
-
-                    kbest = min(ig, key=lambda kk: cand[kk][0])
-                    a0 = dict(attrs, activation="none")
-                    sig0 = Signature.make("CBR", [xs, ws, None, None], [dtype] * 2, a0)
-                    with stream:
-                        l0 = candidate_from_key("CBR", kbest).build(sig0, arch)
-                        o0 = cupy.empty(oshape, dtype=dtype)
-                        plain = median(cuda_event_timer(l0, [x, w, None, None], [o0], warmup=3, reps=args.reps)) * 1e3
-                    epi = {"config": kbest, "fused_us": round(cand[kbest][0], 2), "plain_us": round(plain, 2),
-                           "overhead": round(cand[kbest][0] / plain - 1.0, 4)}
-                flops = geom.flops
-                esz = 2 if dtype == "float16" else 4
-                nbytes = esz * (int(np.prod(xs)) + int(np.prod(ws)) + cout + int(np.prod(oshape)) * (2 if res else 1))
-                floor_us = max(flops / peak, nbytes / bw) * 1e6
-                row = {
-                    "model": model, "layer": name, "bs": bs, "dtype": dtype,
-                    "x_shape": list(xs), "w_shape": list(ws), "stride": s, "pad": p, "groups": g, "activation": act, "residual": res,
-                    "graphopt_us": round(best_us, 2), "torch_eager_us": round(torch_us, 2), "chosen": best_key,
-                    "speedup_vs_torch": round(torch_us / best_us, 3) if best_us > 0 else None,
-                    "floor_us": round(floor_us, 2), "flops": flops, "min_bytes": nbytes,
-                    "graphopt_TFLOPs": round(flops / (best_us * 1e-6) / 1e12, 1) if math.isfinite(best_us) else 0,
-                    "graphopt_TBps": round(nbytes / (best_us * 1e-6) / 1e12, 3) if math.isfinite(best_us) else 0,
-                    "torch_TFLOPs": round(flops / (torch_us * 1e-6) / 1e12, 1),
-                    "epilogue": epi,
-                    "candidates": {kk: (None if not math.isfinite(v[0]) else round(v[0], 2)) for kk, v in cand.items()},
-                    "failures": {kk: v[1] for kk, v in cand.items() if v[1]},
-                }
-                rows.append(row)
-                print(f"{model:11s} {name:14s} bs{bs:<2d} {dtype:7s} graphopt {best_us:9.1f} us ({best_key})  torch {torch_us:9.1f} us  "
-                      f"x{row['speedup_vs_torch']}  floor {floor_us:7.1f}  {row['graphopt_TFLOPs']} TF/s", flush=True)
-                del x, w, b, r, tx, tw, tb, tr, ref, ref_t
-                cupy.get_default_memory_pool().free_all_blocks()
-            write_results(args.out, header, rows)  # after every (dtype, batch) group: partial runs keep their rows
-    summary = write_results(args.out, header, rows)
-    print(json.dumps(summary, indent=1))
-
-
-def write_results(out_dir, header, rows):
-    header["summary"] = summarize(rows)
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "cbr_layers_h200.json"), "w") as f:
-        json.dump({"header": header, "rows": rows}, f, indent=1)
-    with open(os.path.join(out_dir, "cbr_layers_h200.md"), "w") as f:
-        f.write(markdown(header, rows))
-    return header["summary"]
-
-
 def report_kernels(out_dir: str):
     """Registers, local memory (spills) and shared memory of every compiled instance."""
     from graphopt.kernels.registry import all_kernel_instances
@@ -361,42 +163,183 @@ def report_kernels(out_dir: str):
         json.dump({"prebuild_errors": errors, "kernels": rep}, f, indent=1)
 
 
+
+
+def layer_list(models) -> list[tuple]:
+    out = []
+    if "resnet50" in models:
+        out += [("resnet50",) + layer for layer in RESNET50]
+    if "mobilenetv2" in models:
+        out += [("mobilenetv2",) + layer for layer in MOBILENETV2]
+    return out
+
+
+def load_previous(path: str | None) -> list[dict]:
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        doc = json.load(f)
+    return doc.get("rows", []) if doc.get("header", {}).get("format") == FORMAT else []
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--models", default="resnet50,mobilenetv2")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--dtypes", default="float16")
+    ap.add_argument("--reps", type=int, default=20, help="torch timings")
+    ap.add_argument("--budget", type=float, default=500.0, help="seconds; layers past it are skipped and listed")
+    ap.add_argument("--previous", default=None, help="an earlier run's cbr_layers_h200.json: keep its rows, skip them")
+    ap.add_argument("--quick", action="store_true", help="a few layers only (smoke test)")
+    ap.add_argument("--report-kernels", action="store_true", help="print registers / local memory of every instance and exit")
+    args = ap.parse_args(argv)
+    bad = [m for m in args.models.split(",") if m not in ("resnet50", "mobilenetv2")]
+    bad += [d for d in args.dtypes.split(",") if d not in ("float16", "float32")]
+    if bad:
+        ap.error(f"unknown model or dtype: {', '.join(bad)} (models: resnet50, mobilenetv2; dtypes: float16, float32)")
+    if args.report_kernels:
+        return report_kernels(args.out)
+    budget = Budget(args.budget)
+
+    import cupy
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from graphopt.kernels.geometry import conv_geom
+    from graphopt.kernels.registry import signature_of
+    from graphopt.lowering.contract import Signature
+
+    torch.backends.cudnn.benchmark = True
+    header = env_header("python3 bench/cbr_layers.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    header["format"] = FORMAT
+    header.update(prebuild_all())
+    header["ceilings"] = measure_ceilings()
+    print(json.dumps(header, indent=1), flush=True)
+    rows = load_previous(args.previous)
+    done = {(r["layer"], r["bs"], r["dtype"]) for r in rows}
+    skipped: list[str] = []
+    layers = layer_list(args.models.split(","))
+    if args.quick:
+        layers = [x for x in layers if x[1] in ("r50.stem", "r50.l1.c2", "r50.l3.c2", "r50.l1.c3", "mv2.s2.1.dw", "mv2.s3.1.pw")]
+
+    def save():
+        header["summary"] = summarize(rows)
+        header["skipped_for_time"] = skipped
+        header["elapsed_s"] = round(args.budget - budget.left(), 1)
+        write_json(os.path.join(args.out, "cbr_layers_h200.json"), {"header": header, "rows": rows})
+        write_atomic(os.path.join(args.out, "cbr_layers_h200.md"), markdown(header, rows))
+
+    with TunerChoice() as tuner:
+        for dtype in args.dtypes.split(","):
+            tdt = {"float16": torch.float16, "float32": torch.float32}[dtype]
+            peak = header["ceilings"]["fp16_TFLOPs" if dtype == "float16" else "tf32_TFLOPs"] * 1e12
+            bw = header["ceilings"]["copy_TBps"] * 1e12
+            torch.backends.cudnn.allow_tf32 = dtype == "float32"
+            for bs in [int(b) for b in args.batches.split(",")]:
+                for (model, name, cin, cout, k, s, p, h, g, act, res) in layers:
+                    if (name, bs, dtype) in done:
+                        continue
+                    if budget.left() < 15:
+                        skipped.append(f"{name} bs{bs} {dtype}")
+                        continue
+                    attrs = _attrs(k, s, p, g, act)
+                    xs, ws = (bs, cin, h, h), (cout, cin // g, k, k)
+                    geom = conv_geom(Signature.make("CBR", [xs, ws, (cout,), None], [dtype] * 3, attrs))
+                    oshape = geom.out_shape
+                    shapes = [xs, ws, (cout,)] + ([oshape] if res else [])  # as a model's node has them
+                    sig = signature_of("CBR", shapes, [dtype] * len(shapes), attrs)
+                    row = {"model": model, "layer": name, "bs": bs, "dtype": dtype, "x_shape": list(xs), "w_shape": list(ws),
+                           "stride": s, "pad": p, "groups": g, "activation": act, "residual": res}
+                    try:
+                        t0 = time.perf_counter()
+                        choice = tuner.profile(sig)
+                        row["profile_s"] = round(time.perf_counter() - t0, 1)
+                        tx = torch.randn(xs, device="cuda", dtype=tdt)
+                        tw = torch.randn(ws, device="cuda", dtype=tdt) / math.sqrt(ws[1] * k * k)
+                        tb = torch.randn(cout, device="cuda", dtype=tdt)
+                        tr = torch.randn(oshape, device="cuda", dtype=tdt) if res else None
+
+                        def conv(x, w, b, r):
+                            y = F.conv2d(x, w, b, s, p, 1, g)
+                            return _act_torch(y + r if r is not None else y, act)
+
+                        out = torch.empty(oshape, device="cuda", dtype=tdt)
+                        t_nchw = torch_us(conv, [tx, tw, tb, tr], out, args.reps)
+                        cl = [v.to(memory_format=torch.channels_last) if v is not None and v.dim() == 4 else v
+                              for v in (tx, tw, tb, tr)]
+                        t_cl = torch_us(conv, cl, out.to(memory_format=torch.channels_last), args.reps)
+                        esz = 2 if dtype == "float16" else 4
+                        nbytes = esz * (int(np.prod(xs)) + int(np.prod(ws)) + cout + int(np.prod(oshape)) * (2 if res else 1))
+                        best = choice["best_by_provider"]
+                        gus = choice["graphopt_us"]
+                        row.update({
+                            "graphopt_us": gus, "chosen": choice["chosen"], "chosen_provider": choice["chosen_provider"],
+                            **{f"{pv}_best_us": (best.get(pv) or {}).get("us") for pv in PROVIDERS},
+                            "best_by_provider": best,
+                            "torch_eager_us": t_nchw, "torch_channels_last_us": t_cl,
+                            "floor_us": round(max(geom.flops / peak, nbytes / bw) * 1e6, 2),
+                            "vs_torch_nchw": round(t_nchw / gus, 3) if gus else None,
+                            "vs_best_torch": round(min(t_nchw, t_cl) / gus, 3) if gus else None,
+                            "graphopt_TFLOPs": round(geom.flops / (gus * 1e-6) / 1e12, 1) if gus else None,
+                            # own configurations under "candidates" (what bench/prune_configs.py ranks)
+                            "candidates": {kk: v for kk, v in choice["candidates"].items() if choice["provider"][kk] == "own"},
+                            "provider_candidates": {kk: v for kk, v in choice["candidates"].items() if choice["provider"][kk] != "own"},
+                            "failures": choice["failures"], "pruned": choice["pruned"],
+                        })
+                    except Exception as exc:  # noqa: BLE001 - one broken layer must not end the run
+                        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                    rows.append(row)
+                    print(f"{name:14s} bs{bs:<2d} {dtype:7s} graphopt {row.get('graphopt_us')} us ({row.get('chosen')}) "
+                          f"own {row.get('own_best_us')} cudnn {row.get('cudnn_best_us')} cublaslt {row.get('cublaslt_best_us')} "
+                          f"torch {row.get('torch_eager_us')} / CL {row.get('torch_channels_last_us')} "
+                          f"floor {row.get('floor_us')} {row.get('error', '')}", flush=True)
+                    cupy.get_default_memory_pool().free_all_blocks()
+                    torch.cuda.empty_cache()
+                    save()
+    save()
+    print(json.dumps(header["summary"], indent=1))
+    return 0
+
+
 def summarize(rows) -> dict:
     out = {}
     for dtype in sorted({r["dtype"] for r in rows}):
         for bs in sorted({r["bs"] for r in rows}):
-            sel = [r for r in rows if r["dtype"] == dtype and r["bs"] == bs and r["speedup_vs_torch"]]
-            if not sel:
-                continue
-            sp = [r["speedup_vs_torch"] for r in sel]
-            out[f"{dtype}_bs{bs}"] = {
-                "layers": len(sel),
-                "at_least_as_fast": sum(1 for v in sp if v >= 1.0),
-                "fraction_at_least_as_fast": round(sum(1 for v in sp if v >= 1.0) / len(sp), 3),
-                "geomean_speedup": round(math.exp(sum(math.log(v) for v in sp) / len(sp)), 3),
-                "best_3x3_TFLOPs": max([r["graphopt_TFLOPs"] for r in sel if r["w_shape"][2] == 3 and r["groups"] == 1] or [0]),
-                "epilogue_overhead_max": max([r["epilogue"]["overhead"] for r in sel if r.get("epilogue")] or [0]),
-                "epilogue_overhead_median": sorted([r["epilogue"]["overhead"] for r in sel if r.get("epilogue")] or [0])[len([r for r in sel if r.get("epilogue")]) // 2],
-            }
+            sel = [r for r in rows if r["dtype"] == dtype and r["bs"] == bs and r.get("vs_best_torch")]
+            if sel:
+                out[f"{dtype}_bs{bs}"] = {
+                    "layers": len(sel),
+                    "at_least_as_fast_as_best_torch": sum(r["vs_best_torch"] >= 1.0 for r in sel),
+                    "geomean_vs_torch_nchw": geomean(r["vs_torch_nchw"] for r in sel),
+                    "geomean_vs_best_torch": geomean(r["vs_best_torch"] for r in sel),
+                    "chosen_provider": {pv: sum(r.get("chosen_provider") == pv for r in sel) for pv in PROVIDERS},
+                }
     return out
 
 
 def markdown(header, rows) -> str:
     lines = [f"# CBR layers on {header['gpu']} ({header['date']})", "",
              f"Command: `{header['command']}`; CuPy {header['cupy']}, torch {header['torch']}, cuDNN {header['cudnn']}, "
-             f"driver {header['driver']}, NVRTC {header['nvrtc']}.", "",
+             f"driver {header['driver']}, NVRTC {header['nvrtc']}; providers {header.get('providers')}.", "",
              f"Ceilings measured in this run: copy {header['ceilings']['copy_TBps']:.2f} TB/s, fp16 GEMM "
              f"{header['ceilings']['fp16_TFLOPs']:.0f} TFLOP/s, tf32 GEMM {header['ceilings']['tf32_TFLOPs']:.0f} TFLOP/s. "
-             f"Timing: {header['timing']}.", "", "## Summary", "", "| dtype / batch | layers | >= torch | geomean speed-up | best 3x3 TFLOP/s |", "|---|---|---|---|---|"]
-    for k, v in header.get("summary", {}).items():
-        lines.append(f"| {k} | {v['layers']} | {v['at_least_as_fast']} ({v['fraction_at_least_as_fast']:.0%}) | {v['geomean_speedup']} | {v['best_3x3_TFLOPs']} |")
-    lines += ["", "## Layers", "", "| model | layer | bs | dtype | graphopt us | torch eager us | speed-up | floor us | TFLOP/s | TB/s | chosen |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"Timing: {header['timing']}. graphopt = the tuner's choice (fastest correct candidate of every provider).", "",
+             "## Summary", "", "```", json.dumps(header.get("summary", {}), indent=1), "```", "",
+             "| model | layer | bs | dtype | graphopt us | chosen | own us | cuDNN us | cuBLASLt us | torch NCHW us | "
+             "torch CL us | x best torch | floor us |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['layer']} | {r['bs']} | {r['dtype']} | {r['graphopt_us']} | {r['torch_eager_us']} | "
-                     f"{r['speedup_vs_torch']} | {r['floor_us']} | {r['graphopt_TFLOPs']} | {r['graphopt_TBps']} | {r['chosen']} |")
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['layer']} | {r['bs']} | {r['dtype']} | error: {r['error']} | | | | | | | | |")
+            continue
+        lines.append(f"| {r['model']} | {r['layer']} | {r['bs']} | {r['dtype']} | {r['graphopt_us']} | `{r['chosen']}` | "
+                     f"{r['own_best_us']} | {r['cudnn_best_us']} | {r['cublaslt_best_us']} | {r['torch_eager_us']} | "
+                     f"{r['torch_channels_last_us']} | {r['vs_best_torch']} | {r['floor_us']} |")
+    if header.get("skipped_for_time"):
+        lines += ["", "Skipped for the time budget: " + ", ".join(header["skipped_for_time"])]
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,18 +1,29 @@
-"""End-to-end benchmark on the GPU: torchvision ResNet-50 / MobileNetV2 and transformers GPT-2 (124M
-config, sequence 128), random weights, exported here with torch (no downloads).
+"""End to end on the GPU (issue 15, item 5): graphopt fully tuned against torch eager and
+torch.compile(mode="reduce-overhead"), one row per (model, batch, dtype), merged into one results file.
 
-For each model, batch (1, 32) and dtype (fp16, fp32) it times, in one run:
-  torch eager (cudnn.benchmark), torch.compile(mode="reduce-overhead"), onnxruntime CPU (fp32 model),
-  the graphopt runtime on the unoptimized ONNX, and on the optimized ONNX (tuned on this GPU) with
-  CUDA graphs (and without, for the host overhead per node),
-plus the time to optimize (tuning included) and torch.compile's compile time. Every measurement is in
-its own try/except (a failure is recorded as an error string in its row); a global time budget skips
-what no longer fits; results are rewritten after every row, so a run cut short still leaves them.
+Models (bench/torch_models.py; random weights, exported here, no downloads): resnet50, mobilenetv2,
+efficientnet_b0, gpt2 (124M, seq 128), bert (base, seq 128), vit_b16. Batches 1 and 32; fp16 for
+every model, fp32 too for resnet50 and bert.
 
-    python3 bench/e2e.py --quick --out bench/results          # ~6 min on the H200, fp16 only
-    python3 bench/e2e.py --out bench/results                  # everything
+For each row, in one process:
+  1. ``graphopt optimize --gpu auto --shape ... --report`` (fp16: ``--precision fp16 --io-fp16``; when
+     that conversion fails, the module is exported in fp16 on the GPU instead and the row says so),
+     with GRAPHOPT_CACHE_DIR=--cache-dir. The tuning is never cut short on purpose: it gets what is
+     left of --budget after --measure-reserve, and when it does not finish the row is written with
+     ``tuning_complete: false`` and nothing measured (what was profiled stays in the cache, so the
+     next call resumes; ``optimize_s_all_calls`` adds the calls up).
+  2. ``tuning_complete`` is read from the report: true only when every fused node was profiled or
+     served from the cache (a node whose every candidate was measured and failed counts as profiled).
+  3. torch eager (cudnn.benchmark), the graphopt runtime on the optimized model with CUDA graphs and
+     without (host time per node), on the unoptimized export, torch.compile(reduce-overhead); peak GPU
+     memory of each; the output's max relative error against torch (and, fp32, onnxruntime CPU).
 
-Writes OUT/e2e_h200.json and OUT/e2e_h200.md (the name follows --gpu-name).
+Rows are keyed by (model, bs, dtype) and merged into OUT/e2e_<gpu>.json (a newer row replaces an
+older one; a row skipped for time is not written, so the older one stays); OUT/e2e_<gpu>.md is
+rewritten from the merged rows after every row.
+
+    python3 bench/e2e.py --models resnet50 --batches 32 --dtypes fp16 --cache-dir .tuning --budget 540
+    python3 bench/e2e.py --dry --models gpt2,bert --out /tmp/e2e      # CPU check: tiny models, no GPU
 """
 
 from __future__ import annotations
@@ -20,10 +31,10 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import signal
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,21 +44,14 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
 
-MODELS = ("resnet50", "mobilenetv2", "gpt2")
-SEQ = 128
-FP16_RTOL = 1e-2  # the runtime's documented fp16 tolerance (tests/gpu/test_runtime_gpu.py)
-
-
-class Budget:
-    def __init__(self, seconds: float):
-        self.end = time.perf_counter() + seconds
-        self.seconds = seconds
-
-    def left(self) -> float:
-        return self.end - time.perf_counter()
+from e2e_report import (FIELDS, FP16_RTOL, FP32_MODELS, FP32_RTOL, acceptance, load_doc, markdown,  # noqa: E402
+                        merge_rows, row_plan, tuning_status, write_atomic)
+from torch_models import MODELS, build_module, example_input, export, input_shape  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -59,69 +63,56 @@ def err(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"
 
 
-# ------------------------------------------------------------------------------------ models
-def build_module(name: str):
-    import torch
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.perf_counter() + seconds
 
-    torch.manual_seed(0)
-    if name == "resnet50":
-        import torchvision
-
-        return torchvision.models.resnet50(weights=None).eval()
-    if name == "mobilenetv2":
-        import torchvision
-
-        return torchvision.models.mobilenet_v2(weights=None).eval()
-    if name == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        cfg = GPT2Config(n_positions=1024, use_cache=False)  # the 124M configuration
-        lm = GPT2LMHeadModel(cfg).eval()
-
-        class Logits(torch.nn.Module):
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, input_ids):
-                # the mask is passed: without it transformers 5 calls torch.diff, which TorchScript cannot export
-                return self.m(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False,
-                              return_dict=False)[0]
-
-        return Logits(lm).eval()
-    raise ValueError(name)
+    def left(self) -> float:
+        return self.end - time.perf_counter()
 
 
-def example_input(name: str, bs: int, device="cpu"):
-    import torch
-
-    g = torch.Generator().manual_seed(bs)
-    if name == "gpt2":
-        return torch.randint(0, 50257, (bs, SEQ), generator=g).to(device)
-    return torch.randn(bs, 3, 224, 224, generator=g).to(device)
-
-
-def export(name: str, module, path: Path) -> str:
-    """ONNX export with a dynamic batch dim: the TorchScript exporter (opset 17), else dynamo."""
-    import torch
-
-    x = example_input(name, 2)
+# ------------------------------------------------------------------------------------ environment
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for mod in ("torch", "torchvision", "transformers", "cupy", "onnx", "onnxruntime", "numpy", "cudnn"):
+        try:
+            m = __import__(mod)
+            out[mod] = str(getattr(m, "__version__", "?"))
+            if mod == "cudnn":
+                out["cudnn_backend"] = str(m.backend_version())
+        except Exception as e:  # noqa: BLE001
+            out[mod] = f"unavailable ({type(e).__name__})"
     try:
-        torch.onnx.export(module, (x,), str(path), opset_version=17, dynamo=False, input_names=["input"],
-                          output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
-        return "torchscript opset 17"
-    except Exception as e:  # noqa: BLE001 - the legacy exporter may be gone: try dynamo
-        first = err(e)
-    batch = torch.export.Dim("batch", min=1, max=1024)
-    torch.onnx.export(module, (x,), str(path), dynamo=True, input_names=["input"], output_names=["output"],
-                      dynamic_shapes={"input": {0: batch}}, external_data=False)
-    return f"dynamo (torchscript failed: {first})"
+        import torch
+
+        out["torch_cudnn"] = str(torch.backends.cudnn.version())
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import graphopt
+
+        out["graphopt"] = graphopt.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    out["git"] = os.environ.get("HEAD_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return out
 
 
-# ------------------------------------------------------------------------------------ timing
+def gpu_name(dry: bool) -> str:
+    if dry:
+        return "none (dry run on the CPU)"
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    except Exception as e:  # noqa: BLE001
+        return f"unknown ({type(e).__name__})"
+
+
+# ------------------------------------------------------------------------------------ measuring
 def timed(fn, sync, warmup: int, repeats: int, budget_s: float) -> float:
-    """Median ms of ``fn`` + ``sync`` after ``warmup`` runs, within ``budget_s`` seconds."""
-    start = time.perf_counter()
+    """Median ms of ``fn`` + ``sync`` after ``warmup`` runs (at most ``budget_s`` seconds of repeats)."""
     for _ in range(warmup):
         fn()
         sync()
@@ -137,331 +128,334 @@ def timed(fn, sync, warmup: int, repeats: int, budget_s: float) -> float:
     return float(np.median(times) * 1e3)
 
 
-def optimize(onnx_path: Path, out: Path, bs: int, name: str, timeout_s: float) -> tuple[float, str]:
-    """``graphopt optimize`` with tuning on this GPU, in a subprocess with a time limit; on a timeout
-    or failure the heuristic lowerings (--gpu none) are used and the note says so."""
-    shape = f"input={bs}x{SEQ}" if name == "gpt2" else f"input={bs}x3x224x224"
+def rel_err(out, ref) -> float:
+    out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return float(np.abs(out - ref).max() / (np.abs(ref).max() + 1e-12))
+
+
+def optimize(src: Path, dst: Path, name: str, bs: int, fp16: bool, args, timeout_s: float) -> dict:
+    """``graphopt optimize`` in a subprocess (its own process group, so a timeout also ends the profiler's
+    workers). Returns {status: done|cut|failed, seconds, report, message}."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    if args.cache_dir:
+        env["GRAPHOPT_CACHE_DIR"] = str(args.cache_dir)
+    report = Path(str(dst) + ".report.json")
+    cmd = [args.graphopt_python or sys.executable, "-m", "graphopt.cli", "optimize", str(src), "-o", str(dst),
+           "--gpu", "none" if args.dry else "auto", "--shape", input_shape(name, bs), "-q", "--force",
+           "--report", str(report)] + (["--precision", "fp16", "--io-fp16"] if fp16 else [])
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "graphopt.cli", "optimize", str(onnx_path), "-o", str(out), "--gpu", "auto",
-           "--shape", shape, "-q", "--report", str(out) + ".report.json"]
-    # its own process group: a timeout also ends the profiler's worker processes
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
                             start_new_session=True)
     try:
-        _, stderr = proc.communicate(timeout=max(5.0, timeout_s))
-        if proc.returncode == 0:
-            return time.perf_counter() - t0, "tuned (--gpu auto)"
-        note = f"tuned optimize failed (exit {proc.returncode}: {stderr.strip()[-200:]})"
+        _, stderr = proc.communicate(timeout=max(1.0, timeout_s))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        note = f"tuning cut at {timeout_s:.0f} s"
-    elapsed = time.perf_counter() - t0
-    cmd[cmd.index("auto")] = "none"
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    if r.returncode != 0:
-        raise RuntimeError(f"{note}; heuristic optimize failed too: {r.stderr.strip()[-200:]}")
-    return elapsed + 0.0, f"{note}; heuristic lowerings (--gpu none)"
+        return {"status": "cut", "seconds": time.perf_counter() - t0, "report": None,
+                "message": f"tuning not finished within this call ({timeout_s:.0f} s); the cache keeps what was profiled"}
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"status": "failed", "seconds": seconds, "report": None,
+                "message": f"exit {proc.returncode}: {stderr.strip()[-300:]}"}
+    return {"status": "done", "seconds": seconds, "report": json.loads(report.read_text()), "message": ""}
 
 
-def run_model(name: str, args, budget: Budget, rows: list, meta: dict, save) -> None:
-    import torch
+class Runner:
+    """One model's rows: the torch module, its exports and the measurements."""
 
-    from graphopt.runtime import Session, to_numpy
-    from graphopt.runtime.bench import host_overhead_us
+    def __init__(self, name: str, args, meta: dict):
+        self.name, self.args = name, args
+        self.work = Path(args.work) / (f"{name}.tiny" if args.dry else name)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.dev = "cpu" if args.dry else "cuda"
+        t0 = time.perf_counter()
+        self.module = build_module(name, tiny=args.dry)
+        self.fp32_onnx = self.work / f"{name}.onnx"
+        if not self.fp32_onnx.exists():  # reused on a warm machine: written whole or not at all
+            tmp = self.work / f".{name}.partial.onnx"
+            how = export(name, self.module, tmp)
+            os.replace(tmp, self.fp32_onnx)
+            meta.setdefault("exports", {})[name] = f"{how} in {time.perf_counter() - t0:.1f} s"
+        self.fp16_onnx = None  # exported in fp16 on the GPU only when --precision fp16 fails
 
-    work = Path(tempfile.mkdtemp(prefix=f"e2e_{name}_"))
-    onnx_path = work / f"{name}.onnx"
-    log(f"{name}: building and exporting")
-    t0 = time.perf_counter()
-    module = build_module(name)
-    meta.setdefault("exports", {})[name] = export(name, module, onnx_path) + f" in {time.perf_counter() - t0:.1f} s"
-    log(f"{name}: {meta['exports'][name]}")
-    ort_cache: dict[int, object] = {}
-    for bs in args.batches:
-        opt_path = work / f"{name}_bs{bs}.opt.onnx"
-        optimize_s = opt_note = None
-        opt_error = None
-        if budget.left() > 20:
+    def fp16_export(self) -> Path:
+        if self.fp16_onnx is None:
+            path = self.work / f"{self.name}.fp16.onnx"
+            mod = copy.deepcopy(self.module).to(self.dev).half()
+            export(self.name, mod, path, device=self.dev)
+            self.fp16_onnx = path
+        return self.fp16_onnx
+
+    def row(self, bs: int, dtype: str, budget: Budget, run_info: dict) -> dict | None:
+        """Optimize and measure one row; None when there was no time to start it."""
+        args, name = self.args, self.name
+        if budget.left() < args.measure_reserve + 10:
+            log(f"{name} bs{bs} {dtype}: skipped (time budget); an older row, if any, stays")
+            return None
+        row = {k: None for k in FIELDS}
+        row.update(model=name, bs=bs, dtype=dtype, errors={}, **run_info)
+        fp16 = dtype == "fp16"
+        opt_path = self.work / f"{name}_bs{bs}_{dtype}.opt.onnx"
+        log(f"{name} bs{bs} {dtype}: graphopt optimize (full tuning; {budget.left() - args.measure_reserve:.0f} s left for it)")
+        res = optimize(self.fp32_onnx, opt_path, name, bs, fp16, args, budget.left() - args.measure_reserve)
+        row["fp16_model"] = "graphopt --precision fp16 --io-fp16" if fp16 else None
+        if fp16 and res["status"] == "failed":
+            note = res["message"][-160:]
+            log(f"{name} bs{bs}: --precision fp16 failed ({note}); exporting the module in fp16 instead")
             try:
-                log(f"{name} bs{bs}: optimizing (tuning on this GPU)")
-                optimize_s, opt_note = optimize(onnx_path, opt_path, bs, name,
-                                                min(args.tune_timeout, 0.3 * budget.left()))
-                log(f"{name} bs{bs}: optimized in {optimize_s:.1f} s: {opt_note}")
+                src = self.fp16_export()
+                res2 = optimize(src, opt_path, name, bs, False, args, budget.left() - args.measure_reserve)
+                res2["seconds"] += res["seconds"]
+                res = res2
+                row["fp16_model"] = f"torch fp16 export (--precision fp16 failed: {note})"
             except Exception as e:  # noqa: BLE001
-                opt_error = err(e)
-                log(f"{name} bs{bs}: optimize failed: {opt_error}")
-        for dtype in args.dtypes:
-            row = {"model": name, "bs": bs, "dtype": dtype, "graphopt_ms": None, "graphopt_eager_ms": None,
-                   "graphopt_unoptimized_ms": None, "torch_eager_ms": None, "torch_compile_ms": None,
-                   "ort_cpu_ms": None, "optimize_s": optimize_s, "compile_s": None, "host_us_per_node": None,
-                   "graph_status": None, "max_rel_err_vs_torch": None, "optimize_note": opt_note, "errors": {}}
-            if opt_error:
-                row["errors"]["optimize"] = opt_error
-            rows.append(row)
-            tdt = torch.float16 if dtype == "fp16" else torch.float32
-            rt_dtype = "float16" if dtype == "fp16" else None
-            kw = dict(warmup=args.warmup, repeats=args.repeats)
+                res = {"status": "failed", "seconds": res["seconds"], "report": None, "message": f"fp16 export: {err(e)}"}
+        row["optimize_s"] = round(res["seconds"], 1)
+        if res["status"] != "done":
+            row["tuning_complete"] = False
+            row["errors"]["optimize"] = res["message"]
+            log(f"{name} bs{bs} {dtype}: {res['status']}: {res['message']}")
+            return row
+        complete, summary = tuning_status(res["report"])
+        row["tuning_complete"] = complete
+        row["tuning"] = summary
+        log(f"{name} bs{bs} {dtype}: optimized in {res['seconds']:.1f} s; tuning complete: {complete}; {summary['node_modes']}")
+        self.measure(row, opt_path, budget)
+        return row
 
-            def measure(field, fn, min_left=8.0):
-                if budget.left() < min_left:
-                    row["errors"][field] = "skipped: time budget"
-                    return None
-                try:
-                    return fn()
-                except Exception as e:  # noqa: BLE001 - recorded in the row
-                    row["errors"][field] = err(e)
-                    log(f"{name} bs{bs} {dtype}: {field} failed: {row['errors'][field]}")
-                    return None
-                finally:
-                    gc.collect()
-
-            x_cpu = example_input(name, bs)
-            x_gpu = x_cpu.cuda()
-            x_np = x_cpu.numpy()
-            mod = copy.deepcopy(module).to("cuda").to(tdt)  # a copy: the fp32 rows keep the exported weights
-            x_t = x_gpu.to(tdt) if name != "gpt2" else x_gpu
-            sync = torch.cuda.synchronize
-            torch.backends.cudnn.benchmark = True
-            ref = None
-
-            def eager():
-                nonlocal ref
-                with torch.inference_mode():
-                    ms = timed(lambda: mod(x_t), sync, budget_s=args.item_budget, **kw)
-                    ref = mod(x_t).float().cpu().numpy()
-                return ms
-
-            # the graphopt runtime takes the CUDA tensor itself (DLPack, no copy); fp16 casts inside
-            feed = {"input": x_gpu if name == "gpt2" else x_gpu.float()}
-
-            def graphopt_opt():
-                if not opt_path.exists():
-                    raise RuntimeError("no optimized model")
-                sess = Session(opt_path, device="cuda", dtype=rt_dtype)
-                ms = timed(lambda: sess.run(feed), sess.synchronize, budget_s=args.item_budget, **kw)
-                row["graph_status"] = sess.graph_status
-                # which nodes did not run their recorded lowering, and why (fallbacks cost time)
-                row["plan_notes"] = list(sess.plan_summary().get("notes", []))[:50]
-                out = to_numpy(sess.run(feed)["output"]).astype(np.float64)
-                if ref is not None:
-                    row["max_rel_err_vs_torch"] = float(np.abs(out - ref).max() / (np.abs(ref).max() + 1e-12))
-                return ms
-
-            def graphopt_eager():
-                sess = Session(opt_path, device="cuda", dtype=rt_dtype, cuda_graphs=False)
-                ms = timed(lambda: sess.run(feed), sess.synchronize, budget_s=args.item_budget, **kw)
-                row["host_us_per_node"] = round(host_overhead_us(sess, feed, repeats=10)[0], 2)
-                return ms
-
-            def graphopt_unopt():
-                sess = Session(onnx_path, device="cuda", dtype=rt_dtype)
-                return timed(lambda: sess.run(feed), sess.synchronize, budget_s=args.item_budget, **kw)
-
-            def compiled():
-                torch._dynamo.reset()
-                cmod = torch.compile(mod, mode="reduce-overhead")
-                with torch.inference_mode():
-                    t0 = time.perf_counter()
-                    cmod(x_t)
-                    sync()
-                    row["compile_s"] = round(time.perf_counter() - t0, 2)
-                    return timed(lambda: cmod(x_t), sync, budget_s=args.item_budget, **kw)
-
-            def ort_cpu():
-                if bs not in ort_cache:
-                    ort_cache[bs] = Session(onnx_path, device="cpu")
-                s = ort_cache[bs]
-                return timed(lambda: s.run({"input": x_np}), lambda: None, warmup=1, repeats=args.ort_repeats,
-                             budget_s=args.item_budget)
-
-            log(f"{name} bs{bs} {dtype}: torch eager")
-            row["torch_eager_ms"] = measure("torch_eager_ms", eager)
-            log(f"{name} bs{bs} {dtype}: graphopt optimized + CUDA graphs")
-            row["graphopt_ms"] = measure("graphopt_ms", graphopt_opt)
-            log(f"{name} bs{bs} {dtype}: graphopt optimized, eager")
-            row["graphopt_eager_ms"] = measure("graphopt_eager_ms", graphopt_eager)
-            log(f"{name} bs{bs} {dtype}: graphopt unoptimized")
-            row["graphopt_unoptimized_ms"] = measure("graphopt_unoptimized_ms", graphopt_unopt)
-            if args.quick and bs != max(args.batches):
-                row["errors"]["torch_compile_ms"] = "not measured (--quick: the largest batch only)"
-            elif not args.no_compile:
-                log(f"{name} bs{bs} {dtype}: torch.compile(reduce-overhead)")
-                row["torch_compile_ms"] = measure("torch_compile_ms", compiled, min_left=30.0)
-            if dtype == args.dtypes[0] and (not args.quick or bs == 1):
-                log(f"{name} bs{bs}: onnxruntime CPU (fp32 model)")
-                row["ort_cpu_ms"] = measure("ort_cpu_ms", ort_cpu, min_left=15.0)
-            else:
-                row["errors"]["ort_cpu_ms"] = "not measured (--quick: bs1 only; fp32 model, once per batch)"
-            for k in [k for k in row if k.endswith("_ms") and isinstance(row[k], float)]:
-                row[k] = round(row[k], 4)
-            log(f"{name} bs{bs} {dtype}: " + ", ".join(f"{k}={row[k]}" for k in row if k.endswith("_ms")))
-            save()
-            try:
-                import cupy
-
-                cupy.get_default_memory_pool().free_all_blocks()
-            except Exception:  # noqa: BLE001
-                pass
-            torch.cuda.empty_cache()
-    module.to("cpu")
-    del module
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
-# ------------------------------------------------------------------------------------ output
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for mod in ("torch", "torchvision", "transformers", "cupy", "onnx", "onnxruntime", "numpy"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception as e:  # noqa: BLE001
-            out[mod] = f"unavailable ({type(e).__name__})"
-    try:
-        import graphopt
-
-        out["graphopt"] = graphopt.__version__
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        out["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    except Exception:  # noqa: BLE001
-        pass
-    return out
-
-
-def gpu_name() -> str:
-    try:
+    def measure(self, row: dict, opt_path: Path, budget: Budget) -> None:
         import torch
 
-        return torch.cuda.get_device_name(0)
-    except Exception as e:  # noqa: BLE001
-        return f"unknown ({type(e).__name__})"
+        from graphopt.runtime import Session, to_numpy
+        from graphopt.runtime.bench import host_overhead_us
+
+        args, name, bs, dtype = self.args, self.name, row["bs"], row["dtype"]
+        dry, dev = args.dry, self.dev
+        tdt = torch.float16 if dtype == "fp16" else torch.float32
+        rt = "numpy" if dry else "cuda"
+        kw = dict(warmup=args.warmup, repeats=args.repeats, budget_s=args.item_budget)
+        sync = (lambda: None) if dry else torch.cuda.synchronize
+
+        def measure(field, fn, min_left=10.0):
+            if budget.left() < min_left:
+                row["errors"][field] = "skipped: time budget"
+                return None
+            try:
+                return fn()
+            except Exception as e:  # noqa: BLE001 - recorded in the row
+                row["errors"][field] = err(e)
+                log(f"{name} bs{bs} {dtype}: {field} failed: {row['errors'][field]}")
+                return None
+            finally:
+                gc.collect()
+
+        x_cpu = example_input(name, bs)
+        image = MODELS[name][1] == "image"
+        mod = copy.deepcopy(self.module).to(dev).to(tdt)
+        x_t = x_cpu.to(dev).to(tdt) if image else x_cpu.to(dev)
+        if not dry:
+            torch.backends.cudnn.benchmark = True
+        ref = {}
+
+        def eager():
+            with torch.inference_mode():
+                if not dry:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                ms = timed(lambda: mod(x_t), sync, **kw)
+                ref["torch"] = mod(x_t).float().cpu().numpy()
+                if not dry:
+                    row["torch_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+            return ms
+
+        def feed_for(path: Path):
+            """The input in the dtype the model declares, on the session's device (CUDA tensors by DLPack)."""
+            import onnx
+
+            elem = onnx.load(str(path), load_external_data=False).graph.input[0].type.tensor_type.elem_type
+            want = {onnx.TensorProto.FLOAT16: torch.float16, onnx.TensorProto.FLOAT: torch.float32}.get(elem)
+            x = x_cpu.to(want) if want is not None else x_cpu
+            return {"input": x.numpy() if dry else x.to(dev)}
+
+        def pool():
+            if dry:
+                return None
+            import cupy
+
+            p = cupy.get_default_memory_pool()
+            p.free_all_blocks()
+            return p
+
+        def graphopt_opt():
+            p = pool()
+            base = p.total_bytes() if p else 0
+            feed = feed_for(opt_path)
+            sess = Session(opt_path, device=rt)
+            ms = timed(lambda: sess.run(feed), sess.synchronize, **kw)
+            if p is not None:
+                row["peak_mb"] = round((p.total_bytes() - base) / 2**20, 1)
+            row["plan_peak_mb"] = round((sess.last_peak_bytes or 0) / 2**20, 1)
+            row["graph_status"] = sess.graph_status
+            row["plan_notes"] = list(sess.plan_summary().get("notes", []))[:30]
+            out = to_numpy(sess.run(feed)["output"])
+            ref["graphopt"] = out
+            if "torch" in ref:
+                row["max_rel_err_vs_torch"] = round(rel_err(out, ref["torch"]), 6)
+            return ms
+
+        def graphopt_eager():
+            feed = feed_for(opt_path)
+            sess = Session(opt_path, device=rt, cuda_graphs=False)
+            us, steps = host_overhead_us(sess, feed, repeats=10)
+            row["plan_steps"] = steps
+            return round(us, 2)
+
+        def graphopt_unopt():
+            feed = feed_for(self.fp32_onnx)
+            sess = Session(self.fp32_onnx, device=rt, dtype="float16" if dtype == "fp16" else None)
+            return timed(lambda: sess.run(feed), sess.synchronize, **kw)
+
+        def compiled():
+            torch._dynamo.reset()
+            cmod = torch.compile(mod, mode="reduce-overhead")
+            with torch.inference_mode():
+                t0 = time.perf_counter()
+                cmod(x_t)
+                sync()
+                row["torch_compile_s"] = round(time.perf_counter() - t0, 1)
+                return timed(lambda: cmod(x_t), sync, **kw)
+
+        def ort_cpu():
+            import onnxruntime as ort
+
+            s = ort.InferenceSession(str(self.fp32_onnx), providers=["CPUExecutionProvider"])
+            out = s.run(None, {"input": x_cpu.numpy()})[0]
+            if "graphopt" not in ref:
+                raise RuntimeError("no graphopt output to compare")
+            return round(rel_err(ref["graphopt"], out), 6)
+
+        log(f"{name} bs{bs} {dtype}: torch eager")
+        row["torch_eager_ms"] = measure("torch_eager_ms", eager)
+        log(f"{name} bs{bs} {dtype}: graphopt optimized, CUDA graphs")
+        row["graphopt_ms"] = measure("graphopt_ms", graphopt_opt)
+        pool()
+        log(f"{name} bs{bs} {dtype}: graphopt optimized, host time per node without CUDA graphs")
+        row["host_us_per_node"] = measure("host_us_per_node", graphopt_eager)
+        pool()
+        log(f"{name} bs{bs} {dtype}: graphopt unoptimized")
+        row["graphopt_unoptimized_ms"] = measure("graphopt_unoptimized_ms", graphopt_unopt)
+        pool()
+        if dry or args.no_compile:
+            row["errors"]["torch_compile_ms"] = "not measured (" + ("dry run" if dry else "--no-compile") + ")"
+        else:
+            log(f"{name} bs{bs} {dtype}: torch.compile(mode='reduce-overhead')")
+            row["torch_compile_ms"] = measure("torch_compile_ms", compiled, min_left=45.0)
+        if dtype == "fp32":
+            log(f"{name} bs{bs} {dtype}: onnxruntime CPU (correctness)")
+            row["max_rel_err_vs_ort_cpu"] = measure("max_rel_err_vs_ort_cpu", ort_cpu, min_left=20.0)
+        for k in [k for k in row if k.endswith("_ms") and isinstance(row[k], float)]:
+            row[k] = round(row[k], 4)
+        # fp16: against torch eager at the documented fp16 tolerance; fp32: against onnxruntime CPU at 1e-3
+        e = row.get("max_rel_err_vs_ort_cpu") if dtype == "fp32" else row.get("max_rel_err_vs_torch")
+        row["correct"] = None if e is None else e <= (FP32_RTOL if dtype == "fp32" else FP16_RTOL)
+        log(f"{name} bs{bs} {dtype}: " + ", ".join(f"{k}={row.get(k)}" for k in FIELDS[3:]))
+        mod = None  # noqa: F841 - frees the GPU copy before the next row
+        gc.collect()
+        if not dry:
+            torch.cuda.empty_cache()
 
 
-def ratio(a, b):
-    return round(a / b, 2) if isinstance(a, float) and isinstance(b, float) and b > 0 else None
-
-
-def acceptance(rows: list) -> list[dict]:
-    """The issue's acceptance checks, each with the numbers it used (None: not measured)."""
-    checks = []
-    get = {(r["model"], r["bs"], r["dtype"]): r for r in rows}
-    for m in MODELS:
-        for bs, need in ((1, 3.0), (32, 1.5)):
-            r = get.get((m, bs, "fp16"))
-            x = ratio(r["torch_eager_ms"], r["graphopt_ms"]) if r else None
-            checks.append({"check": f"{m} bs{bs} fp16: graphopt >= {need}x torch eager", "value": x,
-                           "pass": None if x is None else x >= need})
-    r = get.get(("resnet50", 32, "fp16"))
-    x = ratio(r["torch_compile_ms"], r["graphopt_ms"]) if r else None
-    checks.append({"check": "resnet50 bs32 fp16: graphopt no slower than torch.compile", "value": x,
-                   "pass": None if x is None else x >= 1.0})
-    for dt in ("fp16", "fp32"):
-        r = get.get(("resnet50", 32, dt))
-        x = ratio(r["graphopt_unoptimized_ms"], r["graphopt_ms"]) if r else None
-        checks.append({"check": f"resnet50 bs32 {dt}: optimized >= 1.3x unoptimized (runtime)", "value": x,
-                       "pass": None if x is None else x >= 1.3})
-    hs = [r["host_us_per_node"] for r in rows if r.get("host_us_per_node") is not None]
-    checks.append({"check": "host overhead per node (eager) <= 15 us", "value": max(hs) if hs else None,
-                   "pass": None if not hs else max(hs) <= 15.0})
-    return checks
-
-
-def markdown(doc: dict) -> str:
-    lines = [f"# End-to-end latency on {doc['gpu']}", "",
-             f"{doc['date']}; `{doc['command']}`; {doc['elapsed_s']:.0f} s.", "",
-             "Versions: " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()) + ".", "",
-             "Median ms per batch. graphopt = optimized ONNX, tuned on this GPU, CUDA graphs; eager = the same "
-             "without CUDA graphs; unopt = the runtime on the exported ONNX; ORT CPU runs the fp32 model.", "",
-             "| model | bs | dtype | graphopt | graphopt eager | unopt | torch eager | torch.compile | ORT CPU | "
-             "eager/graphopt | compile/graphopt | optimize s | compile s | host us/node | err vs torch | notes |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-
-    def f(v, nd=3):
-        return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
-
-    for r in doc["rows"]:
-        notes = "; ".join(f"{k}: {v}" for k, v in r["errors"].items())
-        if r.get("optimize_note"):
-            notes = "; ".join(x for x in (r["optimize_note"], notes) if x)
-        lines.append(f"| {r['model']} | {r['bs']} | {r['dtype']} | {f(r['graphopt_ms'])} | {f(r['graphopt_eager_ms'])} | "
-                     f"{f(r['graphopt_unoptimized_ms'])} | {f(r['torch_eager_ms'])} | {f(r['torch_compile_ms'])} | "
-                     f"{f(r['ort_cpu_ms'], 1)} | {f(ratio(r['torch_eager_ms'], r['graphopt_ms']))} | "
-                     f"{f(ratio(r['torch_compile_ms'], r['graphopt_ms']))} | {f(r['optimize_s'], 1)} | {f(r['compile_s'], 1)} | "
-                     f"{f(r['host_us_per_node'], 1)} | {f(r['max_rel_err_vs_torch'], 4) if r['max_rel_err_vs_torch'] is not None else '-'} | "
-                     f"{notes} |")
-    lines += ["", "## Acceptance checks", "", "| check | value | pass |", "|---|---:|---|"]
-    for c in doc["acceptance"]:
-        lines.append(f"| {c['check']} | {f(c['value'], 2)} | {'-' if c['pass'] is None else ('yes' if c['pass'] else 'NO')} |")
-    return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
-def main(argv=None) -> int:
+# ------------------------------------------------------------------------------------ main
+def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true",
-                    help="fp16 only, fewer repeats, ORT CPU at bs1 and torch.compile at the largest batch only (fits ~6 min)")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
     ap.add_argument("--batches", default="1,32")
-    ap.add_argument("--dtypes", default=None, help="comma list of fp16,fp32 (default: both; --quick: fp16)")
-    ap.add_argument("--budget", type=float, default=None, help="total seconds (default 330 with --quick, else 1800)")
-    ap.add_argument("--tune-timeout", type=float, default=None, help="seconds per tuned optimize (default 30 quick, 300)")
-    ap.add_argument("--item-budget", type=float, default=None, help="seconds per timed measurement")
-    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--dtypes", default="fp16,fp32", help="fp16 and/or fp32 (fp32 rows only for " + ", ".join(FP32_MODELS) + ")")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds for this call (default 540)")
+    ap.add_argument("--measure-reserve", type=float, default=120.0,
+                    help="seconds kept for a row's measurements after its tuning (default 120)")
+    ap.add_argument("--cache-dir", type=Path, default=None,
+                    help="tuning cache folder (GRAPHOPT_CACHE_DIR for graphopt optimize): keep it across calls so a "
+                         "later call resumes an unfinished tuning and a fully cached optimize is fast")
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "graphopt_e2e",
+                    help="exports and optimized models (reused across calls on the same machine)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--gpu-name", default="h200", help="suffix of the output files")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--item-budget", type=float, default=5.0, help="seconds of repeats per timed measurement")
+    ap.add_argument("--dry", action="store_true",
+                    help="CPU check of the script: tiny transformers configs, torch on the CPU, graphopt --gpu none "
+                         "on the NumPy runtime, no torch.compile, no memory numbers")
+    ap.add_argument("--graphopt-python", default=None, help="python for `graphopt optimize` (default: this one)")
     args = ap.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.batches = [int(b) for b in args.batches.split(",") if b]
-    args.dtypes = (args.dtypes or ("fp16" if args.quick else "fp16,fp32")).split(",")
-    args.budget = args.budget or (330.0 if args.quick else 1800.0)
-    args.tune_timeout = args.tune_timeout or (30.0 if args.quick else 300.0)
-    args.item_budget = args.item_budget or (2.0 if args.quick else 5.0)
-    args.warmup, args.repeats, args.ort_repeats = (3, 30, 5) if args.quick else (5, 100, 10)
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
     bad = [m for m in args.models if m not in MODELS] + [d for d in args.dtypes if d not in ("fp16", "fp32")]
     if bad:
-        ap.error(f"unknown model or dtype: {', '.join(bad)}")
+        ap.error(f"unknown model or dtype: {', '.join(bad)} (models: {', '.join(MODELS)}; dtypes: fp16, fp32)")
+    if args.cache_dir:
+        args.cache_dir = args.cache_dir.resolve()
+        args.cache_dir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
     start = time.perf_counter()
-    rows: list[dict] = []
-    doc = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": gpu_name(), "versions": versions(),
-           "command": " ".join(["python3", "bench/e2e.py"] + (argv if argv is not None else sys.argv[1:])),
-           "quick": args.quick, "budget_s": args.budget, "seq_len": SEQ, "rows": rows}
+    json_path = args.out / f"e2e_{args.gpu_name}.json"
+    doc = load_doc(json_path)
+    command = " ".join(["python3", "bench/e2e.py"] + (argv if argv is not None else sys.argv[1:]))
+    run = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": gpu_name(args.dry),
+           "versions": versions(), "command": command}
+    doc.update(run)
+    doc["runs"].append({**run, "rows": []})
+    doc["seq_len"] = 128
+    plan = row_plan(args.models, args.batches, args.dtypes)
 
-    def save():
-        doc["elapsed_s"] = round(time.perf_counter() - start, 1)
-        doc["acceptance"] = acceptance(rows)
-        write_atomic(args.out / f"e2e_{args.gpu_name}.json", json.dumps(doc, indent=1) + "\n")
+    def save(new_rows):
+        doc["rows"] = merge_rows(doc["rows"], new_rows)
+        doc["runs"][-1]["elapsed_s"] = round(time.perf_counter() - start, 1)
+        doc["acceptance"] = acceptance(doc["rows"])
+        write_atomic(json_path, json.dumps(doc, indent=1) + "\n")
         write_atomic(args.out / f"e2e_{args.gpu_name}.md", markdown(doc))
 
-    log(f"{doc['gpu']}; budget {args.budget:.0f} s; models {args.models}; batches {args.batches}; dtypes {args.dtypes}")
-    for name in args.models:
-        if budget.left() < 30:
-            rows.append({"model": name, "bs": None, "dtype": None, "errors": {"all": "skipped: time budget"},
-                         **{k: None for k in ("graphopt_ms", "graphopt_eager_ms", "graphopt_unoptimized_ms", "torch_eager_ms",
-                                              "torch_compile_ms", "ort_cpu_ms", "optimize_s", "compile_s",
-                                              "host_us_per_node", "graph_status", "max_rel_err_vs_torch", "optimize_note")}})
+    log(f"{run['gpu']}; budget {args.budget:.0f} s; rows {plan}; cache {args.cache_dir}")
+    runners: dict[str, Runner] = {}
+    broken: dict[str, str] = {}  # model -> why it could not be built or exported
+    for name, bs, dtype in plan:
+        if budget.left() < args.measure_reserve + 10:
+            doc["runs"][-1].setdefault("skipped_for_time", []).append(f"{name} bs{bs} {dtype}")
             continue
-        left_models = len(args.models) - args.models.index(name)
-        share = Budget(budget.left() / left_models)  # an even share of what is left, so every model gets measured
+        if name in broken:
+            save([{**{k: None for k in FIELDS}, "model": name, "bs": bs, "dtype": dtype, "errors": {"all": broken[name]}, **run}])
+            continue
         try:
-            run_model(name, args, share, rows, doc, save)
+            if name not in runners:
+                for other in list(runners):  # one model on the GPU at a time
+                    del runners[other]
+                gc.collect()
+                log(f"{name}: building and exporting ({MODELS[name][0]})")
+                try:
+                    runners[name] = Runner(name, args, doc)
+                except Exception as e:  # noqa: BLE001
+                    broken[name] = f"build/export: {err(e)}"
+                    raise
+            row = runners[name].row(bs, dtype, budget, run)
         except Exception as e:  # noqa: BLE001 - one model failing must not stop the others
-            log(f"{name}: failed: {err(e)}")
-            doc.setdefault("model_errors", {})[name] = err(e)
-        save()
-    save()
-    log(f"done in {doc['elapsed_s']:.0f} s; wrote {args.out}/e2e_{args.gpu_name}.json and .md")
+            log(f"{name} bs{bs} {dtype}: failed: {err(e)}")
+            row = {**{k: None for k in FIELDS}, "model": name, "bs": bs, "dtype": dtype, "errors": {"all": err(e)}, **run}
+        if row is None:
+            doc["runs"][-1].setdefault("skipped_for_time", []).append(f"{name} bs{bs} {dtype}")
+            continue
+        doc["runs"][-1]["rows"].append(f"{name} bs{bs} {dtype}")
+        save([row])
+    save([])
+    log(f"done in {time.perf_counter() - start:.0f} s; {json_path} has {len(doc['rows'])} rows")
     for c in doc["acceptance"]:
         log(f"  {c['check']}: {c['value']} -> {c['pass']}")
     return 0

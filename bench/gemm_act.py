@@ -1,11 +1,14 @@
-"""GemmAct lowerings vs PyTorch eager on GPT-2 / BERT MLP shapes.
+"""GemmAct: the lowering the tuner would choose against PyTorch eager on GPT-2 / BERT-base projection and
+MLP shapes (issue 20's "Benchmarks").
 
-Run on the GPU:  python3 bench/gemm_act.py --out bench/results
+Run on the GPU:  python3 bench/gemm_act.py --out bench/results [--dtypes float16] [--budget 300]
 
-Each row is one MLP projection y = act(x @ W + b) with x of shape (batch, seq, K) (MatMul mode,
-W as [K, N], as the GPT-2 / BERT exports have it), fp16 and fp32. Every applicable candidate is
-checked against a float32 (TF32 off) torch result and timed with cuda_event_timer; torch eager
-(matmul, + bias, activation; default TF32 off for fp32 matmul) is timed with the same timer.
+Each row is one projection y = act(x @ W + b), x of shape (batch, 128, K), W as [K, N] (MatMul mode,
+as the exports have it). Every candidate of graphopt.kernels.registry (own kernels, cuBLASLt and
+cuDNN when their providers offer GemmAct) is profiled by the tuner's own backend
+(bench/lowering_bench.TunerChoice); ``graphopt_us`` is the fastest correct one, ``<provider>_best_us``
+each provider's best. torch eager (matmul, + bias, activation; TF32 off for fp32) is timed with the
+same timer. Rows are written after every shape to OUT/gemm_act_h200.json and .md.
 """
 
 from __future__ import annotations
@@ -15,143 +18,135 @@ import json
 import math
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from cbr_layers import env_header, measure_ceilings, time_candidates  # noqa: E402
+from lowering_bench import (Budget, TunerChoice, env_header, geomean, measure_ceilings, prebuild_all,  # noqa: E402
+                            torch_us, write_atomic, write_json)
 
-# (name, K, N, activation)
+PROVIDERS = ("own", "cublaslt", "cudnn")
+# (name, K, N, activation): GPT-2 124M and BERT-base projections and MLP
 LAYERS = [
-    ("gpt2.fc", 768, 3072, "GeluTanh"),
-    ("gpt2.proj", 3072, 768, "none"),
-    ("bert-base.fc", 768, 3072, "Gelu"),
-    ("bert-large.fc", 1024, 4096, "Gelu"),
-    ("bert-large.proj", 4096, 1024, "none"),
-    ("gpt2-medium.fc", 1024, 4096, "GeluTanh"),
+    ("gpt2.c_attn", 768, 2304, "none"),
+    ("gpt2.attn.c_proj", 768, 768, "none"),
+    ("gpt2.mlp.c_fc", 768, 3072, "GeluTanh"),
+    ("gpt2.mlp.c_proj", 3072, 768, "none"),
+    ("bert.qkv", 768, 768, "none"),
+    ("bert.intermediate", 768, 3072, "Gelu"),
+    ("bert.output", 3072, 768, "none"),
 ]
-TOKENS = [(1, 128), (8, 512), (32, 128)]
+TOKENS = [(1, 128), (32, 128)]
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--dtypes", default="float16,float32")
-    ap.add_argument("--header-from", default=None, help="reuse ceilings from a cbr_layers json (same run)")
+    ap.add_argument("--reps", type=int, default=20, help="torch timings")
+    ap.add_argument("--dtypes", default="float16")
+    ap.add_argument("--budget", type=float, default=300.0, help="seconds; shapes past it are skipped and listed")
     args = ap.parse_args(argv)
+    bad = [d for d in args.dtypes.split(",") if d not in ("float16", "float32")]
+    if bad:
+        ap.error(f"unknown dtype: {', '.join(bad)} (float16, float32)")
+    budget = Budget(args.budget)
 
     import cupy
-    import numpy as np
     import torch
     import torch.nn.functional as F
 
-    from graphopt.lowering.contract import Signature
-    from graphopt.kernels.registry import all_kernel_instances
-    from graphopt.kernels.source import device_arch, prebuild
-    from graphopt.kernels.timing import cuda_event_timer, median
+    from graphopt.kernels.registry import signature_of
 
     command = "python3 bench/gemm_act.py " + " ".join(argv if argv is not None else sys.argv[1:])
     header = env_header(command)
-    t0 = time.perf_counter()
-    header["prebuild_errors"] = prebuild(all_kernel_instances())
-    header["prebuild_s"] = round(time.perf_counter() - t0, 1)
-    if args.header_from and os.path.exists(args.header_from):
-        with open(args.header_from) as f:
-            header["ceilings"] = json.load(f)["header"]["ceilings"]
-        header["ceilings_from"] = args.header_from
-    else:
-        header["ceilings"] = measure_ceilings()
-    arch = device_arch()
-    stream = cupy.cuda.Stream(non_blocking=False)
-    tstream = torch.cuda.ExternalStream(stream.ptr)
-    rng = np.random.default_rng(0)
-    rows = []
+    header.update(prebuild_all())
+    header["ceilings"] = measure_ceilings()
     torch.backends.cuda.matmul.allow_tf32 = False
-    for dtype in args.dtypes.split(","):
-        peak = header["ceilings"]["fp16_TFLOPs" if dtype == "float16" else "tf32_TFLOPs"] * 1e12
-        bw = header["ceilings"]["copy_TBps"] * 1e12
-        for bsz, seq in TOKENS:
-            for name, K, N, act in LAYERS:
-                ash, bsh = (bsz, seq, K), (K, N)
-                attrs = {"mode": "matmul", "activation": act}
-                sig = Signature.make("GemmAct", [ash, bsh, (N,)], [dtype] * 3, attrs)
-                with stream:
-                    a = cupy.asarray(rng.standard_normal(ash, dtype=np.float32)).astype(dtype)
-                    w = cupy.asarray(rng.standard_normal(bsh, dtype=np.float32) / math.sqrt(K)).astype(dtype)
-                    b = cupy.asarray(rng.standard_normal(N, dtype=np.float32)).astype(dtype)
-                    ta, tw, tb = (torch.as_tensor(v, device="cuda") for v in (a, w, b))
-                    tact = {"Gelu": lambda y: F.gelu(y), "GeluTanh": lambda y: F.gelu(y, approximate="tanh"), "none": lambda y: y}[act]
-                    with torch.cuda.stream(tstream):
-                        ref_t = tact(ta.float() @ tw.float() + tb.float())
-                    stream.synchronize()
-                    ref = cupy.asarray(ref_t)
-                    tol = 1e-2 if dtype == "float16" else 3e-3
-                    cand = time_candidates(sig, [a, w, b], (bsz, seq, N), dtype, ref, tol, args.reps, arch)
+    rows, skipped = [], []
+    acts = {"Gelu": lambda y: F.gelu(y), "GeluTanh": lambda y: F.gelu(y, approximate="tanh"), "none": lambda y: y}
 
-                    def torch_launch(ins, outs):
-                        with torch.cuda.stream(tstream):
-                            tact(torch.matmul(ins[0], ins[1]) + ins[2])
+    def save():
+        header["summary"] = summarize(rows)
+        header["skipped_for_time"] = skipped
+        write_json(os.path.join(args.out, "gemm_act_h200.json"), {"header": header, "rows": rows})
+        write_atomic(os.path.join(args.out, "gemm_act_h200.md"), markdown(header, rows))
 
-                    tts = cuda_event_timer(torch_launch, [ta, tw, tb], [torch.empty((bsz, seq, N), dtype=ta.dtype, device="cuda")],
-                                           warmup=5, reps=args.reps)
-                torch_us = median(tts) * 1e3
-                best = min(cand, key=lambda kk: cand[kk][0]) if cand else None
-                best_us = cand[best][0] if best else math.inf
-                M = bsz * seq
-                flops = 2 * M * N * K
-                esz = 2 if dtype == "float16" else 4
-                nbytes = esz * (M * K + K * N + N + M * N)
-                floor_us = max(flops / peak, nbytes / bw) * 1e6
-                # The cost of the fused epilogue: the same mma config with activation none and no bias.
-                epi_cost = None
-                if best and best.startswith("mma_gemm"):
-                    from graphopt.kernels.registry import candidate_from_key
+    with TunerChoice() as tuner:
+        for dtype in args.dtypes.split(","):
+            tdt = {"float16": torch.float16, "float32": torch.float32}[dtype]
+            peak = header["ceilings"]["fp16_TFLOPs" if dtype == "float16" else "tf32_TFLOPs"] * 1e12
+            bw = header["ceilings"]["copy_TBps"] * 1e12
+            for bsz, seq in TOKENS:
+                for name, K, N, act in LAYERS:
+                    if budget.left() < 10:
+                        skipped.append(f"{name} {bsz}x{seq} {dtype}")
+                        continue
+                    M = bsz * seq
+                    row = {"layer": name, "tokens": [bsz, seq], "M": M, "N": N, "K": K, "dtype": dtype, "activation": act}
+                    try:
+                        sig = signature_of("GemmAct", [(bsz, seq, K), (K, N), (N,)], [dtype] * 3,
+                                           {"mode": "matmul", "activation": act})
+                        choice = tuner.profile(sig)
+                        ta = torch.randn(bsz, seq, K, device="cuda", dtype=tdt)
+                        tw = torch.randn(K, N, device="cuda", dtype=tdt) / math.sqrt(K)
+                        tb = torch.randn(N, device="cuda", dtype=tdt)
+                        t_us = torch_us(lambda a, w, b: acts[act](torch.matmul(a, w) + b), [ta, tw, tb],
+                                        torch.empty(bsz, seq, N, device="cuda", dtype=tdt), args.reps)
+                        esz = 2 if dtype == "float16" else 4
+                        gus = choice["graphopt_us"]
+                        best = choice["best_by_provider"]
+                        row.update({
+                            "graphopt_us": gus, "chosen": choice["chosen"], "chosen_provider": choice["chosen_provider"],
+                            **{f"{pv}_best_us": (best.get(pv) or {}).get("us") for pv in PROVIDERS},
+                            "best_by_provider": best, "torch_eager_us": t_us,
+                            "vs_torch": round(t_us / gus, 3) if gus else None,
+                            "floor_us": round(max(2 * M * N * K / peak, esz * (M * K + K * N + N + M * N) / bw) * 1e6, 2),
+                            "graphopt_TFLOPs": round(2 * M * N * K / (gus * 1e-6) / 1e12, 1) if gus else None,
+                            "candidates": choice["candidates"], "failures": choice["failures"], "pruned": choice["pruned"],
+                        })
+                    except Exception as exc:  # noqa: BLE001 - one broken shape must not end the run
+                        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                    rows.append(row)
+                    print(f"{name:18s} {bsz}x{seq} {dtype}: graphopt {row.get('graphopt_us')} us ({row.get('chosen')}) "
+                          f"torch {row.get('torch_eager_us')} us x{row.get('vs_torch')} {row.get('error', '')}", flush=True)
+                    cupy.get_default_memory_pool().free_all_blocks()
+                    save()
+    save()
+    print(json.dumps(header["summary"], indent=1))
+    return 0
 
-                    c0 = candidate_from_key("GemmAct", best)
-                    sig0 = Signature.make("GemmAct", [ash, bsh, None], [dtype] * 3, {"mode": "matmul", "activation": "none"})
-                    with stream:
-                        l0 = c0.build(sig0, arch)
-                        out0 = cupy.empty((bsz, seq, N), dtype=dtype)
-                        plain = median(cuda_event_timer(l0, [a, w, None], [out0], warmup=3, reps=args.reps)) * 1e3
-                    epi_cost = round(best_us / plain - 1.0, 4)
-                row = {
-                    "layer": name, "tokens": [bsz, seq], "M": M, "N": N, "K": K, "dtype": dtype, "activation": act,
-                    "graphopt_us": round(best_us, 2), "torch_eager_us": round(torch_us, 2), "chosen": best,
-                    "speedup_vs_torch": round(torch_us / best_us, 3) if best_us > 0 else None,
-                    "floor_us": round(floor_us, 2),
-                    "graphopt_TFLOPs": round(flops / (best_us * 1e-6) / 1e12, 1) if math.isfinite(best_us) else 0,
-                    "torch_TFLOPs": round(flops / (torch_us * 1e-6) / 1e12, 1),
-                    "epilogue_overhead": epi_cost,
-                    "candidates": {kk: (None if not math.isfinite(v[0]) else round(v[0], 2)) for kk, v in cand.items()},
-                    "failures": {kk: v[1] for kk, v in cand.items() if v[1]},
-                }
-                rows.append(row)
-                print(f"{name:16s} {bsz}x{seq:<4d} {dtype:7s} graphopt {best_us:8.1f} us ({best})  torch {torch_us:8.1f} us  "
-                      f"x{row['speedup_vs_torch']}  floor {floor_us:6.1f}  {row['graphopt_TFLOPs']} TF/s epi {epi_cost}", flush=True)
-                cupy.get_default_memory_pool().free_all_blocks()
-    sp = {}
-    for dtype in args.dtypes.split(","):
-        s = [r["speedup_vs_torch"] for r in rows if r["dtype"] == dtype and r["speedup_vs_torch"]]
-        if s:
-            sp[dtype] = {"rows": len(s), "at_least_as_fast": sum(v >= 1 for v in s), "geomean_speedup": round(math.exp(sum(map(math.log, s)) / len(s)), 3)}
-    header["summary"] = sp
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gemm_act_h200.json"), "w") as f:
-        json.dump({"header": header, "rows": rows}, f, indent=1)
-    lines = [f"# GemmAct (MLP projections) on {header['gpu']} ({header['date']})", "", f"Command: `{command}`; CuPy {header['cupy']}, torch {header['torch']}.", "",
-             f"Ceilings: copy {header['ceilings']['copy_TBps']:.2f} TB/s, fp16 {header['ceilings']['fp16_TFLOPs']:.0f} TFLOP/s, tf32 {header['ceilings']['tf32_TFLOPs']:.0f} TFLOP/s. Timing: {header['timing']}.", "",
-             "Summary: " + json.dumps(sp), "",
-             "| layer | tokens | dtype | graphopt us | torch eager us | speed-up | floor us | TFLOP/s | epilogue overhead | chosen |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+def summarize(rows) -> dict:
+    out = {}
+    for dtype in sorted({r["dtype"] for r in rows}):
+        sel = [r for r in rows if r["dtype"] == dtype and r.get("vs_torch")]
+        if sel:
+            out[dtype] = {"rows": len(sel), "at_least_as_fast_as_torch": sum(r["vs_torch"] >= 1.0 for r in sel),
+                          "geomean_vs_torch": geomean(r["vs_torch"] for r in sel),
+                          "chosen_provider": {pv: sum(r.get("chosen_provider") == pv for r in sel) for pv in PROVIDERS}}
+    return out
+
+
+def markdown(header, rows) -> str:
+    lines = [f"# GemmAct (GPT-2 / BERT-base projections) on {header['gpu']} ({header['date']})", "",
+             f"Command: `{header['command']}`; CuPy {header['cupy']}, torch {header['torch']}; providers "
+             f"{header.get('providers')}. Ceilings: copy {header['ceilings']['copy_TBps']:.2f} TB/s, fp16 "
+             f"{header['ceilings']['fp16_TFLOPs']:.0f} TFLOP/s. Timing: {header['timing']}.", "",
+             "Summary: " + json.dumps(header.get("summary", {})), "",
+             "| layer | tokens | dtype | graphopt us | chosen | own us | cuBLASLt us | cuDNN us | torch eager us | x torch | floor us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['layer']} | {r['tokens'][0]}x{r['tokens'][1]} | {r['dtype']} | {r['graphopt_us']} | {r['torch_eager_us']} | {r['speedup_vs_torch']} | "
-                     f"{r['floor_us']} | {r['graphopt_TFLOPs']} | {r['epilogue_overhead']} | {r['chosen']} |")
-    with open(os.path.join(args.out, "gemm_act_h200.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(json.dumps(sp, indent=1))
+        tok = f"{r['tokens'][0]}x{r['tokens'][1]}"
+        if "error" in r:
+            lines.append(f"| {r['layer']} | {tok} | {r['dtype']} | error: {r['error']} | | | | | | | |")
+            continue
+        lines.append(f"| {r['layer']} | {tok} | {r['dtype']} | {r['graphopt_us']} | `{r['chosen']}` | {r['own_best_us']} | "
+                     f"{r['cublaslt_best_us']} | {r['cudnn_best_us']} | {r['torch_eager_us']} | {r['vs_torch']} | {r['floor_us']} |")
+    if header.get("skipped_for_time"):
+        lines += ["", "Skipped for the time budget: " + ", ".join(header["skipped_for_time"])]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,9 +10,17 @@ Run on the GPU:  python3 bench/transformer_kernels.py --out bench/results   (add
   kernel) on an (M, N) activation with a bias of N, erf and tanh forms, against torch eager.
 - softmax: ``attn_softmax`` (the cuBLAS attention lowering's middle kernel) in place over rows of
   Skv scores, against ``torch.softmax``.
-- Attention at sequence lengths 128, 512, 2048, 4096, head dims 64 and 128, fp16 (and fp32 with
-  --dtypes): every applicable candidate, the best, SDPA and the unfused torch path
-  (matmul, softmax, matmul), in TFLOP/s (4 * B * H * Sq * Skv * D flops, no mask).
+- Attention at sequence lengths 128, 512, 2048, 4096, head dims 64 and 128, causal and not, fp16
+  (and fp32 with --attn-dtypes): the tuner's choice, SDPA (``is_causal`` alike) and the unfused torch
+  path (matmul, softmax, matmul), in TFLOP/s (4 * B * H * Sq * Skv * D flops, halved when causal).
+
+LayerNorm, SkipLayerNorm, RMSNorm and Attention take every candidate of graphopt.kernels.registry
+(own kernels and every provider's: cuDNN SDPA / norms when they land), profiled by the tuner's own
+backend in its isolated worker (bench/lowering_bench.TunerChoice): ``graphopt_us`` is what
+``graphopt optimize`` would choose. bias+GELU and softmax are kernels inside other lowerings (no
+registry op of their own): timed directly. The JSON has issue 20's lists: ``memory_bound`` rows carry
+``kernel``, ``bytes``, ``fraction_of_copy``; ``attention`` rows ``seq``, ``head_dim``, ``causal``,
+``dtype``, ``graphopt_us``, ``sdpa_us``. Written after every table; --budget skips what no longer fits.
 
 Bandwidth = bytes each kernel must move (inputs read once, outputs written once) / device time,
 reported as a fraction of the copy bandwidth measured in the same run.
@@ -31,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from cbr_layers import env_header, measure_ceilings, time_candidates  # noqa: E402
+from lowering_bench import Budget, TunerChoice, env_header, measure_ceilings, write_atomic, write_json  # noqa: E402
 
 # (name, rows, D)
 NORM_SIZES = [("gpt2 bs1x128", 128, 768), ("bert-base bs32x128", 32 * 128, 768), ("bert-large bs32x512", 32 * 512, 1024),
@@ -41,7 +49,8 @@ SOFTMAX_SIZES = [("bert-base bs32 h12 s128", 32 * 12 * 128, 128), ("s512 bs8 h16
                  ("s2048 bs2 h16", 2 * 16 * 2048, 2048), ("s4096 bs1 h16", 16 * 4096, 4096)]
 ATTN_SEQS = (128, 512, 2048, 4096)
 ATTN_HEADS = (64, 128)
-ATTN_TOKENS = 16384  # B * S per row of the attention table (B = max(1, TOKENS / S)), H = 16
+ATTN_TOKENS = 8192  # B * S per row of the attention table (B = max(1, TOKENS / S)), H = 16 (the checker's float64
+# reference of a (B, 16, 4096, 4096) score matrix must fit the host: 4.3 GB at B = 2)
 
 
 def _bw(nbytes, us):
@@ -55,7 +64,9 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float16,float32", help="memory-bound kernels")
     ap.add_argument("--attn-dtypes", default="float16")
     ap.add_argument("--quick", action="store_true", help="one size per table (smoke test)")
+    ap.add_argument("--budget", type=float, default=500.0, help="seconds; what is past it is skipped and listed")
     args = ap.parse_args(argv)
+    budget = Budget(args.budget)
 
     import cupy
     import numpy as np
@@ -63,9 +74,9 @@ def main(argv=None):
     import torch.nn.functional as F
 
     from graphopt.kernels.attention import attention_kernel_instances
-    from graphopt.lowering.contract import Signature
+    from graphopt.kernels.registry import signature_of
     from graphopt.kernels.norm import norm_kernel_instances
-    from graphopt.kernels.source import device_arch, get_kernel, instance, prebuild
+    from graphopt.kernels.source import get_kernel, instance, prebuild
     from graphopt.kernels.timing import cuda_event_timer, median
 
     command = "python3 bench/transformer_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -77,7 +88,8 @@ def main(argv=None):
     header["prebuild_s"] = round(time.perf_counter() - t0, 1)
     header["ceilings"] = measure_ceilings()
     copy = header["ceilings"]["copy_TBps"]
-    arch = device_arch()
+    skipped: list[str] = []
+    tuner = TunerChoice()
     stream = cupy.cuda.Stream(non_blocking=False)
     tstream = torch.cuda.ExternalStream(stream.ptr)
     rng = cupy.random.RandomState(0)
@@ -93,15 +105,52 @@ def main(argv=None):
     def record(kind, name, dtype, shape, nbytes, cands, t_us, extra=None):
         best = min(cands, key=lambda k: cands[k][0]) if cands else None
         us = cands[best][0] if best else math.inf
-        row = {"kernel": kind, "size": name, "shape": list(shape), "dtype": dtype, "MB": round(nbytes / 1e6, 2),
+        row = {"kernel": kind, "bytes": int(nbytes), "fraction_of_copy": round(_bw(nbytes, us) / copy, 3),
+               "size": name, "shape": list(shape), "dtype": dtype, "MB": round(nbytes / 1e6, 2),
                "graphopt_us": round(us, 2), "chosen": best, "TBps": round(_bw(nbytes, us), 3),
                "of_copy": round(_bw(nbytes, us) / copy, 3), "torch_us": round(t_us, 2),
                "torch_of_copy": round(_bw(nbytes, t_us) / copy, 3),
                "candidates": {k: (None if not math.isfinite(v[0]) else round(v[0], 2)) for k, v in cands.items()},
                "failures": {k: v[1] for k, v in cands.items() if v[1]}, **(extra or {})}
         mem_rows.append(row)
+        save()
         print(f"{kind:14s} {name:24s} {dtype:7s} {row['MB']:8.1f} MB  {us:8.1f} us  {row['of_copy']:.2f} of copy "
               f"({best})  torch {t_us:8.1f} us {row['torch_of_copy']:.2f}", flush=True)
+
+    def save():
+        _write(args.out, header, mem_rows, attn_rows, skipped, copy)
+
+    def attention_row(s, d, causal, dtype):
+        bsz, h = max(1, ATTN_TOKENS // s), 16
+        shape = (bsz, h, s, d)
+        sig = signature_of("Attention", [shape] * 3, [dtype] * 3, {"causal": causal} if causal else {})
+        choice = tuner.profile(sig)
+        tq, tk, tv = (torch.randn(shape, device="cuda", dtype=getattr(torch, dtype)) for _ in range(3))
+        out = torch.empty_like(tq)
+        sdpa = torch_us(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=bool(causal)), [tq, tk, tv], out)
+
+        def unfused(a, b, c, scale=1.0 / math.sqrt(d)):
+            sc = torch.matmul(a, b.transpose(-1, -2)) * scale
+            if causal:
+                sc = sc.masked_fill(torch.ones(s, s, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+            return torch.matmul(torch.softmax(sc, -1), c)
+        unf = torch_us(unfused, [tq, tk, tv], out)
+        flops = 4 * bsz * h * s * s * d // (2 if causal else 1)
+        us = choice["graphopt_us"]
+        row = {"seq": s, "head_dim": d, "causal": bool(causal), "dtype": dtype, "graphopt_us": us, "sdpa_us": round(sdpa, 2),
+               "batch": bsz, "heads": h, "chosen": choice["chosen"], "chosen_provider": choice["chosen_provider"],
+               "TFLOPs": round(flops / (us * 1e-6) / 1e12, 2) if us else 0,
+               "best_by_provider": {p: v["us"] for p, v in choice["best_by_provider"].items()},
+               "sdpa_TFLOPs": round(flops / (sdpa * 1e-6) / 1e12, 2),
+               "torch_unfused_us": round(unf, 2), "vs_sdpa": round(sdpa / us, 3) if us else None,
+               "candidates": choice["candidates"], "failures": choice["failures"]}
+        attn_rows.append(row)
+        save()
+        print(f"attention s={s:5d} d={d:3d} causal={causal} {dtype}: graphopt {us} us {row['TFLOPs']} TF/s ({row['chosen']}) "
+              f"SDPA {sdpa:9.1f} us {row['sdpa_TFLOPs']:6.1f} TF/s  unfused torch {unf:9.1f} us", flush=True)
+        del tq, tk, tv, out
+        cupy.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
 
     with stream:
         for dtype in args.dtypes.split(","):
@@ -120,12 +169,12 @@ def main(argv=None):
                      lambda a, w, c, s, sb_: F.layer_norm(a + s + sb_, (d,), w, c, 1e-5), [tx, tg, tb, tsk, tsb], 3),
                     ("RMSNorm", "RMSNorm", [x, g], lambda a, w: F.rms_norm(a, (d,), w, 1e-6), [tx, tg], 2),
                 ):
-                    sig = Signature.make(op, [a.shape for a in ins], [dtype] * len(ins),
+                    sig = signature_of(op, [a.shape for a in ins], [dtype] * len(ins),
                                          {"epsilon": 1e-5 if op == "LayerNorm" else 1e-6})
-                    with torch.cuda.stream(tstream):
-                        ref = cupy.asarray(tfn(*[t.float() for t in tins]))
-                    stream.synchronize()
-                    cands = time_candidates(sig, ins, (rows, d), dtype, ref, tol, args.reps, arch)
+                    if budget.left() < 10:
+                        skipped.append(f"{kind} {name} {dtype}")
+                        continue
+                    cands = choice_cands(tuner.profile(sig))
                     record(kind, name, dtype, (rows, d), n_io * rows * d * esz, cands, torch_us(tfn, tins, out))
                 cupy.get_default_memory_pool().free_all_blocks()
             for name, m, n in pick(GELU_SIZES):
@@ -182,74 +231,50 @@ def main(argv=None):
         for dtype in args.attn_dtypes.split(","):
             for s in pick(ATTN_SEQS):
                 for d in pick(ATTN_HEADS):
-                    bsz, h = max(1, ATTN_TOKENS // s), 16
-                    shape = (bsz, h, s, d)
-                    q, k, v = (rng.standard_normal(shape, dtype=cupy.float32).astype(dtype) for _ in range(3))
-                    tq, tk, tv = (torch.as_tensor(a, device="cuda") for a in (q, k, v))
-                    with torch.cuda.stream(tstream):
-                        ref = cupy.asarray(F.scaled_dot_product_attention(tq.float(), tk.float(), tv.float()))
-                    stream.synchronize()
-                    sig = Signature.make("Attention", [shape] * 3, [dtype] * 3, {})
-                    tol = 1e-2 if dtype == "float16" else 1e-4
-                    cands = time_candidates(sig, [q, k, v], shape, dtype, ref, tol, args.reps, arch)
-                    del ref
-                    out = torch.empty_like(tq)
-                    sdpa = torch_us(F.scaled_dot_product_attention, [tq, tk, tv], out)
+                    for causal in (0, 1):
+                        if budget.left() < 15:
+                            skipped.append(f"attention s={s} d={d} causal={causal} {dtype}")
+                            continue
+                        attention_row(s, d, causal, dtype)
+    tuner.close()
+    save()
+    print(json.dumps(header["summary"], indent=1))
 
-                    def unfused(a, b, c, scale=1.0 / math.sqrt(d)):
-                        return torch.matmul(torch.softmax(torch.matmul(a, b.transpose(-1, -2)) * scale, -1), c)
-                    unf = torch_us(unfused, [tq, tk, tv], out)
-                    flops = 4 * bsz * h * s * s * d
-                    best = min(cands, key=lambda kk: cands[kk][0]) if cands else None
-                    us = cands[best][0] if best else math.inf
-                    fam = {}
-                    for key, (t, _) in cands.items():
-                        f = key.split(":")[0]
-                        fam[f] = min(fam.get(f, math.inf), t)
-                    row = {"seq": s, "head_dim": d, "batch": bsz, "heads": h, "dtype": dtype,
-                           "graphopt_us": round(us, 2), "chosen": best,
-                           "TFLOPs": round(flops / (us * 1e-6) / 1e12, 2) if math.isfinite(us) else 0,
-                           "best_per_family_us": {f: (round(t, 2) if math.isfinite(t) else None) for f, t in fam.items()},
-                           "sdpa_us": round(sdpa, 2), "sdpa_TFLOPs": round(flops / (sdpa * 1e-6) / 1e12, 2),
-                           "torch_unfused_us": round(unf, 2), "vs_sdpa": round(sdpa / us, 3) if math.isfinite(us) else 0,
-                           "candidates": {kk: (None if not math.isfinite(vv[0]) else round(vv[0], 2)) for kk, vv in cands.items()},
-                           "failures": {kk: vv[1] for kk, vv in cands.items() if vv[1]}}
-                    attn_rows.append(row)
-                    print(f"attention s={s:5d} d={d:3d} {dtype}: graphopt {us:9.1f} us {row['TFLOPs']:6.1f} TF/s ({best}) "
-                          f"SDPA {sdpa:9.1f} us {row['sdpa_TFLOPs']:6.1f} TF/s  unfused torch {unf:9.1f} us  "
-                          f"families {row['best_per_family_us']}", flush=True)
-                    del q, k, v, tq, tk, tv, out
-                    cupy.get_default_memory_pool().free_all_blocks()
-                    torch.cuda.empty_cache()
 
-    big = [r for r in mem_rows if r["MB"] >= 8]
+def _write(out_dir, header, mem_rows, attn_rows, skipped, copy):
+    big = [r for r in mem_rows if r["bytes"] >= 8e6]
     header["summary"] = {
-        "memory_bound_at_least_80pct_of_copy_(>=8MB)": f"{sum(r['of_copy'] >= 0.8 for r in big)} of {len(big)}",
-        "attention_vs_sdpa_seq>=2048": [r["vs_sdpa"] for r in attn_rows if r["seq"] >= 2048],
+        "memory_bound_at_least_80pct_of_copy_(>=8MB)": f"{sum(r['fraction_of_copy'] >= 0.8 for r in big)} of {len(big)}",
+        "attention_at_least_as_fast_as_sdpa": f"{sum((r['vs_sdpa'] or 0) >= 1.0 for r in attn_rows)} of {len(attn_rows)}",
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "transformer_kernels_h200.json"), "w") as f:
-        json.dump({"header": header, "memory_bound": mem_rows, "attention": attn_rows}, f, indent=1)
+    header["skipped_for_time"] = skipped
+    write_json(os.path.join(out_dir, "transformer_kernels_h200.json"),
+               {"header": header, "memory_bound": mem_rows, "attention": attn_rows})
     lines = [f"# Transformer kernels on {header['gpu']} ({header['date']})", "",
-             f"Command: `{command}`; CuPy {header['cupy']}, torch {header['torch']}. Copy bandwidth "
-             f"{copy:.2f} TB/s. Timing: {header['timing']}.", "", "Summary: " + json.dumps(header["summary"]), "",
+             f"Command: `{header['command']}`; CuPy {header['cupy']}, torch {header['torch']}; providers "
+             f"{header.get('providers')}. Copy bandwidth {copy:.2f} TB/s (this run). Timing: {header['timing']}.", "",
+             "Summary: " + json.dumps(header["summary"]), "",
              "## Memory-bound kernels", "",
              "| kernel | size | dtype | MB moved | graphopt us | of copy | torch us | torch of copy | chosen |",
              "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in mem_rows:
-        lines.append(f"| {r['kernel']} | {r['size']} | {r['dtype']} | {r['MB']} | {r['graphopt_us']} | {r['of_copy']} | "
+        lines.append(f"| {r['kernel']} | {r['size']} | {r['dtype']} | {r['MB']} | {r['graphopt_us']} | {r['fraction_of_copy']} | "
                      f"{r['torch_us']} | {r['torch_of_copy']} | {r['chosen']} |")
-    lines += ["", "## Attention (no mask)", "",
-              "| seq | head dim | BxH | dtype | graphopt us | TFLOP/s | SDPA us | SDPA TFLOP/s | x SDPA | unfused torch us | best per family | chosen |",
-              "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines += ["", "## Attention (no mask; causal where it says so)", "",
+              "| seq | head dim | causal | BxH | dtype | graphopt us | TFLOP/s | SDPA us | SDPA TFLOP/s | x SDPA | unfused torch us | best per provider | chosen |",
+              "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in attn_rows:
-        lines.append(f"| {r['seq']} | {r['head_dim']} | {r['batch']}x{r['heads']} | {r['dtype']} | {r['graphopt_us']} | {r['TFLOPs']} | "
-                     f"{r['sdpa_us']} | {r['sdpa_TFLOPs']} | {r['vs_sdpa']} | {r['torch_unfused_us']} | "
-                     f"{json.dumps(r['best_per_family_us'])} | {r['chosen']} |")
-    with open(os.path.join(args.out, "transformer_kernels_h200.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(json.dumps(header["summary"], indent=1))
+        lines.append(f"| {r['seq']} | {r['head_dim']} | {r['causal']} | {r['batch']}x{r['heads']} | {r['dtype']} | {r['graphopt_us']} | "
+                     f"{r['TFLOPs']} | {r['sdpa_us']} | {r['sdpa_TFLOPs']} | {r['vs_sdpa']} | {r['torch_unfused_us']} | "
+                     f"{json.dumps(r['best_by_provider'])} | {r['chosen']} |")
+    if skipped:
+        lines += ["", "Skipped for the time budget: " + ", ".join(skipped)]
+    write_atomic(os.path.join(out_dir, "transformer_kernels_h200.md"), "\n".join(lines) + "\n")
 
+
+def choice_cands(choice: dict) -> dict:
+    """TunerChoice.profile's result as {key: (us or inf, failure or None)} (what ``record`` takes)."""
+    return {k: (v if v is not None else math.inf, choice["failures"].get(k)) for k, v in choice["candidates"].items()}
 
 if __name__ == "__main__":
     main()

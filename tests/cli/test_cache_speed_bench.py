@@ -56,3 +56,19 @@ def test_dry_run_on_cpu_runs_both_optimizes_and_says_it_checked_nothing(tmp_path
     assert res["first_run_s"] > 0 and res["second_run_s"] > 0
     for key in ("date", "gpu", "versions", "command", "note"):
         assert res[key]
+
+
+def test_cold_only_runs_merge_into_one_file_by_model(tmp_path, capsys):
+    from tests.cli.test_shape_profile_cli import _model
+
+    model = _model(tmp_path / "m.onnx")
+    out = tmp_path / "res.json"
+    bench = _bench()
+    assert bench.main(["--gpu", "none", "--model", str(model), "--out", str(out), "--label", "resnet50"]) == 0
+    assert bench.main(["--gpu", "none", "--model", str(model), "--out", str(out), "--label", "gpt2", "--cold-only"]) == 0
+    res = json.loads(out.read_text())
+    assert res["model"] == "resnet50" and res["cold_s"] > 0 and res["warm_s"] > 0  # the top level stays the first model's
+    models = {m["model"]: m for m in res["models"]}
+    assert set(models) == {"resnet50", "gpt2"}
+    assert models["gpt2"]["cold_s"] > 0 and models["gpt2"]["warm_s"] is None
+    assert models["resnet50"]["cold_kernel_cache"] == "fresh"

@@ -1,0 +1,221 @@
+"""What the per-kernel benchmarks share (bench/cbr_layers.py, gemm_act.py, transformer_kernels.py):
+the run's header and ceilings, the tuner's own choice among every registered candidate, torch timed
+with the same timer, a time budget, and atomic result files written as the run goes.
+
+``TunerChoice.profile(sig)`` is what ``graphopt optimize`` would choose for one signature: every
+candidate of ``graphopt.kernels.registry`` (graphopt's own kernels and every provider's plans, so a
+new provider appears here without a change), built, checked against the float64 reference and timed
+by the tuner's own backend (``graphopt.tune.tuner.kernels_backend``: ``cuda_event_timer``, which times
+a capturable lowering inside a CUDA graph with ``graph_timer``) in the isolated worker, as the tuner
+runs them (a cuDNN plan that faults costs only the worker). Results are grouped by provider: ``own``
+for graphopt's kernels, else the providers' module name (``cudnn``, ``cublaslt``, ...).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+
+
+def env_header(command: str) -> dict:
+    import cupy
+    import torch
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    head = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+        "compute_capability": cupy.cuda.Device().compute_capability,
+        "sm_count": props["multiProcessorCount"],
+        "l2_bytes": props["l2CacheSize"],
+        "driver": cupy.cuda.runtime.driverGetVersion(),
+        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+        "nvrtc": ".".join(map(str, cupy.cuda.nvrtc.getVersion())),
+        "cupy": cupy.__version__,
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "git": os.environ.get("HEAD_COMMIT", ""),
+        "command": command,
+        "timing": "graphopt.kernels.timing.cuda_event_timer, median of reps: a capturable lowering inside a CUDA "
+                  "graph (graph_timer), others and torch with CUDA events per launch after a spin-kernel prefill "
+                  "(device time, no host gaps); inputs rotated over >= 128 MiB",
+    }
+    try:
+        from graphopt.providers import provider_reasons
+
+        head["providers"] = {k: (v or "available") for k, v in provider_reasons().items()}
+    except Exception as exc:  # noqa: BLE001
+        head["providers"] = f"unknown ({type(exc).__name__})"
+    return head
+
+
+def _event_ms(fn, reps: int = 10) -> float:
+    import torch
+
+    from graphopt.kernels.timing import median
+
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return median(ts)
+
+
+def measure_ceilings() -> dict:
+    """Copy bandwidth (bytes read + written, 1 GiB each way) and dense fp16 / tf32 GEMM peaks."""
+    import torch
+
+    out = {}
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    out["copy_TBps"] = 2 * n / (_event_ms(lambda: b.copy_(a)) * 1e-3) / 1e12
+    a = b = None  # noqa: F841 - frees 2 GiB before the GEMMs
+    for name, dt, tf32 in (("fp16_TFLOPs", torch.float16, False), ("tf32_TFLOPs", torch.float32, True)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        m = 8192
+        x = torch.randn(m, m, device="cuda", dtype=dt)
+        y = torch.randn(m, m, device="cuda", dtype=dt)
+        out[name] = 2 * m**3 / (_event_ms(lambda: x @ y) * 1e-3) / 1e12
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.cuda.empty_cache()
+    return out
+
+
+def provider_of(cand) -> str:
+    """``own`` for graphopt's kernels, else the provider module's name (``graphopt.providers.<name>``)."""
+    mod = type(cand).__module__
+    return mod.split(".")[2] if mod.startswith("graphopt.providers.") else "own"
+
+
+def us(ms: float | None) -> float | None:
+    return round(ms * 1e3, 2) if ms is not None and math.isfinite(ms) else None
+
+
+class TunerChoice:
+    """The tuner's choice per signature, through its backend, its isolated worker and its timer."""
+
+    def __init__(self, timeout_s: float = 120.0, *, backend=None, runner=None, compute_capability=None, arch=None):
+        """The real backend on the present GPU; ``backend`` / ``runner`` / ``compute_capability`` /
+        ``arch`` replace them (CPU tests with fake candidates and an InlineRunner)."""
+        if backend is None:
+            from graphopt.tune.tuner import kernels_backend
+
+            backend, why = kernels_backend()
+            if backend is None:
+                raise RuntimeError(f"no tuning backend: {why}")
+        if arch is None or compute_capability is None:
+            import cupy
+
+            from graphopt.kernels.source import device_arch
+
+            arch = device_arch()
+            compute_capability = tuple(int(c) for c in cupy.cuda.Device().compute_capability)
+        if runner is None:
+            from graphopt.tune.profiler import IsolatedRunner
+
+            runner = IsolatedRunner(backend.timer, backend.checker, backend.buffers, arch, timeout_s=timeout_s)
+        self.backend, self.arch, self.cc, self.runner, self.timeout_s = backend, arch, tuple(compute_capability), runner, timeout_s
+
+    def profile(self, sig) -> dict:
+        """{graphopt_us, chosen, chosen_provider, best_by_provider: {provider: {us, key}}, candidates:
+        {key: us|None}, provider: {key: provider}, failures: {key: reason}, pruned: {key: reason} (first 20)}."""
+        from graphopt.tune.profiler import profile_node
+
+        cands = list(self.backend.candidates_for(sig))
+        prov = {c.key(): provider_of(c) for c in cands}
+        res = profile_node(sig, cands, timer=self.backend.timer, checker=self.backend.checker,
+                           buffers=self.backend.buffers, compute_capability=self.cc, arch=self.arch,
+                           timeout_s=self.timeout_s, runner=self.runner)
+        best: dict[str, dict] = {}
+        for r in res.results:
+            p = prov.get(r.candidate, "own")
+            if r.ok and (p not in best or r.ms * 1e3 < best[p]["us"]):
+                best[p] = {"us": us(r.ms), "key": r.candidate}
+        win = res.winner
+        return {"graphopt_us": us(win.ms) if win else None, "chosen": win.candidate if win else None,
+                "chosen_provider": prov.get(win.candidate) if win else None, "best_by_provider": best,
+                "candidates": {r.candidate: us(r.ms) for r in res.results if r.status != "pruned"},
+                "provider": {r.candidate: prov.get(r.candidate, "own") for r in res.results if r.status != "pruned"},
+                "failures": {r.candidate: r.reason for r in res.results if r.status not in ("ok", "pruned")},
+                "pruned": dict(list({r.candidate: r.reason for r in res.results if r.status == "pruned"}.items())[:20])}
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def torch_us(fn, ins, out, reps: int = 20) -> float:
+    """Device time of torch ``fn(*ins)`` in us with the kernels' timer (eager, no graph). The timer records
+    its events on CuPy's current stream, so torch runs on that very stream (an ExternalStream of it)."""
+    import cupy
+    import torch
+
+    from graphopt.kernels.timing import cuda_event_timer, median
+
+    torch.cuda.synchronize()
+    stream = cupy.cuda.Stream(non_blocking=False)
+    tstream = torch.cuda.ExternalStream(stream.ptr)
+
+    def launch(i, o):
+        with torch.cuda.stream(tstream):
+            fn(*i)
+
+    with stream:
+        ms = median(cuda_event_timer(launch, ins, [out], warmup=5, reps=reps))
+        stream.synchronize()
+    return round(ms * 1e3, 2)
+
+
+def prebuild_all() -> dict:
+    """Compile every own kernel instance in parallel first (the worker then loads cubins)."""
+    from graphopt.kernels.registry import all_kernel_instances
+    from graphopt.kernels.source import prebuild
+
+    t0 = time.perf_counter()
+    errors = prebuild(all_kernel_instances())
+    return {"prebuild_s": round(time.perf_counter() - t0, 1), "prebuild_errors": {f"{k[0]}:{k[1]}": v for k, v in errors.items()}}
+
+
+def geomean(xs) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 3) if xs else None
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+
+def write_atomic(path: str, text: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=d)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def write_json(path: str, doc: dict) -> None:
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")

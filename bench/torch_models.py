@@ -1,0 +1,126 @@
+"""The benchmark models, built from torchvision / transformers configurations with random weights and
+exported to ONNX here (no downloads): one home for bench/e2e.py and bench/device_bench.sh.
+
+    python3 bench/torch_models.py --export gpt2 --out /tmp/gpt2.onnx      # one model, fp32, dynamic batch
+
+Every model has one input named ``input`` (images: float (B, 3, 224, 224); transformers: int64 token
+ids (B, 128)) and one output named ``output``. ``tiny=True`` builds a few-layer configuration of the
+transformers models for a CPU dry run (the torchvision ones have no tiny form: they need torchvision).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+SEQ = 128
+VOCAB = {"gpt2": 50257, "bert": 30522}
+# name -> (what it is, input kind)
+MODELS = {
+    "resnet50": ("torchvision resnet50", "image"),
+    "mobilenetv2": ("torchvision mobilenet_v2", "image"),
+    "efficientnet_b0": ("torchvision efficientnet_b0", "image"),
+    "gpt2": ("transformers GPT2LMHeadModel, 124M config, seq 128", "tokens"),
+    "bert": ("transformers BertModel, bert-base config, seq 128", "tokens"),
+    "vit_b16": ("transformers ViTModel, ViT-B/16 config (224, patch 16)", "image"),
+}
+
+
+def _wrap(model, call):
+    import torch
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input):  # noqa: A002 - the ONNX input's name
+            return call(self.m, input)
+
+    return Wrapped(model).eval()
+
+
+def build_module(name: str, tiny: bool = False):
+    """The torch module of ``name`` (eval mode, seeded random weights)."""
+    import torch
+
+    torch.manual_seed(0)
+    if name in ("resnet50", "mobilenetv2", "efficientnet_b0"):
+        import torchvision
+
+        fn = {"resnet50": torchvision.models.resnet50, "mobilenetv2": torchvision.models.mobilenet_v2,
+              "efficientnet_b0": torchvision.models.efficientnet_b0}[name]
+        return fn(weights=None).eval()
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        kw = dict(n_layer=2, n_embd=64, n_head=2) if tiny else {}
+        lm = GPT2LMHeadModel(GPT2Config(n_positions=1024, use_cache=False, **kw)).eval()
+        # the mask is passed: without it transformers 5 calls torch.diff, which TorchScript cannot export
+        return _wrap(lm, lambda m, ids: m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
+                                          return_dict=False)[0])
+    if name == "bert":
+        from transformers import BertConfig, BertModel
+
+        kw = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128) if tiny else {}
+        bert = BertModel(BertConfig(**kw), add_pooling_layer=False).eval()
+        return _wrap(bert, lambda m, ids: m(input_ids=ids, attention_mask=torch.ones_like(ids), return_dict=False)[0])
+    if name == "vit_b16":
+        from transformers import ViTConfig, ViTModel
+
+        kw = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128) if tiny else {}
+        vit = ViTModel(ViTConfig(image_size=224, patch_size=16, **kw), add_pooling_layer=False).eval()
+        return _wrap(vit, lambda m, x: m(pixel_values=x, return_dict=False)[0])
+    raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+
+
+def example_input(name: str, bs: int, device: str = "cpu", seed: int | None = None):
+    """The benchmark input of ``name`` at batch ``bs`` (float32 images or int64 token ids)."""
+    import torch
+
+    g = torch.Generator().manual_seed(bs if seed is None else seed)
+    if MODELS[name][1] == "tokens":
+        return torch.randint(0, 1000, (bs, SEQ), generator=g).to(device)
+    return torch.randn(bs, 3, 224, 224, generator=g).to(device)
+
+
+def input_shape(name: str, bs: int) -> str:
+    """The ``--shape`` value of ``graphopt optimize`` for batch ``bs``."""
+    return f"input={bs}x{SEQ}" if MODELS[name][1] == "tokens" else f"input={bs}x3x224x224"
+
+
+def export(name: str, module, path: Path, device: str = "cpu") -> str:
+    """ONNX export with a dynamic batch dim: the TorchScript exporter (opset 17), else dynamo. The
+    module's dtype and device are kept (an fp16 module on the GPU exports an fp16 model)."""
+    import torch
+
+    x = example_input(name, 2, device)
+    if MODELS[name][1] == "image":
+        x = x.to(next(module.parameters()).dtype)
+    try:
+        torch.onnx.export(module, (x,), str(path), opset_version=17, dynamo=False, input_names=["input"],
+                          output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+        return "torchscript opset 17"
+    except Exception as e:  # noqa: BLE001 - the legacy exporter may be gone: try dynamo
+        first = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    torch.onnx.export(module, (x,), str(path), dynamo=True, input_names=["input"], output_names=["output"],
+                      dynamic_shapes={"input": {0: batch}}, external_data=False)
+    return f"dynamo (torchscript failed: {first})"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--export", required=True, choices=sorted(MODELS))
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--tiny", action="store_true", help="a few-layer configuration (transformers models; CPU checks)")
+    args = ap.parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    how = export(args.export, build_module(args.export, args.tiny), args.out)
+    print(f"{args.export}: {how} -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
