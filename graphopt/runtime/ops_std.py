@@ -730,6 +730,16 @@ def _gather(ctx, ins):
     return [xp.take(xp.asarray(x), ind, axis=axis)]
 
 
+@op("GatherElements")
+def _gather_elements(ctx, ins):
+    x, ind = ins
+    axis = ctx.attr("axis", 0) % x.ndim
+    xp = np if isinstance(x, np.ndarray) and isinstance(ind, np.ndarray) else ctx.xp
+    ind = xp.asarray(ind).astype(np.int64)
+    ind = xp.where(ind < 0, ind + x.shape[axis], ind)
+    return [xp.take_along_axis(xp.asarray(x), ind, axis=axis)]
+
+
 @op("GatherND")
 def _gathernd(ctx, ins):
     x, ind = ins
