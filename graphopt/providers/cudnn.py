@@ -15,6 +15,13 @@ Sigmoid, SiLU (swish), Gelu, GeluTanh. HardSwish / HardSigmoidMul are left to th
 
 Graph construction (:func:`conv_graph`) takes the ``cudnn`` module as an argument, so the CPU tests
 drive it with a fake module that records the calls.
+
+This module is also the one home of what every cuDNN candidate shares (``cudnn_sdpa`` for Attention,
+``cudnn_norm`` for LayerNorm / RMSNorm build on it): the library and handle state (``_load``,
+``unavailable``, ``versions``), the per-signature graph with its plans listed (:func:`listed`), a plan
+picked and built with its own workspace size (:func:`plan_at`), the keys (:func:`plan_candidates`,
+:func:`plan_from_key`), binding arrays (:func:`bind`) and running a plan on the current stream
+(:func:`execute`).
 """
 
 from __future__ import annotations
