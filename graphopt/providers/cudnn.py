@@ -168,11 +168,12 @@ class _Built:
     extra: Any = None  # what the op's graph builder returned beside the graph and its tensors
 
 
-def listed(sig: Signature, make) -> _Built:
+def listed(sig: Signature, make, tag: str = "") -> _Built:
     """The graph ``make(mod, handle, sig) -> (graph, tensors[, extra])`` builds for ``sig``, validated,
     with its plans listed (heuristics A, then the fallback list; those ``check_support`` keeps).
-    Cached per signature and process: every candidate of one signature shares it."""
-    key = sig.key()
+    Cached per signature (and ``tag``, for a second form of one op's graph) and process: every
+    candidate of one signature shares it."""
+    key = sig.key() + tag
     if key not in _GRAPHS:
         mod = _load()
         if mod is None:
@@ -209,12 +210,13 @@ def plan_at(b: _Built, want: str | None, sig: Signature) -> tuple[int, int]:
     return index, int(b.graph.get_workspace_size_plan_at_index(index))
 
 
-def plan_keys(sig: Signature, make) -> list[str]:
-    """The plan names cuDNN lists for ``sig`` here, or [] where it cannot (no GPU, graph refused)."""
+def plan_keys(sig: Signature, built) -> list[str]:
+    """The plan names cuDNN lists for ``sig`` here (``built(sig) -> _Built``), or [] where it cannot
+    (no GPU, graph refused)."""
     if _load() is None:
         return []
     try:
-        return list(listed(sig, make).names)
+        return list(built(sig).names)
     except Exception:  # noqa: BLE001 - no GPU, or cuDNN rejects the graph: the heuristic candidate says why
         return []
 
@@ -301,12 +303,12 @@ class CudnnConv(CudnnCandidate):
                         layouts=LAYOUTS, versions=versions())
 
 
-def plan_candidates(cls, name: str, op: str, sig: Signature | None, reason, make) -> list[Candidate]:
+def plan_candidates(cls, name: str, op: str, sig: Signature | None, reason, built) -> list[Candidate]:
     """``cls(name)`` (the heuristic's plan at load time), plus one per plan cuDNN lists for ``sig``."""
     out: list[Candidate] = [cls(name)]
     if sig is None or reason(sig) is not None:
         return out
-    return out + [cls(name, (("plan", n),)) for n in plan_keys(sig, make)]
+    return out + [cls(name, (("plan", n),)) for n in plan_keys(sig, built)]
 
 
 def plan_from_key(cls, name: str, key: str) -> Candidate | None:
@@ -322,7 +324,7 @@ def candidates(op: str, sig: Signature | None = None) -> list[Candidate]:
     """The heuristic candidate, plus one per plan when ``sig`` is given and cuDNN can list them here."""
     if op not in OPS:
         return []
-    return plan_candidates(CudnnConv, NAME, op, sig, conv_reason, conv_graph)
+    return plan_candidates(CudnnConv, NAME, op, sig, conv_reason, _graph_for)
 
 
 def from_key(op: str, key: str) -> Candidate | None:

@@ -9,7 +9,9 @@ from host memory at every run (captured by value in a CUDA graph).
 SkipLayerNorm (``skip`` / ``skip_bias`` inputs): ``S = X + skip [+ skip_bias]`` are pointwise adds
 in the same graph before the layernorm; with ``sum_output=1`` S is marked as a graph output too, so
 one plan fills both of the node's outputs (cuDNN 9.14+ runs a norm with such an intermediate
-output). When a caller hands only Y (the checker, the timer), S goes to a scratch buffer.
+output). When a caller hands only Y (the checker, the timer), S goes to a scratch buffer. Where cuDNN
+offers no plan for the INFERENCE graph (its samples fuse the add in the TRAINING phase), the
+TRAINING graph is used, its per-row statistics written to the workspace.
 
 Not lowered (``applies`` says why): dtypes other than float16 / bfloat16 / float32, a skip that
 broadcasts over X's leading dims (position embeddings ``[1, S, D]``: the rows of the graph are
@@ -99,9 +101,11 @@ def norm_reason(sig: Signature) -> str | None:
     return None
 
 
-def norm_graph(mod, handle, sig: Signature):
+def norm_graph(mod, handle, sig: Signature, training: bool = False):
     """The cuDNN frontend graph: (graph, tensors {"X", "scale", "bias", "skip"?, "skip_bias"?, "eps",
-    "Y", "S"?}, geometry)."""
+    "Y", "S"?, "mean"?, "inv_var"?}, geometry). ``training``: the TRAINING phase, whose statistics
+    (fp32, one per row) are graph outputs too (bound to the workspace): the form cuDNN's samples fuse
+    a pointwise add with, taken where the INFERENCE graph is not supported."""
     g = norm_geom(sig)
     dt = getattr(mod.data_type, DTYPES[g.dtype])
     f32 = mod.data_type.FLOAT
@@ -124,16 +128,41 @@ def norm_graph(mod, handle, sig: Signature):
             s.set_output(True).set_data_type(dt)
             t["S"] = s
     t["eps"] = graph.tensor(name="eps", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32, is_pass_by_value=True)
-    phase = mod.norm_forward_phase.INFERENCE
+    phase = mod.norm_forward_phase.TRAINING if training else mod.norm_forward_phase.INFERENCE
     if g.op == "LayerNorm":
         t["bias"] = param("bias", g.param_dtypes[1] if g.has_bias else g.param_dtypes[0])
-        y = graph.layernorm(name="norm", norm_forward_phase=phase, input=s, scale=t["scale"], bias=t["bias"],
-                            epsilon=t["eps"])[0]
+        y, *stats = graph.layernorm(name="norm", norm_forward_phase=phase, input=s, scale=t["scale"], bias=t["bias"],
+                                    epsilon=t["eps"])
+        names = ("mean", "inv_var")
     else:
-        y = graph.rmsnorm(name="norm", norm_forward_phase=phase, input=s, scale=t["scale"], epsilon=t["eps"])[0]
+        y, *stats = graph.rmsnorm(name="norm", norm_forward_phase=phase, input=s, scale=t["scale"], epsilon=t["eps"])
+        names = ("inv_var",)
     y.set_output(True).set_data_type(dt)
     t["Y"] = y
+    if training:
+        for name, st in zip(names, stats):
+            st.set_output(True).set_data_type(f32).set_dim([g.rows, 1, 1, 1]).set_stride([1, 1, 1, 1])
+            t[name] = st
     return graph, t, g
+
+
+def _training_graph(mod, handle, sig: Signature):
+    return norm_graph(mod, handle, sig, training=True)
+
+
+def norm_built(sig: Signature):
+    """The INFERENCE graph with its plans; where cuDNN offers none for it (a fused add it does not
+    run in that phase), the TRAINING graph."""
+    try:
+        b = base.listed(sig, norm_graph)
+        if b.names:
+            return b
+    except Exception:  # noqa: BLE001 - refused in this phase: the training form below says why if it fails too
+        pass
+    return base.listed(sig, _training_graph, tag="|training")
+
+
+STATS_ALIGN = 256
 
 
 def _zeros(nbytes: int):
@@ -155,10 +184,15 @@ class CudnnNorm(base.CudnnCandidate):
         reason = self.applies(sig)
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        b = base.listed(sig, norm_graph)
-        index, ws_bytes = base.plan_at(b, self.param("plan"), sig)
+        b = norm_built(sig)
+        index, plan_bytes = base.plan_at(b, self.param("plan"), sig)
         g: NormGeom = b.extra
         t = b.tensors
+        # the TRAINING form's statistics (fp32 per row) after the plan's own workspace
+        stats = [n for n in ("mean", "inv_var") if n in t]
+        stat_bytes = (g.rows * 4 + STATS_ALIGN - 1) // STATS_ALIGN * STATS_ALIGN
+        first = (plan_bytes + STATS_ALIGN - 1) // STATS_ALIGN * STATS_ALIGN if stats else plan_bytes
+        ws_bytes = first + stat_bytes * len(stats)
         eps = np.full((1, 1, 1, 1), g.eps, dtype=np.float32)  # pass-by-value: read from host at each run
         zero_bias = _zeros(g.D * ITEMSIZE[g.param_dtypes[0] or g.dtype]) if g.op == "LayerNorm" and not g.has_bias else None
         scratch: list = []  # S when the caller gives no buffer for it (checker, timer)
@@ -177,6 +211,8 @@ class CudnnNorm(base.CudnnCandidate):
                         scratch.append(_zeros(g.rows * g.D * ITEMSIZE[g.dtype]))
                     s = scratch[0]
                 pack[t["S"]] = base.bind(s)
+            for i, name in enumerate(stats):
+                pack[t[name]] = base.bind(workspace[first + i * stat_bytes:first + (i + 1) * stat_bytes])
             base.execute(b, pack, workspace, index)
 
         return Lowering(launch=launch, outputs=2 if g.sum_output else 1, workspace_bytes=ws_bytes, capturable=True,
@@ -186,7 +222,7 @@ class CudnnNorm(base.CudnnCandidate):
 def candidates(op: str, sig: Signature | None = None) -> list[Candidate]:
     if op not in OPS:
         return []
-    return base.plan_candidates(CudnnNorm, NAME, op, sig, norm_reason, norm_graph)
+    return base.plan_candidates(CudnnNorm, NAME, op, sig, norm_reason, norm_built)
 
 
 def from_key(op: str, key: str) -> Candidate | None:

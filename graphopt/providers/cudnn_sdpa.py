@@ -191,6 +191,10 @@ def sdpa_graph(mod, handle, sig: Signature):
     return graph, t, g
 
 
+def sdpa_built(sig: Signature):
+    return base.listed(sig, sdpa_graph)
+
+
 _KERNELS: dict[str, Any] = {}
 
 
@@ -242,7 +246,7 @@ class CudnnSdpa(base.CudnnCandidate):
         reason = self.applies(sig)
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        b = base.listed(sig, sdpa_graph)
+        b = sdpa_built(sig)
         index, plan_bytes = base.plan_at(b, self.param("plan"), sig)
         g: SdpaGeom = b.extra
         t = b.tensors
@@ -280,7 +284,7 @@ class CudnnSdpa(base.CudnnCandidate):
 def candidates(op: str, sig: Signature | None = None) -> list[Candidate]:
     if op not in OPS:
         return []
-    return base.plan_candidates(CudnnSdpa, NAME, op, sig, sdpa_reason, sdpa_graph)
+    return base.plan_candidates(CudnnSdpa, NAME, op, sig, sdpa_reason, sdpa_built)
 
 
 def from_key(op: str, key: str) -> Candidate | None:

@@ -221,6 +221,20 @@ def test_norm_odd_row_lengths_are_right_or_refused(form, x):
     assert not wrong, wrong
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["skip_bias_sum", "layernorm", "rmsnorm"])
+def test_norm_training_phase_form_is_right_too(form, monkeypatch):
+    """The TRAINING-phase graph (taken where cuDNN offers no INFERENCE plan) with its statistics in the
+    workspace gives the same outputs."""
+    monkeypatch.setattr(cudnn_norm, "norm_built",
+                        lambda sig: prov.listed(sig, cudnn_norm._training_graph, tag="|training"))
+    sig = _norm_sig(form, (7, 768), "float16")
+    n_out = 2 if sig.attr("sum_output", 0) else 1
+    ok, wrong, unbuilt = _check_plans(cudnn_norm.candidates(sig.op, sig), sig, n_out=n_out)
+    assert not wrong, wrong
+    assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
+
+
 def _capture_and_compare(low, sig, n_out):
     rng = np.random.default_rng(5)
     host = _host_inputs(sig, rng)

@@ -39,8 +39,8 @@ class _T:
 class _Graph:
     OUTPUTS = {"sdpa": 2, "layernorm": 3, "rmsnorm": 2}
 
-    def __init__(self, log, plans, **kw):
-        self.log, self.plans = log, plans
+    def __init__(self, log, plans, refuse_inference=False, **kw):
+        self.log, self.plans, self.refuse, self.phase = log, plans, refuse_inference, None
         log.append(("pygraph", kw))
 
     def tensor(self, name, dim, stride, data_type, is_pass_by_value=False):
@@ -55,8 +55,9 @@ class _Graph:
 
         def call(**kw):
             self.log.append((op, {k: (v.name if isinstance(v, _T) else v) for k, v in kw.items()}))
+            self.phase = kw.get("norm_forward_phase", self.phase)
             n = self.OUTPUTS.get(op, 1)
-            outs = [_T(self.log, kw.get("name", op))] + [None] * (n - 1)
+            outs = [_T(self.log, kw.get("name", op))] + [_T(self.log, f"{kw.get('name', op)}:{i}") for i in range(1, n)]
             return tuple(outs) if n > 1 else outs[0]
 
         return call
@@ -65,7 +66,7 @@ class _Graph:
         self.log.append(("create_execution_plans", modes))
 
     def get_execution_plan_count(self):
-        return len(self.plans)
+        return 0 if self.refuse and self.phase == "INFERENCE" else len(self.plans)
 
     def get_plan_name_at_index(self, i):
         return self.plans[i]
@@ -84,13 +85,13 @@ class _Graph:
         self.bound = bound
 
 
-def _fake_cudnn(plans=PLANS):
+def _fake_cudnn(plans=PLANS, refuse_inference=False):
     log: list = []
     mod = types.SimpleNamespace(
         data_type=types.SimpleNamespace(HALF="HALF", FLOAT="FLOAT", BFLOAT16="BF16"),
         heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"),
         norm_forward_phase=types.SimpleNamespace(INFERENCE="INFERENCE", TRAINING="TRAINING"),
-        pygraph=lambda **kw: _Graph(log, list(plans), **kw),
+        pygraph=lambda **kw: _Graph(log, list(plans), refuse_inference, **kw),
         create_handle=lambda: "handle", set_stream=lambda handle, stream: log.append(("set_stream", stream)),
         backend_version=lambda: 91900, __version__="1.32.0")
     return mod, log
@@ -379,3 +380,21 @@ def test_norm_plans_are_candidates_keyed_by_name(fake):
         for k in keys:
             assert registry.candidate_from_key(sig.op, k).key() == k
             assert registry.candidate_from_key(sig.op, k).applies(sig, (9, 0)) is None
+
+
+def test_skip_layernorm_falls_back_to_the_training_phase_with_stats_in_the_workspace(fake, monkeypatch):
+    mod, log = _fake_cudnn(refuse_inference=True)  # cuDNN offers no INFERENCE plan for the fused add
+    monkeypatch.setattr(prov, "_STATE", {"module": mod, "reason": None})
+    sig = _ln(x=(2, 5, 64), skip=True, sum_output=1)
+    keys = [c.key() for c in cudnn_norm.candidates("LayerNorm", sig)]
+    assert keys == ["cudnn"] + [f"cudnn:plan={p}" for p in PLANS]
+    assert [e[1]["norm_forward_phase"] for e in log if e[0] == "layernorm"] == ["INFERENCE", "TRAINING"]
+    assert ("set_output", "norm:1", True) in log and ("set_data_type", "norm:2", "FLOAT") in log
+    low = cudnn_norm.CudnnNorm("cudnn").build(sig, "sm_90")
+    assert low.workspace_bytes == 1024 + 256 + 256 and low.outputs == 2  # plan 0, then mean and inv_var (10 rows)
+    x = np.ones((2, 5, 64), np.float16)
+    p = np.ones(64, np.float16)
+    low([x, p, p, x, None], [np.empty_like(x), np.empty_like(x)])
+    graph = prov._GRAPHS[sig.key() + "|training"].graph
+    assert {"norm:1", "norm:2", "skip_add", "norm"} <= set(graph.bound)
+    assert graph.bound["norm:1"].nbytes == 256
