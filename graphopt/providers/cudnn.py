@@ -228,8 +228,11 @@ def execute(b: _Built, pack: dict, workspace, index: int) -> None:
     mod = _load()
     handle = _handle(mod)
     mod.set_stream(handle=handle, stream=cupy.cuda.get_current_stream().ptr)
-    ws = workspace if workspace is not None else cupy.empty(1, dtype=cupy.uint8)
-    b.graph.execute_plan_at_index(pack, bind(ws), index, handle=handle)
+    if workspace is None:  # one byte per process, allocated outside any capture (on first use)
+        workspace = _STATE.get("dummy_ws")
+        if workspace is None:
+            workspace = _STATE["dummy_ws"] = cupy.empty(1, dtype=cupy.uint8)
+    b.graph.execute_plan_at_index(pack, bind(workspace), index, handle=handle)
 
 
 class _Dl:

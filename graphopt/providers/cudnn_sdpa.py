@@ -101,7 +101,7 @@ def sdpa_geom(sig: Signature) -> SdpaGeom:
     q, k, v, m = shapes[:4]
     if q is None or k is None or v is None:
         raise TuningError("cuDNN SDPA needs known Q, K and V shapes")
-    if not (2 <= len(q) <= 4 and len(k) == len(q) and len(v) == len(q)) or len(q) > 4:
+    if not (2 <= len(q) <= 4 and len(k) == len(q) and len(v) == len(q)):
         raise TuningError(f"cuDNN SDPA here takes Q, K, V of one rank from 2 to 4, got {q}, {k}, {v}")
     dt = dtypes[0]
     if dt not in DTYPES:
@@ -277,7 +277,7 @@ class CudnnSdpa(base.CudnnCandidate):
             if fix_nan:
                 _kernel("nan_to_zero")(np.uint16(NAN_BITS[g.dtype]), y.view(cupy.uint16))
 
-        return Lowering(launch=launch, outputs=1, workspace_bytes=total if total > 0 else 0, capturable=True,
+        return Lowering(launch=launch, outputs=1, workspace_bytes=total, capturable=True,
                         layouts=LAYOUTS, versions=base.versions())
 
 
