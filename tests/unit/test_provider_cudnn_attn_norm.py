@@ -398,3 +398,18 @@ def test_skip_layernorm_falls_back_to_the_training_phase_with_stats_in_the_works
     graph = prov._GRAPHS[sig.key() + "|training"].graph
     assert {"norm:1", "norm:2", "skip_add", "norm"} <= set(graph.bound)
     assert graph.bound["norm:1"].nbytes == 256
+
+
+def test_provider_modules_import_first_in_a_fresh_process():
+    """The profiler's worker unpickles a candidate by its module: each provider module imports on its
+    own (no cycle through graphopt.kernels) and reports its absence as a reason."""
+    import subprocess
+
+    code = ("import graphopt.providers.cudnn_sdpa as s, graphopt.providers.cudnn_norm as n; "
+            "from graphopt.lowering import Signature; "
+            "sig = Signature.make('Attention', [(1, 2, 8, 64)] * 3 + [None], ['float16'] * 3 + [''], {}); "
+            "print(type(s.CudnnSdpa('cudnn').applies(sig, (9, 0))).__name__, n.OPS)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "PYTHONPATH": ":".join(sys.path)})
+    assert out.returncode == 0, out.stderr[-800:]
+    assert out.stdout.split()[0] in ("str", "NoneType")
