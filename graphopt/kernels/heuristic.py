@@ -47,6 +47,10 @@ epilogue kernel). ``cublas_ws`` calls cuBLAS through graphopt's own handle and w
 A rule's tile is checked with the candidate's own ``applies``; where it does not apply (say, channels
 that are not a multiple of the tile's ``bk``) the next rule's choice is taken.
 
+Rules for ``Attention`` and ``LayerNorm`` / ``RMSNorm``: see ``_attention`` and ``_norm`` below (cuDNN's
+SDPA for half-precision attention where it applies; the own ``rows`` kernel for norms, which beat
+torch, with cuDNN's norm competing only when profiled).
+
 Other ``graphopt`` ops have no rules here yet: they get ``default`` (the runtime's only kernel)
 unless a rule is added with ``register_heuristic``.
 """
@@ -150,7 +154,7 @@ def _applies(sig: Signature, name: str, params: str, cc: tuple[int, int]) -> boo
         return False
 
 
-_PROVIDER_AWARE = {"CBR"}
+_PROVIDER_AWARE = {"CBR", "Attention"}
 CBR_CUDNN = "cudnn"
 CUDNN_DTYPES = ("float16", "bfloat16")
 CUDNN_MIN_K = 64  # C*kh*kw: MobileNetV2's stem (3 channels, K=27) ran 3-7x slower through cuDNN than torch
@@ -221,14 +225,30 @@ def _norm(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
     return name, params, "one row per CTA in registers, 16-byte loads where the row length allows"
 
 
+ATTN_CUDNN = "cudnn"
+ATTN_CUDNN_MIN_KEYS = 128  # the shortest key length cuDNN's SDPA was measured at (within 6% of torch SDPA)
+ATTN_CUDNN_HEAD_DIMS = (64, 128)  # head dims measured
+
+
 @register_heuristic("Attention")
-def _attention(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
-    """Short keys (< 512): the scores fit one softmax pass (``cublas_softmax``: cuBLAS GEMMs around one
-    fused softmax kernel); longer: the tensor-core flash kernel (``flash_mma``, two stages), else the
-    CUDA-core ``flash``."""
+def _attention(sig: Signature, cc: tuple[int, int] | None, providers: bool = True) -> tuple[str, str, str]:
+    """fp16 / bf16 where cuDNN's SDPA takes the signature (``graphopt.providers.cudnn_sdpa.sdpa_reason``),
+    capability >= 8.0 (or unknown), head dim 64 or 128 and at least 128 keys (bf16: any length and head
+    dim, the own kernels have no bf16): ``cudnn``, its heuristic's plan at load time. Measured on the H200
+    (``bench/transformer_kernels.py``, seq 128-4096, hd 64/128, causal or not): within 6% of torch SDPA,
+    where ``flash_mma`` reaches 0.25-0.34x of it. Otherwise (and where cuDNN is missing at run time,
+    ``providers=False``): short keys (< 512): the scores fit one softmax pass (``cublas_softmax``:
+    cuBLAS GEMMs around one fused softmax kernel); longer: the tensor-core flash kernel (``flash_mma``,
+    two stages), else the CUDA-core ``flash``."""
     q = sig.input_shapes[0] if sig.input_shapes else None
     v = sig.input_shapes[2] if len(sig.input_shapes) > 2 else None
     skv = v[-2] if v is not None and len(v) >= 2 else 0
+    if providers and q is not None and (cc is None or cc >= (8, 0)) and sig.dtypes and sig.dtypes[0] in CUDNN_DTYPES:
+        from graphopt.providers.cudnn_sdpa import sdpa_reason
+
+        measured = skv >= ATTN_CUDNN_MIN_KEYS and q[-1] in ATTN_CUDNN_HEAD_DIMS
+        if sdpa_reason(sig) is None and (measured or sig.dtypes[0] == "bfloat16"):
+            return ATTN_CUDNN, "", f"half-precision attention over {skv} keys: cuDNN's fused SDPA, its heuristic's plan"
     soft = [f"cublas_softmax:warps={w}" for w in (4, 8, 2, 1)]
     flash_mma = [f"flash_mma:hd={hd},bn={bn},stages=2" for hd in (16, 32, 64, 128) for bn in (64, 128)]
     flash = [f"flash:dmax={d},bm={bm},warps={w}" for d in (32, 64, 128) for bm, w in ((64, 4), (32, 4), (16, 4))]

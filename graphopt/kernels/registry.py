@@ -17,7 +17,6 @@ from graphopt.lowering.contract import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.gemm_act import gemm_act_candidates
 from graphopt.kernels.norm import norm_candidates, norm_kernel_instances
-from graphopt.providers import provider_candidates, provider_from_key
 
 _FAMILIES = {"CBR": cbr_candidates, "GemmAct": gemm_act_candidates, "LayerNorm": norm_candidates,
              "RMSNorm": norm_candidates, "Attention": attention_candidates}
@@ -99,6 +98,8 @@ def candidates_for(sig: Signature) -> list[Candidate]:
     The list is not pruned: call ``cand.applies(sig, compute_capability)`` and skip those that return
     a reason.
     """
+    from graphopt.providers import provider_candidates  # providers build on kernels: imported when used
+
     makers = _makers(sig.op)
     own = [c for make in makers[:1] for c in make()]
     return own + provider_candidates(sig.op, sig) + [c for make in makers[1:] for c in make()]
@@ -127,6 +128,8 @@ def candidate_from_key(op: str, key: str) -> Candidate:
             index.setdefault(cand.key(), cand)
     if key in index:
         return index[key]
+    from graphopt.providers import provider_from_key  # providers build on kernels: imported when used
+
     vendor = provider_from_key(op, key)  # provider plans are per signature: parsed, not listed
     if vendor is not None:
         return vendor

@@ -1,7 +1,10 @@
 """Vendor-library lowering candidates, competing with graphopt's own kernels for each fused node.
 
-- ``cudnn``: cuDNN frontend operation graphs (``nvidia-cudnn-frontend`` with cuDNN 9): CBR as one
-  fused conv_fprop + bias + residual + activation graph in NHWC, each engine plan a candidate.
+- ``cudnn``: cuDNN frontend operation graphs (``nvidia-cudnn-frontend`` with cuDNN 9), each engine
+  plan a candidate: CBR as one fused conv_fprop + bias + residual + activation graph in NHWC
+  (``cudnn``, which also holds the library state and plan keys the others share); Attention as
+  one SDPA graph (``cudnn_sdpa``); LayerNorm / SkipLayerNorm / RMSNorm as the normalization forward in
+  its inference phase (``cudnn_norm``).
 
 A provider imports without its library: its candidates then report in ``applies`` why they cannot
 run (package missing, no GPU, shape unsupported), which the tuner shows as a reason; CPU-only
@@ -13,10 +16,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from graphopt.lowering.contract import Candidate, Signature
-from graphopt.providers import cudnn
+from graphopt.providers import cudnn, cudnn_norm, cudnn_sdpa
 
 # op -> provider modules that offer candidates for it
-_BY_OP = {op: [cudnn] for op in cudnn.OPS}
+_BY_OP: dict[str, list] = {}
+for _mod in (cudnn, cudnn_sdpa, cudnn_norm):
+    for _op in _mod.OPS:
+        _BY_OP.setdefault(_op, []).append(_mod)
 
 
 def provider_candidates(op: str, sig: Signature | None = None) -> list[Candidate]:

@@ -15,6 +15,13 @@ Sigmoid, SiLU (swish), Gelu, GeluTanh. HardSwish / HardSigmoidMul are left to th
 
 Graph construction (:func:`conv_graph`) takes the ``cudnn`` module as an argument, so the CPU tests
 drive it with a fake module that records the calls.
+
+This module is also the one home of what every cuDNN candidate shares (``cudnn_sdpa`` for Attention,
+``cudnn_norm`` for LayerNorm / RMSNorm build on it): the library and handle state (``_load``,
+``unavailable``, ``versions``), the per-signature graph with its plans listed (:func:`listed`), a plan
+picked and built with its own workspace size (:func:`plan_at`), the keys (:func:`plan_candidates`,
+:func:`plan_from_key`), binding arrays (:func:`bind`) and running a plan on the current stream
+(:func:`execute`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
@@ -156,23 +165,74 @@ class _Built:
     tensors: dict
     names: list  # plan name at each index
     built: set
+    extra: Any = None  # what the op's graph builder returned beside the graph and its tensors
 
 
-def _graph_for(sig: Signature) -> _Built:
-    """The graph of ``sig`` with its plans listed (cached per process: candidates share it)."""
-    key = sig.key()
+def listed(sig: Signature, make, tag: str = "") -> _Built:
+    """The graph ``make(mod, handle, sig) -> (graph, tensors[, extra])`` builds for ``sig``, validated,
+    with its plans listed (heuristics A, then the fallback list; those ``check_support`` keeps).
+    Cached per signature (and ``tag``, for a second form of one op's graph) and process: every
+    candidate of one signature shares it."""
+    key = sig.key() + tag
     if key not in _GRAPHS:
         mod = _load()
         if mod is None:
             raise TuningError(_STATE["reason"])
-        graph, tensors = conv_graph(mod, _handle(mod), sig)
+        made = make(mod, _handle(mod), sig)
+        graph, tensors = made[0], made[1]
         graph.validate()
         graph.build_operation_graph()
         graph.create_execution_plans([mod.heur_mode.A, mod.heur_mode.FALLBACK])
         graph.check_support()
         n = graph.get_execution_plan_count()
-        _GRAPHS[key] = _Built(graph, tensors, [str(graph.get_plan_name_at_index(i)) for i in range(n)], set())
+        _GRAPHS[key] = _Built(graph, tensors, [str(graph.get_plan_name_at_index(i)) for i in range(n)], set(),
+                              made[2] if len(made) > 2 else None)
     return _GRAPHS[key]
+
+
+def _graph_for(sig: Signature) -> _Built:
+    return listed(sig, conv_graph)
+
+
+def plan_at(b: _Built, want: str | None, sig: Signature) -> tuple[int, int]:
+    """(index, workspace bytes) of plan ``want`` (None: the heuristic's first), built once."""
+    if not b.names:
+        raise TuningError(f"cuDNN offers no plan for {sig.key()}")
+    if want is None:
+        index = 0
+    elif want in b.names:
+        index = b.names.index(want)
+    else:
+        raise TuningError(f"cuDNN plan {want!r} is not offered for this signature here (offered: {', '.join(b.names[:8])})")
+    if index not in b.built:
+        b.graph.build_plan_at_index(index)
+        b.built.add(index)
+    return index, int(b.graph.get_workspace_size_plan_at_index(index))
+
+
+def plan_keys(sig: Signature, built) -> list[str]:
+    """The plan names cuDNN lists for ``sig`` here (``built(sig) -> _Built``), or [] where it cannot
+    (no GPU, graph refused)."""
+    if _load() is None:
+        return []
+    try:
+        return list(built(sig).names)
+    except Exception:  # noqa: BLE001 - no GPU, or cuDNN rejects the graph: the heuristic candidate says why
+        return []
+
+
+def execute(b: _Built, pack: dict, workspace, index: int) -> None:
+    """Run plan ``index`` of ``b`` on the current CuPy stream (``pack``: cuDNN tensor -> bound array)."""
+    import cupy
+
+    mod = _load()
+    handle = _handle(mod)
+    mod.set_stream(handle=handle, stream=cupy.cuda.get_current_stream().ptr)
+    if workspace is None:  # one byte per process, allocated outside any capture (on first use)
+        workspace = _STATE.get("dummy_ws")
+        if workspace is None:
+            workspace = _STATE["dummy_ws"] = cupy.empty(1, dtype=cupy.uint8)
+    b.graph.execute_plan_at_index(pack, bind(workspace), index, handle=handle)
 
 
 class _Dl:
@@ -192,18 +252,16 @@ class _Dl:
             return self.a.toDlpack()
 
 
-@dataclass(frozen=True)
-class CudnnConv(Candidate):
-    """params: ``plan=<cuDNN plan name>``, or none for the heuristic's first plan at load time."""
+def bind(a):
+    """A variant-pack entry: device arrays through :class:`_Dl`; a host NumPy array (a pass-by-value
+    scalar such as a norm's epsilon) as itself, read by value when the plan executes."""
+    if a is None:
+        return None
+    return a if isinstance(a, np.ndarray) else _Dl(a)
 
-    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
-        if sig.op not in OPS:
-            return f"cuDNN candidates here are for {', '.join(OPS)}"
-        if _load() is None:
-            return _STATE["reason"]
-        if tuple(compute_capability) < (7, 0):
-            return f"cuDNN fused graphs need compute capability >= 7.0, got {compute_capability}"
-        return conv_reason(sig)
+
+class CudnnCandidate(Candidate):
+    """What every cuDNN candidate shares: the library versions in its cache key and hash."""
 
     def source_hash(self) -> str:
         return "cudnn:" + ",".join(f"{k}={v}" for k, v in versions())
@@ -211,61 +269,66 @@ class CudnnConv(Candidate):
     def versions(self) -> tuple[tuple[str, str], ...]:
         return versions()
 
+
+def unavailable_reason(compute_capability, need: tuple[int, int] = (7, 0), what: str = "cuDNN fused graphs") -> str | None:
+    """Why no cuDNN candidate can run here (library missing, GPU too old), or None."""
+    if _load() is None:
+        return _STATE["reason"]
+    if tuple(compute_capability) < need:
+        return f"{what} need compute capability >= {need[0]}.{need[1]}, got {tuple(compute_capability)}"
+    return None
+
+
+@dataclass(frozen=True)
+class CudnnConv(CudnnCandidate):
+    """params: ``plan=<cuDNN plan name>``, or none for the heuristic's first plan at load time."""
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        if sig.op not in OPS:
+            return f"cuDNN candidates here are for {', '.join(OPS)}"
+        return unavailable_reason(compute_capability) or conv_reason(sig)
+
     def build(self, sig: Signature, arch: str) -> Lowering:
         reason = self.applies(sig)
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        mod = _load()
         b = _graph_for(sig)
-        if not b.names:
-            raise TuningError(f"cuDNN offers no plan for {sig.key()}")
-        want = self.param("plan")
-        if want is None:
-            index = 0
-        elif want in b.names:
-            index = b.names.index(want)
-        else:
-            raise TuningError(f"cuDNN plan {want!r} is not offered for this signature here (offered: {', '.join(b.names[:8])})")
-        if index not in b.built:
-            b.graph.build_plan_at_index(index)
-            b.built.add(index)
-        ws_bytes = int(b.graph.get_workspace_size_plan_at_index(index))
-        handle = _handle(mod)
+        index, ws_bytes = plan_at(b, self.param("plan"), sig)
         t = b.tensors
         order = ["X", "W", "B", "R"]
 
         def launch(inputs, outputs, workspace):
-            import cupy
-
             pack = {t[name]: _Dl(a) for name, a in zip(order, inputs) if a is not None and name in t}
             pack[t["Y"]] = _Dl(outputs[0])
-            mod.set_stream(handle=handle, stream=cupy.cuda.get_current_stream().ptr)
-            ws = workspace if workspace is not None else cupy.empty(1, dtype=cupy.uint8)
-            b.graph.execute_plan_at_index(pack, _Dl(ws), index, handle=handle)
+            execute(b, pack, workspace, index)
 
         return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True,
                         layouts=LAYOUTS, versions=versions())
+
+
+def plan_candidates(cls, name: str, op: str, sig: Signature | None, reason, built) -> list[Candidate]:
+    """``cls(name)`` (the heuristic's plan at load time), plus one per plan cuDNN lists for ``sig``."""
+    out: list[Candidate] = [cls(name)]
+    if sig is None or reason(sig) is not None:
+        return out
+    return out + [cls(name, (("plan", n),)) for n in plan_keys(sig, built)]
+
+
+def plan_from_key(cls, name: str, key: str) -> Candidate | None:
+    """The candidate recorded as ``name`` or ``name:plan=<plan name>``."""
+    if key == name:
+        return cls(name)
+    if key.startswith(name + ":plan="):
+        return cls(name, (("plan", key[len(name) + len(":plan="):]),))
+    return None
 
 
 def candidates(op: str, sig: Signature | None = None) -> list[Candidate]:
     """The heuristic candidate, plus one per plan when ``sig`` is given and cuDNN can list them here."""
     if op not in OPS:
         return []
-    out: list[Candidate] = [CudnnConv(NAME)]
-    if sig is None or _load() is None or conv_reason(sig) is not None:
-        return out
-    try:
-        names = _graph_for(sig).names
-    except Exception:  # noqa: BLE001 - no GPU, or cuDNN rejects the graph: the heuristic candidate says why
-        return out
-    return out + [CudnnConv(NAME, (("plan", n),)) for n in names]
+    return plan_candidates(CudnnConv, NAME, op, sig, conv_reason, _graph_for)
 
 
 def from_key(op: str, key: str) -> Candidate | None:
-    if op not in OPS:
-        return None
-    if key == NAME:
-        return CudnnConv(NAME)
-    if key.startswith(NAME + ":plan="):
-        return CudnnConv(NAME, (("plan", key[len(NAME) + len(":plan="):]),))
-    return None
+    return plan_from_key(CudnnConv, NAME, key) if op in OPS else None

@@ -88,11 +88,23 @@ def test_norm_and_attention_rules_name_applicable_kernels():
     long = Signature.make("Attention", [(1, 8, 2048, 64)] * 3 + [None], ["float16"] * 3 + [""], {})
     for op, sig in (("LayerNorm", ln), ("RMSNorm", Signature.make("RMSNorm", [(3, 37), (37,)], ["float32"] * 2, {})),
                     ("Attention", att), ("Attention", long)):
-        name, params, reason = heuristic_lowering(op, sig, (9, 0))
+        name, params, reason = heuristic_lowering(op, sig, (9, 0), providers=False)
         cand = candidate_from_key(op, f"{name}:{params}" if params else name)
         assert cand.applies(sig, (9, 0)) is None, (op, name, params)
-    assert heuristic_lowering("Attention", att, (9, 0))[0] == "cublas_softmax"
-    assert heuristic_lowering("Attention", long, (9, 0))[0] == "flash_mma"
+    assert heuristic_lowering("Attention", att, (9, 0), providers=False)[0] == "cublas_softmax"
+    assert heuristic_lowering("Attention", long, (9, 0), providers=False)[0] == "flash_mma"
+    # with providers: cuDNN's SDPA where it applies, was measured (>= 128 keys, hd 64/128) and cc >= 8.0
+    assert heuristic_lowering("Attention", att, (9, 0))[:2] == ("cudnn", "")
+    assert heuristic_lowering("Attention", long, None)[:2] == ("cudnn", "")
+    assert heuristic_lowering("Attention", att, (7, 5))[0] == "cublas_softmax"
+    short = Signature.make("Attention", [(2, 12, 64, 64)] * 3 + [None], ["float16"] * 3 + [""], {})
+    assert heuristic_lowering("Attention", short, (9, 0))[0] == "cublas_softmax"  # not measured below 128 keys
+    f32 = Signature.make("Attention", [(2, 12, 128, 64)] * 3 + [None], ["float32"] * 3 + [""], {})
+    assert heuristic_lowering("Attention", f32, (9, 0))[0] != "cudnn"
+    bf16 = Signature.make("Attention", [(2, 12, 7, 40)] * 3 + [None], ["bfloat16"] * 3 + [""], {})
+    assert heuristic_lowering("Attention", bf16, (9, 0))[0] == "cudnn"  # no own bf16 kernel
+    # norms keep the own rows kernel (it beats torch); cuDNN's norm only competes when profiled
+    assert heuristic_lowering("LayerNorm", ln, (9, 0))[0] == "rows"
     unknown = Signature.make("Attention", [None] * 4, [""] * 4, {})
     assert heuristic_lowering("Attention", unknown, (9, 0))[0] == "default"
 
