@@ -38,6 +38,24 @@ def _strides(dims: list[int], transposed: bool) -> list[int]:
     return [r * c, 1, r] if transposed else [r * c, c, 1]
 
 
+def _bias_strides(sig: Signature, p) -> tuple[int, int, int] | None:
+    """C's element strides over the (batch, M, N) view of Y (0 where it broadcasts), or None when its
+    batch dimensions do not collapse into one stride (then it has no single cuDNN tensor here)."""
+    csh = sig.input_shapes[2] if len(sig.input_shapes) > 2 else None
+    if csh is None:
+        return None
+    out_b = tuple(p.out_shape[:-2]) if len(p.out_shape) >= 2 else ()
+    st = geo.broadcast_strides(csh, out_b + (p.M, p.N))
+    if st is None:
+        return None
+    bst = st[:-2]
+    if all(s == 0 for s in bst):
+        return 0, st[-2], st[-1]
+    if all(bst[i] == bst[i + 1] * out_b[i + 1] for i in range(len(bst) - 1)):
+        return bst[-1], st[-2], st[-1]
+    return None
+
+
 def matmul_reason(sig: Signature) -> str | None:
     """Why this GemmAct signature has no cuDNN matmul graph (before any library call), or None."""
     try:
@@ -54,8 +72,10 @@ def matmul_reason(sig: Signature) -> str | None:
         return "empty GEMM"
     if p.alpha != 1.0 or (p.bias is not None and p.beta != 1.0):
         return "alpha or beta other than 1"
-    if p.broadcast_a or p.broadcast_b or p.bias_full:
-        return "a partial batch broadcast of A, B or C"
+    if p.broadcast_a or p.broadcast_b:
+        return "a partial batch broadcast of A or B"
+    if p.bias is not None and _bias_strides(sig, p) is None:
+        return f"C of shape {sig.input_shapes[2]} broadcasts over only some batch dimensions"
     if p.Z > 1 and not p.fold and (p.a_batch == 0 or p.b_batch == 0):
         return "an operand shared by every batch while the other is batched (and C varies by row)"
     return None
@@ -73,7 +93,7 @@ def matmul_graph(mod, handle, sig: Signature):
          "B": graph.tensor(name="B", dim=bd, stride=_strides(bd, p.trans_b), data_type=dt)}
     y = graph.matmul(A=t["A"], B=t["B"], compute_data_type=f32, name="matmul")
     if p.bias is not None:
-        sb, sr, sc = p.bias
+        sb, sr, sc = (0, 0, 1) if p.fold else _bias_strides(sig, p)
         cd = [Z if sb else 1, M if sr else 1, p.N if sc else 1]
         cs = [sb or cd[1] * cd[2], sr or cd[2], sc or 1]
         t["C"] = graph.tensor(name="C", dim=cd, stride=cs, data_type=dt)
