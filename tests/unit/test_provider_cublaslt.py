@@ -326,3 +326,117 @@ def test_no_algorithm_is_an_error_at_build_and_only_the_heuristic_candidate(monk
     assert [c.key() for c in prov.candidates("GemmAct", sig)] == ["cublaslt"]
     with pytest.raises(TuningError, match="no algorithm"):
         prov.CublasLtGemm("cublaslt").build(sig, "sm_90")
+
+
+class EmulatedLt(FakeLt):
+    """FakeLt whose cublasLtMatmul computes what cuBLASLt would (column-major layouts, strided batch,
+    op(A) / op(B), alpha, bias per row of D, the epilogue's activation) on host memory, from the
+    descriptors it was given: checks the row-major mapping end to end without a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.objs: dict[int, dict] = {}
+
+    def cublasLtMatmulDescCreate(self, d, compute, scale):
+        super().cublasLtMatmulDescCreate(d, compute, scale)
+        self.objs[d._obj.value] = {}
+        return 0
+
+    def cublasLtMatmulDescSetAttribute(self, d, attr, buf, size):
+        self.objs[_val(d)][attr] = _val(buf)
+        return 0
+
+    def cublasLtMatrixLayoutCreate(self, lay, dtype, rows, cols, ld):
+        super().cublasLtMatrixLayoutCreate(lay, dtype, rows, cols, ld)
+        self.objs[lay._obj.value] = {"dtype": dtype, "rows": rows, "cols": cols, "ld": ld, "batch": 1, "stride": 0}
+        return 0
+
+    def cublasLtMatrixLayoutSetAttribute(self, lay, attr, buf, size):
+        key = {E["CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT"]: "batch", E["CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET"]: "stride"}
+        self.objs[_val(lay)][key[attr]] = _val(buf)
+        return 0
+
+    @staticmethod
+    def _dt(code):
+        return {E["CUDA_R_16F"]: np.float16, E["CUDA_R_32F"]: np.float32}[code]
+
+    def _read(self, ptr, lay, z):
+        dt = self._dt(lay["dtype"])
+        esz = np.dtype(dt).itemsize
+        n = (lay["cols"] - 1) * lay["ld"] + lay["rows"]
+        buf = (ctypes.c_char * (n * esz)).from_address(ptr + z * lay["stride"] * esz)
+        flat = np.frombuffer(buf, dtype=dt).astype(np.float64)
+        return np.stack([flat[j * lay["ld"]: j * lay["ld"] + lay["rows"]] for j in range(lay["cols"])], axis=1)
+
+    def cublasLtMatmul(self, handle, desc, alpha, a, la, b, lb, beta, c, lc, d, ld, algo, ws, ws_size, stream):
+        assert c.value == d.value and _val(beta) == 0.0
+        o, A, B, D = self.objs[_val(desc)], self.objs[_val(la)], self.objs[_val(lb)], self.objs[_val(ld)]
+        epi = o[E["CUBLASLT_MATMUL_DESC_EPILOGUE"]]
+        dt = self._dt(D["dtype"])
+        for z in range(D["batch"]):
+            x = self._read(a.value, A, z)
+            y = self._read(b.value, B, z)
+            x = x.T if o[E["CUBLASLT_MATMUL_DESC_TRANSA"]] else x
+            y = y.T if o[E["CUBLASLT_MATMUL_DESC_TRANSB"]] else y
+            r = _val(alpha) * (x @ y)
+            assert r.shape == (D["rows"], D["cols"])
+            if epi & 4:
+                m = D["rows"]
+                bias = np.frombuffer((ctypes.c_char * (m * np.dtype(dt).itemsize)).from_address(o[E["CUBLASLT_MATMUL_DESC_BIAS_POINTER"]]), dt)
+                r = r + bias.astype(np.float64)[:, None]
+            if epi & 2:
+                r = np.maximum(r, 0)
+            if epi & 32:
+                r = 0.5 * r * (1 + np.tanh(np.sqrt(2 / np.pi) * (r + 0.044715 * r ** 3)))
+            out = (ctypes.c_char * (D["ld"] * D["cols"] * np.dtype(dt).itemsize)).from_address(
+                d.value + z * D["stride"] * np.dtype(dt).itemsize)
+            view = np.frombuffer(out, dtype=dt).reshape(D["cols"], D["ld"])
+            view[:, :D["rows"]] = r.T.astype(dt)
+        return 0
+
+
+EMULATED = [
+    gemm((8, 64), (64, 32), activation="GeluTanh", dtype="float32"),
+    gemm((8, 64), (64, 32), None, activation="Relu"),
+    gemm((64, 8), (32, 64), (32,), mode="gemm", transA=1, transB=1, activation="Relu", dtype="float32"),
+    gemm((64, 8), (64, 32), None, mode="gemm", transA=1, alpha=0.5, dtype="float32"),
+    gemm((8, 64), (32, 64), (1, 32), mode="gemm", transB=1, dtype="float32"),
+    gemm((3, 5, 7, 16), (3, 5, 16, 9), dtype="float32"),
+    gemm((3, 7, 16), (16, 9), activation="Relu", dtype="float32"),
+    gemm((7, 16), (4, 16, 9), None, dtype="float32"),
+    gemm((16,), (3, 16, 9), (9,), dtype="float32"),
+    gemm((5, 7, 16), (16,), None, dtype="float32"),
+    conv((2, 24, 5, 7), (40, 24, 1, 1), activation="Relu", dtype="float32"),
+    conv((2, 24, 9), (8, 24, 1), bias=False, dtype="float32"),
+]
+
+
+@pytest.mark.parametrize("sig", EMULATED, ids=lambda s: s.key()[:60])
+def test_row_major_mapping_computes_the_reference_on_an_emulated_library(monkeypatch, sig):
+    from graphopt.ops import get_schema
+
+    lib = EmulatedLt()
+    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
+    monkeypatch.setattr(prov, "_SETUPS", {})
+    monkeypatch.setattr(prov, "_stream", lambda: 0)
+    rng = np.random.default_rng(1)
+    dt = np.dtype(sig.dtypes[0])
+    host = [None if s is None else rng.standard_normal(s).astype(dt) for s in sig.input_shapes]
+    ref = np.asarray(get_schema(sig.op).reference([None if h is None else h.astype(np.float64) for h in host],
+                                                  dict(sig.attrs))[0], np.float64)
+    low = prov.candidates(sig.op, sig)[1].build(sig, "sm_90")
+    ins = low.conform([None if h is None else _aligned(h) for h in host], np)
+    out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
+    out[...] = np.nan
+    low.launch(ins, [out], None)
+    tol = 1e-5 if dt == np.float32 else 1e-2
+    assert np.linalg.norm(out.astype(np.float64) - ref) <= tol * np.linalg.norm(ref)
+
+
+def _aligned(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` at a 64-byte aligned address (NumPy guarantees 16 only on some platforms)."""
+    raw = np.empty(a.nbytes + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    out = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
