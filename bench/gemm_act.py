@@ -35,12 +35,48 @@ LAYERS = [
 TOKENS = [(1, 128), (8, 512), (32, 128)]
 
 
+def save(args, header, rows, command) -> dict:
+    """Write gemm_act_h200.json and .md under args.out (called after every row: a run cut short keeps its rows)."""
+    sp = {}
+    for dtype in args.dtypes.split(","):
+        s = [r["speedup_vs_torch"] for r in rows if r["dtype"] == dtype and r["speedup_vs_torch"]]
+        if s:
+            sp[dtype] = {"rows": len(s), "at_least_as_fast": sum(v >= 1 for v in s), "geomean_speedup": round(math.exp(sum(map(math.log, s)) / len(s)), 3)}
+    header["summary"] = sp
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gemm_act_h200.json"), "w") as f:
+        json.dump({"header": header, "rows": rows}, f, indent=1)
+    lines = [f"# GemmAct (MLP projections) on {header['gpu']} ({header['date']})", "", f"Command: `{command}`; CuPy {header['cupy']}, torch {header['torch']}.", "",
+             f"Ceilings: copy {header['ceilings']['copy_TBps']:.2f} TB/s, fp16 {header['ceilings']['fp16_TFLOPs']:.0f} TFLOP/s, tf32 {header['ceilings']['tf32_TFLOPs']:.0f} TFLOP/s. Timing: {header['timing']}.", "",
+             "Summary: " + json.dumps(sp), "",
+             "| layer | tokens | dtype | graphopt us | torch eager us | speed-up | own best us | cuDNN best us | cuBLASLt best us | floor us | TFLOP/s | epilogue overhead | chosen |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['layer']} | {r['tokens'][0]}x{r['tokens'][1]} | {r['dtype']} | {r['graphopt_us']} | {r['torch_eager_us']} | {r['speedup_vs_torch']} | "
+                     f"{r['own_best_us']} | {r['cudnn_best_us']} | {r['cublaslt_best_us']} | {r['floor_us']} | {r['graphopt_TFLOPs']} | {r['epilogue_overhead']} | {r['chosen']} |")
+    with open(os.path.join(args.out, "gemm_act_h200.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return sp
+
+
+def provider_bests(cand: dict) -> dict:
+    """``own_best_us``, ``cudnn_best_us``, ``cublaslt_best_us``: the fastest correct candidate of each
+    source (None where it offered none that ran)."""
+    out = {}
+    for col, pick in (("own_best_us", lambda k: not k.startswith(("cudnn", "cublaslt"))),
+                      ("cudnn_best_us", lambda k: k.startswith("cudnn")),
+                      ("cublaslt_best_us", lambda k: k.startswith("cublaslt"))):
+        ts = [v[0] for k, v in cand.items() if pick(k) and math.isfinite(v[0])]
+        out[col] = round(min(ts), 2) if ts else None
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--dtypes", default="float16,float32")
     ap.add_argument("--header-from", default=None, help="reuse ceilings from a cbr_layers json (same run)")
+    ap.add_argument("--budget", type=float, default=math.inf, help="seconds; rows after it are skipped and the run says so")
     args = ap.parse_args(argv)
 
     import cupy
@@ -53,8 +89,10 @@ def main(argv=None):
     from graphopt.kernels.source import device_arch, prebuild
     from graphopt.kernels.timing import cuda_event_timer, median
 
+    t_start = time.perf_counter()
     command = "python3 bench/gemm_act.py " + " ".join(argv if argv is not None else sys.argv[1:])
     header = env_header(command)
+    header["complete"] = False
     t0 = time.perf_counter()
     header["prebuild_errors"] = prebuild(all_kernel_instances())
     header["prebuild_s"] = round(time.perf_counter() - t0, 1)
@@ -75,6 +113,9 @@ def main(argv=None):
         bw = header["ceilings"]["copy_TBps"] * 1e12
         for bsz, seq in TOKENS:
             for name, K, N, act in LAYERS:
+                if time.perf_counter() - t_start > args.budget:
+                    header["cut_short"] = f"budget of {args.budget:g} s spent: later rows were not measured"
+                    continue
                 ash, bsh = (bsz, seq, K), (K, N)
                 attrs = {"mode": "matmul", "activation": act}
                 sig = Signature.make("GemmAct", [ash, bsh, (N,)], [dtype] * 3, attrs)
@@ -125,31 +166,17 @@ def main(argv=None):
                     "graphopt_TFLOPs": round(flops / (best_us * 1e-6) / 1e12, 1) if math.isfinite(best_us) else 0,
                     "torch_TFLOPs": round(flops / (torch_us * 1e-6) / 1e12, 1),
                     "epilogue_overhead": epi_cost,
+                    **provider_bests(cand),
                     "candidates": {kk: (None if not math.isfinite(v[0]) else round(v[0], 2)) for kk, v in cand.items()},
                     "failures": {kk: v[1] for kk, v in cand.items() if v[1]},
                 }
                 rows.append(row)
+                save(args, header, rows, command)
                 print(f"{name:16s} {bsz}x{seq:<4d} {dtype:7s} graphopt {best_us:8.1f} us ({best})  torch {torch_us:8.1f} us  "
                       f"x{row['speedup_vs_torch']}  floor {floor_us:6.1f}  {row['graphopt_TFLOPs']} TF/s epi {epi_cost}", flush=True)
                 cupy.get_default_memory_pool().free_all_blocks()
-    sp = {}
-    for dtype in args.dtypes.split(","):
-        s = [r["speedup_vs_torch"] for r in rows if r["dtype"] == dtype and r["speedup_vs_torch"]]
-        if s:
-            sp[dtype] = {"rows": len(s), "at_least_as_fast": sum(v >= 1 for v in s), "geomean_speedup": round(math.exp(sum(map(math.log, s)) / len(s)), 3)}
-    header["summary"] = sp
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gemm_act_h200.json"), "w") as f:
-        json.dump({"header": header, "rows": rows}, f, indent=1)
-    lines = [f"# GemmAct (MLP projections) on {header['gpu']} ({header['date']})", "", f"Command: `{command}`; CuPy {header['cupy']}, torch {header['torch']}.", "",
-             f"Ceilings: copy {header['ceilings']['copy_TBps']:.2f} TB/s, fp16 {header['ceilings']['fp16_TFLOPs']:.0f} TFLOP/s, tf32 {header['ceilings']['tf32_TFLOPs']:.0f} TFLOP/s. Timing: {header['timing']}.", "",
-             "Summary: " + json.dumps(sp), "",
-             "| layer | tokens | dtype | graphopt us | torch eager us | speed-up | floor us | TFLOP/s | epilogue overhead | chosen |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['layer']} | {r['tokens'][0]}x{r['tokens'][1]} | {r['dtype']} | {r['graphopt_us']} | {r['torch_eager_us']} | {r['speedup_vs_torch']} | "
-                     f"{r['floor_us']} | {r['graphopt_TFLOPs']} | {r['epilogue_overhead']} | {r['chosen']} |")
-    with open(os.path.join(args.out, "gemm_act_h200.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    header["complete"] = "cut_short" not in header
+    sp = save(args, header, rows, command)
     print(json.dumps(sp, indent=1))
 
 

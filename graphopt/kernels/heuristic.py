@@ -210,9 +210,9 @@ def _gemm_act(sig: Signature, cc: tuple[int, int] | None, providers: bool = True
     # or unknown). What this rests on: ``cublas_ws`` is the same cuBLAS GEMM followed by our own
     # bias/activation kernel, and that kernel reached only 0.15-0.17 of copy bandwidth on the H200
     # (slower than torch's), an extra full read and write of Y; cuBLASLt applies the bias and
-    # activation in the GEMM's own epilogue, as torch's fused addmm does. Not yet measured here
-    # against cublas_ws (bench/cublaslt_gemm.py does). A plain GEMM (no bias, no activation) stays
-    # on cublas_ws: there is no epilogue to save.
+    # activation in the GEMM's own epilogue, as torch's fused addmm does. Not yet measured on the
+    # device against cublas_ws: bench/gemm_act.py's cublaslt_best_us / own_best_us columns will say.
+    # A plain GEMM (no bias, no activation) stays on cublas_ws: there is no epilogue to save.
     if (providers and sig.dtypes and sig.dtypes[0] in CUBLASLT_DTYPES and (cc is None or cc >= (8, 0))
             and (sig.attr("activation", "none") != "none" or (len(sig.input_shapes) > 2 and sig.input_shapes[2] is not None))):
         from graphopt.providers.cublaslt import shape_reason
