@@ -7,7 +7,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 GRAPHOPT_GPU_NO_PREBUILD=1 GRAPHOPT_KERNEL_CACHE=/tmp/gk
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "from graphopt.providers import provider_reasons; print(provider_reasons())"
+python3 -c "from graphopt.providers import provider_reasons; print(provider_reasons())" 2>&1 | tail -2
 for t in cublaslt cudnn_matmul; do
   { echo "# tests/gpu/test_provider_$t.py, $(date -u +%FT%T+00:00), code at ${HEAD_COMMIT:-?}"
     echo "# command: GRAPHOPT_GPU_NO_PREBUILD=1 python3 -m pytest -q -s -rfE -p no:cacheprovider tests/gpu/test_provider_$t.py"

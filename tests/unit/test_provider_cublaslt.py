@@ -440,3 +440,13 @@ def _aligned(a: np.ndarray) -> np.ndarray:
     out = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
     out[...] = a
     return out
+
+
+def test_the_providers_package_imports_first():
+    import subprocess
+    import sys
+
+    code = "from graphopt.providers import provider_reasons; print(sorted(provider_reasons()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert "cublaslt" in done.stdout and "cudnn" in done.stdout
