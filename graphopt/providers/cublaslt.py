@@ -45,7 +45,9 @@ ACTIVATIONS = ("none", "Relu", "GeluTanh")
 REQUEST = 16  # algorithms asked of the heuristic per signature
 MAX_WORKSPACE = 32 << 20
 ALIGNMENT = 16  # bytes; the heuristic keeps algorithms that work at this operand alignment, launch checks it
-LAYOUTS = {"GemmAct": (), "CBR": ("NHWC", "", "", "", "NHWC")}  # X, W, B, R in, Y out
+# X, W, B, R in, Y out. R (never given here) is NHWC too, so that Y's layout is NHWC also where a
+# node has 3 inputs (Lowering.output_layout indexes after the inputs actually passed).
+LAYOUTS = {"GemmAct": (), "CBR": ("NHWC", "", "", "NHWC", "NHWC")}
 
 
 @dataclass(frozen=True)

@@ -119,3 +119,10 @@ def test_a_matmul_captures_in_a_cuda_graph_and_replays():
     assert cupy.array_equal(out, eager)
     got = cupy.asnumpy(out).astype(np.float64)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+
+
+@pytest.mark.gpu
+def test_one_by_one_cbr_node_with_three_inputs():
+    """A CBR node without the residual slot: the output is still allocated NHWC (the declared layout)."""
+    sig = Signature.make("CBR", [(2, 64, 7, 9), (96, 64, 1, 1), (96,)], ["float16"] * 3, {"activation": "Relu"})
+    _check(sig)

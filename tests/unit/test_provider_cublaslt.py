@@ -309,7 +309,8 @@ def test_a_key_from_elsewhere_is_rebuilt_from_its_configuration(fake):
     sig = conv((2, 24, 5, 7), (40, 24, 1, 1), activation="Relu")
     cand = prov.from_key("CBR", "cublaslt:algo=31,tile=5,stages=3,splitk=1,red=0,swizzle=0,custom=0,inner=2,cluster=1")
     low = cand.build(sig, "sm_90")
-    assert low.workspace_bytes == 777 and low.layouts == ("NHWC", "", "", "", "NHWC")
+    assert low.workspace_bytes == 777 and low.layouts == ("NHWC", "", "", "NHWC", "NHWC")
+    assert low.output_layout(3, 0) == low.output_layout(4, 0) == "NHWC"  # a CBR node with or without R
     assert ("algo_init", 31, E["CUDA_R_16F"]) in fake.log and ("algo_check",) in fake.log
     assert [e[1:] for e in _calls(fake.log, "algo_set")] == [
         (E["CUBLASLT_ALGO_CONFIG_TILE_ID"], 5), (E["CUBLASLT_ALGO_CONFIG_STAGES_ID"], 3),
@@ -408,6 +409,7 @@ EMULATED = [
     gemm((5, 7, 16), (16,), None, dtype="float32"),
     conv((2, 24, 5, 7), (40, 24, 1, 1), activation="Relu", dtype="float32"),
     conv((2, 24, 9), (8, 24, 1), bias=False, dtype="float32"),
+    Signature.make("CBR", [(2, 16, 3, 5), (8, 16, 1, 1), (8,)], ["float32"] * 3, {"activation": "Relu"}),  # 3 inputs
 ]
 
 
@@ -422,8 +424,9 @@ def test_row_major_mapping_computes_the_reference_on_an_emulated_library(monkeyp
     rng = np.random.default_rng(1)
     dt = np.dtype(sig.dtypes[0])
     host = [None if s is None else rng.standard_normal(s).astype(dt) for s in sig.input_shapes]
-    ref = np.asarray(get_schema(sig.op).reference([None if h is None else h.astype(np.float64) for h in host],
-                                                  dict(sig.attrs))[0], np.float64)
+    f64 = [None if h is None else h.astype(np.float64) for h in host]
+    f64 += [None] * ((4 if sig.op == "CBR" else 3) - len(f64))
+    ref = np.asarray(get_schema(sig.op).reference(f64, dict(sig.attrs))[0], np.float64)
     low = prov.candidates(sig.op, sig)[1].build(sig, "sm_90")
     ins = low.conform([None if h is None else _aligned(h) for h in host], np)
     out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
