@@ -7,7 +7,6 @@ CUDA graph and replayed."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 cupy = pytest.importorskip("cupy")
