@@ -36,20 +36,27 @@ _lib = None
 _handles: dict[int, tuple[ctypes.c_void_p, object]] = {}
 
 
-def _candidates() -> list[str]:
-    names = ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
+def library_candidates(stem: str, sonames: tuple[str, ...]) -> list[str]:
+    """Where to look for a CUDA math library ``stem`` (``libcublas``, ``libcublasLt``): its sonames
+    first (dlopen finds the copy already loaded), then the ``nvidia`` pip packages' ``lib`` folders,
+    then ``$CUDA_PATH/lib64``. The one place both cuBLAS and cuBLASLt are found."""
     paths = []
     try:
         import nvidia  # the pip CUDA packages' namespace
 
         for base in getattr(nvidia, "__path__", []):
-            paths += sorted(glob.glob(os.path.join(base, "*", "lib", "libcublas.so*")))
-            paths += sorted(glob.glob(os.path.join(base, "cu*", "lib", "libcublas.so*")))
+            paths += sorted(glob.glob(os.path.join(base, "*", "lib", stem + ".so*")))
+            paths += sorted(glob.glob(os.path.join(base, "cu*", "lib", stem + ".so*")))
     except ImportError:
         pass
     cuda = os.environ.get("CUDA_PATH") or os.environ.get("CUDA_HOME") or "/usr/local/cuda"
-    paths += sorted(glob.glob(os.path.join(cuda, "lib64", "libcublas.so*")))
-    return names + [p for p in paths if "Lt" not in os.path.basename(p)]
+    paths += sorted(glob.glob(os.path.join(cuda, "lib64", stem + ".so*")))
+    # libcublas.so* also matches nothing else; libcublasLt.so* is a different library
+    return list(sonames) + [p for p in paths if os.path.basename(p).startswith(stem + ".so")]
+
+
+def _candidates() -> list[str]:
+    return library_candidates("libcublas", ("libcublas.so.13", "libcublas.so.12", "libcublas.so"))
 
 
 def library():

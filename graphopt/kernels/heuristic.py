@@ -38,7 +38,11 @@ K = C/group*kh*kw. First match wins:
 The names and params are exactly those of the kernels' candidates (``Candidate.key()``), so the
 runtime can rebuild the chosen candidate from the node's ``lowering`` / ``lowering_params``.
 
-Rules for ``GemmAct``: always ``cublas_ws`` (cuBLAS reaches the matrix peak on large GEMMs,
+Rules for ``GemmAct``: float16 / bfloat16 with a bias or an activation that cuBLASLt's epilogue
+expresses (bias over the last dimension; none, Relu, GeluTanh), capability >= 8.0 or unknown ->
+``cublaslt`` with no params (its heuristic's first algorithm at load time; the reasons are in the
+code); where cuBLASLt is missing at run time the runtime takes ``providers=False``, which is:
+``cublas_ws`` (cuBLAS reaches the matrix peak on large GEMMs,
 680 TFLOP/s fp16 measured on the H200 per design.md; the bias and activation run in one fused
 epilogue kernel). ``cublas_ws`` calls cuBLAS through graphopt's own handle and workspace
 (``graphopt.kernels.blas``), which a CUDA graph can capture; it timed the same as ``cupy.matmul``
@@ -199,8 +203,26 @@ def _cbr(sig: Signature, cc: tuple[int, int] | None, providers: bool = True) -> 
     return CBR_IMPLICIT_GEMM, params, f"implicit GEMM (Mg={mg}, Npix={npix}, K={k}): tile by size"
 
 
+_PROVIDER_AWARE.add("GemmAct")
+GEMM_CUBLASLT = "cublaslt"
+CUBLASLT_DTYPES = ("float16", "bfloat16")
+
+
 @register_heuristic("GemmAct")
-def _gemm_act(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
+def _gemm_act(sig: Signature, cc: tuple[int, int] | None, providers: bool = True) -> tuple[str, str, str]:
+    # cuBLASLt where its epilogue does the node's bias and/or activation (half precision, sm >= 8.0
+    # or unknown). What this rests on: ``cublas_ws`` is the same cuBLAS GEMM followed by our own
+    # bias/activation kernel, and that kernel reached only 0.15-0.17 of copy bandwidth on the H200
+    # (slower than torch's), an extra full read and write of Y; cuBLASLt applies the bias and
+    # activation in the GEMM's own epilogue, as torch's fused addmm does. Not yet measured on the
+    # device against cublas_ws: bench/gemm_act.py's cublaslt_best_us / own_best_us columns will say.
+    # A plain GEMM (no bias, no activation) stays on cublas_ws: there is no epilogue to save.
+    if (providers and sig.dtypes and sig.dtypes[0] in CUBLASLT_DTYPES and (cc is None or cc >= (8, 0))
+            and (sig.attr("activation", "none") != "none" or (len(sig.input_shapes) > 2 and sig.input_shapes[2] is not None))):
+        from graphopt.providers.cublaslt import shape_reason
+
+        if shape_reason(sig) is None:
+            return GEMM_CUBLASLT, "", "bias/activation in cuBLASLt's GEMM epilogue (its heuristic's algorithm)"
     return GEMM_CUBLAS, "", "cuBLAS GEMM plus one fused bias/activation epilogue kernel"
 
 

@@ -17,6 +17,7 @@ from graphopt.lowering.contract import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.gemm_act import gemm_act_candidates
 from graphopt.kernels.norm import norm_candidates, norm_kernel_instances
+import graphopt.providers as _providers  # a module, not its names: importing graphopt.providers first works too
 
 _FAMILIES = {"CBR": cbr_candidates, "GemmAct": gemm_act_candidates, "LayerNorm": norm_candidates,
              "RMSNorm": norm_candidates, "Attention": attention_candidates}
@@ -98,11 +99,9 @@ def candidates_for(sig: Signature) -> list[Candidate]:
     The list is not pruned: call ``cand.applies(sig, compute_capability)`` and skip those that return
     a reason.
     """
-    from graphopt.providers import provider_candidates  # providers build on kernels: imported when used
-
     makers = _makers(sig.op)
     own = [c for make in makers[:1] for c in make()]
-    return own + provider_candidates(sig.op, sig) + [c for make in makers[1:] for c in make()]
+    return own + _providers.provider_candidates(sig.op, sig) + [c for make in makers[1:] for c in make()]
 
 
 def applicable(sig: Signature, compute_capability: tuple[int, int]) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
@@ -128,9 +127,7 @@ def candidate_from_key(op: str, key: str) -> Candidate:
             index.setdefault(cand.key(), cand)
     if key in index:
         return index[key]
-    from graphopt.providers import provider_from_key  # providers build on kernels: imported when used
-
-    vendor = provider_from_key(op, key)  # provider plans are per signature: parsed, not listed
+    vendor = _providers.provider_from_key(op, key)  # provider plans are per signature: parsed, not listed
     if vendor is not None:
         return vendor
     raise TuningError(f"no {op} lowering named {key!r}; run `graphopt optimize` again to re-tune")

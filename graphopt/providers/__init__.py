@@ -5,6 +5,9 @@
   (``cudnn``, which also holds the library state and plan keys the others share); Attention as
   one SDPA graph (``cudnn_sdpa``); LayerNorm / SkipLayerNorm / RMSNorm as the normalization forward in
   its inference phase (``cudnn_norm``).
+- ``cudnn_matmul``: GemmAct as a cuDNN frontend matmul + bias + activation graph, each plan a candidate.
+- ``cublaslt``: GemmAct and 1x1 CBR as one cuBLASLt matmul with a bias/ReLU/GELU epilogue (ctypes,
+  graphopt's own handle and workspace: capturable), each algorithm of its heuristic a candidate.
 
 A provider imports without its library: its candidates then report in ``applies`` why they cannot
 run (package missing, no GPU, shape unsupported), which the tuner shows as a reason; CPU-only
@@ -16,11 +19,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from graphopt.lowering.contract import Candidate, Signature
-from graphopt.providers import cudnn, cudnn_norm, cudnn_sdpa
+from graphopt.providers import cublaslt, cudnn, cudnn_matmul, cudnn_norm, cudnn_sdpa
 
 # op -> provider modules that offer candidates for it
 _BY_OP: dict[str, list] = {}
-for _mod in (cudnn, cudnn_sdpa, cudnn_norm):
+for _mod in (cudnn, cudnn_sdpa, cudnn_norm, cudnn_matmul, cublaslt):
     for _op in _mod.OPS:
         _BY_OP.setdefault(_op, []).append(_mod)
 
@@ -42,7 +45,7 @@ def provider_from_key(op: str, key: str) -> Candidate | None:
 
 def provider_reasons() -> dict[str, str | None]:
     """provider name -> None when it can offer candidates here, else why not (for reports)."""
-    return {"cudnn": cudnn.unavailable()}
+    return {"cudnn": cudnn.unavailable(), "cublaslt": cublaslt.unavailable()}
 
 
 __all__: Sequence[str] = ["provider_candidates", "provider_from_key", "provider_reasons"]

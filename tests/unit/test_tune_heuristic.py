@@ -140,7 +140,17 @@ def test_compute_capability():
 
 def test_gemm_act_and_unknown_ops():
     sig = Signature.make("GemmAct", [(8, 768), (768, 3072), (3072,)], ["float16"] * 3, {"mode": "matmul"}, layout="rowmajor")
-    assert heuristic_lowering("GemmAct", sig, (9, 0))[:2] == ("cublas_ws", "")
+    assert heuristic_lowering("GemmAct", sig, (9, 0))[:2] == ("cublaslt", "")  # the bias in cuBLASLt's epilogue
+    assert heuristic_lowering("GemmAct", sig, (9, 0), providers=False)[:2] == ("cublas_ws", "")
+    assert heuristic_lowering("GemmAct", sig, (7, 5))[:2] == ("cublas_ws", "")
+    plain = Signature.make("GemmAct", [(8, 768), (768, 3072), None], ["float16", "float16", ""], {"mode": "matmul"},
+                           layout="rowmajor")
+    assert heuristic_lowering("GemmAct", plain, (9, 0))[:2] == ("cublas_ws", "")  # no epilogue to fuse
+    f32 = Signature.make("GemmAct", [(8, 768), (768, 3072), (3072,)], ["float32"] * 3, {"mode": "matmul"}, layout="rowmajor")
+    assert heuristic_lowering("GemmAct", f32, (9, 0))[:2] == ("cublas_ws", "")
+    gelu = Signature.make("GemmAct", [(8, 768), (768, 3072), (3072,)], ["float16"] * 3,
+                          {"mode": "matmul", "activation": "Gelu"}, layout="rowmajor")
+    assert heuristic_lowering("GemmAct", gelu, None)[:2] == ("cublas_ws", "")  # exact erf GELU: no cuBLASLt epilogue
     name, params, reason = heuristic_lowering("Unknown", Signature.make("Unknown", [], [], {}), (9, 0))
     assert (name, params) == ("default", "") and "Unknown" in reason
 
@@ -194,6 +204,7 @@ def test_heuristic_choice_is_a_real_applicable_kernel_candidate(x, w, attrs, exp
     ([(8, 768), (768, 3072), (3072,)], {"mode": "matmul", "activation": "Gelu"}),
     ([(2, 12, 128, 64), (2, 12, 64, 128), None], {"mode": "matmul", "activation": "none"}),
     ([(8, 768), (3072, 768), (3072,)], {"mode": "gemm", "transB": 1, "activation": "Relu"}),
+    ([(4, 8, 768), (768, 3072), (3072,)], {"mode": "matmul", "activation": "GeluTanh"}),
 ])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_gemm_act_heuristic_choice_is_a_real_applicable_candidate(shapes, attrs, dtype):
@@ -203,10 +214,16 @@ def test_gemm_act_heuristic_choice_is_a_real_applicable_candidate(shapes, attrs,
         pytest.skip(f"graphopt.kernels.gemm_act not importable: {exc}")
     dts = [dtype if s is not None else "" for s in shapes]
     sig = Signature.make("GemmAct", shapes, dts, attrs, layout="rowmajor")
-    name, params, _ = heuristic_lowering("GemmAct", sig, (9, 0))
-    key = f"{name}:{params}" if params else name
-    cands = {c.key(): c for c in gemm_act_candidates()}
-    assert key in cands and cands[key].applies(sig, (9, 0)) is None, cands.get(key) and cands[key].applies(sig, (9, 0))
+    from graphopt.providers.cublaslt import shape_reason
+
+    for providers in (True, False):
+        name, params, _ = heuristic_lowering("GemmAct", sig, (9, 0), providers=providers)
+        key = f"{name}:{params}" if params else name
+        if name == "cublaslt":  # a vendor candidate: applies on a GPU with cuBLASLt; its own shape check here
+            assert providers and shape_reason(sig) is None
+            continue
+        cands = {c.key(): c for c in gemm_act_candidates()}
+        assert key in cands and cands[key].applies(sig, (9, 0)) is None, cands.get(key) and cands[key].applies(sig, (9, 0))
 
 
 @pytest.mark.parametrize("x, w, attrs", [c[:3] for c in CASES])

@@ -1,0 +1,297 @@
+"""cuBLASLt candidates: GemmAct and 1x1 CBR as one cuBLASLt matmul with a fused epilogue.
+
+The epilogues are BIAS, RELU_BIAS and GELU_BIAS (DEFAULT, RELU, GELU without a bias): the bias is a
+vector over the output's last dimension (GemmAct's ``C`` of shape ``(N,)``, ``(1, N)``, ...; CBR's
+per-channel bias), added before the activation. cuBLASLt's GELU is the tanh approximation (cuBLAS
+documentation, footnote to cublasLtEpilogue_t), so it serves ``GeluTanh`` only, never the exact
+erf ``Gelu``. Inputs fp16 / bf16 / fp32, fp32 compute and fp32 alpha. Batched GemmAct (numpy
+matmul batch dims) is a strided batch; a ``B`` shared by every batch folds the batch into the rows.
+
+Row-major operands map onto cuBLASLt's column-major convention as ``Y^T = op(B)^T op(A)^T``: our B
+is cuBLASLt's A and our A its B, so the bias (one value per row of cuBLASLt's D) is one value per
+column of our Y.
+
+1x1 CBR with stride 1, no padding and group 1 in NHWC is ``Y[N*H*W, M] = X[N*H*W, C] W[M, C]^T``
++ bias, then the activation. A residual input is left to other candidates (cuBLASLt's order of
+``beta * C`` and the epilogue is not documented precisely enough to rely on).
+
+Each algorithm ``cublasLtMatmulAlgoGetHeuristic`` returns (up to :data:`REQUEST`) is a candidate
+keyed by its configuration (algorithm id, tile, stages, split-K, reduction, swizzle, custom option,
+inner and cluster shape), not by its list position; the plain ``cublaslt`` candidate takes the
+heuristic's first algorithm when the node is loaded. Each has its own workspace size. Descriptors
+are made at build time, so ``launch`` is one ``cublasLtMatmul`` on the current stream: capturable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+from graphopt.errors import TuningError
+from graphopt.kernels import geometry as geo
+from graphopt.kernels.gemm_act import gemm_plan
+from graphopt.lowering.contract import Candidate, Lowering, Signature
+from graphopt.providers import cublaslt_lib as lt
+
+OPS = ("GemmAct", "CBR")
+NAME = "cublaslt"
+DTYPES = {"float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F"}
+# (activation, has bias) -> cublasLtEpilogue_t
+EPILOGUES = {("none", False): "CUBLASLT_EPILOGUE_DEFAULT", ("none", True): "CUBLASLT_EPILOGUE_BIAS",
+             ("Relu", False): "CUBLASLT_EPILOGUE_RELU", ("Relu", True): "CUBLASLT_EPILOGUE_RELU_BIAS",
+             ("GeluTanh", False): "CUBLASLT_EPILOGUE_GELU", ("GeluTanh", True): "CUBLASLT_EPILOGUE_GELU_BIAS"}
+ACTIVATIONS = ("none", "Relu", "GeluTanh")
+REQUEST = 16  # algorithms asked of the heuristic per signature
+MAX_WORKSPACE = 32 << 20
+ALIGNMENT = 16  # bytes; the heuristic keeps algorithms that work at this operand alignment, launch checks it
+# X, W, B, R in, Y out. R (never given here) is NHWC too, so that Y's layout is NHWC also where a
+# node has 3 inputs (Lowering.output_layout indexes after the inputs actually passed).
+LAYOUTS = {"GemmAct": (), "CBR": ("NHWC", "", "", "NHWC", "NHWC")}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One cuBLASLt call in column-major terms: D (m x n) = op(A) (m x k) . op(B) (k x n)."""
+
+    dtype: str              # DTYPES value
+    m: int
+    n: int
+    k: int
+    transa: int             # CUBLAS_OP_N / _T of cuBLASLt's A (our B)
+    transb: int
+    a: tuple[int, int, int]  # stored rows, cols, ld of cuBLASLt's A
+    b: tuple[int, int, int]
+    batch: int
+    stride_a: int           # elements between batches (0: shared)
+    stride_b: int
+    epilogue: str
+    alpha: float
+    a_input: int            # which node input is cuBLASLt's A
+    b_input: int
+    bias_input: int | None
+
+
+def _row_major(dtype: str, M: int, N: int, K: int, trans_a: bool, trans_b: bool, Z: int, sa: int, sb: int,
+               act: str, bias: bool, alpha: float, a_input: int, b_input: int, bias_input: int | None) -> Problem:
+    """``Y[z] (M x N) = op(A[z]) (M x K) . op(B[z]) (K x N)``, row-major, as cuBLASLt's column-major call."""
+    la = (K, N, K) if trans_b else (N, K, N)
+    lb = (M, K, M) if trans_a else (K, M, K)
+    return Problem(DTYPES[dtype], N, M, K, int(trans_b), int(trans_a), la, lb, Z, sb, sa,
+                   EPILOGUES[(act, bias)], alpha, b_input, a_input, bias_input)
+
+
+def _activation(sig: Signature) -> str:
+    act = sig.attr("activation", "none")
+    act = act.decode() if isinstance(act, bytes) else act
+    if act not in ACTIVATIONS:
+        raise TuningError(f"activation {act} has no cuBLASLt epilogue (supported: none, Relu, GeluTanh; "
+                          "cuBLASLt's GELU is the tanh approximation)")
+    return act
+
+
+def problem(sig: Signature) -> Problem:
+    """The cuBLASLt call for a GemmAct or CBR signature; TuningError says why there is none."""
+    if sig.op not in OPS:
+        raise TuningError(f"cuBLASLt candidates here are for {', '.join(OPS)}")
+    dt = geo.dtype_of(sig)
+    if dt not in DTYPES:
+        raise TuningError(f"dtype {dt} (cuBLASLt here: {', '.join(DTYPES)})")
+    act = _activation(sig)
+    if sig.op == "CBR":
+        return _conv_problem(sig, dt, act)
+    p = gemm_plan(sig)
+    if min(p.M, p.N, p.K) < 1:
+        raise TuningError("empty GEMM")
+    if p.broadcast_a or p.broadcast_b:
+        raise TuningError("a partial batch broadcast of A or B (cuBLASLt takes one batch stride per operand)")
+    bias = p.bias is not None
+    if bias and not (p.bias[0] == 0 and p.bias[1] == 0 and (p.bias[2] == 1 or p.N == 1)) or p.bias_full:
+        raise TuningError(f"C of shape {sig.input_shapes[2]} is not a bias over the last dimension "
+                          "(cuBLASLt's bias epilogue adds one vector to every row)")
+    if bias and (p.beta != 1.0 or p.alpha != 1.0):
+        raise TuningError("alpha or beta other than 1 with a bias (the epilogue's bias is not scaled)")
+    M, Z, sa = (p.M * p.Z, 1, 0) if p.fold else (p.M, p.Z, p.a_batch)
+    return _row_major(dt, M, p.N, p.K, p.trans_a, p.trans_b, Z, sa, p.b_batch if Z > 1 else 0, act, bias, p.alpha,
+                      0, 1, 2 if bias else None)
+
+
+def _conv_problem(sig: Signature, dt: str, act: str) -> Problem:
+    g = geo.conv_geom(sig)
+    if (g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.G) != (1, 1, 1, 1, 0, 0, 1) or (g.OH, g.OW) != (g.H, g.W):
+        raise TuningError("cuBLASLt runs only 1x1 convolutions with stride 1, no padding and group 1 (a plain GEMM)")
+    shapes = sig.input_shapes
+    if len(shapes) > 3 and shapes[3] is not None:
+        raise TuningError("a residual input (cuBLASLt's beta * C before the epilogue is not relied on)")
+    bias = len(shapes) > 2 and shapes[2] is not None
+    return _row_major(dt, g.N * g.H * g.W, g.M, g.C, False, True, 1, 0, 0, act, bias, 1.0, 0, 1, 2 if bias else None)
+
+
+def shape_reason(sig: Signature) -> str | None:
+    """Why cuBLASLt cannot run this signature (before any library call), or None."""
+    try:
+        problem(sig)
+    except TuningError as e:
+        return str(e)
+    return None
+
+
+def unavailable() -> str | None:
+    return lt.unavailable()
+
+
+def versions() -> tuple[tuple[str, str], ...]:
+    a = lt.api()
+    return () if a is None else (("cublaslt", str(a.version())),)
+
+
+def _device() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.Device().id)
+    except Exception:  # noqa: BLE001 - no CuPy (tests with a fake library)
+        return 0
+
+
+@dataclass
+class _Setup:
+    """Descriptors of one problem and the algorithms the heuristic offered, in its order."""
+
+    handle: Any
+    desc: Any
+    layouts: tuple  # A, B, D (D doubles as C)
+    algos: list     # [(config, Algo, workspace bytes)]
+
+
+_SETUPS: dict[tuple[str, int], _Setup] = {}  # (signature key, device) -> setup, per process
+
+
+def _describe(a: lt.Api, pr: Problem, handle) -> _Setup:
+    desc = a.matmul_desc(pr.transa, pr.transb, pr.epilogue)
+    if pr.bias_input is not None:  # the heuristic reads only the pointer's alignment: exactly ALIGNMENT
+        a.set_bias(desc, (1 << 20) | ALIGNMENT)
+    la = a.layout(pr.dtype, *pr.a, batch=pr.batch, stride=pr.stride_a)
+    lb = a.layout(pr.dtype, *pr.b, batch=pr.batch, stride=pr.stride_b)
+    ld = a.layout(pr.dtype, pr.m, pr.n, pr.m, batch=pr.batch, stride=pr.m * pr.n)
+    pref = a.preference(MAX_WORKSPACE, ALIGNMENT)
+    found, seen = [], set()
+    for r in a.heuristic(handle, desc, la, lb, ld, ld, pref, REQUEST):
+        cfg = a.config(r.algo)
+        if cfg and cfg not in seen:
+            seen.add(cfg)
+            found.append((cfg, r.algo, int(r.workspaceSize)))
+    return _Setup(handle, desc, (la, lb, ld), found)
+
+
+def _setup_for(sig: Signature) -> _Setup:
+    key = (sig.key(), _device())
+    if key not in _SETUPS:
+        a = lt.api()
+        if a is None:
+            raise TuningError(lt.unavailable())
+        _SETUPS[key] = _describe(a, problem(sig), a.handle(key[1]))
+    return _SETUPS[key]
+
+
+def _ptr(x) -> int:
+    data = getattr(x, "data", None)
+    return int(data.ptr) if hasattr(data, "ptr") else int(x.ctypes.data)
+
+
+@dataclass(frozen=True)
+class CublasLtGemm(Candidate):
+    """params: the algorithm's configuration (``algo=..,tile=..,stages=..,...``), or none for the
+    heuristic's first algorithm at load time."""
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        if sig.op not in OPS:
+            return f"cuBLASLt candidates here are for {', '.join(OPS)}"
+        reason = lt.unavailable()
+        if reason:
+            return reason
+        return shape_reason(sig)
+
+    def source_hash(self) -> str:
+        return "cublaslt:" + ",".join(f"{k}={v}" for k, v in versions())
+
+    def versions(self) -> tuple[tuple[str, str], ...]:
+        return versions()
+
+    def build(self, sig: Signature, arch: str) -> Lowering:
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        a = lt.api()
+        pr = problem(sig)
+        s = _setup_for(sig)
+        if not self.params:
+            if not s.algos:
+                raise TuningError(f"cuBLASLt's heuristic offers no algorithm for {sig.key()}")
+            _, algo, ws_bytes = s.algos[0]
+        else:
+            want = tuple((k, int(v)) for k, v in self.params)
+            match = [(al, w) for cfg, al, w in s.algos if cfg == want]
+            if match:
+                algo, ws_bytes = match[0]
+            else:  # recorded elsewhere (another process's heuristic list): rebuild it from its configuration
+                algo, ws_bytes = a.algo_from_config(s.handle, s.desc, *s.layouts, s.layouts[2], pr.dtype, dict(want))
+        alpha, beta = ctypes.c_float(pr.alpha), ctypes.c_float(0.0)
+        la, lb, ld = s.layouts
+
+        def launch(inputs, outputs, workspace):
+            ins = list(inputs) + [None] * 3
+            ptrs = [_ptr(ins[pr.a_input]), _ptr(ins[pr.b_input]), _ptr(outputs[0])]
+            if pr.bias_input is not None:
+                ptrs.append(_ptr(ins[pr.bias_input]))
+                a.set_bias(s.desc, ptrs[-1])
+            if any(p % ALIGNMENT for p in ptrs):
+                raise TuningError(f"cuBLASLt operands must be {ALIGNMENT}-byte aligned")
+            ws = 0 if workspace is None else _ptr(workspace)
+            status = a.matmul(s.handle, s.desc, alpha, ptrs[0], la, ptrs[1], lb, beta, ptrs[2], ld, algo,
+                              ws, ws_bytes if ws else 0, _stream())
+            if status != lt.CUBLAS_STATUS_SUCCESS:
+                raise TuningError(f"cublasLtMatmul failed with status {status} ({self.key()}, {sig.key()})")
+
+        return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True,
+                        layouts=LAYOUTS[sig.op], versions=versions())
+
+
+def _stream() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.get_current_stream().ptr)
+    except ImportError:
+        return 0
+
+
+def candidates(op: str, sig: Signature | None = None) -> list[Candidate]:
+    """The heuristic candidate, plus one per algorithm when ``sig`` is given and cuBLASLt lists them here."""
+    if op not in OPS:
+        return []
+    out: list[Candidate] = [CublasLtGemm(NAME)]
+    if sig is None or lt.unavailable() or shape_reason(sig) is not None:
+        return out
+    try:
+        algos = _setup_for(sig).algos
+    except Exception:  # noqa: BLE001 - no GPU, or the library refuses: the heuristic candidate says why
+        return out
+    return out + [CublasLtGemm(NAME, cfg) for cfg, _, _ in algos]
+
+
+def from_key(op: str, key: str) -> Candidate | None:
+    if op not in OPS:
+        return None
+    if key == NAME:
+        return CublasLtGemm(NAME)
+    if not key.startswith(NAME + ":"):
+        return None
+    names = [k for k, _, _ in lt.CONFIG]
+    try:
+        params = tuple((k, int(v)) for k, v in (kv.split("=", 1) for kv in key[len(NAME) + 1:].split(",")))
+    except ValueError:
+        return None
+    if not params or params[0][0] != "algo" or any(k not in names for k, _ in params):
+        return None
+    return CublasLtGemm(NAME, params)

@@ -1,0 +1,101 @@
+"""Checking vendor-provider candidates on the GPU against the op's float64 reference.
+
+Inputs are N(0, 1) (B / W scaled by 1/sqrt(fan-in)) rounded to the dtype first, so the reference
+sees exactly what the device sees. bfloat16 travels as its raw 16-bit patterns in uint16 CuPy arrays
+(CuPy has no bfloat16 dtype; cuBLASLt reads only pointers). Outputs are poisoned with NaN first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.lowering import Signature, as_lowering
+from graphopt.ops import get_schema
+
+TOL = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 2e-3}  # normwise relative error
+NAN_BF16 = 0x7FC0
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(u: np.ndarray) -> np.ndarray:
+    return (u.astype(np.uint32) << 16).view(np.float32)
+
+
+def host_inputs(sig: Signature, seed: int = 0):
+    """(values as float64 for the reference, arrays to upload: dtype or bf16 bits)."""
+    rng = np.random.default_rng(seed)
+    dt = next(d for d, s in zip(sig.dtypes, sig.input_shapes) if s is not None)
+    f64, up = [], []
+    for i, shape in enumerate(sig.input_shapes):
+        if shape is None:
+            f64.append(None)
+            up.append(None)
+            continue
+        a = rng.standard_normal(shape).astype(np.float32)
+        if i == 1:
+            fan = int(np.prod(shape[1:])) if sig.op == "CBR" else int(shape[-1] if sig.attr("transB", 0) else
+                                                                      (shape[0] if len(shape) == 1 else shape[-2]))
+            a = (a / np.sqrt(max(fan, 1))).astype(np.float32)
+        if dt == "bfloat16":
+            bits = to_bf16_bits(a)
+            f64.append(from_bf16_bits(bits).astype(np.float64))
+            up.append(bits)
+        else:
+            q = a.astype(dt)
+            f64.append(q.astype(np.float64))
+            up.append(q)
+    return f64, up
+
+
+def reference(sig: Signature, f64) -> np.ndarray:
+    f64 = list(f64) + [None] * ((4 if sig.op == "CBR" else 3) - len(f64))
+    return np.asarray(get_schema(sig.op).reference(f64, dict(sig.attrs))[0], np.float64)
+
+
+def run_lowering(low, sig: Signature, up, ref: np.ndarray) -> str | None:
+    """Run a built candidate into a NaN-poisoned output; the reason it is wrong, or None."""
+    import cupy
+
+    dt = next(d for d, s in zip(sig.dtypes, sig.input_shapes) if s is not None)
+    dev_dt = "uint16" if dt == "bfloat16" else dt
+    dev = low.conform([None if a is None else cupy.asarray(a) for a in up], cupy)
+    out = low.empty_outputs(len(dev), [ref.shape], dev_dt, cupy)[0]
+    if dt == "bfloat16":
+        out[...] = NAN_BF16
+    else:
+        out[...] = cupy.nan
+    ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8) if low.workspace_bytes else None
+    low.launch(dev, [out], ws)
+    cupy.cuda.get_current_stream().synchronize()
+    host = cupy.asnumpy(out)
+    got = (from_bf16_bits(host) if dt == "bfloat16" else host).astype(np.float64)
+    if not np.isfinite(got).all():
+        return f"{int((~np.isfinite(got)).sum())} of {got.size} outputs not written or not finite"
+    err = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+    return None if err <= TOL[dt] else f"normwise relative error {err:.2e} > {TOL[dt]:g}"
+
+
+def check_all(cands, sig: Signature, seed: int = 0):
+    """(correct count, [(key, why wrong)], [(key, why it did not build)]) over ``cands``."""
+    f64, up = host_inputs(sig, seed)
+    ref = reference(sig, f64)
+    ok, wrong, unbuilt = 0, [], []
+    for cand in cands:
+        try:
+            low = as_lowering(cand.build(sig, "sm_90"))
+        except Exception as e:  # noqa: BLE001 - a candidate that does not build scores inf in the tuner
+            unbuilt.append((cand.key(), f"{type(e).__name__}: {str(e)[:120]}"))
+            continue
+        try:
+            reason = run_lowering(low, sig, up, ref)
+        except Exception as e:  # noqa: BLE001 - a built candidate that fails to run is wrong
+            reason = f"launch failed: {type(e).__name__}: {str(e)[:160]}"
+        if reason:
+            wrong.append((cand.key(), reason))
+        else:
+            ok += 1
+    return ok, wrong, unbuilt
