@@ -47,6 +47,12 @@ epilogue kernel). ``cublas_ws`` calls cuBLAS through graphopt's own handle and w
 A rule's tile is checked with the candidate's own ``applies``; where it does not apply (say, channels
 that are not a multiple of the tile's ``bk``) the next rule's choice is taken.
 
+Rules for ``RoPE``: always ``rope`` (one thread per rotated pair, both forms, any cos/sin broadcast).
+Rules for ``GroupNorm``: ``groups`` (one CTA per sample and group) with 16-byte loads where the
+spatial size allows, 8 warps (4 for groups smaller than one pass of 8 warps).
+Rules for ``GatedMLP``: always ``cublas_glu`` (the two GEMMs on cuBLAS, the gate in one fused kernel).
+Each falls back to ``default`` where its kernel does not apply (a dtype or shape it lacks).
+
 Other ``graphopt`` ops have no rules here yet: they get ``default`` (the runtime's only kernel)
 unless a rule is added with ``register_heuristic``.
 """
@@ -238,3 +244,27 @@ def _attention(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, st
         return DEFAULT_LOWERING, "", "no attention kernel takes this shape or dtype: the runtime's device fallback"
     name, _, params = key.partition(":")
     return name, params, f"attention over {skv} keys: {name}"
+
+
+def _first_or_default(sig: Signature, cc, keys, why: str) -> tuple[str, str, str]:
+    key = _first_applying(sig, keys, cc or ASSUMED_CC)
+    if key is None:
+        return DEFAULT_LOWERING, "", f"no {sig.op} kernel takes this shape or dtype: the runtime's device fallback"
+    name, _, params = key.partition(":")
+    return name, params, why
+
+
+@register_heuristic("RoPE")
+def _rope(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
+    return _first_or_default(sig, cc, ["rope"], "one thread per rotated pair, cos/sin broadcast by strides")
+
+
+@register_heuristic("GroupNorm")
+def _group_norm(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
+    keys = [f"groups:warps={w},vec={v}" for v in (8, 4, 1) for w in (8, 4)]
+    return _first_or_default(sig, cc, keys, "one CTA per (sample, group), fp32 statistics, 16-byte loads where the size allows")
+
+
+@register_heuristic("GatedMLP")
+def _gated_mlp(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
+    return _first_or_default(sig, cc, ["cublas_glu"], "two cuBLAS GEMMs sharing X, then one fused gate kernel")
