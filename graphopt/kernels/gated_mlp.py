@@ -81,8 +81,6 @@ class CublasGlu(Candidate):
         return [("glu.cu", instance("glu_gate", dt, v)) for v in (VEC16[dt], 1)]
 
     def build(self, sig: Signature, arch: str) -> Lowering:
-        import cupy
-
         reason = self.applies(sig)
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")

@@ -9,7 +9,6 @@ worked out at build time and live in a small device array, so a launch is one ke
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
 
 import numpy as np
 

@@ -9,7 +9,11 @@ heuristic's choice passes the profiler's own checker (``graphopt.kernels.check.c
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
+import onnx
 import pytest
 
 cupy = pytest.importorskip("cupy")
@@ -24,6 +28,12 @@ from graphopt.kernels.registry import applicable, candidate_from_key, signature_
 from graphopt.kernels.source import device_arch, prebuild  # noqa: E402
 from graphopt.lowering.contract import as_lowering  # noqa: E402
 from graphopt.ops import get_schema  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+from _runtime_helpers import ort_run, random_feeds, rel_err  # noqa: E402
+
+from graphopt.runtime import Session, to_numpy  # noqa: E402
 
 DTYPES = ("float16", "float32")
 TOL = {"float16": 2e-2, "float32": 1e-4}  # max |err| / max |ref|
@@ -178,3 +188,32 @@ def test_heuristic_choice_passes_the_profilers_checker(op, spec, attrs, dtype):
     cand = candidate_from_key(op, f"{name}:{params}" if params else name)
     prebuild(cand.kernels(sig))
     assert check.checker(sig, as_lowering(cand.build(sig, device_arch()))) is None
+
+
+NEW_OPS = ("RoPE", "GatedMLP", "GroupNorm")
+EXPORTS = ["coverage/llama_torchscript.onnx", "coverage/llama_dynamo.onnx", "coverage/t5enc_dynamo.onnx",
+           "coverage/groupnorm_dynamo.onnx", "coverage/groupnorm_torchscript.onnx"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", EXPORTS)
+def test_optimized_exports_run_the_new_lowerings_on_cuda(name):
+    import graphopt
+
+    path = str(ROOT / "models" / name)
+    opt = graphopt.optimize(path, gpu="none")[0]
+    lowered = {(n.op_type, next((a.s.decode() for a in n.attribute if a.name == "lowering"), "")) for n in opt.graph.node
+               if n.domain == "graphopt" and n.op_type in NEW_OPS}
+    assert lowered and all(low not in ("", "default") for _, low in lowered), lowered
+    feeds = random_feeds(onnx.load(path), np.random.default_rng(11))
+    want = ort_run(path, feeds)
+    for graphs in (False, True):
+        sess = Session(opt, device="cuda", cuda_graphs=graphs)
+        for k in range(2):
+            got = sess.run(feeds)
+            for out, ref in want.items():
+                err = rel_err(to_numpy(got[out]), ref)
+                assert err <= 1e-2, f"{name} graphs={graphs} run {k} output {out}: relative error {err:.3g}"
+        fallbacks = [n for n in sess.plan_summary()["notes"] if n.split(" ")[0] in NEW_OPS]
+        assert not fallbacks, fallbacks
+        print(f"\n{name} graphs={graphs}: {sorted(lowered)}; {sess.graph_status}")
