@@ -49,7 +49,8 @@ that are not a multiple of the tile's ``bk``) the next rule's choice is taken.
 
 Rules for ``RoPE``: always ``rope`` (one thread per rotated pair, both forms, any cos/sin broadcast).
 Rules for ``GroupNorm``: ``groups`` (one CTA per sample and group) with 16-byte loads where the
-spatial size allows, 8 warps (4 for groups smaller than one pass of 8 warps).
+spatial size allows; 32 warps per CTA for at most 512 (sample, group) blocks, 16 up to 2048, else 8,
+fewer where the group is smaller than one pass of the CTA.
 Rules for ``GatedMLP``: always ``cublas_glu`` (the two GEMMs on cuBLAS, the gate in one fused kernel).
 Each falls back to ``default`` where its kernel does not apply (a dtype or shape it lacks).
 
@@ -259,10 +260,22 @@ def _rope(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
     return _first_or_default(sig, cc, ["rope"], "one thread per rotated pair, cos/sin broadcast by strides")
 
 
+GROUPNORM_FEW_BLOCKS = 512    # N * groups at or below which a CTA gets 32 warps (2 CTAs fill an SM)
+GROUPNORM_SOME_BLOCKS = 2048  # ... 16 warps; more blocks: 8 warps
+
+
 @register_heuristic("GroupNorm")
 def _group_norm(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
-    keys = [f"groups:warps={w},vec={v}" for v in (8, 4, 1) for w in (8, 4)]
-    return _first_or_default(sig, cc, keys, "one CTA per (sample, group), fp32 statistics, 16-byte loads where the size allows")
+    """Fewer (sample, group) blocks get larger CTAs so the SMs stay full; ``applies`` drops CTAs larger
+    than the group needs."""
+    x = sig.input_shapes[0] if sig.input_shapes else None
+    groups = int(sig.attr("num_groups", 1) or 1)
+    blocks = x[0] * groups if x is not None and len(x) >= 2 else 0
+    first = 32 if blocks <= GROUPNORM_FEW_BLOCKS else 16 if blocks <= GROUPNORM_SOME_BLOCKS else 8
+    warps = [w for w in (32, 16, 8, 4) if w <= first]
+    keys = [f"groups:warps={w},vec={v}" for v in (8, 4, 1) for w in warps]
+    return _first_or_default(sig, cc, keys, f"one CTA per (sample, group) ({blocks} blocks), fp32 statistics, "
+                                            "16-byte loads where the size allows")
 
 
 @register_heuristic("GatedMLP")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphopt.errors import TuningError
 from graphopt.kernels import check
 from graphopt.kernels.gated_mlp import glu_plan
 from graphopt.kernels.group_norm import group_norm_plan
@@ -54,7 +53,9 @@ def test_group_norm_plan_and_candidates():
     assert (p.groups, p.cpg, p.hw, p.blocks) == (32, 16, 4096, 256)
     ok, skipped = applicable(sig, (9, 0))
     assert {c.key() for c in ok} == {f"groups:warps={w},vec={v}" for w in (4, 8, 16, 32) for v in (8, 1)}
-    assert heuristic_lowering("GroupNorm", sig, (9, 0))[:2] == ("groups", "warps=8,vec=8")
+    assert heuristic_lowering("GroupNorm", sig, (9, 0))[:2] == ("groups", "warps=32,vec=8")  # 256 blocks
+    many = _sig("GroupNorm", [(128, 512, 64, 64), (512,), (512,)], num_groups=32)
+    assert heuristic_lowering("GroupNorm", many, (9, 0))[:2] == ("groups", "warps=8,vec=8")  # 2048 < blocks
     # odd spatial size: scalar loads only, small groups: 4 warps only
     odd = _sig("GroupNorm", [(2, 6, 5, 7), (6, 1, 1), (1, 6, 1, 1)], "float32", num_groups=3)
     assert [c.key() for c in applicable(odd, (9, 0))[0]] == ["groups:warps=4,vec=1"]
