@@ -47,7 +47,9 @@ epilogue kernel). ``cublas_ws`` calls cuBLAS through graphopt's own handle and w
 A rule's tile is checked with the candidate's own ``applies``; where it does not apply (say, channels
 that are not a multiple of the tile's ``bk``) the next rule's choice is taken.
 
-Rules for ``RoPE``: always ``rope`` (one thread per rotated pair, both forms, any cos/sin broadcast).
+Rules for ``RoPE``: ``rope`` with 16-byte loads (``vec`` 8 for fp16, 4 for fp32) where the cos/sin
+tables' last axis is contiguous and the rows split into whole loads, else ``vec=1`` (a thread per
+rotated pair, any broadcast).
 Rules for ``GroupNorm``: ``groups`` (one CTA per sample and group) with 16-byte loads where the
 spatial size allows; 32 warps per CTA for at most 512 (sample, group) blocks, 16 up to 2048, else 8,
 fewer where the group is smaller than one pass of the CTA.
@@ -257,7 +259,8 @@ def _first_or_default(sig: Signature, cc, keys, why: str) -> tuple[str, str, str
 
 @register_heuristic("RoPE")
 def _rope(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
-    return _first_or_default(sig, cc, ["rope"], "one thread per rotated pair, cos/sin broadcast by strides")
+    keys = ["rope:vec=8", "rope:vec=4", "rope:vec=1"]
+    return _first_or_default(sig, cc, keys, "one kernel; 16-byte loads where the tables' last axis is contiguous")
 
 
 GROUPNORM_FEW_BLOCKS = 512    # N * groups at or below which a CTA gets 32 warps (2 CTAs fill an SM)

@@ -1,4 +1,7 @@
-"""RoPE lowering candidate: ``rope`` (``rope.cu``), one thread per rotated pair, both forms.
+"""RoPE lowering candidates: ``rope`` (``rope.cu``), both forms, param ``vec``: 1 (one thread per
+rotated pair, any cos/sin broadcast) or a 16-byte load (8 fp16 / 4 fp32 elements per load, for
+tables whose last axis is contiguous and rows that split into whole loads; a launch on tensors that
+are not 16-byte aligned takes the scalar kernel).
 
 ``launch(inputs, outputs)``: ``inputs = [X, cos, sin]``, ``outputs = [Y]``; X and Y C-contiguous of
 one shape ``[..., D]`` (D even), cos and sin C-contiguous, each broadcasting to X (any shape: the
@@ -18,6 +21,7 @@ from graphopt.kernels.source import get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 
 SUPPORTED_DTYPES = ("float16", "float32")
+VEC16 = {"float16": 8, "float32": 4}
 THREADS = 256
 GRID_MAX = 132 * 32
 
@@ -65,7 +69,10 @@ def rope_plan(sig: Signature) -> RopePlan:
 
 @dataclass(frozen=True)
 class RopePairs(Candidate):
-    """One thread per rotated pair, fp32 arithmetic; no params."""
+    """fp32 arithmetic; param vec (1: a thread per pair; 16 bytes: a thread per load)."""
+
+    def _vec(self) -> int:
+        return int(self.param("vec", 1))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         try:
@@ -77,13 +84,28 @@ class RopePairs(Candidate):
             return f"dtype {dt} (supported: {', '.join(SUPPORTED_DTYPES)})"
         if p.interleaved not in (0, 1):
             return f"interleaved={p.interleaved} must be 0 or 1"
+        vec = self._vec()
+        if vec not in (1, VEC16[dt]):
+            return f"vec={vec} is neither 1 nor a 16-byte load of {dt} ({VEC16[dt]})"
+        if vec > 1:
+            if p.meta[-2:] != (1, 1):
+                return "cos/sin broadcast along the rotated axis: no vector loads"
+            span = p.D if p.interleaved else p.D // 2
+            if span % vec:
+                return f"{'the row' if p.interleaved else 'half the row'} ({span}) is not a multiple of vec={vec}"
         return None
 
     def source_hash(self) -> str:
         return source_hash("rope.cu")
 
+    def _instances(self, dt: str, form: int) -> list[str]:
+        out = [instance("rope", dt, form)]
+        if self._vec() > 1:
+            out.append(instance("rope_vec", dt, form, self._vec()))
+        return out
+
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return [("rope.cu", instance("rope", geo.dtype_of(sig), int(sig.attr("interleaved", 0) or 0)))]
+        return [("rope.cu", e) for e in self._instances(geo.dtype_of(sig), int(sig.attr("interleaved", 0) or 0))]
 
     def build(self, sig: Signature, arch: str) -> Lowering:
         import cupy
@@ -93,11 +115,17 @@ class RopePairs(Candidate):
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
         p = rope_plan(sig)
         dt = geo.dtype_of(sig)
-        kern = get_kernel("rope.cu", instance("rope", dt, p.interleaved))
+        vec = self._vec()
+        kerns = [get_kernel("rope.cu", e) for e in self._instances(dt, p.interleaved)]
         meta = cupy.asarray(np.asarray(p.meta, dtype=np.int32))
         nlead = len(p.shape) - 1
-        grid = (max(1, min(-(-p.pairs // THREADS), GRID_MAX)),)
-        args_tail = (np.int32(p.pairs), np.int32(p.D), np.int32(nlead), meta)
+
+        def grid(work: int) -> tuple[int]:
+            return (max(1, min(-(-work // THREADS), GRID_MAX)),)
+
+        scalar = (kerns[0], grid(p.pairs), (np.int32(p.pairs), np.int32(p.D), np.int32(nlead), meta))
+        units = 2 * p.pairs // vec if p.interleaved else p.pairs // vec
+        wide = (kerns[-1], grid(units), (np.int32(units), np.int32(p.D), np.int32(nlead), meta))
 
         def launch(inputs, outputs):
             x, c, s = inputs[:3]
@@ -107,14 +135,17 @@ class RopePairs(Candidate):
                     raise TuningError(f"RoPE {what} must be a C-contiguous {dt} array, got {a.dtype} {a.shape}")
             if tuple(x.shape) != p.shape or tuple(y.shape) != p.shape:
                 raise TuningError(f"RoPE X and Y must have shape {p.shape}, got {x.shape} and {y.shape}")
-            kern(grid, (THREADS,), (x, c, s, y) + args_tail)
+            aligned = vec > 1 and all(a.data.ptr % 16 == 0 for a in (x, c, s, y))
+            kern, g, tail = wide if aligned else scalar
+            kern(g, (THREADS,), (x, c, s, y) + tail)
 
         return Lowering(launch=lambda ins, outs, ws: launch(ins, outs))
 
 
 def rope_candidates() -> list[Candidate]:
-    return [RopePairs("rope", ())]
+    return [RopePairs("rope", (("vec", v),)) for v in sorted({VEC16["float16"], VEC16["float32"], 1}, reverse=True)]
 
 
 def rope_kernel_instances() -> list[tuple[str, str]]:
-    return [("rope.cu", instance("rope", dt, form)) for dt in SUPPORTED_DTYPES for form in (0, 1)]
+    return ([("rope.cu", instance("rope", dt, form)) for dt in SUPPORTED_DTYPES for form in (0, 1)]
+            + [("rope.cu", instance("rope_vec", dt, form, VEC16[dt])) for dt in SUPPORTED_DTYPES for form in (0, 1)])

@@ -40,7 +40,8 @@ TOL = {"float16": 2e-2, "float32": 1e-4}  # max |err| / max |ref|
 
 # (X, cos, sin): LLaMA's [B, H, S, D] with [1, 1, S, D] tables, a [S, D] cache, per-batch tables, odd S and D/2
 ROPE = [((2, 3, 5, 8), (1, 1, 5, 8), (1, 1, 5, 8)), ((1, 4, 7, 6), (7, 6), (7, 6)),
-        ((3, 5, 10), (3, 1, 10), (1, 5, 10)), ((2, 2, 9, 128), (2, 1, 9, 128), (2, 1, 9, 128)), ((6,), (6,), (6,))]
+        ((3, 5, 10), (3, 1, 10), (1, 5, 10)), ((2, 2, 9, 128), (2, 1, 9, 128), (2, 1, 9, 128)), ((6,), (6,), (6,)),
+        ((2, 3, 5, 16), (1, 1, 5, 16), (2, 1, 5, 16))]
 # (X, num_groups)
 GROUPNORM = [((2, 6, 5, 7), 3), ((3, 32, 16, 16), 8), ((1, 12, 33), 4), ((2, 8), 2), ((2, 64, 8, 8), 32),
              ((1, 16, 40, 40), 1)]
@@ -139,7 +140,39 @@ def test_candidate_matches_reference(op, spec, attrs, dtype, key):
             assert np.array_equal(cupy.asnumpy(dev[i]), a), f"{key}: input {i} was modified"
 
 
-CAPTURE = [("RoPE", ("rope", ROPE[0]), {"interleaved": 0}), ("RoPE", ("rope", ROPE[2]), {"interleaved": 1}),
+@pytest.mark.gpu
+@pytest.mark.parametrize("op,spec,attrs,key", [
+    ("RoPE", ("rope", ROPE[3]), {"interleaved": 0}, "rope:vec=8"), ("RoPE", ("rope", ROPE[3]), {"interleaved": 1}, "rope:vec=8"),
+    ("GatedMLP", ("glu", (2, 7, 32), 24, (1, 1)), {"activation": "SiLU"}, "cublas_glu")])
+def test_unaligned_tensors_take_the_scalar_kernel(op, spec, attrs, key):
+    """Contiguous views that start 2 bytes into a buffer (a Split output, say): no 16-byte loads."""
+    rng, seed = _rng()
+    ins = _inputs(op, spec, "float16", rng)
+    sig = _sig(op, ins, attrs, "float16")
+    cand = candidate_from_key(op, key)
+    ref = get_schema(op).reference([None if a is None else a.astype(np.float64) for a in ins], attrs)[0].astype(np.float64)
+    prebuild(cand.kernels(sig))
+    lowering = as_lowering(cand.build(sig, device_arch()))
+
+    def shifted(shape):
+        n = int(np.prod(shape))
+        return cupy.empty(n + 1, dtype="float16")[1:].reshape(shape)
+
+    dev = []
+    for a in ins:
+        d = shifted(a.shape)
+        d[...] = cupy.asarray(a)
+        dev.append(d)
+    out = shifted(ref.shape)
+    out.fill(cupy.nan)
+    lowering(dev, [out])
+    got = cupy.asnumpy(out).astype(np.float64)
+    assert np.isfinite(got).all(), f"{key} (seed {seed}): unwritten outputs"
+    err = np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)
+    assert err <= TOL["float16"], f"{key} unaligned (seed {seed}): max error {err:.2e}"
+
+
+CAPTURE = [("RoPE", ("rope", ROPE[0]), {"interleaved": 0}), ("RoPE", ("rope", ROPE[3]), {"interleaved": 1}),
            ("GroupNorm", ("gn", (2, 64, 8, 8)), {"num_groups": 32, "activation": "SiLU"}),
            ("GatedMLP", ("glu", (2, 7, 33), 24, (1, 1)), {"activation": "SiLU"})]
 

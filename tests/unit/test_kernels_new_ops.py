@@ -37,14 +37,27 @@ def test_rope_plan_broadcast_strides():
 ])
 def test_rope_near_misses_are_reported(shapes, why):
     sig = _sig("RoPE", shapes)
-    assert why in candidate_from_key("RoPE", "rope").applies(sig, (9, 0))
+    assert all(why in c.applies(sig, (9, 0)) for c in candidates_for(sig))
     assert heuristic_lowering("RoPE", sig, (9, 0))[0] == "default"
 
 
 def test_rope_mixed_dtypes_and_bf16_are_refused():
     s = signature_of("RoPE", [(2, 8), (2, 8), (2, 8)], ["float16", "float32", "float32"], {})
-    assert "mixes dtypes" in candidate_from_key("RoPE", "rope").applies(s, (9, 0))
-    assert "bfloat16" in candidate_from_key("RoPE", "rope").applies(_sig("RoPE", [(2, 8)] * 3, "bfloat16"), (9, 0))
+    assert "mixes dtypes" in candidate_from_key("RoPE", "rope:vec=1").applies(s, (9, 0))
+    assert "bfloat16" in candidate_from_key("RoPE", "rope:vec=1").applies(_sig("RoPE", [(2, 8)] * 3, "bfloat16"), (9, 0))
+
+
+def test_rope_vector_loads_where_the_rows_allow():
+    llama = _sig("RoPE", [(1, 32, 4096, 128), (1, 1, 4096, 128), (1, 1, 4096, 128)])
+    assert [c.key() for c in applicable(llama, (9, 0))[0]] == ["rope:vec=8", "rope:vec=1"]
+    assert heuristic_lowering("RoPE", llama, (9, 0))[:2] == ("rope", "vec=8")
+    f32 = _sig("RoPE", [(1, 2, 3, 8), (3, 8), (3, 8)], "float32", interleaved=1)
+    assert heuristic_lowering("RoPE", f32, None)[:2] == ("rope", "vec=4")
+    odd = _sig("RoPE", [(1, 2, 3, 6), (3, 6), (3, 6)])  # half row 3: scalar only
+    assert heuristic_lowering("RoPE", odd, (9, 0))[:2] == ("rope", "vec=1")
+    bcast = _sig("RoPE", [(1, 2, 3, 16), (3, 1), (3, 1)])  # tables broadcast along the rotated axis
+    assert "broadcast along the rotated axis" in candidate_from_key("RoPE", "rope:vec=8").applies(bcast, (9, 0))
+    assert heuristic_lowering("RoPE", bcast, (9, 0))[:2] == ("rope", "vec=1")
 
 
 def test_group_norm_plan_and_candidates():
