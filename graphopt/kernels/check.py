@@ -24,6 +24,7 @@ import numpy as np
 
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Lowering, Signature
+from graphopt.ops import get_schema
 
 # Normwise relative error allowed per dtype. fp32 lowerings on the tensor cores round operands to
 # tf32 (~3e-4 normwise on random data), hence 2e-3 rather than an fp32 bound.
@@ -37,8 +38,6 @@ _CACHE: dict[str, tuple] = {}   # the last signature's (inputs, reference, sampl
 def output_shape(sig: Signature) -> tuple[int, ...]:
     """The first output's shape: the op's schema says it (``OpSchema.output_shapes``); an op
     registered without one falls back to its family's ``register_family(output_shape=)``."""
-    from graphopt.ops import get_schema
-
     shapes = get_schema(sig.op).output_shapes(list(sig.input_shapes), dict(sig.attrs))
     if shapes is None:
         from graphopt.kernels.registry import output_shape_of
@@ -48,22 +47,12 @@ def output_shape(sig: Signature) -> tuple[int, ...]:
 
 
 def data_dtype(sig: Signature) -> str:
-    """The dtype of the data and the output (an Attention bool mask is not data)."""
-    if sig.op == "Attention":
-        return sig.dtypes[0]
+    """The dtype of the data and the output: the schema names the input that carries it (Attention's
+    Q: a bool mask is not data), else every present input has it."""
+    idx = get_schema(sig.op).data_dtype_input
+    if idx is not None:
+        return sig.dtypes[idx]
     return geo.dtype_of(sig)
-
-
-def _attention_mask(sig: Signature, rng: np.random.Generator):
-    """Attention's check mask: additive N(0, 1) of the data dtype, or bool with ~70% True and key 0
-    always attended (no fully masked row, whose NaN output a norm cannot compare)."""
-    shape = sig.input_shapes[3]
-    kind = sig.attr("mask_kind", "none")
-    if (kind.decode() if isinstance(kind, bytes) else kind) == "bool":
-        m = rng.random(shape) < 0.7
-        m[..., 0] = True
-        return m
-    return rng.standard_normal(shape).astype(sig.dtypes[0])
 
 
 def _rng(sig: Signature) -> np.random.Generator:
@@ -71,28 +60,13 @@ def _rng(sig: Signature) -> np.random.Generator:
 
 
 def random_inputs(sig: Signature, rng: np.random.Generator) -> list[np.ndarray | None]:
-    """Host inputs of the signature's dtype: N(0, 1), weights scaled by 1/sqrt(fan-in)."""
-    dt = data_dtype(sig)
-    out: list[np.ndarray | None] = []
-    for i, shape in enumerate(sig.input_shapes):
-        if shape is None:
-            out.append(None)
-            continue
-        if sig.op == "Attention":  # Q, K, V: N(0, 1); the mask on its own terms
-            out.append(_attention_mask(sig, rng) if i == 3 else rng.standard_normal(shape).astype(dt))
-            continue
-        a = rng.standard_normal(shape)
-        if i == 1 and sig.op in ("CBR", "GemmAct"):  # W (CBR) / B (GemmAct): keep outputs O(1)
-            fan_in = int(np.prod(shape[1:])) if sig.op == "CBR" else int(shape[0] if len(shape) == 1 else
-                     (shape[-1] if sig.attr("transB", 0) and sig.attr("mode", "matmul") == "gemm" else shape[-2]))
-            a = a / np.sqrt(max(1, fan_in))
-        out.append(a.astype(dt))
-    return out
+    """Host inputs of the signature's data dtype, as the op's schema draws them
+    (``OpSchema.check_inputs``: N(0, 1), weights scaled by 1/sqrt(fan-in), masks on their own terms)."""
+    return get_schema(sig.op).check_inputs(sig.input_shapes, data_dtype(sig), dict(sig.attrs), rng)
 
 
 def _sampled_cbr_reference(sig: Signature, inputs, rng: np.random.Generator):
     """(flat output indices, float64 reference values) for SAMPLES random output elements."""
-    from graphopt.ops import get_schema
     from graphopt.ops.activations import ACTIVATIONS
 
     g = geo.conv_geom(sig)
@@ -129,8 +103,6 @@ def _prepare(sig: Signature):
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    from graphopt.ops import get_schema
-
     rng = _rng(sig)
     inputs = random_inputs(sig, rng)
     if sig.op == "CBR" and geo.conv_geom(sig).flops > FULL_REFERENCE_MAX_FLOPS:
@@ -192,6 +164,8 @@ def buffers(sig: Signature) -> tuple[list, list]:
     dt = data_dtype(sig)
     rs = cupy.random.RandomState(zlib.crc32(sig.key().encode()))
     ins = [None if s is None else rs.standard_normal(s, dtype=cupy.float32).astype(dt) for s in sig.input_shapes]
-    if sig.op == "Attention" and len(ins) > 3 and ins[3] is not None:  # the mask, as the checker makes it
-        ins[3] = cupy.asarray(_attention_mask(sig, np.random.default_rng(0)))
+    schema = get_schema(sig.op)
+    for i in schema.host_check_inputs:  # inputs whose values change the work (a mask), as the checker makes them
+        if i < len(ins) and ins[i] is not None:
+            ins[i] = cupy.asarray(schema.check_input(i, sig.input_shapes[i], dt, dict(sig.attrs), np.random.default_rng(0)))
     return ins, [cupy.empty(output_shape(sig), dtype=dt)]

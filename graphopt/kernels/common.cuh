@@ -41,6 +41,8 @@ template <> struct Num<half_t> {
 #define ACT_HARDSIGMOIDMUL 7
 #define ACT_GELU 8
 #define ACT_GELUTANH 9
+#define ACT_HARDSIGMOID 10
+#define ACT_QUICKGELU 11
 
 struct ActParams {
     int kind;
@@ -69,6 +71,8 @@ __device__ __noinline__ float apply_act_slow(float x, int kind, float alpha, flo
             float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
             return 0.5f * x * (1.0f + tanhf(u));
         }
+        case ACT_HARDSIGMOID: return fminf(fmaxf(a.alpha * x + a.beta, 0.0f), 1.0f);
+        case ACT_QUICKGELU: return x * sigmoid_f(1.70200002193450928f * x);  // 1.702 as float32 (CLIP)
         default: return x;
     }
 }
@@ -101,6 +105,8 @@ __device__ __forceinline__ float apply_act_inline(float x, const ActParams& a) {
             float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
             return 0.5f * x * (1.0f + tanhf(u));
         }
+        case ACT_HARDSIGMOID: return fminf(fmaxf(a.alpha * x + a.beta, 0.0f), 1.0f);
+        case ACT_QUICKGELU: return x * sigmoid_f(1.70200002193450928f * x);  // 1.702 as float32 (CLIP)
         default: return x;
     }
 }

@@ -54,6 +54,14 @@ that are not a multiple of the tile's ``bk``) the next rule's choice is taken.
 Rules for ``Attention`` and ``LayerNorm`` / ``RMSNorm``: see ``_attention`` and ``_norm`` below (cuDNN's
 SDPA for half-precision attention where it applies; the own ``rows`` kernel for norms, which beat
 torch, with cuDNN's norm competing only when profiled).
+Rules for ``RoPE``: ``rope`` with 16-byte loads (``vec`` 8 for fp16, 4 for fp32) where the cos/sin
+tables' last axis is contiguous and the rows split into whole loads, else ``vec=1`` (a thread per
+rotated pair, any broadcast).
+Rules for ``GroupNorm``: ``groups`` (one CTA per sample and group) with 16-byte loads where the
+spatial size allows; 32 warps per CTA for at most 512 (sample, group) blocks, 16 up to 2048, else 8,
+fewer where the group is smaller than one pass of the CTA.
+Rules for ``GatedMLP``: always ``cublas_glu`` (the two GEMMs on cuBLAS, the gate in one fused kernel).
+Each falls back to ``default`` where its kernel does not apply (a dtype or shape it lacks).
 
 Other ``graphopt`` ops have no rules here yet: they get ``default`` (the runtime's only kernel)
 unless a rule is added with ``register_heuristic``.
@@ -280,3 +288,40 @@ def _attention(sig: Signature, cc: tuple[int, int] | None, providers: bool = Tru
         return DEFAULT_LOWERING, "", "no attention kernel takes this shape or dtype: the runtime's device fallback"
     name, _, params = key.partition(":")
     return name, params, f"attention over {skv} keys: {name}"
+
+
+def _first_or_default(sig: Signature, cc, keys, why: str) -> tuple[str, str, str]:
+    key = _first_applying(sig, keys, cc or ASSUMED_CC)
+    if key is None:
+        return DEFAULT_LOWERING, "", f"no {sig.op} kernel takes this shape or dtype: the runtime's device fallback"
+    name, _, params = key.partition(":")
+    return name, params, why
+
+
+@register_heuristic("RoPE")
+def _rope(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
+    keys = ["rope:vec=8", "rope:vec=4", "rope:vec=1"]
+    return _first_or_default(sig, cc, keys, "one kernel; 16-byte loads where the tables' last axis is contiguous")
+
+
+GROUPNORM_FEW_BLOCKS = 512    # N * groups at or below which a CTA gets 32 warps (2 CTAs fill an SM)
+GROUPNORM_SOME_BLOCKS = 2048  # ... 16 warps; more blocks: 8 warps
+
+
+@register_heuristic("GroupNorm")
+def _group_norm(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
+    """Fewer (sample, group) blocks get larger CTAs so the SMs stay full; ``applies`` drops CTAs larger
+    than the group needs."""
+    x = sig.input_shapes[0] if sig.input_shapes else None
+    groups = int(sig.attr("num_groups", 1) or 1)
+    blocks = x[0] * groups if x is not None and len(x) >= 2 else 0
+    first = 32 if blocks <= GROUPNORM_FEW_BLOCKS else 16 if blocks <= GROUPNORM_SOME_BLOCKS else 8
+    warps = [w for w in (32, 16, 8, 4) if w <= first]
+    keys = [f"groups:warps={w},vec={v}" for v in (8, 4, 1) for w in warps]
+    return _first_or_default(sig, cc, keys, f"one CTA per (sample, group) ({blocks} blocks), fp32 statistics, "
+                                            "16-byte loads where the size allows")
+
+
+@register_heuristic("GatedMLP")
+def _gated_mlp(sig: Signature, cc: tuple[int, int] | None) -> tuple[str, str, str]:
+    return _first_or_default(sig, cc, ["cublas_glu"], "two cuBLAS GEMMs sharing X, then one fused gate kernel")

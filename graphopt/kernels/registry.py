@@ -15,12 +15,16 @@ from typing import Callable, Sequence
 from graphopt.kernels.attention import attention_candidates, attention_kernel_instances
 from graphopt.lowering.contract import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
+from graphopt.kernels.gated_mlp import gated_mlp_candidates, gated_mlp_kernel_instances
 from graphopt.kernels.gemm_act import gemm_act_candidates
+from graphopt.kernels.group_norm import group_norm_candidates, group_norm_kernel_instances
 from graphopt.kernels.norm import norm_candidates, norm_kernel_instances
+from graphopt.kernels.rope import rope_candidates, rope_kernel_instances
 import graphopt.providers as _providers  # a module, not its names: importing graphopt.providers first works too
 
 _FAMILIES = {"CBR": cbr_candidates, "GemmAct": gemm_act_candidates, "LayerNorm": norm_candidates,
-             "RMSNorm": norm_candidates, "Attention": attention_candidates}
+             "RMSNorm": norm_candidates, "Attention": attention_candidates, "RoPE": rope_candidates,
+             "GroupNorm": group_norm_candidates, "GatedMLP": gated_mlp_candidates}
 _KEYS: dict[str, dict[str, Candidate]] = {}  # op -> key -> candidate (built on first lookup; reset on registration)
 # Registered families: op -> [make() -> candidates], in registration order, after the built-in one.
 _EXTRA: dict[str, list[Callable[[], Sequence[Candidate]]]] = {}
@@ -162,4 +166,5 @@ def all_kernel_instances() -> list[tuple[str, str]]:
     out += norm_kernel_instances()
     out += attention_kernel_instances()
     out += pool_instances()
+    out += rope_kernel_instances() + group_norm_kernel_instances() + gated_mlp_kernel_instances()
     return out

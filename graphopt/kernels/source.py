@@ -23,7 +23,8 @@ from graphopt.errors import TuningError
 
 KERNEL_DIR = Path(__file__).resolve().parent
 PRELUDE = "common.cuh"
-SOURCES = ("direct_conv.cu", "mma_gemm.cu", "elementwise.cu", "norm.cu", "attention.cu", "pool.cu")
+SOURCES = ("direct_conv.cu", "mma_gemm.cu", "elementwise.cu", "norm.cu", "attention.cu", "pool.cu", "rope.cu",
+           "group_norm.cu", "glu.cu")
 OPTIONS = ("-std=c++17",)
 
 # numpy dtype name -> C storage type used in the kernels (fp16 is stored as raw 16-bit words).
@@ -32,7 +33,7 @@ CTYPE = {"float32": "float", "float16": "half_t"}
 # Activation name (the ops contract) -> code in common.cuh.
 ACT_CODES = {
     "none": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3, "Sigmoid": 4, "SiLU": 5,
-    "HardSwish": 6, "HardSigmoidMul": 7, "Gelu": 8, "GeluTanh": 9,
+    "HardSwish": 6, "HardSigmoidMul": 7, "Gelu": 8, "GeluTanh": 9, "HardSigmoid": 10, "QuickGelu": 11,
 }
 
 
@@ -80,7 +81,8 @@ def _int(v: Any) -> int:
 def instance(template: str, dtype: str, *ints: int) -> str:
     """``template<ctype, i0, i1, ...>`` from validated parts, e.g. ``mma_gemm<half_t,2,128,...>``."""
     if template not in ("direct_conv", "mma_gemm", "epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc",
-                        "norm_rows", "attn_softmax", "flash_attn", "flash_mma", "pool2d"):
+                        "norm_rows", "attn_softmax", "flash_attn", "flash_mma", "pool2d", "rope", "rope_vec", "group_norm",
+                        "glu_gate"):
         raise TuningError(f"unknown kernel template {template!r}")
     if dtype not in CTYPE:
         raise TuningError(f"dtype {dtype!r} has no kernel; supported: {', '.join(CTYPE)}")

@@ -210,5 +210,13 @@ def _output_shapes(shapes: list, attrs: dict) -> list:
     return [(x[0], w[0]) + tuple(out)]
 
 
+def _check_input(i: int, shape: tuple, dtype: str, attrs, rng) -> np.ndarray | None:
+    """W scaled by 1/sqrt(fan-in = C/group * kh * kw), so the check's outputs stay O(1)."""
+    if i != 1:
+        return None
+    return (rng.standard_normal(shape) / np.sqrt(max(1, int(np.prod(shape[1:]))))).astype(dtype)
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
-                  _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference, _output_shapes=_output_shapes)
+                  _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference, _output_shapes=_output_shapes,
+                  _check_input=_check_input)

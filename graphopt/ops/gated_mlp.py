@@ -108,6 +108,13 @@ def _output_shapes(shapes: list, attrs: dict) -> list:
     return [matmul_shape(shapes[0], shapes[1])]
 
 
+def _check_input(i: int, shape: tuple, dtype: str, attrs, rng) -> np.ndarray | None:
+    """Wg and Wu scaled by 1/sqrt(K), so the check's gate and up projections stay O(1)."""
+    if i not in (1, 2):
+        return None
+    return (rng.standard_normal(shape) / np.sqrt(max(1, int(shape[0])))).astype(dtype)
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
                   _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference,
-                  xp_impl=_xp_impl, _output_shapes=_output_shapes)
+                  xp_impl=_xp_impl, _output_shapes=_output_shapes, _check_input=_check_input)

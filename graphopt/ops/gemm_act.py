@@ -142,5 +142,16 @@ def _output_shapes(shapes: list, attrs: dict) -> list:
     return [matmul_shape(a, b)]
 
 
+def _check_input(i: int, shape: tuple, dtype: str, attrs, rng) -> np.ndarray | None:
+    """B scaled by 1/sqrt(K) (its reduced dim: the last with transB in gemm mode), so the check's
+    outputs stay O(1)."""
+    if i != 1:
+        return None
+    transposed = attrs.get("transB", 0) and attrs.get("mode", "matmul") == "gemm"
+    fan_in = int(shape[0] if len(shape) == 1 else (shape[-1] if transposed else shape[-2]))
+    return (rng.standard_normal(shape) / np.sqrt(max(1, fan_in))).astype(dtype)
+
+
 SCHEMA = OpSchema(name=NAME, inputs=INPUTS, attributes=ATTRIBUTES, doc=DOC, _check=_check,
-                  _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference, _output_shapes=_output_shapes)
+                  _overload=_overload, _needs_dtype=_needs_dtype, _body=_body, _reference=_reference, _output_shapes=_output_shapes,
+                  _check_input=_check_input)

@@ -95,6 +95,17 @@ class OpSchema:
     # shapes are computed (the runtime's buffers, the profiler's checker); ``None`` for an op that
     # does not say (its kernels' family then declares it, see ``register_family(output_shape=)``).
     _output_shapes: Callable[[list, dict], list] | None = field(default=None, repr=False)
+    # ``_check_input(i, shape, dtype, attrs, rng) -> array | None``: the host value of input ``i`` on
+    # which the profiler checks a lowering (``graphopt.kernels.check``), drawn from the NumPy
+    # generator ``rng``; ``None`` (returned, or no function) means N(0, 1) of ``dtype``. Ops use it to
+    # keep outputs O(1) (weights scaled by 1/sqrt(fan-in)) or for inputs that are not data (a mask).
+    _check_input: Callable[..., Any] | None = field(default=None, repr=False)
+    # Inputs the timer must also take from ``check_input`` (seeded with 0) instead of device N(0, 1)
+    # values: those whose values change the work (Attention's mask).
+    host_check_inputs: tuple[int, ...] = ()
+    # The input whose dtype is the op's data dtype (Attention: Q, its mask may be bool); ``None``:
+    # every present input has the one data dtype.
+    data_dtype_input: int | None = None
 
     # -- checks ---------------------------------------------------------------------------------
     def validate(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool]) -> str | None:
@@ -185,6 +196,23 @@ class OpSchema:
         padded = [None if s is None else tuple(int(d) for d in s) for s in input_shapes]
         padded += [None] * (len(self.inputs) - len(padded))
         return [tuple(int(d) for d in s) for s in self._output_shapes(padded, self.normalize(attrs))]
+
+    # -- check inputs ---------------------------------------------------------------------------
+    def check_input(self, i: int, shape: Sequence[int], dtype: str, attrs: Mapping[str, Any],
+                    rng: np.random.Generator) -> np.ndarray:
+        """Host value of input ``i`` (of ``shape``, data dtype ``dtype``) for checking a lowering
+        against the reference: N(0, 1) unless the op says otherwise (``_check_input``)."""
+        shape = tuple(int(d) for d in shape)
+        if self._check_input is not None:
+            value = self._check_input(i, shape, dtype, attrs, rng)
+            if value is not None:
+                return value
+        return rng.standard_normal(shape).astype(dtype)
+
+    def check_inputs(self, input_shapes: Sequence[Sequence[int] | None], dtype: str, attrs: Mapping[str, Any],
+                     rng: np.random.Generator) -> list[np.ndarray | None]:
+        """Every input's check value in order (``None`` for an absent one), drawn from ``rng``."""
+        return [None if s is None else self.check_input(i, s, dtype, attrs, rng) for i, s in enumerate(input_shapes)]
 
     def attribute_names(self) -> list[str]:
         """All declared attribute names, sorted (the FunctionProto's attribute list)."""
