@@ -234,7 +234,7 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float16")
     ap.add_argument("--quick", action="store_true", help="the first row of each op only")
     ap.add_argument("--budget-s", type=float, default=420.0, help="whole run; later rows are recorded as skipped")
-    ap.add_argument("--row-limit-s", type=float, default=120.0, help="a row may start only with this much budget left")
+    ap.add_argument("--row-limit-s", type=float, default=30.0, help="a row may start only with this much budget left")
     args = ap.parse_args(argv)
 
     import cupy
