@@ -252,12 +252,29 @@ class _Dl:
             return self.a.toDlpack()
 
 
+class _HostDl:
+    """A variant-pack entry for a host NumPy array (a pass-by-value scalar such as a norm's epsilon,
+    read by value when the plan executes). The frontend asks ``__dlpack__(stream=-1)``, which NumPy
+    refuses with a ValueError ("NumPy only supports stream=None", every cuDNN norm failed on the H200
+    with it): a host array needs no stream, so the stream argument is dropped."""
+
+    __slots__ = ("a",)
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None, **kw):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
 def bind(a):
-    """A variant-pack entry: device arrays through :class:`_Dl`; a host NumPy array (a pass-by-value
-    scalar such as a norm's epsilon) as itself, read by value when the plan executes."""
+    """A variant-pack entry: device arrays through :class:`_Dl`, host NumPy arrays through :class:`_HostDl`."""
     if a is None:
         return None
-    return a if isinstance(a, np.ndarray) else _Dl(a)
+    return _HostDl(a) if isinstance(a, np.ndarray) else _Dl(a)
 
 
 class CudnnCandidate(Candidate):

@@ -413,3 +413,18 @@ def test_provider_modules_import_first_in_a_fresh_process():
                          env={**__import__("os").environ, "PYTHONPATH": ":".join(sys.path)})
     assert out.returncode == 0, out.stderr[-800:]
     assert out.stdout.split()[0] in ("str", "NoneType")
+
+
+def test_a_host_scalar_in_the_variant_pack_accepts_the_frontends_stream_argument():
+    """The frontend reads every entry with __dlpack__(stream=-1); NumPy refuses any stream but None
+    (every cuDNN norm failed on the H200 that way): bind wraps host arrays so the stream is dropped."""
+    import numpy as np
+
+    from graphopt.providers.cudnn import bind
+
+    eps = np.full((1, 1, 1, 1), 1e-5, dtype=np.float32)
+    with pytest.raises((ValueError, RuntimeError)):  # the error type depends on NumPy's version
+        eps.__dlpack__(stream=-1)
+    entry = bind(eps)
+    assert entry.__dlpack__(stream=-1) is not None and entry.__dlpack_device__() == eps.__dlpack_device__()
+    assert np.from_dlpack(entry)[0, 0, 0, 0] == np.float32(1e-5)
