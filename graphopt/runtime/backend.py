@@ -19,6 +19,7 @@ from graphopt.kernels.heuristic import DEFAULT_LOWERING, heuristic_lowering
 from graphopt.kernels.registry import candidate_from_key, signature_of
 from graphopt.lowering.contract import as_lowering
 from graphopt.runtime import ops_custom, ops_std
+from graphopt.runtime.compiled import Lowered
 
 
 class RuntimeFailure(GraphoptError):
@@ -68,6 +69,19 @@ class _Backend:
         while getattr(base, "base", None) is not None and isinstance(base.base, np.ndarray):
             base = base.base
         return int(getattr(base, "nbytes", 0))
+
+    # -- the arena (graphopt.runtime.compiled) --------------------------------------------------
+    def arena_alloc(self, nbytes: int):
+        """The plan's one allocation for the buffers it owns."""
+        return self.xp.empty(int(nbytes), dtype=np.uint8)
+
+    def arena_view(self, arena, offset: int, like):
+        """An array with ``like``'s shape, dtype and strides at ``offset`` bytes into ``arena``."""
+        return np.ndarray(like.shape, like.dtype, buffer=arena, offset=int(offset), strides=like.strides)
+
+    def arena_view_bytes(self, arena, offset: int, nbytes: int):
+        """``nbytes`` bytes of ``arena`` from ``offset`` (a lowering's workspace)."""
+        return arena[int(offset):int(offset) + int(nbytes)]
 
     # -- steps --------------------------------------------------------------------------------
     def capture_issue(self, op: str) -> str | None:
@@ -224,6 +238,9 @@ class CudaBackend(_Backend):
     def block_id(self, arr) -> int:
         return id(arr.data.mem) if isinstance(arr, self.cupy.ndarray) else super().block_id(arr)
 
+    def arena_view(self, arena, offset: int, like):
+        return self.cupy.ndarray(like.shape, like.dtype, memptr=arena.data + int(offset), strides=like.strides)
+
     def block_bytes(self, arr) -> int:
         return int(arr.data.mem.size) if isinstance(arr, self.cupy.ndarray) else super().block_bytes(arr)
 
@@ -322,6 +339,8 @@ class CudaBackend(_Backend):
             lowering.launch(ins, outs, workspace)
             return outs
 
+        # what compile_plan needs to rebind the step to arena outputs and an arena workspace
+        run.lowered = Lowered(lowering, key, fixed, out_shape, out_dtype, n_in, n_out)
         capture = None if lowering.capturable else f"lowering {key} cannot be captured in a CUDA graph"
         return run, capture, note
 

@@ -31,9 +31,22 @@ class _Data:
                 pass
         self.mem = getattr(base, "_fake_mem", _Mem(arr.nbytes))
         self.ptr = arr.__array_interface__["data"][0]
+        self.arr, self.offset = arr, 0
+
+    def __add__(self, offset):  # cupy: MemoryPointer + bytes
+        moved = _Data(self.arr)
+        moved.offset = self.offset + int(offset)
+        moved.ptr = self.ptr + int(offset)
+        return moved
 
 
 class ndarray(np.ndarray):  # noqa: N801 - mirrors cupy.ndarray
+    def __new__(cls, shape, dtype=float, memptr=None, strides=None, order="C"):
+        if memptr is None:
+            return np.ndarray.__new__(cls, shape, dtype, strides=strides, order=order)
+        # cupy.ndarray(shape, dtype, memptr=base.data + offset, strides=...): a view of that memory
+        return np.ndarray.__new__(cls, shape, dtype, buffer=memptr.arr, offset=memptr.offset, strides=strides)
+
     @property
     def data(self):  # cupy: a MemoryPointer with .mem (the pool block) and .ptr
         return _Data(self)
