@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import types
+import weakref
 
 import numpy as np
 
@@ -19,17 +20,22 @@ class _Mem:
         self.size = size
 
 
+_MEMS: dict = {}  # id(root array) -> (weak reference to it, its _Mem): one block per root, as CuPy's pool
+
+
+def _mem_of(base) -> _Mem:
+    entry = _MEMS.get(id(base))
+    if entry is None or entry[0]() is not base:
+        entry = _MEMS[id(base)] = (weakref.ref(base), _Mem(base.nbytes))
+    return entry[1]
+
+
 class _Data:
     def __init__(self, arr):
         base = arr
         while isinstance(getattr(base, "base", None), np.ndarray):
             base = base.base
-        if not hasattr(base, "_fake_mem"):
-            try:
-                base._fake_mem = _Mem(base.nbytes)
-            except AttributeError:
-                pass
-        self.mem = getattr(base, "_fake_mem", _Mem(arr.nbytes))
+        self.mem = _mem_of(base)
         self.ptr = arr.__array_interface__["data"][0]
         self.arr, self.offset = arr, 0
 
