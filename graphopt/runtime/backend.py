@@ -83,6 +83,12 @@ class _Backend:
         """``nbytes`` bytes of ``arena`` from ``offset`` (a lowering's workspace)."""
         return arena[int(offset):int(offset) + int(nbytes)]
 
+    def matmul_into(self, a, b, trans_a: bool, trans_b: bool, alpha: float, gemm: bool):
+        """``run(a, b, out)``: ``alpha * op(a) @ op(b)`` into ``out``, prepared once for these
+        operands' shapes and dtype (MatMul semantics, or Gemm's 2-D ones with ``gemm``); None when
+        this backend has no such path for them (the step then runs its generic implementation)."""
+        return None
+
     # -- steps --------------------------------------------------------------------------------
     def capture_issue(self, op: str) -> str | None:
         return None
@@ -129,6 +135,17 @@ class NumpyBackend(_Backend):
 
     name = "numpy"
     xp = np
+
+    def matmul_into(self, a, b, trans_a, trans_b, alpha, gemm):
+        if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
+            return None  # float16 keeps numpy_matmul's float32 accumulation
+
+        def run(x, y, out):
+            np.matmul(x.T if trans_a else x, y.T if trans_b else y, out=out)
+            if alpha != 1.0:
+                np.multiply(out, out.dtype.type(alpha), out=out)
+
+        return run
 
     def custom_step(self, graph, node, in_arrays):
         from graphopt.ops import get_schema
@@ -248,6 +265,30 @@ class CudaBackend(_Backend):
         if op in ops_std.CUBLAS_OPS and self.blas is None:
             return f"cupy.matmul refuses stream capture, and the runtime's own cuBLAS path is unavailable ({self.blas_reason})"
         return None
+
+    def matmul_into(self, a, b, trans_a, trans_b, alpha, gemm):
+        if self.blas is None or a.dtype != b.dtype or a.dtype.name not in ("float16", "float32"):
+            return None
+        try:
+            return self._bound_gemm(a, b, trans_a, trans_b, alpha, gemm)
+        except TuningError:  # the library went missing since the self-test: the generic path
+            return None
+
+    def _bound_gemm(self, a, b, trans_a, trans_b, alpha, gemm):
+        dt = a.dtype.name
+        if gemm:
+            if a.ndim != 2 or b.ndim != 2:
+                return None
+            M, K = (a.shape[1], a.shape[0]) if trans_a else a.shape
+            N = b.shape[0] if trans_b else b.shape[1]
+            if 0 in (M, N, K):
+                return None
+            return self.blas.bound_gemm(dt, int(M), int(N), int(K), trans_a=trans_a, trans_b=trans_b, alpha=alpha)
+        g = self.blas.gemm_args(tuple(a.shape), tuple(b.shape))
+        if g.broadcast_a is not None or g.broadcast_b is not None or 0 in (g.M, g.N, g.K):
+            return None
+        return self.blas.bound_gemm(dt, g.M, g.N, g.K, batch=g.batch, stride_a=g.stride_a, stride_b=g.stride_b,
+                                    stride_c=g.stride_c)
 
     def _build(self, op: str, key: str, sig):
         """(Lowering, None) for candidate ``key`` on ``sig``, or (None, why it cannot run here)."""

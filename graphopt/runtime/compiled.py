@@ -12,11 +12,11 @@ slot's shape, dtype and strides, which steps write which buffers and when each b
    output and workspace views, the constant inputs already in the lowering's layout, and a layout
    conversion only for the inputs that needed one when traced (or come from the caller);
    shape-only steps (Reshape, Flatten, Squeeze, Unsqueeze) are a ``reshape`` to the traced shape;
-3. build the loop ``Plan._fast`` runs: per step the run closure, its input slots (a spare slot for
-   omitted inputs), its output slots and the slots to drop.
+3. build the loop ``Plan._fast`` runs: per step the step (its ``run`` is the rebound closure), its
+   input slots (a spare slot for omitted inputs), its output slots and the slots to drop.
 
-Graph outputs are never in the arena (the caller keeps them after the next run); an output that is
-a view of an arena buffer is copied out. Steps that cannot write into a given buffer (the other
+Graph outputs are never in the arena, nor is any buffer a graph output is a view of (the caller
+keeps them after the next run). Steps that cannot write into a given buffer (the other
 standard ops, If, fallbacks) allocate from the memory pool as before and are freed by liveness.
 """
 
@@ -37,17 +37,66 @@ DIRECT = {"Add": ("add", 2), "Sub": ("subtract", 2), "Mul": ("multiply", 2), "Di
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 
-def _direct_ok(step, arrays) -> bool:
-    if step.kind != "std" or step.op not in DIRECT or len(step.outputs) != 1 or step.outputs[0] is None:
-        return False
+def _direct(step, arrays, backend, feed_slots):
+    """``make(out) -> run`` computing the step straight into ``out`` (an arena view), or None when
+    the step is not one of ``DIRECT`` / MatMul / Gemm in a form that allows it."""
+    if step.kind != "std" or len(step.outputs) != 1 or step.outputs[0] is None:
+        return None
     ins = [arrays[s] if s is not None else None for s in step.inputs]
-    n = DIRECT[step.op][1]
-    if len(ins) != n or any(a is None for a in ins):
-        return False
     out = arrays[step.outputs[0]]
+    if step.op in ("MatMul", "Gemm"):
+        return _gemm_direct(step, ins, out, backend, feed_slots)
+    if step.op not in DIRECT or len(ins) != DIRECT[step.op][1] or any(a is None for a in ins):
+        return None
     if step.op == "Div" and out.dtype.kind != "f":
-        return False  # integer Div truncates: the generic path
-    return all(a.dtype == out.dtype for a in ins)
+        return None  # integer Div truncates: the generic path
+    if not all(a.dtype == out.dtype for a in ins):
+        return None
+    return lambda view: _direct_run(step, view, backend.xp)
+
+
+def _gemm_direct(step, ins, out, backend, feed_slots):
+    """MatMul / Gemm through the backend's GEMM bound once to these shapes (``backend.matmul_into``)."""
+    gemm = step.op == "Gemm"
+    if len(ins) < 2 or any(a is None for a in ins[:2]) or len(ins) > (3 if gemm else 2):
+        return None
+    a, b = ins[0], ins[1]
+    c = ins[2] if len(ins) > 2 else None
+    attr = step.node.attr
+    if any(x.dtype != out.dtype for x in (a, b) + ((c,) if c is not None else ())):
+        return None
+    if gemm and c is not None and float(attr("beta", 1.0)) != 1.0:
+        return None
+    if not (a.flags.c_contiguous and b.flags.c_contiguous):
+        return None
+    ta, tb = (bool(attr("transA", 0)), bool(attr("transB", 0))) if gemm else (False, False)
+    run = backend.matmul_into(a, b, ta, tb, float(attr("alpha", 1.0)) if gemm else 1.0, gemm)
+    if run is None:
+        return None
+    xp = backend.xp
+    fix = tuple(i for i in (0, 1) if step.inputs[i] in feed_slots)  # a caller's array may be strided
+    add = xp.add
+
+    def make(view):
+        if c is None and not fix:
+            def mm(ins):
+                run(ins[0], ins[1], view)
+                return [view]
+
+            return mm
+
+        def mm_bias(ins):
+            x, y = ins[0], ins[1]
+            if fix:
+                x, y = xp.ascontiguousarray(x), xp.ascontiguousarray(y)
+            run(x, y, view)
+            if c is not None:
+                add(view, ins[2], out=view)
+            return [view]
+
+        return mm_bias
+
+    return make
 
 
 def _compact(backend, arr) -> bool:
@@ -68,6 +117,8 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
             if s is not None:
                 last_use[block_of[s]] = k
     seen = set(fixed_blocks)
+    feed_slots = {s for _, s in plan.inputs}
+    makers: dict[int, Any] = {}  # step index -> make(out view) -> run, for the direct standard ops
     intervals: list[Interval] = []
     placed: dict[int, list] = {}  # step index -> [(output index, slot or None, array)]
     for k, step in enumerate(plan.steps):
@@ -76,7 +127,8 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
         for s in step.outputs:
             if s is not None:
                 seen.add(block_of[s])
-        if lowered is None and not _direct_ok(step, arrays):
+        direct = None if lowered is not None else _direct(step, arrays, backend, feed_slots)
+        if lowered is None and direct is None:
             continue
         if not all(fresh):
             continue
@@ -94,6 +146,8 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
             if lowered.workspace_bytes:
                 intervals.append(Interval(("ws", k), int(lowered.workspace_bytes), k, k))
         placed[k] = outs
+        if direct is not None:
+            makers[k] = direct
     offsets, total = assign(intervals)
     plan.arena_offsets, plan.arena_intervals, plan.arena_bytes = offsets, intervals, total
     plan.arena_live_bytes = live_peak(intervals)
@@ -106,7 +160,6 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
     for slot, arr in plan.constants:
         template[slot] = arr
     arena_blocks = set()
-    feed_slots = {s for _, s in plan.inputs}
     loop = []
     for k, step in enumerate(plan.steps):
         run = step.run
@@ -128,7 +181,7 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
                 ins = tuple(_fixed_slot(template, lowered.fixed.get(i)) if i in lowered.fixed else
                             (n if s is None else s) for i, s in enumerate(step.inputs))
             else:
-                run = _direct_run(step, views[0][2], backend.xp)
+                run = makers[k](views[0][2])
         elif step.kind == "std" and step.op in RESHAPES and step.outputs and step.outputs[0] is not None:
             shape = tuple(arrays[step.outputs[0]].shape)
             run = _reshape_run(shape)
@@ -136,8 +189,7 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
         step.run = run
         outs = tuple(n + 1 if s is None else s for s in step.outputs)
         free = tuple(s for s in step.free if block_of[s] not in arena_blocks)
-        loop.append((run, ins, outs, free, step))
-    plan.copy_out = frozenset(s for _, s in plan.outputs if block_of[s] in arena_blocks)
+        loop.append((step, ins, outs, free))
     plan.loop = loop
     plan.template = template
 

@@ -66,8 +66,7 @@ class Plan:
     arena_offsets: dict = field(default_factory=dict)  # buffer key -> byte offset
     arena_intervals: list = field(default_factory=list)  # graphopt.runtime.arena.Interval per buffer
     template: list | None = None  # slot values every run starts from (constants, arena views)
-    loop: list = field(default_factory=list)  # (run, input slots, output slots, slots to drop, step) per step
-    copy_out: frozenset = frozenset()  # output slots that are views into the arena (copied out)
+    loop: list = field(default_factory=list)  # (step, input slots, output slots, slots to drop) per step
 
     @property
     def capture_reason(self) -> str | None:
@@ -107,14 +106,14 @@ class Plan:
         for name, slot in self.inputs:
             vals[slot] = feeds[name]
         if profile is None:
-            for run, ins, outs, free, _ in self.loop:
-                res = run([vals[i] for i in ins])
+            for step, ins, outs, free in self.loop:
+                res = step.run([vals[i] for i in ins])
                 for slot, arr in zip(outs, res):
                     vals[slot] = arr
                 for slot in free:
                     vals[slot] = None
         else:
-            for _, ins, outs, free, step in self.loop:
+            for step, ins, outs, free in self.loop:
                 res = profile(step, [vals[i] for i in ins])
                 for slot, arr in zip(outs, res):
                     vals[slot] = arr
@@ -123,8 +122,7 @@ class Plan:
         return self._outputs(vals)
 
     def _outputs(self, vals) -> list:
-        copy = self.copy_out
-        return [vals[slot].copy() if slot in copy else vals[slot] for _, slot in self.outputs]
+        return [vals[slot] for _, slot in self.outputs]
 
     def summary(self) -> dict:
         return {
