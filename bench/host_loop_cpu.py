@@ -22,7 +22,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE / "tests" / "runtime"))  # _fake_cupy, _runtime_helpers of this tree
