@@ -10,10 +10,14 @@ Expand's shape, ...; ``ops_std.HOST_INPUTS``) are resolved here, never by a devi
 inside a run. A step whose host input is a device value (a data-dependent shape) reads it at run
 time: the plan is then ``dynamic``; it is rebuilt on every run and never captured.
 
-After the trace the plan knows every slot's shape, dtype and last use: ``Plan.execute`` drops each
-slot after its last use so the memory pool reuses the block (CuPy's pool is a free list by size),
-and ``peak_bytes`` is that schedule's peak of live activation bytes (views share their base's
-block), computed by replaying the liveness over the recorded sizes.
+After the trace the plan knows every slot's shape, dtype and last use (``liveness``: each step
+drops the slots it read last; ``peak_bytes`` is that schedule's peak of live bytes), and a reusable
+plan is compiled (``compiled.compile_plan``): the buffers it owns go into one arena placed by
+liveness and its steps become prebuilt closures run by ``Plan._fast``.
+
+``trace`` is a ``_Tracer`` driven node by node; each of its methods does one job: plan-time folding
+(``_fold_shape`` for Shape/Size, ``_fold_host`` for host-only subgraphs), the device steps
+(``_std_step``, ``_if_step``, ``_custom_step``) and running a new step once (``_run_and_record``).
 """
 
 from __future__ import annotations
@@ -24,8 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from graphopt.runtime import ops_std
-
-ALIGN = 512  # CuPy's pool rounds every block to 512 bytes; the peak estimate does too
+from graphopt.runtime.liveness import liveness
 
 
 @dataclass
@@ -167,7 +170,7 @@ def trace(graph, backend, feeds: dict[str, Any], *, opset: int, signature: tuple
         tracer.node(node)
     outs = tracer.finish()
     plan = tracer.plan
-    _liveness(plan, tracer.arrays, backend)
+    liveness(plan, tracer.arrays, backend)
     if outer is None and plan.dynamic is None:
         from graphopt.runtime.compiled import compile_plan
 
@@ -416,59 +419,3 @@ def _bind_outer(run, node, vals, extra, host_keep):
         return run(ins[:n_direct], outer)
 
     return bound
-
-
-def _liveness(plan: Plan, arrays: list, backend) -> None:
-    """Free each slot after its last use, and compute the peak of live activation bytes."""
-    n = plan.n_slots
-    last = [-1] * n
-    for k, step in enumerate(plan.steps):
-        for s in step.inputs:
-            if s is not None:
-                last[s] = k
-    for k, step in enumerate(plan.steps):
-        for s in step.outputs:
-            if s is not None and last[s] < k:
-                last[s] = k  # an output nothing reads dies right after its step
-    keep = {slot for _, slot in plan.outputs} | {slot for slot, _ in plan.constants}
-    frees: list[list[int]] = [[] for _ in plan.steps]
-    for s in range(n):
-        if s in keep or last[s] < 0:
-            continue
-        frees[last[s]].append(s)
-    for k, step in enumerate(plan.steps):
-        step.free = tuple(frees[k])
-    # peak estimate: blocks are shared by views; a block is live while any slot on it is live
-    block_of = [backend.block_id(a) for a in arrays]
-    size_of: dict[Any, int] = {}
-    for a, b in zip(arrays, block_of):
-        size_of[b] = max(size_of.get(b, 0), -(-backend.block_bytes(a) // ALIGN) * ALIGN)
-    const_blocks = {block_of[s] for s, _ in plan.constants}
-    plan.constant_bytes = sum(size_of[b] for b in const_blocks)
-    live_slots: dict[Any, int] = {}
-    live = peak = 0
-    for _, s in plan.inputs:
-        b = block_of[s]
-        if b not in live_slots:
-            live += size_of[b]
-        live_slots[b] = live_slots.get(b, 0) + 1
-    peak = live
-    for k, step in enumerate(plan.steps):
-        for s in step.outputs:
-            if s is None:
-                continue
-            b = block_of[s]
-            if b in const_blocks:
-                continue
-            if b not in live_slots:
-                live += size_of[b]
-            live_slots[b] = live_slots.get(b, 0) + 1
-        peak = max(peak, live)
-        for s in step.free:
-            b = block_of[s]
-            if b in live_slots:
-                live_slots[b] -= 1
-                if live_slots[b] == 0:
-                    del live_slots[b]
-                    live -= size_of[b]
-    plan.peak_bytes = peak
