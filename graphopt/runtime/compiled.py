@@ -100,10 +100,14 @@ def _gemm_direct(step, ins, out, backend, feed_slots):
 
 
 def _compact(backend, arr) -> bool:
-    """Whether ``arr`` fills its own block exactly (a fresh result, maybe NHWC-strided): then a view
-    with the same shape and strides at an arena offset holds it."""
+    """Whether ``arr`` is a dense tensor (C order or a permutation of it, as NHWC) alone in its block:
+    then a view with the same shape and strides at an arena offset holds it. The block may be larger
+    (CuPy's pool rounds sizes up to 512 bytes)."""
     nbytes = int(getattr(arr, "nbytes", 0))
-    return nbytes > 0 and all(s >= 0 for s in arr.strides) and backend.block_bytes(arr) == nbytes
+    if nbytes <= 0 or any(s < 0 for s in arr.strides):
+        return False
+    span = arr.itemsize + sum((d - 1) * s for d, s in zip(arr.shape, arr.strides))
+    return span == nbytes and backend.block_bytes(arr) >= nbytes
 
 
 def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass per concern, in order
