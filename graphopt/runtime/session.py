@@ -37,6 +37,7 @@ from graphopt.runtime.graphs import CapturedRun, CaptureFailed, GraphBook
 from graphopt.runtime.plan import Plan, trace
 
 DEVICES = ("cuda", "cpu", "numpy")
+PLAN_CACHE = 16  # input shapes whose compiled plan (and arena) a session keeps
 DTYPES = {None: None, "float32": None, "fp32": None, "float16": np.float16, "fp16": np.float16}
 
 
@@ -221,16 +222,28 @@ class Session:
         return result
 
     def _plan_and_run(self, sig, conv):
-        plan = self._plans.get(sig)
+        plan = self._plans.pop(sig, None)
         if plan is not None:
+            self._plans[sig] = plan  # most recently used last
             return plan, None
         self.backend.dims = self._dims(conv)
         plan, outs = trace(self.graph, self.backend, conv, opset=self.opset, signature=sig)
         if plan.dynamic is None:
             self._plans[sig] = plan
+            self._evict_plans()
         self.last_plan = plan
         self.last_peak_bytes = plan.peak_bytes
         return plan, self._cast_out(outs)
+
+    def _evict_plans(self) -> None:
+        """A cached plan holds its arena: keep at most ``PLAN_CACHE`` plans (and every plan with a CUDA
+        graph, which replays into its arena), dropping the least recently used first; a dropped
+        shape is traced again when it comes back."""
+        while len(self._plans) > PLAN_CACHE:
+            victim = next((s for s in self._plans if not self._graphs.get(s)), None)
+            if victim is None:
+                return
+            del self._plans[victim]
 
     def _run_plan(self, sig, conv, profile=None):
         plan, outs = self._plan_and_run(sig, conv)

@@ -117,3 +117,17 @@ def test_max_graphs_must_be_a_positive_integer(bad):
 
     with pytest.raises(UsageError, match="max_graphs"):
         Session(_dynamic_model(), device="numpy", max_graphs=bad)
+
+
+def test_compiled_plans_are_kept_for_a_bounded_number_of_shapes_least_recently_used_first(recorder, monkeypatch):
+    from graphopt.runtime import Session, session
+
+    monkeypatch.setattr(session, "PLAN_CACHE", 3)
+    sess = Session(_dynamic_model(), device="cuda", max_graphs=1)
+    for batch in (1, 1, 2, 3, 4, 5):  # batch 1 gets the one graph: its plan (and arena) stays
+        sess.run({"x": np.ones((batch, 8), np.float32)})
+    kept = [sig[0][1][0] for sig in sess._plans]
+    assert kept == [1, 4, 5], kept
+    sess.run({"x": np.ones((4, 8), np.float32)})
+    sess.run({"x": np.ones((2, 8), np.float32)})  # traced again; 5 was the least recently used
+    assert [sig[0][1][0] for sig in sess._plans] == [1, 4, 2]
