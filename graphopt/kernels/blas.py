@@ -119,34 +119,53 @@ def gemm(a, b, c, M: int, N: int, K: int, *, trans_a: bool = False, trans_b: boo
     and offsets are in elements (stride 0: shared by every batch). fp32 accumulation; fp32 inputs
     are computed in true fp32 (no TF32).
     """
-    import cupy
-    import numpy as np
-
     dt = str(c.dtype)
     if dt not in ("float16", "float32") or str(a.dtype) != dt or str(b.dtype) != dt:
         raise TuningError(f"cuBLAS gemm: dtypes {a.dtype}, {b.dtype}, {c.dtype} (one of float16 / float32 needed)")
+    bound_gemm(dt, M, N, K, trans_a=trans_a, trans_b=trans_b, batch=batch, stride_a=stride_a, stride_b=stride_b,
+               stride_c=stride_c, alpha=alpha, a_offset=a_offset, b_offset=b_offset, c_offset=c_offset)(a, b, c)
+
+
+def bound_gemm(dtype: str, M: int, N: int, K: int, *, trans_a: bool = False, trans_b: bool = False,
+               batch: int = 1, stride_a: int = 0, stride_b: int = 0, stride_c: int = 0, alpha: float = 1.0,
+               a_offset: int = 0, b_offset: int = 0, c_offset: int = 0):
+    """:func:`gemm` with every argument but the three pointers prepared once: ``run(a, b, c)``.
+
+    The runtime's compiled plans bind each MatMul / Gemm step once and call ``run`` per run (the
+    arrays must have the dtype and shapes given here; nothing is checked per call)."""
+    import cupy
+    import numpy as np
+
     lib = library()
     handle, ws = _handle()
-    st = lib.cublasSetStream_v2(handle, ctypes.c_void_p(cupy.cuda.get_current_stream().ptr))
-    if st == 0:
-        st = lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(ws.data.ptr), ctypes.c_size_t(ws.nbytes))
-    if st != 0:
-        raise TuningError(f"cuBLAS stream/workspace setup failed with status {st}")
-    esz = c.itemsize
-    ctype = _CUDA_R_16F if dt == "float16" else _CUDA_R_32F
+    ctype = _CUDA_R_16F if dtype == "float16" else _CUDA_R_32F
+    esz = 2 if dtype == "float16" else 4
     al = np.array([alpha], dtype=np.float32)
     be = np.array([0.0], dtype=np.float32)
+    al_p, be_p = al.ctypes.data, be.ctypes.data
     # Column-major view: C^T (N x M) = op_x(X) (N x K) . op_y(Y) (K x M), X from B, Y from A.
     opx, ldx = (_OP_T, K) if trans_b else (_OP_N, N)
     opy, ldy = (_OP_T, M) if trans_a else (_OP_N, K)
-    st = lib.cublasGemmStridedBatchedEx(
-        handle, opx, opy, N, M, K, al.ctypes.data,
-        ctypes.c_void_p(b.data.ptr + b_offset * esz), ctype, ldx, stride_b,
-        ctypes.c_void_p(a.data.ptr + a_offset * esz), ctype, ldy, stride_a,
-        be.ctypes.data, ctypes.c_void_p(c.data.ptr + c_offset * esz), ctype, N, stride_c,
-        batch, _COMPUTE_32F, _GEMM_DEFAULT)
-    if st != 0:
-        raise TuningError(f"cublasGemmStridedBatchedEx failed with status {st} (M={M} N={N} K={K} batch={batch})")
+    ao, bo, co = a_offset * esz, b_offset * esz, c_offset * esz
+    set_stream, set_ws, call = lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmStridedBatchedEx
+    ws_p, ws_n = ctypes.c_void_p(ws.data.ptr), ctypes.c_size_t(ws.nbytes)
+    current = cupy.cuda.get_current_stream
+    void = ctypes.c_void_p
+
+    def run(a, b, c) -> None:
+        st = set_stream(handle, void(current().ptr))
+        if st == 0:
+            st = set_ws(handle, ws_p, ws_n)
+        if st != 0:
+            raise TuningError(f"cuBLAS stream/workspace setup failed with status {st}")
+        st = call(handle, opx, opy, N, M, K, al_p, void(b.data.ptr + bo), ctype, ldx, stride_b,
+                  void(a.data.ptr + ao), ctype, ldy, stride_a, be_p, void(c.data.ptr + co), ctype, N, stride_c,
+                  batch, _COMPUTE_32F, _GEMM_DEFAULT)
+        if st != 0:
+            raise TuningError(f"cublasGemmStridedBatchedEx failed with status {st} (M={M} N={N} K={K} batch={batch})")
+
+    run.keep = (al, be)  # the scalars cuBLAS reads live as long as the function
+    return run
 
 
 @dataclass(frozen=True)

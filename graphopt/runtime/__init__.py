@@ -1,7 +1,9 @@
 """graphopt's runtime: ``Session(model, device="cuda"|"cpu"|"numpy", dtype=None)``.
 
-See ``session.py`` for the contract, ``plan.py`` for the execution plan, ``backend.py`` for the
-devices, ``ops_std.py`` / ``ops_custom.py`` for the ops and ``graphs.py`` for CUDA graphs.
+See ``session.py`` for the contract, ``plan.py`` for the execution plan (``liveness.py``: what each
+step drops; ``compiled.py`` and ``arena.py``: the compiled form and its one allocation),
+``backend.py`` for the devices, ``ops_std.py`` / ``ops_custom.py`` for the ops and ``graphs.py`` for
+CUDA graphs.
 """
 
 from graphopt.runtime.ops_custom import select_bucket

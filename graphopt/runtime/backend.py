@@ -20,6 +20,7 @@ from graphopt.kernels.heuristic import DEFAULT_LOWERING, heuristic_lowering
 from graphopt.kernels.registry import candidate_from_key, signature_of
 from graphopt.lowering.contract import as_lowering
 from graphopt.runtime import ops_custom, ops_std
+from graphopt.runtime.compiled import Lowered
 
 
 class RuntimeFailure(GraphoptError):
@@ -71,6 +72,25 @@ class _Backend:
             base = base.base
         return int(getattr(base, "nbytes", 0))
 
+    # -- the arena (graphopt.runtime.compiled) --------------------------------------------------
+    def arena_alloc(self, nbytes: int):
+        """The plan's one allocation for the buffers it owns."""
+        return self.xp.empty(int(nbytes), dtype=np.uint8)
+
+    def arena_view(self, arena, offset: int, like):
+        """An array with ``like``'s shape, dtype and strides at ``offset`` bytes into ``arena``."""
+        return np.ndarray(like.shape, like.dtype, buffer=arena, offset=int(offset), strides=like.strides)
+
+    def arena_view_bytes(self, arena, offset: int, nbytes: int):
+        """``nbytes`` bytes of ``arena`` from ``offset`` (a lowering's workspace)."""
+        return arena[int(offset):int(offset) + int(nbytes)]
+
+    def matmul_into(self, a, b, trans_a: bool, trans_b: bool, alpha: float, gemm: bool):
+        """``run(a, b, out)``: ``alpha * op(a) @ op(b)`` into ``out``, prepared once for these
+        operands' shapes and dtype (MatMul semantics, or Gemm's 2-D ones with ``gemm``); None when
+        this backend has no such path for them (the step then runs its generic implementation)."""
+        return None
+
     # -- steps --------------------------------------------------------------------------------
     def capture_issue(self, op: str) -> str | None:
         return None
@@ -117,6 +137,17 @@ class NumpyBackend(_Backend):
 
     name = "numpy"
     xp = np
+
+    def matmul_into(self, a, b, trans_a, trans_b, alpha, gemm):
+        if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
+            return None  # float16 keeps numpy_matmul's float32 accumulation
+
+        def run(x, y, out):
+            np.matmul(x.T if trans_a else x, y.T if trans_b else y, out=out)
+            if alpha != 1.0:
+                np.multiply(out, out.dtype.type(alpha), out=out)
+
+        return run
 
     def custom_step(self, graph, node, in_arrays):
         from graphopt.ops import get_schema
@@ -228,6 +259,9 @@ class CudaBackend(_Backend):
     def block_id(self, arr) -> int:
         return id(arr.data.mem) if isinstance(arr, self.cupy.ndarray) else super().block_id(arr)
 
+    def arena_view(self, arena, offset: int, like):
+        return self.cupy.ndarray(like.shape, like.dtype, memptr=arena.data + int(offset), strides=like.strides)
+
     def block_bytes(self, arr) -> int:
         return int(arr.data.mem.size) if isinstance(arr, self.cupy.ndarray) else super().block_bytes(arr)
 
@@ -235,6 +269,30 @@ class CudaBackend(_Backend):
         if op in ops_std.CUBLAS_OPS and self.blas is None:
             return f"cupy.matmul refuses stream capture, and the runtime's own cuBLAS path is unavailable ({self.blas_reason})"
         return None
+
+    def matmul_into(self, a, b, trans_a, trans_b, alpha, gemm):
+        if self.blas is None or a.dtype != b.dtype or a.dtype.name not in ("float16", "float32"):
+            return None
+        try:
+            return self._bound_gemm(a, b, trans_a, trans_b, alpha, gemm)
+        except TuningError:  # the library went missing since the self-test: the generic path
+            return None
+
+    def _bound_gemm(self, a, b, trans_a, trans_b, alpha, gemm):
+        dt = a.dtype.name
+        if gemm:
+            if a.ndim != 2 or b.ndim != 2:
+                return None
+            M, K = (a.shape[1], a.shape[0]) if trans_a else a.shape
+            N = b.shape[0] if trans_b else b.shape[1]
+            if 0 in (M, N, K):
+                return None
+            return self.blas.bound_gemm(dt, int(M), int(N), int(K), trans_a=trans_a, trans_b=trans_b, alpha=alpha)
+        g = self.blas.gemm_args(tuple(a.shape), tuple(b.shape))
+        if g.broadcast_a is not None or g.broadcast_b is not None or 0 in (g.M, g.N, g.K):
+            return None
+        return self.blas.bound_gemm(dt, g.M, g.N, g.K, batch=g.batch, stride_a=g.stride_a, stride_b=g.stride_b,
+                                    stride_c=g.stride_c)
 
     def _build(self, op: str, key: str, sig):
         """(Lowering, None) for candidate ``key`` on ``sig``, or (None, why it cannot run here)."""
@@ -326,6 +384,8 @@ class CudaBackend(_Backend):
             lowering.launch(ins, outs, workspace)
             return outs
 
+        # what compile_plan needs to rebind the step to arena outputs and an arena workspace
+        run.lowered = Lowered(lowering, key, fixed, out_shape, out_dtype, n_in, n_out)
         capture = None if lowering.capturable else f"lowering {key} cannot be captured in a CUDA graph"
         return run, capture, note
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphopt.lowering.buckets import ATTR, decode
+
 
 class CaptureFailed(Exception):
     pass
@@ -62,3 +64,75 @@ class CapturedRun:
                 self.static_inputs[name][...] = arr
             self.graph.launch(stream)
             return [o.copy() for o in self.outputs]
+
+
+DEFAULT_MAX_GRAPHS = 8  # distinct input shapes captured per session when nothing says otherwise
+
+
+def profile_buckets(graph) -> list[dict[str, int]]:
+    """The ``--shape-profile`` buckets an optimized model records (``lowering_buckets`` of its nodes),
+    ascending, each ``{dim: size}``; ``[]`` for a model optimized without a profile."""
+    seen: dict[tuple, dict[str, int]] = {}
+    for _, node in graph.walk():
+        value = node.attr(ATTR, None) if node.domain == "graphopt" else None
+        if not value:
+            continue
+        try:
+            rows = decode(value)
+        except Exception:  # noqa: BLE001 - a malformed record is reported when the node runs
+            continue
+        for row in rows:
+            seen.setdefault(tuple(sorted(row["dims"].items())), dict(row["dims"]))
+    return sorted(seen.values(), key=lambda d: tuple(d[k] for k in sorted(d)))
+
+
+def bucket_of(buckets: list[dict[str, int]], dims: dict[str, int]) -> dict[str, int] | None:
+    """The bucket a run with these symbolic dim sizes dispatches to (the rule of
+    ``graphopt.lowering.buckets.choose``: the first covering every dim, else the last); None without buckets."""
+    if not buckets:
+        return None
+    for b in buckets:
+        if all(dims.get(k, 1) <= v for k, v in b.items()):
+            return b
+    return buckets[-1]
+
+
+class GraphBook:
+    """Which input shapes of a session have a CUDA graph, and the bound on how many.
+
+    A captured graph replays exactly the shapes it was captured with (its kernels, grid sizes and
+    buffers are fixed), so a model with symbolic dims gets one graph per distinct input shape seen,
+    captured on its second run, up to ``max_graphs`` (default: ``DEFAULT_MAX_GRAPHS``, or the number
+    of ``--shape-profile`` buckets when the model records more). Shapes past the bound run eagerly
+    and ``reason`` says so. Padding a shape up to its bucket's graph is not done: it is exact only
+    for batch-independent models, which the runtime cannot tell. Each graph records its bucket, so
+    a report shows which buckets are covered."""
+
+    def __init__(self, graph, max_graphs: int | None = None):
+        self.buckets = profile_buckets(graph)
+        self.max_graphs = int(max_graphs) if max_graphs is not None else max(DEFAULT_MAX_GRAPHS, len(self.buckets))
+        self.graphs: dict[tuple, Any] = {}  # signature -> CapturedRun, or False after a failed capture
+        self.bucket: dict[tuple, dict[str, int] | None] = {}
+
+    def get(self, sig):
+        return self.graphs.get(sig)
+
+    def full(self, sig) -> str | None:
+        """None when ``sig`` may be captured now, else why it runs eagerly."""
+        if sig in self.graphs:
+            return None
+        n = sum(1 for g in self.graphs.values() if g is not False)
+        if n >= self.max_graphs:
+            shapes = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape, _ in sig)
+            return (f"{n} CUDA graphs captured, the session's bound (max_graphs={self.max_graphs}); "
+                    f"{shapes} runs eagerly")
+        return None
+
+    def add(self, sig, captured, dims: dict[str, int]) -> None:
+        self.graphs[sig] = captured
+        self.bucket[sig] = bucket_of(self.buckets, dims)
+
+    def summary(self) -> dict:
+        captured = [s for s, g in self.graphs.items() if g is not False]
+        return {"captured": len(captured), "max_graphs": self.max_graphs, "profile_buckets": len(self.buckets),
+                "buckets_covered": [b for b in self.buckets if any(self.bucket.get(s) == b for s in captured)]}

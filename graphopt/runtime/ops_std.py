@@ -27,6 +27,9 @@ CUBLAS_OPS = {"Conv", "MatMul", "Gemm", "ConvTranspose"}
 FOLDABLE_MAX_ELEMENTS = 1 << 16
 
 
+_MISSING = object()
+
+
 class OpContext:
     """What an op implementation sees: ``xp``, attributes, opset, plan-time host inputs, accumulation dtype."""
 
@@ -41,9 +44,15 @@ class OpContext:
         self.compute_dtype = compute_dtype  # np.float16 when the session runs fp16, else None
         # the backend's GEMM (capture-safe cuBLAS on CUDA); xp.matmul semantics, fp32 accumulation for fp16
         self.matmul = matmul or numpy_matmul
+        self._attrs: dict[str, Any] = {}  # attributes decoded once (a step's context lives as long as its plan)
 
     def attr(self, name: str, default: Any = None) -> Any:
-        return self.node.attr(name, default)
+        value = self._attrs.get(name, _MISSING)
+        if value is _MISSING:
+            value = self._attrs[name] = self.node.attr(name, _MISSING)
+        if value is _MISSING:
+            return default
+        return list(value) if isinstance(value, list) else value  # a list the op may change stays ours
 
     def host(self, i: int):
         """Input ``i`` as a NumPy array known at plan time, or None when the input is omitted."""

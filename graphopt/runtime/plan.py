@@ -10,10 +10,14 @@ Expand's shape, ...; ``ops_std.HOST_INPUTS``) are resolved here, never by a devi
 inside a run. A step whose host input is a device value (a data-dependent shape) reads it at run
 time: the plan is then ``dynamic``; it is rebuilt on every run and never captured.
 
-After the trace the plan knows every slot's shape, dtype and last use: ``Plan.execute`` drops each
-slot after its last use so the memory pool reuses the block (CuPy's pool is a free list by size),
-and ``peak_bytes`` is that schedule's peak of live activation bytes (views share their base's
-block), computed by replaying the liveness over the recorded sizes.
+After the trace the plan knows every slot's shape, dtype and last use (``liveness``: each step
+drops the slots it read last; ``peak_bytes`` is that schedule's peak of live bytes), and a reusable
+plan is compiled (``compiled.compile_plan``): the buffers it owns go into one arena placed by
+liveness and its steps become prebuilt closures run by ``Plan._fast``.
+
+``trace`` is a ``_Tracer`` driven node by node; each of its methods does one job: plan-time folding
+(``_fold_shape`` for Shape/Size, ``_fold_host`` for host-only subgraphs), the device steps
+(``_std_step``, ``_if_step``, ``_custom_step``) and running a new step once (``_run_and_record``).
 """
 
 from __future__ import annotations
@@ -24,8 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from graphopt.runtime import ops_std
-
-ALIGN = 512  # CuPy's pool rounds every block to 512 bytes; the peak estimate does too
+from graphopt.runtime.liveness import liveness
 
 
 @dataclass
@@ -39,6 +42,9 @@ class Step:
     outputs: tuple[int | None, ...]
     free: tuple[int, ...] = ()
     capture: str | None = None  # why this step cannot be captured into a CUDA graph
+    node: Any = None
+    kind: str = "std"  # "std", "custom" or "if"
+    lowering: str | None = None  # the custom op's lowering key when it runs one
 
 
 @dataclass
@@ -55,6 +61,15 @@ class Plan:
     folded: int = 0
     dynamic: str | None = None  # why the plan cannot be reused (data-dependent host reads)
     notes: list[str] = field(default_factory=list)
+    # the compiled form (graphopt.runtime.compiled): one arena for the buffers the plan owns
+    arena: Any = None
+    arena_bytes: int = 0  # the arena's size: activations and workspaces placed by liveness
+    arena_live_bytes: int = 0  # the most arena bytes live at one step (the assignment's lower bound)
+    workspace_bytes: int = 0  # of which lowering workspaces (each live during its own step)
+    arena_offsets: dict = field(default_factory=dict)  # buffer key -> byte offset
+    arena_intervals: list = field(default_factory=list)  # graphopt.runtime.arena.Interval per buffer
+    template: list | None = None  # slot values every run starts from (constants, arena views)
+    loop: list = field(default_factory=list)  # (step, input slots, output slots, slots to drop) per step
 
     @property
     def capture_reason(self) -> str | None:
@@ -67,7 +82,11 @@ class Plan:
         return None
 
     def execute(self, feeds: dict[str, Any], profile: Callable | None = None) -> list:
-        """Run the steps on ``feeds`` (device arrays by input name); the outputs in graph order."""
+        """Run the steps on ``feeds`` (device arrays by input name); the outputs in graph order.
+
+        ``profile(step, inputs) -> outputs`` replaces each ``step.run(inputs)`` (timing)."""
+        if self.template is not None:
+            return self._fast(feeds, profile)
         vals: list[Any] = [None] * self.n_slots
         for slot, arr in self.constants:
             vals[slot] = arr
@@ -81,12 +100,39 @@ class Plan:
                     vals[slot] = arr
             for slot in step.free:
                 vals[slot] = None
+        return self._outputs(vals)
+
+    def _fast(self, feeds: dict[str, Any], profile: Callable | None) -> list:
+        """The compiled loop: slot lists prebuilt (a spare slot stands for every omitted input or
+        output), nothing looked up or decided per step."""
+        vals = self.template.copy()
+        for name, slot in self.inputs:
+            vals[slot] = feeds[name]
+        if profile is None:
+            for step, ins, outs, free in self.loop:
+                res = step.run([vals[i] for i in ins])
+                for slot, arr in zip(outs, res):
+                    vals[slot] = arr
+                for slot in free:
+                    vals[slot] = None
+        else:
+            for step, ins, outs, free in self.loop:
+                res = profile(step, [vals[i] for i in ins])
+                for slot, arr in zip(outs, res):
+                    vals[slot] = arr
+                for slot in free:
+                    vals[slot] = None
+        return self._outputs(vals)
+
+    def _outputs(self, vals) -> list:
         return [vals[slot] for _, slot in self.outputs]
 
     def summary(self) -> dict:
         return {
             "steps": len(self.steps), "folded_at_plan_time": self.folded, "slots": self.n_slots,
             "peak_bytes": self.peak_bytes, "constant_bytes": self.constant_bytes,
+            "arena_bytes": self.arena_bytes, "arena_live_bytes": self.arena_live_bytes,
+            "workspace_bytes": self.workspace_bytes,
             "cuda_graph": "capturable" if self.capture_reason is None else f"eager ({self.capture_reason})",
             "dynamic": self.dynamic, "notes": list(self.notes),
         }
@@ -115,165 +161,222 @@ def trace(graph, backend, feeds: dict[str, Any], *, opset: int, signature: tuple
     """Run ``graph`` once on ``feeds`` while building its plan; returns ``(plan, outputs)``.
 
     ``outer`` maps outer-scope tensor names to values (host NumPy arrays or device arrays) for
-    subgraphs (If branches).
+    subgraphs (If branches). A plan that can be reused (not ``dynamic``) is then compiled
+    (``graphopt.runtime.compiled``): its buffers placed in one arena and its steps rebound.
     """
-    env: dict[str, Any] = {}
-    arrays: list[Any] = []  # device arrays by slot, during the trace
-    steps: list[Step] = []
-    constants: list[tuple[int, Any]] = []
-    const_slots: dict[int, int] = {}  # id(host array) -> constant slot
-    plan = Plan(signature, steps, 0, [], constants, [])
-    host_keep: list[Any] = []  # keeps host arrays alive so id() keys stay unique
+    tracer = _Tracer(graph, backend, opset, signature, outer)
+    tracer.add_feeds(feeds)
+    for node in graph.nodes():
+        tracer.node(node)
+    outs = tracer.finish()
+    plan = tracer.plan
+    liveness(plan, tracer.arrays, backend)
+    if outer is None and plan.dynamic is None:
+        from graphopt.runtime.compiled import compile_plan
 
-    def new_slot(arr) -> int:
-        arrays.append(arr)
-        return len(arrays) - 1
+        compile_plan(plan, tracer.arrays, backend)
+    return plan, outs
 
-    for name, arr in feeds.items():
-        slot = new_slot(arr)
-        env[name] = _Dev(slot)
-        plan.inputs.append((name, slot))
 
-    def lookup(t: str):
-        v = env.get(t)
+class _Tracer:
+    """The state of one trace; each method does one job (see ``trace``)."""
+
+    def __init__(self, graph, backend, opset: int, signature: tuple, outer):
+        self.graph, self.backend, self.opset, self.outer = graph, backend, opset, outer
+        self.env: dict[str, Any] = {}
+        self.arrays: list[Any] = []  # device arrays by slot, during the trace
+        self.const_slots: dict[int, int] = {}  # id(host array) -> constant slot
+        self.host_keep: list[Any] = []  # keeps host arrays alive so id() keys stay unique
+        self.plan = Plan(signature, [], 0, [], [], [])
+
+    # -- values -----------------------------------------------------------------------------------
+    def new_slot(self, arr) -> int:
+        self.arrays.append(arr)
+        return len(self.arrays) - 1
+
+    def add_feeds(self, feeds: dict[str, Any]) -> None:
+        for name, arr in feeds.items():
+            slot = self.new_slot(arr)
+            self.env[name] = _Dev(slot)
+            self.plan.inputs.append((name, slot))
+
+    def lookup(self, t: str):
+        v = self.env.get(t)
         if v is not None:
             return v
-        if outer is not None and t in outer:
-            val = outer[t]
-            if isinstance(val, np.ndarray):
-                v = _Host(val)
-            else:
-                slot = new_slot(val)
-                constants.append((slot, val))  # outer device values are fixed for this (eager) trace
-                v = _Dev(slot)
-            env[t] = v
-            return v
-        c = graph.constant_value(t)
-        if c is None and graph.is_initializer(t):
-            from onnx import numpy_helper
-
-            c = numpy_helper.to_array(graph.initializer(t))  # the default of an input not fed (IR < 4 style)
-        if c is None:
-            raise KeyError(t)
-        v = _Host(np.asarray(c))
-        env[t] = v
+        if self.outer is not None and t in self.outer:
+            v = self._outer_value(self.outer[t])
+        else:
+            v = _Host(np.asarray(self._constant(t)))
+        self.env[t] = v
         return v
 
-    def device_slot(t: str, v) -> int:
+    def _outer_value(self, val):
+        if isinstance(val, np.ndarray):
+            return _Host(val)
+        slot = self.new_slot(val)
+        self.plan.constants.append((slot, val))  # outer device values are fixed for this (eager) trace
+        return _Dev(slot)
+
+    def _constant(self, t: str):
+        c = self.graph.constant_value(t)
+        if c is None and self.graph.is_initializer(t):
+            from onnx import numpy_helper
+
+            c = numpy_helper.to_array(self.graph.initializer(t))  # the default of an input not fed (IR < 4 style)
+        if c is None:
+            raise KeyError(t)
+        return c
+
+    def device_slot(self, t: str, v) -> int:
+        """The slot of ``v``; a host value is uploaded once (a constant slot) on first device use."""
         if isinstance(v, _Dev):
             return v.slot
         key = id(v.value)
-        slot = const_slots.get(key)
+        slot = self.const_slots.get(key)
         if slot is None:
-            arr = backend.upload(v.value, name=t)
-            slot = new_slot(arr)
-            constants.append((slot, arr))
-            const_slots[key] = slot
-            host_keep.append(v.value)
+            arr = self.backend.upload(v.value, name=t)
+            slot = self.new_slot(arr)
+            self.plan.constants.append((slot, arr))
+            self.const_slots[key] = slot
+            self.host_keep.append(v.value)
         return slot
 
-    for node in graph.nodes():
-        label = f"{node.op_type} {node.name or (node.outputs[0] if node.outputs else '?')}"
+    def _inputs(self, node) -> list:
         vals = []
         for t in node.inputs:
             if not t:
                 vals.append(None)
                 continue
             try:
-                vals.append(lookup(t))
+                vals.append(self.lookup(t))
             except KeyError:
-                raise backend.error(f"node {node.name!r} ({node.op_type}) reads tensor {t!r}, which nothing defines") from None
+                raise self.backend.error(f"node {node.name!r} ({node.op_type}) reads tensor {t!r}, "
+                                         "which nothing defines") from None
+        return vals
+
+    # -- one node ---------------------------------------------------------------------------------
+    def node(self, node) -> None:
+        vals = self._inputs(node)
         std = node.domain in ("", "ai.onnx")
         op = node.op_type
-        # -- plan-time values -----------------------------------------------------------------
         if std and op in ("Shape", "Size") and vals and vals[0] is not None:
-            out = ops_std.OPS[op](ops_std.OpContext(np, node, opset, {}), [_ShapeOnly(_shape_of(vals[0], arrays))])
-            env[node.outputs[0]] = _Host(_np_value(out[0]))
-            plan.folded += 1
-            continue
+            return self._fold_shape(node, vals[0])
         if std and op != "If" and op in ops_std.OPS and all(v is None or isinstance(v, _Host) for v in vals):
-            host = {i: v.value for i, v in enumerate(vals) if v is not None}
-            ins = [None if v is None else v.value for v in vals]
-            with np.errstate(all="ignore"):
-                outs = ops_std.OPS[op](ops_std.OpContext(np, node, opset, host), ins)
-            for name, o in zip(node.outputs, outs):
-                if name:
-                    env[name] = _Host(_np_value(o))
-            plan.folded += 1
-            continue
-        # -- a device step --------------------------------------------------------------------
-        host_pos = set(ops_std.HOST_INPUTS.get(op, ())) if std else set()
+            return self._fold_host(node, vals)
+        label = f"{op} {node.name or (node.outputs[0] if node.outputs else '?')}"
+        if std and op == "If":
+            run, capture, in_slots, kind = self._if_step(node, label, vals)
+        elif std:
+            run, capture, in_slots, kind = self._std_step(node, label, vals)
+        else:
+            run, capture, in_slots, kind = self._custom_step(node, label, vals)
+        self._run_and_record(node, label, run, capture, in_slots, kind)
+
+    def _fold_shape(self, node, v) -> None:
+        """Shape / Size of any tensor: a plan-time value (its shape is known)."""
+        shape_only = _ShapeOnly(_shape_of(v, self.arrays))
+        out = ops_std.OPS[node.op_type](ops_std.OpContext(np, node, self.opset, {}), [shape_only])
+        self.env[node.outputs[0]] = _Host(_np_value(out[0]))
+        self.plan.folded += 1
+
+    def _fold_host(self, node, vals) -> None:
+        """A standard op whose inputs are all plan-time values: computed here with NumPy."""
+        host = {i: v.value for i, v in enumerate(vals) if v is not None}
+        ins = [None if v is None else v.value for v in vals]
+        with np.errstate(all="ignore"):
+            outs = ops_std.OPS[node.op_type](ops_std.OpContext(np, node, self.opset, host), ins)
+        for name, o in zip(node.outputs, outs):
+            if name:
+                self.env[name] = _Host(_np_value(o))
+        self.plan.folded += 1
+
+    def _std_step(self, node, label, vals):
+        """A standard op on device values; its ``HOST_INPUTS`` are resolved now when they are plan-time values."""
+        host_pos = set(ops_std.HOST_INPUTS.get(node.op_type, ()))
         host_vals: dict[int, np.ndarray] = {}
         dyn_pos: list[int] = []
         in_slots: list[int | None] = []
         for i, v in enumerate(vals):
             if v is None:
                 in_slots.append(None)
+            elif i in host_pos and isinstance(v, _Host):
+                host_vals[i] = v.value
+                in_slots.append(None)
             elif i in host_pos:
-                if isinstance(v, _Host):
-                    host_vals[i] = v.value
-                    in_slots.append(None)
-                else:
-                    dyn_pos.append(i)
-                    in_slots.append(v.slot)
+                dyn_pos.append(i)
+                in_slots.append(v.slot)
             else:
-                in_slots.append(device_slot(node.inputs[i], v))
+                in_slots.append(self.device_slot(node.inputs[i], v))
+        run = self.backend.std_step(node, self.opset, host_vals, dyn_pos)
+        capture = self.backend.capture_issue(node.op_type)
+        if dyn_pos:
+            capture = f"input(s) {dyn_pos} are device values read on the host (data-dependent shape)"
+            if self.plan.dynamic is None:
+                self.plan.dynamic = f"{label}: {capture}"
+        return run, capture, tuple(in_slots), "std"
+
+    def _if_step(self, node, label, vals):
+        """If: a nested plan per run; outer-scope tensors its branches read become extra inputs."""
+        in_slots = [None if v is None else self.device_slot(node.inputs[i], v) for i, v in enumerate(vals)]
+        run, capture, dyn = self.backend.if_step(self.graph, node, self.opset, vals, self.arrays)
         extra: list[int] = []
-        if std and op == "If":
-            run, capture, dyn = backend.if_step(graph, node, opset, vals, arrays)
-            for t in _outer_refs(node):
-                try:
-                    v = lookup(t)
-                except KeyError:
-                    continue
-                extra.append(device_slot(t, v) if isinstance(v, _Dev) else -1 - len(host_keep))
-                if not isinstance(v, _Dev):
-                    host_keep.append(v.value)
-            if dyn and plan.dynamic is None:
-                plan.dynamic = f"{label}: {dyn}"
-            run = _bind_outer(run, node, vals, extra, host_keep)
-        elif std:
-            run = backend.std_step(node, opset, host_vals, dyn_pos)
-            capture = backend.capture_issue(op)
-            if dyn_pos:
-                capture = f"input(s) {dyn_pos} are device values read on the host (data-dependent shape)"
-                if plan.dynamic is None:
-                    plan.dynamic = f"{label}: {capture}"
-        else:
-            in_arrays = [None if s is None else arrays[s] for s in in_slots]
-            run, capture, note = backend.custom_step(graph, node, in_arrays)
-            if note:
-                plan.notes.append(f"{label}: {note}")
-        step_inputs = tuple(in_slots) + tuple(s for s in extra if s >= 0)
-        ins = [None if s is None else arrays[s] for s in step_inputs]
+        for t in _outer_refs(node):
+            try:
+                v = self.lookup(t)
+            except KeyError:
+                continue
+            extra.append(self.device_slot(t, v) if isinstance(v, _Dev) else -1 - len(self.host_keep))
+            if not isinstance(v, _Dev):
+                self.host_keep.append(v.value)
+        if dyn and self.plan.dynamic is None:
+            self.plan.dynamic = f"{label}: {dyn}"
+        run = _bind_outer(run, node, vals, extra, self.host_keep)
+        return run, capture, tuple(in_slots) + tuple(s for s in extra if s >= 0), "if"
+
+    def _custom_step(self, node, label, vals):
+        """A graphopt op: its lowering (or device fallback), chosen for the actual input arrays."""
+        in_slots = tuple(None if v is None else self.device_slot(node.inputs[i], v) for i, v in enumerate(vals))
+        in_arrays = [None if s is None else self.arrays[s] for s in in_slots]
+        run, capture, note = self.backend.custom_step(self.graph, node, in_arrays)
+        if note:
+            self.plan.notes.append(f"{label}: {note}")
+        return run, capture, in_slots, "custom"
+
+    def _run_and_record(self, node, label, run, capture, in_slots, kind) -> None:
+        """Run the new step once (the trace's run) and give its outputs slots."""
+        ins = [None if s is None else self.arrays[s] for s in in_slots]
         try:
             outs = run(ins)
-        except backend.user_errors as e:  # noqa: B030 - a tuple of exception types from the backend
-            raise backend.error(f"node {node.name!r} ({op}) failed: {str(e).splitlines()[0][:300]}") from None
+        except self.backend.user_errors as e:  # noqa: B030 - a tuple of exception types from the backend
+            raise self.backend.error(f"node {node.name!r} ({node.op_type}) failed: {str(e).splitlines()[0][:300]}") from None
         out_slots: list[int | None] = []
         for name, o in zip(node.outputs, outs):
             if not name:
                 out_slots.append(None)
                 continue
-            o = backend.ensure_device(o)
-            slot = new_slot(o)
-            env[name] = _Dev(slot)
+            slot = self.new_slot(self.backend.ensure_device(o))
+            self.env[name] = _Dev(slot)
             out_slots.append(slot)
-        steps.append(Step(label, op, run, step_inputs, tuple(out_slots), (), capture))
+        lowered = getattr(run, "lowered", None)
+        self.plan.steps.append(Step(label, node.op_type, run, in_slots, tuple(out_slots), (), capture, node, kind,
+                                    lowered.key if lowered is not None else None))
 
-    outs: list[Any] = []
-    for name in graph.outputs:
-        try:
-            v = lookup(name)
-        except KeyError:
-            raise backend.error(f"graph output {name!r} is not computed by any node") from None
-        slot = device_slot(name, v)
-        plan.outputs.append((name, slot))
-        outs.append(arrays[slot])
-    plan.n_slots = len(arrays)
-    plan.slot_info = [(tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", ""))) for a in arrays]
-    _liveness(plan, arrays, backend)
-    return plan, outs
+    def finish(self) -> list:
+        """The graph outputs' slots (host values uploaded) and the per-slot shapes."""
+        plan = self.plan
+        outs: list[Any] = []
+        for name in self.graph.outputs:
+            try:
+                v = self.lookup(name)
+            except KeyError:
+                raise self.backend.error(f"graph output {name!r} is not computed by any node") from None
+            slot = self.device_slot(name, v)
+            plan.outputs.append((name, slot))
+            outs.append(self.arrays[slot])
+        plan.n_slots = len(self.arrays)
+        plan.slot_info = [(tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", ""))) for a in self.arrays]
+        return outs
 
 
 class _ShapeOnly:
@@ -316,59 +419,3 @@ def _bind_outer(run, node, vals, extra, host_keep):
         return run(ins[:n_direct], outer)
 
     return bound
-
-
-def _liveness(plan: Plan, arrays: list, backend) -> None:
-    """Free each slot after its last use, and compute the peak of live activation bytes."""
-    n = plan.n_slots
-    last = [-1] * n
-    for k, step in enumerate(plan.steps):
-        for s in step.inputs:
-            if s is not None:
-                last[s] = k
-    for k, step in enumerate(plan.steps):
-        for s in step.outputs:
-            if s is not None and last[s] < k:
-                last[s] = k  # an output nothing reads dies right after its step
-    keep = {slot for _, slot in plan.outputs} | {slot for slot, _ in plan.constants}
-    frees: list[list[int]] = [[] for _ in plan.steps]
-    for s in range(n):
-        if s in keep or last[s] < 0:
-            continue
-        frees[last[s]].append(s)
-    for k, step in enumerate(plan.steps):
-        step.free = tuple(frees[k])
-    # peak estimate: blocks are shared by views; a block is live while any slot on it is live
-    block_of = [backend.block_id(a) for a in arrays]
-    size_of: dict[Any, int] = {}
-    for a, b in zip(arrays, block_of):
-        size_of[b] = max(size_of.get(b, 0), -(-backend.block_bytes(a) // ALIGN) * ALIGN)
-    const_blocks = {block_of[s] for s, _ in plan.constants}
-    plan.constant_bytes = sum(size_of[b] for b in const_blocks)
-    live_slots: dict[Any, int] = {}
-    live = peak = 0
-    for _, s in plan.inputs:
-        b = block_of[s]
-        if b not in live_slots:
-            live += size_of[b]
-        live_slots[b] = live_slots.get(b, 0) + 1
-    peak = live
-    for k, step in enumerate(plan.steps):
-        for s in step.outputs:
-            if s is None:
-                continue
-            b = block_of[s]
-            if b in const_blocks:
-                continue
-            if b not in live_slots:
-                live += size_of[b]
-            live_slots[b] = live_slots.get(b, 0) + 1
-        peak = max(peak, live)
-        for s in step.free:
-            b = block_of[s]
-            if b in live_slots:
-                live_slots[b] -= 1
-                if live_slots[b] == 0:
-                    del live_slots[b]
-                    live -= size_of[b]
-    plan.peak_bytes = peak

@@ -9,7 +9,9 @@
   the second run of an input-shape signature captures the whole run into a CUDA graph and later
   runs replay it: the feeds are copied into the graph's input buffers and the outputs copied out,
   so arrays returned earlier stay valid. A plan that cannot be captured runs eagerly, and
-  ``graph_status`` says why.
+  ``graph_status`` says why. With symbolic dims each distinct input shape gets its own graph, up to
+  ``max_graphs`` (``graphs.GraphBook``: 8, or the model's ``--shape-profile`` bucket count when
+  larger); shapes past the bound run eagerly, with the reason in ``graph_status``.
 - ``device="cpu"``: onnxruntime's CPU provider; graphopt custom ops run through the function bodies
   the optimized file carries.
 - ``device="numpy"``: a testing aid, the CUDA backend's plan and executor with ``xp = numpy``.
@@ -31,9 +33,11 @@ import onnx
 
 from graphopt.errors import GraphoptError, InvalidModel, UnsupportedModel, UsageError
 from graphopt.runtime import ops_custom, ops_std
+from graphopt.runtime.graphs import CapturedRun, CaptureFailed, GraphBook
 from graphopt.runtime.plan import Plan, trace
 
 DEVICES = ("cuda", "cpu", "numpy")
+PLAN_CACHE = 16  # input shapes whose compiled plan (and arena) a session keeps
 DTYPES = {None: None, "float32": None, "fp32": None, "float16": np.float16, "fp16": np.float16}
 
 
@@ -91,7 +95,10 @@ def to_numpy(arr) -> np.ndarray:
 class Session:
     """Runs one model; plans are cached per input-shape signature."""
 
-    def __init__(self, model_or_path, device: str = "cuda", dtype: str | None = None, *, cuda_graphs: bool = True):
+    def __init__(self, model_or_path, device: str = "cuda", dtype: str | None = None, *, cuda_graphs: bool = True,
+                 max_graphs: int | None = None):
+        if max_graphs is not None and (isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1):
+            raise UsageError(f"max_graphs {max_graphs!r}: expected a positive integer")
         if device not in DEVICES:
             raise UsageError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
         if dtype not in DTYPES:
@@ -112,7 +119,7 @@ class Session:
         self.last_plan: Plan | None = None
         self.graph_status: str = "off" if not self.cuda_graphs else "not captured yet"
         self._plans: dict[tuple, Plan] = {}
-        self._captured: dict[tuple, Any] = {}
+        self._graphs = GraphBook(self.graph, max_graphs)  # CUDA graphs per input shape, bounded
         self._ort = None
         if device == "cpu":
             if self.compute_dtype is not None:
@@ -217,16 +224,28 @@ class Session:
         return result
 
     def _plan_and_run(self, sig, conv):
-        plan = self._plans.get(sig)
+        plan = self._plans.pop(sig, None)
         if plan is not None:
+            self._plans[sig] = plan  # most recently used last
             return plan, None
         self.backend.dims = self._dims(conv)
         plan, outs = trace(self.graph, self.backend, conv, opset=self.opset, signature=sig)
         if plan.dynamic is None:
             self._plans[sig] = plan
+            self._evict_plans()
         self.last_plan = plan
         self.last_peak_bytes = plan.peak_bytes
         return plan, self._cast_out(outs)
+
+    def _evict_plans(self) -> None:
+        """A cached plan holds its arena: keep at most ``PLAN_CACHE`` plans (and every plan with a CUDA
+        graph, which replays into its arena), dropping the least recently used first; a dropped
+        shape is traced again when it comes back."""
+        while len(self._plans) > PLAN_CACHE:
+            victim = next((s for s in self._plans if not self._graphs.get(s)), None)
+            if victim is None:
+                return
+            del self._plans[victim]
 
     def _run_plan(self, sig, conv, profile=None):
         plan, outs = self._plan_and_run(sig, conv)
@@ -282,10 +301,12 @@ class Session:
             if plan.capture_reason is not None:
                 self.graph_status = f"eager: {plan.capture_reason}"
                 return self._run_plan(sig, conv)
-            cap = self._captured.get(sig)
+            cap = self._graphs.get(sig)
             if cap is None:
-                from graphopt.runtime.graphs import CapturedRun, CaptureFailed
-
+                why = self._graphs.full(sig)
+                if why:
+                    self.graph_status = f"eager: {why}"
+                    return self._run_plan(sig, conv)
                 try:
                     cap = CapturedRun.capture(plan, conv, be)
                 except CaptureFailed as e:
@@ -294,11 +315,11 @@ class Session:
 
                     be.set_stream(fresh_stream(be.cupy))
                     plan.notes.append(f"CUDA graph capture failed: {e}")
-                    self._captured[sig] = False
+                    self._graphs.add(sig, False, self._dims(conv))
                     self.graph_status = f"eager: capture failed ({e})"
                     with be.stream:
                         return self._run_plan(sig, conv)
-                self._captured[sig] = cap
+                self._graphs.add(sig, cap, self._dims(conv))
             if cap is False:
                 return self._run_plan(sig, conv)
             self.graph_status = "replaying a CUDA graph"
@@ -348,6 +369,8 @@ class Session:
             return {}
         out = self.last_plan.summary()
         out["graph_status"] = self.graph_status
+        if self.cuda_graphs:
+            out["cuda_graphs"] = self._graphs.summary()
         if self.device == "cuda":
             out["gemm"] = "runtime cuBLAS handle" if self.backend.blas is not None else f"cupy.matmul ({self.backend.blas_reason})"
         return out

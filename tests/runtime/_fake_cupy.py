@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import types
+import weakref
 
 import numpy as np
 
@@ -19,21 +20,39 @@ class _Mem:
         self.size = size
 
 
+_MEMS: dict = {}  # id(root array) -> (weak reference to it, its _Mem): one block per root, as CuPy's pool
+
+
+def _mem_of(base) -> _Mem:
+    entry = _MEMS.get(id(base))
+    if entry is None or entry[0]() is not base:
+        entry = _MEMS[id(base)] = (weakref.ref(base), _Mem(base.nbytes))
+    return entry[1]
+
+
 class _Data:
     def __init__(self, arr):
         base = arr
         while isinstance(getattr(base, "base", None), np.ndarray):
             base = base.base
-        if not hasattr(base, "_fake_mem"):
-            try:
-                base._fake_mem = _Mem(base.nbytes)
-            except AttributeError:
-                pass
-        self.mem = getattr(base, "_fake_mem", _Mem(arr.nbytes))
+        self.mem = _mem_of(base)
         self.ptr = arr.__array_interface__["data"][0]
+        self.arr, self.offset = arr, 0
+
+    def __add__(self, offset):  # cupy: MemoryPointer + bytes
+        moved = _Data(self.arr)
+        moved.offset = self.offset + int(offset)
+        moved.ptr = self.ptr + int(offset)
+        return moved
 
 
 class ndarray(np.ndarray):  # noqa: N801 - mirrors cupy.ndarray
+    def __new__(cls, shape, dtype=float, memptr=None, strides=None, order="C"):
+        if memptr is None:
+            return np.ndarray.__new__(cls, shape, dtype, strides=strides, order=order)
+        # cupy.ndarray(shape, dtype, memptr=base.data + offset, strides=...): a view of that memory
+        return np.ndarray.__new__(cls, shape, dtype, buffer=memptr.arr, offset=memptr.offset, strides=strides)
+
     @property
     def data(self):  # cupy: a MemoryPointer with .mem (the pool block) and .ptr
         return _Data(self)

@@ -1,0 +1,141 @@
+"""Host time per node of the graphopt runtime without CUDA graphs (issue 15: at most 15 us), on the
+device, for the optimized and unoptimized ResNet-50 and GPT-2 of bench/e2e.py, with where it goes.
+
+    python3 bench/host_overhead.py --out OUT [--models resnet50,gpt2] [--batches 1,1] [--gpu-args "--gpu none"]
+
+Per model: ``host_us_per_node`` (``graphopt.runtime.bench.host_overhead_us``: the best eager run's
+enqueue time divided by its steps, no synchronisation inside the run: what ``graphopt bench`` and
+e2e.py report), the compiled plan's arena (bytes, live lower bound, workspaces), and the host time
+per step by op (a profile hook timing each ``step.run`` without synchronising). Models are built and
+exported as in e2e.py and optimized with ``--gpu-args`` (default: the heuristic's lowerings, no
+tuning: this measures the runtime, not the kernels). Writes OUT/host_overhead_<gpu>.json and .md
+after every model; each optimize is limited to --optimize-timeout seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import e2e  # noqa: E402  (bench/e2e.py: the same models and exports)
+
+
+def per_op_host(sess, feed, repeats: int) -> list:
+    """[op, steps, host us per run] by op: each step.run timed on the host, no synchronisation."""
+    plan = sess.last_plan
+    tot: dict[str, float] = defaultdict(float)
+    cnt: dict[str, int] = defaultdict(int)
+
+    def timed(step, ins):
+        t0 = time.perf_counter()
+        outs = step.run(ins)
+        tot[step.op] += time.perf_counter() - t0
+        return outs
+
+    with sess.backend.stream:
+        conv = sess._convert_feeds(feed)
+        for _ in range(repeats):
+            plan.execute(conv, timed)
+            sess.synchronize()
+    for s in plan.steps:
+        cnt[s.op] += 1
+    return sorted(([op, cnt[op], tot[op] / repeats * 1e6] for op in tot), key=lambda r: -r[2])
+
+
+def measure(path: Path, feed, repeats: int) -> dict:
+    from graphopt.runtime import Session
+    from graphopt.runtime.bench import host_overhead_us
+
+    sess = Session(path, device="cuda", dtype="float16", cuda_graphs=False)
+    us, steps = host_overhead_us(sess, feed, repeats=repeats)
+    s = sess.plan_summary()
+    by_op = per_op_host(sess, feed, max(3, repeats // 3))
+    return {"host_us_per_node": us, "steps": steps, "arena_bytes": s.get("arena_bytes"),
+            "arena_live_bytes": s.get("arena_live_bytes"), "workspace_bytes": s.get("workspace_bytes"),
+            "peak_bytes": s.get("peak_bytes"), "by_op": by_op, "notes": s.get("notes", [])[:20]}
+
+
+def markdown(res: dict) -> str:
+    meta = res["meta"]
+    md = [f"# Host time per node, no CUDA graphs ({meta['date']}, {meta['gpu']})", "", f"command: `{meta['command']}`", "",
+          "| model | bs | variant | steps | host us/node | arena MiB |", "|---|---:|---|---:|---:|---:|"]
+    for e in res["models"]:
+        for v in ("optimized", "unoptimized"):
+            r = e.get(v)
+            if isinstance(r, dict):
+                md.append(f"| {e['model']} | {e['bs']} | {v} | {r['steps']} | {r['host_us_per_node']:.1f} | "
+                          f"{(r['arena_bytes'] or 0) / 2**20:.1f} |")
+            elif f"{v}_error" in e:
+                md.append(f"| {e['model']} | {e['bs']} | {v} | - | {e[f'{v}_error'][:80]} | - |")
+    for e in res["models"]:
+        r = e.get("optimized")
+        if isinstance(r, dict):
+            md += ["", f"## {e['model']} bs{e['bs']} optimized: host us per run by op", "",
+                   "| op | steps | host us per run | per step |", "|---|---:|---:|---:|"]
+            md += [f"| {op} | {n} | {h:.1f} | {h / max(n, 1):.1f} |" for op, n, h in r["by_op"]]
+    return "\n".join(md) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet50,gpt2")
+    ap.add_argument("--batches", default="1,1")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--gpu-args", default="--gpu none", help="graphopt optimize's lowering options")
+    ap.add_argument("--optimize-timeout", type=float, default=240.0)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--gpu-name", default="h200")
+    args = ap.parse_args()
+    import cupy
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cupy": cupy.__version__}
+    res = {"meta": meta, "models": []}
+    for name, bs in zip(args.models.split(","), [int(b) for b in args.batches.split(",")]):
+        entry: dict = {"model": name, "bs": bs}
+        res["models"].append(entry)
+        try:
+            work = Path(tempfile.mkdtemp(prefix=f"ho_{name}_"))
+            src = work / f"{name}.onnx"
+            e2e.export(name, e2e.build_module(name), src)
+            opt = work / f"{name}.opt.onnx"
+            shape = f"input={bs}x{e2e.SEQ}" if name == "gpt2" else f"input={bs}x3x224x224"
+            t0 = time.perf_counter()
+            r = subprocess.run([sys.executable, "-m", "graphopt.cli", "optimize", str(src), "-o", str(opt),
+                                *args.gpu_args.split(), "--shape", shape, "-q"], capture_output=True, text=True,
+                               timeout=args.optimize_timeout)
+            entry.update(optimize_s=time.perf_counter() - t0, optimize_rc=r.returncode, optimize_err=r.stderr[-400:])
+            x = e2e.example_input(name, bs).cuda()
+            feed = {"input": x if name == "gpt2" else x.float()}
+        except Exception as e:  # noqa: BLE001 - reported in the row
+            entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            continue
+        for label, path in (("optimized", opt), ("unoptimized", src)):
+            try:
+                entry[label] = measure(path, feed, args.repeats)
+                print(f"{name} bs{bs} {label}: {entry[label]['host_us_per_node']:.1f} us/node over "
+                      f"{entry[label]['steps']} steps", flush=True)
+            except Exception as e:  # noqa: BLE001
+                entry[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(f"{name} bs{bs} {label}: {entry[label + '_error']}", flush=True)
+            (args.out / f"host_overhead_{args.gpu_name}.json").write_text(json.dumps(res, indent=1))
+            (args.out / f"host_overhead_{args.gpu_name}.md").write_text(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

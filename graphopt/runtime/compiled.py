@@ -1,0 +1,266 @@
+"""Compile a traced plan: every buffer it owns in one arena, every step a prebuilt closure.
+
+After ``plan.trace`` has run the graph once, everything a run needs to decide is known: each
+slot's shape, dtype and strides, which steps write which buffers and when each buffer is last read.
+``compile_plan`` uses that to
+
+1. place the outputs of the steps that can write into a given buffer (custom ops running a lowering,
+   whose contract is ``launch(inputs, outputs, workspace)``, and the direct standard ops of
+   ``DIRECT``: elementwise ufuncs with ``out=``, Transpose as one copy) and every lowering workspace
+   in one arena, offsets by liveness (``graphopt.runtime.arena``): one device allocation per plan;
+2. rebind those steps to closures over their arena views: a lowering step is its ``launch`` with the
+   output and workspace views, the constant inputs already in the lowering's layout, and a layout
+   conversion only for the inputs that needed one when traced (or come from the caller);
+   shape-only steps (Reshape, Flatten, Squeeze, Unsqueeze) are a ``reshape`` to the traced shape;
+3. build the loop ``Plan._fast`` runs: per step the step (its ``run`` is the rebound closure), its
+   input slots (a spare slot for omitted inputs), its output slots and the slots to drop.
+
+Graph outputs are never in the arena, nor is any buffer a graph output is a view of (the caller
+keeps them after the next run). Steps that cannot write into a given buffer (the other
+standard ops, If, fallbacks) allocate from the memory pool as before and are freed by liveness.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphopt.lowering import layout
+from graphopt.runtime.arena import Interval, assign, live_peak
+
+# standard ops computed straight into their arena buffer: op -> (ufunc name, arity)
+DIRECT = {"Add": ("add", 2), "Sub": ("subtract", 2), "Mul": ("multiply", 2), "Div": ("true_divide", 2),
+          "Relu": ("maximum", 1), "Tanh": ("tanh", 1), "Sqrt": ("sqrt", 1), "Exp": ("exp", 1), "Log": ("log", 1),
+          "Abs": ("absolute", 1), "Neg": ("negative", 1), "Floor": ("floor", 1), "Ceil": ("ceil", 1),
+          "Sin": ("sin", 1), "Cos": ("cos", 1), "Transpose": ("copyto", 1)}
+RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+def _direct(step, arrays, backend, feed_slots):
+    """``make(out) -> run`` computing the step straight into ``out`` (an arena view), or None when
+    the step is not one of ``DIRECT`` / MatMul / Gemm in a form that allows it."""
+    if step.kind != "std" or len(step.outputs) != 1 or step.outputs[0] is None:
+        return None
+    ins = [arrays[s] if s is not None else None for s in step.inputs]
+    out = arrays[step.outputs[0]]
+    if step.op in ("MatMul", "Gemm"):
+        return _gemm_direct(step, ins, out, backend, feed_slots)
+    if step.op not in DIRECT or len(ins) != DIRECT[step.op][1] or any(a is None for a in ins):
+        return None
+    if step.op == "Div" and out.dtype.kind != "f":
+        return None  # integer Div truncates: the generic path
+    if not all(a.dtype == out.dtype for a in ins):
+        return None
+    return lambda view: _direct_run(step, view, backend.xp)
+
+
+def _gemm_direct(step, ins, out, backend, feed_slots):
+    """MatMul / Gemm through the backend's GEMM bound once to these shapes (``backend.matmul_into``)."""
+    gemm = step.op == "Gemm"
+    if len(ins) < 2 or any(a is None for a in ins[:2]) or len(ins) > (3 if gemm else 2):
+        return None
+    a, b = ins[0], ins[1]
+    c = ins[2] if len(ins) > 2 else None
+    attr = step.node.attr
+    if any(x.dtype != out.dtype for x in (a, b) + ((c,) if c is not None else ())):
+        return None
+    if gemm and c is not None and float(attr("beta", 1.0)) != 1.0:
+        return None
+    if not (a.flags.c_contiguous and b.flags.c_contiguous):
+        return None
+    ta, tb = (bool(attr("transA", 0)), bool(attr("transB", 0))) if gemm else (False, False)
+    run = backend.matmul_into(a, b, ta, tb, float(attr("alpha", 1.0)) if gemm else 1.0, gemm)
+    if run is None:
+        return None
+    xp = backend.xp
+    fix = tuple(i for i in (0, 1) if step.inputs[i] in feed_slots)  # a caller's array may be strided
+    add = xp.add
+
+    def make(view):
+        if c is None and not fix:
+            def mm(ins):
+                run(ins[0], ins[1], view)
+                return [view]
+
+            return mm
+
+        def mm_bias(ins):
+            x, y = ins[0], ins[1]
+            if fix:
+                x, y = xp.ascontiguousarray(x), xp.ascontiguousarray(y)
+            run(x, y, view)
+            if c is not None:
+                add(view, ins[2], out=view)
+            return [view]
+
+        return mm_bias
+
+    return make
+
+
+def _compact(backend, arr) -> bool:
+    """Whether ``arr`` is a dense tensor (C order or a permutation of it, as NHWC) alone in its block:
+    then a view with the same shape and strides at an arena offset holds it. The block may be larger
+    (CuPy's pool rounds sizes up to 512 bytes)."""
+    nbytes = int(getattr(arr, "nbytes", 0))
+    if nbytes <= 0 or any(s < 0 for s in arr.strides):
+        return False
+    span = arr.itemsize + sum((d - 1) * s for d, s in zip(arr.shape, arr.strides))
+    return span == nbytes and backend.block_bytes(arr) >= nbytes
+
+
+def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass per concern, in order
+    """Place the plan's own buffers in one arena and rebind its steps (see the module docstring)."""
+    block_of = [backend.block_id(a) for a in arrays]
+    fixed_blocks = {block_of[s] for _, s in plan.outputs} | {block_of[s] for s, _ in plan.constants} | \
+        {block_of[s] for _, s in plan.inputs}
+    last_use: dict[Any, int] = {}
+    for k, step in enumerate(plan.steps):
+        for s in step.inputs + step.outputs:
+            if s is not None:
+                last_use[block_of[s]] = k
+    seen = set(fixed_blocks)
+    feed_slots = {s for _, s in plan.inputs}
+    makers: dict[int, Any] = {}  # step index -> make(out view) -> run, for the direct standard ops
+    intervals: list[Interval] = []
+    placed: dict[int, list] = {}  # step index -> [(output index, slot or None, array)]
+    for k, step in enumerate(plan.steps):
+        lowered = getattr(step.run, "lowered", None)
+        fresh = [s is None or (block_of[s] not in seen and _compact(backend, arrays[s])) for s in step.outputs]
+        for s in step.outputs:
+            if s is not None:
+                seen.add(block_of[s])
+        direct = None if lowered is not None else _direct(step, arrays, backend, feed_slots)
+        if lowered is None and direct is None:
+            continue
+        if not all(fresh):
+            continue
+        outs = []
+        for j, s in enumerate(step.outputs):
+            like = arrays[s] if s is not None else lowered.empty_like(j, backend.xp)
+            end = last_use[block_of[s]] if s is not None else k
+            intervals.append(Interval(("out", k, j), int(like.nbytes), k, end))
+            outs.append((j, s, like))
+        if lowered is not None:
+            for j in range(len(step.outputs), lowered.n_out):  # outputs the node does not name
+                like = lowered.empty_like(j, backend.xp)
+                intervals.append(Interval(("out", k, j), int(like.nbytes), k, k))
+                outs.append((j, None, like))
+            if lowered.workspace_bytes:
+                intervals.append(Interval(("ws", k), int(lowered.workspace_bytes), k, k))
+        placed[k] = outs
+        if direct is not None:
+            makers[k] = direct
+    offsets, total = assign(intervals)
+    plan.arena_offsets, plan.arena_intervals, plan.arena_bytes = offsets, intervals, total
+    plan.arena_live_bytes = live_peak(intervals)
+    plan.workspace_bytes = sum(iv.size for iv in intervals if iv.key[0] == "ws")
+    arena = backend.arena_alloc(total) if total else None
+    plan.arena = arena
+
+    n = plan.n_slots
+    template: list[Any] = [None] * (n + 2)  # n: always None (omitted inputs); n + 1: a sink for unnamed outputs
+    for slot, arr in plan.constants:
+        template[slot] = arr
+    arena_blocks = set()
+    loop = []
+    for k, step in enumerate(plan.steps):
+        run = step.run
+        ins = tuple(n if s is None else s for s in step.inputs)
+        if k in placed:
+            views = [(j, s, backend.arena_view(arena, offsets[("out", k, j)], like)) for j, s, like in placed[k]]
+            for _, s, v in views:
+                if s is not None:
+                    template[s] = v
+                    arena_blocks.add(block_of[s])
+            lowered = getattr(step.run, "lowered", None)
+            if lowered is not None:
+                ws = backend.arena_view_bytes(arena, offsets[("ws", k)], lowered.workspace_bytes) \
+                    if lowered.workspace_bytes else None
+                check = tuple(i for i, s in enumerate(step.inputs)
+                              if s is not None and i not in lowered.fixed
+                              and (s in feed_slots or not layout.is_layout(arrays[s], lowered.lowering.input_layout(i) or "NCHW")))
+                run = _lowering_run(lowered, [v for _, _, v in views], ws, check, backend.xp)
+                ins = tuple(_fixed_slot(template, lowered.fixed.get(i)) if i in lowered.fixed else
+                            (n if s is None else s) for i, s in enumerate(step.inputs))
+            else:
+                run = makers[k](views[0][2])
+        elif step.kind == "std" and step.op in RESHAPES and step.outputs and step.outputs[0] is not None:
+            shape = tuple(arrays[step.outputs[0]].shape)
+            run = _reshape_run(shape)
+            ins = ins[:1]
+        step.run = run
+        outs = tuple(n + 1 if s is None else s for s in step.outputs)
+        free = tuple(s for s in step.free if block_of[s] not in arena_blocks)
+        loop.append((step, ins, outs, free))
+    plan.loop = loop
+    plan.template = template
+
+
+class Lowered:
+    """What a custom step running a lowering needs to be rebound (``backend.custom_step`` attaches it
+    to the step's run function as ``run.lowered``)."""
+
+    def __init__(self, lowering, key: str, fixed: dict, out_shape: tuple, out_dtype, n_in: int, n_out: int):
+        self.lowering, self.key, self.fixed = lowering, key, fixed
+        self.out_shape, self.out_dtype, self.n_in, self.n_out = tuple(out_shape), out_dtype, n_in, n_out
+        self.launch = lowering.launch
+        self.workspace_bytes = int(lowering.workspace_bytes or 0)
+
+    def empty_like(self, j: int, xp):
+        """Output ``j``'s buffer as the lowering declares it (shape, dtype, layout strides)."""
+        return layout.empty(self.out_shape, self.out_dtype, self.lowering.output_layout(self.n_in, j) or "NCHW", xp)
+
+
+def _fixed_slot(template: list, arr) -> int:
+    """A new slot at the end of ``template`` holding ``arr`` (a constant input already in the lowering's layout)."""
+    template.append(arr)
+    return len(template) - 1
+
+
+def _lowering_run(lowered, outs: list, ws, check: tuple, xp):
+    launch = lowered.launch
+    to_layout, input_layout = layout.to_layout, lowered.lowering.input_layout
+    if not check:
+        def run(ins):
+            launch(ins, outs, ws)
+            return outs
+
+        return run
+
+    def run_checked(ins):
+        for i in check:
+            ins[i] = to_layout(ins[i], input_layout(i) or "NCHW", xp)
+        launch(ins, outs, ws)
+        return outs
+
+    return run_checked
+
+
+def _direct_run(step, out, xp):
+    name, arity = DIRECT[step.op]
+    if step.op == "Transpose":
+        perm = step.node.attr("perm", None)
+        copyto = xp.copyto
+
+        def transpose(ins):
+            x = ins[0]
+            copyto(out, x.transpose(perm if perm is not None else tuple(range(x.ndim))[::-1]))
+            return [out]
+
+        return transpose
+    fn = getattr(xp, name)
+    if step.op == "Relu":
+        zero = out.dtype.type(0)
+        return lambda ins: [fn(ins[0], zero, out=out)]
+    if arity == 1:
+        return lambda ins: [fn(ins[0], out=out)]
+    return lambda ins: [fn(ins[0], ins[1], out=out)]
+
+
+def _reshape_run(shape: tuple):
+    return lambda ins: [ins[0].reshape(shape)]
+
+
+_ = np  # NumPy dtypes flow through the arrays above
