@@ -155,7 +155,11 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
     offsets, total = assign(intervals)
     plan.arena_offsets, plan.arena_intervals, plan.arena_bytes = offsets, intervals, total
     plan.arena_live_bytes = live_peak(intervals)
-    plan.workspace_bytes = sum(iv.size for iv in intervals if iv.key[0] == "ws")
+    # workspaces in the arena, plus those of lowered steps left outside it (their output is a graph
+    # output, or a view of one): those keep the workspace allocated when the step was built
+    unplaced = [getattr(s.run, "lowered", None) for k, s in enumerate(plan.steps) if k not in placed]
+    plan.workspace_bytes = sum(iv.size for iv in intervals if iv.key[0] == "ws") + sum(
+        int(lw.workspace_bytes or 0) for lw in unplaced if lw is not None)
     arena = backend.arena_alloc(total) if total else None
     plan.arena = arena
 
