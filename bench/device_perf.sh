@@ -12,7 +12,7 @@ echo "code at ${HEAD_COMMIT:-unknown commit}"
 step() { local limit=$1 log=$2; shift 2; [ "$limit" -gt 0 ] || { echo "[$log] skipped"; return; }; local t=$SECONDS; timeout "$limit" "$@" > "$OUT/$log" 2>&1; echo "[$log] exit $? after $((SECONDS - t)) s"; tail -${TAIL:-6} "$OUT/$log"; }
 TAIL=14 step ${CBR16_LIMIT:-240} cbr_layers_fp16.log python3 bench/cbr_layers.py --out "$OUT" --dtypes float16 --batches ${CBR_BATCHES:-1,32} --reps ${REPS:-10}
 step ${GEMM_LIMIT:-60} gemm_act.log python3 bench/gemm_act.py --header-from "$OUT/cbr_layers_h200.json" --out "$OUT" --dtypes float16 --reps ${REPS:-10}
-TAIL=12 step ${CACHE_LIMIT:-150} cache_speed.log python3 bench/cache_speed.py --gpu h200 --kernel-cache "$GRAPHOPT_KERNEL_CACHE" --out "$OUT/cache_speed_h200.json"
+TAIL=12 step ${CACHE_LIMIT:-420} cache_speed.log python3 bench/cache_speed.py --gpu h200 --limit 150 --out-dir "$OUT"
 [ "${E2E_LIMIT:-0}" -gt 0 ] && TAIL=25 step "$E2E_LIMIT" e2e_log.txt python3 bench/e2e.py --quick --budget $((E2E_LIMIT - 20)) --out "$OUT"
 [ "${CBR32_LIMIT:-0}" -gt 0 ] && step "$CBR32_LIMIT" cbr_layers_fp32.log python3 bench/cbr_layers.py --out "$OUT/fp32" --dtypes float32 --reps ${REPS:-10}
 exit 0
