@@ -91,6 +91,9 @@ class _Context:
     cache: Any
     candidates_for: Callable[[Signature], Sequence] | None
     measured: set[str] = field(default_factory=set)  # signature keys measured now; membership only
+    # per signature key, computed once per run (a 200-layer model repeats a handful of signatures)
+    source_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
+    heuristic: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)
 
     @property
     def profiling(self) -> bool:
@@ -150,7 +153,9 @@ def _from_cache(ctx: _Context, sig: Signature) -> _Choice:
     """The fastest cached timing for the target GPU (entries imported from another machine count)."""
     hashes = None
     if ctx.candidates_for is not None:
-        hashes = {c.key(): c.source_hash() for c in ctx.candidates_for(sig)}
+        hashes = ctx.source_hashes.get(sig.key())
+        if hashes is None:
+            hashes = ctx.source_hashes[sig.key()] = {c.key(): c.source_hash() for c in ctx.candidates_for(sig)}
     fp = ctx.device.fingerprint() if ctx.device is not None else None
     best, records = ctx.cache.best_for_gpu(ctx.target.name, sig.key(), source_hashes=hashes, fingerprint=fp)
     if best is None:
@@ -177,7 +182,10 @@ def _choose(ctx: _Context, g, node, sig: Signature, notes: list[str], bucket) ->
     else:
         choice = _Choice()
     if choice.lowering is None:
-        choice.lowering, choice.params, h_reason = heuristic_lowering(node.op_type, sig, ctx.target.compute_capability)
+        memo_key = (node.op_type, sig.key())
+        if memo_key not in ctx.heuristic:
+            ctx.heuristic[memo_key] = heuristic_lowering(node.op_type, sig, ctx.target.compute_capability)
+        choice.lowering, choice.params, h_reason = ctx.heuristic[memo_key]
         choice.mode = choice.mode or "heuristic"
         choice.reason = f"{choice.reason_prefix}heuristic: {h_reason}"
     note = f" [dims: {', '.join(notes)}]" if notes else ""
