@@ -83,14 +83,8 @@ case "$STEP" in
     timeout -k 10 "$(left)" python3 bench/transformer_kernels.py --out "$OUT" --budget "$(left 45)" 2>&1 \
       | tee "$OUT/transformer_kernels_log.txt" | tail -40 ;;
   cache)
-    W=/tmp/cache_models; mkdir -p "$W"
-    for m in resnet50 gpt2; do
-      [ -f "$W/$m.onnx" ] || timeout 120 python3 bench/torch_models.py --export $m --out "$W/$m.onnx" 2>&1 | tail -2
-    done
-    timeout -k 10 "$(left 150)" python3 bench/cache_speed.py --gpu h200 --model "$W/resnet50.onnx" --label "torchvision resnet50" \
-      --out "$OUT/cache_speed_h200.json" 2>&1 | tee "$OUT/cache_speed_log.txt" | tail -4
-    timeout -k 10 "$(left)" python3 bench/cache_speed.py --gpu h200 --model "$W/gpt2.onnx" --label "transformers gpt2 124M" \
-      --cold-only --out "$OUT/cache_speed_h200.json" 2>&1 | tee -a "$OUT/cache_speed_log.txt" | tail -4 ;;
+    timeout -k 10 "$(left)" python3 bench/cache_speed.py --gpu h200 --limit ${CACHE_LIMIT:-150} --out-dir "$OUT" \
+      ${CACHE_ARGS:-} 2>&1 | tee "$OUT/cache_speed_log.txt" | tail -8 ;;
   conformance)
     timeout -k 10 "$(left)" python3 bench/conformance.py --device cuda --out "$OUT/conformance_h200.md" 2>&1 | tail -15
     head -8 "$OUT/conformance_h200.md" 2>/dev/null ;;

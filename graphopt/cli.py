@@ -110,6 +110,9 @@ def main() -> None:
                    "several dims combine as their product). Nodes record the choice per bucket in 'lowering_buckets'; "
                    "'lowering' is the largest bucket's. Without it, tuning uses --shape or the defaults "
                    "(batch-like dims 1, dims named *seq* 128) and says which.")
+@click.option("--tune-budget", "tune_budget", type=float, default=None, metavar="SECONDS",
+              help="Stop profiling after SECONDS; candidates not reached are skipped and the run is reported as "
+                   "cut short (mode 'partial', metadata graphopt.tuning_cut_short), never as tuned.")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance for --verify (default 1e-4; 1e-2 for fp16/bf16 models).")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance for --verify (default 1e-5; 1e-2 for fp16/bf16 models).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
@@ -119,8 +122,8 @@ def main() -> None:
 @click.option("--ops", "ops_table", is_flag=True, help="Also print each op type's count before and after.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
 @click.option("--force", is_flag=True, help="Replace an existing output (-o, --report) even when it is read-only.")
-def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, shape_profiles, rtol, atol,
-             precision, io_fp16, keep_fp32, ops_table, quiet, force):
+def optimize(model, output, gpu, rules, disable, explain, report_path, verify, shapes, shape_profiles, tune_budget,
+             rtol, atol, precision, io_fp16, keep_fp32, ops_table, quiet, force):
     """Optimize MODEL: cleanup, fusion rules, lowering selection; write MODEL.opt.onnx."""
 
     def work():
@@ -128,6 +131,8 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
         from graphopt.compare import parse_shape_overrides
         from graphopt.tune.buckets import parse_shape_profiles
 
+        if tune_budget is not None and not 0 < tune_budget < float("inf"):
+            raise UsageError(f"--tune-budget {tune_budget:g}: expected a positive number of seconds")
         shape_map = parse_shape_overrides(shapes)
         profile = parse_shape_profiles(shape_profiles)  # syntax errors before the model is read
         from graphopt.precision import fp16_tolerances, parse_keep_fp32
@@ -147,6 +152,7 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
                 verify=verify,
                 shapes=shape_map,
                 shape_profile=profile,
+                tune_budget=tune_budget,
                 rtol=r_tol,  # None: the default for the model's dtypes
                 atol=a_tol,
                 progress=progress,

@@ -132,11 +132,13 @@ def optimize_graph(
     progress: Progress | None = None,
     report: OptimizeReport | None = None,
     ruleset: Any = None,
+    tune_budget: float | None = None,
 ) -> OptimizeReport:
     """Rewrite ``graph`` in place and return the report.
 
     ``shape_profile`` (``--shape-profile`` items or a mapping, see ``graphopt.tune.buckets``) is
-    checked against the graph's inputs first, so a bad one fails before any work."""
+    checked against the graph's inputs first, so a bad one fails before any work. ``tune_budget``
+    (seconds) caps profiling; a run that hits it is reported as cut short (mode ``partial``)."""
     from graphopt.passes import dead_code, fold_constants, run_cleanup
     from graphopt.rewrite import apply_rules, load_rules
     from graphopt.tune.buckets import resolve_profile
@@ -183,7 +185,7 @@ def optimize_graph(
     t = time.perf_counter()
     # Profiles when the named GPU is present, else imported cache entries, else the heuristic.
     sel = tune_graph(graph, gpu=gpu, shapes=shapes, progress=None if progress is not None else False,
-                     shape_profile=profile)
+                     shape_profile=profile, budget_s=tune_budget)
     report.target = sel.target
     report.mode = sel.mode
     report.selection_summary = sel.summary
@@ -412,7 +414,8 @@ def optimize_file(
     optimize_graph(graph, shapes=shapes, progress=progress, report=report, **options)
     model = finalize_model(graph)
     del graph  # the IR's copy of the weights is not needed any more (peak memory on large models);
-    gc.collect()  # the IR holds reference cycles (parents, networkx): only the cycle collector frees it
+    if is_large(model, WEIGHTLESS_ABOVE):  # the IR holds reference cycles (parents, networkx): only the
+        gc.collect()  # cycle collector frees it; worth its 0.2 s (on 20k nodes) only when the weights are big
     note = check_output_model(model, full=True, original=original_model, source=str(source),
                               rules=options.get("rules") or ())
     if verify:

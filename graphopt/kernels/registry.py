@@ -16,6 +16,7 @@ from graphopt.kernels.attention import attention_candidates, attention_kernel_in
 from graphopt.lowering.contract import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.gated_mlp import gated_mlp_candidates, gated_mlp_kernel_instances
+from graphopt.kernels.earned import earns_place
 from graphopt.kernels.gemm_act import gemm_act_candidates
 from graphopt.kernels.group_norm import group_norm_candidates, group_norm_kernel_instances
 from graphopt.kernels.norm import norm_candidates, norm_kernel_instances
@@ -98,13 +99,14 @@ def ops() -> list[str]:
 
 
 def candidates_for(sig: Signature) -> list[Candidate]:
-    """Every candidate (each family, each config) for ``sig.op`` in a fixed order; [] for other ops.
+    """Every candidate (each family, each config that earned its place, ``graphopt.kernels.earned``)
+    for ``sig.op`` in a fixed order; [] for other ops.
 
     The list is not pruned: call ``cand.applies(sig, compute_capability)`` and skip those that return
     a reason.
     """
     makers = _makers(sig.op)
-    own = [c for make in makers[:1] for c in make()]
+    own = [c for make in makers[:1] for c in make() if earns_place(c)]  # retired configs: graphopt.kernels.earned
     return own + _providers.provider_candidates(sig.op, sig) + [c for make in makers[1:] for c in make()]
 
 

@@ -205,6 +205,36 @@ def prebuild(jobs: Sequence[tuple[str, str]], arch: str | None = None, workers: 
     return errors
 
 
+def compile_to_cache(jobs: Sequence[tuple[str, str]], arch: str, workers: int | None = None) -> dict[tuple[str, str], str]:
+    """Compile many instances for ``arch`` into the on-disk kernel cache (:func:`cubin_cache_dir`), in
+    parallel worker processes, without loading them (no GPU is touched): a later :func:`get_kernel`
+    in any process reads the cubin instead of compiling. Returns ``{(source, expr): error}``."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing as mp
+
+    todo = [(s, e, arch) for s, e in dict.fromkeys(jobs)]
+    errors: dict[tuple[str, str], str] = {}
+    if not todo:
+        return errors
+    workers = workers or max(1, min(len(todo), (os.cpu_count() or 2)))
+    if workers == 1 or len(todo) == 1:
+        for job in todo:
+            try:
+                _compile_one(job)
+            except Exception as exc:  # noqa: BLE001 - reported, and the build reports it again
+                errors[(job[0], job[1])] = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return errors
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        futs = [(job, pool.submit(_compile_one, job)) for job in todo]
+        for job, fut in futs:
+            try:
+                fut.result()
+            except Exception as exc:  # noqa: BLE001
+                errors[(job[0], job[1])] = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return errors
+
+
 class NvrtcUnavailable(RuntimeError):
     """NVRTC could not be loaded (no ``cupy`` or no NVRTC shared library)."""
 

@@ -25,6 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphopt.ir import Node
+from graphopt.passes._shape_ops import evaluate_shape_op
 
 # Element types a folded value may have: plain NumPy types that both evaluators and
 # numpy_helper handle exactly (no bfloat16/float8/int4/strings).
@@ -133,7 +134,11 @@ def evaluate(node: Node, values: dict[str, np.ndarray], opset: int, limit_bytes:
 
     Raises ``NotFoldable`` with the reason when the output size is unknown or over ``limit_bytes``
     (checked before anything is evaluated), or when evaluation fails or disagrees with inference.
+    Small integer shape arithmetic (``graphopt.passes._shape_ops``) is computed with NumPy directly.
     """
+    fast = evaluate_shape_op(node, values, opset)
+    if fast is not None and sum(a.nbytes for a in fast) <= limit_bytes:
+        return fast
     model, feeds = _build(node, values, opset)
     types = _infer(model)
     size = output_bytes(types)

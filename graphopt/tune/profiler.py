@@ -55,6 +55,10 @@ ERROR = "error"
 CRASHED = "crashed"
 TIMEOUT = "timeout"
 WORKER_FAILED = "worker_failed"  # the worker process could not start: an environment problem
+SKIPPED = "skipped"  # never run: the tuning budget was spent first
+# A result that leaves the signature's tuning unfinished: the run was cut short, not completed. A
+# candidate killed after its own timeout (a hang) is a failed candidate, not an unfinished run.
+CUT_SHORT = (SKIPPED,)
 
 # Failures that say something about the candidate and are worth caching. A timeout (the GPU may
 # have been busy) or a worker that could not start is not: those are measured again next time.
@@ -134,6 +138,12 @@ class ProfileResult:
         """True when nothing was measured now: every non-pruned result came from the cache."""
         measured = [r for r in self.results if r.status != PRUNED]
         return bool(measured) and all(r.cached for r in measured)
+
+    @property
+    def cut_short(self) -> int:
+        """How many candidates were never run (the tuning budget was spent first): when
+        non-zero, this signature's tuning is incomplete and must not be reported as tuned."""
+        return sum(r.status in CUT_SHORT for r in self.results)
 
     def failure_summary(self) -> str:
         bad = [f"{r.candidate}: {r.status} ({r.reason})" for r in self.results if not r.ok]
@@ -425,12 +435,14 @@ def profile_node(
     known: Mapping[str, CandidateResult] | None = None,
     runner: IsolatedRunner | InlineRunner | None = None,
     memo: dict[str, ProfileResult] | None = None,
+    deadline: Callable[[], str | None] | None = None,
 ) -> ProfileResult:
     """Profile one signature over ``candidates``; see the module docstring.
 
     ``known`` maps candidate keys to results already measured (from the tuning cache): those are
     not run again. ``memo`` (sig key -> result) makes repeated signatures free. ``runner`` reuses a
-    worker across calls; otherwise one is made (and closed) here.
+    worker across calls; otherwise one is made (and closed) here. ``deadline()`` (a ``Budget``) is
+    asked before each candidate: once it returns a reason, the remaining candidates are ``skipped``.
     """
     key = sig.key()
     if memo is not None and key in memo:
@@ -463,7 +475,8 @@ def profile_node(
         runner = IsolatedRunner(timer, checker, buffers, arch, timeout_s=timeout_s) if isolate else InlineRunner(timer, checker, buffers, arch)
     try:
         for idx, cand in todo:
-            reply = runner.run(sig, cand)
+            spent = deadline() if deadline is not None else None
+            reply = {"status": SKIPPED, "reason": spent} if spent else runner.run(sig, cand)
             samples = tuple(reply.get("samples", ()))
             status = reply["status"]
             slots[idx] = CandidateResult(
@@ -508,6 +521,28 @@ def node_progress(total: int, *, enabled: bool | None = None, description: str =
         yield advance
 
 
+class Budget:
+    """The tuning budget of one run: ``budget()`` is ``None`` while time is left, else the reason.
+    The clock starts at the first call; ``seconds=None`` never runs out."""
+
+    def __init__(self, seconds: float | None = None, clock: Callable[[], float] | None = None):
+        import time
+
+        self.seconds = seconds
+        self._clock = clock or time.monotonic
+        self._start: float | None = None
+
+    def __call__(self) -> str | None:
+        if self.seconds is None:
+            return None
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+        if now - self._start >= self.seconds:
+            return f"not run: the tuning budget of {self.seconds:g} s was spent"
+        return None
+
+
 class Profiler:
     """Profiles signatures on the present GPUs, through the tuning cache, once per signature.
 
@@ -518,11 +553,17 @@ class Profiler:
     pinned to its device (``CUDA_VISIBLE_DEVICES``; with one device too, so that a target GPU at
     index 1 is the one measured). Use as a context manager (or ``close()``) so the workers are shut
     down.
+
+    ``budget_s`` caps the whole run's tuning time (``Budget``): candidates not reached by then are
+    ``skipped`` and their signatures' results say ``cut_short``. ``precompile(jobs, arch)`` (optional)
+    compiles every kernel the pending candidates will build, in parallel, before any is timed: jobs
+    are the ``(source, instance)`` pairs of each candidate's ``kernels(sig)``.
     """
 
     def __init__(self, candidates_for: Callable[[Signature], Sequence[Candidate]], *, timer: Timer, checker: Checker,
                  device=None, devices=None, buffers: Callable[[Signature], tuple[list, list]] = no_buffers,
-                 cache=None, isolate: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 cache=None, isolate: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 budget_s: float | None = None, precompile: Callable[[list, str], Any] | None = None):
         devs = list(devices) if devices else ([device] if device is not None else [])
         if not devs:
             raise ValueError("Profiler needs the device (or devices) to profile on")
@@ -533,7 +574,8 @@ class Profiler:
         self.memo: dict[str, ProfileResult] = {}
         self._profile_kw = dict(timer=timer, checker=checker, buffers=buffers, isolate=isolate,
                                 compute_capability=self.device.compute_capability, arch=self.device.arch,
-                                timeout_s=timeout_s)
+                                timeout_s=timeout_s, deadline=Budget(budget_s))
+        self.precompile = precompile
         if isolate:
             self._runners = [
                 IsolatedRunner(timer, checker, buffers, d.arch, timeout_s=timeout_s, device_index=d.index)
@@ -594,9 +636,12 @@ class Profiler:
             if k not in self.memo and k not in keys:
                 keys.add(k)
                 todo.append(sig)
+        prepared = [self._prepare(sig) for sig in todo]
+        self._precompile(todo, prepared)
         if len(self._runners) == 1 or len(todo) < 2:
-            for sig in todo:
-                self(sig)
+            for sig, (candidates, known) in zip(todo, prepared):
+                runner = next((r for r in self._runners if not r.broken), self._runners[0])
+                self._store(sig, profile_node(sig, candidates, known=known, runner=runner, **self._profile_kw))
                 if advance:
                     advance(sig.op)
             return
@@ -631,8 +676,7 @@ class Profiler:
         merged = 0
         with ThreadPoolExecutor(max_workers=len(self._runners), thread_name_prefix="graphopt-tune") as pool:
             futures = {}
-            for i, sig in enumerate(todo):
-                candidates, known = self._prepare(sig)
+            for i, (sig, (candidates, known)) in enumerate(zip(todo, prepared)):
                 futures[pool.submit(work, sig, candidates, known)] = i
             for fut in as_completed(futures):
                 i = futures[fut]
@@ -642,6 +686,33 @@ class Profiler:
                     merged += 1
                 if advance:
                     advance(todo[i].op)
+
+    def kernel_jobs(self, sigs: Sequence[Signature], prepared) -> list[tuple[str, str]]:
+        """The distinct ``(source, instance)`` kernels the candidates still to be timed will build."""
+        cc = self.device.compute_capability
+        jobs: dict[tuple[str, str], None] = {}
+        for sig, (candidates, known) in zip(sigs, prepared):
+            for cand in candidates:
+                kernels = getattr(cand, "kernels", None)
+                if kernels is None or cand.key() in known:
+                    continue
+                try:
+                    if cand.applies(sig, cc):
+                        continue
+                    jobs.update(dict.fromkeys(tuple(j) for j in kernels(sig)))
+                except Exception:  # noqa: BLE001 - the build reports it, in the worker
+                    continue
+        return list(jobs)
+
+    def _precompile(self, sigs, prepared) -> None:
+        if self.precompile is None or not sigs:
+            return
+        jobs = self.kernel_jobs(sigs, prepared)
+        if jobs:
+            try:
+                self.precompile(jobs, self.device.arch)
+            except Exception:  # noqa: BLE001 - only a speed-up: each build compiles what is missing
+                pass
 
     def close(self) -> None:
         for r in self._runners:
@@ -655,7 +726,7 @@ class Profiler:
 
 
 __all__ = [
-    "BUILD_FAILED", "CACHEABLE_FAILURES", "CRASHED", "ERROR", "OK", "OOM", "PRUNED", "TIMEOUT", "WORKER_FAILED", "WRONG",
-    "CandidateResult", "Checker", "FakeTimer", "Profiler", "InlineRunner", "IsolatedRunner", "ProfileResult", "Timer",
+    "BUILD_FAILED", "CACHEABLE_FAILURES", "CRASHED", "CUT_SHORT", "ERROR", "OK", "OOM", "PRUNED", "SKIPPED", "TIMEOUT",
+    "WORKER_FAILED", "WRONG", "Budget", "CandidateResult", "Checker", "FakeTimer", "Profiler", "InlineRunner", "IsolatedRunner", "ProfileResult", "Timer",
     "no_buffers", "node_progress", "profile_node",
 ]

@@ -27,12 +27,14 @@ from graphopt.tune.select import SelectionReport, select_lowerings
 
 @dataclass(frozen=True)
 class TuningBackend:
-    """What the profiler needs from the kernels. All four must be picklable (module-level)."""
+    """What the profiler needs from the kernels. All four must be picklable (module-level).
+    ``precompile(jobs, arch)`` (optional, runs here) compiles the pending candidates' kernels in parallel."""
 
     candidates_for: Callable[[Signature], Sequence[Candidate]]
     timer: Callable
     checker: Callable
     buffers: Callable
+    precompile: Callable | None = None
 
 
 def kernel_candidates() -> Callable[[Signature], Sequence[Candidate]] | None:
@@ -57,7 +59,11 @@ def kernels_backend() -> tuple[TuningBackend | None, str]:
         from graphopt.kernels.check import buffers, checker
     except Exception as exc:  # noqa: BLE001
         return None, f"graphopt.kernels.check (checker, buffers) is not importable ({exc})"
-    return TuningBackend(candidates_for, cuda_event_timer, checker, buffers), ""
+    try:
+        from graphopt.kernels.source import compile_to_cache
+    except Exception:  # noqa: BLE001 - only a speed-up
+        compile_to_cache = None
+    return TuningBackend(candidates_for, cuda_event_timer, checker, buffers, compile_to_cache), ""
 
 
 def tune_graph(
@@ -72,6 +78,7 @@ def tune_graph(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: bool | None = None,
     shape_profile: Any = None,
+    budget_s: float | None = None,
 ) -> SelectionReport:
     """Choose every custom-op node's lowering for ``gpu``, profiling when that GPU is present.
 
@@ -79,6 +86,8 @@ def tune_graph(
     ``TuningCache``. ``backend``: ``"kernels"`` loads ``kernels_backend()``; ``None`` never
     profiles; or pass a ``TuningBackend`` (tests). ``devices`` overrides detection (tests).
     ``shape_profile`` tunes each bucket of the profiled dims (``graphopt.tune.buckets``).
+    ``budget_s`` caps the profiling time; a run that hits it is reported as cut short (mode
+    ``partial``), never as tuned.
     """
     from graphopt.tune.buckets import resolve_profile
 
@@ -113,7 +122,8 @@ def tune_graph(
         if target.present and backend is not None:
             with Profiler(backend.candidates_for, timer=backend.timer, checker=backend.checker,
                           buffers=backend.buffers, devices=list(target.devices), cache=cache, isolate=isolate,
-                          timeout_s=timeout_s) as prof:
+                          timeout_s=timeout_s, budget_s=budget_s,
+                          precompile=getattr(backend, "precompile", None)) as prof:
                 report = select_lowerings(graph, norm, cache=cache, profile=prof, shapes=shapes, devices=devices,
                                           candidates_for=candidates_for, progress=progress,
                                           shape_profile=shape_profile)

@@ -39,36 +39,43 @@ def test_served_from_cache_needs_every_node_cached(rep, served):
     assert _bench().served_from_cache(rep) is served
 
 
-def test_dry_run_on_cpu_runs_both_optimizes_and_says_it_checked_nothing(tmp_path, capsys):
+def test_dry_run_on_cpu_runs_cold_and_warm_and_says_it_checked_nothing(tmp_path, capsys):
     from tests.cli.test_shape_profile_cli import _model
 
     model = _model(tmp_path / "m.onnx")
     out = tmp_path / "res.json"
-    assert _bench().main(["--gpu", "none", "--model", str(model), "--out", str(out)]) == 0
+    assert _bench().main(["--gpu", "none", "--model", str(model), "--out", str(out), "--batch", "0"]) == 0
     err = capsys.readouterr().err
     assert "DRY RUN" in err and "nothing about the cache was checked" in err
     res = json.loads(out.read_text())
-    assert res["dry_run"] is True and res["second_served_from_cache"] is False
-    assert res["first"]["mode"] == res["second"]["mode"] == "none"
-    assert res["first"]["custom_ops"] == {"CBR": 2}
-    assert res["outputs_byte_identical"] is True
-    assert res["command"].startswith("graphopt optimize ") and "--gpu none" in res["command"]
-    assert res["first_run_s"] > 0 and res["second_run_s"] > 0
-    for key in ("date", "gpu", "versions", "command", "note"):
+    assert res["dry_run"] is True and res["model"] == "m"
+    assert res["cold_s"] > 0 and res["warm_s"] > 0
+    (run,) = res["runs"]
+    assert run["cold_s"] == res["cold_s"] and run["warm_s"] == res["warm_s"]
+    assert run["warm_served_from_cache"] is False
+    assert run["cold"]["mode"] == run["warm"]["mode"] == "none"
+    assert run["cold"]["custom_ops"] == {"CBR": 2}
+    assert run["outputs_byte_identical"] is True
+    assert run["command"].startswith("graphopt optimize ") and "--gpu none" in run["command"]
+    assert "--shape" not in run["command"]
+    for key in ("date", "gpu", "versions", "note", "method"):
         assert res[key]
 
 
-def test_cold_only_runs_merge_into_one_file_by_model(tmp_path, capsys):
+def test_out_dir_names_the_file_after_the_gpu(tmp_path):
     from tests.cli.test_shape_profile_cli import _model
 
     model = _model(tmp_path / "m.onnx")
-    out = tmp_path / "res.json"
-    bench = _bench()
-    assert bench.main(["--gpu", "none", "--model", str(model), "--out", str(out), "--label", "resnet50"]) == 0
-    assert bench.main(["--gpu", "none", "--model", str(model), "--out", str(out), "--label", "gpt2", "--cold-only"]) == 0
-    res = json.loads(out.read_text())
-    assert res["model"] == "resnet50" and res["cold_s"] > 0 and res["warm_s"] > 0  # the top level stays the first model's
-    models = {m["model"]: m for m in res["models"]}
-    assert set(models) == {"resnet50", "gpt2"}
-    assert models["gpt2"]["cold_s"] > 0 and models["gpt2"]["warm_s"] is None
-    assert models["resnet50"]["cold_kernel_cache"] == "fresh"
+    assert _bench().main(["--gpu", "none", "--model", str(model), "--out-dir", str(tmp_path / "OUT"),
+                          "--batch", "0", "--limit", "120"]) == 0
+    res = json.loads((tmp_path / "OUT" / "cache_speed_none.json").read_text())
+    assert res["runs"][0]["cold_exit"] == res["runs"][0]["warm_exit"] == 0
+
+
+def test_a_failed_run_is_recorded_and_fails_the_script(tmp_path):
+    from tests.cli.test_shape_profile_cli import _model
+
+    model = _model(tmp_path / "m.onnx")  # its input is 'x': --shape input=... is refused (exit 2)
+    assert _bench().main(["--gpu", "none", "--model", str(model), "--out", str(tmp_path / "r.json")]) == 1
+    (run,) = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert run["cold_exit"] == 2 and "input" in run["cold_error"] and "warm_s" not in run

@@ -1,0 +1,153 @@
+"""A custom-op node's ``Signature`` at concrete sizes: symbolic dims bound from ``--shape``, unbound
+dims given documented defaults, and shapes the graph does not know inferred or propagated.
+
+See ``graphopt.tune.select`` (the module docstring) for the rules; this module holds the steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from graphopt.kernels.registry import signature_of
+from graphopt.lowering.contract import Signature
+
+DOMAIN = "graphopt"
+DEFAULT_DIM = 1
+SEQ_DIM = 128
+
+
+def _dtype_name(dtype: int | None) -> str:
+    if dtype is None:
+        return "unknown"
+    try:
+        import numpy as np
+        from onnx import helper
+
+        return np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).name
+    except Exception:  # noqa: BLE001 - a dtype NumPy has no name for
+        import onnx
+
+        return onnx.TensorProto.DataType.Name(dtype).lower()
+
+
+def bind_dims_sources(graph, shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, str]]:
+    """Symbolic dim name -> (value, the tensor in ``shapes`` it was read off)."""
+    bound: dict[str, tuple[int, str]] = {}
+    for name in sorted(shapes or {}):
+        concrete = [int(d) for d in shapes[name]]
+        info = graph.value_info(name)
+        declared = info.shape if info is not None else None
+        if declared is None or len(declared) != len(concrete):
+            continue
+        for d, v in zip(declared, concrete):
+            if isinstance(d, str) and d and d not in bound:
+                bound[d] = (v, name)
+    return bound
+
+
+def bind_dims(graph, shapes: Mapping[str, Sequence[int]] | None) -> dict[str, int]:
+    """Symbolic dim name -> value, read off the tensors in ``shapes`` whose declared dims are symbolic."""
+    return {d: v for d, (v, _) in bind_dims_sources(graph, shapes).items()}
+
+
+def default_dim(name: str | None) -> tuple[int, str]:
+    """The documented default for an unbound dim, and why: ``SEQ_DIM`` for a name containing "seq"."""
+    if isinstance(name, str) and "seq" in name.lower():
+        return SEQ_DIM, "default (SEQ_DIM)"
+    return DEFAULT_DIM, "default (DEFAULT_DIM)"
+
+
+def _concrete(shape, dims: Mapping[str, int], notes: list[str], defaulted: dict | None = None) -> tuple[int, ...] | None:
+    if shape is None:
+        return None
+    out = []
+    for d in shape:
+        if isinstance(d, int) and d >= 0:
+            out.append(d)
+        elif isinstance(d, str) and d in dims:
+            out.append(dims[d])
+        else:
+            value, _ = default_dim(d)
+            label = repr(d) if isinstance(d, str) and d else "unknown dim"
+            note = f"{label}={value} (default)"
+            if note not in notes:
+                notes.append(note)
+            if defaulted is not None:
+                defaulted.setdefault(d if isinstance(d, str) and d else "?", value)
+            out.append(value)
+    return tuple(out)
+
+
+def node_signature(
+    graph, node, dims: Mapping[str, int] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+    defaulted: dict | None = None,
+) -> tuple[Signature, list[str]]:
+    """The ``Signature`` of one custom-op node, and notes on any dims that were defaulted.
+
+    ``graph`` is the (sub)graph holding the node; absent optional inputs get shape ``None`` and
+    dtype ``""``; the ``lowering*`` attributes are left out. ``defaulted`` (when given) collects
+    ``dim name -> default value`` for every dim that took a default (``"?"`` for unnamed dims).
+    """
+    notes: list[str] = []
+    in_shapes, dtypes = [], []
+    for t in node.inputs:
+        if not t:
+            in_shapes.append(None)
+            dtypes.append("")
+            continue
+        info = graph.value_info(t)
+        shape = tuple(shapes[t]) if shapes and t in shapes else (info.shape if info is not None else None)
+        in_shapes.append(_concrete(shape, dims or {}, notes, defaulted))
+        dtypes.append(_dtype_name(info.dtype if info is not None else None))
+    attrs = {k: v for k, v in node.attrs_dict().items() if not k.startswith("lowering")}
+    sig = signature_of(node.op_type, in_shapes, dtypes, attrs)
+    return sig, notes
+
+
+def custom_nodes(graph) -> list[tuple[Any, Any]]:
+    return [(g, n) for g, n in graph.walk() if n.domain == DOMAIN]
+
+
+def infer_missing_shapes(graph, nodes=None) -> int:
+    """Run ONNX shape inference (through the custom ops' function bodies) when a custom-op input
+    has no known shape; merge what it finds into ``graph``. Returns the number of value_infos added.
+
+    Best effort: a model that shape inference cannot handle keeps the shapes it has.
+    """
+    nodes = custom_nodes(graph) if nodes is None else nodes
+    missing = any(t and g.value_info(t).shape is None for g, n in nodes for t in n.inputs)
+    if not missing or not hasattr(graph, "merge_value_info"):
+        return 0
+    try:
+        import onnx
+
+        from graphopt.ir import to_model
+        from graphopt.ops import attach_functions
+
+        from graphopt.ir.large import WEIGHTLESS_ABOVE, infer_shapes_weightless, is_large
+
+        model = attach_functions(to_model(graph))
+        if is_large(model, WEIGHTLESS_ABOVE):  # inference on a big model: without the weights
+            inferred = infer_shapes_weightless(model, check_type=False, strict_mode=False, data_prop=True)
+        else:
+            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - an aid, never a reason to fail
+        return 0
+    return int(graph.merge_value_info(inferred.value_info))
+
+
+def propagated_shapes(graph, nodes, dims: Mapping[str, int], shapes) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes of the custom nodes' inputs at these dims, when some input dim is neither
+    static nor a dim the graph inputs declare (and so bound by ``dims``); else {} (nothing to do)."""
+    declared = {d for name in graph.inputs for d in (graph.value_info(name).shape or ()) if isinstance(d, str)}
+
+    def unbound(shape):
+        return shape is None or any(not (isinstance(d, int) and d >= 0) and d not in declared for d in shape)
+
+    wanted = [t for g, n in nodes for t in n.inputs if t and g is graph and unbound(g.value_info(t).shape)]
+    if not wanted:
+        return {}
+    from graphopt.tune.propagate import concrete_shapes
+
+    known = concrete_shapes(graph, dims, lambda name: default_dim(name)[0], shapes, wanted)
+    return {t: known[t] for t in wanted if t in known}
