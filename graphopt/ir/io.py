@@ -14,7 +14,10 @@ non-atomically, which is why this module writes the bytes itself.
 from __future__ import annotations
 
 import os
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import onnx
@@ -30,9 +33,18 @@ from graphopt.errors import (
 )
 from graphopt.files import Staged, atomic_write, regular_file
 from graphopt.ir.convert import from_model, to_model
-from graphopt.ir.external import check_external, is_external, iter_sparse, iter_tensors, load_external
+from graphopt.ir.external import (
+    check_external,
+    is_external,
+    is_lazy,
+    iter_sparse,
+    iter_tensors,
+    lazy_location,
+    load_external,
+    stream_lazy,
+)
 from graphopt.ir.graph import Graph
-from graphopt.ir.large import without_initializers
+from graphopt.ir.large import materialize, without_initializers
 
 MIN_OPSET = 9
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -204,8 +216,13 @@ def check_sparse(sp: onnx.SparseTensorProto, source: str) -> None:
         raise InvalidModel(f"{source}: sparse tensor {name!r} is malformed: {first[:200]}") from None
 
 
-def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_external_data: bool = True, base_dir: "str | os.PathLike | None" = None) -> Graph:
-    """Load and validate a model into a ``Graph``. The input file is only read, never modified."""
+def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_external_data: bool = True,
+               base_dir: "str | os.PathLike | None" = None, lazy_above: int | None = None) -> Graph:
+    """Load and validate a model into a ``Graph``. The input file is only read, never modified.
+
+    With ``lazy_above`` (bytes), a model with more external data than that keeps its large weights in
+    their files (``graphopt.ir.external.load_external``): ``Graph.constant_value`` reads one when a pass
+    needs its value, and ``save_model`` streams them into the output's data file."""
     if isinstance(model_or_path, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(model_or_path)
@@ -218,7 +235,7 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
         folder = Path(base_dir) if base_dir is not None else path.resolve().parent
     check_header(model, source)
     if load_external_data:
-        data_files = load_external(model, folder, source)
+        data_files = load_external(model, folder, source, lazy_above)
     else:
         data_files = check_external(model, folder, source)
     for t in iter_tensors(model.graph):
@@ -297,8 +314,10 @@ def save_model(
 def _stage_model(staged: Staged, model: onnx.ModelProto, dest: Path, data_path: Path, external_data, size_threshold: int,
                  min_external_tensor_bytes: int) -> None:
     total = sum(len(t.raw_data) for t in iter_tensors(model.graph))
+    total += sum(lazy_location(t)[2] for t in model.graph.initializer if is_lazy(t))
     use_external = external_data if external_data is not None else total > size_threshold
     if not use_external:
+        model = materialize(model)  # weights left in their files are read in (below the 2 GB limit)
         data = serialize(model)
         if len(data) > PROTOBUF_LIMIT:
             raise WriteFailed(f"{dest}: the model is over 2 GB; save it with external data")
@@ -320,7 +339,9 @@ def _stage_model(staged: Staged, model: onnx.ModelProto, dest: Path, data_path: 
 
     for t in model.graph.initializer:
         length = _data_length(t)
-        if is_external(t) or length is None or length < min_external_tensor_bytes:
+        if is_lazy(t):  # a weight left in the input's data file: copied from there, chunk by chunk
+            length = length if length is not None else lazy_location(t)[2]
+        elif is_external(t) or length is None or length < min_external_tensor_bytes:
             structure.graph.initializer.append(t)
             continue
         start = place(length)
@@ -353,12 +374,15 @@ def _stage_model(staged: Staged, model: onnx.ModelProto, dest: Path, data_path: 
         for item, start, length in plan:
             if start > at:
                 yield b"\0" * (start - at)
+            at = start + length
+            if not isinstance(item, bytes) and is_lazy(item):
+                yield from stream_lazy(item, length)
+                continue
             raw = item if isinstance(item, bytes) else _raw_bytes(item)
             if len(raw) != length:
                 raise WriteFailed(f"{dest}: tensor {item.name!r} holds {len(raw)} bytes, its dims need {length}; "
                                   "nothing was written")
             yield raw
-            at = start + length
 
     staged.add(data_path, chunks())
     staged.add(dest, [serialize(structure)])
@@ -384,6 +408,17 @@ def _raw_bytes(t: onnx.TensorProto) -> bytes:
     if t.HasField("raw_data"):
         return t.raw_data
     return onnx.numpy_helper.to_array(t).tobytes()
+
+
+@contextmanager
+def on_disk(model: onnx.ModelProto) -> Iterator[Path]:
+    """The path of ``model`` written with its weights as external data into a temporary folder, removed
+    on exit: for onnxruntime, which cannot take a model over 2 GB (or one whose weights are still in
+    their files) as bytes. The weights are streamed, never held twice."""
+    with tempfile.TemporaryDirectory(prefix="graphopt-model-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        save_model(model, path, external_data=True)
+        yield path
 
 
 def model_bytes(graph: Graph) -> bytes:
