@@ -239,7 +239,7 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
         raise InvalidGraph(f"{source}: {e}") from None
     graph.source_path = None if isinstance(model_or_path, onnx.ModelProto) else str(Path(model_or_path))
     graph.data_files = [str(p) for p in data_files]
-    graph.source_model = model  # the validated input, external data loaded; verify compares against it
+    graph.source_model = model  # the validated input, external data loaded (or lazy); verify compares against it
     return graph
 
 

@@ -135,3 +135,54 @@ def test_an_input_setting_basepath_is_still_refused(tmp_path):
     src.write_bytes(m.SerializeToString())
     with pytest.raises(UnsafeExternalData, match="basepath"):
         load_model(src, lazy_above=0)
+
+
+def _conv_bn_mlp(folder):
+    """Conv -> BatchNormalization -> Relu -> Flatten -> MatMul -> Add, every tensor external: the
+    Conv+BN fold reads the (lazy) conv weight, the MatMul weight is only carried through."""
+    rng = np.random.default_rng(3)
+    arrays = {"cw": rng.standard_normal((16, 3, 3, 3)).astype(np.float32), "cb": rng.standard_normal(16).astype(np.float32),
+              "s": rng.random(16).astype(np.float32) + 0.5, "bb": rng.standard_normal(16).astype(np.float32),
+              "mu": rng.standard_normal(16).astype(np.float32), "var": rng.random(16).astype(np.float32) + 0.5,
+              "w": rng.standard_normal((16 * 8 * 8, 32)).astype(np.float32), "b": rng.standard_normal(32).astype(np.float32)}
+    inits, offset = [], 0
+    with open(folder / "model.onnx.data", "wb") as f:
+        for name, arr in arrays.items():
+            f.write(arr.tobytes())
+            t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=arr.shape, data_location=TensorProto.EXTERNAL)
+            for k, v in (("location", "model.onnx.data"), ("offset", str(offset)), ("length", str(arr.nbytes))):
+                t.external_data.add(key=k, value=v)
+            offset += arr.nbytes
+            inits.append(t)
+    nodes = [helper.make_node("Conv", ["x", "cw", "cb"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "mu", "var"], ["n"]),
+             helper.make_node("Relu", ["n"], ["r"]), helper.make_node("Flatten", ["r"], ["f"]),
+             helper.make_node("MatMul", ["f", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])], inits)
+    path = folder / "model.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("options", [{}, {"verify": True}, {"precision": "fp16"}])
+def test_optimizing_with_weights_left_in_files_gives_the_same_bytes(tmp_path, monkeypatch, options):
+    """The lazy path (every weight over 1 KB left in its file) writes byte for byte what the eager path
+    writes, with the folds that read a weight (Conv+BN) and --verify / fp16 on top."""
+    import graphopt.ir.external as ext
+    import graphopt.pipeline as pipeline
+
+    src = _conv_bn_mlp(tmp_path)
+    eager = tmp_path / "eager.onnx"
+    pipeline.optimize_file(src, eager, gpu="none", **options)
+    monkeypatch.setattr(ext, "LAZY_TENSOR_BYTES", 1024)
+    monkeypatch.setattr(pipeline, "WEIGHTLESS_ABOVE", 0)
+    seen = []
+    real = pipeline.load_model
+    monkeypatch.setattr(pipeline, "load_model", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    lazy = tmp_path / "lazy.onnx"
+    _, report = pipeline.optimize_file(src, lazy, gpu="none", **options)
+    assert has_lazy(seen[0].source_model)  # the weights really were left in the file
+    assert report.cleanup.get("fold_conv_bn") == 1 and report.rewrites == {"conv_relu": 1, "matmul_bias": 1}
+    assert lazy.read_bytes() == eager.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eager.onnx", "lazy.onnx", "model.onnx", "model.onnx.data"]
