@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -93,12 +94,20 @@ def main() -> int:
             rows.append(run(["optimize", str(model), "--gpu", "none", "-q", "--verify", "-o", str(folder / "out2.onnx")], folder))
     for r in rows:
         r["peak_over_weights"] = round(r["peak_rss_mib"] * 2**20 / weight_bytes, 2)
-    doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layers": args.layers, "dim": args.dim,
+    import onnxruntime
+
+    machine = (f"{platform.machine()} Linux, {os.cpu_count()} CPU cores (shared), "
+               f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM; Python "
+               f"{platform.python_version()}, onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}")
+    doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine, "layers": args.layers, "dim": args.dim,
            "weight_bytes": weight_bytes, "runs": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     md = [f"# Optimizing a model with {weight_bytes / 1e9:.2f} GB of external weights ({doc['date']})", "",
           f"`PYTHONPATH=. python bench/large_model.py --layers {args.layers} --dim {args.dim}"
-          + (" --verify" if args.verify else "") + "` on this machine (2 shared CPU cores).", "",
+          + (" --verify" if args.verify else "") + f"` on {doc['machine']}.", "",
+          "Peak RSS is the graphopt process's own `ru_maxrss` (all threads, onnxruntime's included). The weights "
+          "stay in their files while graphopt works and are streamed into the output's data file; `--verify` "
+          "writes both models to a temporary folder and runs them under onnxruntime one after the other.", "",
           "| command | exit | seconds | peak RSS | peak / weights |", "|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| `graphopt {' '.join(a if '/' not in a else Path(a).name for a in r['argv'])}` | {r['rc']} | "

@@ -144,15 +144,15 @@ def load_external(model: onnx.ModelProto, base_dir: Path, source: str, lazy_abov
     bytes, the main graph's initializers of at least ``LAZY_TENSOR_BYTES`` stay references (``keep_lazy``):
     their bytes are read only when a pass asks for the value and streamed when the model is saved."""
     files: list[Path] = []
-    lazy: set[int] = set()
     if lazy_above is not None:
         refs = [(t, resolve_location(base_dir, t, source)) for t in model.graph.initializer if is_external(t)]
         total = sum(_span(path, offset, length) for _, (path, offset, length) in refs)
         if total > lazy_above:
             for t, (path, offset, length) in refs:
-                if _span(path, offset, length) >= LAZY_TENSOR_BYTES:
+                span = _span(path, offset, length)
+                # a span that does not fit the dims is read, so that check_tensor refuses it as before
+                if span >= LAZY_TENSOR_BYTES and span == _dims_bytes(t):
                     keep_lazy(t, base_dir)
-                    lazy.add(id(t))
                     if path not in files:
                         files.append(path)
     for t in model_tensors(model):
@@ -181,6 +181,21 @@ _CHUNK = 16 * 2**20
 
 def _span(path: Path, offset: int, length: int | None) -> int:
     return length if length is not None else max(os.path.getsize(path) - offset, 0)
+
+
+def _dims_bytes(t: onnx.TensorProto) -> int | None:
+    """Bytes the dims of ``t`` need as raw data; None for types not stored one element per byte group."""
+    if t.data_type in _NOT_BYTE_SIZED:
+        return None
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:
+        return None
+    return int(np.prod([int(d) for d in t.dims], dtype=np.int64)) * itemsize
+
+
+_NOT_BYTE_SIZED = {onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING,
+                   *(getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(onnx.TensorProto, n))}
 
 
 def keep_lazy(t: onnx.TensorProto, base_dir: Path) -> None:

@@ -186,3 +186,14 @@ def test_optimizing_with_weights_left_in_files_gives_the_same_bytes(tmp_path, mo
     assert report.cleanup.get("fold_conv_bn") == 1 and report.rewrites == {"conv_relu": 1, "matmul_bias": 1}
     assert lazy.read_bytes() == eager.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eager.onnx", "lazy.onnx", "model.onnx", "model.onnx.data"]
+
+
+def test_a_weight_whose_length_does_not_fit_its_dims_is_refused_at_load_as_before(tmp_path, small_lazy):
+    src = _model(tmp_path)
+    m = onnx.load(str(src), load_external_data=False)
+    m.graph.initializer[0].dims[0] = 63  # 63 x 32 floats, 8 KB of data
+    src.write_bytes(m.SerializeToString())
+    from graphopt.errors import InvalidModel
+
+    with pytest.raises(InvalidModel, match="raw_data"):
+        load_model(src, lazy_above=0)
