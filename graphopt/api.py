@@ -45,7 +45,9 @@ def optimize(
     name. ``precision="fp16"`` converts the model to fp16 first (``io_fp16``: fp16 inputs and outputs
     too; ``keep_fp32``: op types left at fp32). With ``verify=True`` both models run under onnxruntime
     on random inputs and a mismatch raises ``graphopt.errors.VerificationFailed``. The result is
-    written only when ``output`` is given.
+    written only when ``output`` is given. A path to a model with over 64 MiB of external data returns
+    its large weights as references into the input's data file (not read into memory): ``save`` writes
+    them, ``graphopt.ir.large.materialize`` reads them in.
 
     ``shape_profile`` tunes each value of symbolic input dims separately, like ``--shape-profile``:
     ``{"x": {"batch": [1, 8, 32]}}`` or ``["x=batch:1,8,32"]``. Each custom-op node then records

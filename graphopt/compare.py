@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 
 from graphopt.errors import InvalidModel, UsageError, VerificationFailed, did_you_mean
+from graphopt.ir.io import on_disk
+from graphopt.ir.large import WEIGHTLESS_ABOVE, is_large
 
 BATCH_DIM = 2  # a symbolic leading (batch) dim
 DEFAULT_DIM = 16  # any other symbolic dim: sequence lengths, image sides
@@ -269,8 +271,17 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> 
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # errors reach the user as one line (the exception below), never as ORT log lines
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not is_large(model, WEIGHTLESS_ABOVE):
+        return _run_session(ort, model.SerializeToString(), opts, feeds)
+    # past protobuf's 2 GB (or with weights still in their files) bytes are impossible: onnxruntime
+    # reads the model from a temporary folder, its weights as external data
+    with on_disk(model) as path:
+        return _run_session(ort, str(path), opts, feeds)
+
+
+def _run_session(ort, model: "bytes | str", opts, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     try:
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
         return dict(zip(names, sess.run(None, dict(feeds))))  # type: ignore[return-value]
     except Exception as e:  # onnxruntime raises its own exception types; keep the first line only

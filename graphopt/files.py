@@ -203,7 +203,9 @@ class Staged:
     def _fail(self, dest: Path, e: OSError):
         return self.error(f"{dest}: cannot write ({e.strerror or e}); nothing was written")
 
-    def add(self, dest: Path, chunks: Iterable[bytes]) -> None:
+    def add(self, dest: Path, chunks: Iterable[bytes | int]) -> None:
+        """Write ``chunks`` to a temp file beside ``dest``; an int chunk is that many zero bytes, left
+        as a hole (a sparse copy of a sparse file)."""
         dest = Path(dest)
         folder = dest.parent if str(dest.parent) else Path(".")
         try:
@@ -214,7 +216,11 @@ class Staged:
         try:
             with os.fdopen(fd, "wb") as f:
                 for chunk in chunks:
-                    f.write(chunk)
+                    if isinstance(chunk, int):  # a run of zero bytes: a hole (the file stays sparse)
+                        f.seek(chunk, os.SEEK_CUR)
+                    else:
+                        f.write(chunk)
+                f.truncate()  # a hole at the end still counts in the size
                 f.flush()
                 try:
                     mode = stat.S_IMODE(os.stat(dest).st_mode)

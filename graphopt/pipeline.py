@@ -22,7 +22,7 @@ from graphopt.errors import GraphoptError, InvalidModel, RuleError, Verification
 from graphopt.files import Output, Staged, check_outputs
 from graphopt.ir import Graph, load_model, save_model, to_model
 from graphopt.ir.io import data_file_for
-from graphopt.ir.large import WEIGHTLESS_ABOVE, check_weightless, infer_shapes_weightless, is_large
+from graphopt.ir.large import WEIGHTLESS_ABOVE, check_weightless, infer_shapes_weightless, is_large, materialize
 from graphopt.compare import VerifyResult, check_shape_overrides, check_tolerances, input_sizes, verify_models
 
 Progress = Callable[[str], None]
@@ -113,7 +113,7 @@ def _converted(original: onnx.ModelProto, precision: str, io_fp16: bool, keep_fp
 
     if precision not in PRECISIONS:
         raise GraphoptError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
-    converted = convert_fp16(original, io_fp16=io_fp16, keep_fp32=list(keep_fp32), source=source)
+    converted = convert_fp16(materialize(original), io_fp16=io_fp16, keep_fp32=list(keep_fp32), source=source)
     report.precision = precision + (" (fp16 inputs/outputs)" if io_fp16 else "") + (
         f" (fp32: {', '.join(keep_fp32)})" if keep_fp32 else "")
     return _with_inferred_shapes(load_model(converted))[1]
@@ -399,7 +399,7 @@ def optimize_file(
     check_outputs(outputs, reads, force=force)
     _check_options_first(options)
     step("loading")
-    graph = load_model(source)
+    graph = load_model(source, lazy_above=WEIGHTLESS_ABOVE)  # big weights stay in their files
     check_shape_overrides(graph.source_model if graph.source_model is not None else to_model(graph), shapes)
     protect = [source] + graph.data_files
     check_outputs(outputs, reads + graph.data_files, force=force)

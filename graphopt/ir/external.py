@@ -9,13 +9,15 @@ file with a single hard link, and offset + length must lie inside it. Only then 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
+import numpy as np
 import onnx
-from onnx import AttributeProto
+from onnx import AttributeProto, numpy_helper
 
 from graphopt.errors import UnsafeExternalData
 
@@ -136,12 +138,25 @@ def resolve_location(base_dir: Path, tensor: onnx.TensorProto, source: str) -> t
     return current, offset, length
 
 
-def load_external(model: onnx.ModelProto, base_dir: Path, source: str) -> list[Path]:
+def load_external(model: onnx.ModelProto, base_dir: Path, source: str, lazy_above: int | None = None) -> list[Path]:
     """Validate, then read every external tensor's bytes into ``raw_data`` (in place); returns the
-    data files read."""
+    data files read. With ``lazy_above``, when the model's external data add up to more than that many
+    bytes, the main graph's initializers of at least ``LAZY_TENSOR_BYTES`` stay references (``keep_lazy``):
+    their bytes are read only when a pass asks for the value and streamed when the model is saved."""
     files: list[Path] = []
+    if lazy_above is not None:
+        refs = [(t, resolve_location(base_dir, t, source)) for t in model.graph.initializer if is_external(t)]
+        total = sum(_span(path, offset, length) for _, (path, offset, length) in refs)
+        if total > lazy_above:
+            for t, (path, offset, length) in refs:
+                span = _span(path, offset, length)
+                # a span that does not fit the dims is read, so that check_tensor refuses it as before
+                if span >= LAZY_TENSOR_BYTES and span == _dims_bytes(t):
+                    keep_lazy(t, base_dir)
+                    if path not in files:
+                        files.append(path)
     for t in model_tensors(model):
-        if not is_external(t):
+        if not is_external(t) or is_lazy(t):
             continue
         path, offset, length = resolve_location(base_dir, t, source)
         if path not in files:
@@ -153,6 +168,146 @@ def load_external(model: onnx.ModelProto, base_dir: Path, source: str) -> list[P
         t.data_location = onnx.TensorProto.DEFAULT
         t.raw_data = data
     return files
+
+
+# ------------------------------------------------------------------------------------ lazy references
+#: A main-graph initializer at least this large is left in its file by ``load_external(lazy_above=...)``.
+LAZY_TENSOR_BYTES = 2**20
+#: The key that marks a lazy reference: the validated folder its ``location`` is relative to. Input
+#: models may not set it (``resolve_location`` refuses it), so every reference carrying it was made here.
+_BASE_KEY = "basepath"
+_CHUNK = 16 * 2**20
+
+
+def _span(path: Path, offset: int, length: int | None) -> int:
+    return length if length is not None else max(os.path.getsize(path) - offset, 0)
+
+
+def _dims_bytes(t: onnx.TensorProto) -> int | None:
+    """Bytes the dims of ``t`` need as raw data; None for types not stored one element per byte group."""
+    if t.data_type in _NOT_BYTE_SIZED:
+        return None
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:
+        return None
+    return int(np.prod([int(d) for d in t.dims], dtype=np.int64)) * itemsize
+
+
+_NOT_BYTE_SIZED = {onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING,
+                   *(getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(onnx.TensorProto, n))}
+
+
+def keep_lazy(t: onnx.TensorProto, base_dir: Path) -> None:
+    """Mark the (validated) external tensor ``t`` as a lazy reference into ``base_dir``."""
+    entry = t.external_data.add()
+    entry.key = _BASE_KEY
+    entry.value = os.path.realpath(base_dir)
+
+
+def is_lazy(t: onnx.TensorProto) -> bool:
+    return is_external(t) and any(e.key == _BASE_KEY for e in t.external_data)
+
+
+def has_lazy(model: onnx.ModelProto) -> bool:
+    return any(is_lazy(t) for t in model.graph.initializer)
+
+
+def lazy_location(t: onnx.TensorProto) -> tuple[Path, int, int]:
+    """(file, offset, length) of a lazy reference, validated again (the file may have changed since)."""
+    plain = onnx.TensorProto()
+    plain.CopyFrom(t)
+    del plain.external_data[:]
+    base = ""
+    for e in t.external_data:
+        if e.key == _BASE_KEY:
+            base = e.value
+        else:
+            plain.external_data.add(key=e.key, value=e.value)
+    path, offset, length = resolve_location(Path(base), plain, base)
+    return path, offset, _span(path, offset, length)
+
+
+def read_lazy(t: onnx.TensorProto) -> onnx.TensorProto:
+    """A copy of the lazy reference ``t`` holding its bytes (``raw_data``)."""
+    path, offset, length = lazy_location(t)
+    out = onnx.TensorProto()
+    out.CopyFrom(t)
+    del out.external_data[:]
+    out.data_location = onnx.TensorProto.DEFAULT
+    with open(path, "rb") as f:
+        f.seek(offset)
+        out.raw_data = f.read(length)
+    if len(out.raw_data) != length:
+        raise UnsafeExternalData(f"{path}: tensor {t.name!r} was cut short (the data file changed while graphopt ran)")
+    return out
+
+
+_PLAIN_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL,
+                *(getattr(onnx.TensorProto, f"{s}INT{b}") for s in ("", "U") for b in (8, 16, 32, 64))}
+
+
+def lazy_array(t: onnx.TensorProto) -> np.ndarray:
+    """The value of the lazy reference ``t``, read straight into one (read-only) array."""
+    if t.data_type not in _PLAIN_TYPES:
+        return numpy_helper.to_array(read_lazy(t))
+    path, offset, length = lazy_location(t)
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+    dims = tuple(int(d) for d in t.dims)
+    count = int(np.prod(dims, dtype=np.int64))
+    if count * dtype.itemsize != length:
+        raise UnsafeExternalData(f"{path}: tensor {t.name!r} holds {length} bytes, its dims {list(dims)} need "
+                                 f"{count * dtype.itemsize}")
+    arr = np.fromfile(path, dtype=dtype, count=count, offset=offset)
+    if arr.size != count:
+        raise UnsafeExternalData(f"{path}: tensor {t.name!r} was cut short (the data file changed while graphopt ran)")
+    arr = arr.reshape(dims)
+    arr.setflags(write=False)
+    return arr
+
+
+def stream_lazy(t: onnx.TensorProto, length: int) -> Iterator[bytes | int]:
+    """The bytes of the lazy reference ``t`` in chunks, never all at once. A hole of the source file (a
+    sparse file) comes as an int, the number of zero bytes to skip, so the copy stays sparse too."""
+    path, offset, have = lazy_location(t)
+    if have != length:
+        raise UnsafeExternalData(f"{path}: tensor {t.name!r} holds {have} bytes, its dims need {length}")
+    end = offset + length
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        at = offset
+        while at < end:
+            data_at = _seek(fd, at, getattr(os, "SEEK_DATA", None))
+            if data_at is None:  # no holes known: plain reads
+                data_at, hole_at = at, end
+            elif data_at >= end:
+                yield end - at
+                return
+            else:
+                hole_at = min(_seek(fd, data_at, getattr(os, "SEEK_HOLE", None)) or end, end)
+            if data_at > at:
+                yield data_at - at
+            f.seek(data_at)
+            at = data_at
+            while at < hole_at:
+                chunk = f.read(min(_CHUNK, hole_at - at))
+                if not chunk:
+                    raise UnsafeExternalData(f"{path}: tensor {t.name!r} was cut short (the data file changed while graphopt ran)")
+                yield chunk
+                at += len(chunk)
+
+
+def _seek(fd: int, at: int, whence: int | None) -> int | None:
+    """``lseek(fd, at, whence)``; None where SEEK_DATA/SEEK_HOLE are unknown. Past the last data
+    (ENXIO) it answers the file's size."""
+    if whence is None:
+        return None
+    try:
+        return os.lseek(fd, at, whence)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            return os.fstat(fd).st_size
+        return None
 
 
 def check_external(model: onnx.ModelProto, base_dir: Path, source: str) -> list[Path]:

@@ -24,6 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphopt.errors import InvalidGraph
+from graphopt.ir.external import is_lazy, lazy_array
 from graphopt.ir.node import Node
 
 
@@ -263,7 +264,8 @@ class Graph:
                     return None
                 cached = g._const_cache.get(tensor)
                 if cached is None:
-                    cached = numpy_helper.to_array(g._inits[tensor])
+                    proto = g._inits[tensor]
+                    cached = lazy_array(proto) if is_lazy(proto) else numpy_helper.to_array(proto)
                     if cached.nbytes <= _CACHE_MAX_BYTES:  # a cached weight would hold a second copy of it
                         g._const_cache[tensor] = cached
                 return cached
@@ -271,6 +273,22 @@ class Graph:
                 return None
             g = g.parent
         return None
+
+    def constant_info(self, tensor: str) -> tuple[np.dtype, tuple[int, ...]] | None:
+        """(dtype, shape) of ``tensor`` when it is a constant (as ``constant_value`` decides), without
+        reading a weight that is still in its file (a lazy reference: ``graphopt.ir.external``)."""
+        g: Graph | None = self
+        while g is not None and tensor not in g._producer:
+            if tensor in g._inits:
+                proto = g._inits[tensor]
+                if tensor in g._inputs or not is_lazy(proto):
+                    break
+                return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(proto.data_type)), tuple(int(d) for d in proto.dims)
+            if tensor in g._inputs:
+                break
+            g = g.parent
+        value = self.constant_value(tensor)
+        return None if value is None else (np.asarray(value).dtype, tuple(np.shape(value)))
 
     def is_constant(self, tensor: str) -> bool:
         g: Graph | None = self

@@ -14,7 +14,10 @@ non-atomically, which is why this module writes the bytes itself.
 from __future__ import annotations
 
 import os
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import onnx
@@ -32,13 +35,12 @@ from graphopt.files import Staged, atomic_write, regular_file
 from graphopt.ir.convert import from_model, to_model
 from graphopt.ir.external import check_external, is_external, iter_sparse, iter_tensors, load_external
 from graphopt.ir.graph import Graph
-from graphopt.ir.large import without_initializers
+from graphopt.ir.datafile import PROTOBUF_LIMIT, serialize, stage_model
 
 MIN_OPSET = 9
 MAX_OPSET = onnx.defs.onnx_opset_version()
 MIN_IR_VERSION = 3
 MAX_IR_VERSION = onnx.IR_VERSION
-PROTOBUF_LIMIT = 2**31 - 1
 DEFAULT_EXTERNAL_THRESHOLD = 2**31 - 2**24  # leave headroom for the graph structure
 # If/Loop/Scan bodies nested deeper than this are refused (no RecursionError, ever). python-protobuf (upb)
 # parses at most 100 nested messages, and it copies through its parser (CopyFrom, extend), so a deeper
@@ -204,8 +206,13 @@ def check_sparse(sp: onnx.SparseTensorProto, source: str) -> None:
         raise InvalidModel(f"{source}: sparse tensor {name!r} is malformed: {first[:200]}") from None
 
 
-def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_external_data: bool = True, base_dir: "str | os.PathLike | None" = None) -> Graph:
-    """Load and validate a model into a ``Graph``. The input file is only read, never modified."""
+def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_external_data: bool = True,
+               base_dir: "str | os.PathLike | None" = None, lazy_above: int | None = None) -> Graph:
+    """Load and validate a model into a ``Graph``. The input file is only read, never modified.
+
+    With ``lazy_above`` (bytes), a model with more external data than that keeps its large weights in
+    their files (``graphopt.ir.external.load_external``): ``Graph.constant_value`` reads one when a pass
+    needs its value, and ``save_model`` streams them into the output's data file."""
     if isinstance(model_or_path, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(model_or_path)
@@ -218,7 +225,7 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
         folder = Path(base_dir) if base_dir is not None else path.resolve().parent
     check_header(model, source)
     if load_external_data:
-        data_files = load_external(model, folder, source)
+        data_files = load_external(model, folder, source, lazy_above)
     else:
         data_files = check_external(model, folder, source)
     for t in iter_tensors(model.graph):
@@ -232,7 +239,7 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
         raise InvalidGraph(f"{source}: {e}") from None
     graph.source_path = None if isinstance(model_or_path, onnx.ModelProto) else str(Path(model_or_path))
     graph.data_files = [str(p) for p in data_files]
-    graph.source_model = model  # the validated input, external data loaded; verify compares against it
+    graph.source_model = model  # the validated input, external data loaded (or lazy); verify compares against it
     return graph
 
 
@@ -245,10 +252,6 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _atomic_write(dest: Path, chunks) -> None:
     atomic_write(Path(dest), chunks)
-
-
-def serialize(model: onnx.ModelProto) -> bytes:
-    return model.SerializeToString(deterministic=True)
 
 
 def data_file_for(path: "str | os.PathLike") -> Path:
@@ -287,103 +290,22 @@ def save_model(
         raise WriteFailed(f"{dest}: folder {dest.parent} does not exist")
     if staged is None:
         with Staged() as own:
-            _stage_model(own, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
+            stage_model(own, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
             own.commit()
     else:
-        _stage_model(staged, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
+        stage_model(staged, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
     return dest
 
 
-def _stage_model(staged: Staged, model: onnx.ModelProto, dest: Path, data_path: Path, external_data, size_threshold: int,
-                 min_external_tensor_bytes: int) -> None:
-    total = sum(len(t.raw_data) for t in iter_tensors(model.graph))
-    use_external = external_data if external_data is not None else total > size_threshold
-    if not use_external:
-        data = serialize(model)
-        if len(data) > PROTOBUF_LIMIT:
-            raise WriteFailed(f"{dest}: the model is over 2 GB; save it with external data")
-        staged.add(dest, [data])
-        return
-    # The structure is a copy of everything but the top-level initializers, which become stubs that
-    # point into the data file; their bytes are streamed from the caller's model one tensor at a time
-    # (no second copy of the weights, and the caller's model is left untouched).
-    structure = without_initializers(model)
-    plan: list = []  # (tensor proto to stream | raw bytes, offset, length)
-    offset = 0
-
-    def place(length: int) -> int:
-        nonlocal offset
-        offset += (-offset) % 64  # align every tensor to 64 bytes
-        start = offset
-        offset += length
-        return start
-
-    for t in model.graph.initializer:
-        length = _data_length(t)
-        if is_external(t) or length is None or length < min_external_tensor_bytes:
-            structure.graph.initializer.append(t)
-            continue
-        start = place(length)
-        stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=list(t.dims), doc_string=t.doc_string)
-        stub.metadata_props.extend(t.metadata_props)
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (("location", data_path.name), ("offset", str(start)), ("length", str(length))):
-            stub.external_data.add(key=k, value=v)
-        structure.graph.initializer.append(stub)
-        plan.append((t, start, length))
-    for t in iter_tensors(structure.graph):  # subgraph initializers, Constant and attribute tensors (copies)
-        if is_external(t):  # the stubs above (and any other reference)
-            continue
-        if not t.HasField("raw_data"):
-            if t.data_type in (onnx.TensorProto.STRING,) or not t.dims:
-                continue
-            # typed fields (float_data, ...): convert to raw bytes so they can move out of the proto
-            t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t), t.name))
-        if len(t.raw_data) < min_external_tensor_bytes:
-            continue
-        raw = t.raw_data
-        start = place(len(raw))
-        onnx.external_data_helper.set_external_data(t, location=data_path.name, offset=start, length=len(raw))
-        t.data_location = onnx.TensorProto.EXTERNAL
-        t.ClearField("raw_data")
-        plan.append((raw, start, len(raw)))
-
-    def chunks():
-        at = 0
-        for item, start, length in plan:
-            if start > at:
-                yield b"\0" * (start - at)
-            raw = item if isinstance(item, bytes) else _raw_bytes(item)
-            if len(raw) != length:
-                raise WriteFailed(f"{dest}: tensor {item.name!r} holds {len(raw)} bytes, its dims need {length}; "
-                                  "nothing was written")
-            yield raw
-            at = start + length
-
-    staged.add(data_path, chunks())
-    staged.add(dest, [serialize(structure)])
-
-
-def _data_length(t: onnx.TensorProto) -> int | None:
-    """Bytes the tensor's data takes as raw_data, without touching the data (None: not movable)."""
-    if t.data_type == onnx.TensorProto.STRING or not t.dims and not t.HasField("raw_data"):
-        return None
-    try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except Exception:
-        return len(t.raw_data) if t.HasField("raw_data") else None
-    if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
-        return len(t.raw_data) if t.HasField("raw_data") else None
-    count = 1
-    for d in t.dims:
-        count *= d
-    return count * itemsize
-
-
-def _raw_bytes(t: onnx.TensorProto) -> bytes:
-    if t.HasField("raw_data"):
-        return t.raw_data
-    return onnx.numpy_helper.to_array(t).tobytes()
+@contextmanager
+def on_disk(model: onnx.ModelProto) -> Iterator[Path]:
+    """The path of ``model`` written with its weights as external data into a temporary folder, removed
+    on exit: for onnxruntime, which cannot take a model over 2 GB (or one whose weights are still in
+    their files) as bytes. The weights are streamed, never held twice."""
+    with tempfile.TemporaryDirectory(prefix="graphopt-model-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        save_model(model, path, external_data=True)
+        yield path
 
 
 def model_bytes(graph: Graph) -> bytes:

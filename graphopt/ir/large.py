@@ -17,7 +17,7 @@ import onnx
 from google.protobuf.message import EncodeError
 
 from graphopt.ir.convert import copy_field
-from graphopt.ir.external import iter_tensors
+from graphopt.ir.external import has_lazy, is_lazy, iter_tensors, read_lazy
 
 #: Above this many bytes of tensor data a model cannot be serialized whole (protobuf's limit).
 LARGE_MODEL_BYTES = 2**31 - 2**24
@@ -42,9 +42,10 @@ def tensor_bytes(model: onnx.ModelProto) -> int:
 
 
 def is_large(model: onnx.ModelProto, limit: int | None = None) -> bool:
-    """True when the model is too big for protobuf (or above ``limit`` bytes of tensor data)."""
+    """True when the model is too big for protobuf (or above ``limit`` bytes of tensor data), or keeps
+    weights in their files (lazy references): then inference and checks run on the weightless copy."""
     limit = LARGE_MODEL_BYTES if limit is None else limit
-    if tensor_bytes(model) > limit:
+    if has_lazy(model) or tensor_bytes(model) > limit:  # weights left in their files: never serialize them
         return True
     try:
         return model.ByteSize() > limit
@@ -76,6 +77,16 @@ def without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     for field, value in model.graph.ListFields():
         if field.name != "initializer":
             copy_field(out.graph, field.name, value)
+    return out
+
+
+def materialize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when it holds no lazy reference (``graphopt.ir.external.keep_lazy``), else a copy
+    with their bytes read in (for the code that needs every value: the fp16 conversion)."""
+    if not has_lazy(model):
+        return model
+    out = without_initializers(model)
+    out.graph.initializer.extend(read_lazy(t) if is_lazy(t) else t for t in model.graph.initializer)
     return out
 
 

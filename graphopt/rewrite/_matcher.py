@@ -188,7 +188,7 @@ def _match_arg(g, parent_pat, parent, arg, tensor: str, index: int, b: Binding, 
 def _what(g, tensor: str) -> str:
     if g.is_graph_input(tensor):
         return "a graph input"
-    return "a constant" if g.constant_value(tensor) is not None else "defined outside this graph"
+    return "a constant" if g.constant_info(tensor) is not None else "defined outside this graph"
 
 
 def _cast_note(g, node) -> str:

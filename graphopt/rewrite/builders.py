@@ -24,9 +24,9 @@ def _dtype_of(g, *tensors) -> np.dtype | None:
     for t in tensors:
         if not t:
             continue
-        v = g.constant_value(t)
-        if v is not None:
-            return np.asarray(v).dtype
+        info = g.constant_info(t)
+        if info is not None:
+            return info[0]
     return None
 
 

@@ -17,9 +17,9 @@ from graphopt.rewrite.registry import register_constraint
 
 def known_shape(g, t: str) -> tuple | None:
     """The shape of ``t`` when every dim is a known int: from its constant value, else value_info."""
-    value = g.constant_value(t)
-    if value is not None:
-        return tuple(int(d) for d in np.shape(value))
+    info = g.constant_info(t)  # a weight still in its file is not read for its shape
+    if info is not None:
+        return tuple(int(d) for d in info[1])
     shape = g.shape(t)
     if shape is None or any(not isinstance(d, int) or isinstance(d, bool) for d in shape):
         return None
@@ -27,9 +27,9 @@ def known_shape(g, t: str) -> tuple | None:
 
 
 def known_rank(g, t: str) -> int | None:
-    value = g.constant_value(t)
-    if value is not None:
-        return np.ndim(value)
+    info = g.constant_info(t)
+    if info is not None:
+        return len(info[1])
     shape = g.shape(t)
     return None if shape is None else len(shape)
 
@@ -60,7 +60,7 @@ def constant(g, t):
     """t is a constant (an initializer or a Constant node's output)."""
     if t is None:
         return _absent(t)
-    if g.constant_value(t) is None:
+    if g.constant_info(t) is None:
         return f"{t!r} is not a constant"
     return None
 
@@ -76,7 +76,7 @@ def non_constant(g, t):
     """t is a runtime tensor, not a constant (e.g. a residual branch)."""
     if t is None:
         return _absent(t)
-    if g.constant_value(t) is not None:
+    if g.constant_info(t) is not None:
         return f"{t!r} is a constant, not a runtime tensor"
     return None
 
