@@ -78,7 +78,7 @@ def fake(monkeypatch):
         create_handle=lambda: "handle", set_stream=lambda handle, stream: log.append(("set_stream", stream)),
         backend_version=lambda: 91900, __version__="1.32.0")
     monkeypatch.setattr(cudnn, "_STATE", {"module": mod, "reason": None})
-    monkeypatch.setattr(prov, "_GRAPHS", {})
+    monkeypatch.setattr(cudnn, "_GRAPHS", {})  # graphs are cached in cudnn.listed, one home for every cuDNN op
     return mod, log
 
 
