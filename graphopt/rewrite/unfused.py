@@ -58,14 +58,20 @@ def unfused_chains(graph, ruleset: RuleSet, near_misses=()) -> list[dict]:
     return out
 
 
+# the late rules that turn a lone producer into a graphopt op without activation: it stands for that producer
+_STANDINS = {"conv_alone": "Conv", "gemm_alone": "Gemm", "matmul_alone": "MatMul"}
+
+
 def _producer(node) -> tuple[str | None, str]:
-    """(producer op, the name to show): a Conv/Gemm/MatMul, or the CBR that the late rule conv_alone made
-    of a Conv no fusion took (it stands for that Conv, by its original name)."""
+    """(producer op, the name to show): a Conv/Gemm/MatMul, or the CBR / GemmAct a late rule
+    (conv_alone, gemm_alone, matmul_alone) made of one that no fusion took, by its original name."""
     if not node.domain and node.op_type in PRODUCERS:
         return node.op_type, node.name
-    if node.domain == "graphopt" and node.op_type == "CBR" and "rule=conv_alone " in (node.doc_string or ""):
-        sources = _provenance_sources(node)
-        return "Conv", sources[0] if sources else node.name
+    doc = node.doc_string or ""
+    for rule, op in _STANDINS.items():
+        if node.domain == "graphopt" and f"rule={rule} " in doc:
+            sources = _provenance_sources(node)
+            return op, sources[0] if sources else node.name
     return None, node.name
 
 
