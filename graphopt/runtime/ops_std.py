@@ -729,24 +729,26 @@ def _slice(ctx, ins):
     return [x[tuple(idx)]]
 
 
-@op("Gather")
-def _gather(ctx, ins):
+def _gather_operands(ctx, ins):
+    """(xp, x, non-negative int64 indices, axis) for Gather and GatherElements: host arrays stay on the
+    host (shape arithmetic), anything else runs on the backend's array module."""
     x, ind = ins
     axis = ctx.attr("axis", 0) % x.ndim
     xp = np if isinstance(x, np.ndarray) and isinstance(ind, np.ndarray) else ctx.xp
     ind = xp.asarray(ind).astype(np.int64)
-    ind = xp.where(ind < 0, ind + x.shape[axis], ind)
-    return [xp.take(xp.asarray(x), ind, axis=axis)]
+    return xp, xp.asarray(x), xp.where(ind < 0, ind + x.shape[axis], ind), axis
+
+
+@op("Gather")
+def _gather(ctx, ins):
+    xp, x, ind, axis = _gather_operands(ctx, ins)
+    return [xp.take(x, ind, axis=axis)]
 
 
 @op("GatherElements")
 def _gather_elements(ctx, ins):
-    x, ind = ins
-    axis = ctx.attr("axis", 0) % x.ndim
-    xp = np if isinstance(x, np.ndarray) and isinstance(ind, np.ndarray) else ctx.xp
-    ind = xp.asarray(ind).astype(np.int64)
-    ind = xp.where(ind < 0, ind + x.shape[axis], ind)
-    return [xp.take_along_axis(xp.asarray(x), ind, axis=axis)]
+    xp, x, ind, axis = _gather_operands(ctx, ins)
+    return [xp.take_along_axis(x, ind, axis=axis)]
 
 
 @op("GatherND")
