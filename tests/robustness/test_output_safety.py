@@ -131,8 +131,12 @@ def test_signal_mid_write_leaves_no_partial_file(tmp_path, sig, existing):
         out.write_bytes(b"previous output")
     script = tmp_path / "slow.py"
     script.write_text(_SLOW_WRITE)
+    # A shell without job control starts background jobs with SIGINT ignored, and the child inherits that
+    # (then Python installs no KeyboardInterrupt handler and ctrl-c is rightly ignored). The test plays a
+    # user at a terminal, so the child gets the default disposition whatever ran pytest.
     p = subprocess.Popen([sys.executable, str(script), "optimize", str(src), "--gpu", "none", "-q", "-o", str(out)],
-                         cwd=tmp_path, env=_env(), stderr=subprocess.PIPE, text=True)
+                         cwd=tmp_path, env=_env(), stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert p.stderr.readline().strip() == "IN-WRITE"
         temps = [q for q in tmp_path.iterdir() if q.name.startswith(".out.onnx.")]
