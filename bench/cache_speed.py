@@ -93,7 +93,8 @@ def _summary(rep: dict) -> dict:
         modes[row["mode"]] = modes.get(row["mode"], 0) + 1
     return {"mode": rep.get("mode"), "target": rep.get("target"), "node_modes": dict(sorted(modes.items())),
             "custom_ops": rep.get("custom_ops"), "selection_summary": rep.get("selection_summary"),
-            "optimize_seconds": rep.get("seconds"), "select_seconds": rep.get("timings", {}).get("select")}
+            "optimize_seconds": rep.get("seconds"), "select_seconds": rep.get("timings", {}).get("select"),
+            "tuning_time": rep.get("tuning_time")}
 
 
 def served_from_cache(rep: dict) -> bool:
@@ -210,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             work.mkdir()
             rec = measure(name, model, args.gpu, args.batch or None, args.limit, work)
             result["runs"].append(rec)
+            if out is not None and (work / "cold.json").exists():  # every candidate's result, for the notes
+                (out.parent / f"cache_speed_{name}_cold_report.json").write_bytes((work / "cold.json").read_bytes())
             if not result.get("model"):
                 result.update({"model": name, "cold_s": rec.get("cold_s"), "warm_s": rec.get("warm_s")})
             ok = ok and rec.get("cold_exit") == 0 and rec.get("warm_exit") == 0 and (

@@ -57,6 +57,7 @@ class OptimizeReport:
     input_dims: list[str] = field(default_factory=list)  # symbolic dims of the graph inputs ("tuned at:")
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    tuning_time: dict[str, Any] = field(default_factory=dict)  # where profiling's seconds went (profiler.TuningTime)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,6 +194,7 @@ def optimize_graph(
     report.lowerings = [_as_dict(r) for r in sel.rows]
     report.tuning_dims = {k: dict(v) for k, v in sel.dims.items()}
     report.buckets = [dict(b) for b in sel.buckets]
+    report.tuning_time = dict(sel.tuning_time)
     report.timings["select"] = time.perf_counter() - t
     graph.toposort()
     graph.lint()

@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -162,15 +163,33 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def _run_one(sig, cand, timer, checker, buffers, arch) -> dict:
-    """Build, check and time one candidate; never raises (runs in the worker or inline)."""
+    """Build, check and time one candidate; never raises (runs in the worker or inline). The reply's
+    ``phases`` gives the seconds each step took (build, check, time), for :class:`TuningTime`."""
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
+    reply = _run_one_steps(sig, cand, timer, checker, buffers, arch, phases, t0)
+    reply["phases"] = phases
+    return reply
+
+
+def _run_one_steps(sig, cand, timer, checker, buffers, arch, phases: dict, t0: float) -> dict:
+    def lap(name: str) -> None:
+        nonlocal t0
+        t = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + (t - t0)
+        t0 = t
+
     try:
         launch = as_lowering(cand.build(sig, arch))
+        lap("build")
     except BaseException as exc:  # noqa: BLE001 - any failure of a candidate scores inf
         if isinstance(exc, KeyboardInterrupt):
             raise
+        lap("build")
         return {"status": OOM if _is_oom(exc) else BUILD_FAILED, "reason": f"build failed: {_describe_exc(exc)}"}
     try:
         wrong = checker(sig, launch)
+        lap("check")
     except BaseException as exc:  # noqa: BLE001
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -185,6 +204,7 @@ def _run_one(sig, cand, timer, checker, buffers, arch) -> dict:
             inputs = launch.conform(inputs, cupy)
             outputs = launch.empty_outputs(len(inputs), [o.shape for o in outputs], outputs[0].dtype, cupy)
         samples = [float(t) for t in timer(launch, inputs, outputs)]
+        lap("time")
     except BaseException as exc:  # noqa: BLE001
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -252,6 +272,46 @@ def _last_line(f) -> str:
         return lines[-1][:300] if lines else ""
     except (OSError, ValueError):
         return ""
+
+
+class TuningTime:
+    """Where a tuning run's seconds went, summed over candidates (thread-safe: ``profile_many`` adds
+    from one thread per GPU). Phases: ``list`` (candidates and cuDNN plan lists made, cache looked
+    up), ``compile`` (the parallel precompile), ``worker_start`` (isolated workers started, again
+    after each failure), ``build`` / ``check`` / ``time`` (in the worker, per candidate), ``other``
+    (messaging and bookkeeping: a candidate's wall time less its phases). ``by_lowering`` splits the
+    per-candidate seconds by lowering name, ``runs`` counts candidates run, ``workers`` workers
+    started. Reported as ``tuning_time`` in the report, so a slow tuning says why."""
+
+    def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()
+        self.phases: dict[str, float] = {}
+        self.by_lowering: dict[str, float] = {}
+        self.runs_by_lowering: dict[str, int] = {}
+        self.runs = 0
+        self.workers = 0
+
+    def add(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+
+    def add_run(self, lowering: str, wall: float, phases: Mapping[str, float]) -> None:
+        with self._lock:
+            self.runs += 1
+            self.by_lowering[lowering] = self.by_lowering.get(lowering, 0.0) + wall
+            self.runs_by_lowering[lowering] = self.runs_by_lowering.get(lowering, 0) + 1
+            for k, v in phases.items():
+                self.phases[k] = self.phases.get(k, 0.0) + float(v)
+            self.phases["other"] = self.phases.get("other", 0.0) + max(0.0, wall - sum(float(v) for v in phases.values()))
+
+    def to_dict(self) -> dict:
+        with self._lock:
+            return {"phases_s": {k: round(v, 3) for k, v in sorted(self.phases.items())},
+                    "by_lowering_s": {k: round(v, 3) for k, v in sorted(self.by_lowering.items())},
+                    "runs_by_lowering": dict(sorted(self.runs_by_lowering.items())),
+                    "candidates_run": self.runs, "workers_started": self.workers}
 
 
 class IsolatedRunner:
@@ -358,12 +418,15 @@ class IsolatedRunner:
     def run(self, sig: Signature, cand: Candidate) -> dict:
         if self._broken:
             return {"status": WORKER_FAILED, "reason": self._broken}
+        started = 0.0
         if self._proc is None or self._proc.poll() is not None:
             self._stop()
+            t0 = time.perf_counter()
             why = self._start()
+            started = time.perf_counter() - t0
             if why:
                 self._broken = why
-                return {"status": WORKER_FAILED, "reason": why}
+                return {"status": WORKER_FAILED, "reason": why, "phases": {"worker_start": started}}
         try:
             self._send.send((sig, cand))
         except Exception as exc:  # noqa: BLE001 - unpicklable candidate, or a dead pipe
@@ -384,6 +447,8 @@ class IsolatedRunner:
             return {"status": CRASHED, "reason": f"worker process died ({how}){': ' + why if why else ''}"}
         if reply.get("status") != OK:
             self._stop()
+        if started:
+            reply.setdefault("phases", {})["worker_start"] = started
         return reply
 
     def close(self) -> None:
@@ -436,6 +501,7 @@ def profile_node(
     runner: IsolatedRunner | InlineRunner | None = None,
     memo: dict[str, ProfileResult] | None = None,
     deadline: Callable[[], str | None] | None = None,
+    clock: TuningTime | None = None,
 ) -> ProfileResult:
     """Profile one signature over ``candidates``; see the module docstring.
 
@@ -476,7 +542,10 @@ def profile_node(
     try:
         for idx, cand in todo:
             spent = deadline() if deadline is not None else None
+            t0 = time.perf_counter()
             reply = {"status": SKIPPED, "reason": spent} if spent else runner.run(sig, cand)
+            if clock is not None and not spent:
+                clock.add_run(cand.name, time.perf_counter() - t0, reply.get("phases", {}))
             samples = tuple(reply.get("samples", ()))
             status = reply["status"]
             slots[idx] = CandidateResult(
@@ -576,6 +645,8 @@ class Profiler:
                                 compute_capability=self.device.compute_capability, arch=self.device.arch,
                                 timeout_s=timeout_s, deadline=Budget(budget_s))
         self.precompile = precompile
+        self.clock = TuningTime()
+        self._profile_kw["clock"] = self.clock
         if isolate:
             self._runners = [
                 IsolatedRunner(timer, checker, buffers, d.arch, timeout_s=timeout_s, device_index=d.index)
@@ -587,7 +658,19 @@ class Profiler:
     def source_hashes(self, sig: Signature) -> dict[str, str]:
         return {c.key(): c.source_hash() for c in self.candidates_for(sig)}
 
+    def tuning_time(self) -> dict:
+        """The :class:`TuningTime` breakdown of everything this profiler ran."""
+        self.clock.workers = sum(getattr(r, "workers_started", 0) for r in self._runners)
+        return self.clock.to_dict()
+
     def _prepare(self, sig: Signature) -> tuple[list[Candidate], dict[str, CandidateResult]]:
+        t0 = time.perf_counter()
+        try:
+            return self._prepare_timed(sig)
+        finally:
+            self.clock.add("list", time.perf_counter() - t0)
+
+    def _prepare_timed(self, sig: Signature) -> tuple[list[Candidate], dict[str, CandidateResult]]:
         candidates = list(self.candidates_for(sig))
         known: dict[str, CandidateResult] = {}
         if self.cache is not None:
@@ -707,12 +790,14 @@ class Profiler:
     def _precompile(self, sigs, prepared) -> None:
         if self.precompile is None or not sigs:
             return
+        t0 = time.perf_counter()
         jobs = self.kernel_jobs(sigs, prepared)
         if jobs:
             try:
                 self.precompile(jobs, self.device.arch)
             except Exception:  # noqa: BLE001 - only a speed-up: each build compiles what is missing
                 pass
+        self.clock.add("compile", time.perf_counter() - t0)
 
     def close(self) -> None:
         for r in self._runners:
@@ -727,6 +812,6 @@ class Profiler:
 
 __all__ = [
     "BUILD_FAILED", "CACHEABLE_FAILURES", "CRASHED", "CUT_SHORT", "ERROR", "OK", "OOM", "PRUNED", "SKIPPED", "TIMEOUT",
-    "WORKER_FAILED", "WRONG", "Budget", "CandidateResult", "Checker", "FakeTimer", "Profiler", "InlineRunner", "IsolatedRunner", "ProfileResult", "Timer",
+    "WORKER_FAILED", "WRONG", "Budget", "CandidateResult", "Checker", "FakeTimer", "Profiler", "TuningTime", "InlineRunner", "IsolatedRunner", "ProfileResult", "Timer",
     "no_buffers", "node_progress", "profile_node",
 ]

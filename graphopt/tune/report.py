@@ -43,6 +43,7 @@ class SelectionReport:
     dims: dict[str, dict] = field(default_factory=dict)
     buckets: list[dict[str, int]] = field(default_factory=list)
     cut_short: str = ""  # why tuning is incomplete ("" when it finished); the mode is then "partial"
+    tuning_time: dict = field(default_factory=dict)  # where profiling's seconds went (profiler.TuningTime)
 
     def dims_line(self) -> str:
         return dims_line(self.dims)
@@ -59,7 +60,7 @@ class SelectionReport:
             "device": self.device, "summary": self.summary, "counts": self.counts(),
             "nodes": [r.to_dict() for r in self.rows], "messages": list(self.messages),
             "dims": {k: dict(v) for k, v in self.dims.items()}, "buckets": [dict(b) for b in self.buckets],
-            "cut_short": self.cut_short,
+            "cut_short": self.cut_short, "tuning_time": dict(self.tuning_time),
         }
 
 

@@ -305,8 +305,11 @@ def select_lowerings(
     _record_metadata(graph, ctx, mode, cut_short)
     messages = list(getattr(cache, "messages", []) or [])
     dims_info = _dims_info(resolved, bound, defaulted)
-    return SelectionReport(requested, target.name, mode, target.present, ctx.device.name if ctx.device else None,
-                           summary, rows, messages, dims_info, resolved.buckets(), cut_short)
+    report = SelectionReport(requested, target.name, mode, target.present, ctx.device.name if ctx.device else None,
+                             summary, rows, messages, dims_info, resolved.buckets(), cut_short)
+    if ctx.profiling and hasattr(ctx.profile, "tuning_time"):
+        report.tuning_time = ctx.profile.tuning_time()
+    return report
 
 
 def _dims_info(resolved, bound: Mapping[str, tuple[int, str]], defaulted: Mapping[str, int]) -> dict[str, dict]:

@@ -154,3 +154,17 @@ def test_budget_spent_before_any_candidate_falls_back_to_the_heuristic():
     (row,) = rep.rows
     assert row.mode == "partial" and "no candidate finished" in row.reason and "heuristic:" in row.reason
     assert rep.mode == "partial"
+
+
+def test_the_report_says_where_the_tuning_time_went():
+    """``tuning_time``: seconds per phase (list, compile, build, check, time, other) and per lowering,
+    and how many candidates ran; a run served from the cache runs none."""
+    g = _graph(n_twins=2, distinct=2)
+    with Profiler(candidates, timer=FakeTimer(3), checker=ok, device=H200, isolate=False,
+                  precompile=lambda jobs, arch: None) as prof:
+        rep = select_lowerings(g, "h200", profile=prof, devices=[H200], progress=False)
+    tt = rep.to_dict()["tuning_time"]
+    assert tt["candidates_run"] == 4  # 2 signatures x 2 applicable candidates
+    assert set(tt["by_lowering_s"]) == {"a", "b"}
+    assert {"list", "compile", "build", "check", "time", "other"} <= set(tt["phases_s"])
+    assert all(v >= 0 for v in tt["phases_s"].values()) and tt["workers_started"] == 0
