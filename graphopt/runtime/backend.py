@@ -202,7 +202,7 @@ class CudaBackend(_Backend):
     name = "cuda"
     user_errors = _Backend.user_errors
 
-    def __init__(self, compute_dtype=None, cuda_graphs: bool = True, stream=None):
+    def __init__(self, compute_dtype=None, cuda_graphs: bool = True, stream=None, step_graphs: bool = True):
         super().__init__(compute_dtype)
         try:
             import cupy
@@ -222,6 +222,8 @@ class CudaBackend(_Backend):
         self.arch = f"sm_{cc}"
         self.set_stream(stream or _shared_stream(cupy))
         self.user_errors = _Backend.user_errors + (cupy.cuda.memory.OutOfMemoryError,)
+        # eager runs replay each compiled step's CUDA graph (graphopt.runtime.replay); a real CuPy only
+        self.step_graphs = bool(step_graphs) and hasattr(cupy.cuda, "Stream") and hasattr(cupy, "RawModule")
         if hasattr(cupy, "RawModule"):  # a real CuPy (the CPU tests' stand-in has no kernels)
             self.pool = pool_kernels
 

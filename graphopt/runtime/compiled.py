@@ -28,6 +28,7 @@ import numpy as np
 
 from graphopt.lowering import layout
 from graphopt.runtime.arena import Interval, assign, live_peak
+from graphopt.runtime.replay import StepReplay
 
 # standard ops computed straight into their arena buffer: op -> (ufunc name, arity)
 DIRECT = {"Add": ("add", 2), "Sub": ("subtract", 2), "Mul": ("multiply", 2), "Div": ("true_divide", 2),
@@ -163,6 +164,7 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
     arena = backend.arena_alloc(total) if total else None
     plan.arena = arena
 
+    replay = bool(getattr(backend, "step_graphs", False))  # eager runs replay each step's own CUDA graph
     n = plan.n_slots
     template: list[Any] = [None] * (n + 2)  # n: always None (omitted inputs); n + 1: a sink for unnamed outputs
     for slot, arr in plan.constants:
@@ -185,11 +187,16 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
                 check = tuple(i for i, s in enumerate(step.inputs)
                               if s is not None and i not in lowered.fixed
                               and (s in feed_slots or not layout.is_layout(arrays[s], lowered.lowering.input_layout(i) or "NCHW")))
-                run = _lowering_run(lowered, [v for _, _, v in views], ws, check, backend.xp)
+                out_views = [v for _, _, v in views]
+                run = _lowering_run(lowered, out_views, ws, check, backend.xp)
+                if replay and not check and step.capture is None and getattr(lowered.lowering, "capturable", False):
+                    run = StepReplay(run, out_views, backend.cupy)
                 ins = tuple(_fixed_slot(template, lowered.fixed.get(i)) if i in lowered.fixed else
                             (n if s is None else s) for i, s in enumerate(step.inputs))
             else:
                 run = makers[k](views[0][2])
+                if replay and step.capture is None:
+                    run = StepReplay(run, [views[0][2]], backend.cupy)
         elif step.kind == "std" and step.op in RESHAPES and step.outputs and step.outputs[0] is not None:
             shape = tuple(arrays[step.outputs[0]].shape)
             run = _reshape_run(shape)

@@ -11,7 +11,9 @@
   so arrays returned earlier stay valid. A plan that cannot be captured runs eagerly, and
   ``graph_status`` says why. With symbolic dims each distinct input shape gets its own graph, up to
   ``max_graphs`` (``graphs.GraphBook``: 8, or the model's ``--shape-profile`` bucket count when
-  larger); shapes past the bound run eagerly, with the reason in ``graph_status``.
+  larger); shapes past the bound run eagerly, with the reason in ``graph_status``. An eager run
+  (no whole-run graph) replays each compiled step's own small CUDA graph from its second run with the
+  same input addresses (``replay.StepReplay``; ``step_graphs=False`` turns that off).
 - ``device="cpu"``: onnxruntime's CPU provider; graphopt custom ops run through the function bodies
   the optimized file carries.
 - ``device="numpy"``: a testing aid, the CUDA backend's plan and executor with ``xp = numpy``.
@@ -96,7 +98,7 @@ class Session:
     """Runs one model; plans are cached per input-shape signature."""
 
     def __init__(self, model_or_path, device: str = "cuda", dtype: str | None = None, *, cuda_graphs: bool = True,
-                 max_graphs: int | None = None):
+                 max_graphs: int | None = None, step_graphs: bool = True):
         if max_graphs is not None and (isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1):
             raise UsageError(f"max_graphs {max_graphs!r}: expected a positive integer")
         if device not in DEVICES:
@@ -132,7 +134,7 @@ class Session:
         if device == "cuda":
             from graphopt.runtime.backend import CudaBackend
 
-            self.backend = CudaBackend(self.compute_dtype, cuda_graphs=self.cuda_graphs)
+            self.backend = CudaBackend(self.compute_dtype, cuda_graphs=self.cuda_graphs, step_graphs=step_graphs)
         else:
             from graphopt.runtime.backend import NumpyBackend
 

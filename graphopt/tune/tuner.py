@@ -6,7 +6,7 @@ module supplies the real ones, for the pipeline and the CLI:
 - the devices from ``detect_devices()``;
 - the default ``TuningCache`` (a cache that cannot be opened is reported, never fatal);
 - the kernels' backend (``kernels_backend``): candidates from ``graphopt.kernels.candidates_for``,
-  the CUDA-event timer ``graphopt.kernels.timing.cuda_event_timer``, and a checker and buffer
+  the CUDA-event timer ``graphopt.kernels.timing.tuning_timer`` (``cuda_event_timer`` with a time budget), and a checker and buffer
   factory from ``graphopt.kernels.check`` (``checker(sig, launch) -> str | None`` and
   ``buffers(sig) -> (inputs, outputs)``). While any of them is missing, a present GPU is not
   profiled and the summary says so.
@@ -52,9 +52,9 @@ def kernels_backend() -> tuple[TuningBackend | None, str]:
     if candidates_for is None:
         return None, "graphopt.kernels.candidates_for is not importable"
     try:
-        from graphopt.kernels.timing import cuda_event_timer
+        from graphopt.kernels.timing import tuning_timer
     except Exception as exc:  # noqa: BLE001
-        return None, f"graphopt.kernels.timing.cuda_event_timer is not importable ({exc})"
+        return None, f"graphopt.kernels.timing.tuning_timer is not importable ({exc})"
     try:
         from graphopt.kernels.check import buffers, checker
     except Exception as exc:  # noqa: BLE001
@@ -63,7 +63,7 @@ def kernels_backend() -> tuple[TuningBackend | None, str]:
         from graphopt.kernels.source import compile_to_cache
     except Exception:  # noqa: BLE001 - only a speed-up
         compile_to_cache = None
-    return TuningBackend(candidates_for, cuda_event_timer, checker, buffers, compile_to_cache), ""
+    return TuningBackend(candidates_for, tuning_timer, checker, buffers, compile_to_cache), ""
 
 
 def tune_graph(

@@ -54,3 +54,10 @@ def test_checker_on_gpu():
     assert "wrong result" in check.checker(SIG, wrong)
     ins, outs = check.buffers(SIG)
     assert tuple(outs[0].shape) == check.output_shape(SIG) and len(ins) == 4
+
+
+def test_compare_counts_what_the_caller_found_unwritten():
+    """The GPU checker counts non-finite outputs on the device and sends only the sampled ones: a NaN
+    outside the sample still fails the check."""
+    ref = np.linspace(-1, 1, 50)
+    assert "7 outputs not written" in check.compare(ref.copy(), ref, True, "float16", nonfinite=7)

@@ -64,3 +64,26 @@ def test_every_bucket_is_profiled_on_the_gpu_and_the_second_run_is_cached(tmp_pa
     opt2, rep2 = graphopt.optimize(_model(), gpu="auto", shape_profile="x=N:1,4")
     assert rep2.mode == "cached", rep2.selection_summary
     assert _buckets(opt2) == _buckets(opt)
+
+
+@pytest.mark.gpu
+def test_the_tuning_timer_spends_its_budget_not_more():
+    """``budget_ms``: a launch 10x over the budget is timed a few times, a fast one at full count."""
+    cupy = pytest.importorskip("cupy")
+    from _harness import require_device
+
+    require_device()
+    from graphopt.kernels.timing import _spin_kernel, cuda_event_timer
+
+    spin = _spin_kernel()
+    calls = []
+
+    def slow(ins, outs):  # ~ 20M SM clocks: about 10 ms
+        calls.append(1)
+        spin((1,), (1,), (np.int64(20_000_000),))
+
+    x = cupy.zeros(16, dtype=cupy.float32)
+    times = cuda_event_timer(slow, [x], [x.copy()], budget_ms=20.0, spin_cycles=0)
+    assert 3 <= len(times) <= 6 and len(calls) <= 8
+    fast = cuda_event_timer(lambda ins, outs: cupy.add(ins[0], 1, out=outs[0]), [x], [x.copy()], budget_ms=20.0)
+    assert len(fast) == 20
