@@ -137,7 +137,9 @@ def checker(sig: Signature, launch: Callable[[Sequence[Any], Sequence[Any]], Non
 
     inputs, ref, idx = _prepare(sig)
     dt = data_dtype(sig)
-    dev = [None if a is None else cupy.asarray(a) for a in inputs]
+    # device copies of the signature's uploaded inputs (a wrong kernel that writes its inputs spoils
+    # only its own check)
+    dev = [None if a is None else a.copy() for a in _device_inputs(sig, inputs, cupy)]
     if isinstance(launch, Lowering):  # inputs and the poisoned output in the layouts it declares
         dev = launch.conform(dev, cupy)
         out = launch.empty_outputs(len(dev), [output_shape(sig)], dt, cupy)[0]
@@ -149,6 +151,19 @@ def checker(sig: Signature, launch: Callable[[Sequence[Any], Sequence[Any]], Non
     nonfinite = int(cupy.count_nonzero(~cupy.isfinite(flat)))
     got = flat if idx is None else flat[cupy.asarray(idx)]
     return compare(cupy.asnumpy(got).astype(np.float64), ref, idx is not None, dt, nonfinite)
+
+
+_DEVICE: dict[str, list] = {}  # signature key -> its check inputs on the GPU (one signature at a time)
+
+
+def _device_inputs(sig: Signature, inputs, cupy) -> list:
+    """The check inputs uploaded once per signature (every candidate of a signature is checked on the
+    same inputs: an upload per candidate cost milliseconds of pageable copies at bs32)."""
+    key = sig.key()
+    if key not in _DEVICE:
+        _DEVICE.clear()
+        _DEVICE[key] = [None if a is None else cupy.asarray(a) for a in inputs]
+    return _DEVICE[key]
 
 
 def numpy_checker(sig: Signature, launch: Callable[[Sequence[Any], Sequence[Any]], Any]) -> str | None:

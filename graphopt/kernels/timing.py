@@ -101,7 +101,7 @@ def cuda_event_timer(
     return [cupy.cuda.get_elapsed_time(s, e) for s, e in events]
 
 
-TUNING_BUDGET_MS = 20.0  # device time the tuner spends on one candidate's timed repetitions
+TUNING_BUDGET_MS = 10.0  # device time the tuner spends on one candidate's timed repetitions
 
 
 def tuning_timer(launch, inputs, outputs) -> list[float]:

@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -284,12 +285,11 @@ class TuningTime:
     started. Reported as ``tuning_time`` in the report, so a slow tuning says why."""
 
     def __init__(self):
-        import threading
-
         self._lock = threading.Lock()
         self.phases: dict[str, float] = {}
         self.by_lowering: dict[str, float] = {}
         self.runs_by_lowering: dict[str, int] = {}
+        self.lowering_phases: dict[str, dict[str, float]] = {}
         self.runs = 0
         self.workers = 0
 
@@ -302,8 +302,10 @@ class TuningTime:
             self.runs += 1
             self.by_lowering[lowering] = self.by_lowering.get(lowering, 0.0) + wall
             self.runs_by_lowering[lowering] = self.runs_by_lowering.get(lowering, 0) + 1
+            split = self.lowering_phases.setdefault(lowering, {})
             for k, v in phases.items():
                 self.phases[k] = self.phases.get(k, 0.0) + float(v)
+                split[k] = split.get(k, 0.0) + float(v)
             self.phases["other"] = self.phases.get("other", 0.0) + max(0.0, wall - sum(float(v) for v in phases.values()))
 
     def to_dict(self) -> dict:
@@ -311,6 +313,8 @@ class TuningTime:
             return {"phases_s": {k: round(v, 3) for k, v in sorted(self.phases.items())},
                     "by_lowering_s": {k: round(v, 3) for k, v in sorted(self.by_lowering.items())},
                     "runs_by_lowering": dict(sorted(self.runs_by_lowering.items())),
+                    "lowering_phases_s": {k: {p: round(v, 3) for p, v in sorted(d.items())}
+                                          for k, d in sorted(self.lowering_phases.items())},
                     "candidates_run": self.runs, "workers_started": self.workers}
 
 
@@ -536,6 +540,9 @@ def profile_node(
         else:
             slots.append(None)
             todo.append((len(slots) - 1, cand))
+    # Candidates without kernels to compile (vendor plans) run first, so that the precompile of our
+    # own kernels, running beside (Profiler.profile_many), is ahead of them; results keep their order.
+    todo.sort(key=lambda item: getattr(item[1], "kernels", None) is not None)
     own_runner = runner is None and bool(todo)
     if own_runner:
         runner = IsolatedRunner(timer, checker, buffers, arch, timeout_s=timeout_s) if isolate else InlineRunner(timer, checker, buffers, arch)
@@ -720,7 +727,15 @@ class Profiler:
                 keys.add(k)
                 todo.append(sig)
         prepared = [self._prepare(sig) for sig in todo]
-        self._precompile(todo, prepared)
+        # our kernels compile in parallel processes while the vendor candidates are timed
+        compiling = threading.Thread(target=self._precompile, args=(todo, prepared), name="graphopt-precompile")
+        compiling.start()
+        try:
+            self._profile_all(todo, prepared, advance)
+        finally:
+            compiling.join()
+
+    def _profile_all(self, todo, prepared, advance) -> None:
         if len(self._runners) == 1 or len(todo) < 2:
             for sig, (candidates, known) in zip(todo, prepared):
                 runner = next((r for r in self._runners if not r.broken), self._runners[0])
@@ -728,7 +743,6 @@ class Profiler:
                 if advance:
                     advance(sig.op)
             return
-        import threading
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
         free: "queue.Queue" = queue.Queue()
