@@ -37,19 +37,21 @@ def supports(x: Any, kernel: Sequence[int]) -> bool:
 
 
 def pool2d(xp: Any, x: Any, kind: str, kernel: Sequence[int], strides: Sequence[int], dil: Sequence[int],
-           pads: Sequence[int], outs: Sequence[int]) -> Any:
+           pads: Sequence[int], outs: Sequence[int], out: Any = None) -> Any:
     """``kind`` ("max", "avg", "avg_pad") pooling of ``x`` (N, C, H, W) or (N, C, L) with ONNX's
     geometry (``pads`` = begins then ends; ``outs`` = output spatial sizes). The output has the
-    input's layout (NHWC strides in, NHWC strides out)."""
+    input's layout (NHWC strides in, NHWC strides out); ``out`` (optional) is written instead of a
+    new array: it must have the output's shape, dtype and the input's layout (a compiled plan's
+    arena view of the traced output)."""
     nd = len(kernel)
     if nd == 1:  # (N, C, L) as (N, C, 1, L)
         y = pool2d(xp, x[:, :, None, :], kind, [1, kernel[0]], [1, strides[0]], [1, dil[0]],
-                   [0, pads[0], 0, pads[1]], [1, outs[0]])
+                   [0, pads[0], 0, pads[1]], [1, outs[0]], None if out is None else out[:, :, None, :])
         return y[:, :, 0, :]
     n, c, h, w = (int(d) for d in x.shape)
     oh, ow = int(outs[0]), int(outs[1])
     layout = "NHWC" if not is_layout(x, "NCHW") and is_layout(x, "NHWC") else "NCHW"
-    y = empty((n, c, oh, ow), x.dtype, layout, xp)
+    y = empty((n, c, oh, ow), x.dtype, layout, xp) if out is None else out
     if y.size == 0:
         return y
     item = x.dtype.itemsize

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from graphopt.lowering import layout
+from graphopt.runtime import ops_std
 from graphopt.runtime.arena import Interval, assign, live_peak
 from graphopt.runtime.replay import StepReplay
 
@@ -47,6 +48,8 @@ def _direct(step, arrays, backend, feed_slots):
     out = arrays[step.outputs[0]]
     if step.op in ("MatMul", "Gemm"):
         return _gemm_direct(step, ins, out, backend, feed_slots)
+    if step.op in ops_std.POOL_OPS:
+        return _pool_direct(step, ins, out, backend)
     if step.op not in DIRECT or len(ins) != DIRECT[step.op][1] or any(a is None for a in ins):
         return None
     if step.op == "Div" and out.dtype.kind != "f":
@@ -96,6 +99,25 @@ def _gemm_direct(step, ins, out, backend, feed_slots):
             return [view]
 
         return mm_bias
+
+    return make
+
+
+def _pool_direct(step, ins, out, backend):
+    """A pooling node through the backend's pooling kernel, written into the arena view (geometry
+    decoded once, here), when that kernel takes it (then the traced output, whose strides the view
+    copies, came from the same kernel: the input's layout)."""
+    if len(ins) != 1 or ins[0] is None or getattr(backend, "pool", None) is None:
+        return None
+    x = ins[0]
+    ctx = ops_std.OpContext(backend.xp, step.node, 0, {}, pool=backend.pool)
+    args = ops_std.pool_kernel_args(ctx, x, step.op)
+    if args is None:  # traced through the window-slice path: stays generic
+        return None
+    pool2d, xp = backend.pool.pool2d, backend.xp
+
+    def make(view):
+        return lambda ins: [pool2d(xp, ins[0], *args, out=view)]
 
     return make
 

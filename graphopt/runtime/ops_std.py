@@ -415,15 +415,37 @@ def _windows_nd(xp, x, kernel, strides, dil, pads, outs, fill):
     return slices
 
 
+POOL_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
+
+
+def pool_kernel_args(ctx, x, op: str):
+    """(kind, kernel, strides, dilations, pads, output sizes) of pooling node ``op`` (one of
+    ``POOL_OPS``) on ``x`` for the backend's pooling kernel, or None when that kernel does not take it
+    (the window-slice path)."""
+    if op in ("GlobalAveragePool", "GlobalMaxPool"):
+        sp = [int(d) for d in x.shape[2:]]
+        if ctx.pool is None or not ctx.pool.supports(x, sp):
+            return None
+        return ("avg" if op == "GlobalAveragePool" else "max", sp, [1] * len(sp), [1] * len(sp), [0] * 2 * len(sp),
+                [1] * len(sp))
+    kernel = list(ctx.attr("kernel_shape"))
+    if ctx.pool is None or not ctx.pool.supports(x, kernel):
+        return None
+    if op == "MaxPool" and (ctx.attr("storage_order", 0) or len(ctx.node.outputs) > 1 and ctx.node.outputs[1]):
+        return None
+    strides, dil, pads, outs = _conv_geometry(ctx, list(x.shape[2:]), kernel)
+    kind = "max" if op == "MaxPool" else ("avg_pad" if ctx.attr("count_include_pad", 0) else "avg")
+    return kind, kernel, strides, dil, pads, outs
+
+
 def _pool(ctx, x, kind):
     xp = ctx.xp
     kernel = list(ctx.attr("kernel_shape"))
     nd = len(kernel)
     strides, dil, pads, outs = _conv_geometry(ctx, list(x.shape[2:]), kernel)
-    if ctx.pool is not None and ctx.pool.supports(x, kernel):
-        if kind == "avg":
-            kind = "avg_pad" if ctx.attr("count_include_pad", 0) else "avg"
-        return ctx.pool.pool2d(xp, x, kind, kernel, strides, dil, pads, outs)
+    args = pool_kernel_args(ctx, x, "MaxPool" if kind == "max" else "AveragePool")
+    if args is not None:
+        return ctx.pool.pool2d(xp, x, *args)
     if kind == "max":
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
         sl = _windows_nd(xp, x, kernel, strides, dil, pads, outs, fill)
@@ -463,9 +485,9 @@ def _avgpool(ctx, ins):
 @op("GlobalAveragePool")
 def _gap(ctx, ins):
     x = ins[0]
-    if ctx.pool is not None and ctx.pool.supports(x, x.shape[2:]):
-        sp = [int(d) for d in x.shape[2:]]
-        return [ctx.pool.pool2d(ctx.xp, x, "avg", sp, [1] * len(sp), [1] * len(sp), [0] * 2 * len(sp), [1] * len(sp))]
+    args = pool_kernel_args(ctx, x, "GlobalAveragePool")
+    if args is not None:
+        return [ctx.pool.pool2d(ctx.xp, x, *args)]
     axes = tuple(range(2, x.ndim))
     return [_acc(ctx, x).mean(axis=axes, keepdims=True).astype(x.dtype)]
 
@@ -473,9 +495,9 @@ def _gap(ctx, ins):
 @op("GlobalMaxPool")
 def _gmp(ctx, ins):
     x = ins[0]
-    if ctx.pool is not None and ctx.pool.supports(x, x.shape[2:]):
-        sp = [int(d) for d in x.shape[2:]]
-        return [ctx.pool.pool2d(ctx.xp, x, "max", sp, [1] * len(sp), [1] * len(sp), [0] * 2 * len(sp), [1] * len(sp))]
+    args = pool_kernel_args(ctx, x, "GlobalMaxPool")
+    if args is not None:
+        return [ctx.pool.pool2d(ctx.xp, x, *args)]
     return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]
 
 

@@ -54,3 +54,32 @@ def test_pooling_without_a_kernel_or_outside_it_uses_the_array_path():
     node = _Node(dict(kernel_shape=[2, 2], strides=[2, 2]))
     got = ops_std.OPS["MaxPool"](ops_std.OpContext(np, node, 17, {}, pool=fake), [x])[0]
     assert fake.calls == [] and got.shape == (2, 3, 2, 2) and got[0, 0, 0, 0] == 5
+
+
+class _OutPool(_FakePool):
+    def pool2d(self, xp, x, kind, kernel, strides, dil, pads, outs, out=None):
+        self.calls.append((kind, list(kernel), list(outs), out))
+        return out
+
+
+@pytest.mark.parametrize("op,attrs", [("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+                                      ("GlobalAveragePool", {})])
+def test_a_compiled_plan_pools_straight_into_its_arena_view(op, attrs):
+    """compiled._pool_direct: the geometry is decoded once at compile time and every run writes the
+    step's arena view (``out=``), so the step can be replayed from its own CUDA graph."""
+    from types import SimpleNamespace
+
+    from graphopt.runtime import compiled
+
+    fake = _OutPool()
+    x = np.zeros((2, 3, 9, 7), np.float32)
+    node = _Node(attrs)
+    step = SimpleNamespace(op=op, node=node)
+    backend = SimpleNamespace(xp=np, pool=fake)
+    make = compiled._pool_direct(step, [x], None, backend)
+    view = np.empty((2, 3, 5, 4) if op == "MaxPool" else (2, 3, 1, 1), np.float32)
+    run = make(view)
+    assert run([x])[0] is view and run([x])[0] is view
+    assert len(fake.calls) == 2 and all(c[3] is view for c in fake.calls)
+    assert compiled._pool_direct(step, [x.astype(np.float64)], None, backend) is None  # outside the kernel
+    assert compiled._pool_direct(step, [x], None, SimpleNamespace(xp=np, pool=None)) is None
