@@ -83,3 +83,18 @@ def test_pool_kernel_captures_in_a_cuda_graph():
         s.synchronize()
     want = ops_std.OPS["MaxPool"](ops_std.OpContext(np, ctx.node, 17, {}), [cp.asnumpy(x).astype(np.float64)])[0]
     np.testing.assert_allclose(cp.asnumpy(y).astype(np.float64), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[8]], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}")
+def test_pool_kernel_writes_a_given_output(case, layout):
+    """``out=`` (a compiled plan's arena view): the same values as a fresh output, in the given buffer."""
+    op, shape, attrs = case
+    x = to_layout(cp.asarray(np.random.default_rng(1).standard_normal(shape).astype(np.float16)), layout, cp)
+    ctx = ops_std.OpContext(cp, _node(op, attrs), 17, {}, pool=pool)
+    want = ops_std.OPS[op](ctx, [x])[0]
+    args = ops_std.pool_kernel_args(ctx, x, op)
+    out = cp.full_like(want, cp.nan)  # keeps want's strides (the input's layout)
+    got = pool.pool2d(cp, x, *args, out=out)
+    assert got.data.ptr == out.data.ptr and got.shape == want.shape
+    assert bool(cp.array_equal(got, want, equal_nan=True))
