@@ -153,6 +153,19 @@ def measure(name: str, model: Path, gpu: str, batch: int | None, limit_s: float,
     return rec
 
 
+def keep_cache(src: Path, dest: Path) -> str:
+    """Merge the tuning cache in ``src`` into ``dest`` through the CLI's own export and import."""
+    dest.mkdir(parents=True, exist_ok=True)
+    dump = src.parent / "cache_export.json"
+    base = [sys.executable, "-m", "graphopt.cli", "cache"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for cmd, folder in ((base + ["export", str(dump)], src), (base + ["import", str(dump)], dest)):
+        p = subprocess.run(cmd, env=dict(env, GRAPHOPT_CACHE_DIR=str(folder)), capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            return f"failed: {' '.join(cmd[3:5])}: {(p.stderr or p.stdout).strip()[:300]}"
+    return "ok"
+
+
 def _write(path: Path | None, result: dict) -> None:
     if path is None:
         return
@@ -172,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default=None, help="write OUT_DIR/cache_speed_<gpu>.json (default bench/results, "
                                                     "not for a dry run)")
     ap.add_argument("--out", default=None, help="write the result JSON to this file instead")
+    ap.add_argument("--keep-cache", default=None,
+                    help="after each model, import its cold run's tuning cache into this GRAPHOPT_CACHE_DIR "
+                         "(graphopt cache export / import), so that bench/e2e.py --cache-dir reuses the tuning")
     args = ap.parse_args(argv)
     dry = args.gpu.strip().lower() == "none"
     out = Path(args.out) if args.out else (
@@ -211,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             work.mkdir()
             rec = measure(name, model, args.gpu, args.batch or None, args.limit, work)
             result["runs"].append(rec)
+            if args.keep_cache:
+                rec["kept_cache"] = keep_cache(work / "tuning", Path(args.keep_cache))
             if out is not None and (work / "cold.json").exists():  # every candidate's result, for the notes
                 (out.parent / f"cache_speed_{name}_cold_report.json").write_bytes((work / "cold.json").read_bytes())
             if not result.get("model"):
