@@ -14,6 +14,8 @@ module supplies the real ones, for the pipeline and the CLI:
 
 from __future__ import annotations
 
+import os
+
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -44,6 +46,15 @@ def kernel_candidates() -> Callable[[Signature], Sequence[Candidate]] | None:
     except Exception:  # noqa: BLE001 - kernels missing or broken: no candidates
         return None
     return candidates_for
+
+
+def default_workers_per_gpu() -> int:
+    """Tuning workers per GPU: one per four CPU cores, at most 4 (builds overlap; the GPU is taken in
+    turns). ``GRAPHOPT_TUNE_WORKERS`` overrides it."""
+    env = os.environ.get("GRAPHOPT_TUNE_WORKERS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 def kernels_backend() -> tuple[TuningBackend | None, str]:
@@ -123,7 +134,8 @@ def tune_graph(
             with Profiler(backend.candidates_for, timer=backend.timer, checker=backend.checker,
                           buffers=backend.buffers, devices=list(target.devices), cache=cache, isolate=isolate,
                           timeout_s=timeout_s, budget_s=budget_s,
-                          precompile=getattr(backend, "precompile", None)) as prof:
+                          precompile=getattr(backend, "precompile", None),
+                          workers_per_gpu=default_workers_per_gpu()) as prof:
                 report = select_lowerings(graph, norm, cache=cache, profile=prof, shapes=shapes, devices=devices,
                                           candidates_for=candidates_for, progress=progress,
                                           shape_profile=shape_profile)

@@ -498,3 +498,40 @@ def test_isolation_works_from_a_script_without_a_main_guard(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("RAN") == 1, out.stdout  # the worker never re-ran the caller's script
     assert "WINNER b ['ok', 'ok', 'crashed']" in out.stdout
+
+
+class _TurnLog:
+    """A checker that logs when each worker holds the GPU (its turn): pid, start, end."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __call__(self, sig, launch):
+        t0 = time.time()
+        time.sleep(0.03)
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()} {t0} {time.time()}\n")
+        return None
+
+
+def _two_candidates(sig):
+    return [cand("a", 1.0), cand("b", 2.0)]
+
+
+def test_workers_sharing_a_gpu_take_turns_on_it(tmp_path):
+    """workers_per_gpu=3: signatures spread over three workers of one GPU, whose checks and timings
+    never overlap (one lock per GPU); the report counts the time spent waiting for a turn."""
+    dev = DeviceInfo(0, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0")
+    log = tmp_path / "turns.txt"
+    with Profiler(_two_candidates, timer=FakeTimer(2), checker=_TurnLog(log),
+                  devices=[dev], isolate=True, timeout_s=60, workers_per_gpu=3) as prof:
+        prof.profile_many(_many_sigs(9))
+        assert all(prof.memo[s.key()].winner.lowering == "a" for s in _many_sigs(9))
+        lock_dir = prof._lock_dir
+        assert lock_dir and os.path.isdir(lock_dir)
+        tt = prof.tuning_time()
+    assert not os.path.exists(lock_dir)  # removed on close
+    turns = sorted((float(a), float(b), pid) for pid, a, b in (line.split() for line in log.read_text().splitlines()))
+    assert len(turns) == 18 and len({pid for _, _, pid in turns}) >= 2
+    assert all(b1 <= a2 for (_, b1, _), (a2, _, _) in zip(turns, turns[1:])), "two workers held the GPU at once"
+    assert tt["workers_started"] == 3 and "wait" in tt["phases_s"]
