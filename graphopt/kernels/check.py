@@ -29,6 +29,10 @@ from graphopt.ops import get_schema
 # Normwise relative error allowed per dtype. fp32 lowerings on the tensor cores round operands to
 # tf32 (~3e-4 normwise on random data), hence 2e-3 rather than an fp32 bound.
 TOLERANCE = {"float16": 1e-2, "float32": 2e-3}
+# GEMM-like ops (fp32 accumulation): in fp16 the output's rounding is the only expected error (about
+# 3e-4 normwise), so a candidate that reduces in lower precision is refused, not just a broken one: 53
+# convolutions each 5e-3 off left a tuned ResNet-50 4.6e-2 away from torch.
+TOLERANCE_BY_OP = {("CBR", "float16"): 2e-3, ("GemmAct", "float16"): 2e-3}
 FULL_REFERENCE_MAX_FLOPS = 5e8   # above this, a CBR reference is sampled
 SAMPLES = 2048
 
@@ -116,14 +120,16 @@ def _prepare(sig: Signature):
     return _CACHE[key]
 
 
-def compare(got: np.ndarray, ref: np.ndarray, sampled: bool, dtype: str, nonfinite: int = 0) -> str | None:
+def compare(got: np.ndarray, ref: np.ndarray, sampled: bool, dtype: str, nonfinite: int = 0,
+            op: str = "") -> str | None:
     """The reason ``got`` (flat float64: every output, or the sampled ones) does not match ``ref``, or
-    None. ``nonfinite`` counts outputs not written or not finite (counted where the output lives)."""
+    None. ``nonfinite`` counts outputs not written or not finite (counted where the output lives);
+    the tolerance is ``TOLERANCE_BY_OP`` for ``op`` where it has one, else ``TOLERANCE``."""
     nonfinite = nonfinite or int(np.count_nonzero(~np.isfinite(got)))
     if nonfinite:
         return f"{nonfinite} outputs not written or not finite"
     err = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
-    tol = TOLERANCE.get(dtype, 1e-2)
+    tol = TOLERANCE_BY_OP.get((op, dtype), TOLERANCE.get(dtype, 1e-2))
     if not err <= tol:
         return f"wrong result: normwise relative error {err:.2e} > {tol:g}" + (" (sampled outputs)" if sampled else "")
     return None
@@ -150,7 +156,7 @@ def checker(sig: Signature, launch: Callable[[Sequence[Any], Sequence[Any]], Non
     flat = out.ravel()  # the logical (NCHW) order, whatever layout the lowering wrote
     nonfinite = int(cupy.count_nonzero(~cupy.isfinite(flat)))
     got = flat if idx is None else flat[cupy.asarray(idx)]
-    return compare(cupy.asnumpy(got).astype(np.float64), ref, idx is not None, dt, nonfinite)
+    return compare(cupy.asnumpy(got).astype(np.float64), ref, idx is not None, dt, nonfinite, sig.op)
 
 
 _DEVICE: dict[str, list] = {}  # signature key -> its check inputs on the GPU (one signature at a time)
@@ -174,7 +180,8 @@ def numpy_checker(sig: Signature, launch: Callable[[Sequence[Any], Sequence[Any]
     out = np.full(output_shape(sig), np.nan, dtype=dt)
     launch([None if a is None else a.copy() for a in inputs], [out])
     flat = out.astype(np.float64).reshape(-1)
-    return compare(flat if idx is None else flat[idx], ref, idx is not None, dt, int(np.count_nonzero(~np.isfinite(flat))))
+    return compare(flat if idx is None else flat[idx], ref, idx is not None, dt, int(np.count_nonzero(~np.isfinite(flat))),
+                   sig.op)
 
 
 def buffers(sig: Signature) -> tuple[list, list]:

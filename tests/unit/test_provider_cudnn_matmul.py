@@ -175,3 +175,30 @@ def test_plans_are_candidates_and_build_declares_the_contract(fake, monkeypatch)
     low.launch([np.zeros((8, 64)), np.zeros((64, 32)), np.zeros(32)], [np.zeros((8, 32))], np.empty(1024, np.uint8))
     assert ("set_stream", 9) in log and ("execute", ["A", "B", "C", "relu"], 1) in log
     assert sum(e[0] == "pygraph" for e in log) == 1
+
+
+class _NotedGraph(_Graph):
+    """Plan 0 carries a reduced-precision note: the frontend bars it once that note is deselected."""
+
+    def deselect_numeric_notes(self, notes):
+        self.log.append(("deselect_numeric_notes", list(notes)))
+        self.barred = {0}
+
+    def _barred_indices(self):
+        return getattr(self, "barred", set())
+
+
+def test_plans_that_compute_with_less_precision_are_never_offered(fake, monkeypatch):
+    """cuDNN plans noted REDUCED_PRECISION_REDUCTION, DOWN_CONVERT_INPUTS or Winograd are barred
+    (cudnn.INEXACT_NOTES): not candidates, never the load-time default, and the others keep their own
+    plan index."""
+    mod, log = fake
+    mod.numerical_note = types.SimpleNamespace(**{n: n for n in cudnn.INEXACT_NOTES})
+    mod.pygraph = lambda **kw: _NotedGraph(log, ["eng7_k24=24", "eng4_k24=23", "eng0"], **kw)
+    sig = gemm((8, 64), (64, 32), activation="Relu")
+    keys = [c.key() for c in prov.candidates("GemmAct", sig)]
+    assert keys == ["cudnn", "cudnn:plan=eng4_k24=23", "cudnn:plan=eng0"]
+    assert ("deselect_numeric_notes", list(cudnn.INEXACT_NOTES)) in log
+    prov.CudnnMatmul("cudnn").build(sig, "sm_90")  # the heuristic's first offered plan: index 1
+    prov.CudnnMatmul("cudnn", (("plan", "eng0"),)).build(sig, "sm_90")
+    assert [e for e in log if e[0] == "build_plan_at_index"] == [("build_plan_at_index", 1), ("build_plan_at_index", 2)]
