@@ -238,17 +238,21 @@ class CublasLtGemm(Candidate):
                 algo, ws_bytes = a.algo_from_config(s.handle, s.desc, *s.layouts, s.layouts[2], pr.dtype, dict(want))
         alpha, beta = ctypes.c_float(pr.alpha), ctypes.c_float(0.0)
         la, lb, ld = s.layouts
+        # A bias pointer is a descriptor attribute: each lowering (each node) gets its own descriptor,
+        # so nodes of one signature never see each other's bias, whatever cuBLASLt keeps of a
+        # descriptor in a captured CUDA graph. Without a bias the signature's descriptor is shared.
+        desc = a.matmul_desc(pr.transa, pr.transb, pr.epilogue) if pr.bias_input is not None else s.desc
 
         def launch(inputs, outputs, workspace):
             ins = list(inputs) + [None] * 3
             ptrs = [_ptr(ins[pr.a_input]), _ptr(ins[pr.b_input]), _ptr(outputs[0])]
             if pr.bias_input is not None:
                 ptrs.append(_ptr(ins[pr.bias_input]))
-                a.set_bias(s.desc, ptrs[-1])
+                a.set_bias(desc, ptrs[-1])
             if any(p % ALIGNMENT for p in ptrs):
                 raise TuningError(f"cuBLASLt operands must be {ALIGNMENT}-byte aligned")
             ws = 0 if workspace is None else _ptr(workspace)
-            status = a.matmul(s.handle, s.desc, alpha, ptrs[0], la, ptrs[1], lb, beta, ptrs[2], ld, algo,
+            status = a.matmul(s.handle, desc, alpha, ptrs[0], la, ptrs[1], lb, beta, ptrs[2], ld, algo,
                               ws, ws_bytes if ws else 0, _stream())
             if status != lt.CUBLAS_STATUS_SUCCESS:
                 raise TuningError(f"cublasLtMatmul failed with status {status} ({self.key()}, {sig.key()})")

@@ -99,3 +99,51 @@ def check_all(cands, sig: Signature, seed: int = 0):
         else:
             ok += 1
     return ok, wrong, unbuilt
+
+
+def captured_pair_errors(cands, sig: Signature, limit: int = 6) -> list[tuple[str, str]]:
+    """Two nodes of one signature (two builds of each candidate, different inputs and biases) captured
+    into ONE CUDA graph and replayed, as a compiled plan runs them: [(key, why wrong)] for the first
+    ``limit`` candidates that build. The eager check above never sees state that two builds of one
+    signature share (a descriptor, a plan), which a capture freezes."""
+    import cupy
+
+    dt = next(d for d, s in zip(sig.dtypes, sig.input_shapes) if s is not None)
+    dev_dt = "uint16" if dt == "bfloat16" else dt
+    wrong = []
+    sets = [host_inputs(sig, seed) for seed in (11, 12)]
+    refs = [reference(sig, f64) for f64, _ in sets]
+    built = 0
+    for cand in cands:
+        if built >= limit:
+            break
+        try:
+            lows = [as_lowering(cand.build(sig, "sm_90")) for _ in range(2)]
+        except Exception:  # noqa: BLE001 - the eager check reports what does not build
+            continue
+        built += 1
+        devs = [low.conform([None if a is None else cupy.asarray(a) for a in up], cupy) for low, (_, up) in zip(lows, sets)]
+        outs = [low.empty_outputs(len(d), [r.shape], dev_dt, cupy)[0] for low, d, r in zip(lows, devs, refs)]
+        wss = [cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8) if low.workspace_bytes else None for low in lows]
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            for low, d, o, w in zip(lows, devs, outs, wss):  # eager first: handles and plans exist
+                low.launch(d, [o], w)
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                for low, d, o, w in zip(lows, devs, outs, wss):
+                    low.launch(d, [o], w)
+            finally:
+                graph = stream.end_capture()
+            for o in outs:
+                o[...] = NAN_BF16 if dt == "bfloat16" else cupy.nan
+            graph.launch(stream)
+            stream.synchronize()
+        for k, (o, r) in enumerate(zip(outs, refs)):
+            host = cupy.asnumpy(o)
+            got = (from_bf16_bits(host) if dt == "bfloat16" else host).astype(np.float64)
+            err = float(np.linalg.norm(np.nan_to_num(got, nan=1e30) - r) / max(np.linalg.norm(r), 1e-30))
+            if not err <= TOL[dt]:
+                wrong.append((cand.key(), f"node {k} of 2 after a captured replay: normwise relative error {err:.2e}"))
+    return wrong

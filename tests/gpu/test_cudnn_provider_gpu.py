@@ -111,3 +111,16 @@ def test_a_plan_captures_in_a_cuda_graph_and_replays():
         stream.synchronize()
     assert cupy.array_equal(out, eager)
     assert checker(sig, low) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("res", [False, True], ids=["bias", "residual"])
+def test_two_nodes_of_one_signature_in_one_captured_graph(res):
+    """Two CBR nodes of one signature share the signature's cuDNN graph and plans: captured together
+    into one CUDA graph, each must still read its own inputs, bias and residual."""
+    from _provider_check import captured_pair_errors
+
+    sig = Signature.make("CBR", [(4, 64, 14, 14), (64, 64, 3, 3), (64,), (4, 64, 14, 14) if res else None],
+                         ["float16"] * 3 + (["float16"] if res else [""]),
+                         {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "activation": "Relu"})
+    assert captured_pair_errors(prov.candidates(sig.op, sig), sig) == []

@@ -126,3 +126,18 @@ def test_one_by_one_cbr_node_with_three_inputs():
     """A CBR node without the residual slot: the output is still allocated NHWC (the declared layout)."""
     sig = Signature.make("CBR", [(2, 64, 7, 9), (96, 64, 1, 1), (96,)], ["float16"] * 3, {"activation": "Relu"})
     _check(sig)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["none", "Relu", "GeluTanh"])
+def test_two_nodes_of_one_signature_in_one_captured_graph(act):
+    """The compiled runtime captures every node: two nodes with one signature and their own biases
+    must each get their own bias in the replay (a tuned ResNet-50 with shared-signature 1x1 convs on
+    cuBLASLt was 4.6e-2 from torch while every node passed its eager check)."""
+    from _provider_check import captured_pair_errors
+
+    sig = gemm((64, 256), (256, 128), (128,), "float16", activation=act)
+    assert captured_pair_errors(prov.candidates(sig.op, sig), sig) == []
+    cbr = Signature.make("CBR", [(4, 256, 7, 7), (64, 256, 1, 1), (64,)], ["float16"] * 3,
+                         {"kernel_shape": [1, 1], "activation": "Relu"}, layout="NCHW")
+    assert captured_pair_errors(prov.candidates(cbr.op, cbr), cbr) == []

@@ -190,7 +190,9 @@ def test_build_declares_workspace_capture_and_launches_one_matmul(fake, monkeypa
     assert isinstance(low, Lowering) and low.capturable and low.outputs == 1 and low.layouts == ()
     assert low.workspace_bytes == 1 << 20 and low.versions == (("cublaslt", "130100"),)
     assert cands[0].build(sig, "sm_90").workspace_bytes == 0  # the heuristic's first algorithm
-    assert len(_calls(fake.log, "desc")) == 1  # one set of descriptors per signature
+    # the signature's descriptor (for the heuristic), plus one per lowering with a bias: the bias
+    # pointer is a descriptor attribute, and two nodes of one signature must not share it
+    assert len(_calls(fake.log, "desc")) == 3
     a, b, c = np.zeros((8, 64), np.float16), np.zeros((64, 32), np.float16), np.zeros(32, np.float16)
     y, ws = np.zeros((8, 32), np.float16), np.zeros(1 << 20, np.uint8)
     fake.log.clear()
@@ -201,6 +203,24 @@ def test_build_declares_workspace_capture_and_launches_one_matmul(fake, monkeypa
     assert call[1:] == (1.0, b.ctypes.data, a.ctypes.data, 0.0, y.ctypes.data, y.ctypes.data, 2, ws.ctypes.data, 1 << 20)
     with pytest.raises(TuningError, match="aligned"):
         low.launch([a[:, 1:], b, c], [y], ws)
+
+
+def test_two_nodes_of_one_signature_never_share_a_bias_pointer(fake, monkeypatch):
+    """Each lowering with a bias sets its pointer on its own descriptor: a descriptor shared by the
+    nodes of one signature could hand one node's bias to the other in a captured CUDA graph."""
+    monkeypatch.setattr(prov, "_stream", lambda: 4242)
+    sig = gemm((8, 64), (64, 32), activation="Relu")
+    first, second = (prov.candidates("GemmAct", sig)[0].build(sig, "sm_90") for _ in range(2))
+    a, b = np.zeros((8, 64), np.float16), np.zeros((64, 32), np.float16)
+    c1, c2, y = np.zeros(32, np.float16), np.ones(32, np.float16), np.zeros((8, 32), np.float16)
+    fake.log.clear()
+    first.launch([a, b, c1], [y], None)
+    second.launch([a, b, c2], [y], None)
+    first.launch([a, b, c1], [y], None)
+    bias = [(e[1], e[3]) for e in _calls(fake.log, "desc_set") if e[2] == E["CUBLASLT_MATMUL_DESC_BIAS_POINTER"]]
+    descs = [call[2] if len(call) > 2 else None for call in _calls(fake.log, "matmul")]
+    assert len({d for d, _ in bias}) == 2 and bias[0] == bias[2] and bias[0][1] == c1.ctypes.data
+    assert bias[1][1] == c2.ctypes.data and len(descs) == 3
 
 
 def test_a_key_from_elsewhere_is_rebuilt_from_its_configuration(fake):
