@@ -27,7 +27,7 @@ picked and built with its own workspace size (:func:`plan_at`), the keys (:func:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -167,6 +167,8 @@ class _Built:
     built: set
     extra: Any = None  # what the op's graph builder returned beside the graph and its tensors
     indices: list | None = None  # each offered plan's index in cuDNN's plan list (None: 0, 1, 2, ...)
+    handed: set = field(default_factory=set)  # plan indices a built lowering already runs
+    copies: int = 0  # private copies made for second lowerings of a plan (lowering_plan)
 
 
 def listed(sig: Signature, make, tag: str = "") -> _Built:
@@ -231,6 +233,26 @@ def plan_at(b: _Built, want: str | None, sig: Signature) -> tuple[int, int]:
         b.graph.build_plan_at_index(index)
         b.built.add(index)
     return index, int(b.graph.get_workspace_size_plan_at_index(index))
+
+
+def lowering_plan(b: _Built, want: str | None, sig: Signature, fresh=None) -> tuple[_Built, int, int]:
+    """(graph, plan index, workspace bytes) for one built lowering of plan ``want`` (see ``plan_at``).
+
+    A plan already running in another lowering of this process (a second node of the same signature)
+    gets a private copy: ``fresh(tag_suffix)`` builds the signature's graph again under its own cache
+    tag. Two nodes captured in one CUDA graph then share no plan, variant pack or host-side state:
+    whatever cuDNN keeps per plan is frozen into the graph once per node. Without ``fresh`` (tests)
+    the plan is shared."""
+    index, ws = plan_at(b, want, sig)
+    if index in b.handed and fresh is not None:
+        b.copies += 1
+        own = fresh(f"#{b.copies}")
+        name = b.names[b.indices.index(index) if b.indices is not None else index]
+        index, ws = plan_at(own, name, sig)
+        own.handed.add(index)
+        return own, index, ws
+    b.handed.add(index)
+    return b, index, ws
 
 
 def plan_keys(sig: Signature, built) -> list[str]:
@@ -332,8 +354,8 @@ class CudnnConv(CudnnCandidate):
         reason = self.applies(sig)
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        b = _graph_for(sig)
-        index, ws_bytes = plan_at(b, self.param("plan"), sig)
+        b, index, ws_bytes = lowering_plan(_graph_for(sig), self.param("plan"), sig,
+                                           lambda tag: listed(sig, conv_graph, tag))
         t = b.tensors
         order = ["X", "W", "B", "R"]
 

@@ -132,8 +132,8 @@ class CudnnMatmul(Candidate):
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
         mod = _cudnn._load()
-        b = _graph_for(sig)
-        index, ws_bytes = _cudnn.plan_at(b, self.param("plan"), sig)
+        b, index, ws_bytes = _cudnn.lowering_plan(_graph_for(sig), self.param("plan"), sig,
+                                                  lambda tag: _cudnn.listed(sig, matmul_graph, tag))
         handle = _cudnn._handle(mod)
         t = b.tensors
 

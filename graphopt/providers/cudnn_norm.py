@@ -150,16 +150,16 @@ def _training_graph(mod, handle, sig: Signature):
     return norm_graph(mod, handle, sig, training=True)
 
 
-def norm_built(sig: Signature):
+def norm_built(sig: Signature, tag: str = ""):
     """The INFERENCE graph with its plans; where cuDNN offers none for it (a fused add it does not
-    run in that phase), the TRAINING graph."""
+    run in that phase), the TRAINING graph. ``tag``: a private copy (``cudnn.lowering_plan``)."""
     try:
-        b = base.listed(sig, norm_graph)
+        b = base.listed(sig, norm_graph, tag)
         if b.names:
             return b
     except Exception:  # noqa: BLE001 - refused in this phase: the training form below says why if it fails too
         pass
-    return base.listed(sig, _training_graph, tag="|training")
+    return base.listed(sig, _training_graph, tag="|training" + tag)
 
 
 STATS_ALIGN = 256
@@ -184,8 +184,8 @@ class CudnnNorm(base.CudnnCandidate):
         reason = self.applies(sig)
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        b = norm_built(sig)
-        index, plan_bytes = base.plan_at(b, self.param("plan"), sig)
+        b, index, plan_bytes = base.lowering_plan(norm_built(sig), self.param("plan"), sig,
+                                                  lambda tag: norm_built(sig, tag))
         g: NormGeom = b.extra
         t = b.tensors
         # the TRAINING form's statistics (fp32 per row) after the plan's own workspace

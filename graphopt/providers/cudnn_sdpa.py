@@ -191,8 +191,8 @@ def sdpa_graph(mod, handle, sig: Signature):
     return graph, t, g
 
 
-def sdpa_built(sig: Signature):
-    return base.listed(sig, sdpa_graph)
+def sdpa_built(sig: Signature, tag: str = ""):
+    return base.listed(sig, sdpa_graph, tag)
 
 
 _KERNELS: dict[str, Any] = {}
@@ -246,8 +246,8 @@ class CudnnSdpa(base.CudnnCandidate):
         reason = self.applies(sig)
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        b = sdpa_built(sig)
-        index, plan_bytes = base.plan_at(b, self.param("plan"), sig)
+        b, index, plan_bytes = base.lowering_plan(sdpa_built(sig), self.param("plan"), sig,
+                                                  lambda tag: sdpa_built(sig, tag))
         g: SdpaGeom = b.extra
         t = b.tensors
         k_off, b_off, total = g.workspace_parts(plan_bytes)

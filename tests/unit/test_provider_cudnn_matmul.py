@@ -202,3 +202,22 @@ def test_plans_that_compute_with_less_precision_are_never_offered(fake, monkeypa
     prov.CudnnMatmul("cudnn").build(sig, "sm_90")  # the heuristic's first offered plan: index 1
     prov.CudnnMatmul("cudnn", (("plan", "eng0"),)).build(sig, "sm_90")
     assert [e for e in log if e[0] == "build_plan_at_index"] == [("build_plan_at_index", 1), ("build_plan_at_index", 2)]
+
+
+def test_a_second_node_of_one_signature_gets_its_own_plan(fake):
+    """Two lowerings of the same plan (two nodes of one signature in one model) never share a cuDNN
+    graph or plan: the second is built on a private copy. Different plans of one signature share the
+    listed graph (as the tuner builds them, one after the other)."""
+    mod, log = fake
+    sig = gemm((8, 64), (64, 32), activation="Relu")
+    prov.candidates("GemmAct", sig)  # the listing: one graph
+    graphs = lambda: sum(1 for e in log if e[0] == "pygraph")  # noqa: E731
+    assert graphs() == 1
+    prov.CudnnMatmul("cudnn", (("plan", "eng4_k24=23"),)).build(sig, "sm_90")
+    prov.CudnnMatmul("cudnn").build(sig, "sm_90")  # another plan of the listed graph
+    assert graphs() == 1
+    prov.CudnnMatmul("cudnn").build(sig, "sm_90")  # the same plan again: a private copy
+    prov.CudnnMatmul("cudnn").build(sig, "sm_90")
+    assert graphs() == 3
+    builds = [e[1] for e in log if e[0] == "build_plan_at_index"]
+    assert builds == [1, 0, 0, 0]  # each copy builds the plan of the same name
