@@ -24,6 +24,7 @@ class NodeSelection:
     reason: str
     timings: list[dict] = field(default_factory=list)
     dims: dict[str, int] = field(default_factory=dict)  # the bucket ({} without a shape profile)
+    layout: str = ""  # the layout the node's output runs in (graphopt.tune.layout_choice)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -43,6 +44,9 @@ class SelectionReport:
     dims: dict[str, dict] = field(default_factory=dict)
     buckets: list[dict[str, int]] = field(default_factory=list)
     cut_short: str = ""  # why tuning is incomplete ("" when it finished); the mode is then "partial"
+    # layout conversions left in the chosen plan, estimated (graphopt.tune.layout_choice), every bucket
+    conversions: list[dict] = field(default_factory=list)
+    layout_summary: str = ""  # one line on the conversions of the largest bucket
 
     def dims_line(self) -> str:
         return dims_line(self.dims)
@@ -59,7 +63,8 @@ class SelectionReport:
             "device": self.device, "summary": self.summary, "counts": self.counts(),
             "nodes": [r.to_dict() for r in self.rows], "messages": list(self.messages),
             "dims": {k: dict(v) for k, v in self.dims.items()}, "buckets": [dict(b) for b in self.buckets],
-            "cut_short": self.cut_short,
+            "cut_short": self.cut_short, "conversions": [dict(c) for c in self.conversions],
+            "layout_summary": self.layout_summary,
         }
 
 
