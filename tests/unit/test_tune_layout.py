@@ -306,3 +306,13 @@ def test_an_op_that_reads_nchw_ends_the_region():
     assert [(c.tensor, c.consumer, c.src, c.dst) for c in plan.conversions] == [
         ("x", "conv1", NCHW, NHWC), ("b", "reshape", NHWC, NCHW)]
     assert plan.total_ms == pytest.approx(0.001 + 2 * conversion_ms(shape, 4))
+
+
+def test_vendor_candidates_declare_their_layouts_without_a_gpu():
+    from graphopt.kernels.registry import candidate_from_key, signature_of
+
+    sig = signature_of("CBR", [(1, 32, 8, 8), (32, 32, 1, 1), (32,), None], ["float16"] * 3 + [""],
+                       {"kernel_shape": [1, 1], "activation": "Relu"})
+    assert candidate_from_key("CBR", "cudnn").layouts(sig) == ("NHWC", "NHWC", "", "NHWC", "NHWC")
+    assert candidate_from_key("CBR", "cublaslt").layouts(sig)[0] == "NHWC"
+    assert candidate_from_key("CBR", "direct:opt=1").layouts(sig) == ()  # own kernels: NCHW
