@@ -31,9 +31,12 @@ the option with the least ``own time + conversions of its inputs`` against the l
 producers already have; then improvement sweeps try every other option of each node with the rest
 fixed and keep a change that lowers the whole graph's total (the walk counts the conversions on
 both sides and through the layout-neutral ops), until a sweep changes nothing (at most
-``MAX_SWEEPS``). Ties keep the earlier option, and the selection's own pick comes first, so a graph
-where layout changes nothing keeps exactly the per-node fastest choice. Every step is
-deterministic.
+``MAX_SWEEPS``). A region that pays off only as a whole (three convs each a little faster in NHWC,
+none worth its own two conversions) is out of reach of single changes, so the sweeps also start
+from "every node in NHWC where it has such an option" and from "every node in NCHW", and the
+cheapest of the three results wins. Ties keep the earlier option and the earlier start, and the
+selection's own pick comes first, so a graph where layout changes nothing keeps exactly the
+per-node fastest choice. Every step is deterministic.
 
 A conversion's time is estimated (``conversion_ms``): it reads and writes the tensor once at copy
 bandwidth ``COPY_GBPS`` plus one kernel launch ``CONVERSION_LAUNCH_MS``.
@@ -162,6 +165,7 @@ class _Walk:
         self.order = _topological(graph)
         self.options = {n.name: reduce_options(options[n.name], len(n.inputs), len(n.outputs))
                         for n in self.order if options.get(n.name)}
+        self.n_inputs = {n.name: len(n.inputs) for n in self.order}
         self.shape_of = shape_of
         self.itemsize_of = itemsize_of
         self._cost: dict[str, float] = {}
@@ -230,10 +234,13 @@ class _Walk:
         total += sum(c.ms for c in conversions)
         return Plan(picked, conversions, total)
 
-    def solve(self) -> Plan:
-        """Greedy in topological order, then improvement sweeps (module docstring)."""
-        best = self.run({})
-        choices = [name for name in (n.name for n in self.order) if len(self.options.get(name, ())) > 1]
+    def _prefer(self, layout: str) -> dict[str, Option]:
+        """Every node's fastest option whose output is in ``layout`` (its pick where it has none)."""
+        return {name: next((o for o in opts if o.output_layout(self.n_inputs[name], 0) == layout), opts[0])
+                for name, opts in self.options.items()}
+
+    def _sweep(self, best: Plan, choices: list[str]) -> Plan:
+        """Single-node changes that lower the total, until none does (at most ``MAX_SWEEPS`` rounds)."""
         for _ in range(MAX_SWEEPS):
             changed = False
             for name in choices:
@@ -245,6 +252,18 @@ class _Walk:
                         best, changed = trial, True
             if not changed:
                 break
+        return best
+
+    def solve(self) -> Plan:
+        """The greedy pass, and the two whole-graph starts (every node in NHWC where it can, every
+        node in NCHW where it can), each improved by sweeps; the cheapest wins, the earlier on a tie."""
+        choices = [name for name in (n.name for n in self.order) if len(self.options.get(name, ())) > 1]
+        best = self._sweep(self.run({}), choices)
+        if choices:
+            for layout in (NHWC, NCHW):
+                plan = self._sweep(self.run(self._prefer(layout)), choices)
+                if plan.total_ms < best.total_ms - _EPS:
+                    best = plan
         for name in choices:
             fastest = self.options[name][0]
             if best.choice[name] is not fastest:
@@ -344,12 +363,14 @@ def choose_layouts(nodes: Sequence[tuple[Any, Any]], picks: Sequence[Sequence[An
             for i in idx:
                 node, pick = nodes[i][1], picks[i][b]
                 chosen, fastest = plan.choice[node.name], options[node.name][0]
-                pick.layout = chosen.output_layout(len(node.inputs), 0)
+                out_layout = chosen.output_layout(len(node.inputs), 0)
+                pick.layout = out_layout if node.op_type in LAYOUT_OPS else ""
                 if chosen is not fastest:
                     pick.lowering, pick.params = chosen.lowering, chosen.params
-                    pick.reason += (f"; layout: {chosen.key} ({chosen.ms:.4g} ms, {pick.layout}) instead of the fastest "
-                                    f"{fastest.key} ({fastest.ms:.4g} ms, {fastest.output_layout(len(node.inputs), 0)}) "
-                                    f"saves {plan.savings.get(node.name, 0.0):.4g} ms of layout conversions")
+                    pick.reason += (f"; layout: {chosen.key} ({chosen.ms:.4g} ms, {out_layout}) instead of the fastest "
+                                    f"{fastest.key} ({fastest.ms:.4g} ms, {fastest.output_layout(len(node.inputs), 0)}): "
+                                    f"the graph is {plan.savings.get(node.name, 0.0):.4g} ms faster with its layout "
+                                    "conversions counted")
             bucket = dict(picks[idx[0]][b].dims)
             remaining += [{**c.to_dict(), "dims": bucket} for c in plan.conversions]
     return remaining

@@ -24,7 +24,7 @@ class NodeSelection:
     reason: str
     timings: list[dict] = field(default_factory=list)
     dims: dict[str, int] = field(default_factory=dict)  # the bucket ({} without a shape profile)
-    layout: str = ""  # the layout the node's output runs in (graphopt.tune.layout_choice)
+    layout: str = ""  # NCHW / NHWC the output runs in, for graphopt.tune.layout_choice.LAYOUT_OPS; else ""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

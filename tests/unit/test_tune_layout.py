@@ -165,6 +165,32 @@ def test_a_region_of_nchw_convs_converts_only_at_its_edges():
     assert rep.conversions == [] and rep.layout_summary == "layout: no layout conversions remain"
 
 
+def dense_chain_model() -> onnx.ModelProto:
+    """x -> three 3x3 Conv+Relu -> GlobalAveragePool -> Flatten."""
+    g = G(opset=17)
+    t = g.input("x", [1, 32, 28, 28])
+    for i in range(3):
+        t = g.op("Relu", [_conv(g, t, 32, 32, 3, name=f"c{i}")])
+    g.output(g.op("Flatten", [g.op("GlobalAveragePool", [t])]))
+    return g.model()
+
+
+def test_a_region_that_pays_only_as_a_whole_is_found():
+    """Each conv is a little faster in NHWC, less than a conversion: greedy from the NCHW input keeps
+    NCHW and no single change helps, yet the three together save more than the one conversion."""
+    graph = fused(dense_chain_model())
+    gain = 0.6 * CONV
+    rep = profiled(graph, candidates(dw=(1.0, 1.0), dense=(0.010, 0.010 - gain)))
+    assert chosen(graph) == [("cudnn", NHWC)] * 3
+    assert edges(rep) == [("x", "", cbr_nodes(graph)[0].name, NCHW, NHWC)]
+
+
+def test_a_region_that_does_not_pay_stays_nchw():
+    graph = fused(dense_chain_model())
+    rep = profiled(graph, candidates(dw=(1.0, 1.0), dense=(0.010, 0.010 - 0.3 * CONV)))
+    assert chosen(graph) == [("direct", NCHW)] * 3 and rep.conversions == []
+
+
 # --------------------------------------------------------------------------- residual, pooling, Add
 
 
