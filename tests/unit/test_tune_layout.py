@@ -285,6 +285,9 @@ def test_cli_heuristic_writes_a_valid_model_and_explains_the_conversions(tmp_pat
     for c in report["layout_conversions"]:
         assert f"{c['from']} -> {c['to']}" in r.stdout
     assert src.read_bytes() == model.SerializeToString()  # the input is not modified
+    again = run_graphopt("optimize", src, "-o", tmp_path / "again.onnx", "--gpu", "a100", "--precision", "fp16")
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "again.onnx").read_bytes() == (tmp_path / "m.opt.onnx").read_bytes()
 
 
 def test_cli_fp32_heuristic_model_matches_onnxruntime(tmp_path):
@@ -342,3 +345,19 @@ def test_vendor_candidates_declare_their_layouts_without_a_gpu():
     assert candidate_from_key("CBR", "cudnn").layouts(sig) == ("NHWC", "NHWC", "", "NHWC", "NHWC")
     assert candidate_from_key("CBR", "cublaslt").layouts(sig)[0] == "NHWC"
     assert candidate_from_key("CBR", "direct:opt=1").layouts(sig) == ()  # own kernels: NCHW
+
+
+def test_each_consumer_in_another_layout_converts_and_a_graph_output_reads_nchw():
+    """One NHWC tensor read by an NHWC node, an NCHW node and the graph's output: two conversions."""
+    shape = [1, 8, 4, 4]
+    graph = _graph([helper.make_node("Relu", ["x"], ["t"], name="a"),
+                    helper.make_node("Relu", ["t"], ["u"], name="nhwc_user"),
+                    helper.make_node("Relu", ["t"], ["v"], name="nchw_user")],
+                   [("x", shape)], [("t", shape), ("u", shape), ("v", shape)])
+    nhwc = ("NHWC", "NHWC")
+    opts = {"a": [Option("cudnn", "cudnn", "", 0.001, nhwc)], "nhwc_user": [Option("cudnn", "cudnn", "", 0.001, nhwc)],
+            "nchw_user": [Option("direct", "direct", "", 0.001, ())]}
+    plan = solve_graph(graph, opts, lambda t: tuple(shape))
+    assert [(c.tensor, c.producer, c.consumer, c.src, c.dst) for c in plan.conversions] == [
+        ("x", "", "a", NCHW, NHWC), ("t", "a", "nchw_user", NHWC, NCHW),
+        ("t", "a", "", NHWC, NCHW), ("u", "nhwc_user", "", NHWC, NCHW)]
