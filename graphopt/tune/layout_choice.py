@@ -382,7 +382,8 @@ def layout_line(conversions: Sequence[Mapping[str, Any]]) -> str:
         return "layout: no layout conversions remain"
     ms = sum(float(c["ms"]) for c in conversions)
     n = len(conversions)
-    return f"layout: {n} conversion{'s' if n != 1 else ''} remain (estimated {ms:.4g} ms)"
+    verb = "conversions remain" if n != 1 else "conversion remains"
+    return f"layout: {n} {verb} (estimated {ms:.4g} ms)"
 
 
 __all__ = ["CONVERSION_LAUNCH_MS", "COPY_GBPS", "Conversion", "choose_layouts", "LAYOUT_ATTR", "LAYOUT_OPS", "NEUTRAL_OPS", "Option",

@@ -131,7 +131,7 @@ def test_nchw_slightly_faster_alone_but_two_conversions_picks_nhwc():
     assert edges(rep) == [("x", "", c1.name, NCHW, NHWC)]
     assert rep.conversions[0]["ms"] == pytest.approx(CONV)
     assert rep.layout_summary == layout_line(rep.conversions)
-    assert rep.layout_summary.startswith("layout: 1 conversion remain")
+    assert rep.layout_summary.startswith("layout: 1 conversion remains (estimated ")
 
 
 def test_much_faster_nchw_is_kept_and_exactly_the_edge_conversions_are_reported():
