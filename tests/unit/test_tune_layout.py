@@ -361,3 +361,14 @@ def test_each_consumer_in_another_layout_converts_and_a_graph_output_reads_nchw(
     assert [(c.tensor, c.producer, c.consumer, c.src, c.dst) for c in plan.conversions] == [
         ("x", "", "a", NCHW, NHWC), ("t", "a", "nchw_user", NHWC, NCHW),
         ("t", "a", "", NHWC, NCHW), ("u", "nhwc_user", "", NHWC, NCHW)]
+
+
+def test_a_model_without_cnn_nodes_has_no_layout_line():
+    g = G(opset=17)
+    x = g.input("x", [4, 16])
+    g.output(g.op("Relu", [g.op("Add", [g.op("MatMul", [x, g.rand([16, 8])]), g.rand([8], "b")])]))
+    graph = fused(g.model())
+    rep = select_lowerings(graph, "a100", devices=[])
+    assert any(r.op == "GemmAct" for r in rep.rows)
+    assert rep.layout_summary == "" and rep.conversions == [] and all(r.layout == "" for r in rep.rows)
+    assert not any(n.attr(LAYOUT_ATTR) for n in graph.nodes())
