@@ -193,10 +193,10 @@ def optimize_graph(
     report.selection_summary = sel.summary
     report.messages = list(sel.messages)
     report.lowerings = [_as_dict(r) for r in sel.rows]
-    report.tuning_dims = {k: dict(v) for k, v in sel.dims.items()}
-    report.buckets = [dict(b) for b in sel.buckets]
     report.layout_conversions = [dict(c) for c in sel.conversions]
     report.layout_summary = sel.layout_summary
+    report.tuning_dims = {k: dict(v) for k, v in sel.dims.items()}
+    report.buckets = [dict(b) for b in sel.buckets]
     report.timings["select"] = time.perf_counter() - t
     graph.toposort()
     graph.lint()

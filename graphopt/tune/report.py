@@ -44,9 +44,6 @@ class SelectionReport:
     dims: dict[str, dict] = field(default_factory=dict)
     buckets: list[dict[str, int]] = field(default_factory=list)
     cut_short: str = ""  # why tuning is incomplete ("" when it finished); the mode is then "partial"
-    # layout conversions left in the chosen plan, estimated (graphopt.tune.layout_choice), every bucket
-    conversions: list[dict] = field(default_factory=list)
-    layout_summary: str = ""  # one line on the conversions of the largest bucket
 
     def dims_line(self) -> str:
         return dims_line(self.dims)
@@ -58,14 +55,20 @@ class SelectionReport:
         return dict(sorted(out.items()))
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "requested": self.requested, "target": self.target, "mode": self.mode, "present": self.present,
             "device": self.device, "summary": self.summary, "counts": self.counts(),
             "nodes": [r.to_dict() for r in self.rows], "messages": list(self.messages),
             "dims": {k: dict(v) for k, v in self.dims.items()}, "buckets": [dict(b) for b in self.buckets],
-            "cut_short": self.cut_short, "conversions": [dict(c) for c in self.conversions],
-            "layout_summary": self.layout_summary,
+            "cut_short": self.cut_short,
         }
+
+        out.update(conversions=[dict(c) for c in self.conversions], layout_summary=self.layout_summary)
+        return out
+
+    # layout conversions left in the chosen plan, estimated (graphopt.tune.layout_choice), every bucket
+    conversions: list[dict] = field(default_factory=list)
+    layout_summary: str = ""  # one line on the conversions of the largest bucket
 
 
 def dims_line(dims: Mapping[str, Mapping[str, Any]]) -> str:

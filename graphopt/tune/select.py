@@ -346,8 +346,8 @@ def select_lowerings(
     last = [c for c in conversions if c["dims"] == dict(bucket_list[-1])]
     layout_summary = layout_line(last) if last or any(r.layout for r in rows) else ""  # silent without CNN nodes
     return SelectionReport(requested, target.name, mode, target.present, ctx.device.name if ctx.device else None,
-                           summary, rows, messages, dims_info, resolved.buckets(), cut_short, conversions,
-                           layout_summary)
+                           summary, rows, messages, dims_info, resolved.buckets(), cut_short,
+                           conversions=conversions, layout_summary=layout_summary)
 
 
 def _dims_info(resolved, bound: Mapping[str, tuple[int, str]], defaulted: Mapping[str, int]) -> dict[str, dict]:
