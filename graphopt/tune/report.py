@@ -62,7 +62,6 @@ class SelectionReport:
             "dims": {k: dict(v) for k, v in self.dims.items()}, "buckets": [dict(b) for b in self.buckets],
             "cut_short": self.cut_short,
         }
-
         out.update(conversions=[dict(c) for c in self.conversions], layout_summary=self.layout_summary)
         return out
 

@@ -334,6 +334,8 @@ def select_lowerings(
         rows, conversions = _profile_and_choose(ctx, nodes, signatures, bucket_list, bool(resolved), progress)
     else:
         rows, conversions = _choose_all(ctx, nodes, signatures, bucket_list, bool(resolved))
+    last = [c for c in conversions if c["dims"] == dict(bucket_list[-1])]
+    layout_summary = layout_line(last) if last or any(r.layout for r in rows) else ""  # silent without CNN nodes
     mode = overall_mode(norm, ctx.profiling, rows)
     cut_short = cut_short_line(rows, len(bucket_list) > 1 and bool(resolved))
     summary = summary_line(requested, norm, target, ctx.device, ctx.profiling, profile, rows, ctx.measured,
@@ -343,8 +345,6 @@ def select_lowerings(
     _record_metadata(graph, ctx, mode, cut_short)
     messages = list(getattr(cache, "messages", []) or [])
     dims_info = _dims_info(resolved, bound, defaulted)
-    last = [c for c in conversions if c["dims"] == dict(bucket_list[-1])]
-    layout_summary = layout_line(last) if last or any(r.layout for r in rows) else ""  # silent without CNN nodes
     return SelectionReport(requested, target.name, mode, target.present, ctx.device.name if ctx.device else None,
                            summary, rows, messages, dims_info, resolved.buckets(), cut_short,
                            conversions=conversions, layout_summary=layout_summary)
