@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep_cache:
                 rec["kept_cache"] = keep_cache(work / "tuning", Path(args.keep_cache))
             if out is not None and (work / "cold.json").exists():  # every candidate's result, for the notes
+                out.parent.mkdir(parents=True, exist_ok=True)
                 (out.parent / f"cache_speed_{name}_cold_report.json").write_bytes((work / "cold.json").read_bytes())
             if not result.get("model"):
                 result.update({"model": name, "cold_s": rec.get("cold_s"), "warm_s": rec.get("warm_s")})

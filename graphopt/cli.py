@@ -214,6 +214,20 @@ def _print_explain(con, report) -> None:
     con.print(Text(f"unfused Conv/Gemm/MatMul -> activation ({len(report.unfused)})", style="bold"))
     for u in report.unfused:
         con.print(Text(f"  {u['chain']} at {u['node']!r} -> {u['activation']!r}: {u['reason']}"))
+    _print_conversions(con, report)
+
+
+def _print_conversions(con, report) -> None:
+    """The layout conversions left in the plan (graphopt.tune.layout_choice), estimated."""
+    if not report.layout_summary:
+        return
+    con.print(Text(report.layout_summary, style="bold"))
+    for c in report.layout_conversions:
+        bucket = ", ".join(f"{k}={v}" for k, v in (c.get("dims") or {}).items())
+        src = c["producer"] or "graph input"
+        dst = c["consumer"] or "graph output"
+        con.print(Text(f"  {c['tensor']!r}: {src} -> {dst}, {c['from']} -> {c['to']}, ~{c['ms'] * 1e3:.3g} us"
+                       + (f" [{bucket}]" if bucket else "")))
 
 
 # ------------------------------------------------------------------------------------ inspect

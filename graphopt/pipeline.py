@@ -48,6 +48,8 @@ class OptimizeReport:
     lowerings: list[dict[str, Any]] = field(default_factory=list)  # one per node (per node and bucket with a profile)
     tuning_dims: dict[str, dict[str, Any]] = field(default_factory=dict)  # dim -> {"values", "source"}
     buckets: list[dict[str, int]] = field(default_factory=list)  # the --shape-profile buckets, ascending
+    layout_conversions: list[dict[str, Any]] = field(default_factory=list)  # left in the plan, estimated
+    layout_summary: str = ""
     verify: dict[str, Any] | None = None
     messages: list[str] = field(default_factory=list)  # warnings, e.g. a tuning cache that was not trusted
     precision: str = "fp32"
@@ -192,6 +194,8 @@ def optimize_graph(
     report.selection_summary = sel.summary
     report.messages = list(sel.messages)
     report.lowerings = [_as_dict(r) for r in sel.rows]
+    report.layout_conversions = [dict(c) for c in sel.conversions]
+    report.layout_summary = sel.layout_summary
     report.tuning_dims = {k: dict(v) for k, v in sel.dims.items()}
     report.buckets = [dict(b) for b in sel.buckets]
     report.tuning_time = dict(sel.tuning_time)

@@ -39,7 +39,7 @@ class Signature:
         frozen = tuple(
             (k, tuple(v) if isinstance(v, list) else v)
             for k, v in sorted(attrs.items())
-            if k not in ("lowering", "lowering_params")
+            if not k.startswith("lowering")
         )
         return Signature(op, tuple(None if s is None else tuple(int(d) for d in s) for s in shapes), tuple(dtypes), frozen, layout)
 
@@ -89,6 +89,11 @@ class Candidate:
 
     def versions(self) -> tuple[tuple[str, str], ...]:
         """Library versions this candidate's result depends on (cuDNN, cuBLAS): part of the cache key."""
+        return ()
+
+    def layouts(self, sig: Signature) -> tuple[str, ...]:
+        """The ``layouts`` that ``build(sig)``'s :class:`Lowering` declares, known without building
+        (no GPU): the tuner counts layout conversions with it. ``()``: C-contiguous everywhere."""
         return ()
 
 

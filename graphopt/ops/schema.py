@@ -26,6 +26,7 @@ LOWERING_ATTRIBUTES: dict[str, tuple[type, None]] = {
     "lowering": (str, None),
     "lowering_params": (str, None),
     "lowering_buckets": (str, None),  # JSON, one choice per --shape-profile bucket (graphopt.tune.buckets)
+    "lowering_layout": (str, None),  # NCHW / NHWC: the layout the output runs in (graphopt.tune.layout_choice)
 }
 
 # Floating-point element types every graphopt op accepts (the type constraint "T").

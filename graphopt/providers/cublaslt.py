@@ -204,6 +204,9 @@ class CublasLtGemm(Candidate):
     """params: the algorithm's configuration (``algo=..,tile=..,stages=..,...``), or none for the
     heuristic's first algorithm at load time."""
 
+    def layouts(self, sig: Signature) -> tuple[str, ...]:
+        return LAYOUTS.get(sig.op, ())  # what build() declares
+
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         if sig.op not in OPS:
             return f"cuBLASLt candidates here are for {', '.join(OPS)}"

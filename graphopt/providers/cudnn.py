@@ -345,6 +345,9 @@ def unavailable_reason(compute_capability, need: tuple[int, int] = (7, 0), what:
 class CudnnConv(CudnnCandidate):
     """params: ``plan=<cuDNN plan name>``, or none for the heuristic's first plan at load time."""
 
+    def layouts(self, sig: Signature) -> tuple[str, ...]:
+        return LAYOUTS  # what build() declares: X, W, R, Y in NHWC
+
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         if sig.op not in OPS:
             return f"cuDNN candidates here are for {', '.join(OPS)}"

@@ -175,6 +175,9 @@ def _zeros(nbytes: int):
 class CudnnNorm(base.CudnnCandidate):
     """params: ``plan=<cuDNN plan name>``, or none for the heuristic's first plan at load time."""
 
+    def layouts(self, sig: Signature) -> tuple[str, ...]:
+        return LAYOUTS if sig.op == "LayerNorm" else ("rowmajor",) * 3  # what build() declares
+
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         if sig.op not in OPS:
             return f"cuDNN norm candidates are for {', '.join(OPS)}"

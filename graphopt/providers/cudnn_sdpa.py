@@ -232,6 +232,9 @@ def _region(workspace, offset: int, dims) -> Any:
 class CudnnSdpa(base.CudnnCandidate):
     """params: ``plan=<cuDNN plan name>``, or none for the heuristic's first plan at load time."""
 
+    def layouts(self, sig: Signature) -> tuple[str, ...]:
+        return LAYOUTS  # what build() declares
+
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         if sig.op not in OPS:
             return f"cuDNN SDPA candidates are for {', '.join(OPS)}"

@@ -24,6 +24,7 @@ class NodeSelection:
     reason: str
     timings: list[dict] = field(default_factory=list)
     dims: dict[str, int] = field(default_factory=dict)  # the bucket ({} without a shape profile)
+    layout: str = ""  # NCHW / NHWC the output runs in, for graphopt.tune.layout_choice.LAYOUT_OPS; else ""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -55,13 +56,19 @@ class SelectionReport:
         return dict(sorted(out.items()))
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "requested": self.requested, "target": self.target, "mode": self.mode, "present": self.present,
             "device": self.device, "summary": self.summary, "counts": self.counts(),
             "nodes": [r.to_dict() for r in self.rows], "messages": list(self.messages),
             "dims": {k: dict(v) for k, v in self.dims.items()}, "buckets": [dict(b) for b in self.buckets],
             "cut_short": self.cut_short, "tuning_time": dict(self.tuning_time),
         }
+        out.update(conversions=[dict(c) for c in self.conversions], layout_summary=self.layout_summary)
+        return out
+
+    # layout conversions left in the chosen plan, estimated (graphopt.tune.layout_choice), every bucket
+    conversions: list[dict] = field(default_factory=list)
+    layout_summary: str = ""  # one line on the conversions of the largest bucket
 
 
 def dims_line(dims: Mapping[str, Mapping[str, Any]]) -> str:

@@ -46,7 +46,9 @@ from graphopt.tune.gpus import DeviceInfo, normalize_gpu_name, resolve_target
 from graphopt.tune.signatures import (DEFAULT_DIM, SEQ_DIM, custom_nodes, propagated_shapes, bind_dims,
                                       bind_dims_sources, default_dim, infer_missing_shapes, node_signature)
 from graphopt.tune.report import NodeSelection, SelectionReport, cut_short_line, dims_line, overall_mode, summary_line
+from graphopt.tune.layout_choice import LAYOUT_ATTR, LAYOUT_OPS, choose_layouts, layout_line
 from graphopt.kernels.heuristic import heuristic_lowering
+from graphopt.kernels.registry import candidate_from_key
 
 
 META_TARGET = "graphopt.target"
@@ -94,6 +96,8 @@ class _Context:
     # per signature key, computed once per run (a 200-layer model repeats a handful of signatures)
     source_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
     heuristic: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)
+    by_key: dict[str, dict[str, Any]] = field(default_factory=dict)  # signature key -> candidate key -> candidate
+    base_dims: dict[str, int] = field(default_factory=dict)  # symbolic dims bound from --shape
 
     @property
     def profiling(self) -> bool:
@@ -195,7 +199,8 @@ def _choose(ctx: _Context, g, node, sig: Signature, notes: list[str], bucket) ->
 
 def _write_attrs(node, picks: list[NodeSelection], per_bucket: bool) -> None:
     """``lowering`` / ``lowering_params`` from the largest bucket (what a consumer that ignores the
-    buckets runs), and ``lowering_buckets`` with a shape profile (a stale one is removed)."""
+    buckets runs), ``lowering_buckets`` with a shape profile (a stale one is removed), and on the
+    ops that run on N-C-spatial tensors ``lowering_layout``, the layout the output runs in."""
     from graphopt.tune import buckets as B
 
     last = picks[-1]
@@ -205,25 +210,57 @@ def _write_attrs(node, picks: list[NodeSelection], per_bucket: bool) -> None:
         node.set_attr(B.ATTR, B.encode([(p.dims, p.lowering, p.params) for p in picks]))
     else:
         node.del_attr(B.ATTR)  # stale buckets from an earlier run would dispatch wrongly
+    if node.op_type in LAYOUT_OPS and last.layout:
+        node.set_attr(LAYOUT_ATTR, last.layout)
+    else:
+        node.del_attr(LAYOUT_ATTR)
+
+
+def _layouts_of(ctx: _Context, sig: Signature, key: str) -> tuple[str, ...]:
+    """The layouts candidate ``key`` declares for ``sig`` (``Candidate.layouts``, no GPU needed):
+    looked up among the run's candidates, else in the registry; ``()`` when it is unknown."""
+    cands = ctx.by_key.get(sig.key())
+    if cands is None:
+        source = ctx.candidates_for or getattr(ctx.profile, "candidates_for", None)
+        try:
+            cands = {c.key(): c for c in source(sig)} if source is not None else {}
+        except Exception:  # noqa: BLE001 - a broken candidate list: look keys up in the registry
+            cands = {}
+        ctx.by_key[sig.key()] = cands
+    cand = cands.get(key)
+    try:
+        if cand is None:
+            cand = candidate_from_key(sig.op, key)
+        return tuple(cand.layouts(sig))
+    except Exception:  # noqa: BLE001 - unknown key (the runtime's "default"): C-contiguous
+        return ()
 
 
 def _choose_all(ctx: _Context, nodes, signatures, bucket_list, per_bucket: bool,
-                advance: Callable[[str], None] | None = None) -> list[NodeSelection]:
-    """Every node at every bucket (``advance(node name)`` after each), its attributes written."""
-    rows: list[NodeSelection] = []
+                advance: Callable[[str], None] | None = None) -> tuple[list[NodeSelection], list[dict]]:
+    """Every node at every bucket (``advance(node name)`` after each), chosen jointly with the layout
+    conversions counted (``graphopt.tune.layout_choice``), its attributes written; and the
+    conversions that remain."""
+    picks_per_node: list[list[NodeSelection]] = []
     for (g, node), per_node in zip(nodes, signatures):
         picks = []
         for bucket, (sig, notes) in zip(bucket_list, per_node):
             picks.append(_choose(ctx, g, node, sig, notes, bucket))
             if advance is not None:
                 advance(node.name)
+        picks_per_node.append(picks)
+    sigs = [[sig for sig, _ in per_node] for per_node in signatures]
+    dims = [{**ctx.base_dims, **bucket} for bucket in bucket_list]
+    conversions = choose_layouts(nodes, picks_per_node, sigs, dims, lambda sig, key: _layouts_of(ctx, sig, key))
+    rows: list[NodeSelection] = []
+    for (g, node), picks in zip(nodes, picks_per_node):
         _write_attrs(node, picks, per_bucket)
         rows.extend(picks)
-    return rows
+    return rows, conversions
 
 
 def _profile_and_choose(ctx: _Context, nodes, signatures, bucket_list, per_bucket: bool,
-                        progress: bool | None) -> list[NodeSelection]:
+                        progress: bool | None) -> tuple[list[NodeSelection], list[dict]]:
     """Profiling behind a progress bar. A profiler with ``profile_many`` gets every distinct signature
     first (spread over the GPUs; identical signatures once), then its memo serves every node;
     a plain ``profile`` function is called node by node."""
@@ -290,12 +327,15 @@ def select_lowerings(
     bound = bind_dims_sources(graph, shapes)
     bucket_list: list[dict[str, int]] = resolved.buckets() or [{}]
     defaulted: dict[str, int] = {}
-    signatures = _signatures(graph, nodes, ctx, {d: v for d, (v, _) in bound.items()}, bucket_list, shapes,
+    ctx.base_dims = {d: v for d, (v, _) in bound.items()}
+    signatures = _signatures(graph, nodes, ctx, ctx.base_dims, bucket_list, shapes,
                              defaulted)
     if ctx.profiling:
-        rows = _profile_and_choose(ctx, nodes, signatures, bucket_list, bool(resolved), progress)
+        rows, conversions = _profile_and_choose(ctx, nodes, signatures, bucket_list, bool(resolved), progress)
     else:
-        rows = _choose_all(ctx, nodes, signatures, bucket_list, bool(resolved))
+        rows, conversions = _choose_all(ctx, nodes, signatures, bucket_list, bool(resolved))
+    last = [c for c in conversions if c["dims"] == dict(bucket_list[-1])]
+    layout_summary = layout_line(last) if last or any(r.layout for r in rows) else ""  # silent without CNN nodes
     mode = overall_mode(norm, ctx.profiling, rows)
     cut_short = cut_short_line(rows, len(bucket_list) > 1 and bool(resolved))
     summary = summary_line(requested, norm, target, ctx.device, ctx.profiling, profile, rows, ctx.measured,
@@ -306,7 +346,8 @@ def select_lowerings(
     messages = list(getattr(cache, "messages", []) or [])
     dims_info = _dims_info(resolved, bound, defaulted)
     report = SelectionReport(requested, target.name, mode, target.present, ctx.device.name if ctx.device else None,
-                             summary, rows, messages, dims_info, resolved.buckets(), cut_short)
+                             summary, rows, messages, dims_info, resolved.buckets(), cut_short,
+                             conversions=conversions, layout_summary=layout_summary)
     if ctx.profiling and hasattr(ctx.profile, "tuning_time"):
         report.tuning_time = ctx.profile.tuning_time()
     return report

@@ -1,0 +1,46 @@
+"""``Candidate.layouts(sig)`` (what the tuner counts conversions with, on any machine) equals the
+``layouts`` of the ``Lowering`` that ``build(sig)`` returns on the GPU, for one candidate of every
+family that applies to MobileNetV2- and ResNet-like CBR signatures and a GEMM."""
+
+from __future__ import annotations
+
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from _harness import require_device  # noqa: E402
+
+require_device()
+
+from graphopt.kernels.registry import applicable, signature_of  # noqa: E402
+from graphopt.lowering.contract import as_lowering  # noqa: E402
+from graphopt.tune.gpus import detect_devices  # noqa: E402
+
+SIGS = [
+    signature_of("CBR", [(2, 32, 28, 28), (32, 1, 3, 3), (32,), None], ["float16"] * 3 + [""],
+                 {"group": 32, "kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "activation": "Relu"}),
+    signature_of("CBR", [(2, 32, 28, 28), (64, 32, 1, 1), (64,), None], ["float16"] * 3 + [""],
+                 {"kernel_shape": [1, 1], "activation": "none"}),
+    signature_of("CBR", [(2, 64, 14, 14), (64, 64, 3, 3), (64,), (2, 64, 14, 14)], ["float16"] * 4,
+                 {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "activation": "Relu"}),
+    signature_of("GemmAct", [(64, 256), (256, 128), (128,)], ["float16"] * 3, {"mode": "matmul", "activation": "Relu"}),
+]
+
+
+@pytest.mark.parametrize("sig", SIGS, ids=lambda s: s.key()[:60])
+def test_declared_layouts_match_the_built_lowering(sig):
+    dev = detect_devices()[0]
+    ok, _ = applicable(sig, dev.compute_capability)
+    seen: set[str] = set()
+    checked = []
+    for cand in ok:
+        if cand.name in seen:
+            continue
+        seen.add(cand.name)
+        try:
+            low = as_lowering(cand.build(sig, dev.arch))
+        except Exception:  # noqa: BLE001 - a plan that does not build is the tuner's business, not this test's
+            continue
+        assert tuple(cand.layouts(sig)) == tuple(low.layouts), cand.key()
+        checked.append(cand.key())
+    assert checked, "no candidate built"
