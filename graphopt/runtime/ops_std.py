@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
+from graphopt.lowering.layout import empty as layout_empty, is_layout
 from graphopt.ops.cbr import conv_output
 
 OpFn = Callable[["OpContext", list], list]
@@ -689,9 +690,18 @@ def _transpose(ctx, ins):
 def _concat(ctx, ins):
     axis = ctx.attr("axis")
     parts = [x for x in ins if x is not None]
-    if all(isinstance(p, np.ndarray) for p in parts):
-        return [np.concatenate(parts, axis=axis)]
-    return [ctx.xp.concatenate([ctx.xp.asarray(p) for p in parts], axis=axis)]
+    xp = np if all(isinstance(p, np.ndarray) for p in parts) else ctx.xp  # host values stay on the host
+    parts = [xp.asarray(p) for p in parts]
+    first = parts[0]
+    if first.ndim >= 3 and is_layout(first, "NHWC") and not is_layout(first, "NCHW"):
+        # an NHWC region stays NHWC through its Concat (DenseNet, Inception): the output is stored
+        # channels-last, as the tuner's layout choice assumes (graphopt.tune.layout_choice)
+        ax = axis % first.ndim
+        shape = list(first.shape)
+        shape[ax] = sum(int(p.shape[ax]) for p in parts)
+        out = layout_empty(shape, first.dtype, "NHWC", xp)
+        return [xp.concatenate(parts, axis=ax, out=out)]
+    return [xp.concatenate(parts, axis=axis)]
 
 
 def _axes_input(ctx, x_ndim_after, attr_name="axes", idx=1):

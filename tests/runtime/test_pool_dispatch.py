@@ -83,3 +83,20 @@ def test_a_compiled_plan_pools_straight_into_its_arena_view(op, attrs):
     assert len(fake.calls) == 2 and all(c[3] is view for c in fake.calls)
     assert compiled._pool_direct(step, [x.astype(np.float64)], None, backend) is None  # outside the kernel
     assert compiled._pool_direct(step, [x], None, SimpleNamespace(xp=np, pool=None)) is None
+
+
+def test_concat_keeps_an_nhwc_region_nhwc():
+    """A Concat of channels-last inputs stores its output channels-last (the layout choice counts on
+    it); NCHW inputs give the usual NCHW output; the values are the same either way."""
+    from graphopt.lowering.layout import is_layout, to_layout
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 6, 4, 5))
+    want = np.concatenate([a, b], axis=1)
+    ctx = ops_std.OpContext(np, _Node({"axis": 1}), 17, {})
+    got = ops_std.OPS["Concat"](ctx, [to_layout(a, "NHWC", np), to_layout(b, "NHWC", np)])[0]
+    assert is_layout(got, "NHWC") and not is_layout(got, "NCHW") and np.array_equal(got, want)
+    got = ops_std.OPS["Concat"](ops_std.OpContext(np, _Node({"axis": -3}), 17, {}), [to_layout(a, "NHWC", np), b])[0]
+    assert is_layout(got, "NHWC") and np.array_equal(got, want)
+    plain = ops_std.OPS["Concat"](ctx, [a, b])[0]
+    assert plain.flags.c_contiguous and np.array_equal(plain, want)
