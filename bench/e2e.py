@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -219,6 +220,8 @@ class Runner:
         complete, summary = tuning_status(res["report"])
         row["tuning_complete"] = complete
         row["tuning"] = summary
+        row["tuning_time"] = res["report"].get("tuning_time") or {}  # where the tuning's seconds went
+        row["lowering_counts"] = dict(sorted(Counter(r.get("lowering") for r in res["report"].get("lowerings", [])).items()))
         row["lowerings"] = "heuristic (--gpu none: nothing profiled)" if args.heuristic else "tuned (--gpu auto)"
         log(f"{name} bs{bs} {dtype}: optimized in {res['seconds']:.1f} s; tuning complete: {complete}; {summary['node_modes']}")
         self.measure(row, opt_path, budget)
