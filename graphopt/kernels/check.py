@@ -33,7 +33,7 @@ TOLERANCE = {"float16": 1e-2, "float32": 2e-3}
 # 3e-4 normwise), so a candidate that reduces in lower precision is refused, not just a broken one: 53
 # convolutions each 5e-3 off left a tuned ResNet-50 4.6e-2 away from torch.
 TOLERANCE_BY_OP = {("CBR", "float16"): 2e-3, ("GemmAct", "float16"): 2e-3}
-FULL_REFERENCE_MAX_FLOPS = 5e8   # above this, a CBR reference is sampled
+FULL_REFERENCE_MAX_FLOPS = 5e8   # above this, a CBR or GemmAct reference is sampled
 SAMPLES = 2048
 
 _CACHE: dict[str, tuple] = {}   # the last signature's (inputs, reference, sample index): one entry
@@ -102,6 +102,46 @@ def _sampled_cbr_reference(sig: Signature, inputs, rng: np.random.Generator):
     return idx, np.asarray(y, np.float64)
 
 
+SAMPLED_COLUMNS = 16  # output columns a large GEMM's sampled reference computes
+
+
+def _gemm_flops(sig: Signature) -> float:
+    out = output_shape(sig)
+    a = sig.input_shapes[0]
+    k = a[0] if sig.attr("mode", "matmul") == "gemm" and sig.attr("transA", 0) else a[-1]
+    return 2.0 * float(np.prod(out)) * float(k)
+
+
+def _sampled_gemm_reference(sig: Signature, inputs, rng: np.random.Generator):
+    """(flat output indices, float64 reference values) for SAMPLED_COLUMNS random output columns.
+
+    A GemmAct output column depends only on that column of B (a row of B with Gemm's transB), that
+    entry of C, and every A: the op's own reference on B and C cut to those columns gives them
+    exactly, at 16/N of the cost. GPT-2's lm_head at bs32 (4096 x 768 x 50257) costs 158 GFLOP of
+    float64 in full, and its 206M-element output would cross to the host for every candidate."""
+    out = output_shape(sig)
+    n = int(out[-1])
+    cols = np.sort(rng.choice(n, size=min(SAMPLED_COLUMNS, n), replace=False))
+    a, b, c = (list(inputs) + [None, None])[:3]
+    gemm_t = sig.attr("mode", "matmul") == "gemm" and sig.attr("transB", 0)
+    b_cut = b[cols, :] if gemm_t else b[..., cols]
+    c_cut = c[..., cols] if c is not None and c.ndim >= 1 and c.shape[-1] == n else c
+    f64 = [None if t is None else t.astype(np.float64) for t in (a, b_cut, c_cut)]
+    ref = np.asarray(get_schema(sig.op).reference(f64, dict(sig.attrs))[0], np.float64)
+    grid = list(np.indices(ref.shape))
+    grid[-1] = cols[grid[-1]]
+    idx = np.ravel_multi_index(tuple(grid), out).reshape(-1)
+    return idx, ref.reshape(-1)
+
+
+def _samples_gemm(sig: Signature) -> bool:
+    """A GemmAct whose full float64 reference would cost more than FULL_REFERENCE_MAX_FLOPS and whose
+    B has a column axis to cut (not a 1-D B)."""
+    if sig.op != "GemmAct" or len(sig.input_shapes) < 2 or sig.input_shapes[1] is None:
+        return False
+    return len(sig.input_shapes[1]) >= 2 and _gemm_flops(sig) > FULL_REFERENCE_MAX_FLOPS
+
+
 def _prepare(sig: Signature):
     key = sig.key()
     hit = _CACHE.get(key)
@@ -111,6 +151,8 @@ def _prepare(sig: Signature):
     inputs = random_inputs(sig, rng)
     if sig.op == "CBR" and geo.conv_geom(sig).flops > FULL_REFERENCE_MAX_FLOPS:
         idx, ref = _sampled_cbr_reference(sig, inputs, rng)
+    elif _samples_gemm(sig):
+        idx, ref = _sampled_gemm_reference(sig, inputs, rng)
     else:
         f64 = [None if a is None else a.astype(np.float64) for a in inputs]
         ref = np.asarray(get_schema(sig.op).reference(f64, dict(sig.attrs))[0], np.float64).reshape(-1)

@@ -61,3 +61,4 @@ def test_compare_counts_what_the_caller_found_unwritten():
     outside the sample still fails the check."""
     ref = np.linspace(-1, 1, 50)
     assert "7 outputs not written" in check.compare(ref.copy(), ref, True, "float16", nonfinite=7)
+
