@@ -31,9 +31,13 @@
 #                     bar is 60 s cold each and 5 s warm)
 #   conformance       bench/conformance.py --device cuda -> conformance_h200.md (~2-5 min)
 #   gpu-tests         pytest ${TESTS:-tests/gpu} -> gpu_tests_h200.txt (~5-9 min for all of tests/gpu)
+#   capture-check     the captured-graph correctness tests (two nodes of one signature in one graph, compiled
+#                     runs equal traced runs, step replay, declared layouts) -> gpu_tests_capture_h200.txt, then
+#                     bench/e2e.py on ResNet-50 bs32 fp16, fully tuned -> e2e_h200.json/.md (~6-8 min): whether
+#                     the tuned model's outputs now match torch's
 #   explore           bench/kernel_explore.py -> kernel_explore_h200.json (~3-4 min)
 set -u
-STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests explore)}
+STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check explore)}
 OUT=${2:?usage: device_bench.sh STEP OUT}
 LIMIT=${LIMIT:-570}        # seconds for the whole call (9.5 minutes)
 START=$SECONDS
@@ -93,11 +97,17 @@ case "$STEP" in
     cmd="python3 -m pytest -q --tb=${TB:-short} -rfE -p no:cacheprovider ${PYTEST_ARGS:-} ${TESTS:-tests/gpu}"
     { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. $cmd"
       timeout -k 10 "$(left)" $cmd 2>&1; echo "# exit status $?"; } | tee "$OUT/gpu_tests_h200.txt" | tail -30 ;;
+  capture-check)
+    cmd="python3 -m pytest -q -m gpu --tb=short -rfE -p no:cacheprovider tests/gpu/test_provider_cublaslt.py tests/gpu/test_cudnn_provider_gpu.py tests/gpu/test_layout_declared_gpu.py tests/gpu/test_runtime_compiled_gpu.py -k captured_or_declared_or_traced_or_step_graphs"
+    cmd="${cmd//_or_/ or }"
+    { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. GRAPHOPT_GPU_NO_PREBUILD=1 $cmd"
+      GRAPHOPT_GPU_NO_PREBUILD=1 timeout -k 10 180 $cmd 2>&1; echo "# exit status $?"; } | tee "$OUT/gpu_tests_capture_h200.txt" | tail -12
+    MODELS=resnet50 BATCHES=32 DTYPES=fp16 e2e resnet50 ;;
   explore)
     prebuild
     timeout -k 10 "$(left)" python3 bench/kernel_explore.py --out "$OUT" ${EXPLORE_ARGS:-} > "$OUT/kernel_explore_log.txt" 2>&1
     echo "kernel_explore exit $?"; grep -E "^(r50|mv2|GEMM)" "$OUT/kernel_explore_log.txt" | tail -30 ;;
-  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests explore)"; exit 2 ;;
+  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check explore)"; exit 2 ;;
 esac
 tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null
 echo "device_bench: step $STEP done in $((SECONDS - START)) s"
