@@ -22,6 +22,8 @@ from onnx import AttributeProto, numpy_helper
 from graphopt.errors import UnsafeExternalData
 
 _KNOWN_KEYS = {"location", "offset", "length", "checksum", "basepath"}
+_TENSOR, _TENSORS, _GRAPH, _GRAPHS = AttributeProto.TENSOR, AttributeProto.TENSORS, AttributeProto.GRAPH, AttributeProto.GRAPHS
+_SPARSE_TENSOR, _SPARSE_TENSORS = AttributeProto.SPARSE_TENSOR, AttributeProto.SPARSE_TENSORS
 
 
 def iter_graphs(gproto: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -41,27 +43,43 @@ def iter_graphs(gproto: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
 def iter_sparse(gproto: onnx.GraphProto) -> Iterator[onnx.SparseTensorProto]:
     """Every SparseTensorProto of a graph: sparse initializers and sparse attributes (Constant's
     ``sparse_value``), in all nested subgraphs."""
-    for g in iter_graphs(gproto):
+    stack = [gproto]  # one pass per graph, in the order of iter_graphs (as iter_tensors)
+    while stack:
+        g = stack.pop()
         yield from g.sparse_initializer
         for n in g.node:
             for a in n.attribute:
-                if a.type == AttributeProto.SPARSE_TENSOR:
+                kind = a.type
+                if kind == _SPARSE_TENSOR:
                     yield a.sparse_tensor
-                elif a.type == AttributeProto.SPARSE_TENSORS:
+                elif kind == _SPARSE_TENSORS:
                     yield from a.sparse_tensors
+                elif kind == _GRAPH:
+                    stack.append(a.g)
+                elif kind == _GRAPHS:
+                    stack.extend(a.graphs)
 
 
 def iter_tensors(gproto: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Every TensorProto of a graph: initializers, Constant/attribute tensors, and the values and
     indices of every sparse tensor, in all nested subgraphs."""
-    for g in iter_graphs(gproto):
+    # one pass over each graph's attributes finds its tensors and its subgraphs (the order of
+    # iter_graphs: a graph's subgraphs are stacked while it is scanned)
+    stack = [gproto]
+    while stack:
+        g = stack.pop()
         yield from g.initializer
         for n in g.node:
             for a in n.attribute:
-                if a.type == AttributeProto.TENSOR:
+                kind = a.type
+                if kind == _TENSOR:
                     yield a.t
-                elif a.type == AttributeProto.TENSORS:
+                elif kind == _TENSORS:
                     yield from a.tensors
+                elif kind == _GRAPH:
+                    stack.append(a.g)
+                elif kind == _GRAPHS:
+                    stack.extend(a.graphs)
     for s in iter_sparse(gproto):
         yield s.values
         yield s.indices

@@ -13,6 +13,7 @@ pass fuses across, or deletes, a value a body still needs.
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -810,17 +811,47 @@ class Graph:
         self._outputs = _NameList(outputs)
 
     # ------------------------------------------------------------------ order and checks
+    def topological_order(self) -> list[str] | None:
+        """Node names in the topological order that, among the nodes whose inputs are ready, always
+        takes the one placed first (the order of networkx's ``lexicographical_topological_sort``
+        keyed by position, ties by insertion), from the producer/consumer indexes without building
+        ``nx``; None when the graph has a cycle."""
+        nodes = self._nodes
+        names = sorted(nodes, key=lambda n: nodes[n]._pos)  # stable: equal positions by insertion
+        rank = {name: i for i, name in enumerate(names)}
+        indegree = [0] * len(names)
+        children: list[list[int]] = [[] for _ in names]
+        producer = self._producer
+        for t, users in self._consumers.items():
+            p = producer.get(t)
+            if p is None:
+                continue
+            kids = children[rank[p]]
+            for u in users:
+                r = rank[u]
+                indegree[r] += 1
+                kids.append(r)
+        ready = [r for r, d in enumerate(indegree) if d == 0]  # ascending: already a heap
+        order: list[str] = []
+        pop, push = heapq.heappop, heapq.heappush
+        while ready:
+            r = pop(ready)
+            order.append(names[r])
+            for kid in children[r]:
+                indegree[kid] -= 1
+                if indegree[kid] == 0:
+                    push(ready, kid)
+        return order if len(order) == len(names) else None
+
     def toposort(self) -> "Graph":
         """Reorder nodes topologically, stable with respect to the current order (deterministic)."""
         if self._topo_valid:
             order = [n.name for n in self.nodes()]
         else:
-            pos = {name: node._pos for name, node in self._nodes.items()}
-            try:
-                order = list(nx.lexicographical_topological_sort(self.nx, key=lambda n: pos[n]))
-            except nx.NetworkXUnfeasible:
+            order = self.topological_order()
+            if order is None:
                 self.lint()
-                raise
+                raise nx.NetworkXUnfeasible("Graph contains a cycle or graph changed during iteration")
         for i, name in enumerate(order):
             self._nodes[name]._pos = (i,)
         self._next_pos = len(order)
@@ -834,7 +865,7 @@ class Graph:
     def lint(self) -> "Graph":
         """Raise ``InvalidGraph`` on a cycle, a dangling input, a tensor with two producers, an output
         with no producer, duplicate graph outputs or inconsistent indexes."""
-        if not self._topo_valid and not nx.is_directed_acyclic_graph(self.nx):  # a valid toposort proves acyclicity
+        if not self._topo_valid and self.topological_order() is None:  # a valid toposort proves acyclicity
             cycle = nx.find_cycle(self.nx)
             names = " -> ".join(f"{u!r}" for u, _, _ in cycle)
             raise InvalidGraph(f"graph {self.name!r} has a cycle: {names}; the model is not a DAG")

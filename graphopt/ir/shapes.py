@@ -22,11 +22,15 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def refine_shapes(graph: Graph) -> int:
+def refine_shapes(graph: Graph, inferred: onnx.ModelProto | None = None) -> int:
     """Infer the root graph's shapes again and record every tensor whose inferred shape is more
     static than what the IR has (a new entry, or a known dim where it had a symbol or nothing).
-    Returns the number of tensors whose value_info was added or made more static."""
-    inferred = infer(to_model(graph))
+    Returns the number of tensors whose value_info was added or made more static.
+
+    ``inferred``: the result of ``infer`` on the model ``graph`` was just built from (the caller
+    has it already), instead of inferring ``to_model(graph)`` once more."""
+    if inferred is None:
+        inferred = infer(to_model(graph))
     changed = 0
     for vi in inferred.graph.value_info:
         new = value_info_of_type(vi.type)

@@ -55,7 +55,7 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
         out = _static(inferred)
         if any(t not in out for t in wanted):
             g = from_model(model)
-            refine_shapes(g)
+            refine_shapes(g, inferred)  # to_model(g) is ``model`` again: its inference is at hand
             run_cleanup(g, refine=True, max_rounds=16)  # fold what data propagation cannot follow
             folded = attach_functions(to_model(g))
             out = _static(onnx.shape_inference.infer_shapes(folded, check_type=False, strict_mode=False,

@@ -1,0 +1,106 @@
+"""The IR's fast paths give what the slower code they replace gave: the topological order (networkx's
+lexicographical sort keyed by position), ``is_large`` (the walk over every tensor), ``iter_tensors`` /
+``iter_sparse`` (one scan per graph, in ``iter_graphs`` order), and ``refine_shapes`` given the
+inference at hand."""
+
+from __future__ import annotations
+
+import random
+
+import networkx as nx
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphopt.ir import Graph, from_model, refine_shapes, to_model
+from graphopt.ir.external import iter_graphs, iter_sparse, iter_tensors
+from graphopt.ir.large import is_large, tensor_bytes
+from graphopt.ir.shapes import infer
+
+
+def _random_graph(seed: int, n: int = 60) -> Graph:
+    rng = random.Random(seed)
+    g = Graph("g")
+    g._inputs.append("x")
+    made = ["x"]
+    for i in range(n):
+        reads = rng.sample(made, k=min(len(made), rng.randint(1, 3)))
+        # positions out of order (as rewrites leave them), some repeated, some extended tuples
+        pos = (rng.randint(0, n // 2),) if rng.random() < 0.8 else (rng.randint(0, n // 2), rng.randint(0, 3))
+        node = g.add_node("Add" if len(reads) == 2 else "Relu", reads[:2], [f"t{i}"], name=f"n{i}", _pos=pos)
+        made.append(node.outputs[0])
+    return g
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_topological_order_is_networkx_lexicographical_sort_by_position(seed):
+    g = _random_graph(seed)
+    pos = {name: node._pos for name, node in g._nodes.items()}
+    expected = list(nx.lexicographical_topological_sort(g.nx, key=lambda n: pos[n]))
+    assert g.topological_order() == expected
+
+
+def test_topological_order_is_none_on_a_cycle():
+    g = Graph("g")
+    g._inputs.append("x")
+    g.add_node("Add", ["x", "b"], ["a"], name="first")
+    g.add_node("Relu", ["a"], ["b"], name="second")
+    assert g.topological_order() is None
+
+
+def _model_with(tensors: list[TensorProto], nested: bool = False) -> onnx.ModelProto:
+    nodes = [helper.make_node("Constant", [], [f"c{i}"], value=t) for i, t in enumerate(tensors)]
+    body_const = helper.make_node("Constant", [], ["inner"], value=numpy_helper.from_array(np.ones(3, np.float32), "k"))
+    body = helper.make_graph([body_const, helper.make_node("Identity", ["inner"], ["o"])], "body", [],
+                             [helper.make_tensor_value_info("o", TensorProto.FLOAT, [3])])
+    if nested:
+        nodes.append(helper.make_node("If", ["cond"], ["y"], then_branch=body, else_branch=body))
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.array([1.0], np.float32), "sv"),
+                                       numpy_helper.from_array(np.array([0], np.int64), "si"), [4])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("c0", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(np.zeros(5, np.float32), "w")],
+                              sparse_initializer=[sparse])
+    return helper.make_model(graph)
+
+
+def test_iter_tensors_and_sparse_keep_the_iter_graphs_order():
+    model = _model_with([numpy_helper.from_array(np.arange(4, dtype=np.float32), "t")], nested=True)
+    expected = []
+    for g in iter_graphs(model.graph):
+        expected += [t.name for t in g.initializer]
+        for n in g.node:
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    expected.append(a.t.name)
+    sparse = [s.values.name for g in iter_graphs(model.graph) for s in g.sparse_initializer]
+    assert [s.values.name for s in iter_sparse(model.graph)] == sparse
+    expected += [n for s in iter_sparse(model.graph) for n in (s.values.name, s.indices.name)]
+    assert [t.name for t in iter_tensors(model.graph)] == expected
+
+
+def _slow_is_large(model: onnx.ModelProto, limit: int) -> bool:
+    return tensor_bytes(model) > limit or model.ByteSize() > limit
+
+
+@pytest.mark.parametrize("values", [
+    np.zeros(3000, np.int64),  # typed int64_data: 1 byte each serialized, 8 counted
+    np.ones(3000, np.float32),  # float32 as raw_data
+])
+@pytest.mark.parametrize("limit", [1000, 5000, 20000, 30000, 10**6])
+def test_is_large_answers_as_the_walk_over_every_tensor(values, limit):
+    t = helper.make_tensor("t", helper.np_dtype_to_tensor_dtype(values.dtype), values.shape, values.ravel().tolist())
+    model = _model_with([t])
+    assert is_large(model, limit) == _slow_is_large(model, limit)
+
+
+def test_refine_shapes_given_the_inference_equals_inferring_again():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    shape = helper.make_node("Shape", ["x"], ["s"])
+    reshape = helper.make_node("Reshape", ["x", "s"], ["y"])
+    model = helper.make_model(helper.make_graph([shape, reshape], "g", [x],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]))
+    a, b = from_model(model), from_model(model)
+    assert refine_shapes(a) == refine_shapes(b, infer(model)) > 0
+    assert to_model(a).SerializeToString() == to_model(b).SerializeToString()
