@@ -438,25 +438,37 @@ class Graph:
         return node
 
     def _insert(self, node: Node) -> None:
+        # the hot path of loading (20k nodes): locals instead of attribute lookups, no empty dicts made
+        name = node.name
         node.graph = self
-        self._nodes[node.name] = node
-        self._reserve(node.name)
-        self._by_op.setdefault((node.domain, node.op_type), {})[node.name] = None
+        self._nodes[name] = node
+        used = self._names.used
+        if name:
+            used.add(name)
+        key = (node.domain, node.op_type)
+        same_op = self._by_op.get(key)
+        if same_op is None:
+            same_op = self._by_op[key] = {}
+        same_op[name] = None
         if self._nx is not None:
-            self._nx.add_node(node.name)
+            self._nx.add_node(name)
+        consumers = self._consumers
         for t in node.outputs:
             if t:
-                self._producer[t] = node.name
-                self._reserve(t)
-                for user in self._consumers.get(t, {}):
-                    if self._topo_valid and self._nodes[user]._pos < node._pos:
-                        self._topo_valid = False
-                    if self._nx is not None:
-                        self._nx.add_edge(node.name, user, key=t)
+                self._producer[t] = name
+                used.add(t)
+                users = consumers.get(t)
+                if users:
+                    for user in users:
+                        if self._topo_valid and self._nodes[user]._pos < node._pos:
+                            self._topo_valid = False
+                        if self._nx is not None:
+                            self._nx.add_edge(name, user, key=t)
         for t in node.inputs:
             if t:
-                self._add_use(t, node.name)
-        self._adopt_subgraphs(node)
+                self._add_use(t, name)
+        if node._has_sub or name in self._implicit:
+            self._adopt_subgraphs(node)
         self._order_cache = None
 
     def _adopt_subgraphs(self, node: Node) -> None:
@@ -478,8 +490,12 @@ class Graph:
                 self._add_use(t, node.name)
 
     def _add_use(self, tensor: str, user: str) -> None:
-        self._consumers.setdefault(tensor, {})[user] = None
-        self._reserve(tensor)
+        users = self._consumers.get(tensor)
+        if users is None:
+            users = self._consumers[tensor] = {}
+        users[user] = None
+        if tensor:
+            self._names.used.add(tensor)
         producer = self._producer.get(tensor)
         if producer is not None:
             if self._topo_valid and self._nodes[producer]._pos >= self._nodes[user]._pos:
