@@ -40,46 +40,37 @@ def iter_graphs(gproto: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                     stack.extend(a.graphs)
 
 
-def iter_sparse(gproto: onnx.GraphProto) -> Iterator[onnx.SparseTensorProto]:
-    """Every SparseTensorProto of a graph: sparse initializers and sparse attributes (Constant's
-    ``sparse_value``), in all nested subgraphs."""
-    stack = [gproto]  # one pass per graph, in the order of iter_graphs (as iter_tensors)
+def _scan(gproto: onnx.GraphProto, own: str, one: int, one_field: str, many: int, many_field: str) -> Iterator:
+    """For each graph in the order of ``iter_graphs``, its field ``own``, then every node attribute
+    of type ``one`` (its field ``one_field``) or ``many`` (the items of ``many_field``): one scan of
+    a graph's attributes finds those and its subgraphs (stacked while the graph is scanned)."""
+    stack = [gproto]
     while stack:
         g = stack.pop()
-        yield from g.sparse_initializer
+        yield from getattr(g, own)
         for n in g.node:
             for a in n.attribute:
                 kind = a.type
-                if kind == _SPARSE_TENSOR:
-                    yield a.sparse_tensor
-                elif kind == _SPARSE_TENSORS:
-                    yield from a.sparse_tensors
+                if kind == one:
+                    yield getattr(a, one_field)
+                elif kind == many:
+                    yield from getattr(a, many_field)
                 elif kind == _GRAPH:
                     stack.append(a.g)
                 elif kind == _GRAPHS:
                     stack.extend(a.graphs)
+
+
+def iter_sparse(gproto: onnx.GraphProto) -> Iterator[onnx.SparseTensorProto]:
+    """Every SparseTensorProto of a graph: sparse initializers and sparse attributes (Constant's
+    ``sparse_value``), in all nested subgraphs."""
+    return _scan(gproto, "sparse_initializer", _SPARSE_TENSOR, "sparse_tensor", _SPARSE_TENSORS, "sparse_tensors")
 
 
 def iter_tensors(gproto: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Every TensorProto of a graph: initializers, Constant/attribute tensors, and the values and
     indices of every sparse tensor, in all nested subgraphs."""
-    # one pass over each graph's attributes finds its tensors and its subgraphs (the order of
-    # iter_graphs: a graph's subgraphs are stacked while it is scanned)
-    stack = [gproto]
-    while stack:
-        g = stack.pop()
-        yield from g.initializer
-        for n in g.node:
-            for a in n.attribute:
-                kind = a.type
-                if kind == _TENSOR:
-                    yield a.t
-                elif kind == _TENSORS:
-                    yield from a.tensors
-                elif kind == _GRAPH:
-                    stack.append(a.g)
-                elif kind == _GRAPHS:
-                    stack.extend(a.graphs)
+    yield from _scan(gproto, "initializer", _TENSOR, "t", _TENSORS, "tensors")
     for s in iter_sparse(gproto):
         yield s.values
         yield s.indices
