@@ -33,6 +33,9 @@ def refine_shapes(graph: Graph, inferred: onnx.ModelProto | None = None) -> int:
         inferred = infer(to_model(graph))
     changed = 0
     for vi in inferred.graph.value_info:
+        known = graph.value_info_proto(vi.name)
+        if known is not None and known.type == vi.type:
+            continue  # what the IR has already (most tensors): nothing to convert or compare
         new = value_info_of_type(vi.type)
         if new.shape is None or new.dtype is None:
             continue
