@@ -36,12 +36,12 @@ def refine_shapes(graph: Graph, inferred: onnx.ModelProto | None = None) -> int:
         known = graph.value_info_proto(vi.name)
         if known is not None and known.type == vi.type:
             continue  # what the IR has already (most tensors): nothing to convert or compare
-        new = value_info_of_type(vi.type)
-        if new.shape is None or new.dtype is None:
-            continue
+        t = vi.type
+        if not t.HasField("tensor_type") or not t.tensor_type.elem_type or not t.tensor_type.HasField("shape"):
+            continue  # inference proved no dtype or no shape
         old = graph.value_info(vi.name)
-        if old.shape is not None and _known(old.shape) >= _known(new.shape):
-            continue
+        if old.shape is not None and _known(old.shape) >= _known(value_info_of_type(t).shape):
+            continue  # (a tensor the IR knows nothing of takes the inferred entry without converting it)
         if graph.refine_value_info(vi):
             changed += 1
     return changed
