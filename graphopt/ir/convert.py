@@ -212,6 +212,7 @@ def _node_to_proto(node: Node, synth: set[str], p: onnx.NodeProto) -> None:
 
 def _graph_to_proto(g: Graph, synth: set[str], gp: onnx.GraphProto) -> None:
     """Fill the (new, empty) ``gp`` with ``g``, in place: no node or subgraph is built twice."""
+    gp.SetInParent()  # present even when empty (an empty subgraph is still written, as a copied one was)
     if g._extra is not None:
         gp.CopyFrom(g._extra)
     _set_scalar(gp, "name", g.name)

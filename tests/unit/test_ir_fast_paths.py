@@ -139,3 +139,10 @@ def test_refine_shapes_records_what_the_reference_records():
     a, b = from_model(model), from_model(model)
     assert refine_shapes(a, inferred) == _refine_as_before(b, inferred) > 0
     assert to_model(a).SerializeToString() == to_model(b).SerializeToString()
+
+
+def test_an_empty_subgraph_round_trips_as_written():
+    """to_model builds subgraphs in place: an empty body must still be written (present, empty)."""
+    node = helper.make_node("If", ["cond"], [], then_branch=onnx.GraphProto(), else_branch=onnx.GraphProto())
+    model = helper.make_model(helper.make_graph([node], "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])], []))
+    assert to_model(from_model(model)).SerializeToString() == model.SerializeToString()
