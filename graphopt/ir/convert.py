@@ -88,7 +88,6 @@ def _collect_names(gproto: onnx.GraphProto, out: set[str]) -> None:
 def from_model(model: onnx.ModelProto) -> Graph:
     """Build the IR from a ModelProto (external data must already be loaded or left as references)."""
     g = Graph(model.graph.name)
-    _collect_names(model.graph, g._names.used)
     g.ir_version = model.ir_version
     g.opset = {}
     for op in model.opset_import:
@@ -102,7 +101,10 @@ def from_model(model: onnx.ModelProto) -> Graph:
     g.metadata = {p.key: p.value for p in model.metadata_props}
     g.functions = [_copy(f) for f in model.functions]
     g._model_extra = _stripped(model, _MODEL_FIELDS)
-    _fill_graph(g, model.graph, g)
+    # Every name the model uses is reserved as it is read (what _collect_names reserves, graph by
+    # graph); the whole model is collected first only when a node needs a generated name.
+    _fill_graph(g, model.graph, g, [model.graph])
+    g._names.used.discard("")
     return g
 
 
@@ -112,30 +114,40 @@ def _copy(proto):
     return c
 
 
-def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph) -> None:
+def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph, uncollected: list) -> None:
     # An explicit stack instead of recursion would only help for pathological nesting; bodies are
     # converted recursively here, and io.py bounds the nesting depth before we get here.
+    # Names: _insert reserves the nodes' names, inputs and outputs; the loops below the rest. Before
+    # the first generated name, ``uncollected`` (the root GraphProto) has every name reserved.
+    used = g._names.used
     g.name = gproto.name
     g.doc_string = gproto.doc_string
     g._extra = _stripped(gproto, _GRAPH_FIELDS)
     for vi in gproto.input:
         g._inputs.append(vi.name)
         g._io_info[vi.name] = _copy(vi)
+        used.add(vi.name)
     for vi in gproto.output:
         g._outputs.append(vi.name)
+        used.add(vi.name)
         if vi.name not in g._io_info:
             g._io_info[vi.name] = _copy(vi)
     for t in gproto.initializer:
         if t.name in g._inits:
             raise InvalidGraph(f"initializer {t.name!r} is defined twice in graph {g.name!r}")
         g._inits[t.name] = _copy(t)
+        used.add(t.name)
     g._sparse_inits = [_copy(s) for s in gproto.sparse_initializer]
+    used.update(s.values.name for s in g._sparse_inits)
     for vi in gproto.value_info:
+        used.add(vi.name)
         if vi.name not in g._io_info:
             g._value_info[vi.name] = _copy(vi)
     for i, nproto in enumerate(gproto.node):
         name = nproto.name
         if not name or name in g._nodes:
+            if uncollected:
+                _collect_names(uncollected.pop(), used)
             synth = not name
             name = g.unique_name(nproto.name or nproto.op_type)
             if synth:
@@ -157,14 +169,14 @@ def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph) -> None:
                 node._attrs[a.name] = _copy(a)
             elif kind == _GRAPH:
                 sub = Graph(a.g.name, parent=g)
-                _fill_graph(sub, a.g, root)
+                _fill_graph(sub, a.g, root, uncollected)
                 node._attrs[a.name] = sub
                 node._has_sub = True
             else:
                 subs = []
                 for gp in a.graphs:
                     sub = Graph(gp.name, parent=g)
-                    _fill_graph(sub, gp, root)
+                    _fill_graph(sub, gp, root, uncollected)
                     subs.append(sub)
                 node._attrs[a.name] = subs
                 node._has_sub = True

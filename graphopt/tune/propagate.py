@@ -54,7 +54,7 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
                 out.type.tensor_type.ClearField("shape")
         inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
         only = set(wanted) or None
-        out = _static(inferred, only)
+        out = _static(inferred, only, skip_initializers=only is not None and only.isdisjoint(inits))
         if any(t not in out for t in wanted):
             g = from_model(model)
             refine_shapes(g, inferred)  # to_model(g) is ``model`` again: its inference is at hand
@@ -67,10 +67,12 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
     return out
 
 
-def _static(inferred: onnx.ModelProto, only: set[str] | None = None) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape, for every tensor (of ``only``, when given) whose inferred shape is static."""
-    out: dict[str, tuple[int, ...]] = {t.name: tuple(t.dims) for t in inferred.graph.initializer
-                                       if only is None or t.name in only}
+def _static(inferred: onnx.ModelProto, only: set[str] | None = None,
+            skip_initializers: bool = False) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape, for every tensor (of ``only``, when given) whose inferred shape is static;
+    ``skip_initializers`` when the caller knows that none of ``only`` is one (no walk over the weights)."""
+    out: dict[str, tuple[int, ...]] = {} if skip_initializers else {
+        t.name: tuple(t.dims) for t in inferred.graph.initializer if only is None or t.name in only}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
         if only is not None and vi.name not in only:
             continue

@@ -146,3 +146,34 @@ def test_an_empty_subgraph_round_trips_as_written():
     node = helper.make_node("If", ["cond"], [], then_branch=onnx.GraphProto(), else_branch=onnx.GraphProto())
     model = helper.make_model(helper.make_graph([node], "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])], []))
     assert to_model(from_model(model)).SerializeToString() == model.SerializeToString()
+
+
+def _names_model(nameless: bool) -> onnx.ModelProto:
+    body = helper.make_graph([helper.make_node("Identity", ["x"], ["inner"], name="in_body")], "body", [],
+                             [helper.make_tensor_value_info("inner", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("Relu", ["x"], ["r0"], name="" if nameless else "first"),
+             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=body, else_branch=body),
+             helper.make_node("Relu", ["r0"], ["r1"], name="Relu")]
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.array([1.0], np.float32), "sv"),
+                                       numpy_helper.from_array(np.array([0], np.int64), "si"), [4])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("r1", TensorProto.FLOAT, [2])],
+                              initializer=[numpy_helper.from_array(np.zeros(2, np.float32), "unused_w")],
+                              value_info=[helper.make_tensor_value_info("ghost", TensorProto.FLOAT, [2])],
+                              sparse_initializer=[sparse])
+    return helper.make_model(graph)
+
+
+@pytest.mark.parametrize("nameless", [False, True])
+def test_from_model_reserves_every_name_before_it_generates_one(nameless):
+    from graphopt.ir.convert import _collect_names
+
+    model = _names_model(nameless)
+    collected: set[str] = set()
+    _collect_names(model.graph, collected)
+    g = from_model(model)
+    generated = {n.name for n in g.nodes()} - collected
+    assert g._names.used == collected | generated
+    # a nameless Relu placed before the node named "Relu" does not take that name
+    assert [n.name for n in g.nodes()] == (["Relu_1", "if", "Relu"] if nameless else ["first", "if", "Relu"])
