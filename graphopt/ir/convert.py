@@ -8,7 +8,6 @@ functions and subgraphs.
 
 from __future__ import annotations
 
-import networkx as nx
 import onnx
 from google.protobuf.message import Message
 from onnx import AttributeProto
@@ -23,6 +22,7 @@ from graphopt.ir.node import Node
 _NODE_FIELDS = ("input", "output", "attribute")
 _GRAPH_FIELDS = ("node", "input", "output", "initializer", "sparse_initializer", "value_info")
 _MODEL_FIELDS = ("graph", "opset_import", "functions", "metadata_props")
+_GRAPH, _GRAPHS = AttributeProto.GRAPH, AttributeProto.GRAPHS
 
 
 def _set_scalar(proto, field: str, value) -> None:
@@ -50,6 +50,20 @@ def _stripped(proto, fields):
     return copy if copy.ByteSize() else None
 
 
+def _node_extra(nproto: onnx.NodeProto) -> onnx.NodeProto | None:
+    """``_stripped(nproto, _NODE_FIELDS)`` for the node loop: a NodeProto's other fields are scalars
+    and repeated messages, each listed only when set and then serialized, so a copy that took any
+    field is not empty (no ByteSize needed)."""
+    extra = None
+    for fd, value in nproto.ListFields():
+        name = fd.name
+        if name not in _NODE_FIELDS:
+            if extra is None:
+                extra = onnx.NodeProto()
+            copy_field(extra, name, value)
+    return extra
+
+
 def _collect_names(gproto: onnx.GraphProto, out: set[str]) -> None:
     """Reserve every name the model uses, in every graph, before any name is generated."""
     for vi in list(gproto.input) + list(gproto.output) + list(gproto.value_info):
@@ -74,7 +88,6 @@ def _collect_names(gproto: onnx.GraphProto, out: set[str]) -> None:
 def from_model(model: onnx.ModelProto) -> Graph:
     """Build the IR from a ModelProto (external data must already be loaded or left as references)."""
     g = Graph(model.graph.name)
-    _collect_names(model.graph, g._names.used)
     g.ir_version = model.ir_version
     g.opset = {}
     for op in model.opset_import:
@@ -88,7 +101,10 @@ def from_model(model: onnx.ModelProto) -> Graph:
     g.metadata = {p.key: p.value for p in model.metadata_props}
     g.functions = [_copy(f) for f in model.functions]
     g._model_extra = _stripped(model, _MODEL_FIELDS)
-    _fill_graph(g, model.graph, g)
+    # Every name the model uses is reserved as it is read (what _collect_names reserves, graph by
+    # graph); the whole model is collected first only when a node needs a generated name.
+    _fill_graph(g, model.graph, g, [model.graph])
+    g._names.used.discard("")
     return g
 
 
@@ -98,30 +114,40 @@ def _copy(proto):
     return c
 
 
-def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph) -> None:
+def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph, uncollected: list) -> None:
     # An explicit stack instead of recursion would only help for pathological nesting; bodies are
     # converted recursively here, and io.py bounds the nesting depth before we get here.
+    # Names: _insert reserves the nodes' names, inputs and outputs; the loops below the rest. Before
+    # the first generated name, ``uncollected`` (the root GraphProto) has every name reserved.
+    used = g._names.used
     g.name = gproto.name
     g.doc_string = gproto.doc_string
     g._extra = _stripped(gproto, _GRAPH_FIELDS)
     for vi in gproto.input:
         g._inputs.append(vi.name)
         g._io_info[vi.name] = _copy(vi)
+        used.add(vi.name)
     for vi in gproto.output:
         g._outputs.append(vi.name)
+        used.add(vi.name)
         if vi.name not in g._io_info:
             g._io_info[vi.name] = _copy(vi)
     for t in gproto.initializer:
         if t.name in g._inits:
             raise InvalidGraph(f"initializer {t.name!r} is defined twice in graph {g.name!r}")
         g._inits[t.name] = _copy(t)
+        used.add(t.name)
     g._sparse_inits = [_copy(s) for s in gproto.sparse_initializer]
+    used.update(s.values.name for s in g._sparse_inits)
     for vi in gproto.value_info:
+        used.add(vi.name)
         if vi.name not in g._io_info:
             g._value_info[vi.name] = _copy(vi)
     for i, nproto in enumerate(gproto.node):
         name = nproto.name
         if not name or name in g._nodes:
+            if uncollected:
+                _collect_names(uncollected.pop(), used)
             synth = not name
             name = g.unique_name(nproto.name or nproto.op_type)
             if synth:
@@ -136,23 +162,24 @@ def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph) -> None:
             overload=nproto.overload,
         )
         node._pos = (i,)
-        node._extra = _stripped(nproto, _NODE_FIELDS)
+        node._extra = _node_extra(nproto)
         for a in nproto.attribute:
-            if a.type == AttributeProto.GRAPH:
+            kind = a.type
+            if kind != _GRAPH and kind != _GRAPHS:
+                node._attrs[a.name] = _copy(a)
+            elif kind == _GRAPH:
                 sub = Graph(a.g.name, parent=g)
-                _fill_graph(sub, a.g, root)
+                _fill_graph(sub, a.g, root, uncollected)
                 node._attrs[a.name] = sub
                 node._has_sub = True
-            elif a.type == AttributeProto.GRAPHS:
+            else:
                 subs = []
                 for gp in a.graphs:
                     sub = Graph(gp.name, parent=g)
-                    _fill_graph(sub, gp, root)
+                    _fill_graph(sub, gp, root, uncollected)
                     subs.append(sub)
                 node._attrs[a.name] = subs
                 node._has_sub = True
-            else:
-                node._attrs[a.name] = _copy(a)
         for t in node.outputs:
             if t and t in g._producer:
                 raise InvalidGraph(
@@ -166,16 +193,14 @@ def _topological_nodes(g: Graph) -> list[Node]:
     nodes = g.nodes()
     if g._topo_valid:
         return nodes
-    pos = {n.name: n._pos for n in nodes}
-    try:
-        order = list(nx.lexicographical_topological_sort(g.nx, key=lambda n: pos[n]))
-    except nx.NetworkXUnfeasible:
+    order = g.topological_order()
+    if order is None:
         return nodes  # a cyclic input graph is written as it came; lint() reports it
     return [g._nodes[n] for n in order]
 
 
-def _node_to_proto(node: Node, synth: set[str]) -> onnx.NodeProto:
-    p = onnx.NodeProto()
+def _node_to_proto(node: Node, synth: set[str], p: onnx.NodeProto) -> None:
+    """Fill the (new, empty) ``p`` with ``node``: built in place, never copied into its graph."""
     if node._extra is not None:
         p.CopyFrom(node._extra)
     p.input.extend(node.inputs)
@@ -189,23 +214,24 @@ def _node_to_proto(node: Node, synth: set[str]) -> onnx.NodeProto:
         if isinstance(value, AttributeProto):
             p.attribute.append(value)
         elif isinstance(value, list):
-            a = AttributeProto(name=name, type=AttributeProto.GRAPHS)
-            a.graphs.extend(_graph_to_proto(s, synth) for s in value)
-            p.attribute.append(a)
+            a = p.attribute.add(name=name, type=AttributeProto.GRAPHS)
+            for s in value:
+                _graph_to_proto(s, synth, a.graphs.add())
         else:
-            a = AttributeProto(name=name, type=AttributeProto.GRAPH)
-            a.g.CopyFrom(_graph_to_proto(value, synth))
-            p.attribute.append(a)
-    return p
+            a = p.attribute.add(name=name, type=AttributeProto.GRAPH)
+            _graph_to_proto(value, synth, a.g)
 
 
-def _graph_to_proto(g: Graph, synth: set[str]) -> onnx.GraphProto:
-    gp = onnx.GraphProto()
+def _graph_to_proto(g: Graph, synth: set[str], gp: onnx.GraphProto) -> None:
+    """Fill the (new, empty) ``gp`` with ``g``, in place: no node or subgraph is built twice."""
+    gp.SetInParent()  # present even when empty (an empty subgraph is still written, as a copied one was)
     if g._extra is not None:
         gp.CopyFrom(g._extra)
     _set_scalar(gp, "name", g.name)
     _set_scalar(gp, "doc_string", g.doc_string)
-    gp.node.extend(_node_to_proto(n, synth) for n in _topological_nodes(g))
+    node_protos = gp.node
+    for n in _topological_nodes(g):
+        _node_to_proto(n, synth, node_protos.add())
     gp.initializer.extend(g._inits.values())
     gp.sparse_initializer.extend(g._sparse_inits)
     for t in g._inputs:
@@ -216,7 +242,6 @@ def _graph_to_proto(g: Graph, synth: set[str]) -> onnx.GraphProto:
     # value_info for tensors that no longer exist (removed by a rewrite) is dropped; an entry of a
     # tensor that only a subgraph defines stays with that subgraph.
     gp.value_info.extend(vi for name, vi in g._value_info.items() if name in live or name in g._consumers)
-    return gp
 
 
 def to_model(g: Graph) -> onnx.ModelProto:
@@ -243,5 +268,5 @@ def to_model(g: Graph) -> onnx.ModelProto:
         m.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
     m.functions.extend(g.functions)
     synth = g._synth_names
-    m.graph.CopyFrom(_graph_to_proto(g, synth))
+    _graph_to_proto(g, synth, m.graph)
     return m

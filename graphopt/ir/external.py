@@ -22,6 +22,8 @@ from onnx import AttributeProto, numpy_helper
 from graphopt.errors import UnsafeExternalData
 
 _KNOWN_KEYS = {"location", "offset", "length", "checksum", "basepath"}
+_TENSOR, _TENSORS, _GRAPH, _GRAPHS = AttributeProto.TENSOR, AttributeProto.TENSORS, AttributeProto.GRAPH, AttributeProto.GRAPHS
+_SPARSE_TENSOR, _SPARSE_TENSORS = AttributeProto.SPARSE_TENSOR, AttributeProto.SPARSE_TENSORS
 
 
 def iter_graphs(gproto: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -38,30 +40,37 @@ def iter_graphs(gproto: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                     stack.extend(a.graphs)
 
 
+def _scan(gproto: onnx.GraphProto, own: str, one: int, one_field: str, many: int, many_field: str) -> Iterator:
+    """For each graph in the order of ``iter_graphs``, its field ``own``, then every node attribute
+    of type ``one`` (its field ``one_field``) or ``many`` (the items of ``many_field``): one scan of
+    a graph's attributes finds those and its subgraphs (stacked while the graph is scanned)."""
+    stack = [gproto]
+    while stack:
+        g = stack.pop()
+        yield from getattr(g, own)
+        for n in g.node:
+            for a in n.attribute:
+                kind = a.type
+                if kind == one:
+                    yield getattr(a, one_field)
+                elif kind == many:
+                    yield from getattr(a, many_field)
+                elif kind == _GRAPH:
+                    stack.append(a.g)
+                elif kind == _GRAPHS:
+                    stack.extend(a.graphs)
+
+
 def iter_sparse(gproto: onnx.GraphProto) -> Iterator[onnx.SparseTensorProto]:
     """Every SparseTensorProto of a graph: sparse initializers and sparse attributes (Constant's
     ``sparse_value``), in all nested subgraphs."""
-    for g in iter_graphs(gproto):
-        yield from g.sparse_initializer
-        for n in g.node:
-            for a in n.attribute:
-                if a.type == AttributeProto.SPARSE_TENSOR:
-                    yield a.sparse_tensor
-                elif a.type == AttributeProto.SPARSE_TENSORS:
-                    yield from a.sparse_tensors
+    return _scan(gproto, "sparse_initializer", _SPARSE_TENSOR, "sparse_tensor", _SPARSE_TENSORS, "sparse_tensors")
 
 
 def iter_tensors(gproto: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Every TensorProto of a graph: initializers, Constant/attribute tensors, and the values and
     indices of every sparse tensor, in all nested subgraphs."""
-    for g in iter_graphs(gproto):
-        yield from g.initializer
-        for n in g.node:
-            for a in n.attribute:
-                if a.type == AttributeProto.TENSOR:
-                    yield a.t
-                elif a.type == AttributeProto.TENSORS:
-                    yield from a.tensors
+    yield from _scan(gproto, "initializer", _TENSOR, "t", _TENSORS, "tensors")
     for s in iter_sparse(gproto):
         yield s.values
         yield s.indices

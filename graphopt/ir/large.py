@@ -45,12 +45,20 @@ def is_large(model: onnx.ModelProto, limit: int | None = None) -> bool:
     """True when the model is too big for protobuf (or above ``limit`` bytes of tensor data), or keeps
     weights in their files (lazy references): then inference and checks run on the weightless copy."""
     limit = LARGE_MODEL_BYTES if limit is None else limit
-    if has_lazy(model) or tensor_bytes(model) > limit:  # weights left in their files: never serialize them
+    if has_lazy(model):  # weights left in their files: never serialize them
         return True
     try:
-        return model.ByteSize() > limit
+        size = model.ByteSize()
     except EncodeError:
         return True
+    if size * _MAX_COUNTED_PER_BYTE <= limit:  # tensor_bytes cannot pass the limit: no walk over every tensor
+        return False
+    return tensor_bytes(model) > limit or size > limit
+
+
+#: ``tensor_bytes`` counts at most this many bytes per byte of the serialized model: raw data one for
+#: one, a typed (packed) value 8 for the 1 byte or more it takes serialized.
+_MAX_COUNTED_PER_BYTE = 8
 
 
 def _weightless_tensor(t: onnx.TensorProto, offset: int) -> tuple[onnx.TensorProto, int]:

@@ -22,19 +22,26 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def refine_shapes(graph: Graph) -> int:
+def refine_shapes(graph: Graph, inferred: onnx.ModelProto | None = None) -> int:
     """Infer the root graph's shapes again and record every tensor whose inferred shape is more
     static than what the IR has (a new entry, or a known dim where it had a symbol or nothing).
-    Returns the number of tensors whose value_info was added or made more static."""
-    inferred = infer(to_model(graph))
+    Returns the number of tensors whose value_info was added or made more static.
+
+    ``inferred``: the result of ``infer`` on the model ``graph`` was just built from (the caller
+    has it already), instead of inferring ``to_model(graph)`` once more."""
+    if inferred is None:
+        inferred = infer(to_model(graph))
     changed = 0
     for vi in inferred.graph.value_info:
-        new = value_info_of_type(vi.type)
-        if new.shape is None or new.dtype is None:
-            continue
+        known = graph.value_info_proto(vi.name)
+        if known is not None and known.type == vi.type:
+            continue  # what the IR has already (most tensors): nothing to convert or compare
+        t = vi.type
+        if not t.HasField("tensor_type") or not t.tensor_type.elem_type or not t.tensor_type.HasField("shape"):
+            continue  # inference proved no dtype or no shape
         old = graph.value_info(vi.name)
-        if old.shape is not None and _known(old.shape) >= _known(new.shape):
-            continue
+        if old.shape is not None and _known(old.shape) >= _known(value_info_of_type(t).shape):
+            continue  # (a tensor the IR knows nothing of takes the inferred entry without converting it)
         if graph.refine_value_info(vi):
             changed += 1
     return changed

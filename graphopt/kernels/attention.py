@@ -180,8 +180,29 @@ def value_gemm(p: AttnPlan) -> dict:
                 stride_c=p.Sq * p.Dv)
 
 
+class _AttentionKernels:
+    """What the attention families share: their kernels live in ``attention.cu``, one template
+    instance per signature (``_instance``), and ``build`` starts the same way (``_prologue``)."""
+
+    def _instance(self, sig: Signature) -> str:
+        raise NotImplementedError
+
+    def source_hash(self) -> str:
+        return source_hash("attention.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        return [("attention.cu", self._instance(sig))]
+
+    def _prologue(self, sig: Signature):
+        """(the plan, the compiled kernel); ``TuningError`` when the candidate does not apply."""
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        return attention_plan(sig), get_kernel("attention.cu", self._instance(sig))
+
+
 @dataclass(frozen=True)
-class CublasSoftmaxAttention(Candidate):
+class CublasSoftmaxAttention(_AttentionKernels, Candidate):
     """cuBLAS batched GEMM, the fused mask/softmax kernel in place, cuBLAS batched GEMM; param warps."""
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
@@ -203,18 +224,11 @@ class CublasSoftmaxAttention(Candidate):
         p = attention_plan(sig)
         return instance("attn_softmax", p.dtype, int(self.param("warps")), p.mask)
 
-    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return [("attention.cu", self._instance(sig))]
-
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
 
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        p = attention_plan(sig)
+        p, kern = self._prologue(sig)
         w = int(self.param("warps"))
-        kern = get_kernel("attention.cu", self._instance(sig))
         rows = p.Z * p.Sq
         grid, block = (max(1, min(rows, GRID_ROWS_MAX)),), (w * 32,)
         # The scores buffer is allocated once, at build time, so a captured CUDA graph reuses it.
@@ -236,7 +250,7 @@ def flash_smem_bytes(dmax: int, bm: int) -> int:
 
 
 @dataclass(frozen=True)
-class FlashAttention(Candidate):
+class FlashAttention(_AttentionKernels, Candidate):
     """One fused kernel, online softmax over key tiles in shared memory; params dmax, bm, warps."""
 
     def _cfg(self) -> tuple[int, int, int]:
@@ -261,23 +275,13 @@ class FlashAttention(Candidate):
             return f"{flash_smem_bytes(dmax, bm)} bytes of shared memory > {limit} on sm {compute_capability}"
         return None
 
-    def source_hash(self) -> str:
-        return source_hash("attention.cu")
-
     def _instance(self, sig: Signature) -> str:
         dmax, bm, w = self._cfg()
         return instance("flash_attn", attention_plan(sig).dtype, dmax, bm, w, attention_plan(sig).mask)
 
-    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return [("attention.cu", self._instance(sig))]
-
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        p = attention_plan(sig)
+        p, kern = self._prologue(sig)
         dmax, bm, w = self._cfg()
-        kern = get_kernel("attention.cu", self._instance(sig))
         smem = flash_smem_bytes(dmax, bm)
         kern.max_dynamic_shared_size_bytes = smem
         grid, block = (-(-p.Sq // bm), p.Z), (w * 32,)
@@ -334,7 +338,7 @@ def flash_mma_smem_bytes(hd: int, bn: int, kt: bool, stages: int = 1) -> int:
 
 
 @dataclass(frozen=True)
-class FlashMmaAttention(Candidate):
+class FlashMmaAttention(_AttentionKernels, Candidate):
     """fp16 tensor-core flash attention (mma.sync m16n8k16, ldmatrix); params hd (= D = Dv), bn (keys
     per tile), stages (K / V buffers)."""
 
@@ -360,24 +364,14 @@ class FlashMmaAttention(Candidate):
             return f"{flash_mma_smem_bytes(hd, bn, p.kt, st)} bytes of shared memory > {limit}"
         return None
 
-    def source_hash(self) -> str:
-        return source_hash("attention.cu")
-
     def _instance(self, sig: Signature) -> str:
         hd, bn, st = self._cfg()
         p = attention_plan(sig)
         return instance("flash_mma", "float16", hd, bn, p.mask, int(p.kt), st)
 
-    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return [("attention.cu", self._instance(sig))]
-
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        p = attention_plan(sig)
+        p, kern = self._prologue(sig)
         hd, bn, st = self._cfg()
-        kern = get_kernel("attention.cu", self._instance(sig))
         smem = flash_mma_smem_bytes(hd, bn, p.kt, st)
         kern.max_dynamic_shared_size_bytes = smem
         grid, block = (-(-p.Sq // FLASH_MMA_BM), p.Z), (128,)

@@ -16,30 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
+from graphopt.kernels.mma_args import mma_args, ptr  # ptr: re-exported for the other kernel families
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
 
-
-def mma_tail(KW: int = 1, dh: int = 1, dw: int = 1, Cg: int = 1) -> tuple:
-    """The trailing (KWd, dh, dw, Cg) arguments of mma_gemm (used by MODE 3 only)."""
-    import numpy as np
-
-    return tuple(np.int32(v) for v in (KW, dh, dw, Cg))
-
-
-MMA_TAIL = mma_tail()
-
-
-def ptr(a):
-    """A kernel pointer argument: the array, or a null pointer for an absent optional input."""
-    import numpy as np
-
-    return np.uint64(0) if a is None else a
 
 VEC = {"float16": 8, "float32": 4}
 ELEM = {"float16": 2, "float32": 4}
@@ -151,6 +138,14 @@ def _prepare_residual(R, g: geo.ConvGeom, materialise: bool):
     return cupy.ascontiguousarray(R)
 
 
+def _applied(cand: Candidate, sig: Signature) -> tuple[geo.ConvGeom, str]:
+    """(geometry, dtype) for ``cand.build(sig)``; ``TuningError`` when the candidate does not apply."""
+    reason = cand.applies(sig)
+    if reason:
+        raise TuningError(f"candidate {cand.key()} does not apply: {reason}")
+    return geo.conv_geom(sig), geo.dtype_of(sig)
+
+
 def _check_out(outputs, g: geo.ConvGeom, dt: str):
     y = outputs[0]
     if tuple(y.shape) != g.out_shape or str(y.dtype) != dt or not y.flags.c_contiguous:
@@ -219,8 +214,6 @@ class TiledMmaParams:
 
     def _launch_flags(self, avec: bool, bvec: bool):
         """The kernel's (avec, bvec) arguments; the pipelined configs cannot fall back to scalar loads."""
-        import numpy as np
-
         if self._stages() > 2 and not (avec and bvec):
             raise TuningError(f"{self.key()}: operands are not 16-byte aligned (the cp.async pipeline needs them)")
         return np.int32(avec), np.int32(bvec)
@@ -258,13 +251,7 @@ class DirectConv(Candidate):
         return opt, 0, 0
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
-        import numpy as np
-
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        g = geo.conv_geom(sig)
-        dt = geo.dtype_of(sig)
+        g, dt = _applied(self, sig)
         opt = int(self.param("opt", 1))
         kern = get_kernel("direct_conv.cu", instance("direct_conv", dt, *self._tmpl(sig)))
         rst, mat = _res_plan(sig, g)
@@ -301,8 +288,6 @@ KTAB_PAD_ROW = 0x4000  # r*dh of a padding row: never in bounds (H < 0x4000 is r
 
 def make_ktab(g: geo.ConvGeom, bk: int = BK):
     """Per-k gather offsets, int32 pairs: (c*H*W + r*dh*W + s*dw, r*dh | s*dw << 16)."""
-    import numpy as np
-
     K = (g.C // g.G) * g.KH * g.KW
     kpad = -(-K // bk) * bk
     k = np.arange(K)
@@ -319,9 +304,71 @@ def ktab_smem_bytes(K: int, bk: int, splits: int) -> int:
     return -(-nkt // splits) * bk * 8
 
 
+def _conv_fields(g: geo.ConvGeom) -> dict:
+    """The conv geometry ``mma_gemm`` reads in its implicit-GEMM modes (2 and 3)."""
+    return dict(C=g.C, H=g.H, W=g.W, OHW=g.OH * g.OW, OW=g.OW, sh=g.sh, sw=g.sw, ph=g.ph, pw=g.pw, Mtot=g.M)
+
+
+class _MmaConv(TiledMmaParams):
+    """The build/launch the tensor-core conv families share: one ``mma_gemm`` launch (``MODE``) per
+    call, the epilogue (bias, residual, activation) fused, split-K through ``_split_workspace``.
+    A family says its GEMM view (``_gemm``), extra shared memory (``_extra_smem``) and, in
+    ``_setup``, its named kernel arguments and how ``launch`` makes the A/B operands of X and W."""
+
+    MODE = 2
+
+    def _gemm(self, g: geo.ConvGeom) -> tuple[int, int, int, int]:
+        """(M, N, K, Z): Z GEMMs of M x N over K (one per conv group)."""
+        Mg, Npix, K = _mma_conv_dims(g)
+        return Mg, Npix, K, g.G
+
+    def _extra_smem(self, g: geo.ConvGeom, K: int) -> int:
+        return 0
+
+    def source_hash(self) -> str:
+        return source_hash("mma_gemm.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        return [("mma_gemm.cu", self._mma_instance(geo.dtype_of(sig), self.MODE))]
+
+    def _setup(self, g: geo.ConvGeom, dt: str, K: int):
+        """(named ``mma_args`` fixed at build time, ``operands(X, W) -> named A/B/flags``)."""
+        raise NotImplementedError
+
+    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+        g, dt = _applied(self, sig)
+        bm, bn, bk, wm, wn, sk = self._cfg()
+        M, N, K, Z = self._gemm(g)
+        kern, smem = self._mma_kernel(dt, self.MODE, self._extra_smem(g, K))
+        static, operands = self._setup(g, dt, K)
+        grid = (-(-N // bn), -(-M // bm), Z * sk)
+        ws, counters = self._split_workspace(grid[0] * grid[1] * Z)
+        rst, mat = _res_plan(sig, g)
+        act = geo.act_args(sig)
+        OHW = g.OH * g.OW
+
+        def launch(inputs, outputs):
+            X, Wt, B, R = (list(inputs) + [None, None])[:4]
+            y = _check_out(outputs, g, dt)
+            if not Wt.flags.c_contiguous or not X.flags.c_contiguous:
+                raise TuningError(f"{self.key()}: X and W must be C-contiguous")
+            ops = operands(X, Wt)
+            R = _prepare_residual(R, g, mat)
+            rs = (0, 0, 0)
+            if R is not None:
+                rs = (g.M * OHW, OHW, 1) if mat else rst
+            args = mma_args(ops.pop("A"), ops.pop("B"), y, bias=B, R=R, ws=ws, counters=counters, M=M, N=N, K=K,
+                            splits=sk, act=act, res_strides=rs, **static, **ops)
+            kern(grid, (wm * wn * 32,), args, shared_mem=smem)
+
+        return launch
+
+
 @dataclass(frozen=True)
-class ImplicitGemmConv(TiledMmaParams, Candidate):
+class ImplicitGemmConv(_MmaConv, Candidate):
     """(b) Tensor-core implicit GEMM; params bm, bn, bk, wm, wn (warps), splitk."""
+
+    MODE = 2
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)
@@ -331,7 +378,7 @@ class ImplicitGemmConv(TiledMmaParams, Candidate):
             return f"mma.sync fp16/tf32 needs sm_80+, device is sm_{compute_capability[0]}{compute_capability[1]}"
         bm, bn, bk, wm, wn, sk = self._cfg()
         dt = geo.dtype_of(sig)
-        bad = self._config_error(dt, 2)
+        bad = self._config_error(dt, self.MODE)
         if bad:
             return bad
         g = geo.conv_geom(sig)
@@ -349,61 +396,30 @@ class ImplicitGemmConv(TiledMmaParams, Candidate):
             return "shared memory over 200 KiB"
         return None
 
-    def source_hash(self) -> str:
-        return source_hash("mma_gemm.cu")
+    def _extra_smem(self, g: geo.ConvGeom, K: int) -> int:
+        return ktab_smem_bytes(K, self._cfg()[2], self._cfg()[5])
 
-    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return [("mma_gemm.cu", self._mma_instance(geo.dtype_of(sig), 2))]
-
-    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+    def _setup(self, g: geo.ConvGeom, dt: str, K: int):
         import cupy
-        import numpy as np
 
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        g = geo.conv_geom(sig)
-        dt = geo.dtype_of(sig)
-        bm, bn, bk, wm, wn, sk = self._cfg()
-        Mg, Npix, K = _mma_conv_dims(g)
+        ktab = cupy.asarray(make_ktab(g, self._cfg()[2]))
         avec = int(K % VEC[dt] == 0)
-        kern, smem = self._mma_kernel(dt, 2, ktab_smem_bytes(K, bk, sk))
-        ktab = cupy.asarray(make_ktab(g, bk))
-        grid = (-(-Npix // bn), -(-Mg // bm), g.G * sk)
-        nthreads = wm * wn * 32
-        ws, counters = self._split_workspace(grid[0] * grid[1] * g.G)
-        rst, mat = _res_plan(sig, g)
-        act = geo.act_args(sig)
-        i32, i64, f32 = np.int32, np.int64, np.float32
-        OHW = g.OH * g.OW
-        head1 = (i32(Mg), i32(Npix), i32(K), i32(sk))
-        head = (i64(Mg * K), i64((g.C // g.G) * g.H * g.W), i64(0), i32(0),
-                i32(g.C), i32(g.H), i32(g.W), i32(OHW), i32(g.OW), i32(g.sh), i32(g.sw), i32(g.ph), i32(g.pw), i32(g.M),
-                f32(1.0), f32(1.0), i64(0), i32(1), i32(0))
-        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+        static = dict(ktab=ktab, sA=(g.M // g.G) * K, sB=(g.C // g.G) * g.H * g.W, **_conv_fields(g))
 
-        def launch(inputs, outputs):
-            X, Wt, B, R = (list(inputs) + [None, None])[:4]
-            y = _check_out(outputs, g, dt)
-            if not Wt.flags.c_contiguous or not X.flags.c_contiguous:
-                raise TuningError(f"{self.key()}: X and W must be C-contiguous")
-            flags = (i32(avec and Wt.data.ptr % 16 == 0), i32(0))
-            R = _prepare_residual(R, g, mat)
-            rs = (0, 0, 0)
-            if R is not None:
-                rs = (g.M * OHW, OHW, 1) if mat else rst
-            res = (i64(rs[0]), i32(rs[1]), i32(rs[2]))
-            kern(grid, (nthreads,), (Wt, X, ptr(B), ptr(R), y, ptr(ws), ptr(counters), ktab) + head1 + flags + head + res + tail_act + MMA_TAIL, shared_mem=smem)
+        def operands(X, Wt):
+            return dict(A=Wt, B=X, avec=avec and Wt.data.ptr % 16 == 0)
 
-        return launch
+        return static, operands
 
 
 @dataclass(frozen=True)
-class ImplicitGemmNhwcConv(TiledMmaParams, Candidate):
+class ImplicitGemmNhwcConv(_MmaConv, Candidate):
     """(b'') Tensor-core implicit GEMM on an NHWC copy of the input, K ordered (r, s, c): each B
     chunk is one 16-byte load. Needs C/G a multiple of bk. The NCHW -> NHWC transpose of X and the
     weight reorder to [M][KH][KW][C/G] run inside ``launch`` and are counted in its time; the
     output is written NCHW directly by the fused epilogue."""
+
+    MODE = 3
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)
@@ -412,7 +428,7 @@ class ImplicitGemmNhwcConv(TiledMmaParams, Candidate):
         if tuple(compute_capability) < (8, 0):
             return "mma.sync fp16/tf32 needs sm_80+"
         bm, bn, bk, wm, wn, sk = self._cfg()
-        bad = self._config_error(geo.dtype_of(sig), 3)
+        bad = self._config_error(geo.dtype_of(sig), self.MODE)
         if bad:
             return bad
         g = geo.conv_geom(sig)
@@ -437,69 +453,40 @@ class ImplicitGemmNhwcConv(TiledMmaParams, Candidate):
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         dt = geo.dtype_of(sig)
-        return [("mma_gemm.cu", self._mma_instance(dt, 3)),
+        return [("mma_gemm.cu", self._mma_instance(dt, self.MODE)),
                 ("elementwise.cu", instance("nchw_to_nhwc", dt)), ("elementwise.cu", instance("weight_to_rsc", dt))]
 
-    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+    def _setup(self, g: geo.ConvGeom, dt: str, K: int):
         import cupy
-        import numpy as np
 
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        g = geo.conv_geom(sig)
-        dt = geo.dtype_of(sig)
-        bm, bn, bk, wm, wn, sk = self._cfg()
-        Cg, Mg = g.C // g.G, g.M // g.G
-        K = Cg * g.KH * g.KW
-        Npix = g.N * g.OH * g.OW
-        kern, smem = self._mma_kernel(dt, 3)
+        Cg = g.C // g.G
         tr = get_kernel("elementwise.cu", instance("nchw_to_nhwc", dt))
         wr = get_kernel("elementwise.cu", instance("weight_to_rsc", dt))
         xn = cupy.empty((g.N, g.H, g.W, g.C), dtype=dt)
         wrs = cupy.empty((g.M, g.KH, g.KW, Cg), dtype=dt)
         HW = g.H * g.W
         tgrid = (-(-HW // 32), -(-g.C // 32), g.N)
-        wtotal = g.M * K
-        wgrid = (min(-(-wtotal // 256), 132 * 16),)
-        grid = (-(-Npix // bn), -(-Mg // bm), g.G * sk)
-        ws, counters = self._split_workspace(grid[0] * grid[1] * g.G)
-        rst, mat = _res_plan(sig, g)
-        act = geo.act_args(sig)
-        i32, i64, f32 = np.int32, np.int64, np.float32
-        OHW = g.OH * g.OW
-        head1 = (i32(Mg), i32(Npix), i32(K), i32(sk), i32(1), i32(1))
-        head = (i64(Mg * K), i64(Cg), i64(0), i32(0),
-                i32(g.C), i32(g.H), i32(g.W), i32(OHW), i32(g.OW), i32(g.sh), i32(g.sw), i32(g.ph), i32(g.pw), i32(g.M),
-                f32(1.0), f32(1.0), i64(0), i32(1), i32(0))
-        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
-        tail = mma_tail(g.KW, g.dh, g.dw, Cg)
-        targs = (i32(g.C), i32(HW))
-        wargs = (i32(g.M), i32(Cg), i32(g.KH * g.KW))
+        wgrid = (min(-(-(g.M * K) // 256), 132 * 16),)
+        targs = (np.int32(g.C), np.int32(HW))
+        wargs = (np.int32(g.M), np.int32(Cg), np.int32(g.KH * g.KW))
+        static = dict(avec=1, bvec=1, sA=(g.M // g.G) * K, sB=Cg, KWd=g.KW, dh=g.dh, dw=g.dw, Cg=Cg,
+                      **_conv_fields(g))
 
-        def launch(inputs, outputs):
-            X, Wt, B, R = (list(inputs) + [None, None])[:4]
-            y = _check_out(outputs, g, dt)
-            if not Wt.flags.c_contiguous or not X.flags.c_contiguous:
-                raise TuningError(f"{self.key()}: X and W must be C-contiguous")
+        def operands(X, Wt):  # the NHWC copy of X and the (r, s, c) weights, counted in the launch
             tr(tgrid, (32, 8), (X, xn) + targs)
             wr(wgrid, (256,), (Wt, wrs) + wargs)
-            R = _prepare_residual(R, g, mat)
-            rs = (0, 0, 0)
-            if R is not None:
-                rs = (g.M * OHW, OHW, 1) if mat else rst
-            res = (i64(rs[0]), i32(rs[1]), i32(rs[2]))
-            kern(grid, (wm * wn * 32,), (wrs, xn, ptr(B), ptr(R), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + head + res + tail_act + tail,
-                 shared_mem=smem)
+            return dict(A=wrs, B=xn)
 
-        return launch
+        return static, operands
 
 
 @dataclass(frozen=True)
-class PointwiseGemmConv(TiledMmaParams, Candidate):
+class PointwiseGemmConv(_MmaConv, Candidate):
     """(b') 1x1 stride-1 convs on the tensor cores as a batched GEMM on NCHW as it is:
     Y[n] (M x HW) = W (M x C) . X[n] (C x HW), with 16-byte loads of both operands (HW % 8 == 0
     for fp16) and the epilogue fused; same kernel and tile family as ``implicit_gemm``."""
+
+    MODE = 0
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check_common(sig)
@@ -513,7 +500,7 @@ class PointwiseGemmConv(TiledMmaParams, Candidate):
         bm, bn, bk, wm, wn, sk = self._cfg()
         HW = g.OH * g.OW
         dt = geo.dtype_of(sig)
-        bad = self._config_error(dt, 0, vec_ok=g.C % VEC[dt] == 0 and HW % VEC[dt] == 0)
+        bad = self._config_error(dt, self.MODE, vec_ok=g.C % VEC[dt] == 0 and HW % VEC[dt] == 0)
         if bad:
             return bad
         if g.M < 16 and bm > 64:
@@ -525,50 +512,20 @@ class PointwiseGemmConv(TiledMmaParams, Candidate):
             return "batch x split over the grid's z limit"
         return None
 
-    def source_hash(self) -> str:
-        return source_hash("mma_gemm.cu")
+    def _gemm(self, g: geo.ConvGeom) -> tuple[int, int, int, int]:
+        return g.M, g.OH * g.OW, g.C, g.N  # one GEMM per image
 
-    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return [("mma_gemm.cu", self._mma_instance(geo.dtype_of(sig), 0))]
-
-    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
-        import numpy as np
-
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        g = geo.conv_geom(sig)
-        dt = geo.dtype_of(sig)
-        bm, bn, bk, wm, wn, sk = self._cfg()
-        kern, smem = self._mma_kernel(dt, 0)
+    def _setup(self, g: geo.ConvGeom, dt: str, K: int):
         HW = g.OH * g.OW
-        grid = (-(-HW // bn), -(-g.M // bm), g.N * sk)
-        ws, counters = self._split_workspace(grid[0] * grid[1] * g.N)
-        rst, mat = _res_plan(sig, g)
-        act = geo.act_args(sig)
-        i32, i64, f32 = np.int32, np.int64, np.float32
         v = VEC[dt]
         avec, bvec = int(g.C % v == 0), int(HW % v == 0)
-        head1 = (i32(g.M), i32(HW), i32(g.C), i32(sk))
-        head = (i64(0), i64(g.C * HW), i64(g.M * HW), i32(HW), i32(0), i32(0), i32(0), i32(1), i32(1), i32(1), i32(1),
-                i32(0), i32(0), i32(0), f32(1.0), f32(1.0), i64(0), i32(1), i32(0))
-        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+        static = dict(sB=g.C * HW, sY=g.M * HW, ldb=HW)
 
-        def launch(inputs, outputs):
-            X, Wt, B, R = (list(inputs) + [None, None])[:4]
-            y = _check_out(outputs, g, dt)
-            if not Wt.flags.c_contiguous or not X.flags.c_contiguous:
-                raise TuningError(f"{self.key()}: X and W must be C-contiguous")
-            flags = self._launch_flags(bool(avec and Wt.data.ptr % 16 == 0), bool(bvec and X.data.ptr % 16 == 0))
-            R = _prepare_residual(R, g, mat)
-            rs = (0, 0, 0)
-            if R is not None:
-                rs = (g.M * HW, HW, 1) if mat else rst
-            res = (i64(rs[0]), i32(rs[1]), i32(rs[2]))
-            kern(grid, (wm * wn * 32,), (Wt, X, ptr(B), ptr(R), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + flags + head + res + tail_act + MMA_TAIL,
-                 shared_mem=smem)
+        def operands(X, Wt):
+            fa, fb = self._launch_flags(bool(avec and Wt.data.ptr % 16 == 0), bool(bvec and X.data.ptr % 16 == 0))
+            return dict(A=Wt, B=X, avec=fa, bvec=fb)
 
-        return launch
+        return static, operands
 
 
 @dataclass(frozen=True)
@@ -603,13 +560,8 @@ class CublasConv(Candidate):
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
-        import numpy as np
 
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        g = geo.conv_geom(sig)
-        dt = geo.dtype_of(sig)
+        g, dt = _applied(self, sig)
         epi = get_kernel("elementwise.cu", instance("epilogue_nchw", dt))
         pointwise = _is_pointwise(g)
         OHW = g.OH * g.OW

@@ -18,7 +18,8 @@ from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
-from graphopt.kernels.cbr import MMA_TAIL, TiledMmaParams, VEC, mma_family, ptr
+from graphopt.kernels.cbr import TiledMmaParams, VEC, mma_family, ptr
+from graphopt.kernels.mma_args import mma_args
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
@@ -273,14 +274,10 @@ class MmaGemm(TiledMmaParams, Candidate):
         Zf = 1 if p.fold else p.Z
         grid = (-(-p.N // bn), -(-Mf // bm), Zf * sk)
         ws, counters = self._split_workspace(grid[0] * grid[1] * Zf)
-        i32, i64, f32 = np.int32, np.int64, np.float32
-        bs = p.bias or (0, 0, 0)
         avec, bvec = self._vec_flags(sig)
-        head1 = (i32(Mf), i32(p.N), i32(p.K), i32(sk))
-        head = (i64(0 if p.fold else p.a_batch), i64(p.b_batch), i64(p.M * p.N),
-                i32(p.K if mode == 1 else p.N), i32(0), i32(0), i32(0), i32(1), i32(1), i32(1), i32(1), i32(0), i32(0),
-                i32(0), f32(p.alpha), f32(p.beta), i64(bs[0]), i32(bs[1]), i32(bs[2]), i64(0), i32(0), i32(0))
-        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+        named = dict(M=Mf, N=p.N, K=p.K, splits=sk, act=act, sA=0 if p.fold else p.a_batch, sB=p.b_batch,
+                     sY=p.M * p.N, ldb=p.K if mode == 1 else p.N, alpha=p.alpha, beta=p.beta,
+                     bias_strides=p.bias or (0, 0, 0), ws=ws, counters=counters)
         out_b = p.out_shape[:-2] if len(p.out_shape) >= 2 else ()
 
         def launch(inputs, outputs):
@@ -297,9 +294,8 @@ class MmaGemm(TiledMmaParams, Candidate):
             if not b.flags.c_contiguous:
                 b = cupy.ascontiguousarray(b)
             c = _bias_array(C, p)
-            flags = self._launch_flags(bool(avec and a.data.ptr % 16 == 0), bool(bvec and b.data.ptr % 16 == 0))
-            kern(grid, (wm * wn * 32,), (a, b, ptr(c), np.uint64(0), y, ptr(ws), ptr(counters), np.uint64(0)) + head1 + flags + head + tail_act + MMA_TAIL,
-                 shared_mem=smem)
+            fa, fb = self._launch_flags(bool(avec and a.data.ptr % 16 == 0), bool(bvec and b.data.ptr % 16 == 0))
+            kern(grid, (wm * wn * 32,), mma_args(a, b, y, bias=c, avec=fa, bvec=fb, **named), shared_mem=smem)
 
         return launch
 

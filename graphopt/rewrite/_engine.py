@@ -366,7 +366,7 @@ def _apply(g, plan: _Plan) -> str:
         raise RuleError(f"rule {plan.rule.name!r} at node {plan.root.name!r}: {exc}") from exc
     # Initializers only the replaced nodes read are dead now (e.g. a bias folded into a new one).
     for t in dict.fromkeys(old_inputs):
-        if g.is_initializer(t) and not g.is_graph_input(t) and not g.is_graph_output(t) and not g.consumers(t):
+        if g.is_initializer(t) and not g.is_graph_input(t) and not g.is_graph_output(t) and not g.has_users(t):
             g.remove_initializer(t)
     return created[-1].name
 

@@ -22,6 +22,7 @@ Grammar::
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -232,6 +233,13 @@ def parse_expr(text: str):
     """Parse ``text`` into the generic tree (``Call`` / ``Name`` / ``Lit``); raises RuleSyntaxError."""
     if not isinstance(text, str):
         raise RuleSyntaxError(str(text), 1, "expected a string")
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str):
+    """The tree of ``text``: frozen, so one parse serves every rule that repeats a text (the shipped
+    rules parse 1,800 texts, 490 of them distinct: constraints such as ``single_use(x)`` recur)."""
     depth = 0
     for col, ch in enumerate(text, 1):  # the parser and the matcher recurse once per level
         depth += (ch == "(") - (ch == ")")

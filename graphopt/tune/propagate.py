@@ -24,7 +24,8 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
     on a copy of ``graph`` whose inputs have concrete dims: ``inputs[name]`` when given, else each
     symbolic dim from ``dims``, else ``default(dim name)``. When inference alone leaves a tensor of
     ``wanted`` unknown, the copy's shape arithmetic is folded first (slower: it evaluates the
-    constant subgraphs). Best effort: {} when inference fails."""
+    constant subgraphs). With ``wanted``, only those tensors are looked up and returned. Best
+    effort: {} when inference fails."""
     from graphopt.ir import from_model, refine_shapes, to_model
     from graphopt.ops import attach_functions
     from graphopt.passes import run_cleanup
@@ -52,22 +53,29 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
             if out.type.HasField("tensor_type"):
                 out.type.tensor_type.ClearField("shape")
         inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
-        out = _static(inferred)
+        only = set(wanted) or None
+        out = _static(inferred, only, skip_initializers=only is not None and only.isdisjoint(inits))
         if any(t not in out for t in wanted):
             g = from_model(model)
-            refine_shapes(g)
+            refine_shapes(g, inferred)  # to_model(g) is ``model`` again: its inference is at hand
             run_cleanup(g, refine=True, max_rounds=16)  # fold what data propagation cannot follow
             folded = attach_functions(to_model(g))
             out = _static(onnx.shape_inference.infer_shapes(folded, check_type=False, strict_mode=False,
-                                                            data_prop=True))
+                                                            data_prop=True), only)
     except Exception:  # noqa: BLE001 - an aid, never a reason to fail
         return {}
     return out
 
 
-def _static(inferred: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    out: dict[str, tuple[int, ...]] = {t.name: tuple(int(d) for d in t.dims) for t in inferred.graph.initializer}
+def _static(inferred: onnx.ModelProto, only: set[str] | None = None,
+            skip_initializers: bool = False) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape, for every tensor (of ``only``, when given) whose inferred shape is static;
+    ``skip_initializers`` when the caller knows that none of ``only`` is one (no walk over the weights)."""
+    out: dict[str, tuple[int, ...]] = {} if skip_initializers else {
+        t.name: tuple(t.dims) for t in inferred.graph.initializer if only is None or t.name in only}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        if only is not None and vi.name not in only:
+            continue
         tt = vi.type.tensor_type
         if vi.type.HasField("tensor_type") and tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
             out[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)

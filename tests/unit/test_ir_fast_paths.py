@@ -1,0 +1,179 @@
+"""The IR's fast paths give what the slower code they replace gave: the topological order (networkx's
+lexicographical sort keyed by position), ``is_large`` (the walk over every tensor), ``iter_tensors`` /
+``iter_sparse`` (one scan per graph, in ``iter_graphs`` order), and ``refine_shapes`` given the
+inference at hand."""
+
+from __future__ import annotations
+
+import random
+
+import networkx as nx
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphopt.ir import Graph, from_model, refine_shapes, to_model
+from graphopt.ir.external import iter_graphs, iter_sparse, iter_tensors
+from graphopt.ir.large import is_large, tensor_bytes
+from graphopt.ir.shapes import infer
+
+
+def _random_graph(seed: int, n: int = 60) -> Graph:
+    rng = random.Random(seed)
+    g = Graph("g")
+    g._inputs.append("x")
+    made = ["x"]
+    for i in range(n):
+        reads = rng.sample(made, k=min(len(made), rng.randint(1, 3)))
+        # positions out of order (as rewrites leave them), some repeated, some extended tuples
+        pos = (rng.randint(0, n // 2),) if rng.random() < 0.8 else (rng.randint(0, n // 2), rng.randint(0, 3))
+        node = g.add_node("Add" if len(reads) == 2 else "Relu", reads[:2], [f"t{i}"], name=f"n{i}", _pos=pos)
+        made.append(node.outputs[0])
+    return g
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_topological_order_is_networkx_lexicographical_sort_by_position(seed):
+    g = _random_graph(seed)
+    pos = {name: node._pos for name, node in g._nodes.items()}
+    expected = list(nx.lexicographical_topological_sort(g.nx, key=lambda n: pos[n]))
+    assert g.topological_order() == expected
+
+
+def test_topological_order_is_none_on_a_cycle():
+    g = Graph("g")
+    g._inputs.append("x")
+    g.add_node("Add", ["x", "b"], ["a"], name="first")
+    g.add_node("Relu", ["a"], ["b"], name="second")
+    assert g.topological_order() is None
+
+
+def _model_with(tensors: list[TensorProto], nested: bool = False) -> onnx.ModelProto:
+    nodes = [helper.make_node("Constant", [], [f"c{i}"], value=t) for i, t in enumerate(tensors)]
+    body_const = helper.make_node("Constant", [], ["inner"], value=numpy_helper.from_array(np.ones(3, np.float32), "k"))
+    body = helper.make_graph([body_const, helper.make_node("Identity", ["inner"], ["o"])], "body", [],
+                             [helper.make_tensor_value_info("o", TensorProto.FLOAT, [3])])
+    if nested:
+        nodes.append(helper.make_node("If", ["cond"], ["y"], then_branch=body, else_branch=body))
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.array([1.0], np.float32), "sv"),
+                                       numpy_helper.from_array(np.array([0], np.int64), "si"), [4])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("c0", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(np.zeros(5, np.float32), "w")],
+                              sparse_initializer=[sparse])
+    return helper.make_model(graph)
+
+
+def test_iter_tensors_and_sparse_keep_the_iter_graphs_order():
+    model = _model_with([numpy_helper.from_array(np.arange(4, dtype=np.float32), "t")], nested=True)
+    expected = []
+    for g in iter_graphs(model.graph):
+        expected += [t.name for t in g.initializer]
+        for n in g.node:
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    expected.append(a.t.name)
+    sparse = [s.values.name for g in iter_graphs(model.graph) for s in g.sparse_initializer]
+    assert [s.values.name for s in iter_sparse(model.graph)] == sparse
+    expected += [n for s in iter_sparse(model.graph) for n in (s.values.name, s.indices.name)]
+    assert [t.name for t in iter_tensors(model.graph)] == expected
+
+
+def _slow_is_large(model: onnx.ModelProto, limit: int) -> bool:
+    return tensor_bytes(model) > limit or model.ByteSize() > limit
+
+
+@pytest.mark.parametrize("values", [
+    np.zeros(3000, np.int64),  # typed int64_data: 1 byte each serialized, 8 counted
+    np.ones(3000, np.float32),  # float32 as raw_data
+])
+@pytest.mark.parametrize("limit", [1000, 5000, 20000, 30000, 10**6])
+def test_is_large_answers_as_the_walk_over_every_tensor(values, limit):
+    t = helper.make_tensor("t", helper.np_dtype_to_tensor_dtype(values.dtype), values.shape, values.ravel().tolist())
+    model = _model_with([t])
+    assert is_large(model, limit) == _slow_is_large(model, limit)
+
+
+def test_refine_shapes_given_the_inference_equals_inferring_again():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    shape = helper.make_node("Shape", ["x"], ["s"])
+    reshape = helper.make_node("Reshape", ["x", "s"], ["y"])
+    model = helper.make_model(helper.make_graph([shape, reshape], "g", [x],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]))
+    a, b = from_model(model), from_model(model)
+    assert refine_shapes(a) == refine_shapes(b, infer(model)) > 0
+    assert to_model(a).SerializeToString() == to_model(b).SerializeToString()
+
+
+def _refine_as_before(graph: Graph, inferred: onnx.ModelProto) -> int:
+    """refine_shapes as it was written before its fast paths (the reference)."""
+    from graphopt.ir.graph import value_info_of_type
+
+    changed = 0
+    for vi in inferred.graph.value_info:
+        new = value_info_of_type(vi.type)
+        if new.shape is None or new.dtype is None:
+            continue
+        old = graph.value_info(vi.name)
+        known = lambda s: sum(1 for d in s if isinstance(d, int) and d >= 0)  # noqa: E731
+        if old.shape is not None and known(old.shape) >= known(new.shape):
+            continue
+        if graph.refine_value_info(vi):
+            changed += 1
+    return changed
+
+
+def test_refine_shapes_records_what_the_reference_records():
+    # x is [N, 3]; some value_info entries are symbolic, one is as static as inference, one missing
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Shape", ["a"], ["s"]),
+             helper.make_node("Reshape", ["a", "s"], ["b"]), helper.make_node("Relu", ["b"], ["c"]),
+             helper.make_node("Cast", ["c"], ["d"], to=TensorProto.INT64)]
+    infos = [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 3]),
+             helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 3]),
+             helper.make_tensor_value_info("c", TensorProto.FLOAT, None)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("d", TensorProto.INT64, None)],
+                                                value_info=infos))
+    inferred = infer(model)
+    a, b = from_model(model), from_model(model)
+    assert refine_shapes(a, inferred) == _refine_as_before(b, inferred) > 0
+    assert to_model(a).SerializeToString() == to_model(b).SerializeToString()
+
+
+def test_an_empty_subgraph_round_trips_as_written():
+    """to_model builds subgraphs in place: an empty body must still be written (present, empty)."""
+    node = helper.make_node("If", ["cond"], [], then_branch=onnx.GraphProto(), else_branch=onnx.GraphProto())
+    model = helper.make_model(helper.make_graph([node], "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])], []))
+    assert to_model(from_model(model)).SerializeToString() == model.SerializeToString()
+
+
+def _names_model(nameless: bool) -> onnx.ModelProto:
+    body = helper.make_graph([helper.make_node("Identity", ["x"], ["inner"], name="in_body")], "body", [],
+                             [helper.make_tensor_value_info("inner", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("Relu", ["x"], ["r0"], name="" if nameless else "first"),
+             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=body, else_branch=body),
+             helper.make_node("Relu", ["r0"], ["r1"], name="Relu")]
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.array([1.0], np.float32), "sv"),
+                                       numpy_helper.from_array(np.array([0], np.int64), "si"), [4])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("r1", TensorProto.FLOAT, [2])],
+                              initializer=[numpy_helper.from_array(np.zeros(2, np.float32), "unused_w")],
+                              value_info=[helper.make_tensor_value_info("ghost", TensorProto.FLOAT, [2])],
+                              sparse_initializer=[sparse])
+    return helper.make_model(graph)
+
+
+@pytest.mark.parametrize("nameless", [False, True])
+def test_from_model_reserves_every_name_before_it_generates_one(nameless):
+    from graphopt.ir.convert import _collect_names
+
+    model = _names_model(nameless)
+    collected: set[str] = set()
+    _collect_names(model.graph, collected)
+    g = from_model(model)
+    generated = {n.name for n in g.nodes()} - collected
+    assert g._names.used == collected | generated
+    # a nameless Relu placed before the node named "Relu" does not take that name
+    assert [n.name for n in g.nodes()] == (["Relu_1", "if", "Relu"] if nameless else ["first", "if", "Relu"])
