@@ -36,6 +36,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.lowering.contract import Candidate, Signature
+from graphopt.ops.attention import operands as attention_operands
 from graphopt.kernels.cbr import ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
@@ -97,17 +98,7 @@ def _mask_strides(mshape: tuple[int, ...], full: tuple[int, int, int, int]) -> t
 
 def attention_plan(sig: Signature) -> AttnPlan:
     """The integers the kernels take, or ``TuningError`` saying why the signature is not supported."""
-    if sig.op != "Attention":
-        raise TuningError(f"op {sig.op} is not Attention")
-    shapes = list(sig.input_shapes) + [None] * (4 - len(sig.input_shapes))
-    dtypes = list(sig.dtypes) + [""] * (4 - len(sig.dtypes))
-    q, k, v, m = shapes[:4]
-    if q is None or k is None or v is None:
-        raise TuningError("Attention needs known Q, K and V shapes")
-    if not (2 <= len(q) <= 4 and len(k) == len(q) and len(v) == len(q)):
-        raise TuningError(f"Attention Q {q}, K {k}, V {v}: one rank from 2 to 4 ([B, H, S, D]) is supported")
-    if min(q + k + v) < 1:
-        raise TuningError(f"Attention Q {q}, K {k}, V {v} has an empty dim")
+    q, k, v, m, dtypes = attention_operands(sig, "Attention")
     if not (q[:-2] == k[:-2] == v[:-2]):
         raise TuningError(f"Attention Q {q}, K {k}, V {v} must share their leading (batch, head) dims "
                           "(K/V broadcast over heads is not supported)")

@@ -325,6 +325,17 @@ class _MmaConv(TiledMmaParams):
     def _extra_smem(self, g: geo.ConvGeom, K: int) -> int:
         return 0
 
+    @staticmethod
+    def _mma_reason(sig: Signature, compute_capability) -> str | None:
+        """What every tensor-core family refuses first: a signature CBR kernels do not take, or a GPU
+        without mma.sync fp16/tf32 (before sm_80)."""
+        reason = _check_common(sig)
+        if reason:
+            return reason
+        if tuple(compute_capability) < (8, 0):
+            return f"mma.sync fp16/tf32 needs sm_80+, device is sm_{compute_capability[0]}{compute_capability[1]}"
+        return None
+
     def source_hash(self) -> str:
         return source_hash("mma_gemm.cu")
 
@@ -371,11 +382,9 @@ class ImplicitGemmConv(_MmaConv, Candidate):
     MODE = 2
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
-        reason = _check_common(sig)
+        reason = self._mma_reason(sig, compute_capability)
         if reason:
             return reason
-        if tuple(compute_capability) < (8, 0):
-            return f"mma.sync fp16/tf32 needs sm_80+, device is sm_{compute_capability[0]}{compute_capability[1]}"
         bm, bn, bk, wm, wn, sk = self._cfg()
         dt = geo.dtype_of(sig)
         bad = self._config_error(dt, self.MODE)
@@ -422,11 +431,9 @@ class ImplicitGemmNhwcConv(_MmaConv, Candidate):
     MODE = 3
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
-        reason = _check_common(sig)
+        reason = self._mma_reason(sig, compute_capability)
         if reason:
             return reason
-        if tuple(compute_capability) < (8, 0):
-            return "mma.sync fp16/tf32 needs sm_80+"
         bm, bn, bk, wm, wn, sk = self._cfg()
         bad = self._config_error(geo.dtype_of(sig), self.MODE)
         if bad:
@@ -489,11 +496,9 @@ class PointwiseGemmConv(_MmaConv, Candidate):
     MODE = 0
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
-        reason = _check_common(sig)
+        reason = self._mma_reason(sig, compute_capability)
         if reason:
             return reason
-        if tuple(compute_capability) < (8, 0):
-            return "mma.sync fp16/tf32 needs sm_80+"
         g = geo.conv_geom(sig)
         if not _is_pointwise(g):
             return "not a 1x1, stride-1, unpadded, ungrouped convolution"

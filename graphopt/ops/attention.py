@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper
 
-from graphopt.errors import RuleError
+from graphopt.errors import RuleError, TuningError
 from graphopt.ops._body import Body, dtype_token
 from graphopt.ops.activations import f32
 from graphopt.ops.layer_norm import flag_key, parse_flags
@@ -46,6 +46,24 @@ MIN_OPSET = 13  # Softmax over one axis (opset < 13 coerces to 2-D)
 
 DOC = ("graphopt.Attention: Y = softmax(Q @ K^T * scale [+ mask] [causal mask]) @ V; mask_kind none | additive "
        "| bool (True = attend); k_transposed=1 takes K as [..., D, Skv]; nan_to_zero=1 zeroes fully masked rows.")
+
+
+def operands(sig, who: str) -> tuple[tuple, tuple, tuple, tuple | None, list[str]]:
+    """(Q, K, V, mask shapes, dtypes) of an Attention signature, after the checks every lowering
+    shares: the op, known Q/K/V shapes of one rank from 2 to 4 ([B, H, S, D]) and no empty dim.
+    A refusal is a ``TuningError`` that starts with ``who`` (the lowering family's name)."""
+    if sig.op != "Attention":
+        raise TuningError(f"op {sig.op} is not Attention")
+    shapes = list(sig.input_shapes) + [None] * (4 - len(sig.input_shapes))
+    dtypes = list(sig.dtypes) + [""] * (4 - len(sig.dtypes))
+    q, k, v, m = shapes[:4]
+    if q is None or k is None or v is None:
+        raise TuningError(f"{who} needs known Q, K and V shapes")
+    if not (2 <= len(q) <= 4 and len(k) == len(q) and len(v) == len(q)):
+        raise TuningError(f"{who}: Q {q}, K {k}, V {v}: one rank from 2 to 4 ([B, H, S, D]) is supported")
+    if min(q + k + v) < 1:
+        raise TuningError(f"{who}: Q {q}, K {k}, V {v} has an empty dim")
+    return q, k, v, m, dtypes
 
 
 def _given(present: list[bool], i: int) -> bool:

@@ -37,6 +37,7 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.lowering.contract import Candidate, Lowering, Signature
+from graphopt.ops.attention import operands as attention_operands
 from graphopt.providers import cudnn as base
 
 OPS = ("Attention",)
@@ -94,15 +95,7 @@ def _lead(shape) -> tuple[int, int]:
 
 def sdpa_geom(sig: Signature) -> SdpaGeom:
     """The graph's dims, or ``TuningError`` saying why cuDNN's SDPA does not take this signature."""
-    if sig.op != "Attention":
-        raise TuningError(f"op {sig.op} is not Attention")
-    shapes = list(sig.input_shapes) + [None] * (4 - len(sig.input_shapes))
-    dtypes = list(sig.dtypes) + [""] * (4 - len(sig.dtypes))
-    q, k, v, m = shapes[:4]
-    if q is None or k is None or v is None:
-        raise TuningError("cuDNN SDPA needs known Q, K and V shapes")
-    if not (2 <= len(q) <= 4 and len(k) == len(q) and len(v) == len(q)):
-        raise TuningError(f"cuDNN SDPA here takes Q, K, V of one rank from 2 to 4, got {q}, {k}, {v}")
+    q, k, v, m, dtypes = attention_operands(sig, "cuDNN SDPA")
     dt = dtypes[0]
     if dt not in DTYPES:
         raise TuningError(f"cuDNN SDPA needs fp16/bf16 (got {dt or 'unknown'})")
