@@ -214,8 +214,8 @@ def _deselect_inexact(mod, graph) -> set[int]:
     return set(barred()) if callable(barred) else set()
 
 
-def _graph_for(sig: Signature) -> _Built:
-    return listed(sig, conv_graph)
+def _graph_for(sig: Signature, tag: str = "") -> _Built:
+    return listed(sig, conv_graph, tag)
 
 
 def plan_at(b: _Built, want: str | None, sig: Signature) -> tuple[int, int]:
@@ -323,7 +323,16 @@ def bind(a):
 
 
 class CudnnCandidate(Candidate):
-    """What every cuDNN candidate shares: the library versions in its cache key and hash."""
+    """What every cuDNN candidate shares: the library versions in its cache key and hash, and the
+    start of every ``build`` (:meth:`_plan`)."""
+
+    def _plan(self, sig: Signature, built) -> tuple[_Built, int, int]:
+        """(graph, plan index, workspace bytes) of this candidate's plan for ``sig``: refused with the
+        reason when it does not apply; ``built(sig, tag="")`` makes (and caches) the op's graph."""
+        reason = self.applies(sig)
+        if reason:
+            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        return lowering_plan(built(sig), self.param("plan"), sig, lambda tag: built(sig, tag))
 
     def source_hash(self) -> str:
         return "cudnn:" + ",".join(f"{k}={v}" for k, v in versions())
@@ -354,11 +363,7 @@ class CudnnConv(CudnnCandidate):
         return unavailable_reason(compute_capability) or conv_reason(sig)
 
     def build(self, sig: Signature, arch: str) -> Lowering:
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        b, index, ws_bytes = lowering_plan(_graph_for(sig), self.param("plan"), sig,
-                                           lambda tag: listed(sig, conv_graph, tag))
+        b, index, ws_bytes = self._plan(sig, _graph_for)
         t = b.tensors
         order = ["X", "W", "B", "R"]
 

@@ -102,38 +102,23 @@ def matmul_graph(mod, handle, sig: Signature):
     return graph, t
 
 
-def _graph_for(sig: Signature):
+def _graph_for(sig: Signature, tag: str = ""):
     """The validated graph and its listed plans, cached per signature and process (cudnn.listed)."""
-    return _cudnn.listed(sig, matmul_graph)
+    return _cudnn.listed(sig, matmul_graph, tag)
 
 
 @dataclass(frozen=True)
-class CudnnMatmul(Candidate):
+class CudnnMatmul(_cudnn.CudnnCandidate):
     """params: ``plan=<cuDNN plan name>``, or none for the heuristic's first plan at load time."""
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         if sig.op not in OPS:
             return f"cuDNN matmul candidates here are for {', '.join(OPS)}"
-        reason = _cudnn.unavailable()
-        if reason:
-            return reason
-        if tuple(compute_capability) < (7, 0):
-            return f"cuDNN fused graphs need compute capability >= 7.0, got {compute_capability}"
-        return matmul_reason(sig)
-
-    def source_hash(self) -> str:
-        return "cudnn:" + ",".join(f"{k}={v}" for k, v in _cudnn.versions())
-
-    def versions(self) -> tuple[tuple[str, str], ...]:
-        return _cudnn.versions()
+        return _cudnn.unavailable_reason(compute_capability) or matmul_reason(sig)
 
     def build(self, sig: Signature, arch: str) -> Lowering:
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        b, index, ws_bytes = self._plan(sig, _graph_for)
         mod = _cudnn._load()
-        b, index, ws_bytes = _cudnn.lowering_plan(_graph_for(sig), self.param("plan"), sig,
-                                                  lambda tag: _cudnn.listed(sig, matmul_graph, tag))
         handle = _cudnn._handle(mod)
         t = b.tensors
 

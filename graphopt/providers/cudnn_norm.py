@@ -184,11 +184,7 @@ class CudnnNorm(base.CudnnCandidate):
         return base.unavailable_reason(compute_capability, (7, 0), "cuDNN normalization graphs") or norm_reason(sig)
 
     def build(self, sig: Signature, arch: str) -> Lowering:
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        b, index, plan_bytes = base.lowering_plan(norm_built(sig), self.param("plan"), sig,
-                                                  lambda tag: norm_built(sig, tag))
+        b, index, plan_bytes = self._plan(sig, norm_built)
         g: NormGeom = b.extra
         t = b.tensors
         # the TRAINING form's statistics (fp32 per row) after the plan's own workspace

@@ -239,11 +239,7 @@ class CudnnSdpa(base.CudnnCandidate):
         return reason
 
     def build(self, sig: Signature, arch: str) -> Lowering:
-        reason = self.applies(sig)
-        if reason:
-            raise TuningError(f"candidate {self.key()} does not apply: {reason}")
-        b, index, plan_bytes = base.lowering_plan(sdpa_built(sig), self.param("plan"), sig,
-                                                  lambda tag: sdpa_built(sig, tag))
+        b, index, plan_bytes = self._plan(sig, sdpa_built)
         g: SdpaGeom = b.extra
         t = b.tensors
         k_off, b_off, total = g.workspace_parts(plan_bytes)
