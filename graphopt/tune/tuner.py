@@ -48,13 +48,21 @@ def kernel_candidates() -> Callable[[Signature], Sequence[Candidate]] | None:
     return candidates_for
 
 
-def default_workers_per_gpu() -> int:
+WORKER_GPU_BYTES = 8 << 30  # what one tuning worker may hold on its GPU (context, libraries, operands)
+
+
+def default_workers_per_gpu(devices=()) -> int:
     """Tuning workers per GPU: one per four CPU cores, at most 4 (builds overlap; the GPU is taken in
-    turns). ``GRAPHOPT_TUNE_WORKERS`` overrides it."""
+    turns), and no more than the smallest GPU holds at ``WORKER_GPU_BYTES`` each (when its memory is
+    known). ``GRAPHOPT_TUNE_WORKERS`` overrides it."""
     env = os.environ.get("GRAPHOPT_TUNE_WORKERS", "").strip()
     if env.isdigit() and int(env) >= 1:
         return int(env)
-    return max(1, min(4, (os.cpu_count() or 1) // 4))
+    n = max(1, min(4, (os.cpu_count() or 1) // 4))
+    memory = [int(getattr(d, "total_memory", 0) or 0) for d in devices]
+    if memory and min(memory) > 0:
+        n = max(1, min(n, min(memory) // WORKER_GPU_BYTES))
+    return n
 
 
 def kernels_backend() -> tuple[TuningBackend | None, str]:
@@ -135,7 +143,7 @@ def tune_graph(
                           buffers=backend.buffers, devices=list(target.devices), cache=cache, isolate=isolate,
                           timeout_s=timeout_s, budget_s=budget_s,
                           precompile=getattr(backend, "precompile", None),
-                          workers_per_gpu=default_workers_per_gpu()) as prof:
+                          workers_per_gpu=default_workers_per_gpu(target.devices)) as prof:
                 report = select_lowerings(graph, norm, cache=cache, profile=prof, shapes=shapes, devices=devices,
                                           candidates_for=candidates_for, progress=progress,
                                           shape_profile=shape_profile)

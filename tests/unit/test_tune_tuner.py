@@ -119,3 +119,20 @@ def test_tuning_spreads_over_every_visible_gpu_of_the_target_kind_only(monkeypat
     assert "(NVIDIA H200 x 2: devices 1, 2)" in rep.summary
     where = {t["ms"] for row in rep.rows for t in row.timings}
     assert where and where <= {6.0, 8.0}, where  # never the A100 (physical 3 -> 4.0)
+
+
+def test_tuning_workers_per_gpu_follow_cores_memory_and_the_environment(monkeypatch):
+    from types import SimpleNamespace
+
+    from graphopt.tune.tuner import WORKER_GPU_BYTES, default_workers_per_gpu
+
+    monkeypatch.delenv("GRAPHOPT_TUNE_WORKERS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    big, small = SimpleNamespace(total_memory=141 << 30), SimpleNamespace(total_memory=WORKER_GPU_BYTES * 2 + 1)
+    assert default_workers_per_gpu([big]) == 4  # one per four cores, at most 4
+    assert default_workers_per_gpu([big, small]) == 2  # the smallest GPU holds two
+    assert default_workers_per_gpu([SimpleNamespace(total_memory=0)]) == 4  # memory unknown
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert default_workers_per_gpu([big]) == 1
+    monkeypatch.setenv("GRAPHOPT_TUNE_WORKERS", "3")
+    assert default_workers_per_gpu([small]) == 3
