@@ -369,6 +369,37 @@ class Runner:
             torch.cuda.empty_cache()
 
 
+# ------------------------------------------------ what the runtime benchmarks beside this one share
+def runtime_bench_parser(doc: str, batches: str, repeats: int, repeats_help: str | None = None):
+    """The options of ``host_overhead.py`` and ``plan_breakdown.py``: models and batches (built and
+    exported as here), repeats, graphopt optimize's lowering options, the output folder and GPU name."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet50,gpt2")
+    ap.add_argument("--batches", default=batches)
+    ap.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
+    ap.add_argument("--gpu-args", default="--gpu none", help="graphopt optimize's lowering options")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--gpu-name", default="h200")
+    return ap
+
+
+def runtime_bench_meta() -> dict:
+    """Date, command line, GPU and the torch, CuPy and cuDNN versions of a runtime benchmark's run."""
+    import cupy
+    import torch
+
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cupy": cupy.__version__}
+    try:
+        import cudnn
+
+        meta["cudnn_frontend"] = getattr(cudnn, "__version__", "?")
+        meta["cudnn"] = str(cudnn.backend_version())
+    except Exception as e:  # noqa: BLE001
+        meta["cudnn_frontend"] = f"absent: {e}"
+    return meta
+
+
 # ------------------------------------------------------------------------------------ main
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -14,14 +14,12 @@ after every model; each optimize is limited to --optimize-timeout seconds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -89,22 +87,11 @@ def markdown(res: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="resnet50,gpt2")
-    ap.add_argument("--batches", default="1,1")
-    ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--gpu-args", default="--gpu none", help="graphopt optimize's lowering options")
+    ap = e2e.runtime_bench_parser(__doc__, batches="1,1", repeats=30)
     ap.add_argument("--optimize-timeout", type=float, default=240.0)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--gpu-name", default="h200")
     args = ap.parse_args()
-    import cupy
-    import torch
-
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
-            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cupy": cupy.__version__}
-    res = {"meta": meta, "models": []}
+    res = {"meta": e2e.runtime_bench_meta(), "models": []}
     for name, bs in zip(args.models.split(","), [int(b) for b in args.batches.split(",")]):
         entry: dict = {"model": name, "bs": bs}
         res["models"].append(entry)

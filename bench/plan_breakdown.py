@@ -11,14 +11,12 @@ it does not tune) and run in fp16. Writes OUT/plan_breakdown_<gpu>.json and .md 
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -91,29 +89,13 @@ def breakdown(sess, feed, repeats: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="resnet50,gpt2")
-    ap.add_argument("--batches", default="32,1")
-    ap.add_argument("--repeats", type=int, default=20, help="graph replays per step")
-    ap.add_argument("--gpu-args", default="--gpu none", help="graphopt optimize's lowering options")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--gpu-name", default="h200")
-    args = ap.parse_args()
-    import cupy
+    args = e2e.runtime_bench_parser(__doc__, batches="32,1", repeats=20, repeats_help="graph replays per step").parse_args()
     import torch
 
     from graphopt.runtime import Session
 
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
-            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cupy": cupy.__version__}
-    try:
-        import cudnn
-
-        meta["cudnn_frontend"] = getattr(cudnn, "__version__", "?")
-        meta["cudnn"] = str(cudnn.backend_version())
-    except Exception as e:  # noqa: BLE001
-        meta["cudnn_frontend"] = f"absent: {e}"
+    meta = e2e.runtime_bench_meta()
     res = {"meta": meta, "models": []}
     out_json = args.out / f"plan_breakdown_{args.gpu_name}.json"
     for name, bs in zip(args.models.split(","), [int(b) for b in args.batches.split(",")]):
