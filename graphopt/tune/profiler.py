@@ -187,34 +187,41 @@ def _gpu_turn(phases: dict) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+class _Laps:
+    """Seconds per phase of one candidate's run: ``lap(name)`` adds the time since the last lap (or
+    ``restart``) to ``phases[name]``."""
+
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+        self.t0 = time.perf_counter()
+
+    def restart(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        t = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + (t - self.t0)
+        self.t0 = t
+
+
 def _run_one(sig, cand, timer, checker, buffers, arch) -> dict:
     """Build, check and time one candidate; never raises (runs in the worker or inline). The reply's
-    ``phases`` gives the seconds each step took (build, check, time), for :class:`TuningTime`."""
-    phases: dict[str, float] = {}
-    t0 = time.perf_counter()
-    reply = _run_one_steps(sig, cand, timer, checker, buffers, arch, phases, t0)
-    reply["phases"] = phases
-    return reply
-
-
-def _run_one_steps(sig, cand, timer, checker, buffers, arch, phases: dict, t0: float) -> dict:
-    def lap(name: str) -> None:
-        nonlocal t0
-        t = time.perf_counter()
-        phases[name] = phases.get(name, 0.0) + (t - t0)
-        t0 = t
-
+    ``phases`` gives the seconds each step took (build, check, time, wait), for :class:`TuningTime`."""
+    laps = _Laps()
     try:
         launch = as_lowering(cand.build(sig, arch))
-        lap("build")
     except BaseException as exc:  # noqa: BLE001 - any failure of a candidate scores inf
         if isinstance(exc, KeyboardInterrupt):
             raise
-        lap("build")
-        return {"status": OOM if _is_oom(exc) else BUILD_FAILED, "reason": f"build failed: {_describe_exc(exc)}"}
-    with _gpu_turn(phases):
-        t0 = time.perf_counter()
-        return _check_and_time(sig, launch, timer, checker, buffers, lap)
+        laps.lap("build")
+        reply = {"status": OOM if _is_oom(exc) else BUILD_FAILED, "reason": f"build failed: {_describe_exc(exc)}"}
+    else:
+        laps.lap("build")
+        with _gpu_turn(laps.phases):
+            laps.restart()  # the wait for the GPU is its own phase
+            reply = _check_and_time(sig, launch, timer, checker, buffers, laps.lap)
+    reply["phases"] = laps.phases
+    return reply
 
 
 def _check_and_time(sig, launch, timer, checker, buffers, lap) -> dict:
