@@ -35,9 +35,13 @@
 #                     runs equal traced runs, step replay, declared layouts) -> gpu_tests_capture_h200.txt, then
 #                     bench/e2e.py on ResNet-50 bs32 fp16, fully tuned -> e2e_h200.json/.md (~6-8 min): whether
 #                     the tuned model's outputs now match torch's
+#   diagnose          bench/diagnose_outputs.py on torch:${MODEL:-resnet50} at ${SHAPE:-input=32x3x224x224} fp16 with the
+#                     carried .tuning (so the tuned choices come back from the cache) -> diagnose_<model>_h200.json:
+#                     each runtime mode's error, then every custom node's own error on its real inputs; then
+#                     the captured-graph tests of capture-check (~3-5 min)
 #   explore           bench/kernel_explore.py -> kernel_explore_h200.json (~3-4 min)
 set -u
-STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check explore)}
+STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose explore)}
 OUT=${2:?usage: device_bench.sh STEP OUT}
 LIMIT=${LIMIT:-570}        # seconds for the whole call (9.5 minutes)
 START=$SECONDS
@@ -74,6 +78,17 @@ e2e() {  # e2e MODELS: merge into the working tree's e2e_h200.json, tuning cache
   tar cJf "$OUT/tuning.tar.xz" -C "$TUNING" . 2>/dev/null
 }
 
+capture_tests() {  # the captured-graph correctness tests -> gpu_tests_capture_h200.txt
+  # an array: the -k expression is one argument (a plain string split it at its spaces, and pytest
+  # took "or" for a file: no test ran on 2026-12-04)
+  local cmd=(python3 -m pytest -q -m gpu --tb=short -rfE -p no:cacheprovider tests/gpu/test_provider_cublaslt.py
+             tests/gpu/test_cudnn_provider_gpu.py tests/gpu/test_layout_declared_gpu.py tests/gpu/test_runtime_compiled_gpu.py
+             -k "captured or declared or traced or step_graphs")
+  { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. GRAPHOPT_GPU_NO_PREBUILD=1 ${cmd[*]}"
+    GRAPHOPT_GPU_NO_PREBUILD=1 timeout -k 10 ${CAPTURE_LIMIT:-180} "${cmd[@]}" 2>&1; echo "# exit status $?"; } \
+    | tee "$OUT/gpu_tests_capture_h200.txt" | tail -12
+}
+
 case "$STEP" in
   e2e-cnn) e2e "${MODELS:-resnet50,mobilenetv2,efficientnet_b0}" ;;
   e2e-transformers) e2e "${MODELS:-gpt2,bert,vit_b16}" ;;
@@ -98,16 +113,18 @@ case "$STEP" in
     { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. $cmd"
       timeout -k 10 "$(left)" $cmd 2>&1; echo "# exit status $?"; } | tee "$OUT/gpu_tests_h200.txt" | tail -30 ;;
   capture-check)
-    cmd="python3 -m pytest -q -m gpu --tb=short -rfE -p no:cacheprovider tests/gpu/test_provider_cublaslt.py tests/gpu/test_cudnn_provider_gpu.py tests/gpu/test_layout_declared_gpu.py tests/gpu/test_runtime_compiled_gpu.py -k captured_or_declared_or_traced_or_step_graphs"
-    cmd="${cmd//_or_/ or }"
-    { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. GRAPHOPT_GPU_NO_PREBUILD=1 $cmd"
-      GRAPHOPT_GPU_NO_PREBUILD=1 timeout -k 10 180 $cmd 2>&1; echo "# exit status $?"; } | tee "$OUT/gpu_tests_capture_h200.txt" | tail -12
+    capture_tests
     MODELS=resnet50 BATCHES=32 DTYPES=fp16 e2e resnet50 ;;
+  diagnose)  # carry .tuning from a tuned call: the same choices, served from the cache
+    GRAPHOPT_CACHE_DIR=$TUNING timeout -k 10 "$(left 60)" python3 bench/diagnose_outputs.py --model "torch:${MODEL:-resnet50}" \
+      --shape "${SHAPE:-input=32x3x224x224}" --precision fp16 --time-limit "$(left 80)" --out "$OUT/diagnose_${MODEL:-resnet50}_h200.json" \
+      2>&1 | tee "$OUT/diagnose_log.txt" | tail -80
+    CAPTURE_LIMIT=$(left 20) capture_tests ;;
   explore)
     prebuild
     timeout -k 10 "$(left)" python3 bench/kernel_explore.py --out "$OUT" ${EXPLORE_ARGS:-} > "$OUT/kernel_explore_log.txt" 2>&1
     echo "kernel_explore exit $?"; grep -E "^(r50|mv2|GEMM)" "$OUT/kernel_explore_log.txt" | tail -30 ;;
-  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check explore)"; exit 2 ;;
+  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose explore)"; exit 2 ;;
 esac
 tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null
 echo "device_bench: step $STEP done in $((SECONDS - START)) s"

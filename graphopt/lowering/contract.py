@@ -110,6 +110,11 @@ class Lowering:
       ``graphopt.lowering.layout``), or ``()`` for "C-contiguous everywhere". The runtime and the
       checker hand ``launch`` its inputs in these layouts and allocate its outputs in them.
     - ``versions``: library versions that belong in the tuning-cache key.
+    - ``barrier``: whether ``launch`` must be preceded by a stream barrier
+      (:mod:`graphopt.lowering.barrier`): its library may start a kernel before the previous one on
+      the stream has finished (programmatic dependent launch). Set by the cuDNN and cuBLASLt
+      providers; ``launch`` then enqueues the barrier itself, so the runtime, the checker and the
+      timer all run (and time) what a captured graph runs.
 
     Calling the object as ``lowering(inputs, outputs)`` allocates its workspace on first use (the
     profiler's and the tests' way to run it).
@@ -121,8 +126,13 @@ class Lowering:
     capturable: bool = True
     layouts: tuple[str, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
+    barrier: bool = False
     _workspace: Any = field(default=None, repr=False)
     _built: Any = field(default=None, repr=False)  # what build() returned, when as_lowering wrapped it
+
+    def __post_init__(self) -> None:
+        if self.barrier:
+            self.launch = _after_barrier(self.launch)
 
     def __getattr__(self, name: str) -> Any:
         # attributes of a wrapped launch object (test fakes carry their behaviour on it)
@@ -153,6 +163,16 @@ class Lowering:
 
             self._workspace = cupy.empty(int(self.workspace_bytes), dtype=cupy.uint8)
         return self.launch(inputs, outputs, self._workspace)  # (a fake launch in tests returns its time)
+
+
+def _after_barrier(launch: Callable[[Sequence[Any], Sequence[Any], Any], None]):
+    from graphopt.lowering import barrier
+
+    def ordered(inputs, outputs, workspace):
+        barrier.barrier()
+        return launch(inputs, outputs, workspace)
+
+    return ordered
 
 
 def as_lowering(built: Any) -> Lowering:

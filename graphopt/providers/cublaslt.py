@@ -260,7 +260,7 @@ class CublasLtGemm(Candidate):
             if status != lt.CUBLAS_STATUS_SUCCESS:
                 raise TuningError(f"cublasLtMatmul failed with status {status} ({self.key()}, {sig.key()})")
 
-        return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True,
+        return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
                         layouts=LAYOUTS[sig.op], versions=versions())
 
 

@@ -372,7 +372,7 @@ class CudnnConv(CudnnCandidate):
             pack[t["Y"]] = _Dl(outputs[0])
             execute(b, pack, workspace, index)
 
-        return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True,
+        return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
                         layouts=LAYOUTS, versions=versions())
 
 

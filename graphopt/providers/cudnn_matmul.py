@@ -131,7 +131,7 @@ class CudnnMatmul(_cudnn.CudnnCandidate):
             ws = workspace if workspace is not None else cupy.empty(1, dtype=cupy.uint8)
             b.graph.execute_plan_at_index(pack, _cudnn._Dl(ws), index, handle=handle)
 
-        return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True,
+        return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
                         layouts=(), versions=_cudnn.versions())
 
 

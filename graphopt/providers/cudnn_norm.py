@@ -215,6 +215,7 @@ class CudnnNorm(base.CudnnCandidate):
             base.execute(b, pack, workspace, index)
 
         return Lowering(launch=launch, outputs=2 if g.sum_output else 1, workspace_bytes=ws_bytes, capturable=True,
+                        barrier=True,
                         layouts=LAYOUTS if sig.op == "LayerNorm" else ("rowmajor",) * 3, versions=base.versions())
 
 

@@ -269,7 +269,7 @@ class CudnnSdpa(base.CudnnCandidate):
             if fix_nan:
                 _kernel("nan_to_zero")(np.uint16(NAN_BITS[g.dtype]), y.view(cupy.uint16))
 
-        return Lowering(launch=launch, outputs=1, workspace_bytes=total, capturable=True,
+        return Lowering(launch=launch, outputs=1, workspace_bytes=total, capturable=True, barrier=True,
                         layouts=LAYOUTS, versions=base.versions())
 
 

@@ -187,7 +187,7 @@ def test_build_declares_workspace_capture_and_launches_one_matmul(fake, monkeypa
     sig = gemm((8, 64), (64, 32), activation="GeluTanh")
     cands = prov.candidates("GemmAct", sig)
     low = cands[3].build(sig, "sm_90")
-    assert isinstance(low, Lowering) and low.capturable and low.outputs == 1 and low.layouts == ()
+    assert isinstance(low, Lowering) and low.capturable and low.barrier and low.outputs == 1 and low.layouts == ()
     assert low.workspace_bytes == 1 << 20 and low.versions == (("cublaslt", "130100"),)
     assert cands[0].build(sig, "sm_90").workspace_bytes == 0  # the heuristic's first algorithm
     # the signature's descriptor (for the heuristic), plus one per lowering with a bias: the bias

@@ -171,7 +171,7 @@ def test_build_declares_workspace_capture_layouts_and_versions(fake, monkeypatch
     sig = _sig(activation="Relu", res=True)
     low = prov.CudnnConv("cudnn", (("plan", "eng7_k3=0"),)).build(sig, "sm_90")
     assert isinstance(low, Lowering)
-    assert low.workspace_bytes == 2000 and low.capturable and low.outputs == 1
+    assert low.workspace_bytes == 2000 and low.capturable and low.barrier and low.outputs == 1
     assert low.layouts == ("NHWC", "NHWC", "", "NHWC", "NHWC")
     assert dict(low.versions) == {"cudnn": "91900", "cudnn_frontend": "1.32.0"}
     assert ("build_plan_at_index", 1) in log

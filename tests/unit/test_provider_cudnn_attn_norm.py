@@ -239,7 +239,7 @@ def test_lowering_declares_plan_workspace_layouts_and_keys(fake):
     for k in keys:
         assert registry.candidate_from_key("Attention", k).key() == k
     low = registry.candidate_from_key("Attention", keys[2]).build(sig, "sm_90")
-    assert isinstance(low, Lowering) and low.capturable and low.outputs == 1
+    assert isinstance(low, Lowering) and low.capturable and low.barrier and low.outputs == 1
     assert low.layouts == ("rowmajor",) * 5
     assert dict(low.versions) == {"cudnn": "91900", "cudnn_frontend": "1.32.0"}
     # plan 1's 2000 bytes, then K (2*4*16*64 fp16) and the bias (2*1*16*16 fp16), each 256-aligned
@@ -328,7 +328,7 @@ def test_skip_layernorm_graph_adds_and_marks_the_sum_as_output(fake):
     assert _ops(log, "layernorm")[0]["input"] == "skip_bias_add"
     assert ("set_output", "skip_bias_add", True) in log and "S" in t
     low = cudnn_norm.CudnnNorm("cudnn").build(sig, "sm_90")
-    assert low.outputs == 2 and low.layouts == ("rowmajor",) * 7 and low.capturable and low.workspace_bytes == 1000
+    assert low.outputs == 2 and low.layouts == ("rowmajor",) * 7 and low.capturable and low.barrier and low.workspace_bytes == 1000
     no_sum = cudnn_norm.CudnnNorm("cudnn").build(_ln(skip=True), "sm_90")
     assert no_sum.outputs == 1
 

@@ -164,7 +164,7 @@ def test_plans_are_candidates_and_build_declares_the_contract(fake, monkeypatch)
     for k in keys:
         assert registry.candidate_from_key("GemmAct", k).key() == k
     low = prov.CudnnMatmul("cudnn", (("plan", "eng4_k24=23"),)).build(sig, "sm_90")
-    assert isinstance(low, Lowering) and low.workspace_bytes == 1024 and low.capturable and low.layouts == ()
+    assert isinstance(low, Lowering) and low.workspace_bytes == 1024 and low.capturable and low.barrier and low.layouts == ()
     assert dict(low.versions) == {"cudnn": "91900", "cudnn_frontend": "1.32.0"}
     assert prov.CudnnMatmul("cudnn").applies(sig, (6, 1)).startswith("cuDNN fused graphs need")
     with pytest.raises(Exception, match="not offered"):
