@@ -35,6 +35,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
+from graphopt.providers import cudnn_listing
 
 OPS = ("CBR",)
 NAME = "cudnn"
@@ -257,13 +258,31 @@ def lowering_plan(b: _Built, want: str | None, sig: Signature, fresh=None) -> tu
 
 def plan_keys(sig: Signature, built) -> list[str]:
     """The plan names cuDNN lists for ``sig`` here (``built(sig) -> _Built``), or [] where it cannot
-    (no GPU, graph refused)."""
+    (no GPU, graph refused); remembered on disk per GPU and cuDNN version (``cudnn_listing``)."""
     if _load() is None:
         return []
+
+    def listing() -> list[str]:
+        try:
+            return list(built(sig).names)
+        except Exception:  # noqa: BLE001 - no GPU, or cuDNN rejects the graph: the heuristic candidate says why
+            return []
+
     try:
-        return list(built(sig).names)
-    except Exception:  # noqa: BLE001 - no GPU, or cuDNN rejects the graph: the heuristic candidate says why
-        return []
+        device = _device_tag()
+    except Exception:  # noqa: BLE001 - no GPU to name: nothing to remember
+        return listing()
+    key = f"{getattr(built, '__module__', '')}.{getattr(built, '__qualname__', '')}|{sig.key()}"
+    return cudnn_listing.remembered(key, device, versions(), listing)
+
+
+def _device_tag() -> str:
+    """The GPU the listings hold for: its name and compute capability."""
+    import cupy
+
+    dev = cupy.cuda.Device()
+    name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
+    return f"{name.decode() if isinstance(name, bytes) else name} sm_{dev.compute_capability}"
 
 
 def execute(b: _Built, pack: dict, workspace, index: int) -> None:
