@@ -122,6 +122,9 @@ class Session:
         self.graph_status: str = "off" if not self.cuda_graphs else "not captured yet"
         self._plans: dict[tuple, Plan] = {}
         self._graphs = GraphBook(self.graph, max_graphs)  # CUDA graphs per input shape, bounded
+        self._declared_memo: dict[str, Any] = {}
+        self._feeds_ok: set[tuple] = set()  # (name, dtype, shape) sets already checked: a run's host time counts
+        self._events: tuple | None = None  # (into the session stream, back to the caller), reused every run
         self._ort = None
         if device == "cpu":
             if self.compute_dtype is not None:
@@ -142,10 +145,25 @@ class Session:
 
     # -- feeds ----------------------------------------------------------------------------------
     def _declared(self, name: str):
-        return self.graph.value_info(name)
+        vi = self._declared_memo.get(name)
+        if vi is None:
+            vi = self._declared_memo[name] = self.graph.value_info(name)
+        return vi
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> None:
-        """Names, dtypes and shapes against the model's inputs: ``UsageError`` (exit 2) naming the input."""
+        """Names, dtypes and shapes against the model's inputs: ``UsageError`` (exit 2) naming the input.
+        A set of names, dtypes and shapes that passed once is not checked again."""
+        try:
+            key = tuple((n, str(v.dtype), tuple(v.shape)) for n, v in feeds.items())
+        except AttributeError:  # a scalar or a list: the full check
+            key = None
+        if key is not None and key in self._feeds_ok:
+            return
+        self._check_feeds_fully(feeds)
+        if key is not None and len(self._feeds_ok) < 64:
+            self._feeds_ok.add(key)
+
+    def _check_feeds_fully(self, feeds: Mapping[str, Any]) -> None:
         unknown = sorted(set(feeds) - set(self.input_names) - set(self.optional_inputs))
         if unknown:
             raise UsageError(f"{self.source}: unknown input(s) {', '.join(map(repr, unknown))}; "
@@ -281,14 +299,19 @@ class Session:
         if be.stream is not shared:  # another session's failed capture replaced the shared stream
             be.set_stream(shared)
         caller = cupy.cuda.get_current_stream()
+        if self._events is None:  # recorded again every run: a wait takes the event's latest record
+            self._events = (cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True))
+        into, back = self._events
         with be.stream:
             if caller.ptr != be.stream.ptr:
-                be.stream.wait_event(caller.record())
+                into.record(caller)
+                be.stream.wait_event(into)
             conv = self._convert_feeds(feeds)
             sig = tuple((n, tuple(int(d) for d in a.shape), np.dtype(a.dtype).str) for n, a in sorted(conv.items()))
             outs = self._run_cuda(sig, conv)
             if caller.ptr != be.stream.ptr:
-                caller.wait_event(be.stream.record())
+                back.record(be.stream)
+                caller.wait_event(back)
         return outs
 
     def _run_cuda(self, sig, conv):
