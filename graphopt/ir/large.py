@@ -29,15 +29,34 @@ KEEP_INLINE_BYTES = 2**20
 _PLACEHOLDER = "graphopt-weights.placeholder"
 
 
+def _data_bytes(t: onnx.TensorProto) -> int:
+    """Bytes of data one tensor holds (raw, or 8 per typed value; an external reference counts 0).
+    Not ``ByteSize()``: upb encodes a message to size it."""
+    if t.HasField("raw_data"):
+        return len(t.raw_data)
+    return 8 * (len(t.float_data) + len(t.int32_data) + len(t.int64_data) + len(t.double_data) + len(t.uint64_data))
+
+
 def tensor_bytes(model: onnx.ModelProto) -> int:
     """Bytes of tensor data held in the model (raw and typed fields; external references count 0)."""
-    total = 0
-    for t in iter_tensors(model.graph):
-        if t.HasField("raw_data"):
-            total += len(t.raw_data)
-        else:
-            total += 8 * (len(t.float_data) + len(t.int32_data) + len(t.int64_data) + len(t.double_data)
-                          + len(t.uint64_data))
+    return sum(_data_bytes(t) for t in iter_tensors(model.graph))
+
+
+def size_bound(model: onnx.ModelProto) -> int:
+    """An upper bound of ``model.ByteSize()`` that never serializes the weights.
+
+    Why not ``ByteSize()``: the upb protobuf backend has no cached sizes and encodes the whole
+    message to size it, 2.6 s (mostly page faults) for GPT-2 124M's 650 MB, and the optimizer asked
+    three times (``bench/results/optimizer_speed.md``). Everything but the main graph's initializers
+    is sized exactly (a field-by-field copy without them); each initializer is bounded from its
+    fields' lengths (raw bytes as they are, a typed value at most 10 bytes, 64 bytes of framing).
+    Raises ``EncodeError`` only when the structure alone is over protobuf's limit."""
+    total = without_initializers(model).ByteSize()
+    for t in model.graph.initializer:
+        total += 64 + len(t.name) + len(t.doc_string) + 11 * len(t.dims) + len(t.raw_data)
+        total += 10 * (len(t.float_data) + len(t.int32_data) + len(t.int64_data) + len(t.double_data) + len(t.uint64_data))
+        total += sum(len(v) + 6 for v in t.string_data)
+        total += sum(len(e.key) + len(e.value) + 12 for e in t.external_data)
     return total
 
 
@@ -48,8 +67,10 @@ def is_large(model: onnx.ModelProto, limit: int | None = None) -> bool:
     if has_lazy(model):  # weights left in their files: never serialize them
         return True
     try:
-        size = model.ByteSize()
+        size = size_bound(model)
     except EncodeError:
+        return True
+    if size > LARGE_MODEL_BYTES:  # possibly over protobuf's limit, whatever ``limit`` says
         return True
     if size * _MAX_COUNTED_PER_BYTE <= limit:  # tensor_bytes cannot pass the limit: no walk over every tensor
         return False
@@ -105,7 +126,7 @@ def weightless(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     g = out.graph
     offset = 0
     for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() >= KEEP_INLINE_BYTES:
+        if t.data_location == onnx.TensorProto.EXTERNAL or _data_bytes(t) >= KEEP_INLINE_BYTES:
             stub, offset = _weightless_tensor(t, offset)
             g.initializer.append(stub)
         else:

@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 import onnx
 
-_MAX_BYTES = 2**31 - 2**24
+from graphopt.ir.shapes import infer
 
 
 def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | None], int],
@@ -32,8 +32,6 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
 
     try:
         model = attach_functions(to_model(graph))
-        if model.ByteSize() > _MAX_BYTES:
-            return {}
         inits = {t.name for t in model.graph.initializer}
         for vi in model.graph.input:
             if vi.name in inits or not vi.type.HasField("tensor_type"):
@@ -52,7 +50,7 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
         for out in model.graph.output:
             if out.type.HasField("tensor_type"):
                 out.type.tensor_type.ClearField("shape")
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        inferred = infer(model)
         only = set(wanted) or None
         out = _static(inferred, only, skip_initializers=only is not None and only.isdisjoint(inits))
         if any(t not in out for t in wanted):
@@ -60,8 +58,7 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
             refine_shapes(g, inferred)  # to_model(g) is ``model`` again: its inference is at hand
             run_cleanup(g, refine=True, max_rounds=16)  # fold what data propagation cannot follow
             folded = attach_functions(to_model(g))
-            out = _static(onnx.shape_inference.infer_shapes(folded, check_type=False, strict_mode=False,
-                                                            data_prop=True), only)
+            out = _static(infer(folded), only)
     except Exception:  # noqa: BLE001 - an aid, never a reason to fail
         return {}
     return out
