@@ -37,6 +37,11 @@ EXCLUDED: dict[str, str] = {
     "training_mode": "training mode (batch statistics) is not claimed: an inference runtime",
     "test_training_dropout": "training-mode Dropout draws a random mask: not claimed",
     "maxpool_with_argmax": "MaxPool's Indices output is not claimed",
+    # the expected outputs take align_corners' resized length as scale * length (2.4 here); onnxruntime,
+    # which graphopt verifies against, takes the integer output length and fails both cases by the same
+    # amount (0.857 and 1.048, checked with onnxruntime 1.32): the runtime follows onnxruntime
+    "test_resize_downsample_scales_linear_align_corners": "follows onnxruntime's align_corners (integer output length)",
+    "test_resize_downsample_scales_cubic_align_corners": "follows onnxruntime's align_corners (integer output length)",
 }
 
 

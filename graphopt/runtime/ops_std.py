@@ -1068,3 +1068,8 @@ def _onehot(ctx, ins):
 def supported_ops() -> list[str]:
     """Standard op types the runtime implements (If is handled by the planner), sorted."""
     return sorted(set(OPS) | {"If"})
+
+
+# Resize and Upsample live in their own module (separable interpolation planned on the host); importing
+# it registers them in OPS.
+from graphopt.runtime import ops_resize  # noqa: E402,F401
