@@ -50,9 +50,13 @@ def size_bound(model: onnx.ModelProto) -> int:
     three times (``bench/results/optimizer_speed.md``). Everything but the main graph's initializers
     is sized exactly (a field-by-field copy without them); each initializer is bounded from its
     fields' lengths (raw bytes as they are, a typed value at most 10 bytes, 64 bytes of framing).
-    Raises ``EncodeError`` only when the structure alone is over protobuf's limit."""
+    Raises ``EncodeError`` only when the structure alone is over protobuf's limit. A model with
+    little weight data is sized exactly (encoding it costs less than copying its structure)."""
+    inits = model.graph.initializer
+    if sum(len(t.raw_data) for t in inits) < WEIGHTLESS_ABOVE:
+        return model.ByteSize()
     total = without_initializers(model).ByteSize()
-    for t in model.graph.initializer:
+    for t in inits:
         total += 64 + len(t.name) + len(t.doc_string) + 11 * len(t.dims) + len(t.raw_data)
         total += 10 * (len(t.float_data) + len(t.int32_data) + len(t.int64_data) + len(t.double_data) + len(t.uint64_data))
         total += sum(len(v) + 6 for v in t.string_data)

@@ -24,7 +24,13 @@ def _model(rng):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_the_bound_is_at_least_the_serialized_size(rng):
+def test_a_model_with_little_weight_data_is_sized_exactly(rng):
+    model = _model(rng)
+    assert large.size_bound(model) == model.ByteSize()
+
+
+def test_the_bound_is_at_least_the_serialized_size(rng, monkeypatch):
+    monkeypatch.setattr(large, "WEIGHTLESS_ABOVE", 1000)  # the model counts as heavy: bounded, not encoded
     model = _model(rng)
     exact = model.ByteSize()
     bound = large.size_bound(model)
@@ -32,6 +38,7 @@ def test_the_bound_is_at_least_the_serialized_size(rng):
 
 
 def test_the_bound_never_sizes_the_whole_model(rng, monkeypatch):
+    monkeypatch.setattr(large, "WEIGHTLESS_ABOVE", 1000)
     model = _model(rng)
     sized = []
     real = onnx.ModelProto.ByteSize
