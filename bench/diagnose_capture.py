@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from diagnose_outputs import log, max_rel, parse_shape  # noqa: E402
+from diagnose_outputs import log, max_rel, model_file, parse_shape  # noqa: E402
 
 def wrap(plan, cupy, where: str) -> int:
     """Put a barrier (a one-byte memset node, or an empty kernel for ``kernel_*``) before or after the
@@ -124,14 +124,7 @@ def main(argv=None) -> int:
         tmp.write_text(json.dumps(doc, indent=1, default=str))
         os.replace(tmp, args.out)
 
-    path = args.model
-    if path.startswith("torch:"):
-        import torch_models
-
-        which = path[len("torch:"):]
-        path = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"diagnose_{which}.onnx")
-        if not Path(path).exists():
-            torch_models.export(which, torch_models.build_module(which), Path(path))
+    path = str(model_file(args.model)[0])
     name, dims = parse_shape(args.shape)
     t0 = time.perf_counter()
     model, _ = graphopt.optimize(path, gpu="auto", shapes={name: dims}, precision="fp16", io_fp16=True)

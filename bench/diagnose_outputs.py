@@ -51,6 +51,27 @@ def norm_rel(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
+def model_file(spec: str) -> tuple[Path, str | None]:
+    """(the ONNX file ``spec`` names, how it was exported or None): ``torch:NAME`` is the
+    bench/torch_models.py model exported as bench/e2e.py exports it (same signatures, so the same
+    tuning-cache entries), once per machine into $TMPDIR; anything else is a path."""
+    if not str(spec).startswith("torch:"):
+        return Path(spec), None
+    sys.path.insert(0, str(ROOT / "bench"))
+    import torch_models
+
+    which = str(spec)[len("torch:"):]
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"diagnose_{which}.onnx"
+    if path.exists():
+        return path, "exported earlier"
+    t0 = time.perf_counter()
+    tmp = path.with_suffix(".partial.onnx")
+    how = torch_models.export(which, torch_models.build_module(which), tmp)
+    os.replace(tmp, path)
+    log(f"exported {which} ({how}) in {time.perf_counter() - t0:.1f} s")
+    return path, how
+
+
 def parse_shape(text: str) -> tuple[str, list[int]]:
     name, dims = text.split("=", 1)
     return name, [int(d) for d in dims.split("x")]
@@ -151,7 +172,7 @@ def node_table(model, items: list[int], results: dict, feeds: dict, deadline: fl
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, type=Path, help="an ONNX file, or torch:NAME (a bench/torch_models.py model, exported here)")
+    ap.add_argument("--model", required=True, help="an ONNX file, or torch:NAME (a bench/torch_models.py model, exported here)")
     ap.add_argument("--shape", required=True, help="NAME=D1xD2.. of the model's input")
     ap.add_argument("--precision", default="fp16", choices=["fp16", "fp32"])
     ap.add_argument("--gpu", default="auto", help="graphopt optimize --gpu (auto: tune on this GPU)")
@@ -178,16 +199,7 @@ def main(argv=None) -> int:
         tmp.write_text(json.dumps(doc, indent=1, default=str))
         os.replace(tmp, args.out)
 
-    if str(args.model).startswith("torch:"):  # as bench/e2e.py exports it (same signatures, same tuning cache)
-        sys.path.insert(0, str(ROOT / "bench"))
-        import torch_models
-
-        which = str(args.model)[len("torch:"):]
-        path = Path(os.environ.get("TMPDIR", "/tmp")) / f"diagnose_{which}.onnx"
-        t0 = time.perf_counter()
-        doc["export"] = torch_models.export(which, torch_models.build_module(which), path)
-        log(f"exported {which} ({doc['export']}) in {time.perf_counter() - t0:.1f} s")
-        args.model = path
+    args.model, doc["export"] = model_file(args.model)
     name, dims = parse_shape(args.shape)
     fp16 = args.precision == "fp16"
     t0 = time.perf_counter()

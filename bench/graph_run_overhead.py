@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from diagnose_outputs import log, parse_shape  # noqa: E402
+from diagnose_outputs import log, model_file, parse_shape  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -53,14 +53,7 @@ def main(argv=None) -> int:
     import graphopt
     from graphopt.runtime import Session
 
-    path = args.model
-    if path.startswith("torch:"):
-        import torch_models
-
-        which = path[len("torch:"):]
-        path = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"diagnose_{which}.onnx")
-        if not Path(path).exists():
-            torch_models.export(which, torch_models.build_module(which), Path(path))
+    path = str(model_file(args.model)[0])
     name, dims = parse_shape(args.shape)
     model, report = graphopt.optimize(path, gpu=args.gpu, shapes={name: dims}, precision="fp16", io_fp16=True)
     x = np.random.default_rng(0).standard_normal(dims).astype(np.float16)
