@@ -119,18 +119,11 @@ def infer_missing_shapes(graph, nodes=None) -> int:
     if not missing or not hasattr(graph, "merge_value_info"):
         return 0
     try:
-        import onnx
-
         from graphopt.ir import to_model
+        from graphopt.ir.shapes import infer
         from graphopt.ops import attach_functions
 
-        from graphopt.ir.large import WEIGHTLESS_ABOVE, infer_shapes_weightless, is_large
-
-        model = attach_functions(to_model(graph))
-        if is_large(model, WEIGHTLESS_ABOVE):  # inference on a big model: without the weights
-            inferred = infer_shapes_weightless(model, check_type=False, strict_mode=False, data_prop=True)
-        else:
-            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True).graph
+        inferred = infer(attach_functions(to_model(graph))).graph  # (a big model: on its weightless copy)
     except Exception:  # noqa: BLE001 - an aid, never a reason to fail
         return 0
     return int(graph.merge_value_info(inferred.value_info))
