@@ -174,3 +174,25 @@ def test_an_nhwc_input_is_resized_in_nhwc(rng):
     (got,) = OPS["Resize"](ctx, [to_layout(x, "NHWC", np), None, None])
     assert is_layout(got, "NHWC") and not got.flags.c_contiguous
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["unet_upsample_torchscript_op17.onnx", "unet_upsample_dynamo_op18.onnx"])
+def test_torch_upsampling_exports_run_optimized_and_not(rng, name):
+    """Real exports of F.interpolate (nearest by a scale; bilinear to a size read from a Shape chain),
+    made by models/export_resize.py: the runtime runs the export and its optimized form (convolutions
+    fused around the Resize nodes) like onnxruntime runs the export, at a batch other than traced."""
+    from pathlib import Path
+
+    import onnx
+
+    import graphopt
+
+    path = Path(__file__).resolve().parents[2] / "models" / "resize" / name
+    x = rng.standard_normal((3, 3, 32, 32)).astype(np.float32)
+    (want,) = run_ort(onnx.load(str(path)), {"x": x})
+    optimized, _ = graphopt.optimize(str(path), gpu="none")
+    assert sum(n.op_type == "Resize" for n in optimized.graph.node) == 2
+    assert any(n.domain == "graphopt" for n in optimized.graph.node)
+    for model in (str(path), optimized):
+        got = Session(model, device="numpy").run({"x": x})["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
