@@ -208,22 +208,50 @@ def _resize(ctx, ins):
     return [_resize_dense(ctx, x.transpose(order), order)[0].transpose(inverse)]
 
 
+def _device_steps(ctx, x, order):
+    """(mode, [(axis in memory order, indices, weights, outside mask)]) with the arrays on the device,
+    planned and uploaded once per step and input shape (``ctx.memo``): a later run, and a CUDA-graph
+    capture, only gathers and multiplies (no host-to-device copy inside a capture)."""
+    hosts = tuple(None if ctx.host(i) is None else np.asarray(ctx.host(i)).tobytes() for i in (1, 2, 3))
+    key = ("resize", tuple(x.shape), order, str(x.dtype), hosts)
+    hit = ctx.memo.get(key)
+    if hit is not None:
+        return hit
+    xp = ctx.xp
+    logical = tuple(int(x.shape[order.index(a)]) for a in range(x.ndim))
+    _, logical_steps, mode = plan(ctx, logical)
+    wdt = np.float64 if x.dtype == np.float64 else np.float32
+    steps = []
+    for a, idx, w, outside in logical_steps:
+        a = order.index(a)
+        shape = (-1,) + (1,) * (x.ndim - a - 1)
+        if idx is None:
+            steps.append((a, None, None, None))
+        elif mode == "nearest":
+            steps.append((a, xp.asarray(_nearest_index(idx, w)), None,
+                          None if outside is None else xp.asarray(outside.reshape(shape))))
+        else:
+            steps.append((a, [xp.asarray(idx[:, k]) for k in range(idx.shape[1])],
+                          [xp.asarray(w[:, k].astype(wdt).reshape(shape)) for k in range(idx.shape[1])],
+                          None if outside is None else xp.asarray(outside.reshape(shape))))
+    ctx.memo[key] = (mode, steps)
+    return mode, steps
+
+
 def _resize_dense(ctx, x, order):
     """``_resize`` of ``x``, the input's axes permuted by ``order`` into memory order."""
     xp = ctx.xp
-    logical = tuple(int(x.shape[order.index(a)]) for a in range(x.ndim))
-    out_shape, logical_steps, mode = plan(ctx, logical)
-    steps = [(order.index(a), idx, w, outside) for a, idx, w, outside in logical_steps]
+    mode, steps = _device_steps(ctx, x, order)
     fill = float(ctx.attr("extrapolation_value", 0.0))
     if mode == "nearest":  # a gather per axis: values and dtype unchanged
         y = x
-        for a, idx, w, outside in steps:
+        for a, idx, _, outside in steps:
             if idx is None:
                 y = xp.empty(y.shape[:a] + (0,) + y.shape[a + 1:], dtype=y.dtype)
                 continue
-            y = xp.take(y, xp.asarray(_nearest_index(idx, w)), axis=a)
+            y = xp.take(y, idx, axis=a)
             if outside is not None:
-                y = xp.where(xp.asarray(outside.reshape((-1,) + (1,) * (y.ndim - a - 1))), y.dtype.type(fill), y)
+                y = xp.where(outside, y.dtype.type(fill), y)
         return [xp.ascontiguousarray(y) if y is not x else y.copy()]
     y = _acc(ctx, x) if x.dtype == np.float16 else x.astype(np.float64 if x.dtype == np.float64 else np.float32)
     wdt = y.dtype
@@ -231,14 +259,13 @@ def _resize_dense(ctx, x, order):
         if idx is None:
             y = xp.empty(y.shape[:a] + (0,) + y.shape[a + 1:], dtype=wdt)
             continue
-        shape = (-1,) + (1,) * (y.ndim - a - 1)
         acc = None
-        for k in range(idx.shape[1]):
-            term = xp.take(y, xp.asarray(idx[:, k]), axis=a) * xp.asarray(w[:, k].astype(wdt).reshape(shape))
+        for tap, weight in zip(idx, w):
+            term = xp.take(y, tap, axis=a) * weight
             acc = term if acc is None else acc + term
         y = acc
         if outside is not None:
-            y = xp.where(xp.asarray(outside.reshape(shape)), wdt.type(fill), y)
+            y = xp.where(outside, wdt.type(fill), y)
     return [_cast_back(xp, y, x.dtype)]
 
 

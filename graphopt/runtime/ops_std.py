@@ -46,6 +46,7 @@ class OpContext:
         # the backend's GEMM (capture-safe cuBLAS on CUDA); xp.matmul semantics, fp32 accumulation for fp16
         self.matmul = matmul or numpy_matmul
         self._attrs: dict[str, Any] = {}  # attributes decoded once (a step's context lives as long as its plan)
+        self.memo: dict[Any, Any] = {}  # what an op derives once per step (Resize: its taps on the device)
 
     def attr(self, name: str, default: Any = None) -> Any:
         value = self._attrs.get(name, _MISSING)

@@ -53,6 +53,8 @@ def test_cuda_resize_equals_the_numpy_path(attrs, dtype, graphs):
     for _ in range(2):  # poison: another input first, then the checked one (a replay on the second)
         sess.run({"x": rng.standard_normal(shape).astype(dtype)})
         got = to_numpy(sess.run({"x": x})["y"])
+    if graphs:  # the taps were uploaded when the step was planned: nothing in the run stops a capture
+        assert sess.graph_status == "replaying a CUDA graph", sess.graph_status
     tol = 1e-5 if dtype == "float32" else 2e-3
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)

@@ -196,3 +196,19 @@ def test_torch_upsampling_exports_run_optimized_and_not(rng, name):
     for model in (str(path), optimized):
         got = Session(model, device="numpy").run({"x": x})["y"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_taps_are_planned_once_per_step(rng, monkeypatch):
+    """A compiled step plans its taps (and puts them on the device) once: later runs, and a CUDA-graph
+    capture, only gather and multiply."""
+    from graphopt.runtime import ops_resize
+
+    calls = []
+    real = ops_resize.plan
+    monkeypatch.setattr(ops_resize, "plan", lambda ctx, shape: (calls.append(shape), real(ctx, shape))[1])
+    x = rng.standard_normal((1, 2, 5, 6)).astype(np.float32)
+    sess = Session(_model(x.shape, 19, dict(mode="linear"), scales=[1, 1, 2.0, 1.5]), device="numpy")
+    first = sess.run({"x": x})["y"]
+    for _ in range(3):
+        np.testing.assert_array_equal(sess.run({"x": x})["y"], first)
+    assert len(calls) == 1
