@@ -115,13 +115,16 @@ def axis_taps(in_len: int, out_len: int, scale: float, *, mode: str, transform: 
     return np.clip(idx, 0, in_len - 1), w, outside
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def plan(ctx, x_shape: tuple[int, ...]):
-    """(output shape, [(axis, indices, weights, outside mask)] for the axes that change), from the
-    node's attributes and plan-time inputs; a usage error names what the runtime does not take."""
+    """(output shape, [(axis, indices, weights, outside mask)] for the axes that change, mode), from
+    the node's attributes and plan-time inputs; a usage error names what the runtime does not take."""
     name = getattr(ctx.node, "name", "") or "?"
     op_type = ctx.node.op_type
-    mode = ctx.attr("mode", "nearest")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = _text(ctx.attr("mode", "nearest"))
     rank = len(x_shape)
     old = op_type == "Upsample" or ctx.opset < 11
     if old:
@@ -133,8 +136,7 @@ def plan(ctx, x_shape: tuple[int, ...]):
         axes = ctx.attr("axes", None)
         transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
         nearest = ctx.attr("nearest_mode", "round_prefer_floor")
-    transform = transform.decode() if isinstance(transform, bytes) else transform
-    nearest = nearest.decode() if isinstance(nearest, bytes) else nearest
+    transform, nearest = _text(transform), _text(nearest)
     if mode not in MODES or transform not in TRANSFORMS or nearest not in NEAREST:
         raise UsageError(f"{op_type} node {name!r}: mode {mode!r}, coordinate_transformation_mode {transform!r}, "
                          f"nearest_mode {nearest!r}: not an ONNX combination the runtime knows")
@@ -153,8 +155,7 @@ def plan(ctx, x_shape: tuple[int, ...]):
     out_shape = list(x_shape)
     if sizes is not None:
         ratios = {a: s / x_shape[a] if x_shape[a] else 1.0 for a, s in zip(axes, sizes)}
-        policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
-        policy = policy.decode() if isinstance(policy, bytes) else policy
+        policy = _text(ctx.attr("keep_aspect_ratio_policy", "stretch"))
         if policy in ("not_larger", "not_smaller"):
             one = (min if policy == "not_larger" else max)(ratios.values())
             ratios = {a: one for a in axes}
