@@ -109,7 +109,10 @@ def markdown(doc: dict) -> str:
     lines = [f"# End to end on {doc.get('gpu', '?')}", "",
              f"Merged from {len(doc.get('runs', []))} run(s); the last: {doc.get('date')}, `{doc.get('command')}`. "
              "Each row's date, GPU, versions and command are in the JSON.", "",
-             "Median ms per batch. graphopt = the optimized model (tuned on this GPU) on the graphopt runtime with "
+             "Median ms per batch, timed with CUDA events recorded on the caller's stream around each call (host "
+             "time before the first launch included); a row without a `timing` field in the JSON was timed with the "
+             "host's wall clock and a synchronisation instead, and `wall_ms` keeps that figure for newer rows. "
+             "graphopt = the optimized model (tuned on this GPU) on the graphopt runtime with "
              "CUDA graphs; unopt = the runtime on the exported model; host us/node = host time per step without CUDA "
              "graphs; peak MB = GPU memory (graphopt: CuPy pool high-water mark; torch: max_memory_allocated); "
              "err = max |out - ref| / max |ref| against torch eager (and onnxruntime CPU for fp32).", "",
