@@ -276,13 +276,19 @@ def plan_keys(sig: Signature, built) -> list[str]:
     return cudnn_listing.remembered(key, device, versions(), listing)
 
 
+_DEVICE_TAGS: dict[int, str] = {}
+
+
 def _device_tag() -> str:
-    """The GPU the listings hold for: its name and compute capability."""
+    """The GPU the listings hold for: its name and compute capability (asked once per device)."""
     import cupy
 
     dev = cupy.cuda.Device()
-    name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
-    return f"{name.decode() if isinstance(name, bytes) else name} sm_{dev.compute_capability}"
+    tag = _DEVICE_TAGS.get(dev.id)
+    if tag is None:
+        name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
+        tag = _DEVICE_TAGS[dev.id] = f"{name.decode() if isinstance(name, bytes) else name} sm_{dev.compute_capability}"
+    return tag
 
 
 def execute(b: _Built, pack: dict, workspace, index: int) -> None:
