@@ -90,6 +90,8 @@ def wrap(plan, cupy, where: str) -> int:
 
 
 def replay_ms(sess, feed, cupy, n: int = 50) -> float:
+    """Median ms of ``sess.run(feed)`` by CUDA events on the session's stream (host gaps before the
+    launch included)."""
     stream = sess.backend.stream
     times = []
     for _ in range(n):

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from diagnose_capture import replay_ms  # noqa: E402
 from diagnose_outputs import log, model_file, parse_shape  # noqa: E402
 
 
@@ -66,18 +67,6 @@ def main(argv=None) -> int:
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join([sys.executable] + sys.argv),
            "git": os.environ.get("HEAD_COMMIT"), "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
            "graph_status": sess.graph_status, "selection": report.selection_summary}
-    stream = sess.backend.stream
-
-    def events(feed):
-        t = []
-        for _ in range(args.repeats):
-            a, b = cupy.cuda.Event(), cupy.cuda.Event()
-            a.record(stream)
-            sess.run(feed)
-            b.record(stream)
-            b.synchronize()
-            t.append(cupy.cuda.get_elapsed_time(a, b))
-        return float(np.median(t))
 
     def wall(feed):
         t = []
@@ -98,7 +87,7 @@ def main(argv=None) -> int:
         sess.synchronize()
         return float(np.median(t))
 
-    doc["event_ms"] = round(events(feed_cupy), 4)
+    doc["event_ms"] = round(replay_ms(sess, feed_cupy, cupy, args.repeats), 4)
     doc["wall_cupy_ms"] = round(wall(feed_cupy), 4)
     doc["wall_torch_ms"] = round(wall(feed_torch), 4)
     doc["host_only_cupy_us"] = round(host_only(feed_cupy), 1)
