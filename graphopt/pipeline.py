@@ -22,7 +22,8 @@ from graphopt.errors import GraphoptError, InvalidModel, RuleError, Verification
 from graphopt.files import Output, Staged, check_outputs
 from graphopt.ir import Graph, load_model, save_model, to_model
 from graphopt.ir.io import data_file_for
-from graphopt.ir.large import WEIGHTLESS_ABOVE, check_weightless, infer_shapes_weightless, is_large, materialize
+from graphopt.ir.large import WEIGHTLESS_ABOVE, check_weightless, is_large, materialize
+from graphopt.ir.shapes import infer
 from graphopt.compare import VerifyResult, check_shape_overrides, check_tolerances, input_sizes, verify_models
 
 Progress = Callable[[str], None]
@@ -92,12 +93,8 @@ def _custom_op_histogram(graph: Graph) -> dict[str, int]:
 def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto | None:
     """Shapes for the lowering signatures and constraints; best effort (None on failure). A large
     model is inferred from its weightless copy (graphopt.ir.large)."""
-    try:
-        if is_large(model, WEIGHTLESS_ABOVE):
-            return infer_shapes_weightless(model, check_type=False, strict_mode=False, data_prop=True)
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True).graph
-    except Exception:  # shape inference is an aid here, never a reason to refuse a valid model
-        return None
+    inferred = infer(model)  # best effort; a large model from its weightless copy (graphopt.ir.large)
+    return None if inferred is model else inferred.graph
 
 
 def _with_inferred_shapes(graph: Graph) -> tuple[onnx.ModelProto, Graph]:

@@ -138,12 +138,6 @@ def weightless(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, offset
 
 
-def infer_shapes_weightless(model: onnx.ModelProto, **kwargs) -> onnx.GraphProto:
-    """onnx shape inference on the weightless copy; returns the inferred graph (for its value_info)."""
-    light, _ = weightless(model)
-    return onnx.shape_inference.infer_shapes(light, **kwargs).graph
-
-
 def check_weightless(model: onnx.ModelProto, full: bool) -> None:
     """onnx.checker on the weightless copy, from a temp folder holding a sparse placeholder file (the
     checker wants external data to be a regular file; a sparse file takes no disk space)."""
