@@ -254,7 +254,10 @@ def _resize_dense(ctx, x, order):
             if outside is not None:
                 y = xp.where(outside, y.dtype.type(fill), y)
         return [xp.ascontiguousarray(y) if y is not x else y.copy()]
-    y = _acc(ctx, x) if x.dtype == np.float16 else x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+    if not steps:  # nothing resized: a new array, never the input itself
+        return [x.copy()]
+    y = _acc(ctx, x) if x.dtype == np.float16 else x.astype(np.float64 if x.dtype == np.float64 else np.float32,
+                                                          copy=False)  # a float32 input is read as it is
     wdt = y.dtype
     for a, idx, w, outside in steps:
         if idx is None:
@@ -282,7 +285,7 @@ def _cast_back(xp, y, dtype):
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         return xp.clip(xp.rint(y), info.min, info.max).astype(dtype)
-    return y.astype(dtype)
+    return y.astype(dtype, copy=False)  # the interpolated array is new: no second copy for float32
 
 
 op("Resize", host=(1, 2, 3))(_resize)

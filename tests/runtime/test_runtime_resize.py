@@ -212,3 +212,15 @@ def test_the_taps_are_planned_once_per_step(rng, monkeypatch):
     for _ in range(3):
         np.testing.assert_array_equal(sess.run({"x": x})["y"], first)
     assert len(calls) == 1
+
+
+def test_an_identity_resize_returns_a_new_array(rng):
+    """Scales of 1 resize nothing; the output is still its own buffer, never the input."""
+    from graphopt.runtime.ops_std import OPS, OpContext
+
+    x = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    for mode in ("nearest", "linear"):
+        node = type("N", (), {"op_type": "Resize", "name": "r", "attr": lambda self, k, d=None, m=mode: {"mode": m}.get(k, d)})()
+        (y,) = OPS["Resize"](OpContext(np, node, 19, {2: np.ones(4, np.float32)}), [x, None, None])
+        assert y is not x and not np.shares_memory(y, x)
+        np.testing.assert_array_equal(y, x)
