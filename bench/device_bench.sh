@@ -99,7 +99,7 @@ case "$STEP" in
     timeout -k 10 "$(left)" python3 bench/gemm_act.py --out "$OUT" --dtypes "${DTYPES:-float16}" --budget "$(left 45)" 2>&1 \
       | tee "$OUT/gemm_act_log.txt" | tail -25 ;;
   transformer)
-    timeout -k 10 "$(left)" python3 bench/transformer_kernels.py --out "$OUT" --budget "$(left 45)" 2>&1 \
+    timeout -k 10 "$(left)" python3 bench/transformer_kernels.py --out "$OUT" ${TRANSFORMER_ARGS:-} --budget "$(left 45)" 2>&1 \
       | tee "$OUT/transformer_kernels_log.txt" | tail -40 ;;
   cache)
     timeout -k 10 "$(left)" python3 bench/cache_speed.py --gpu h200 --limit ${CACHE_LIMIT:-150} --out-dir "$OUT" \

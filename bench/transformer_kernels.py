@@ -64,8 +64,15 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float16,float32", help="memory-bound kernels")
     ap.add_argument("--attn-dtypes", default="float16")
     ap.add_argument("--quick", action="store_true", help="one size per table (smoke test)")
+    ap.add_argument("--tables", default="memory,attention",
+                    help="which tables: memory (norms, bias+GELU, softmax), attention, or both")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; what is past it is skipped and listed")
+    ap.add_argument("--merge", nargs=2, metavar=("MEMORY_JSON", "ATTENTION_JSON"),
+                    help="no GPU: write one results file from two runs' files (the memory table of the first, the "
+                         "attention table of the second), each run's header kept under 'runs'")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.out, *args.merge)
     budget = Budget(args.budget)
 
     import cupy
@@ -152,8 +159,9 @@ def main(argv=None):
         cupy.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
 
+    tables = set(args.tables.split(","))
     with stream:
-        for dtype in args.dtypes.split(","):
+        for dtype in (args.dtypes.split(",") if "memory" in tables else []):
             esz = np.dtype(dtype).itemsize
             tol = 1e-2 if dtype == "float16" else 1e-4
             for name, rows, d in pick(NORM_SIZES):
@@ -228,7 +236,7 @@ def main(argv=None):
                 record("softmax", name, dtype, (rows, skv), 2 * rows * skv * esz, cands, t_us)
                 cupy.get_default_memory_pool().free_all_blocks()
 
-        for dtype in args.attn_dtypes.split(","):
+        for dtype in (args.attn_dtypes.split(",") if "attention" in tables else []):
             for s in pick(ATTN_SEQS):
                 for d in pick(ATTN_HEADS):
                     for causal in (0, 1):
@@ -270,6 +278,19 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy):
     if skipped:
         lines += ["", "Skipped for the time budget: " + ", ".join(skipped)]
     write_atomic(os.path.join(out_dir, "transformer_kernels_h200.md"), "\n".join(lines) + "\n")
+
+
+def merge(out_dir: str, memory_json: str, attention_json: str) -> None:
+    """One file from two device calls: a call's time limit fits one table, not both."""
+    with open(memory_json) as f:
+        mem = json.load(f)
+    with open(attention_json) as f:
+        attn = json.load(f)
+    header = dict(attn["header"])
+    header["runs"] = {"memory_bound": mem["header"], "attention": attn["header"]}
+    header["command"] = f"{mem['header']['command']} (memory table); {attn['header']['command']} (attention table)"
+    skipped = mem["header"].get("skipped_for_time", []) + attn["header"].get("skipped_for_time", [])
+    _write(out_dir, header, mem["memory_bound"], attn["attention"], skipped, mem["header"]["ceilings"]["copy_TBps"])
 
 
 def choice_cands(choice: dict) -> dict:
