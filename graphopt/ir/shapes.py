@@ -3,7 +3,9 @@ what it now proves, so that folding a Shape makes the shapes behind it static to
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from graphopt.ir.convert import to_model
 from graphopt.ir.graph import Graph, value_info_of_type
@@ -24,6 +26,18 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(model_in, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # shape inference is an aid, never a reason to refuse a valid model
         return model
+
+
+def with_values(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> int:
+    """Turn the main-graph nodes whose every output has a value in ``values`` into initializers, in
+    place (``model`` is the caller's own copy); returns the number of nodes replaced. A tensor whose
+    producer also makes a tensor without a value stays computed."""
+    drop = [k for k, n in enumerate(model.graph.node) if any(n.output) and all(o in values for o in n.output if o)]
+    names = [o for k in drop for o in model.graph.node[k].output if o]
+    for k in reversed(drop):
+        del model.graph.node[k]
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(values[o]), o) for o in names)
+    return len(drop)
 
 
 def refine_shapes(graph: Graph, inferred: onnx.ModelProto | None = None) -> int:

