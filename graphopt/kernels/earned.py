@@ -1,27 +1,44 @@
 """Which own-kernel configurations the tuner profiles: those that earned their place on the H200.
 
 ``bench/prune_configs.py`` ranks every CBR configuration measured by ``bench/cbr_layers.py`` against the
-fastest of all sources per (layer, batch, dtype) row, cuDNN's best plan included
-(``bench/results/prune_configs_h200.md``: ResNet-50 and MobileNetV2 layers, bs1 and bs32). A measured
-configuration that was never within 5% of the fastest on any row is *retired*: ``candidates_for`` no longer
-offers it, so tuning profiles fewer candidates. A retired configuration is still a valid lowering
-(``candidate_from_key`` finds it; the heuristic's implicit-GEMM tiles are among them), so models and
-tuning caches that name one keep working.
+fastest of all sources per (layer, batch, dtype) row (``bench/results/prune_configs_h200.md``: ResNet-50
+and MobileNetV2 layers, bs1 and bs32). A measured configuration never within 5% of the fastest on any row
+of its dtype is *retired*: ``candidates_for`` no longer offers it, so tuning profiles fewer candidates. A
+retired configuration is still a valid lowering (``candidate_from_key`` finds it; the heuristic's
+implicit-GEMM tiles are among them), so models and tuning caches that name one keep working.
 
-Kept without a verdict, because the measurement does not cover them: the cp.async pipelined configs
-(``st=3/4``: not in the measured candidate set), the GemmAct ``mma_gemm`` family (GEMM shapes, not conv
-layers), and every family not named here (``direct_k3``, ``cublas*``, attention, norms, providers).
+The verdict is per dtype because the measurements are:
+- float16 (2026-12-04, 075625a): every own configuration, the cp.async pipelined ones (``st=3/4``)
+  included, against the best cuDNN and cuBLASLt plan of the same run. Only eight own configurations
+  came within 5%: the depthwise and direct kernels, cuBLAS with workspace, and three implicit-GEMM
+  tiles with the staged epilogue (the small-channel stems and bs1 layers). No pointwise-GEMM and no
+  NHWC implicit-GEMM configuration did: cuDNN and cuBLASLt win every 1x1 and NHWC layer.
+- float32 (2026-12-02): our configurations against each other only (the vendors' fp32 plans were not
+  in that run), so more of them stay until a run with the providers decides.
+
+Kept without a verdict: families not named in ``MEASURED`` (``direct_k3``, ``cublas*``, the GemmAct
+``mma_gemm`` family, attention, norms, the providers themselves).
 """
 
 from __future__ import annotations
 
 from graphopt.lowering.contract import Candidate
 
-#: The families ``bench/cbr_layers_h200.json`` measured in full (their unpipelined configs).
+#: The families ``bench/cbr_layers_h200.json`` measured in full.
 MEASURED = frozenset({"implicit_gemm", "implicit_gemm_nhwc", "pointwise_gemm", "direct"})
 
-#: Measured configurations within 5% of the fastest (own or cuDNN) on at least one row.
-EARNED = frozenset({
+#: float16: within 5% of the fastest of all providers on at least one row (2026-12-04).
+EARNED_FP16 = frozenset({
+    "direct:opt=1",
+    "direct:opt=2",
+    "implicit_gemm:bm=64,bn=128,bk=32,wm=2,wn=2,splitk=1,sepi=1",
+    "implicit_gemm:bm=64,bn=32,bk=32,wm=2,wn=1,splitk=1,sepi=1",
+    "implicit_gemm:bm=64,bn=64,bk=32,wm=2,wn=2,splitk=1,sepi=1",
+})
+
+#: float32: within 5% of the fastest own configuration on at least one row (2026-12-02; unpipelined
+#: configurations only: the pipelined ones are fp16-only).
+EARNED_FP32 = frozenset({
     "direct:opt=1",
     "direct:opt=2",
     "implicit_gemm:bm=128,bn=128,bk=32,wm=2,wn=4,splitk=1,sepi=1",
@@ -53,11 +70,15 @@ EARNED = frozenset({
 })
 
 
-def earns_place(cand: Candidate) -> bool:
-    """False for a configuration the measurement covered and found never within 5% of the fastest."""
-    if cand.name not in MEASURED or cand.param("st") is not None:
+#: dtype -> the measured configurations that earned their place (other dtypes: no verdict).
+EARNED = {"float16": EARNED_FP16, "float32": EARNED_FP32}
+
+
+def earns_place(cand: Candidate, dtype: str) -> bool:
+    """False for a configuration the measurement of ``dtype`` covered and found never within 5% of the fastest."""
+    if cand.name not in MEASURED or dtype not in EARNED:
         return True
-    return cand.key() in EARNED
+    return cand.key() in EARNED[dtype]
 
 
-__all__ = ["EARNED", "MEASURED", "earns_place"]
+__all__ = ["EARNED", "EARNED_FP16", "EARNED_FP32", "MEASURED", "earns_place"]

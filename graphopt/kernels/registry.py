@@ -106,7 +106,8 @@ def candidates_for(sig: Signature) -> list[Candidate]:
     a reason.
     """
     makers = _makers(sig.op)
-    own = [c for make in makers[:1] for c in make() if earns_place(c)]  # retired configs: graphopt.kernels.earned
+    dtype = next((d for d, s in zip(sig.dtypes, sig.input_shapes) if s is not None and d), "")  # the data's dtype
+    own = [c for make in makers[:1] for c in make() if earns_place(c, dtype)]  # retired configs: graphopt.kernels.earned
     return own + _providers.provider_candidates(sig.op, sig) + [c for make in makers[1:] for c in make()]
 
 
