@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import json
 import os
 import platform
@@ -118,7 +119,7 @@ def served_from_cache(rep: dict) -> bool:
 
 
 def measure(name: str, model: Path, gpu: str, batch: int | None, limit_s: float, tmp: Path,
-            tune_budget: float | None = None) -> dict:
+            tune_budget: float | None = None, profile_warm: bool = False) -> dict:
     """Cold then warm ``graphopt optimize`` of ``model``, with fresh caches in ``tmp``."""
     env = dict(os.environ)
     env["GRAPHOPT_CACHE_DIR"] = str(tmp / "tuning")
@@ -149,6 +150,10 @@ def measure(name: str, model: Path, gpu: str, batch: int | None, limit_s: float,
     if "warm" in rec:
         rec["warm_served_from_cache"] = served_from_cache(json.loads((tmp / "warm.json").read_text()))
         rec["outputs_byte_identical"] = len(outputs) == 2 and outputs[0] == outputs[1]
+        if len(outputs) == 2 and not rec["outputs_byte_identical"]:
+            rec["output_differences"] = output_differences(tmp / "cold.onnx", tmp / "warm.onnx")
+        if profile_warm:
+            rec["warm_profile"] = _profile_warm(cmd, env, limit_s, tmp)
     if tune_budget:
         rec["tune_budget"] = tune_budget
         cut = rec.get("cold", {}).get("mode") == "partial"
@@ -158,6 +163,50 @@ def measure(name: str, model: Path, gpu: str, batch: int | None, limit_s: float,
         rec[f"{key.split('_')[0]}_within_{bar:g}s"] = value is not None and rec.get(key.replace("_s", "_exit")) == 0 \
             and value <= bar and not (key == "cold_s" and rec.get("cold_cut_short"))
     return rec
+
+
+def output_differences(a: Path, b: Path, limit: int = 12) -> dict:
+    """Where two optimized models differ (why the cold and the warm run did not write the same bytes):
+    the graphopt node attributes that differ, by node, then the model-level fields."""
+    import onnx
+
+    ma, mb = (onnx.load(str(p), load_external_data=False) for p in (a, b))
+    out: dict = {"nodes": len(ma.graph.node), "nodes_other": len(mb.graph.node), "attributes": []}
+    for na, nb in zip(ma.graph.node, mb.graph.node):
+        if na == nb:
+            continue
+        aa = {x.name: onnx.helper.get_attribute_value(x) for x in na.attribute if x.type != onnx.AttributeProto.TENSOR}
+        ab = {x.name: onnx.helper.get_attribute_value(x) for x in nb.attribute if x.type != onnx.AttributeProto.TENSOR}
+        diff = {k: [str(aa.get(k))[:120], str(ab.get(k))[:120]] for k in sorted(set(aa) | set(ab)) if aa.get(k) != ab.get(k)}
+        if na.op_type != nb.op_type or na.input != nb.input or na.output != nb.output:
+            diff["node"] = [f"{na.op_type} {list(na.input)}", f"{nb.op_type} {list(nb.input)}"]
+        if not diff and na.doc_string != nb.doc_string:
+            diff["doc_string"] = [na.doc_string[:120], nb.doc_string[:120]]
+        if len(out["attributes"]) < limit:
+            out["attributes"].append({"node": na.name, "op": na.op_type, "differs": diff or "other fields"})
+    for field in ("metadata_props", "functions", "opset_import"):
+        if getattr(ma, field) != getattr(mb, field):
+            out.setdefault("model_fields", []).append(field)
+    if ma.graph.initializer != mb.graph.initializer:
+        out.setdefault("model_fields", []).append("graph.initializer")
+    if ma.graph.value_info != mb.graph.value_info:
+        out.setdefault("model_fields", []).append("graph.value_info")
+    return out
+
+
+def _profile_warm(cmd: list[str], env: dict, limit_s: float, tmp: Path, top: int = 45) -> dict:
+    """One more warm run under cProfile (not timed with the others): where a warm run's seconds go."""
+    import pstats
+
+    prof = tmp / "warm.prof"
+    pcmd = [cmd[0], "-m", "cProfile", "-o", str(prof)] + cmd[1:]
+    pcmd[pcmd.index("-o", 4) + 1] = str(tmp / "warm_profiled.onnx")  # the optimize output, not the profile's
+    seconds, code, err = _run(pcmd, env, limit_s)
+    if code != 0 or not prof.exists():
+        return {"exit": code, "error": err}
+    buf = io.StringIO()
+    pstats.Stats(str(prof), stream=buf).sort_stats("cumulative").print_stats(top)
+    return {"seconds_under_profiler": round(seconds, 3), "top_cumulative": buf.getvalue().splitlines()[:top + 12]}
 
 
 def keep_cache(src: Path, dest: Path) -> str:
@@ -195,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune-budget", type=float, default=None,
                     help="pass --tune-budget to the cold run (a diagnosis: a run it cuts is not a cold time, and "
                          "the record says so)")
+    ap.add_argument("--profile-warm", action="store_true",
+                    help="after the timed runs, one more warm run under cProfile; its top functions go in the record")
     ap.add_argument("--keep-cache", default=None,
                     help="after each model, import its cold run's tuning cache into this GRAPHOPT_CACHE_DIR "
                          "(graphopt cache export / import), so that bench/e2e.py --cache-dir reuses the tuning")
@@ -235,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             work = tmp / name
             work.mkdir()
-            rec = measure(name, model, args.gpu, args.batch or None, args.limit, work, args.tune_budget)
+            rec = measure(name, model, args.gpu, args.batch or None, args.limit, work, args.tune_budget, args.profile_warm)
             result["runs"].append(rec)
             if args.keep_cache:
                 rec["kept_cache"] = keep_cache(work / "tuning", Path(args.keep_cache))

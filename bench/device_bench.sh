@@ -26,7 +26,7 @@
 #   gemm              bench/gemm_act.py fp16 -> gemm_act_h200.json/.md (14 shapes; ~2-4 min)
 #   transformer       bench/transformer_kernels.py -> transformer_kernels_h200.json/.md (~4-8 min; what does
 #                     not fit is listed as skipped)
-#   cache             bench/cache_speed.py --gpu h200: torchvision ResNet-50 cold + warm, GPT-2 124M cold,
+#   cache             bench/cache_speed.py --gpu h200 --profile-warm: torchvision ResNet-50 cold + warm, GPT-2 124M cold,
 #                     fresh tuning and kernel caches each -> cache_speed_h200.json (~3-6 min; the issue's
 #                     bar is 60 s cold each and 5 s warm)
 #   conformance       bench/conformance.py --device cuda -> conformance_h200.md (~2-5 min)
@@ -103,7 +103,7 @@ case "$STEP" in
       | tee "$OUT/transformer_kernels_log.txt" | tail -40 ;;
   cache)
     timeout -k 10 "$(left)" python3 bench/cache_speed.py --gpu h200 --limit ${CACHE_LIMIT:-150} --out-dir "$OUT" \
-      ${CACHE_ARGS:-} 2>&1 | tee "$OUT/cache_speed_log.txt" | tail -8 ;;
+      ${CACHE_ARGS:---profile-warm} 2>&1 | tee "$OUT/cache_speed_log.txt" | tail -8 ;;
   conformance)
     timeout -k 10 "$(left)" python3 bench/conformance.py --device cuda --out "$OUT/conformance_h200.md" 2>&1 | tail -15
     head -8 "$OUT/conformance_h200.md" 2>/dev/null ;;
