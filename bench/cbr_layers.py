@@ -35,7 +35,7 @@ from lowering_bench import (Budget, TunerChoice, env_header, geomean, measure_ce
                             torch_us, write_atomic, write_json)
 
 FORMAT = 2  # rows with per-provider columns (the 2026-12-02 file, own kernels only, has no "format")
-PROVIDERS = ("own", "cudnn", "cublaslt")
+PROVIDERS = ("own", "cudnn", "cudnn_cpad", "cublaslt")  # cudnn_cpad: the stems only
 
 # (name, Cin, Cout, k, stride, pad, H_in, groups, activation, residual)
 RESNET50 = [
@@ -192,6 +192,8 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; layers past it are skipped and listed")
     ap.add_argument("--previous", default=None, help="an earlier run's cbr_layers_h200.json: keep its rows, skip them")
     ap.add_argument("--quick", action="store_true", help="a few layers only (smoke test)")
+    ap.add_argument("--only", default=None, help="these layers only (names, comma-separated, e.g. r50.stem,mv2.stem); "
+                                                  "with --previous their earlier rows are replaced, the others kept")
     ap.add_argument("--report-kernels", action="store_true", help="print registers / local memory of every instance and exit")
     args = ap.parse_args(argv)
     bad = [m for m in args.models.split(",") if m not in ("resnet50", "mobilenetv2")]
@@ -218,11 +220,19 @@ def main(argv=None):
     header["ceilings"] = measure_ceilings()
     print(json.dumps(header, indent=1), flush=True)
     rows = load_previous(args.previous)
+    only = set(args.only.split(",")) if args.only else None
+    if only:
+        rows = [r for r in rows if r["layer"] not in only]
     done = {(r["layer"], r["bs"], r["dtype"]) for r in rows}
     skipped: list[str] = []
     layers = layer_list(args.models.split(","))
     if args.quick:
         layers = [x for x in layers if x[1] in ("r50.stem", "r50.l1.c2", "r50.l3.c2", "r50.l1.c3", "mv2.s2.1.dw", "mv2.s3.1.pw")]
+    if only:
+        unknown = only - {x[1] for x in layers}
+        if unknown:
+            ap.error(f"--only: unknown layer(s) {', '.join(sorted(unknown))}")
+        layers = [x for x in layers if x[1] in only]
 
     def save():
         header["summary"] = summarize(rows)

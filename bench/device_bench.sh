@@ -22,7 +22,8 @@
 #                     torch.compile included). MODELS / BATCHES / DTYPES narrow a call.
 #   cbr               bench/cbr_layers.py fp16 bs1,32 -> cbr_layers_h200.json/.md; ~108 rows, each profiling
 #                     every own config and cuDNN plan: expect 2-3 calls; later calls continue from
-#                     bench/results/cbr_layers_h200.json (copy OUT's back there) with --previous.
+#                     bench/results/cbr_layers_h200.json (copy OUT's back there) with --previous;
+#                     CBR_ARGS="--only r50.stem,mv2.stem" re-measures those layers and keeps the other rows.
 #   gemm              bench/gemm_act.py fp16 -> gemm_act_h200.json/.md (14 shapes; ~2-4 min)
 #   transformer       bench/transformer_kernels.py -> transformer_kernels_h200.json/.md (~4-8 min; what does
 #                     not fit is listed as skipped)
@@ -94,7 +95,7 @@ case "$STEP" in
   e2e-transformers) e2e "${MODELS:-gpt2,bert,vit_b16}" ;;
   cbr)
     timeout -k 10 "$(left)" python3 bench/cbr_layers.py --out "$OUT" --dtypes "${DTYPES:-float16}" --batches "${BATCHES:-1,32}" \
-      --budget "$(left 45)" --previous bench/results/cbr_layers_h200.json 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30 ;;
+      --budget "$(left 45)" --previous bench/results/cbr_layers_h200.json ${CBR_ARGS:-} 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30 ;;
   gemm)
     timeout -k 10 "$(left)" python3 bench/gemm_act.py --out "$OUT" --dtypes "${DTYPES:-float16}" --budget "$(left 45)" 2>&1 \
       | tee "$OUT/gemm_act_log.txt" | tail -25 ;;

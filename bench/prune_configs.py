@@ -15,7 +15,7 @@ import argparse
 import collections
 import json
 
-VENDORS = ("cudnn", "cublaslt")  # the providers whose per-row best (``<provider>_best_us``) competes
+VENDORS = ("cudnn", "cudnn_cpad", "cublaslt")  # the providers whose per-row best (``<provider>_best_us``) competes
 
 
 def rank(rows: list[dict], vendor: dict | None = None) -> dict[str, collections.Counter]:

@@ -93,6 +93,22 @@ __global__ void weight_to_rsc(const T* __restrict__ Wt, T* __restrict__ Wr, int 
     }
 }
 
+// X [N][C][HW] -> Y [N][HW][Cp] with channels C..Cp-1 zero (Cp > C): the channel padding of the
+// cudnn_cpad lowering (graphopt/providers/cudnn_cpad.py), for activations and OIHW weights alike.
+// One thread per pixel writes its Cp channels contiguously; the reads of one channel are coalesced
+// across the threads of a warp (consecutive pixels).
+template <typename T>
+__global__ void pad_channels_nhwc(const T* __restrict__ X, T* __restrict__ Y, long long pixels, int C, int Cp, int HW)
+{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < pixels; i += (long long)gridDim.x * blockDim.x) {
+        const long long n = i / HW;
+        const int p = (int)(i % HW);
+        const T* x = X + n * C * HW + p;
+        T* y = Y + i * Cp;
+        for (int c = 0; c < Cp; ++c) y[c] = c < C ? x[(long long)c * HW] : T(0);
+    }
+}
+
 // Keeps the GPU busy for about `cycles` SM clocks, so the host can queue timed work behind it.
 extern "C" __global__ void spin(long long cycles)
 {

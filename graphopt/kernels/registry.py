@@ -163,7 +163,7 @@ def all_kernel_instances() -> list[tuple[str, str]]:
                     for bm, bn, wm, wn, bk in PIPE_TILES:
                         for sepi in (0, 1):
                             out.append(("mma_gemm.cu", instance("mma_gemm", dt, mode, bm, bn, bk, wm, wn, sepi, st)))
-        for t in ("epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc"):
+        for t in ("epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc", "pad_channels_nhwc"):
             out.append(("elementwise.cu", instance(t, dt)))
     out.append(("elementwise.cu", "spin"))
     out += norm_kernel_instances()
