@@ -1,6 +1,6 @@
 """The channel-padded cuDNN CBR (graphopt.providers.cudnn_cpad) on the GPU: every plan it offers for
 stems with 1, 3 and 4 input channels (odd sizes, stride 2, asymmetric pads, residual, the stem
-activations, fp16 and fp32) against the float64 reference with poisoned outputs (the checker); one
+activations, fp16 and fp32) against the float64 reference with NaN-poisoned outputs (_provider_check); one
 lowering captured in a CUDA graph and replayed equal to its eager run, its workspace poisoned first
 (the zero channels are the lowering's to write)."""
 
@@ -12,10 +12,10 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 from _harness import require_device  # noqa: E402
+from _provider_check import check_all  # noqa: E402
 
 require_device()
 
-from graphopt.kernels.check import checker  # noqa: E402
 from graphopt.kernels.geometry import conv_geom  # noqa: E402
 from graphopt.lowering import Signature, as_lowering  # noqa: E402
 from graphopt.providers import cudnn, cudnn_cpad as prov  # noqa: E402
@@ -42,19 +42,7 @@ def _sig(x, w, attrs, dtype, act, extra, res):
 def _check_all_plans(sig):
     cands = prov.candidates("CBR", sig)[:MAX_PLANS]
     assert cands and cands[0].applies(sig, (9, 0)) is None, cands and cands[0].applies(sig, (9, 0))
-    ok, wrong, unbuilt = 0, [], []
-    for cand in cands:
-        try:
-            low = as_lowering(cand.build(sig, "sm_90"))
-        except Exception as e:  # noqa: BLE001 - a plan cuDNN lists but cannot build scores inf in the tuner
-            unbuilt.append((cand.key(), str(e)[:100]))
-            continue
-        reason = checker(sig, low)
-        if reason:
-            wrong.append((cand.key(), reason))
-        else:
-            ok += 1
-    return ok, wrong, unbuilt
+    return check_all(cands, sig)
 
 
 @pytest.mark.gpu
