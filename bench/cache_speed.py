@@ -165,6 +165,15 @@ def measure(name: str, model: Path, gpu: str, batch: int | None, limit_s: float,
     return rec
 
 
+def _text(value) -> str:
+    """An attribute value as readable text (ONNX string attributes come back as bytes)."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    elif isinstance(value, list):
+        value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+    return str(value)[:120]
+
+
 def output_differences(a: Path, b: Path, limit: int = 12) -> dict:
     """Where two optimized models differ (why the cold and the warm run did not write the same bytes):
     the graphopt node attributes that differ, by node, then the model-level fields."""
@@ -177,7 +186,7 @@ def output_differences(a: Path, b: Path, limit: int = 12) -> dict:
             continue
         aa = {x.name: onnx.helper.get_attribute_value(x) for x in na.attribute if x.type != onnx.AttributeProto.TENSOR}
         ab = {x.name: onnx.helper.get_attribute_value(x) for x in nb.attribute if x.type != onnx.AttributeProto.TENSOR}
-        diff = {k: [str(aa.get(k))[:120], str(ab.get(k))[:120]] for k in sorted(set(aa) | set(ab)) if aa.get(k) != ab.get(k)}
+        diff = {k: [_text(aa.get(k)), _text(ab.get(k))] for k in sorted(set(aa) | set(ab)) if aa.get(k) != ab.get(k)}
         if na.op_type != nb.op_type or na.input != nb.input or na.output != nb.output:
             diff["node"] = [f"{na.op_type} {list(na.input)}", f"{nb.op_type} {list(nb.input)}"]
         if not diff and na.doc_string != nb.doc_string:

@@ -79,3 +79,27 @@ def test_a_failed_run_is_recorded_and_fails_the_script(tmp_path):
     assert _bench().main(["--gpu", "none", "--model", str(model), "--out", str(tmp_path / "r.json")]) == 1
     (run,) = json.loads((tmp_path / "r.json").read_text())["runs"]
     assert run["cold_exit"] == 2 and "input" in run["cold_error"] and "warm_s" not in run
+
+
+def test_output_differences_names_the_node_and_attribute(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    def model(lowering, meta):
+        node = helper.make_node("Relu", ["x"], ["y"], name="act0")
+        node.attribute.append(helper.make_attribute("lowering", lowering))
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+        m = helper.make_model(g)
+        helper.set_model_props(m, {"graphopt.target": meta})
+        return m
+
+    a, b, c = tmp_path / "a.onnx", tmp_path / "b.onnx", tmp_path / "c.onnx"
+    onnx.save(model("cudnn:plan=eng4", "h200"), str(a))
+    onnx.save(model("cudnn:plan=eng9", "h200"), str(b))
+    onnx.save(model("cudnn:plan=eng4", "a100"), str(c))
+    diff = _bench().output_differences(a, b)
+    assert diff["attributes"] == [{"node": "act0", "op": "Relu", "differs": {"lowering": ["cudnn:plan=eng4", "cudnn:plan=eng9"]}}]
+    assert "model_fields" not in diff
+    meta = _bench().output_differences(a, c)
+    assert meta["attributes"] == [] and meta["model_fields"] == ["metadata_props"]
