@@ -269,11 +269,14 @@ def save_model(
     protect: "list[str | os.PathLike]" = (),
     min_external_tensor_bytes: int = 1024,
     staged: "Staged | None" = None,
+    serialized: bytes | None = None,
 ) -> Path:
     """Write atomically. ``external_data=None`` picks external data only when the model would exceed
     ``size_threshold``. Paths in ``protect`` (the input model and its data files) are never overwritten:
     compared by device and inode, not by name. With ``staged`` the files are only staged there (the
-    caller commits them together with its other outputs); otherwise they are committed here."""
+    caller commits them together with its other outputs); otherwise they are committed here.
+    ``serialized``: the model's bytes (``graphopt.ir.large.small_bytes``) when the caller has them,
+    written as they are when the model goes in one file."""
     model = to_model(graph_or_model) if isinstance(graph_or_model, Graph) else graph_or_model
     size_threshold = DEFAULT_EXTERNAL_THRESHOLD if size_threshold is None else size_threshold
     dest = Path(path)
@@ -290,10 +293,12 @@ def save_model(
         raise WriteFailed(f"{dest}: folder {dest.parent} does not exist")
     if staged is None:
         with Staged() as own:
-            stage_model(own, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
+            stage_model(own, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes,
+                        serialized)
             own.commit()
     else:
-        stage_model(staged, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
+        stage_model(staged, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes,
+                    serialized)
     return dest
 
 

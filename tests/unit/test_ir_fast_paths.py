@@ -1,7 +1,7 @@
 """The IR's fast paths give what the slower code they replace gave: the topological order (networkx's
 lexicographical sort keyed by position), ``is_large`` (the walk over every tensor), ``iter_tensors`` /
-``iter_sparse`` (one scan per graph, in ``iter_graphs`` order), and ``refine_shapes`` given the
-inference at hand."""
+``iter_sparse`` (one scan per graph, in ``iter_graphs`` order), ``small_bytes`` (``is_large`` and then
+serializing), and ``refine_shapes`` given the inference at hand."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.ir import Graph, from_model, refine_shapes, to_model
 from graphopt.ir.external import iter_graphs, iter_sparse, iter_tensors
-from graphopt.ir.large import is_large, tensor_bytes
+from graphopt.ir.large import is_large, small_bytes, tensor_bytes
 from graphopt.ir.shapes import infer
 
 
@@ -93,6 +93,39 @@ def test_is_large_answers_as_the_walk_over_every_tensor(values, limit):
     t = helper.make_tensor("t", helper.np_dtype_to_tensor_dtype(values.dtype), values.shape, values.ravel().tolist())
     model = _model_with([t])
     assert is_large(model, limit) == _slow_is_large(model, limit)
+
+
+@pytest.mark.parametrize("values", [
+    np.zeros(3000, np.int64),
+    np.ones(3000, np.float32),
+])
+@pytest.mark.parametrize("limit", [1000, 5000, 20000, 30000, 10**6, None])
+def test_small_bytes_is_the_serialization_exactly_when_is_large_says_small(values, limit):
+    t = helper.make_tensor("t", helper.np_dtype_to_tensor_dtype(values.dtype), values.shape, values.ravel().tolist())
+    model = _model_with([t])
+    data = small_bytes(model, limit)
+    if is_large(model, limit):
+        assert data is None
+    else:
+        assert data == model.SerializeToString(deterministic=True)
+
+
+def test_small_bytes_is_none_for_a_model_with_lazy_weights_or_enough_raw_data(monkeypatch):
+    import graphopt.ir.large as large
+
+    t = numpy_helper.from_array(np.ones(4000, np.float32), "t")  # 16 KB of raw_data, an initializer
+    graph = helper.make_graph([helper.make_node("Relu", ["t"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4000])], [t])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    calls = []
+    monkeypatch.setattr(large, "size_bound", lambda m: calls.append(1) or m.ByteSize())
+    assert small_bytes(model, 10**6) is not None and not calls
+    monkeypatch.setattr(large, "WEIGHTLESS_ABOVE", 8000)  # the raw data now counts as big: is_large decides
+    assert small_bytes(model, 10**6) == model.SerializeToString(deterministic=True)
+    assert small_bytes(model, 1000) is None
+    assert calls  # (the size came from size_bound, not from encoding first)
+    monkeypatch.setattr(large, "has_lazy", lambda m: True)  # a weight left in its file: never serialized
+    assert small_bytes(model, 10**9) is None
 
 
 def test_refine_shapes_given_the_inference_equals_inferring_again():
