@@ -33,7 +33,7 @@ from graphopt.errors import (
 )
 from graphopt.files import Staged, atomic_write, regular_file
 from graphopt.ir.convert import from_model, to_model
-from graphopt.ir.external import check_external, is_external, iter_sparse, iter_tensors, load_external
+from graphopt.ir.external import check_external, is_external, load_external, scan_tensors
 from graphopt.ir.graph import Graph
 from graphopt.ir.datafile import PROTOBUF_LIMIT, serialize, stage_model
 
@@ -224,13 +224,14 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
         model = parse_model(_read_bytes(path), source)
         folder = Path(base_dir) if base_dir is not None else path.resolve().parent
     check_header(model, source)
+    tensors, sparse = scan_tensors(model.graph)  # one walk for the three checks below
     if load_external_data:
-        data_files = load_external(model, folder, source, lazy_above)
+        data_files = load_external(model, folder, source, lazy_above, graph_tensors=tensors)
     else:
-        data_files = check_external(model, folder, source)
-    for t in iter_tensors(model.graph):
+        data_files = check_external(model, folder, source, graph_tensors=tensors)
+    for t in tensors:
         check_tensor(t, source)
-    for sp in iter_sparse(model.graph):
+    for sp in sparse:
         check_sparse(sp, source)
     try:
         graph = from_model(model)

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.ir import Graph, from_model, refine_shapes, to_model
-from graphopt.ir.external import iter_graphs, iter_sparse, iter_tensors
+from graphopt.ir.external import iter_graphs, iter_sparse, iter_tensors, scan_tensors
 from graphopt.ir.large import is_large, small_bytes, tensor_bytes
 from graphopt.ir.shapes import infer
 
@@ -78,6 +78,49 @@ def test_iter_tensors_and_sparse_keep_the_iter_graphs_order():
     assert [s.values.name for s in iter_sparse(model.graph)] == sparse
     expected += [n for s in iter_sparse(model.graph) for n in (s.values.name, s.indices.name)]
     assert [t.name for t in iter_tensors(model.graph)] == expected
+
+
+def _with_every_tensor_kind() -> onnx.ModelProto:
+    """Tensors in every place ``iter_tensors`` / ``iter_sparse`` look: initializers, TENSOR, TENSORS,
+    SPARSE_TENSOR and SPARSE_TENSORS attributes, sparse initializers, in two nested levels of If."""
+    def arr(name, n=2):
+        return numpy_helper.from_array(np.arange(n, dtype=np.float32), name)
+
+    def sp(name):
+        return helper.make_sparse_tensor(arr(name + "v", 1), numpy_helper.from_array(np.array([0], np.int64), name + "i"), [3])
+
+    def graph(prefix, nested):
+        nodes = [helper.make_node("Constant", [], [prefix + "c"], value=arr(prefix + "t")),
+                 helper.make_node("Constant", [], [prefix + "s"], sparse_value=sp(prefix + "sa")),
+                 helper.make_node("Custom", [], [prefix + "m"], domain="x", ts=[arr(prefix + "t1"), arr(prefix + "t2")]),
+                 helper.make_node("Custom", [], [prefix + "n"], domain="x")]
+        nodes[3].attribute.append(helper.make_attribute("sps", [sp(prefix + "sb"), sp(prefix + "sc")]))
+        if nested:
+            nodes.append(helper.make_node("If", ["cond"], [prefix + "y"], then_branch=graph(prefix + "th_", False),
+                                          else_branch=graph(prefix + "el_", False)))
+        return helper.make_graph(nodes, prefix + "g", [], [helper.make_tensor_value_info(prefix + "c", TensorProto.FLOAT, None)],
+                                 initializer=[arr(prefix + "w")], sparse_initializer=[sp(prefix + "si")])
+
+    return helper.make_model(graph("", True))
+
+
+def test_scan_tensors_is_iter_tensors_and_iter_sparse_in_one_walk():
+    for model in (_with_every_tensor_kind(), _model_with([numpy_helper.from_array(np.ones(3, np.float32), "t")], nested=True)):
+        tensors, sparse = scan_tensors(model.graph)
+        assert [t.name for t in tensors] == [t.name for t in iter_tensors(model.graph)]
+        assert [s.values.name for s in sparse] == [s.values.name for s in iter_sparse(model.graph)]
+        assert len(tensors) > len(sparse) > 0
+    empty = helper.make_model(helper.make_graph([], "g", [], []))
+    assert scan_tensors(empty.graph) == ([], [])
+
+
+def test_scan_tensors_hands_out_the_models_own_tensors():
+    """load_external writes the bytes it reads into the tensors scan_tensors returned: they must be
+    the model's own messages, not copies."""
+    model = _with_every_tensor_kind()
+    tensors, _ = scan_tensors(model.graph)
+    tensors[0].raw_data = b"\0" * 8
+    assert model.graph.initializer[0].raw_data == b"\0" * 8
 
 
 def _slow_is_large(model: onnx.ModelProto, limit: int) -> bool:
