@@ -73,10 +73,6 @@ def _count_nodes(graph: Graph) -> int:
     return sum(1 for _ in graph.walk())
 
 
-def _op_histogram(graph: Graph) -> dict[str, int]:
-    return dict(sorted(Counter(n.qualified_op for _, n in graph.walk()).items()))
-
-
 def _input_dims(graph: Graph) -> list[str]:
     dims: list[str] = []
     for t in graph.inputs:
@@ -85,9 +81,16 @@ def _input_dims(graph: Graph) -> list[str]:
     return dims
 
 
-def _custom_op_histogram(graph: Graph) -> dict[str, int]:
-    c = Counter(n.op_type for _, n in graph.walk() if n.domain == "graphopt")
-    return dict(sorted(c.items()))
+def _census(graph: Graph) -> tuple[int, dict[str, int], dict[str, int]]:
+    """(node count, op type -> count, graphopt op type -> count; the dicts sorted by key) from one
+    walk over every node and subgraph, not three."""
+    ops: Counter = Counter()
+    custom: Counter = Counter()
+    for _, n in graph.walk():
+        ops[n.qualified_op] += 1
+        if n.domain == "graphopt":
+            custom[n.op_type] += 1
+    return sum(ops.values()), dict(sorted(ops.items())), dict(sorted(custom.items()))
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto | None:
@@ -150,8 +153,10 @@ def optimize_graph(
     t = time.perf_counter()
     ruleset = ruleset or load_rules(shipped=True, paths=[str(p) for p in rules], disable=list(disable))
     report.timings["load_rules"] = time.perf_counter() - t
-    report.nodes_before = report.nodes_before or _count_nodes(graph)
-    report.ops_before = report.ops_before or _op_histogram(graph)
+    if not (report.nodes_before and report.ops_before):
+        count, ops, _ = _census(graph)
+        report.nodes_before = report.nodes_before or count
+        report.ops_before = report.ops_before or ops
     report.input_dims = _input_dims(graph)
     if cleanup:
         step("cleanup passes")
@@ -199,9 +204,7 @@ def optimize_graph(
     report.timings["select"] = time.perf_counter() - t
     graph.toposort()
     graph.lint()
-    report.nodes_after = _count_nodes(graph)
-    report.ops_after = _op_histogram(graph)
-    report.custom_ops = _custom_op_histogram(graph)
+    report.nodes_after, report.ops_after, report.custom_ops = _census(graph)
     return report
 
 
