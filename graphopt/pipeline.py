@@ -22,7 +22,7 @@ from graphopt.errors import GraphoptError, InvalidModel, RuleError, Verification
 from graphopt.files import Output, Staged, check_outputs
 from graphopt.ir import Graph, load_model, save_model, to_model
 from graphopt.ir.io import data_file_for
-from graphopt.ir.large import WEIGHTLESS_ABOVE, check_weightless, is_large, materialize
+from graphopt.ir.large import WEIGHTLESS_ABOVE, check_weightless, materialize, small_bytes
 from graphopt.ir.shapes import infer
 from graphopt.compare import VerifyResult, check_shape_overrides, check_tolerances, input_sizes, verify_models
 
@@ -73,10 +73,6 @@ def _count_nodes(graph: Graph) -> int:
     return sum(1 for _ in graph.walk())
 
 
-def _op_histogram(graph: Graph) -> dict[str, int]:
-    return dict(sorted(Counter(n.qualified_op for _, n in graph.walk()).items()))
-
-
 def _input_dims(graph: Graph) -> list[str]:
     dims: list[str] = []
     for t in graph.inputs:
@@ -85,9 +81,16 @@ def _input_dims(graph: Graph) -> list[str]:
     return dims
 
 
-def _custom_op_histogram(graph: Graph) -> dict[str, int]:
-    c = Counter(n.op_type for _, n in graph.walk() if n.domain == "graphopt")
-    return dict(sorted(c.items()))
+def _census(graph: Graph) -> tuple[int, dict[str, int], dict[str, int]]:
+    """(node count, op type -> count, graphopt op type -> count; the dicts sorted by key) from one
+    walk over every node and subgraph, not three."""
+    ops: Counter = Counter()
+    custom: Counter = Counter()
+    for _, n in graph.walk():
+        ops[n.qualified_op] += 1
+        if n.domain == "graphopt":
+            custom[n.op_type] += 1
+    return sum(ops.values()), dict(sorted(ops.items())), dict(sorted(custom.items()))
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto | None:
@@ -150,8 +153,10 @@ def optimize_graph(
     t = time.perf_counter()
     ruleset = ruleset or load_rules(shipped=True, paths=[str(p) for p in rules], disable=list(disable))
     report.timings["load_rules"] = time.perf_counter() - t
-    report.nodes_before = report.nodes_before or _count_nodes(graph)
-    report.ops_before = report.ops_before or _op_histogram(graph)
+    if not (report.nodes_before and report.ops_before):
+        count, ops, _ = _census(graph)
+        report.nodes_before = report.nodes_before or count
+        report.ops_before = report.ops_before or ops
     report.input_dims = _input_dims(graph)
     if cleanup:
         step("cleanup passes")
@@ -199,9 +204,7 @@ def optimize_graph(
     report.timings["select"] = time.perf_counter() - t
     graph.toposort()
     graph.lint()
-    report.nodes_after = _count_nodes(graph)
-    report.ops_after = _op_histogram(graph)
-    report.custom_ops = _custom_op_histogram(graph)
+    report.nodes_after, report.ops_after, report.custom_ops = _census(graph)
     return report
 
 
@@ -227,13 +230,15 @@ def finalize_model(graph: Graph) -> onnx.ModelProto:
     return model
 
 
-def _checker_error(model: onnx.ModelProto, full: bool) -> str | None:
-    """The first line of onnx.checker's complaint about ``model``, or None when it passes."""
+def _checker_error(model: onnx.ModelProto, full: bool, serialized: bytes | None = None) -> str | None:
+    """The first line of onnx.checker's complaint about ``model``, or None when it passes.
+    ``serialized``: ``small_bytes(model)`` when the caller has it (the checker is handed those bytes)."""
     try:
-        if is_large(model, WEIGHTLESS_ABOVE):
+        data = serialized if serialized is not None else small_bytes(model, WEIGHTLESS_ABOVE)
+        if data is None:
             check_weightless(model, full)  # protobuf cannot serialize it whole: checked without the weights
         else:
-            onnx.checker.check_model(model, full_check=full)
+            onnx.checker.check_model(data, full_check=full)
     except Exception as e:  # ValidationError, and shape inference / decoding errors raised by the checker
         return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
     return None
@@ -276,7 +281,8 @@ def _is_type_error(error: str) -> bool:
 
 
 def check_output_model(model: onnx.ModelProto, full: bool = True, original: onnx.ModelProto | None = None,
-                       source: str = "<model>", rules: Sequence[str | os.PathLike] = ()) -> str | None:
+                       source: str = "<model>", rules: Sequence[str | os.PathLike] = (),
+                       serialized: bytes | None = None) -> str | None:
     """onnx.checker on the result. ``full`` adds strict shape inference through the function bodies
     (what --verify and the tests use; about 0.1 s on a 20k-node model).
 
@@ -285,8 +291,9 @@ def check_output_model(model: onnx.ModelProto, full: bool = True, original: onnx
     type inference rejects some models onnxruntime runs, such as a sparse initializer feeding Add),
     in which case the basic check stands and the returned note says so (verify still compares outputs),
     unless the input's failure is a type-constraint violation, which onnxruntime refuses as well.
-    ``optimize`` always runs the full check, so a model no runtime accepts is never written."""
-    error = _checker_error(model, full)
+    ``optimize`` always runs the full check, so a model no runtime accepts is never written.
+    ``serialized``: ``graphopt.ir.large.small_bytes(model)``, when the caller has it already."""
+    error = _checker_error(model, full, serialized)
     if error is None:
         return None
     if original is not None:
@@ -417,10 +424,12 @@ def optimize_file(
     optimize_graph(graph, shapes=shapes, progress=progress, report=report, **options)
     model = finalize_model(graph)
     del graph  # the IR's copy of the weights is not needed any more (peak memory on large models);
-    if is_large(model, WEIGHTLESS_ABOVE):  # the IR holds reference cycles (parents, networkx): only the
-        gc.collect()  # cycle collector frees it; worth its 0.2 s (on 20k nodes) only when the weights are big
+    # one encoding of the result serves the size check, onnx.checker and the file (None: a large model)
+    data = small_bytes(model, WEIGHTLESS_ABOVE)
+    if data is None:  # the IR holds reference cycles (parents, networkx): only the cycle collector
+        gc.collect()  # frees it; worth its 0.2 s (on 20k nodes) only when the weights are big
     note = check_output_model(model, full=True, original=original_model, source=str(source),
-                              rules=options.get("rules") or ())
+                              rules=options.get("rules") or (), serialized=data)
     if verify:
         step("verifying with onnxruntime")
         _verify_or_raise(model, original_model, report, str(source), shapes, rtol, atol)
@@ -430,7 +439,7 @@ def optimize_file(
         out = outputs[0].path
         step(f"writing {out}")
         with Staged() as staged:
-            save_model(model, out, protect=protect, staged=staged)
+            save_model(model, out, protect=protect, staged=staged, serialized=data)
             report.output = str(out)
             report.seconds = time.perf_counter() - start
             if report_path is not None:

@@ -25,13 +25,19 @@ def serialize(model: onnx.ModelProto) -> bytes:
 
 
 def stage_model(staged: Staged, model: onnx.ModelProto, dest: Path, data_path: Path, external_data, size_threshold: int,
-                 min_external_tensor_bytes: int) -> None:
+                 min_external_tensor_bytes: int, serialized: bytes | None = None) -> None:
+    """Stage ``model`` at ``dest`` (and its weights at ``data_path`` when they go external).
+    ``serialized``: ``serialize(model)``, already made by the caller (only a model without lazy
+    references has it), used when the model goes in one file."""
     total = sum(len(t.raw_data) for t in iter_tensors(model.graph))
     total += sum(lazy_location(t)[2] for t in model.graph.initializer if is_lazy(t))
     use_external = external_data if external_data is not None else total > size_threshold
     if not use_external:
-        model = materialize(model)  # weights left in their files are read in (below the 2 GB limit)
-        data = serialize(model)
+        if serialized is not None:
+            data = serialized
+        else:
+            model = materialize(model)  # weights left in their files are read in (below the 2 GB limit)
+            data = serialize(model)
         if len(data) > PROTOBUF_LIMIT:
             raise WriteFailed(f"{dest}: the model is over 2 GB; save it with external data")
         staged.add(dest, [data])

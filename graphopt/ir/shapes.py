@@ -9,7 +9,7 @@ from onnx import numpy_helper
 
 from graphopt.ir.convert import to_model
 from graphopt.ir.graph import Graph, value_info_of_type
-from graphopt.ir.large import WEIGHTLESS_ABOVE, is_large, weightless
+from graphopt.ir.large import WEIGHTLESS_ABOVE, small_bytes, weightless
 
 
 def infer(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -19,10 +19,8 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
     (3.5 s of it serializing 650 MB of weights that inference never reads). The result is then that
     copy, inferred: read its ``value_info``, not its weights."""
     try:
-        if is_large(model, WEIGHTLESS_ABOVE):
-            model_in, _ = weightless(model)
-        else:
-            model_in = model
+        data = small_bytes(model, WEIGHTLESS_ABOVE)  # the size check's encoding is what onnx is handed
+        model_in = weightless(model)[0] if data is None else data
         return onnx.shape_inference.infer_shapes(model_in, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # shape inference is an aid, never a reason to refuse a valid model
         return model

@@ -50,6 +50,8 @@ def dead_code(graph: Graph, *, trace: Trace = None) -> int:
     """
     owners: dict[int, tuple[Graph, Node, str]] = {}
     for g, node in graph.walk():
+        if not node.subgraphs():  # (an empty list at once for most nodes: no attribute is looked at)
+            continue
         for attr_name, value in node.subgraph_items():
             for sub in value if isinstance(value, list) else [value]:
                 owners[id(sub)] = (g, node, attr_name)

@@ -93,12 +93,24 @@ def _static(inferred: onnx.ModelProto, only: set[str] | None = None,
     ``skip_initializers`` when the caller knows that none of ``only`` is one (no walk over the weights)."""
     out: dict[str, tuple[int, ...]] = {} if skip_initializers else {
         t.name: tuple(t.dims) for t in inferred.graph.initializer if only is None or t.name in only}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-        if only is not None and vi.name not in only:
-            continue
-        tt = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
-            out[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
+    for infos in (inferred.graph.value_info, inferred.graph.output):
+        for vi in infos:  # 20k entries, three times a run: each protobuf field is read once
+            name = vi.name
+            if only is not None and name not in only:
+                continue
+            t = vi.type
+            if not t.HasField("tensor_type"):
+                continue
+            tt = t.tensor_type
+            if not tt.HasField("shape"):
+                continue
+            dims = []
+            for d in tt.shape.dim:
+                if not d.HasField("dim_value"):
+                    break
+                dims.append(d.dim_value)
+            else:
+                out[name] = tuple(dims)
     return out
 
 

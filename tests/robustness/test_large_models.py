@@ -103,7 +103,9 @@ def test_control_without_the_weightless_path_the_simulated_limit_bites(tmp_path)
     """The simulation is real: with graphopt.ir.large disabled, the run fails as the 2 GB model did."""
     src = _mlp_with_external_weights(tmp_path)
     script = tmp_path / "limited.py"
-    script.write_text(_LIMITED.replace("large.LARGE_MODEL_BYTES = LIMIT - 50_000", "large.is_large = lambda m, limit=None: False"))
+    disabled = ("large.is_large = lambda m, limit=None: False\n"  # both size checks say "small": serialize it whole
+                "large.small_bytes = lambda m, limit=None: m.SerializeToString(deterministic=True)")
+    script.write_text(_LIMITED.replace("large.LARGE_MODEL_BYTES = LIMIT - 50_000", disabled))
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     r = subprocess.run([sys.executable, str(script), "optimize", str(src), "--gpu", "none", "-q", "-o", str(tmp_path / "o.onnx")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

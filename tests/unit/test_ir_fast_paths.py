@@ -1,7 +1,7 @@
 """The IR's fast paths give what the slower code they replace gave: the topological order (networkx's
 lexicographical sort keyed by position), ``is_large`` (the walk over every tensor), ``iter_tensors`` /
-``iter_sparse`` (one scan per graph, in ``iter_graphs`` order), and ``refine_shapes`` given the
-inference at hand."""
+``iter_sparse`` (one scan per graph, in ``iter_graphs`` order), ``small_bytes`` (``is_large`` and then
+serializing), and ``refine_shapes`` given the inference at hand."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.ir import Graph, from_model, refine_shapes, to_model
-from graphopt.ir.external import iter_graphs, iter_sparse, iter_tensors
-from graphopt.ir.large import is_large, tensor_bytes
+from graphopt.ir.external import iter_graphs, iter_sparse, iter_tensors, scan_tensors
+from graphopt.ir.large import is_large, small_bytes, tensor_bytes
 from graphopt.ir.shapes import infer
 
 
@@ -80,6 +80,49 @@ def test_iter_tensors_and_sparse_keep_the_iter_graphs_order():
     assert [t.name for t in iter_tensors(model.graph)] == expected
 
 
+def _with_every_tensor_kind() -> onnx.ModelProto:
+    """Tensors in every place ``iter_tensors`` / ``iter_sparse`` look: initializers, TENSOR, TENSORS,
+    SPARSE_TENSOR and SPARSE_TENSORS attributes, sparse initializers, in two nested levels of If."""
+    def arr(name, n=2):
+        return numpy_helper.from_array(np.arange(n, dtype=np.float32), name)
+
+    def sp(name):
+        return helper.make_sparse_tensor(arr(name + "v", 1), numpy_helper.from_array(np.array([0], np.int64), name + "i"), [3])
+
+    def graph(prefix, nested):
+        nodes = [helper.make_node("Constant", [], [prefix + "c"], value=arr(prefix + "t")),
+                 helper.make_node("Constant", [], [prefix + "s"], sparse_value=sp(prefix + "sa")),
+                 helper.make_node("Custom", [], [prefix + "m"], domain="x", ts=[arr(prefix + "t1"), arr(prefix + "t2")]),
+                 helper.make_node("Custom", [], [prefix + "n"], domain="x")]
+        nodes[3].attribute.append(helper.make_attribute("sps", [sp(prefix + "sb"), sp(prefix + "sc")]))
+        if nested:
+            nodes.append(helper.make_node("If", ["cond"], [prefix + "y"], then_branch=graph(prefix + "th_", False),
+                                          else_branch=graph(prefix + "el_", False)))
+        return helper.make_graph(nodes, prefix + "g", [], [helper.make_tensor_value_info(prefix + "c", TensorProto.FLOAT, None)],
+                                 initializer=[arr(prefix + "w")], sparse_initializer=[sp(prefix + "si")])
+
+    return helper.make_model(graph("", True))
+
+
+def test_scan_tensors_is_iter_tensors_and_iter_sparse_in_one_walk():
+    for model in (_with_every_tensor_kind(), _model_with([numpy_helper.from_array(np.ones(3, np.float32), "t")], nested=True)):
+        tensors, sparse = scan_tensors(model.graph)
+        assert [t.name for t in tensors] == [t.name for t in iter_tensors(model.graph)]
+        assert [s.values.name for s in sparse] == [s.values.name for s in iter_sparse(model.graph)]
+        assert len(tensors) > len(sparse) > 0
+    empty = helper.make_model(helper.make_graph([], "g", [], []))
+    assert scan_tensors(empty.graph) == ([], [])
+
+
+def test_scan_tensors_hands_out_the_models_own_tensors():
+    """load_external writes the bytes it reads into the tensors scan_tensors returned: they must be
+    the model's own messages, not copies."""
+    model = _with_every_tensor_kind()
+    tensors, _ = scan_tensors(model.graph)
+    tensors[0].raw_data = b"\0" * 8
+    assert model.graph.initializer[0].raw_data == b"\0" * 8
+
+
 def _slow_is_large(model: onnx.ModelProto, limit: int) -> bool:
     return tensor_bytes(model) > limit or model.ByteSize() > limit
 
@@ -93,6 +136,39 @@ def test_is_large_answers_as_the_walk_over_every_tensor(values, limit):
     t = helper.make_tensor("t", helper.np_dtype_to_tensor_dtype(values.dtype), values.shape, values.ravel().tolist())
     model = _model_with([t])
     assert is_large(model, limit) == _slow_is_large(model, limit)
+
+
+@pytest.mark.parametrize("values", [
+    np.zeros(3000, np.int64),
+    np.ones(3000, np.float32),
+])
+@pytest.mark.parametrize("limit", [1000, 5000, 20000, 30000, 10**6, None])
+def test_small_bytes_is_the_serialization_exactly_when_is_large_says_small(values, limit):
+    t = helper.make_tensor("t", helper.np_dtype_to_tensor_dtype(values.dtype), values.shape, values.ravel().tolist())
+    model = _model_with([t])
+    data = small_bytes(model, limit)
+    if is_large(model, limit):
+        assert data is None
+    else:
+        assert data == model.SerializeToString(deterministic=True)
+
+
+def test_small_bytes_is_none_for_a_model_with_lazy_weights_or_enough_raw_data(monkeypatch):
+    import graphopt.ir.large as large
+
+    t = numpy_helper.from_array(np.ones(4000, np.float32), "t")  # 16 KB of raw_data, an initializer
+    graph = helper.make_graph([helper.make_node("Relu", ["t"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4000])], [t])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    calls = []
+    monkeypatch.setattr(large, "size_bound", lambda m: calls.append(1) or m.ByteSize())
+    assert small_bytes(model, 10**6) is not None and not calls
+    monkeypatch.setattr(large, "WEIGHTLESS_ABOVE", 8000)  # the raw data now counts as big: is_large decides
+    assert small_bytes(model, 10**6) == model.SerializeToString(deterministic=True)
+    assert small_bytes(model, 1000) is None
+    assert calls  # (the size came from size_bound, not from encoding first)
+    monkeypatch.setattr(large, "has_lazy", lambda m: True)  # a weight left in its file: never serialized
+    assert small_bytes(model, 10**9) is None
 
 
 def test_refine_shapes_given_the_inference_equals_inferring_again():

@@ -82,3 +82,21 @@ def test_the_cheap_route_alone_resolves_the_torchscript_gpt2(monkeypatch):
     monkeypatch.setattr("graphopt.passes.run_cleanup", lambda *a, **k: pytest.fail("fell back to the cleanup passes"))
     out = P.concrete_shapes(g, {}, lambda d: default_dim(d)[0], wanted=wanted)
     assert set(out) == set(wanted) and all(np.prod(s) > 0 for s in out.values())
+
+
+def test_static_keeps_only_fully_static_tensor_shapes():
+    """``_static``: a shape with a symbolic or unknown dim, a tensor without a shape and a non-tensor
+    type are left out; ``only`` filters; initializers give their dims unless skipped."""
+    dim_unknown = helper.make_tensor_value_info("u", TensorProto.FLOAT, [2, None])
+    graph = helper.make_graph(
+        [], "g", [], [helper.make_tensor_value_info("out", TensorProto.FLOAT, [4])],
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, [3, 1], [0.0, 1.0, 2.0])],
+        value_info=[helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, 3]),
+                    helper.make_tensor_value_info("scalar", TensorProto.INT64, []),
+                    helper.make_tensor_value_info("sym", TensorProto.FLOAT, [2, "batch"]), dim_unknown,
+                    helper.make_tensor_value_info("noshape", TensorProto.FLOAT, None),
+                    helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph)
+    assert P._static(model) == {"w": (3, 1), "s": (2, 3), "scalar": (), "out": (4,)}
+    assert P._static(model, {"s", "sym", "w"}) == {"w": (3, 1), "s": (2, 3)}
+    assert P._static(model, {"s", "w"}, skip_initializers=True) == {"s": (2, 3)}
