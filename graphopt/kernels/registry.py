@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from graphopt.errors import TuningError
 from graphopt.kernels.attention import attention_candidates, attention_kernel_instances
 from graphopt.lowering.contract import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.gated_mlp import gated_mlp_candidates, gated_mlp_kernel_instances
 from graphopt.kernels.earned import earns_place
 from graphopt.kernels.gemm_act import gemm_act_candidates
+from graphopt.kernels.geometry import dtype_of
 from graphopt.kernels.group_norm import group_norm_candidates, group_norm_kernel_instances
 from graphopt.kernels.norm import norm_candidates, norm_kernel_instances
 from graphopt.kernels.rope import rope_candidates, rope_kernel_instances
@@ -71,8 +73,6 @@ def output_shape_of(sig: Signature) -> tuple[int, ...]:
     """The output shape a registered op's family declared (``register_family(output_shape=)``)."""
     fn = _OUTPUT_SHAPES.get(sig.op)
     if fn is None:
-        from graphopt.errors import TuningError
-
         raise TuningError(f"graphopt.{sig.op} has no output_shape; pass output_shape= to register_family")
     return tuple(int(d) for d in fn(sig))
 
@@ -106,9 +106,17 @@ def candidates_for(sig: Signature) -> list[Candidate]:
     a reason.
     """
     makers = _makers(sig.op)
-    dtype = next((d for d, s in zip(sig.dtypes, sig.input_shapes) if s is not None and d), "")  # the data's dtype
-    own = [c for make in makers[:1] for c in make() if earns_place(c, dtype)]  # retired configs: graphopt.kernels.earned
+    own = [c for make in makers[:1] for c in make() if earns_place(c, _data_dtype(sig))]  # retired: graphopt.kernels.earned
     return own + _providers.provider_candidates(sig.op, sig) + [c for make in makers[1:] for c in make()]
+
+
+def _data_dtype(sig: Signature) -> str:
+    """The signature's one data dtype, or "" when its inputs mix dtypes (no verdict: every config stays;
+    each candidate's ``applies`` says why it cannot run them)."""
+    try:
+        return dtype_of(sig)
+    except TuningError:
+        return ""
 
 
 def applicable(sig: Signature, compute_capability: tuple[int, int]) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
@@ -125,8 +133,6 @@ def applicable(sig: Signature, compute_capability: tuple[int, int]) -> tuple[lis
 
 def candidate_from_key(op: str, key: str) -> Candidate:
     """The candidate whose ``key()`` is ``key`` (as recorded in a model or the tuning cache)."""
-    from graphopt.errors import TuningError
-
     index = _KEYS.get(op)
     if index is None:
         index = _KEYS[op] = {}
