@@ -20,6 +20,8 @@ import threading
 
 import onnx
 
+from graphopt.ir.external import has_lazy
+from graphopt.ir.large import WEIGHTLESS_ABOVE
 from graphopt.ir.shapes import infer
 
 #: ``result`` when no child answered: infer in this process instead.
@@ -33,6 +35,14 @@ def can_fork() -> bool:
     """Fork only where it is cheap and safe: Linux, and no other Python thread that the child would
     inherit half-way (a lock held in another thread stays held forever in the child)."""
     return sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
+
+
+def worth_forking(model: onnx.ModelProto) -> bool:
+    """Only a model whose weights are in memory and under ``WEIGHTLESS_ABOVE`` (the 20k-node GPT-2
+    holds 5 MB): a larger one is inferred from its weightless copy, and building that copy (or
+    serializing hundreds of MB) in a child beside the parent's own copies would raise peak memory,
+    which the large-model path is there to bound (bench/results/large_model.md)."""
+    return not has_lazy(model) and sum(len(t.raw_data) for t in model.graph.initializer) < WEIGHTLESS_ABOVE
 
 
 def _child(model: onnx.ModelProto, fd: int) -> None:
@@ -68,9 +78,10 @@ class InferAhead:
         self._model: onnx.ModelProto | None = None
 
     def start(self, model: onnx.ModelProto) -> None:
-        """Fork a child inferring ``model``; does nothing when forking is not safe here (``can_fork``)
-        or a child is running already. ``model`` must not change until ``result``."""
-        if self._pid is not None or not can_fork():
+        """Fork a child inferring ``model``; does nothing when forking is not safe here (``can_fork``),
+        the model is not small (``worth_forking``) or a child is running already. ``model`` must not
+        change until ``result``."""
+        if self._pid is not None or not can_fork() or not worth_forking(model):
             return
         r, w = os.pipe()
         try:

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import graphopt.ir.ahead as ahead_mod
 from graphopt.errors import InvalidModel
 from graphopt.ir import load_model
-from graphopt.ir.ahead import NOT_RUN, InferAhead, can_fork
+from graphopt.ir.ahead import NOT_RUN, InferAhead, can_fork, worth_forking
 from graphopt.ir.shapes import infer
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="InferAhead forks only on Linux without other threads")
@@ -181,3 +181,21 @@ def test_optimize_file_writes_the_same_bytes_with_and_without_the_child(tmp_path
     monkeypatch.setattr(ahead_mod.threading, "active_count", lambda: 2)  # no fork: in-process
     optimize_file(src, tmp_path / "here.onnx", gpu="a100")
     assert (tmp_path / "child.onnx").read_bytes() == (tmp_path / "here.onnx").read_bytes()
+
+
+def test_small_model_is_worth_forking_a_large_one_is_not(monkeypatch):
+    model = _model()
+    assert worth_forking(model)
+    monkeypatch.setattr(ahead_mod, "WEIGHTLESS_ABOVE", 80)  # the 4x5 float weight holds exactly 80 bytes
+    assert not worth_forking(model)
+    with InferAhead() as ahead:
+        ahead.start(model)
+        assert ahead._pid is None  # inferred in-process (from the weightless copy when truly large)
+        assert ahead.result(model) is NOT_RUN
+    monkeypatch.setattr(ahead_mod, "WEIGHTLESS_ABOVE", 81)
+    assert worth_forking(model)
+
+
+def test_model_with_lazy_weights_is_not_forked(monkeypatch):
+    monkeypatch.setattr(ahead_mod, "has_lazy", lambda m: True)
+    assert not worth_forking(_model())
