@@ -199,3 +199,29 @@ def test_small_model_is_worth_forking_a_large_one_is_not(monkeypatch):
 def test_model_with_lazy_weights_is_not_forked(monkeypatch):
     monkeypatch.setattr(ahead_mod, "has_lazy", lambda m: True)
     assert not worth_forking(_model())
+
+
+def test_optimize_file_reaps_the_child_when_the_graph_is_refused(tmp_path, monkeypatch):
+    from graphopt.errors import InvalidGraph
+    from graphopt.pipeline import optimize_file
+
+    # header and tensors pass (the child starts), the IR refuses it: two nodes make "y"
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["x"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    src = tmp_path / "dup.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    pids = []
+    real_start = InferAhead.start
+
+    def start(self, m):
+        real_start(self, m)
+        pids.append(self._pid)
+
+    monkeypatch.setattr(InferAhead, "start", start)
+    with pytest.raises(InvalidGraph, match="produced by two nodes"):
+        optimize_file(src, tmp_path / "out.onnx", gpu="a100")
+    assert len(pids) == 1 and pids[0] is not None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pids[0], os.WNOHANG)
+    assert not (tmp_path / "out.onnx").exists()
