@@ -7,8 +7,9 @@ took the sum of both), and on the 20k-node GPT-2 the input's inference (0.17 s) 
 the model as the parent holds it at the fork (the same bytes reach onnx), and hands back only what
 the pipeline reads: the inferred ``value_info`` (a ``GraphProto`` holding nothing else), or that
 inference failed. Whenever the child cannot be used (no ``os.fork``, not Linux, other Python threads
-alive, the child died or said something malformed), ``result`` answers ``NOT_RUN`` and the caller
-infers in-process as before, so the answer never depends on the route.
+alive, weights not in memory or not small, the child died or said something malformed), ``result``
+answers ``NOT_RUN`` and the caller infers in-process as before, so the answer never depends on the
+route. Measured on that model: load + inference 0.58 -> 0.44 s (bench/NOTES_optimizer.md).
 """
 
 from __future__ import annotations
