@@ -21,9 +21,9 @@ from graphopt import __version__
 from graphopt.errors import GraphoptError, InvalidModel, RuleError, VerificationFailed
 from graphopt.files import Output, Staged, check_outputs
 from graphopt.ir import Graph, load_model, save_model, to_model
+from graphopt.ir.ahead import InferAhead
 from graphopt.ir.io import data_file_for
 from graphopt.ir.large import WEIGHTLESS_ABOVE, check_weightless, materialize, small_bytes
-from graphopt.ir.shapes import infer
 from graphopt.compare import VerifyResult, check_shape_overrides, check_tolerances, input_sizes, verify_models
 
 Progress = Callable[[str], None]
@@ -93,17 +93,11 @@ def _census(graph: Graph) -> tuple[int, dict[str, int], dict[str, int]]:
     return sum(ops.values()), dict(sorted(ops.items())), dict(sorted(custom.items()))
 
 
-def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto | None:
-    """Shapes for the lowering signatures and constraints; best effort (None on failure). A large
-    model is inferred from its weightless copy (graphopt.ir.large)."""
-    inferred = infer(model)  # best effort; a large model from its weightless copy (graphopt.ir.large)
-    return None if inferred is model else inferred.graph
-
-
-def _with_inferred_shapes(graph: Graph) -> tuple[onnx.ModelProto, Graph]:
-    """(the validated original model, the IR with value_info from onnx shape inference merged in)."""
+def _with_inferred_shapes(graph: Graph, ahead: InferAhead | None = None) -> tuple[onnx.ModelProto, Graph]:
+    """(the validated original model, the IR with value_info from onnx shape inference merged in);
+    ``ahead``: the child started on the original while the IR was built (graphopt.ir.ahead)."""
     original = graph.source_model if graph.source_model is not None else to_model(graph)
-    inferred = _infer_shapes(original)
+    inferred = (ahead or InferAhead()).inferred_graph(original)
     if inferred is not None:
         graph.merge_value_info(inferred.value_info)
     return original, graph
@@ -409,13 +403,14 @@ def optimize_file(
     check_outputs(outputs, reads, force=force)
     _check_options_first(options)
     step("loading")
-    graph = load_model(source, lazy_above=WEIGHTLESS_ABOVE)  # big weights stay in their files
-    check_shape_overrides(graph.source_model if graph.source_model is not None else to_model(graph), shapes)
-    protect = [source] + graph.data_files
-    check_outputs(outputs, reads + graph.data_files, force=force)
-    if verify:
-        input_sizes(graph.source_model, shapes)  # what --verify will allocate, refused before any work
-    original_model, graph = _with_inferred_shapes(graph)
+    with InferAhead() as ahead:  # the input's shape inference runs beside from_model (graphopt.ir.ahead)
+        graph = load_model(source, lazy_above=WEIGHTLESS_ABOVE, validated=ahead.start)  # big weights stay in their files
+        check_shape_overrides(graph.source_model if graph.source_model is not None else to_model(graph), shapes)
+        protect = [source] + graph.data_files
+        check_outputs(outputs, reads + graph.data_files, force=force)
+        if verify:
+            input_sizes(graph.source_model, shapes)  # what --verify will allocate, refused before any work
+        original_model, graph = _with_inferred_shapes(graph, ahead)
     report = OptimizeReport(source=str(source))
     if precision != "fp32":
         step("converting to fp16")

@@ -17,7 +17,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -207,12 +207,16 @@ def check_sparse(sp: onnx.SparseTensorProto, source: str) -> None:
 
 
 def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_external_data: bool = True,
-               base_dir: "str | os.PathLike | None" = None, lazy_above: int | None = None) -> Graph:
+               base_dir: "str | os.PathLike | None" = None, lazy_above: int | None = None,
+               validated: "Callable[[onnx.ModelProto], None] | None" = None) -> Graph:
     """Load and validate a model into a ``Graph``. The input file is only read, never modified.
 
     With ``lazy_above`` (bytes), a model with more external data than that keeps its large weights in
     their files (``graphopt.ir.external.load_external``): ``Graph.constant_value`` reads one when a pass
-    needs its value, and ``save_model`` streams them into the output's data file."""
+    needs its value, and ``save_model`` streams them into the output's data file.
+
+    ``validated`` is called with the model (what becomes ``graph.source_model``) once its header and
+    tensors have passed, before the IR is built from it (``graphopt.ir.ahead.InferAhead.start``)."""
     if isinstance(model_or_path, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(model_or_path)
@@ -233,6 +237,8 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
         check_tensor(t, source)
     for sp in sparse:
         check_sparse(sp, source)
+    if validated is not None:
+        validated(model)
     try:
         graph = from_model(model)
         graph.lint()

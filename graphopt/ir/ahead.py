@@ -1,0 +1,160 @@
+"""``InferAhead``: onnx shape inference of the validated input in a forked child process, while the
+parent builds the IR from the same model.
+
+Why a process: onnx holds the GIL for the whole of ``infer_shapes`` (a thread beside Python work
+took the sum of both), and on the 20k-node GPT-2 the input's inference (0.17 s) and ``from_model`` +
+``lint`` (0.27 s) each take one core of two. The child runs exactly ``graphopt.ir.shapes.infer`` on
+the model as the parent holds it at the fork (the same bytes reach onnx), and hands back only what
+the pipeline reads: the inferred ``value_info`` (a ``GraphProto`` holding nothing else), or that
+inference failed. Whenever the child cannot be used (no ``os.fork``, not Linux, other Python threads
+alive, weights not in memory or not small, the child died or said something malformed), ``result``
+answers ``NOT_RUN`` and the caller infers in-process as before, so the answer never depends on the
+route. Measured on that model: load + inference 0.58 -> 0.44 s (bench/NOTES_optimizer.md).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+
+import onnx
+
+from graphopt.ir.external import has_lazy
+from graphopt.ir.large import WEIGHTLESS_ABOVE
+from graphopt.ir.shapes import infer
+
+#: ``result`` when no child answered: infer in this process instead.
+NOT_RUN = object()
+
+_FAILED = b"F"  # infer() gave back its input: inference failed (best effort, like in-process)
+_INFERRED = b"V"  # followed by a GraphProto with the inferred value_info
+
+
+def can_fork() -> bool:
+    """Fork only where it is cheap and safe: Linux, and no other Python thread that the child would
+    inherit half-way (a lock held in another thread stays held forever in the child)."""
+    return sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
+
+
+def worth_forking(model: onnx.ModelProto) -> bool:
+    """Only a model whose weights are in memory and under ``WEIGHTLESS_ABOVE`` (the 20k-node GPT-2
+    holds 5 MB): a larger one is inferred from its weightless copy, and building that copy (or
+    serializing hundreds of MB) in a child beside the parent's own copies would raise peak memory,
+    which the large-model path is there to bound (bench/results/large_model.md)."""
+    return not has_lazy(model) and sum(len(t.raw_data) for t in model.graph.initializer) < WEIGHTLESS_ABOVE
+
+
+def _child(model: onnx.ModelProto, fd: int) -> None:
+    """In the child: infer, write the answer to ``fd``, and leave without running the parent's exit
+    handlers or flushing its buffered output (``os._exit``). Exit status 0 only once all is written."""
+    status = 1
+    try:
+        gc.disable()  # a short-lived process: collections would only copy the parent's pages
+        inferred = infer(model)
+        if inferred is model:
+            payload = _FAILED
+        else:
+            vi = onnx.GraphProto()
+            vi.value_info.extend(inferred.graph.value_info)
+            payload = _INFERRED + vi.SerializeToString()
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+        status = 0
+    except BaseException:  # noqa: BLE001 -- any failure: the parent infers in-process
+        pass
+    finally:
+        os._exit(status)
+
+
+class InferAhead:
+    """Start with ``start(model)``; collect with ``result()``; a context manager, so a child whose
+    answer is never collected (an error in between) is killed and reaped."""
+
+    def __init__(self) -> None:
+        self._pid: int | None = None
+        self._fd: int | None = None
+        self._model: onnx.ModelProto | None = None
+
+    def start(self, model: onnx.ModelProto) -> None:
+        """Fork a child inferring ``model``; does nothing when forking is not safe here (``can_fork``),
+        the model is not small (``worth_forking``) or a child is running already. ``model`` must not
+        change until ``result``."""
+        if self._pid is not None or not can_fork() or not worth_forking(model):
+            return
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:  # out of processes or memory: infer in-process later
+            os.close(r)
+            os.close(w)
+            return
+        if pid == 0:  # the child
+            os.close(r)
+            _child(model, w)
+        os.close(w)
+        self._pid, self._fd, self._model = pid, r, model
+
+    def result(self, model: onnx.ModelProto) -> onnx.GraphProto | None | object:
+        """The child's answer for ``model``: a ``GraphProto`` whose ``value_info`` is what
+        ``infer(model).graph.value_info`` is, None where ``infer`` failed, or ``NOT_RUN`` (no child,
+        a child for another model, or no usable answer)."""
+        if self._pid is None:
+            return NOT_RUN
+        same = model is self._model
+        chunks = []
+        try:
+            while chunk := os.read(self._fd, 1 << 20):
+                chunks.append(chunk)
+        except OSError:
+            chunks = []
+        ok = self._reap()
+        data = b"".join(chunks)
+        if not (same and ok and data[:1] in (_FAILED, _INFERRED)):
+            return NOT_RUN
+        if data[:1] == _FAILED:
+            return None
+        graph = onnx.GraphProto()
+        try:
+            graph.ParseFromString(data[1:])
+        except Exception:  # noqa: BLE001 -- cannot happen unless the pipe lied: infer in-process
+            return NOT_RUN
+        return graph
+
+    def inferred_graph(self, model: onnx.ModelProto) -> onnx.GraphProto | None:
+        """What the pipeline reads of the input's shape inference: a graph holding the inferred
+        ``value_info``; None when inference failed (best effort). The child's answer when it has
+        one for ``model``, else ``infer`` here (a large model from its weightless copy)."""
+        answer = self.result(model)
+        if answer is not NOT_RUN:
+            return answer
+        inferred = infer(model)
+        return None if inferred is model else inferred.graph
+
+    def _reap(self) -> bool:
+        """Close the pipe and wait for the child; True when it exited with status 0."""
+        pid, fd = self._pid, self._fd
+        self._pid = self._fd = self._model = None
+        if fd is not None:
+            os.close(fd)
+        if pid is None:
+            return False
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status) == 0
+
+    def cancel(self) -> None:
+        """Kill and reap a child whose answer is not wanted."""
+        if self._pid is not None:
+            try:
+                os.kill(self._pid, 9)
+            except ProcessLookupError:
+                pass
+            self._reap()
+
+    def __enter__(self) -> "InferAhead":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()

@@ -1,0 +1,227 @@
+"""``graphopt.ir.ahead.InferAhead``: the input's shape inference in a forked child gives exactly the
+``value_info`` the in-process inference gives; every way the child cannot be used (no fork, another
+model, a dead child, a failed inference, an answer not collected) ends in the in-process route or a
+reaped child, never a different answer. ``load_model``'s ``validated`` hook runs on the validated
+model only."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphopt.ir.ahead as ahead_mod
+from graphopt.errors import InvalidModel
+from graphopt.ir import load_model
+from graphopt.ir.ahead import NOT_RUN, InferAhead, can_fork, worth_forking
+from graphopt.ir.shapes import infer
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="InferAhead forks only on Linux without other threads")
+
+
+def _model() -> onnx.ModelProto:
+    """Shape -> Gather -> Reshape: data propagation makes the reshaped tensor's shape static."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Shape", ["r"], ["s"]),
+        helper.make_node("Reshape", ["r", "s"], ["y"]),
+        helper.make_node("MatMul", ["y", "w"], ["z"]),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.ones((4, 5), np.float32), "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _expected(model: onnx.ModelProto) -> list[bytes]:
+    return [vi.SerializeToString() for vi in infer(model).graph.value_info]
+
+
+def test_child_answer_is_in_process_value_info():
+    model = _model()
+    with InferAhead() as ahead:
+        ahead.start(model)
+        assert ahead._pid is not None  # a child runs
+        got = ahead.result(model)
+    assert isinstance(got, onnx.GraphProto)
+    assert [vi.SerializeToString() for vi in got.value_info] == _expected(model)
+    assert len(got.value_info) == 3 and not got.node and not got.initializer  # value_info only
+
+
+def test_inferred_graph_without_a_child_infers_in_process():
+    model = _model()
+    got = InferAhead().inferred_graph(model)
+    assert [vi.SerializeToString() for vi in got.value_info] == _expected(model)
+
+
+def test_answer_for_another_model_is_not_used(monkeypatch):
+    model, other = _model(), _model()
+    with InferAhead() as ahead:
+        ahead.start(model)
+        assert ahead.result(other) is NOT_RUN  # near-miss: an equal model, not the one forked on
+        assert ahead._pid is None  # reaped all the same
+    calls = []
+    real = ahead_mod.infer
+    monkeypatch.setattr(ahead_mod, "infer", lambda m: calls.append(m) or real(m))
+    with InferAhead() as ahead:
+        ahead.start(model)
+        got = ahead.inferred_graph(other)
+    assert calls[-1] is other  # inferred here, in-process
+    assert [vi.SerializeToString() for vi in got.value_info] == _expected(other)
+
+
+def test_no_fork_with_other_threads(monkeypatch):
+    monkeypatch.setattr(ahead_mod.threading, "active_count", lambda: 2)
+    assert not can_fork()
+    with InferAhead() as ahead:
+        ahead.start(_model())
+        assert ahead._pid is None
+        assert ahead.result(_model()) is NOT_RUN
+
+
+def test_no_fork_off_linux(monkeypatch):
+    monkeypatch.setattr(ahead_mod.sys, "platform", "darwin")
+    assert not can_fork()
+
+
+def test_failed_inference_answers_none(monkeypatch):
+    monkeypatch.setattr(ahead_mod, "infer", lambda m: m)  # infer's failure: it hands its input back
+    model = _model()
+    with InferAhead() as ahead:
+        ahead.start(model)
+        assert ahead.result(model) is None
+    with InferAhead() as ahead:
+        ahead.start(model)
+        assert ahead.inferred_graph(model) is None
+
+
+def test_dead_child_falls_back_to_in_process(monkeypatch):
+    parent = os.getpid()
+    real = ahead_mod.infer
+
+    def dies_in_child(m):
+        if os.getpid() != parent:
+            os._exit(3)
+        return real(m)
+
+    monkeypatch.setattr(ahead_mod, "infer", dies_in_child)
+    model = _model()
+    with InferAhead() as ahead:
+        ahead.start(model)
+        assert ahead.result(model) is NOT_RUN
+    with InferAhead() as ahead:
+        ahead.start(model)
+        got = ahead.inferred_graph(model)
+    assert [vi.SerializeToString() for vi in got.value_info] == _expected(model)
+
+
+def test_uncollected_child_is_killed_and_reaped(monkeypatch):
+    parent = os.getpid()
+
+    def hangs_in_child(m):
+        if os.getpid() != parent:
+            time.sleep(60)
+        return m
+
+    monkeypatch.setattr(ahead_mod, "infer", hangs_in_child)
+    t = time.perf_counter()
+    with InferAhead() as ahead:
+        ahead.start(_model())
+        pid = ahead._pid
+        assert pid is not None
+    assert time.perf_counter() - t < 10
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # already reaped: no zombie left
+
+
+def test_child_output_does_not_reach_parent_streams(capfd):
+    with InferAhead() as ahead:
+        print("buffered in the parent", end="", file=sys.stdout)  # os._exit: the child never flushes it
+        ahead.start(_model())
+        ahead.result(_model())
+    sys.stdout.flush()
+    assert capfd.readouterr().out.count("buffered in the parent") == 1
+
+
+def test_load_model_calls_validated_with_the_source_model(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(), path)
+    seen = []
+    graph = load_model(path, validated=seen.append)
+    assert len(seen) == 1 and seen[0] is graph.source_model
+
+
+def test_load_model_does_not_call_validated_on_an_invalid_model(tmp_path):
+    bad = _model()
+    bad.graph.initializer[0].raw_data = b"\0" * 3  # 3 bytes for 20 floats: refused by the tensor check
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(bad.SerializeToString())
+    seen = []
+    with pytest.raises(InvalidModel):
+        load_model(path, validated=seen.append)
+    assert seen == []
+
+
+def test_optimize_file_writes_the_same_bytes_with_and_without_the_child(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from graphopt.pipeline import optimize_file
+
+    src = Path(__file__).resolve().parents[2] / "models" / "transformer_block.onnx"
+    started = []
+    real_start = InferAhead.start
+    monkeypatch.setattr(InferAhead, "start", lambda self, m: started.append(m) or real_start(self, m))
+    optimize_file(src, tmp_path / "child.onnx", gpu="a100")
+    assert len(started) == 1
+    monkeypatch.setattr(ahead_mod.threading, "active_count", lambda: 2)  # no fork: in-process
+    optimize_file(src, tmp_path / "here.onnx", gpu="a100")
+    assert (tmp_path / "child.onnx").read_bytes() == (tmp_path / "here.onnx").read_bytes()
+
+
+def test_small_model_is_worth_forking_a_large_one_is_not(monkeypatch):
+    model = _model()
+    assert worth_forking(model)
+    monkeypatch.setattr(ahead_mod, "WEIGHTLESS_ABOVE", 80)  # the 4x5 float weight holds exactly 80 bytes
+    assert not worth_forking(model)
+    with InferAhead() as ahead:
+        ahead.start(model)
+        assert ahead._pid is None  # inferred in-process (from the weightless copy when truly large)
+        assert ahead.result(model) is NOT_RUN
+    monkeypatch.setattr(ahead_mod, "WEIGHTLESS_ABOVE", 81)
+    assert worth_forking(model)
+
+
+def test_model_with_lazy_weights_is_not_forked(monkeypatch):
+    monkeypatch.setattr(ahead_mod, "has_lazy", lambda m: True)
+    assert not worth_forking(_model())
+
+
+def test_optimize_file_reaps_the_child_when_the_graph_is_refused(tmp_path, monkeypatch):
+    from graphopt.errors import InvalidGraph
+    from graphopt.pipeline import optimize_file
+
+    # header and tensors pass (the child starts), the IR refuses it: two nodes make "y"
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["x"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    src = tmp_path / "dup.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    pids = []
+    real_start = InferAhead.start
+
+    def start(self, m):
+        real_start(self, m)
+        pids.append(self._pid)
+
+    monkeypatch.setattr(InferAhead, "start", start)
+    with pytest.raises(InvalidGraph, match="produced by two nodes"):
+        optimize_file(src, tmp_path / "out.onnx", gpu="a100")
+    assert len(pids) == 1 and pids[0] is not None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pids[0], os.WNOHANG)
+    assert not (tmp_path / "out.onnx").exists()
