@@ -139,6 +139,31 @@ def test_uncollected_child_is_killed_and_reaped(monkeypatch):
         os.waitpid(pid, os.WNOHANG)  # already reaped: no zombie left
 
 
+def test_a_child_that_never_answers_is_killed_and_inference_runs_here(monkeypatch):
+    """A child stuck past the deadline (a lock some native thread held at the fork) costs the
+    deadline, never a hang: it is killed and reaped, and the answer is the in-process one."""
+    parent = os.getpid()
+    real = ahead_mod.infer
+
+    def hangs_in_child(m):
+        if os.getpid() != parent:
+            time.sleep(60)
+        return real(m)
+
+    monkeypatch.setattr(ahead_mod, "infer", hangs_in_child)
+    monkeypatch.setattr(ahead_mod, "ANSWER_DEADLINE_S", 0.5)
+    model = _model()
+    t = time.perf_counter()
+    with InferAhead() as ahead:
+        ahead.start(model)
+        pid = ahead._pid
+        got = ahead.inferred_graph(model)
+    assert time.perf_counter() - t < 10
+    assert [vi.SerializeToString() for vi in got.value_info] == _expected(model)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # killed and reaped: no zombie left
+
+
 def test_child_output_does_not_reach_parent_streams(capfd):
     with InferAhead() as ahead:
         print("buffered in the parent", end="", file=sys.stdout)  # os._exit: the child never flushes it
