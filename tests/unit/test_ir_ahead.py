@@ -100,16 +100,21 @@ def test_failed_inference_answers_none(monkeypatch):
         assert ahead.inferred_graph(model) is None
 
 
-def test_dead_child_falls_back_to_in_process(monkeypatch):
-    parent = os.getpid()
-    real = ahead_mod.infer
+def _in_child_only(monkeypatch, child, parent_answer=None):
+    """Make ``ahead``'s ``infer`` run ``child()`` first when called in a forked child; in this process
+    it answers ``parent_answer(m)`` (default: the real inference)."""
+    parent, real = os.getpid(), ahead_mod.infer
 
-    def dies_in_child(m):
+    def infer(m):
         if os.getpid() != parent:
-            os._exit(3)
-        return real(m)
+            child()
+        return (parent_answer or real)(m)
 
-    monkeypatch.setattr(ahead_mod, "infer", dies_in_child)
+    monkeypatch.setattr(ahead_mod, "infer", infer)
+
+
+def test_dead_child_falls_back_to_in_process(monkeypatch):
+    _in_child_only(monkeypatch, lambda: os._exit(3))
     model = _model()
     with InferAhead() as ahead:
         ahead.start(model)
@@ -121,14 +126,7 @@ def test_dead_child_falls_back_to_in_process(monkeypatch):
 
 
 def test_uncollected_child_is_killed_and_reaped(monkeypatch):
-    parent = os.getpid()
-
-    def hangs_in_child(m):
-        if os.getpid() != parent:
-            time.sleep(60)
-        return m
-
-    monkeypatch.setattr(ahead_mod, "infer", hangs_in_child)
+    _in_child_only(monkeypatch, lambda: time.sleep(60), parent_answer=lambda m: m)
     t = time.perf_counter()
     with InferAhead() as ahead:
         ahead.start(_model())
@@ -142,15 +140,7 @@ def test_uncollected_child_is_killed_and_reaped(monkeypatch):
 def test_a_child_that_never_answers_is_killed_and_inference_runs_here(monkeypatch):
     """A child stuck past the deadline (a lock some native thread held at the fork) costs the
     deadline, never a hang: it is killed and reaped, and the answer is the in-process one."""
-    parent = os.getpid()
-    real = ahead_mod.infer
-
-    def hangs_in_child(m):
-        if os.getpid() != parent:
-            time.sleep(60)
-        return real(m)
-
-    monkeypatch.setattr(ahead_mod, "infer", hangs_in_child)
+    _in_child_only(monkeypatch, lambda: time.sleep(60))
     monkeypatch.setattr(ahead_mod, "ANSWER_DEADLINE_S", 0.5)
     model = _model()
     t = time.perf_counter()
