@@ -40,50 +40,29 @@ def iter_graphs(gproto: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                     stack.extend(a.graphs)
 
 
-def _scan(gproto: onnx.GraphProto, own: str, one: int, one_field: str, many: int, many_field: str) -> Iterator:
-    """For each graph in the order of ``iter_graphs``, its field ``own``, then every node attribute
-    of type ``one`` (its field ``one_field``) or ``many`` (the items of ``many_field``): one scan of
-    a graph's attributes finds those and its subgraphs (stacked while the graph is scanned)."""
-    stack = [gproto]
-    while stack:
-        g = stack.pop()
-        yield from getattr(g, own)
-        for n in g.node:
-            for a in n.attribute:
-                kind = a.type
-                if kind == one:
-                    yield getattr(a, one_field)
-                elif kind == many:
-                    yield from getattr(a, many_field)
-                elif kind == _GRAPH:
-                    stack.append(a.g)
-                elif kind == _GRAPHS:
-                    stack.extend(a.graphs)
-
-
 def iter_sparse(gproto: onnx.GraphProto) -> Iterator[onnx.SparseTensorProto]:
     """Every SparseTensorProto of a graph: sparse initializers and sparse attributes (Constant's
     ``sparse_value``), in all nested subgraphs."""
-    return _scan(gproto, "sparse_initializer", _SPARSE_TENSOR, "sparse_tensor", _SPARSE_TENSORS, "sparse_tensors")
+    return iter(scan_tensors(gproto)[1])
 
 
 def iter_tensors(gproto: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Every TensorProto of a graph: initializers, Constant/attribute tensors, and the values and
     indices of every sparse tensor, in all nested subgraphs."""
-    yield from _scan(gproto, "initializer", _TENSOR, "t", _TENSORS, "tensors")
-    for s in iter_sparse(gproto):
-        yield s.values
-        yield s.indices
+    return iter(scan_tensors(gproto)[0])
 
 
 def scan_tensors(gproto: onnx.GraphProto) -> tuple[list[onnx.TensorProto], list[onnx.SparseTensorProto]]:
-    """(``list(iter_tensors(gproto))``, ``list(iter_sparse(gproto))``) from one walk over the graphs'
-    attributes instead of three: loading walks 20k nodes' attributes once for its external-data,
-    tensor and sparse checks (0.03-0.07 s a walk on the 20k-node GPT-2)."""
+    """(every TensorProto, every SparseTensorProto) of a graph and its nested subgraphs, from one walk
+    over the graphs' attributes (the one home of that walk: ``iter_tensors`` and ``iter_sparse`` read
+    it too). For each graph in the order of ``iter_graphs``: its initializers, then its nodes'
+    tensor attributes in node order; the sparse tensors' values and indices come last. Loading walks
+    20k nodes' attributes once for its external-data, tensor and sparse checks (0.03-0.07 s a walk on
+    the 20k-node GPT-2)."""
     tensors: list[onnx.TensorProto] = []
     sparse: list[onnx.SparseTensorProto] = []
     stack = [gproto]
-    while stack:  # the order of _scan: a graph's own field, then its attributes' tensors in node order
+    while stack:
         g = stack.pop()
         tensors.extend(g.initializer)
         sparse.extend(g.sparse_initializer)
