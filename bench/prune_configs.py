@@ -1,12 +1,12 @@
 """Which kernel configurations earn their place: reads kernel_explore_h200.json (or cbr_layers_h200.json)
 and prints, per candidate key, on how many (layer, batch, dtype) rows it is the fastest and within 5% /
-15% of the fastest. With ``--with-cudnn cudnn_layers_h200.json`` the best cuDNN plan of each fp16 layer
-competes too (the tactic competition the tuner runs), so an own configuration earns its place only
-where it is within 5% of the best of both. Configurations never within 5% anywhere are candidates for
-removal from the families in graphopt/kernels/cbr.py (pruning from data, not from guesses).
+15% of the fastest. Each provider's best plan competes too (the tactic competition the tuner runs): the
+rows of ``bench/cbr_layers.py`` carry it (``<provider>_best_us``, measured in the same run); for an older
+file without them, ``--with-cudnn cudnn_layers_h200.json`` brings cuDNN's from another run. So an own
+configuration earns its place only where it is within 5% of the best of all. Configurations never within
+5% anywhere are retired in graphopt/kernels/earned.py (pruning from data, not from guesses).
 
-    python3 bench/prune_configs.py bench/results/cbr_layers_h200.json --with-cudnn bench/results/cudnn_layers_h200.json \\
-        --md bench/results/prune_configs_h200.md
+    python3 bench/prune_configs.py bench/results/cbr_layers_h200.json --md bench/results/prune_configs_h200.md
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-
-VENDORS = ("cudnn", "cudnn_cpad", "cublaslt")  # the providers whose per-row best (``<provider>_best_us``) competes
 
 
 def rank(rows: list[dict], vendor: dict | None = None) -> dict[str, collections.Counter]:
@@ -29,7 +27,7 @@ def rank(rows: list[dict], vendor: dict | None = None) -> dict[str, collections.
         # the providers' best plans compete: from another file (--with-cudnn), or from the row itself
         # (cbr_layers.py runs every provider beside our kernels and records each one's best)
         others = [(vendor or {}).get((row.get("layer"), row.get("bs"), row.get("dtype")))]
-        others += [row.get(f"{pv}_best_us") for pv in VENDORS]
+        others += [v for k, v in row.items() if k.endswith("_best_us") and k != "own_best_us"]
         for other in others:
             if isinstance(other, (int, float)):
                 best = min(best, other)
@@ -65,11 +63,13 @@ def main(argv=None) -> None:
     if args.md:
         keep = [k for k, s in order if s["within5"]]
         with open(args.md, "w") as f:
-            f.write(f"# Own CBR configurations against the fastest (own and cuDNN)\n\n`python3 bench/prune_configs.py "
+            other = (f"cuDNN's best plan per fp16 layer from {args.with_cudnn} (another run, same GPU)" if args.with_cudnn
+                     else "each provider's best plan measured in the same run (the rows' `<provider>_best_us`)")
+            f.write(f"# Own CBR configurations against the fastest of all sources\n\n`python3 bench/prune_configs.py "
                     f"{args.results}{' --with-cudnn ' + args.with_cudnn if args.with_cudnn else ''}`: own timings from "
-                    f"{args.results}, cuDNN's best plan per fp16 layer from {args.with_cudnn or '(not used)'} (another run, "
-                    f"same GPU) and, where the rows carry them, each provider's best plan measured in the same run (`cudnn_best_us`, `cublaslt_best_us`). {len(keep)} of {len(stats)} configurations are within 5% of the fastest on at least one "
-                    f"(layer, batch, dtype) row.\n\n| best | <=5% | <=15% | rows | key |\n|---|---|---|---|---|\n")
+                    f"{args.results} against the other own configurations and {other}. {len(keep)} of {len(stats)} "
+                    f"configurations are within 5% of the fastest on at least one (layer, batch, dtype) row."
+                    f"\n\n| best | <=5% | <=15% | rows | key |\n|---|---|---|---|---|\n")
             for key, s in order:
                 f.write(f"| {s['best']} | {s['within5']} | {s['within15']} | {s['rows']} | `{key}` |\n")
 
