@@ -200,6 +200,9 @@ def main(argv=None):
     bad += [d for d in args.dtypes.split(",") if d not in ("float16", "float32")]
     if bad:
         ap.error(f"unknown model or dtype: {', '.join(bad)} (models: resnet50, mobilenetv2; dtypes: float16, float32)")
+    unknown = set(args.only.split(",")) - {x[1] for x in layer_list(args.models.split(","))} if args.only else set()
+    if unknown:  # refused before minutes of device set-up
+        ap.error(f"--only: unknown layer(s) {', '.join(sorted(unknown))}")
     if args.report_kernels:
         return report_kernels(args.out)
     budget = Budget(args.budget)
@@ -229,9 +232,6 @@ def main(argv=None):
     if args.quick:
         layers = [x for x in layers if x[1] in ("r50.stem", "r50.l1.c2", "r50.l3.c2", "r50.l1.c3", "mv2.s2.1.dw", "mv2.s3.1.pw")]
     if only:
-        unknown = only - {x[1] for x in layers}
-        if unknown:
-            ap.error(f"--only: unknown layer(s) {', '.join(sorted(unknown))}")
         layers = [x for x in layers if x[1] in only]
 
     def save():
