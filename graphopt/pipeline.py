@@ -139,67 +139,70 @@ def optimize_graph(
     from graphopt.passes import dead_code, fold_constants, run_cleanup
     from graphopt.rewrite import apply_rules, load_rules
     from graphopt.tune.buckets import resolve_profile
+    from graphopt.tune.shapes_ahead import ShapesAhead
     from graphopt.tune.tuner import tune_graph
 
     profile = resolve_profile(graph, shape_profile, shapes)
-    report = report or OptimizeReport(source=graph.source_path or "<model>")
-    step = progress or (lambda msg: None)
-    t = time.perf_counter()
-    ruleset = ruleset or load_rules(shipped=True, paths=[str(p) for p in rules], disable=list(disable))
-    report.timings["load_rules"] = time.perf_counter() - t
-    if not (report.nodes_before and report.ops_before):
-        count, ops, _ = _census(graph)
-        report.nodes_before = report.nodes_before or count
-        report.ops_before = report.ops_before or ops
-    report.input_dims = _input_dims(graph)
-    if cleanup:
-        step("cleanup passes")
+    with ShapesAhead() as shapes_ahead:  # tuning-size shapes beside cleanup and rules (graphopt.tune.shapes_ahead)
+        shapes_ahead.start(graph, gpu, shapes, profile)
+        report = report or OptimizeReport(source=graph.source_path or "<model>")
+        step = progress or (lambda msg: None)
         t = time.perf_counter()
-        report.cleanup = {k: v for k, v in run_cleanup(graph, refine=True).items() if v}
-        report.timings["cleanup"] = time.perf_counter() - t
-    report.nodes_after_cleanup = _count_nodes(graph)
-    step("fusion rules")
-    t = time.perf_counter()
-    rw = apply_rules(graph, ruleset, explain=explain)
-    report.rewrites = dict(sorted((k, v) for k, v in rw.counts.items() if v))
-    report.matches = [_as_dict(m) for m in rw.matches]
-    report.near_misses = [_as_dict(m) for m in rw.near_misses] if explain else []
-    if explain:
-        from graphopt.rewrite.unfused import unfused_chains
+        ruleset = ruleset or load_rules(shipped=True, paths=[str(p) for p in rules], disable=list(disable))
+        report.timings["load_rules"] = time.perf_counter() - t
+        if not (report.nodes_before and report.ops_before):
+            count, ops, _ = _census(graph)
+            report.nodes_before = report.nodes_before or count
+            report.ops_before = report.ops_before or ops
+        report.input_dims = _input_dims(graph)
+        if cleanup:
+            step("cleanup passes")
+            t = time.perf_counter()
+            report.cleanup = {k: v for k, v in run_cleanup(graph, refine=True).items() if v}
+            report.timings["cleanup"] = time.perf_counter() - t
+        report.nodes_after_cleanup = _count_nodes(graph)
+        step("fusion rules")
+        t = time.perf_counter()
+        rw = apply_rules(graph, ruleset, explain=explain)
+        report.rewrites = dict(sorted((k, v) for k, v in rw.counts.items() if v))
+        report.matches = [_as_dict(m) for m in rw.matches]
+        report.near_misses = [_as_dict(m) for m in rw.near_misses] if explain else []
+        if explain:
+            from graphopt.rewrite.unfused import unfused_chains
 
-        report.unfused = unfused_chains(graph, ruleset, rw.near_misses)
-    report.timings["rewrite"] = time.perf_counter() - t
-    if cleanup and rw.counts and any(rw.counts.values()):
-        # Rewrites can leave constants unused (a bias folded into a new one): sweep them; a rule may
-        # also build nodes of constants only (two masks summed): fold them, so a second run is a no-op.
+            report.unfused = unfused_chains(graph, ruleset, rw.near_misses)
+        report.timings["rewrite"] = time.perf_counter() - t
+        if cleanup and rw.counts and any(rw.counts.values()):
+            # Rewrites can leave constants unused (a bias folded into a new one): sweep them; a rule may
+            # also build nodes of constants only (two masks summed): fold them, so a second run is a no-op.
+            t = time.perf_counter()
+            folded = fold_constants(graph)
+            if folded:
+                report.cleanup["fold_constants"] = report.cleanup.get("fold_constants", 0) + folded
+            removed = dead_code(graph)
+            if removed:
+                report.cleanup["dead_code"] = report.cleanup.get("dead_code", 0) + removed
+            report.timings["cleanup_after"] = time.perf_counter() - t
+        step("lowering selection")
         t = time.perf_counter()
-        folded = fold_constants(graph)
-        if folded:
-            report.cleanup["fold_constants"] = report.cleanup.get("fold_constants", 0) + folded
-        removed = dead_code(graph)
-        if removed:
-            report.cleanup["dead_code"] = report.cleanup.get("dead_code", 0) + removed
-        report.timings["cleanup_after"] = time.perf_counter() - t
-    step("lowering selection")
-    t = time.perf_counter()
-    # Profiles when the named GPU is present, else imported cache entries, else the heuristic.
-    sel = tune_graph(graph, gpu=gpu, shapes=shapes, progress=None if progress is not None else False,
-                     shape_profile=profile, budget_s=tune_budget)
-    report.target = sel.target
-    report.mode = sel.mode
-    report.selection_summary = sel.summary
-    report.messages = list(sel.messages)
-    report.lowerings = [_as_dict(r) for r in sel.rows]
-    report.layout_conversions = [dict(c) for c in sel.conversions]
-    report.layout_summary = sel.layout_summary
-    report.tuning_dims = {k: dict(v) for k, v in sel.dims.items()}
-    report.buckets = [dict(b) for b in sel.buckets]
-    report.tuning_time = dict(sel.tuning_time)
-    report.timings["select"] = time.perf_counter() - t
-    graph.toposort()
-    graph.lint()
-    report.nodes_after, report.ops_after, report.custom_ops = _census(graph)
-    return report
+        # Profiles when the named GPU is present, else imported cache entries, else the heuristic.
+        sel = tune_graph(graph, gpu=gpu, shapes=shapes, progress=None if progress is not None else False,
+                         shape_profile=profile, budget_s=tune_budget, shapes_ahead=shapes_ahead)
+        report.target = sel.target
+        report.mode = sel.mode
+        report.selection_summary = sel.summary
+        report.messages = list(sel.messages)
+        report.lowerings = [_as_dict(r) for r in sel.rows]
+        report.layout_conversions = [dict(c) for c in sel.conversions]
+        report.layout_summary = sel.layout_summary
+        report.tuning_dims = {k: dict(v) for k, v in sel.dims.items()}
+        report.buckets = [dict(b) for b in sel.buckets]
+        report.tuning_time = dict(sel.tuning_time)
+        report.timings["select"] = time.perf_counter() - t
+        graph.toposort()
+        graph.lint()
+        report.nodes_after, report.ops_after, report.custom_ops = _census(graph)
+        return report
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

@@ -1,5 +1,7 @@
-"""``InferAhead``: onnx shape inference of the validated input in a forked child process, while the
-parent builds the IR from the same model.
+"""Work done ahead in a forked child process while the parent goes on: ``Forked`` (one child, one
+``bytes`` answer, a deadline, every failure a fallback) and, on it, ``InferAhead``: onnx shape
+inference of the validated input while the parent builds the IR from the same model. The tuner's
+tuning-size shapes use ``Forked`` too (``graphopt.tune.shapes_ahead``).
 
 Why a process: onnx holds the GIL for the whole of ``infer_shapes`` (a thread beside Python work
 took the sum of both), and on the 20k-node GPT-2 the input's inference (0.17 s) and ``from_model`` +
@@ -20,6 +22,7 @@ import select
 import sys
 import threading
 import time
+from typing import Callable
 
 import onnx
 
@@ -54,90 +57,67 @@ def worth_forking(model: onnx.ModelProto) -> bool:
     return not has_lazy(model) and sum(len(t.raw_data) for t in model.graph.initializer) < WEIGHTLESS_ABOVE
 
 
-def _child(model: onnx.ModelProto, fd: int) -> None:
-    """In the child: infer, write the answer to ``fd``, and leave without running the parent's exit
-    handlers or flushing its buffered output (``os._exit``). Exit status 0 only once all is written."""
+def _run_child(compute: Callable[[], bytes], fd: int) -> None:
+    """In the child: write ``compute()`` to ``fd`` and leave without running the parent's exit handlers
+    or flushing its buffered output (``os._exit``). Exit status 0 only once all is written."""
     status = 1
     try:
         gc.disable()  # a short-lived process: collections would only copy the parent's pages
-        inferred = infer(model)
-        if inferred is model:
-            payload = _FAILED
-        else:
-            vi = onnx.GraphProto()
-            vi.value_info.extend(inferred.graph.value_info)
-            payload = _INFERRED + vi.SerializeToString()
-        view = memoryview(payload)
+        view = memoryview(compute())
         while view:
             view = view[os.write(fd, view):]
         status = 0
-    except BaseException:  # noqa: BLE001 -- any failure: the parent infers in-process
+    except BaseException:  # noqa: BLE001 -- any failure: the parent computes in-process
         pass
     finally:
         os._exit(status)
 
 
-class InferAhead:
-    """Start with ``start(model)``; collect with ``result()``; a context manager, so a child whose
-    answer is never collected (an error in between) is killed and reaped."""
+class Forked:
+    """One forked child computing one ``bytes`` answer while the parent goes on: ``fork(compute)``,
+    then ``answer()``. A context manager, so a child whose answer is never collected (an error in
+    between) is killed and reaped. Every way the child cannot help (no safe fork, a dead child, the
+    deadline) answers None, and the caller computes in-process."""
 
     def __init__(self) -> None:
         self._pid: int | None = None
         self._fd: int | None = None
-        self._model: onnx.ModelProto | None = None
 
-    def start(self, model: onnx.ModelProto) -> None:
-        """Fork a child inferring ``model``; does nothing when forking is not safe here (``can_fork``),
-        the model is not small (``worth_forking``) or a child is running already. ``model`` must not
-        change until ``result``."""
-        if self._pid is not None or not can_fork() or not worth_forking(model):
-            return
+    @property
+    def running(self) -> bool:
+        return self._pid is not None
+
+    def fork(self, compute: Callable[[], bytes]) -> bool:
+        """Fork a child running ``compute``; False (and nothing started) when forking is not safe here
+        (``can_fork``), fails, or a child runs already. What ``compute`` reads must not change in the
+        parent in a way the answer depends on: the child sees the parent's memory at the fork."""
+        if self._pid is not None or not can_fork():
+            return False
         r, w = os.pipe()
         try:
             pid = os.fork()
-        except OSError:  # out of processes or memory: infer in-process later
+        except OSError:  # out of processes or memory: the caller computes in-process later
             os.close(r)
             os.close(w)
-            return
+            return False
         if pid == 0:  # the child
             os.close(r)
-            _child(model, w)
+            _run_child(compute, w)
         os.close(w)
-        self._pid, self._fd, self._model = pid, r, model
+        self._pid, self._fd = pid, r
+        return True
 
-    def result(self, model: onnx.ModelProto) -> onnx.GraphProto | None | object:
-        """The child's answer for ``model``: a ``GraphProto`` whose ``value_info`` is what
-        ``infer(model).graph.value_info`` is, None where ``infer`` failed, or ``NOT_RUN`` (no child,
-        a child for another model, or no usable answer)."""
+    def answer(self) -> bytes | None:
+        """The child's answer (waiting for it at most ``ANSWER_DEADLINE_S``), the child reaped; None
+        when there is no child, it failed, or the deadline passed (it is killed)."""
         if self._pid is None:
-            return NOT_RUN
-        same = model is self._model
-        chunks = self._read_until(time.monotonic() + ANSWER_DEADLINE_S)
-        if chunks is None:  # no answer in time: the child is killed, the caller infers in-process
-            self.cancel()
-            return NOT_RUN
-        ok = self._reap()
-        data = b"".join(chunks)
-        if not (same and ok and data[:1] in (_FAILED, _INFERRED)):
-            return NOT_RUN
-        if data[:1] == _FAILED:
             return None
-        graph = onnx.GraphProto()
-        try:
-            graph.ParseFromString(data[1:])
-        except Exception:  # noqa: BLE001 -- cannot happen unless the pipe lied: infer in-process
-            return NOT_RUN
-        return graph
-
-    def inferred_graph(self, model: onnx.ModelProto) -> onnx.GraphProto | None:
-        """What the pipeline reads of the input's shape inference: a graph holding the inferred
-        ``value_info``; None when inference failed (best effort). The child's answer when it has
-        one for ``model``, else ``infer`` here (a large model from its weightless copy)."""
-        answer = self.result(model)
-        if answer is not NOT_RUN:
-            return answer
-        inferred = infer(model)
-        return None if inferred is model else inferred.graph
+        chunks = self._read_until(time.monotonic() + ANSWER_DEADLINE_S)
+        if chunks is None:  # no answer in time: the child is killed, the caller computes in-process
+            self.cancel()
+            return None
+        ok = self._reap()
+        return b"".join(chunks) if ok else None
 
     def _read_until(self, deadline: float) -> list[bytes] | None:
         """Everything the child writes until it closes the pipe; [] on a read error, None when
@@ -158,7 +138,7 @@ class InferAhead:
     def _reap(self) -> bool:
         """Close the pipe and wait for the child; True when it exited with status 0."""
         pid, fd = self._pid, self._fd
-        self._pid = self._fd = self._model = None
+        self._pid = self._fd = None
         if fd is not None:
             os.close(fd)
         if pid is None:
@@ -175,8 +155,68 @@ class InferAhead:
                 pass
             self._reap()
 
-    def __enter__(self) -> "InferAhead":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.cancel()
+
+
+def _inference_payload(model: onnx.ModelProto) -> bytes:
+    """What ``InferAhead``'s child sends: ``_FAILED``, or ``_INFERRED`` and the inferred value_info."""
+    inferred = infer(model)
+    if inferred is model:
+        return _FAILED
+    vi = onnx.GraphProto()
+    vi.value_info.extend(inferred.graph.value_info)
+    return _INFERRED + vi.SerializeToString()
+
+
+class InferAhead(Forked):
+    """Start with ``start(model)``; collect with ``result()`` (or ``inferred_graph``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._model: onnx.ModelProto | None = None
+
+    def start(self, model: onnx.ModelProto) -> None:
+        """Fork a child inferring ``model``; does nothing when forking is not safe here (``can_fork``),
+        the model is not small (``worth_forking``) or a child is running already. ``model`` must not
+        change until ``result``."""
+        if self.running or not worth_forking(model):
+            return
+        if self.fork(lambda: _inference_payload(model)):
+            self._model = model
+
+    def result(self, model: onnx.ModelProto) -> onnx.GraphProto | None | object:
+        """The child's answer for ``model``: a ``GraphProto`` whose ``value_info`` is what
+        ``infer(model).graph.value_info`` is, None where ``infer`` failed, or ``NOT_RUN`` (no child,
+        a child for another model, or no usable answer)."""
+        if not self.running:
+            return NOT_RUN
+        same, self._model = model is self._model, None
+        data = self.answer()
+        if not (same and data is not None and data[:1] in (_FAILED, _INFERRED)):
+            return NOT_RUN
+        if data[:1] == _FAILED:
+            return None
+        graph = onnx.GraphProto()
+        try:
+            graph.ParseFromString(data[1:])
+        except Exception:  # noqa: BLE001 -- cannot happen unless the pipe lied: infer in-process
+            return NOT_RUN
+        return graph
+
+    def inferred_graph(self, model: onnx.ModelProto) -> onnx.GraphProto | None:
+        """What the pipeline reads of the input's shape inference: a graph holding the inferred
+        ``value_info``; None when inference failed (best effort). The child's answer when it has
+        one for ``model``, else ``infer`` here (a large model from its weightless copy)."""
+        answer = self.result(model)
+        if answer is not NOT_RUN:
+            return answer
+        inferred = infer(model)
+        return None if inferred is model else inferred.graph
+
+    def cancel(self) -> None:
+        super().cancel()
+        self._model = None

@@ -27,13 +27,15 @@ BREAK_ROUNDS = 8
 
 
 def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | None], int],
-                    inputs: Mapping[str, list[int]] | None = None, wanted=()) -> dict[str, tuple[int, ...]]:
+                    inputs: Mapping[str, list[int]] | None = None, wanted=(),
+                    last_resort: bool = True) -> dict[str, tuple[int, ...]]:
     """Tensor name -> static shape, from shape inference (through the graphopt ops' function bodies)
     on a copy of ``graph`` whose inputs have concrete dims: ``inputs[name]`` when given, else each
     symbolic dim from ``dims``, else ``default(dim name)``. When inference alone leaves a tensor of
     ``wanted`` unknown, the copy's shape arithmetic is folded first (slower: it evaluates the
-    constant subgraphs). With ``wanted``, only those tensors are looked up and returned. Best
-    effort: {} when inference fails."""
+    constant subgraphs). With ``wanted``, only those tensors are looked up and returned. Without
+    ``last_resort``, the cleanup passes are not run on the copy (what ``_fold_breaks`` leaves unknown
+    stays so). Best effort: {} when inference fails."""
     from graphopt.ir import from_model, refine_shapes, to_model
     from graphopt.ops import attach_functions
     from graphopt.passes import run_cleanup
@@ -46,7 +48,7 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
         out = _static(inferred, only, skip_initializers=only is not None and only.isdisjoint(inits))
         if any(t not in out for t in wanted):
             out = _fold_breaks(graph, model, inferred, only)
-        if any(t not in out for t in wanted):
+        if last_resort and any(t not in out for t in wanted):
             model = _concrete_model(graph, dims, default, inputs)  # (_fold_breaks changed the first copy)
             g = from_model(model)
             refine_shapes(g, inferred)  # to_model(g) is ``model`` again: its inference is at hand

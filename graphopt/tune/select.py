@@ -98,6 +98,7 @@ class _Context:
     heuristic: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)
     by_key: dict[str, dict[str, Any]] = field(default_factory=dict)  # signature key -> candidate key -> candidate
     base_dims: dict[str, int] = field(default_factory=dict)  # symbolic dims bound from --shape
+    shapes_ahead: Any = None  # graphopt.tune.shapes_ahead.ShapesAhead: tuning-size shapes computed ahead
 
     @property
     def profiling(self) -> bool:
@@ -124,7 +125,7 @@ def _signatures(graph, nodes, ctx: _Context, base_dims: Mapping[str, int], bucke
     signatures: list[list[tuple[Signature, list[str]]]] = [[] for _ in nodes]
     for bucket in bucket_list:
         dims = {**base_dims, **bucket}
-        known = propagated_shapes(graph, nodes, dims, shapes) if ctx.norm != "none" else {}
+        known = propagated_shapes(graph, nodes, dims, shapes, ctx.shapes_ahead) if ctx.norm != "none" else {}
         for i, (g, n) in enumerate(nodes):
             signatures[i].append(node_signature(g, n, dims, {**known, **(shapes or {})}, defaulted))
     return signatures
@@ -304,6 +305,7 @@ def select_lowerings(
     candidates_for: Callable[[Signature], Sequence] | None = None,
     progress: bool | None = None,
     shape_profile: Any = None,
+    shapes_ahead: Any = None,
 ) -> SelectionReport:
     """Choose and record a lowering for every ``graphopt`` node; see the module docstring.
 
@@ -312,7 +314,8 @@ def select_lowerings(
     lets cached entries whose kernel source changed be ignored; ``progress`` forces the progress
     bar on or off (default: on when stderr is a terminal and something is profiled);
     ``shape_profile`` (``--shape-profile`` items, a mapping or a ``ResolvedProfile``; see
-    ``graphopt.tune.buckets``) tunes each bucket of the profiled dims separately.
+    ``graphopt.tune.buckets``) tunes each bucket of the profiled dims separately; ``shapes_ahead`` (a
+    started ``graphopt.tune.shapes_ahead.ShapesAhead``) may answer the tuning-size shapes.
     """
     from graphopt.tune import buckets as B
 
@@ -321,7 +324,7 @@ def select_lowerings(
     resolved = B.resolve_profile(graph, shape_profile, shapes)  # UsageError before any work, too
     target = resolve_target(norm, devices)
     ctx = _Context(requested, norm, target, target.devices[0] if target.present else None, profile, cache,
-                   candidates_for)
+                   candidates_for, shapes_ahead=shapes_ahead)
     nodes = custom_nodes(graph)
     infer_missing_shapes(graph, nodes)
     bound = bind_dims_sources(graph, shapes)

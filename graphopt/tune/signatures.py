@@ -6,7 +6,7 @@ See ``graphopt.tune.select`` (the module docstring) for the rules; this module h
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from graphopt.kernels.registry import signature_of
 from graphopt.lowering.contract import Signature
@@ -129,18 +129,35 @@ def infer_missing_shapes(graph, nodes=None) -> int:
     return int(graph.merge_value_info(inferred.value_info))
 
 
-def propagated_shapes(graph, nodes, dims: Mapping[str, int], shapes) -> dict[str, tuple[int, ...]]:
+def propagated_shapes(graph, nodes, dims: Mapping[str, int], shapes, ahead=None) -> dict[str, tuple[int, ...]]:
     """Concrete shapes of the custom nodes' inputs at these dims, when some input dim is neither
-    static nor a dim the graph inputs declare (and so bound by ``dims``); else {} (nothing to do)."""
-    declared = {d for name in graph.inputs for d in (graph.value_info(name).shape or ()) if isinstance(d, str)}
-
-    def unbound(shape):
-        return shape is None or any(not (isinstance(d, int) and d >= 0) and d not in declared for d in shape)
-
+    static nor a dim the graph inputs declare (and so bound by ``dims``); else {} (nothing to do).
+    ``ahead`` (a ``graphopt.tune.shapes_ahead.ShapesAhead``) answers from the child that computed
+    them while the cleanup passes and the rules ran, when it has every one of them."""
+    unbound = unbound_test(graph)
     wanted = [t for g, n in nodes for t in n.inputs if t and g is graph and unbound(g.value_info(t).shape)]
     if not wanted:
         return {}
-    from graphopt.tune.propagate import concrete_shapes
+    known = ahead.lookup(dims, shapes, wanted) if ahead is not None else None
+    if known is None:  # no child computed these dims, or it left one of them unknown: here, then
+        from graphopt.tune.propagate import concrete_shapes
 
-    known = concrete_shapes(graph, dims, lambda name: default_dim(name)[0], shapes, wanted)
+        known = concrete_shapes(graph, dims, default_size, shapes, wanted)
     return {t: known[t] for t in wanted if t in known}
+
+
+def unbound_test(graph) -> Callable[[Any], bool]:
+    """``unbound(shape)``: True for a shape that is unknown or has a dim that is neither static nor a
+    dim the graph inputs declare (and so bound by ``--shape`` or a default): the shapes that
+    ``propagated_shapes`` looks up at concrete sizes."""
+    declared = {d for name in graph.inputs for d in (graph.value_info(name).shape or ()) if isinstance(d, str)}
+
+    def unbound(shape) -> bool:
+        return shape is None or any(not (isinstance(d, int) and d >= 0) and d not in declared for d in shape)
+
+    return unbound
+
+
+def default_size(name: str | None) -> int:
+    """The value an unbound dim takes at tuning sizes (``default_dim``'s, without the reason)."""
+    return default_dim(name)[0]

@@ -98,6 +98,7 @@ def tune_graph(
     progress: bool | None = None,
     shape_profile: Any = None,
     budget_s: float | None = None,
+    shapes_ahead: Any = None,
 ) -> SelectionReport:
     """Choose every custom-op node's lowering for ``gpu``, profiling when that GPU is present.
 
@@ -106,7 +107,7 @@ def tune_graph(
     profiles; or pass a ``TuningBackend`` (tests). ``devices`` overrides detection (tests).
     ``shape_profile`` tunes each bucket of the profiled dims (``graphopt.tune.buckets``).
     ``budget_s`` caps the profiling time; a run that hits it is reported as cut short (mode
-    ``partial``), never as tuned.
+    ``partial``), never as tuned. ``shapes_ahead``: a started ``graphopt.tune.shapes_ahead.ShapesAhead``.
     """
     from graphopt.tune.buckets import resolve_profile
 
@@ -146,11 +147,11 @@ def tune_graph(
                           workers_per_gpu=default_workers_per_gpu(target.devices)) as prof:
                 report = select_lowerings(graph, norm, cache=cache, profile=prof, shapes=shapes, devices=devices,
                                           candidates_for=candidates_for, progress=progress,
-                                          shape_profile=shape_profile)
+                                          shape_profile=shape_profile, shapes_ahead=shapes_ahead)
         else:
             report = select_lowerings(graph, norm, cache=cache, shapes=shapes, devices=devices,
                                       candidates_for=candidates_for, progress=progress,
-                                      shape_profile=shape_profile)
+                                      shape_profile=shape_profile, shapes_ahead=shapes_ahead)
         report.messages = notes + report.messages
         return report
     finally:

@@ -48,6 +48,9 @@ CASES = [
     ("Slice", [np.arange(24, dtype=I64).reshape(2, 3, 4), np.array([1, 0], I64), np.array([3, -1], I64),
                np.array([-1, 1], I64), np.array([2, 1], I64)], {}),
     ("Slice", [np.arange(5, dtype=I64), np.array([7], I64), np.array([9], I64)], {}),  # empty
+    ("Identity", [np.linspace(-1, 1, 33, dtype=np.float32)], {}),  # a small weight passed through
+    ("Identity", [np.array(3, I64)], {}),
+    ("Identity", [np.ones((2, 0, 3), np.float16)], {}),
 ]
 
 
@@ -60,6 +63,13 @@ def test_same_as_onnxruntime(op, inputs, attrs):
     (want,) = _general(node, values, 14)
     assert fast[0].dtype == want.dtype and fast[0].shape == want.shape
     assert np.array_equal(fast[0], want)
+
+
+def test_identity_output_is_a_copy():
+    x = np.arange(4, dtype=np.float32)
+    (out,) = evaluate_shape_op(_node("Identity", 1), {"i0": x}, 14)
+    out[0] = 9
+    assert x[0] == 0  # the folded value never aliases its input's
 
 
 def test_repeated_input_is_read_twice():
