@@ -19,7 +19,7 @@ LAYERS = [
     {"lowering"},
     {"kernels", "providers"},
     {"tune", "runtime"},
-    {"pipeline", "precision"},
+    {"pipeline", "precision", "output_check"},
     {"api", "cli", "cli_runtime", "cli_display", "cli_checks", "outputs", "_rules"},
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
