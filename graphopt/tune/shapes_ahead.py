@@ -59,14 +59,15 @@ class ShapesAhead(Forked):
         if self.running or graph.source_model is None or not worth_forking(graph.source_model):
             return
         unbound = unbound_test(graph)
-        wanted = [t for n in graph.nodes() for t in n.outputs if t and unbound(graph.value_info(t).shape)]
-        if not wanted:
+        outputs = (t for n in graph.nodes() for t in n.outputs if t)
+        if not any(unbound(graph.value_info(t).shape) for t in outputs):
             return
         base = bind_dims(graph, shapes)
         plans = [{**base, **bucket} for bucket in (profile.buckets() if profile is not None else []) or [{}]]
 
         def compute() -> bytes:  # (in the child, whose warnings would only repeat the parent's)
             warnings.simplefilter("ignore")
+            wanted = [t for n in graph.nodes() for t in n.outputs if t and unbound(graph.value_info(t).shape)]
             answer = [[_dims_key(dims), {t: list(s) for t, s in concrete_shapes(
                 graph, dims, default_size, shapes, wanted, last_resort=False).items()}] for dims in plans]
             return json.dumps(answer).encode()
