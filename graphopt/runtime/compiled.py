@@ -237,8 +237,8 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
             shape = tuple(arrays[step.outputs[0]].shape)
             run = _reshape_run(shape)
             ins = ins[:1]
-            if ins[0] in stable:
-                stable.add(step.outputs[0])
+            if ins[0] in stable and block_of[step.outputs[0]] == block_of[step.inputs[0]]:
+                stable.add(step.outputs[0])  # a view of a fixed buffer (a reshape that copies is a new array each run)
         step.run = run
         outs = tuple(n + 1 if s is None else s for s in step.outputs)
         free = tuple(s for s in step.free if block_of[s] not in arena_blocks)

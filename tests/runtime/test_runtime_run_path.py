@@ -184,6 +184,44 @@ def test_a_converted_feed_no_longer_stops_the_replay(graphs_cuda, monkeypatch):
     assert rep.moving and rep.launched >= 1
 
 
+def _nhwc_flatten_model():
+    """Conv + Relu (a CBR with NHWC output) -> Flatten (a copy: NHWC is not C order) -> Gemm (GemmAct)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w", (4, 3, 3, 3)), ("b", (4,)), ("w2", (64, 5)), ("b2", (5,)))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("Gemm", ["f", "w2", "b2"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_reshape_that_copies_an_arena_view_is_a_moving_input(graphs_cuda, monkeypatch, tmp_path):
+    """Flatten of an NHWC arena view copies into a new array every run: the GemmAct reading it keys
+    its replay on that array's address (were it taken for a fixed buffer, a replay would read the
+    first run's copy: stale outputs)."""
+    import graphopt
+    from graphopt.runtime import to_numpy
+
+    src = _nhwc_flatten_model()
+    path = tmp_path / "m.onnx"
+    onnx.save(src, path)
+    opt, _ = graphopt.optimize(src, gpu="none")
+    _computing_lowerings(monkeypatch)
+    sess = _session(opt)
+    x = graphs_cuda.asarray(np.zeros((1, 3, 4, 4), np.float32))
+    for seed in range(5):
+        feed = random_feeds(src, np.random.default_rng(seed))
+        x[...] = feed["x"]
+        got = to_numpy(sess.run({"x": x})["y"])
+        assert rel_err(got, ort_run(str(path), feed)["y"]) <= 1e-3, seed
+    flat = next(s for s in sess.last_plan.steps if s.op == "Flatten")
+    gemm = next(s for s in sess.last_plan.steps if s.op == "GemmAct")
+    assert flat.outputs[0] in gemm.inputs and gemm.run.moving == (gemm.inputs.index(flat.outputs[0]),)
+
+
 def test_a_compiled_eager_run_never_synchronises_or_reads_back(graphs_cuda, monkeypatch):
     """Whatever the batch, nothing on the run path waits for the device (the host time figure
     cannot contain device time): no stream / event / device synchronisation, no device-to-host copy."""
