@@ -335,7 +335,7 @@ class Runner:
         def graphopt_eager():
             feed = feed_for(opt_path)
             sess = Session(opt_path, device=rt, cuda_graphs=False)
-            h = host_time.measure(sess, feed, repeats=20).to_dict()  # GPU held, synchronised outside
+            h = host_time.measure(sess, feed, repeats=2 if dry else 20, warmup=1 if dry else 3).to_dict()  # GPU held
             row["plan_steps"] = h["steps"]
             row["host_time"] = h  # median, thread CPU time, the idle-GPU figure, the hold
             return h["host_us_per_node"]
