@@ -41,8 +41,13 @@
 #                     each runtime mode's error, then every custom node's own error on its real inputs; then
 #                     the captured-graph tests of capture-check (~3-5 min)
 #   explore           bench/kernel_explore.py -> kernel_explore_h200.json (~3-4 min)
+#   host              the run-path GPU tests (step replay, graph-output replay, the hold of the host-time
+#                     method) -> gpu_tests_host_h200.txt (~1-2 min), then bench/host_overhead.py on
+#                     HOST_MODELS / HOST_BATCHES (default ResNet-50 bs1 and bs32, GPT-2 bs1; heuristic lowerings)
+#                     -> host_overhead_h200.json/.md (~3-5 min): host us/node with the GPU held, beside the
+#                     idle-GPU figure (the method before 2026-12-05), the thread CPU time and per op
 set -u
-STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose explore)}
+STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose explore host)}
 OUT=${2:?usage: device_bench.sh STEP OUT}
 LIMIT=${LIMIT:-570}        # seconds for the whole call (9.5 minutes)
 START=$SECONDS
@@ -125,7 +130,15 @@ case "$STEP" in
     prebuild
     timeout -k 10 "$(left)" python3 bench/kernel_explore.py --out "$OUT" ${EXPLORE_ARGS:-} > "$OUT/kernel_explore_log.txt" 2>&1
     echo "kernel_explore exit $?"; grep -E "^(r50|mv2|GEMM)" "$OUT/kernel_explore_log.txt" | tail -30 ;;
-  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose explore)"; exit 2 ;;
+  host)
+    cmd=(python3 -m pytest -q -s -m gpu --tb=short -rfE -p no:cacheprovider tests/gpu/test_runtime_compiled_gpu.py
+         -k "step_graphs or graph_output or host")
+    { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. GRAPHOPT_GPU_NO_PREBUILD=1 ${cmd[*]}"
+      GRAPHOPT_GPU_NO_PREBUILD=1 timeout -k 10 ${HOST_TEST_LIMIT:-200} "${cmd[@]}" 2>&1; echo "# exit status $?"; } \
+      | tee "$OUT/gpu_tests_host_h200.txt" | tail -12
+    timeout -k 10 "$(left)" python3 bench/host_overhead.py --out "$OUT" --models "${HOST_MODELS:-resnet50,resnet50,gpt2}" \
+      --batches "${HOST_BATCHES:-1,32,1}" --optimize-timeout 150 2>&1 | tee "$OUT/host_overhead_log.txt" | tail -20 ;;
+  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose explore host)"; exit 2 ;;
 esac
 tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null
 echo "device_bench: step $STEP done in $((SECONDS - START)) s"

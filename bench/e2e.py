@@ -251,7 +251,7 @@ class Runner:
         import torch
 
         from graphopt.runtime import Session, to_numpy
-        from graphopt.runtime.bench import host_overhead_us
+        from graphopt.runtime import host_time
 
         args, name, bs, dtype = self.args, self.name, row["bs"], row["dtype"]
         dry, dev = args.dry, self.dev
@@ -335,9 +335,10 @@ class Runner:
         def graphopt_eager():
             feed = feed_for(opt_path)
             sess = Session(opt_path, device=rt, cuda_graphs=False)
-            us, steps = host_overhead_us(sess, feed, repeats=10)
-            row["plan_steps"] = steps
-            return round(us, 2)
+            h = host_time.measure(sess, feed, repeats=2 if dry else 20, warmup=1 if dry else 3).to_dict()  # GPU held
+            row["plan_steps"] = h["steps"]
+            row["host_time"] = h  # median, thread CPU time, the idle-GPU figure, the hold
+            return h["host_us_per_node"]
 
         def graphopt_unopt():
             feed = feed_for(self.fp32_onnx)

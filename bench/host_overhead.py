@@ -3,10 +3,12 @@ device, for the optimized and unoptimized ResNet-50 and GPT-2 of bench/e2e.py, w
 
     python3 bench/host_overhead.py --out OUT [--models resnet50,gpt2] [--batches 1,1] [--gpu-args "--gpu none"]
 
-Per model: ``host_us_per_node`` (``graphopt.runtime.bench.host_overhead_us``: the best eager run's
-enqueue time divided by its steps, no synchronisation inside the run: what ``graphopt bench`` and
-e2e.py report), the compiled plan's arena (bytes, live lower bound, workspaces), and the host time
-per step by op (a profile hook timing each ``step.run`` without synchronising). Models are built and
+Per model: ``host_us_per_node`` (``graphopt.runtime.host_time.measure``: the best eager run's
+wall time with the GPU held busy by a spin kernel and every synchronisation outside the timed
+region, divided by its steps: what ``graphopt bench`` and e2e.py report; beside it the median, the
+thread's CPU time and the figure without the hold), the compiled plan's arena (bytes, live lower
+bound, workspaces), and the host time per step by op (``host_time.per_op``: a hook timing each
+``step.run`` in a held run). Models are built and
 exported as in e2e.py and optimized with ``--gpu-args`` (default: the heuristic's lowerings, no
 tuning: this measures the runtime, not the kernels). Writes OUT/host_overhead_<gpu>.json and .md
 after every model; each optimize is limited to --optimize-timeout seconds.
@@ -19,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 
@@ -30,53 +31,35 @@ sys.path.insert(0, str(ROOT / "bench"))
 import e2e  # noqa: E402  (bench/e2e.py: the same models and exports)
 
 
-def per_op_host(sess, feed, repeats: int) -> list:
-    """[op, steps, host us per run] by op: each step.run timed on the host, no synchronisation."""
-    plan = sess.last_plan
-    tot: dict[str, float] = defaultdict(float)
-    cnt: dict[str, int] = defaultdict(int)
-
-    def timed(step, ins):
-        t0 = time.perf_counter()
-        outs = step.run(ins)
-        tot[step.op] += time.perf_counter() - t0
-        return outs
-
-    with sess.backend.stream:
-        conv = sess._convert_feeds(feed)
-        for _ in range(repeats):
-            plan.execute(conv, timed)
-            sess.synchronize()
-    for s in plan.steps:
-        cnt[s.op] += 1
-    return sorted(([op, cnt[op], tot[op] / repeats * 1e6] for op in tot), key=lambda r: -r[2])
-
-
 def measure(path: Path, feed, repeats: int) -> dict:
-    from graphopt.runtime import Session
-    from graphopt.runtime.bench import host_overhead_us
+    from graphopt.runtime import Session, host_time
 
     sess = Session(path, device="cuda", dtype="float16", cuda_graphs=False)
-    us, steps = host_overhead_us(sess, feed, repeats=repeats)
+    h = host_time.measure(sess, feed, repeats=repeats).to_dict()
     s = sess.plan_summary()
-    by_op = per_op_host(sess, feed, max(3, repeats // 3))
-    return {"host_us_per_node": us, "steps": steps, "arena_bytes": s.get("arena_bytes"),
-            "arena_live_bytes": s.get("arena_live_bytes"), "workspace_bytes": s.get("workspace_bytes"),
-            "peak_bytes": s.get("peak_bytes"), "by_op": by_op, "notes": s.get("notes", [])[:20]}
+    by_op = host_time.per_op(sess, feed, max(3, repeats // 3))
+    return {**h, "arena_bytes": s.get("arena_bytes"), "arena_live_bytes": s.get("arena_live_bytes"),
+            "workspace_bytes": s.get("workspace_bytes"), "peak_bytes": s.get("peak_bytes"), "by_op": by_op,
+            "notes": s.get("notes", [])[:20]}
 
 
 def markdown(res: dict) -> str:
     meta = res["meta"]
     md = [f"# Host time per node, no CUDA graphs ({meta['date']}, {meta['gpu']})", "", f"command: `{meta['command']}`", "",
-          "| model | bs | variant | steps | host us/node | arena MiB |", "|---|---:|---|---:|---:|---:|"]
+          "host us/node: best run's wall time / steps, GPU held by a spin kernel (graphopt.runtime.host_time); "
+          "median, thread CPU time and the idle-GPU figure of the same runs beside it.", "",
+          "| model | bs | variant | steps | host us/node | median | CPU | idle GPU | held | arena MiB |",
+          "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for e in res["models"]:
         for v in ("optimized", "unoptimized"):
             r = e.get(v)
             if isinstance(r, dict):
                 md.append(f"| {e['model']} | {e['bs']} | {v} | {r['steps']} | {r['host_us_per_node']:.1f} | "
+                          f"{r['host_us_per_node_median']:.1f} | {r['host_cpu_us_per_node']:.1f} | "
+                          f"{r['host_idle_gpu_us_per_node'] or 0:.1f} | {'yes' if r['gpu_held'] else 'NO'} | "
                           f"{(r['arena_bytes'] or 0) / 2**20:.1f} |")
             elif f"{v}_error" in e:
-                md.append(f"| {e['model']} | {e['bs']} | {v} | - | {e[f'{v}_error'][:80]} | - |")
+                md.append(f"| {e['model']} | {e['bs']} | {v} | - | {e[f'{v}_error'][:80]} | - | - | - | - | - |")
     for e in res["models"]:
         r = e.get("optimized")
         if isinstance(r, dict):

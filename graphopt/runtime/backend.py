@@ -387,7 +387,7 @@ class CudaBackend(_Backend):
             return outs
 
         # what compile_plan needs to rebind the step to arena outputs and an arena workspace
-        run.lowered = Lowered(lowering, key, fixed, out_shape, out_dtype, n_in, n_out)
+        run.lowered = Lowered(lowering, key, fixed, out_shape, out_dtype, n_in, n_out, workspace)
         capture = None if lowering.capturable else f"lowering {key} cannot be captured in a CUDA graph"
         return run, capture, note
 

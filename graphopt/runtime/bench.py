@@ -17,6 +17,7 @@ import onnx
 
 from graphopt.errors import UsageError
 from graphopt.files import atomic_write
+from graphopt.runtime import host_time
 
 DEFAULT_DIM = 16  # symbolic non-batch dims (sequence lengths) without a --shape
 
@@ -116,23 +117,11 @@ def time_session(label: str, sess, feeds: Mapping[str, Any], batch: int, **kw) -
 
 
 def host_overhead_us(sess, feeds: Mapping[str, Any], repeats: int = 20) -> tuple[float, int]:
-    """(microseconds of host time per executed step, steps) for eager runs: the time ``run`` takes to
-    enqueue everything, without waiting for the device, divided by the plan's steps."""
-    dev_feeds = dict(feeds)
-    if sess.device == "cuda":
-        import cupy
-
-        dev_feeds = {k: cupy.asarray(v) for k, v in feeds.items()}
-    sess.run(dev_feeds)
-    sess.synchronize()
-    steps = max(1, len(sess.last_plan.steps))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        sess.run(dev_feeds)
-        best = min(best, time.perf_counter() - t0)
-        sess.synchronize()
-    return best / steps * 1e6, steps
+    """(microseconds of host time per executed step, steps) for eager runs: the best run's wall time
+    with the GPU held busy and no synchronisation inside the timed region, divided by the plan's
+    steps (``graphopt.runtime.host_time``, the one method every report uses)."""
+    h = host_time.measure(sess, feeds, repeats=repeats, idle=False)
+    return h.us_per_step, h.steps
 
 
 def top_ops(profile: Mapping[str, float], n: int = 15, total_ms: float | None = None) -> list[tuple[str, float, float]]:

@@ -29,7 +29,7 @@ import numpy as np
 from graphopt.lowering import layout
 from graphopt.runtime import ops_std
 from graphopt.runtime.arena import Interval, assign, live_peak
-from graphopt.runtime.replay import StepReplay
+from graphopt.runtime.replay import FreshStepReplay, StepReplay
 
 # standard ops computed straight into their arena buffer: op -> (ufunc name, arity)
 DIRECT = {"Add": ("add", 2), "Sub": ("subtract", 2), "Mul": ("multiply", 2), "Div": ("true_divide", 2),
@@ -192,37 +192,53 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
     for slot, arr in plan.constants:
         template[slot] = arr
     arena_blocks = set()
+    # slots whose array (so its address) is the same every run: constants, arena views and the
+    # reshapes of those; every other slot (feeds, pool-allocated outputs) may move between runs
+    stable = {slot for slot, _ in plan.constants} | {n}
     loop = []
     for k, step in enumerate(plan.steps):
         run = step.run
         ins = tuple(n if s is None else s for s in step.inputs)
+        lowered = getattr(step.run, "lowered", None)
         if k in placed:
             views = [(j, s, backend.arena_view(arena, offsets[("out", k, j)], like)) for j, s, like in placed[k]]
             for _, s, v in views:
                 if s is not None:
                     template[s] = v
                     arena_blocks.add(block_of[s])
-            lowered = getattr(step.run, "lowered", None)
             if lowered is not None:
                 ws = backend.arena_view_bytes(arena, offsets[("ws", k)], lowered.workspace_bytes) \
                     if lowered.workspace_bytes else None
-                check = tuple(i for i, s in enumerate(step.inputs)
-                              if s is not None and i not in lowered.fixed
-                              and (s in feed_slots or not layout.is_layout(arrays[s], lowered.lowering.input_layout(i) or "NCHW")))
+                check = _to_check(step, lowered, arrays, feed_slots)
                 out_views = [v for _, _, v in views]
-                run = _lowering_run(lowered, out_views, ws, check, backend.xp)
-                if replay and not check and step.capture is None and getattr(lowered.lowering, "capturable", False):
-                    run = StepReplay(run, out_views, backend.cupy)
-                ins = tuple(_fixed_slot(template, lowered.fixed.get(i)) if i in lowered.fixed else
-                            (n if s is None else s) for i, s in enumerate(step.inputs))
+                ins = _lowered_ins(step, lowered, template, n)
+                run = _lowering_run(lowered, out_views, ws)
+                if replay and _replayable(step, lowered):
+                    run = StepReplay(run, out_views, backend.cupy, _moving(ins, stable, n, check))
+                run = _converting(run, check, lowered, backend.xp)
             else:
                 run = makers[k](views[0][2])
                 if replay and step.capture is None:
-                    run = StepReplay(run, [views[0][2]], backend.cupy)
+                    run = StepReplay(run, [views[0][2]], backend.cupy, _moving(ins, stable, n))
+            stable.update(s for _, s, _ in views if s is not None)
+        elif lowered is not None:
+            # a lowering writing a graph output (or a view of one): new output arrays every run, the
+            # rest bound once as for the arena steps
+            check = _to_check(step, lowered, arrays, feed_slots)
+            alloc = _output_alloc(lowered, backend.xp)
+            ins = _lowered_ins(step, lowered, template, n)
+            if replay and _replayable(step, lowered):
+                run = FreshStepReplay(_launch_into(lowered, lowered.workspace), alloc, backend.cupy,
+                                      _moving(ins, stable, n, check))
+            else:
+                run = _fresh_run(lowered, alloc, lowered.workspace)
+            run = _converting(run, check, lowered, backend.xp)
         elif step.kind == "std" and step.op in RESHAPES and step.outputs and step.outputs[0] is not None:
             shape = tuple(arrays[step.outputs[0]].shape)
             run = _reshape_run(shape)
             ins = ins[:1]
+            if ins[0] in stable and block_of[step.outputs[0]] == block_of[step.inputs[0]]:
+                stable.add(step.outputs[0])  # a view of a fixed buffer (a reshape that copies is a new array each run)
         step.run = run
         outs = tuple(n + 1 if s is None else s for s in step.outputs)
         free = tuple(s for s in step.free if block_of[s] not in arena_blocks)
@@ -235,8 +251,9 @@ class Lowered:
     """What a custom step running a lowering needs to be rebound (``backend.custom_step`` attaches it
     to the step's run function as ``run.lowered``)."""
 
-    def __init__(self, lowering, key: str, fixed: dict, out_shape: tuple, out_dtype, n_in: int, n_out: int):
-        self.lowering, self.key, self.fixed = lowering, key, fixed
+    def __init__(self, lowering, key: str, fixed: dict, out_shape: tuple, out_dtype, n_in: int, n_out: int,
+                 workspace=None):
+        self.lowering, self.key, self.fixed, self.workspace = lowering, key, fixed, workspace
         self.out_shape, self.out_dtype, self.n_in, self.n_out = tuple(out_shape), out_dtype, n_in, n_out
         self.launch = lowering.launch
         self.workspace_bytes = int(lowering.workspace_bytes or 0)
@@ -246,29 +263,93 @@ class Lowered:
         return layout.empty(self.out_shape, self.out_dtype, self.lowering.output_layout(self.n_in, j) or "NCHW", xp)
 
 
+def _to_check(step, lowered, arrays, feed_slots) -> tuple:
+    """The inputs a lowered step converts to its declared layout every run: the caller's feeds, and
+    those that were in another layout when traced (a region's edge); constants were converted once."""
+    return tuple(i for i, s in enumerate(step.inputs)
+                 if s is not None and i not in lowered.fixed
+                 and (s in feed_slots or not layout.is_layout(arrays[s], lowered.lowering.input_layout(i) or "NCHW")))
+
+
+def _lowered_ins(step, lowered, template: list, n: int) -> tuple:
+    """A lowered step's input slots, its constants (already in the lowering's layout) in slots of their own."""
+    return tuple(_fixed_slot(template, lowered.fixed.get(i)) if i in lowered.fixed else
+                 (n if s is None else s) for i, s in enumerate(step.inputs))
+
+
+def _moving(ins: tuple, stable: set, n: int, check: tuple = ()) -> tuple:
+    """The positions of the inputs whose address may change between runs (a replay's key): those
+    not in ``stable`` and those converted every run (``check``: a new array each time). Slots past
+    the plan's own (``n + 1``) are the constants ``_fixed_slot`` added: they never move."""
+    return tuple(i for i, s in enumerate(ins) if i in check or (s <= n + 1 and s not in stable))
+
+
+def _replayable(step, lowered) -> bool:
+    return step.capture is None and bool(getattr(lowered.lowering, "capturable", False))
+
+
+def _output_alloc(lowered, xp):
+    """``alloc() -> outputs``: new arrays in the lowering's declared shapes, dtype and layouts
+    (shapes and layouts decided here, once)."""
+    specs = [lowered.empty_like(j, xp) for j in range(lowered.n_out)]
+    if all(a.flags.c_contiguous for a in specs):
+        shapes = [(tuple(a.shape), a.dtype) for a in specs]
+        empty = xp.empty
+        return lambda: [empty(shape, dtype) for shape, dtype in shapes]
+    return lambda: [lowered.empty_like(j, xp) for j in range(lowered.n_out)]
+
+
 def _fixed_slot(template: list, arr) -> int:
     """A new slot at the end of ``template`` holding ``arr`` (a constant input already in the lowering's layout)."""
     template.append(arr)
     return len(template) - 1
 
 
-def _lowering_run(lowered, outs: list, ws, check: tuple, xp):
+def _fresh_run(lowered, alloc, ws):
     launch = lowered.launch
-    to_layout, input_layout = layout.to_layout, lowered.lowering.input_layout
-    if not check:
-        def run(ins):
-            launch(ins, outs, ws)
-            return outs
 
-        return run
-
-    def run_checked(ins):
-        for i in check:
-            ins[i] = to_layout(ins[i], input_layout(i) or "NCHW", xp)
+    def run(ins):
+        outs = alloc()
         launch(ins, outs, ws)
         return outs
 
-    return run_checked
+    return run
+
+
+def _launch_into(lowered, ws):
+    """``run((ins, outs))``: the launch writing ``outs`` (``FreshStepReplay``'s step)."""
+    launch = lowered.launch
+
+    def run(a):
+        launch(a[0], a[1], ws)
+
+    return run
+
+
+def _lowering_run(lowered, outs: list, ws):
+    launch = lowered.launch
+
+    def run(ins):
+        launch(ins, outs, ws)
+        return outs
+
+    return run
+
+
+def _converting(run, check: tuple, lowered, xp):
+    """``run`` after converting the inputs at ``check`` to the lowering's declared layouts (a copy
+    only for an input not already in it); ``run`` itself when there are none."""
+    if not check:
+        return run
+    to_layout, input_layout = layout.to_layout, lowered.lowering.input_layout
+    conv = tuple((i, input_layout(i) or "NCHW") for i in check)
+
+    def run_converted(ins):
+        for i, lay in conv:
+            ins[i] = to_layout(ins[i], lay, xp)
+        return run(ins)
+
+    return run_converted
 
 
 def _direct_run(step, out, xp):

@@ -55,9 +55,11 @@ class ndarray(np.ndarray):  # noqa: N801 - mirrors cupy.ndarray
 
     @property
     def data(self):  # cupy: a MemoryPointer with .mem (the pool block) and .ptr
+        _count("data")
         return _Data(self)
 
     def get(self, stream=None):
+        _count("to_host")
         return np.array(self, copy=True).view(np.ndarray)
 
 
@@ -78,11 +80,41 @@ def _lift(fn):
     return f
 
 
+CALLS: dict = {}  # with make(graphs=True): device-API-like calls by name (a host-cost proxy: each costs CuPy ~0.5-3 us)
+_GRAPHS: list = [False]  # whether captures succeed (make(graphs=True))
+
+
+def _count(name):
+    CALLS[name] = CALLS.get(name, 0) + 1
+
+
+class _Graph:
+    """A captured "graph": launching it does nothing here (the fake computes eagerly while capturing)."""
+
+    def launch(self, stream=None):
+        _count("graph_launch")
+
+    def upload(self, stream=None):
+        pass
+
+
+class _RawKernel:
+    def __init__(self, source, name, **kw):
+        self.name = name
+
+    def __call__(self, grid, block, args, **kw):
+        _count("kernel_launch")
+
+
 class _Stream:
     def __init__(self, non_blocking=False, null=False):
         self.ptr = 0 if null else next(_ptrs)
         self.capturing = False
         self.waits = 0
+
+    def is_capturing(self):
+        _count("is_capturing")
+        return self.capturing
 
     def __enter__(self):
         _current.append(self)
@@ -99,13 +131,15 @@ class _Stream:
         self.waits += 1
 
     def synchronize(self):
-        pass
+        _count("synchronize")
 
     def begin_capture(self):
         self.capturing = True
 
     def end_capture(self):  # as CUDA reports a capture that an illegal call invalidated
         self.capturing = False
+        if _GRAPHS[0]:
+            return _Graph()
         raise RuntimeError("cudaErrorStreamCaptureInvalidated: fake CuPy cannot capture")
 
 
@@ -116,8 +150,12 @@ class _Event:
     def record(self, stream=None):
         self.records += 1
 
+    @property
+    def done(self):
+        return True
+
     def synchronize(self):
-        pass
+        _count("synchronize")
 
 
 _null = _Stream(null=True)
@@ -130,7 +168,7 @@ class _Device:
         self.compute_capability = "90"
 
     def synchronize(self):
-        pass
+        _count("synchronize")
 
 
 class _Pool:
@@ -141,8 +179,13 @@ class _Pool:
         pass
 
 
-def make():
-    """A fresh fake ``cupy`` module, plus the ``cupyx`` pieces the ops use."""
+def make(graphs: bool = False):
+    """A fresh fake ``cupy`` module, plus the ``cupyx`` pieces the ops use. ``graphs``: stream
+    captures succeed (their graphs launch as no-ops), ``RawKernel`` launches count and do nothing,
+    and ``CALLS`` counts those calls, pointer reads and allocations (the host-cost benchmark's and
+    the step-replay tests' fake; the runtime's other tests keep a fake that cannot capture)."""
+    _GRAPHS[0] = graphs
+    CALLS.clear()
     cp = types.ModuleType("cupy")
     cp.__fake__ = True
     for name in dir(np):
@@ -154,9 +197,22 @@ def make():
     cp.ndarray = ndarray
     cp.asarray = lambda a, dtype=None: _wrap(np.array(a, dtype=dtype, copy=True) if not isinstance(a, np.ndarray)
                                              else np.asarray(a, dtype=dtype).copy())
-    cp.asnumpy = lambda a, stream=None: np.array(a, copy=True).view(np.ndarray)
+    def asnumpy(a, stream=None):
+        _count("to_host")
+        return np.array(a, copy=True).view(np.ndarray)
+
+    cp.asnumpy = asnumpy
     cp.from_dlpack = lambda t: _wrap(np.from_dlpack(t))
     cp.get_default_memory_pool = lambda: _Pool()
+    if graphs:
+        cp.RawKernel = _RawKernel
+        np_empty = cp.empty
+
+        def empty(*a, **k):
+            _count("empty")
+            return np_empty(*a, **k)
+
+        cp.empty = empty
     cuda = types.SimpleNamespace()
     cuda.Stream = _Stream
     cuda.Event = _Event

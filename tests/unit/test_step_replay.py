@@ -117,3 +117,56 @@ def test_a_step_that_refuses_capture_launches_from_then_on():
     assert step([arr(5)]) is outs and step([arr(5)]) is outs and step([arr(5)]) is outs
     assert step.failed and not step.graphs
     assert cp.log == ["launch", "record", "launch", "launch"]  # the failed recording's run still launched
+
+
+class Unread:
+    """An input whose address must never be read (a constant or an arena view: it cannot move)."""
+
+    @property
+    def data(self):
+        raise AssertionError("a stable input's address was read")
+
+
+def test_only_the_moving_inputs_are_read_for_the_key():
+    cp = FakeCupy()
+    outs = ["out"]
+    step = StepReplay(lambda ins: (cp.log.append("record" if cp.recording else "launch"), outs)[1], outs, cp,
+                      moving=(1,))
+    for _ in range(3):
+        assert step([Unread(), arr(9), Unread()]) is outs
+    assert cp.log == ["launch", "record", "replay", "replay"]
+    assert step.stats == {"replayed": 1, "recorded": 1, "launched": 1}
+    cp.log.clear()
+    step([Unread(), arr(10), Unread()])  # the moving input moved: launched, not replayed
+    assert cp.log == ["launch"]
+    none_moving = StepReplay(lambda ins: outs, outs, cp, moving=())
+    for _ in range(3):
+        none_moving([Unread()])
+    assert none_moving.stats == {"replayed": 1, "recorded": 1, "launched": 1}
+
+
+def test_fresh_outputs_are_part_of_the_key_and_returned_every_run():
+    cp = FakeCupy()
+    blocks = iter([arr(500), arr(500), arr(600), arr(500), arr(500)])
+    got = []
+
+    def launch(a):
+        ins, outs = a
+        cp.log.append("record" if cp.recording else "launch")
+        got.append(outs[0].data.ptr)
+
+    step = replay.FreshStepReplay(launch, lambda: [next(blocks)], cp, moving=(0,))
+    x = [arr(1)]
+    results = [step(x)[0].data.ptr for _ in range(5)]
+    assert results == [500, 500, 600, 500, 500]  # each run's own output array is what it returns
+    # 500: launched, then recorded (second sight); 600: a new address, launched; 500 again: replayed
+    assert cp.log == ["launch", "record", "replay", "launch", "replay", "replay"]
+    assert step.stats == {"replayed": 2, "recorded": 1, "launched": 2}
+
+
+def test_the_memory_of_seen_addresses_is_bounded():
+    cp = FakeCupy()
+    step, _ = make(cp)
+    for p in range(replay.MAX_SEEN * 3):
+        step([arr(p)])
+    assert len(step.seen) <= replay.MAX_SEEN and not step.graphs

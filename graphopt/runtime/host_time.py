@@ -1,0 +1,179 @@
+"""Host time of the runtime without CUDA graphs: what an eager ``Session.run`` costs the CPU.
+
+The one method ``graphopt bench``, ``bench/e2e.py`` (``host_us_per_node``) and
+``bench/host_overhead.py`` share (issue 15: at most 15 us per node).
+
+What is timed: the wall time of one ``sess.run`` (feed checks, the compiled loop, every launch),
+with the device synchronised *before* the timed region and *after* it, never inside it. Before
+each timed run a *hold kernel* is enqueued on the session's stream: it spins on the GPU for longer
+than the run takes on the host, so none of the run's work can start, finish or be waited for while
+the host enqueues it, whatever the batch size. Without it, at batch 32 the GPU needs longer per
+step than the host (ResNet-50: ~26 us against ~11), so the run's tail could meet anything that
+waits on device progress (a full launch queue, a pool that synchronises) and count device time as
+host time; with it the figure is the same at every batch size unless the host itself blocks.
+Whether the hold lasted is checked (an event recorded after the hold kernel must still be pending
+when the timed run returns); a hold that ended early is doubled and the run timed again.
+
+Reported per run (``HostTime``): the best and the median wall time, and the thread's CPU time
+(``time.thread_time``) of the same run: wall well above CPU time means the thread waited (blocked
+in the driver, or descheduled), which the wall figure keeps: nothing is subtracted. The headline
+``us_per_step`` is the best run's wall time divided by the plan's steps (as before this module).
+The ``idle_*`` fields time the same runs without the hold (the method before 2026-12-05), for
+comparison only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+HOLD_SOURCE = r'''
+extern "C" __global__ void graphopt_hold(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+'''
+_HOLD: list = []
+MIN_HOLD_US = 2000.0
+MAX_HOLD_US = 500_000.0
+
+
+def cuda_hold(cupy) -> Callable[[Any, float], Any]:
+    """``hold(stream, us) -> event``: a kernel that keeps ``stream`` busy for ``us`` microseconds of
+    GPU time, and an event recorded after it (pending while the hold lasts)."""
+    if not _HOLD:
+        _HOLD.append(cupy.RawKernel(HOLD_SOURCE, "graphopt_hold"))
+    kernel = _HOLD[0]
+
+    def hold(stream, us: float):
+        with stream:
+            kernel((1,), (1,), (cupy.uint64(int(us * 1000)),))
+            ev = cupy.cuda.Event(disable_timing=True)
+            ev.record(stream)
+        return ev
+
+    return hold
+
+
+@dataclass
+class HostTime:
+    steps: int
+    wall_us: list = field(default_factory=list)      # per timed run (GPU held)
+    cpu_us: list = field(default_factory=list)       # thread CPU time of the same runs
+    idle_wall_us: list = field(default_factory=list)  # the same run with the GPU idle at its start (no hold)
+    held: bool = False                               # every timed run had the GPU held throughout
+    hold_us: float = 0.0
+
+    @property
+    def us_per_step(self) -> float:
+        return min(self.wall_us) / self.steps
+
+    def to_dict(self) -> dict:
+        per = self.steps
+
+        def r(x):
+            return None if x is None else round(x, 2)
+
+        return {"steps": self.steps, "host_us_per_node": r(min(self.wall_us) / per),
+                "host_us_per_node_median": r(statistics.median(self.wall_us) / per),
+                "host_cpu_us_per_node": r(min(self.cpu_us) / per) if self.cpu_us else None,
+                "host_idle_gpu_us_per_node": r(min(self.idle_wall_us) / per) if self.idle_wall_us else None,
+                "gpu_held": self.held, "hold_us": r(self.hold_us), "runs": len(self.wall_us),
+                "method": "wall time of one Session.run, GPU held by a spin kernel, synchronised outside the timed region"}
+
+
+def _device_feeds(sess, feeds: Mapping[str, Any]) -> dict:
+    """The feeds on the session's device once, outside every timed region."""
+    if sess.device == "cuda":
+        cupy = sess.backend.cupy
+        return {k: cupy.asarray(v) for k, v in feeds.items()}
+    return dict(feeds)
+
+
+def measure(sess, feeds: Mapping[str, Any], repeats: int = 20, *, hold: Callable | None = None,
+            warmup: int = 3, idle: bool = True) -> HostTime:
+    """Time ``repeats`` eager runs of ``sess`` (built with ``cuda_graphs=False``) as the module docstring says.
+
+    ``warmup`` runs first (trace, then each step's CUDA graph recorded on its second run); ``hold``
+    defaults to :func:`cuda_hold` on cuda and to nothing elsewhere (no device to wait for)."""
+    dev = _device_feeds(sess, feeds)
+    cuda = sess.device == "cuda"
+    if hold is None and cuda:
+        hold = cuda_hold(sess.backend.cupy)
+    for _ in range(max(1, warmup)):
+        sess.run(dev)
+        sess.synchronize()
+    res = HostTime(steps=max(1, len(sess.last_plan.steps)))
+    hold_us = MIN_HOLD_US
+    held_all = hold is not None
+    for _ in range(max(1, repeats)):
+        ev = None
+        for _attempt in range(8):
+            sess.synchronize()
+            ev = hold(sess.backend.stream, hold_us) if hold is not None else None
+            c0 = time.thread_time()
+            t0 = time.perf_counter()
+            sess.run(dev)
+            t1 = time.perf_counter()
+            c1 = time.thread_time()
+            if ev is None or not ev.done:
+                break
+            hold_us = min(MAX_HOLD_US, max(hold_us * 2, 3 * (t1 - t0) * 1e6))  # the hold ended early: longer
+        else:
+            held_all = False
+        sess.synchronize()
+        res.wall_us.append((t1 - t0) * 1e6)
+        res.cpu_us.append((c1 - c0) * 1e6)
+        if idle and hold is not None:
+            sess.synchronize()
+            t0 = time.perf_counter()
+            sess.run(dev)
+            res.idle_wall_us.append((time.perf_counter() - t0) * 1e6)
+            sess.synchronize()
+    res.held, res.hold_us = held_all, hold_us if hold is not None else 0.0
+    return res
+
+
+def per_op(sess, feeds: Mapping[str, Any], repeats: int = 5, *, hold: Callable | None = None) -> list:
+    """``[op, steps, host us per run]`` by op type, costliest first: each ``step.run`` timed on the
+    host inside a compiled run whose GPU is held as in :func:`measure` (no synchronisation inside
+    the run; the timing hook's own ~0.2 us per step is included)."""
+    from collections import defaultdict
+
+    dev = _device_feeds(sess, feeds)
+    cuda = sess.device == "cuda"
+    if hold is None and cuda:
+        hold = cuda_hold(sess.backend.cupy)
+    sess.run(dev)
+    sess.synchronize()
+    t0 = time.perf_counter()
+    sess.run(dev)
+    hold_us = max(4 * MIN_HOLD_US, 3 * (time.perf_counter() - t0) * 1e6)  # longer than a timed run
+    sess.synchronize()
+    plan = sess.last_plan
+    tot: dict[str, float] = defaultdict(float)
+    clock = time.perf_counter
+
+    def timed(step, ins):
+        t0 = clock()
+        outs = step.run(ins)
+        tot[step.op] += clock() - t0
+        return outs
+
+    for _ in range(max(1, repeats)):
+        sess.synchronize()
+        if hold is not None:
+            hold(sess.backend.stream, hold_us)
+        if cuda:
+            with sess.backend.stream:
+                plan.execute(sess._convert_feeds(dev), timed)
+        else:
+            plan.execute(sess._convert_feeds(dev), timed)
+        sess.synchronize()
+    cnt: dict[str, int] = defaultdict(int)
+    for s in plan.steps:
+        cnt[s.op] += 1
+    return sorted(([op, cnt[op], tot[op] / repeats * 1e6] for op in tot), key=lambda r: -r[2])

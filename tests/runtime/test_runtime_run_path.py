@@ -1,0 +1,253 @@
+"""The eager run path of a compiled plan on the fake CuPy with captures that succeed
+(``_fake_cupy.make(graphs=True)``), step graphs on as on a GPU: what each run does per step.
+
+- a lowered step writing a graph output is bound once (output shapes, layouts, workspace) and
+  replayed from its own graph keyed by its output's address, returning a new array every run;
+- a replay key reads only the inputs that can move (feeds, pool tensors), never constants or arena views;
+- an input converted every run (a feed into an NHWC lowering) no longer stops the replay;
+- nothing on the run path synchronises or copies to the host.
+
+A recorded graph is emulated faithfully: launching it runs the recorded launch on the recorded
+arrays (same addresses; kept alive, so no other array can take them)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+
+import _fake_cupy
+from _runtime_helpers import ort_run, random_feeds, rel_err
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def graphs_cuda(monkeypatch):
+    cp, extra = _fake_cupy.make(graphs=True)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    for k, v in extra.items():
+        monkeypatch.setitem(sys.modules, k, v)
+    from graphopt.lowering import barrier
+    from graphopt.runtime import backend, replay
+
+    monkeypatch.setattr(backend, "_STREAMS", [])
+    monkeypatch.setattr(backend, "_BLAS", {})
+    monkeypatch.setattr(barrier, "_KERNEL", [])
+
+    def record(self, arg, key):  # the graph: the recorded launch on the recorded arrays
+        graph = SimpleNamespace(launch=lambda stream: (_fake_cupy._count("graph_launch"), self.run_step(arg)))
+        self.graphs[key] = (graph, None)
+        return graph
+
+    monkeypatch.setattr(replay.StepReplay, "_record", record)
+    yield cp
+    _fake_cupy.make()  # later tests get the fake that cannot capture
+
+
+def _computing_lowerings(monkeypatch):
+    """Every custom op "builds" a lowering that computes its device fallback into the given outputs
+    (NHWC in and out for CBR, as cuDNN's; a barrier; capturable; a workspace)."""
+    from graphopt.lowering.contract import Lowering
+    from graphopt.runtime import backend, ops_custom, ops_std
+
+    real_custom = backend.CudaBackend.custom_step
+
+    def custom_step(self, graph, node, in_arrays):
+        ctx = ops_std.OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
+        attrs = ops_custom.op_attrs(node)
+        impl = ops_custom.device_impl(node.op_type)
+
+        def build(_self, op, key, sig):
+            def launch(inputs, outputs, workspace):
+                assert workspace is not None
+                for out, y in zip(outputs, impl(ctx, inputs, attrs)):
+                    out[...] = y
+
+            lays = ("NHWC", "NHWC", "", "NHWC", "NHWC") if op == "CBR" else ()
+            return Lowering(launch=launch, workspace_bytes=256, barrier=True, capturable=True, layouts=lays), None
+
+        monkeypatch.setattr(backend.CudaBackend, "_build", build)
+        return real_custom(self, graph, node, in_arrays)
+
+    monkeypatch.setattr(backend.CudaBackend, "custom_step", custom_step)
+    monkeypatch.setattr(ops_custom, "lowering_key", lambda node, dims: "fake")
+
+
+def _session(path):
+    from graphopt.runtime import Session
+
+    sess = Session(path, device="cuda", cuda_graphs=False)
+    sess.backend.step_graphs = True  # as on a real CuPy (the fake has no RawModule)
+    return sess
+
+
+def test_graph_output_steps_replay_and_every_run_returns_new_outputs(graphs_cuda, monkeypatch):
+    import graphopt
+    from graphopt.runtime import to_numpy
+    from graphopt.runtime.replay import FreshStepReplay, StepReplay
+
+    path = str(ROOT / "models" / "resnet_style.onnx")
+    opt, _ = graphopt.optimize(path, gpu="none")
+    _computing_lowerings(monkeypatch)
+    sess = _session(opt)
+    feeds = random_feeds(opt, np.random.default_rng(0))
+    dev = {k: graphs_cuda.asarray(v) for k, v in feeds.items()}  # one feed buffer, refilled: a caller's loop
+    kept = []
+    for seed in range(5):
+        new = random_feeds(opt, np.random.default_rng(seed))
+        for k in dev:
+            dev[k][...] = new[k]
+        want = ort_run(path, new)
+        got = sess.run(dev)
+        for k, w in want.items():
+            assert rel_err(to_numpy(got[k]), w) <= 1e-3, (k, seed)
+            kept.append((got[k], to_numpy(got[k]).copy()))
+    for arr, copy in kept:  # earlier results stay valid: every run wrote new output arrays
+        np.testing.assert_array_equal(to_numpy(arr), copy)
+    assert len({id(a) for a, _ in kept}) == len(kept)
+    plan = sess.last_plan
+    outs = {s for _, s in plan.outputs}
+    to_out = [s for s in plan.steps if s.lowering == "fake" and set(s.outputs) & outs]
+    assert to_out and all(isinstance(s.run, FreshStepReplay) for s in to_out)
+    replays = [s.run for s in plan.steps if isinstance(s.run, StepReplay) and not isinstance(s.run, FreshStepReplay)]
+    assert sum(r.replayed for r in replays) > 0  # the arena steps replay their graphs
+    stable = [r for r in replays if r.moving == ()]
+    assert stable  # steps reading only arena views and constants read no address at all
+
+
+def test_a_fresh_output_graph_is_replayed_when_the_caller_drops_the_result(graphs_cuda, monkeypatch):
+    """The pool hands a dropped output's block back: the output-keyed graph then replays (here: a
+    fixed allocator returning the same buffer, as CuPy's pool does for a freed block, and the same
+    input arrays)."""
+    import graphopt
+    from graphopt.runtime import to_numpy
+    from graphopt.runtime.replay import FreshStepReplay
+
+    path = str(ROOT / "models" / "resnet_style.onnx")
+    opt, _ = graphopt.optimize(path, gpu="none")
+    _computing_lowerings(monkeypatch)
+    sess = _session(opt)
+    feeds = random_feeds(opt, np.random.default_rng(3))
+    want = ort_run(path, feeds)["logits"]
+    sess.run(feeds)
+    seen = {}
+
+    def hook(step, ins):
+        if isinstance(step.run, FreshStepReplay):
+            seen[step.label] = (step.run, list(ins))
+        return step.run(ins)
+
+    with sess.backend.stream:
+        sess.last_plan.execute(sess._convert_feeds(feeds), hook)
+    assert seen
+    for f, ins in seen.values():
+        bufs = f.alloc()
+        f.alloc = lambda bufs=bufs: list(bufs)  # the same block every run
+        r0 = f.replayed
+        for _ in range(4):
+            (out,) = f(list(ins))
+            assert out is bufs[0]
+            assert rel_err(to_numpy(out), want) <= 1e-3
+        assert f.replayed - r0 >= 2 and f.recorded == 1  # recorded once (its second sight), replayed after
+
+
+def test_a_converted_feed_no_longer_stops_the_replay(graphs_cuda, monkeypatch):
+    """The first CBR reads the caller's feed (converted to NHWC every run): replayed when the
+    converted buffer's address repeats, launched (correctly) when it does not."""
+    import graphopt
+    from graphopt.runtime import to_numpy
+    from graphopt.runtime.replay import StepReplay
+
+    path = str(ROOT / "models" / "resnet_style.onnx")
+    opt, _ = graphopt.optimize(path, gpu="none")
+    _computing_lowerings(monkeypatch)
+    sess = _session(opt)
+    feeds = random_feeds(opt, np.random.default_rng(4))
+    dev = {k: graphs_cuda.asarray(v) for k, v in feeds.items()}
+    want = ort_run(path, feeds)
+    for _ in range(3):
+        got = sess.run(dev)
+    for k, w in want.items():
+        assert rel_err(to_numpy(got[k]), w) <= 1e-3
+    plan = sess.last_plan
+    feed_slots = {s for _, s in plan.inputs}
+    first = next(s for s in plan.steps if s.lowering == "fake" and set(s.inputs) & feed_slots)
+    inner = first.run
+    assert not isinstance(inner, StepReplay)  # the conversion runs first, then the replaying launch
+    cells = [c.cell_contents for c in inner.__closure__ or ()]
+    rep = next(c for c in cells if isinstance(c, StepReplay))
+    assert rep.moving and rep.launched >= 1
+
+
+def _nhwc_flatten_model():
+    """Conv + Relu (a CBR with NHWC output) -> Flatten (a copy: NHWC is not C order) -> Gemm (GemmAct)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w", (4, 3, 3, 3)), ("b", (4,)), ("w2", (64, 5)), ("b2", (5,)))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("Gemm", ["f", "w2", "b2"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_reshape_that_copies_an_arena_view_is_a_moving_input(graphs_cuda, monkeypatch, tmp_path):
+    """Flatten of an NHWC arena view copies into a new array every run: the GemmAct reading it keys
+    its replay on that array's address (were it taken for a fixed buffer, a replay would read the
+    first run's copy: stale outputs)."""
+    import graphopt
+    from graphopt.runtime import to_numpy
+
+    src = _nhwc_flatten_model()
+    path = tmp_path / "m.onnx"
+    onnx.save(src, path)
+    opt, _ = graphopt.optimize(src, gpu="none")
+    _computing_lowerings(monkeypatch)
+    sess = _session(opt)
+    x = graphs_cuda.asarray(np.zeros((1, 3, 4, 4), np.float32))
+    for seed in range(5):
+        feed = random_feeds(src, np.random.default_rng(seed))
+        x[...] = feed["x"]
+        got = to_numpy(sess.run({"x": x})["y"])
+        assert rel_err(got, ort_run(str(path), feed)["y"]) <= 1e-3, seed
+    flat = next(s for s in sess.last_plan.steps if s.op == "Flatten")
+    gemm = next(s for s in sess.last_plan.steps if s.op == "GemmAct")
+    assert flat.outputs[0] in gemm.inputs and gemm.run.moving == (gemm.inputs.index(flat.outputs[0]),)
+
+
+def test_a_compiled_eager_run_never_synchronises_or_reads_back(graphs_cuda, monkeypatch):
+    """Whatever the batch, nothing on the run path waits for the device (the host time figure
+    cannot contain device time): no stream / event / device synchronisation, no device-to-host copy."""
+    import graphopt
+
+    for name in ("resnet_style.onnx", "torch/gpt2_dynamo_op18.onnx"):
+        opt, _ = graphopt.optimize(str(ROOT / "models" / name), gpu="none")
+        sess = _session(opt)
+        feeds = random_feeds(opt, np.random.default_rng(0))
+        dev = {k: graphs_cuda.asarray(v) for k, v in feeds.items()}
+        for _ in range(3):
+            sess.run(dev)
+        _fake_cupy.CALLS.clear()
+        for _ in range(2):
+            sess.run(dev)
+        assert not {"synchronize", "to_host"} & set(_fake_cupy.CALLS), (name, _fake_cupy.CALLS)
+
+
+def test_the_unoptimized_model_runs_the_same_on_the_replaying_path(graphs_cuda):
+    path = ROOT / "models" / "resnet_style.onnx"
+    sess = _session(path)
+    feeds = random_feeds(onnx.load(path), np.random.default_rng(2))
+    want = ort_run(str(path), feeds)
+    from graphopt.runtime import to_numpy
+
+    for _ in range(3):
+        got = sess.run(feeds)
+    for k, w in want.items():
+        assert rel_err(to_numpy(got[k]), w) <= 1e-3
