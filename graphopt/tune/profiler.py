@@ -200,7 +200,7 @@ class Profiler:
 
     def _store(self, sig: Signature, result: ProfileResult) -> None:
         if self.cache is not None:
-            from graphopt.tune.cache import records_for
+            from graphopt.tune.cache_record import records_for
 
             fresh = [r for r in result.results if not r.cached and (r.ok or r.status in CACHEABLE_FAILURES)]
             self.cache.put_many(records_for(self.device.fingerprint(), sig.key(), sig.op, fresh))

@@ -6,7 +6,8 @@ import pytest
 
 from graphopt.errors import UsageError
 from graphopt.ir import from_model
-from graphopt.tune.cache import CACHE_FILE, TuningCache
+from graphopt.tune.cache import TuningCache
+from graphopt.tune.cache_file import CACHE_FILE
 from graphopt.tune.candidate_run import FakeTimer
 from graphopt.tune.gpus import DeviceInfo
 from graphopt.tune.tuner import TuningBackend, tune_graph
