@@ -124,7 +124,7 @@ class TunerChoice:
             arch = device_arch()
             compute_capability = tuple(int(c) for c in cupy.cuda.Device().compute_capability)
         if runner is None:
-            from graphopt.tune.profiler import IsolatedRunner
+            from graphopt.tune.runners import IsolatedRunner
 
             runner = IsolatedRunner(backend.timer, backend.checker, backend.buffers, arch, timeout_s=timeout_s)
         self.backend, self.arch, self.cc, self.runner, self.timeout_s = backend, arch, tuple(compute_capability), runner, timeout_s

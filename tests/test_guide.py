@@ -217,8 +217,9 @@ def cpu_candidates(sig):
 def _profile(isolate: bool):
     from graphopt.ir import load_model
     from graphopt.kernels.check import numpy_checker
+    from graphopt.tune.candidate_run import FakeTimer
     from graphopt.tune.gpus import DeviceInfo
-    from graphopt.tune.profiler import FakeTimer, Profiler
+    from graphopt.tune.profiler import Profiler
     from graphopt.tune.select import select_lowerings
 
     h200 = DeviceInfo(0, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0")

@@ -37,7 +37,7 @@ from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.lowering.contract import Candidate, Signature
 from graphopt.ops.attention import operands as attention_operands
-from graphopt.kernels.cbr import ptr
+from graphopt.kernels.mma_args import ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")

@@ -19,7 +19,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.cbr import ptr
+from graphopt.kernels.mma_args import ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 

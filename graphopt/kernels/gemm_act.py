@@ -18,8 +18,8 @@ from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
-from graphopt.kernels.cbr import TiledMmaParams, VEC, mma_family, ptr
-from graphopt.kernels.mma_args import mma_args
+from graphopt.kernels.mma_args import mma_args, ptr
+from graphopt.kernels.mma_tiles import VEC, TiledMmaParams, mma_family
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")

@@ -24,7 +24,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
-from graphopt.kernels.cbr import ptr
+from graphopt.kernels.mma_args import ptr
 from graphopt.kernels.source import get_kernel, instance, source_hash
 
 OPS = ("LayerNorm", "RMSNorm")

@@ -148,7 +148,7 @@ def candidate_from_key(op: str, key: str) -> Candidate:
 
 def all_kernel_instances() -> list[tuple[str, str]]:
     """Every (source, template instance) any candidate can compile, for CI and prebuilding."""
-    from graphopt.kernels.cbr import PIPE_DTYPES, PIPE_STAGES, PIPE_TILES, TILE_CONFIGS_BK
+    from graphopt.kernels.mma_tiles import PIPE_DTYPES, PIPE_STAGES, PIPE_TILES, TILE_CONFIGS_BK
     from graphopt.kernels.pool import instances as pool_instances
     from graphopt.kernels.source import instance
 

@@ -5,8 +5,11 @@ Public API (each lives in its own module; this package re-exports the main entry
 - ``gpus``: ``normalize_gpu_name``, ``known_gpu_names``, ``detect_devices``, ``resolve_target``, ``DeviceInfo``
 - ``heuristic``: ``heuristic_lowering(op_type, sig, cc)``
 - ``select``: ``select_lowerings(graph, gpu, cache=, profile=, shapes=)`` -> ``SelectionReport``
-- ``cache``: ``TuningCache`` (sqlite, export/import JSON), ``default_cache_dir``
-- ``profiler``: ``profile_node``, ``Profiler``, ``FakeTimer``
+- ``cache``: ``TuningCache`` (lookup and store); ``cache_file`` (the sqlite file: ``default_cache_dir``, schema,
+  distrust), ``cache_record`` (``TimingRecord``), ``cache_export`` (export/import JSON)
+- ``profiler``: ``profile_node`` (one signature), ``Profiler`` (many, through the cache, over the GPUs);
+  ``candidate_run`` (one candidate's build, check and time; ``FakeTimer``), ``runners`` (in a worker
+  process or inline), ``results``, ``tuning_time`` (``TuningTime``, ``Budget``), ``progress``
 - ``tuner``: ``tune_graph(graph, gpu, shapes=, cache=True)``: selection wired to the detected devices,
   the default tuning cache and the kernels' backend (what the pipeline should call)
 - ``cache_cli``: the click group ``cache`` (mounted by ``graphopt/cli.py``)

@@ -16,7 +16,8 @@ from pathlib import Path
 import click
 
 from graphopt.errors import GraphoptError
-from graphopt.tune.cache import CACHE_FILE, TuningCache, default_cache_dir
+from graphopt.tune.cache import TuningCache
+from graphopt.tune.cache_file import CACHE_FILE, default_cache_dir
 from graphopt.tune.gpus import normalize_gpu_name
 
 

@@ -12,18 +12,8 @@ For each candidate, in the order given:
 
 Every result is kept; the fastest passing candidate wins (ties: the earlier candidate).
 
-The protocols (the real implementations live with the kernels, in ``graphopt/kernels``):
-
-- ``Timer``:   ``timer(launch, inputs, outputs) -> list[float]`` (ms per timed run; warm-up,
-  repetitions and L2-rotation are the timer's business). ``FakeTimer`` is the test double.
-- ``Checker``: ``checker(sig, launch) -> str | None``: run on fresh random inputs, compare with
-  the op's reference, return the reason when wrong.
-- ``Buffers``: ``buffers(sig) -> (inputs, outputs)`` for timing (default: two empty lists).
-
-With ``isolate=True`` the candidates, timer, checker and buffers are sent to the worker process
-(``python -m graphopt.tune._worker``) as pickles over a pipe, so they must be picklable:
-module-level classes and functions. This is messaging with our own child process, not storage;
-the tuning cache never uses pickle.
+The steps of one candidate live in :mod:`graphopt.tune.candidate_run`, where it runs (a worker
+process or this one) in :mod:`graphopt.tune.runners`, the results in :mod:`graphopt.tune.results`.
 """
 
 from __future__ import annotations
@@ -31,522 +21,18 @@ from __future__ import annotations
 import math
 import os
 import queue
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import traceback
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
-
-from graphopt.lowering.contract import Candidate, Signature, as_lowering
-
-DEFAULT_TIMEOUT_S = 120.0
-
-# Result statuses.
-OK = "ok"
-PRUNED = "pruned"
-BUILD_FAILED = "build_failed"
-OOM = "out_of_memory"
-WRONG = "wrong_answer"
-ERROR = "error"
-CRASHED = "crashed"
-TIMEOUT = "timeout"
-WORKER_FAILED = "worker_failed"  # the worker process could not start: an environment problem
-SKIPPED = "skipped"  # never run: the tuning budget was spent first
-# A result that leaves the signature's tuning unfinished: the run was cut short, not completed. A
-# candidate killed after its own timeout (a hang) is a failed candidate, not an unfinished run.
-CUT_SHORT = (SKIPPED,)
-
-# Failures that say something about the candidate and are worth caching. A timeout (the GPU may
-# have been busy) or a worker that could not start is not: those are measured again next time.
-CACHEABLE_FAILURES = (BUILD_FAILED, OOM, WRONG, ERROR, CRASHED)
-
-
-class Timer(Protocol):
-    def __call__(self, launch: Callable, inputs: Sequence[Any], outputs: Sequence[Any]) -> list[float]: ...
-
-
-class Checker(Protocol):
-    def __call__(self, sig: Signature, launch: Callable) -> str | None: ...
-
-
-def no_buffers(sig: Signature) -> tuple[list, list]:
-    """Default ``buffers``: nothing (fake launches need no memory)."""
-    return [], []
-
-
-@dataclass(frozen=True)
-class FakeTimer:
-    """Test double for the CUDA-event timer: calls ``launch`` ``reps`` times and uses what it returns.
-
-    A fake candidate's launch returns its simulated run time in ms; a launch returning ``None`` (a
-    real kernel) is an error, so a fake timer is never mistaken for a measurement.
-    """
-
-    reps: int = 5
-
-    def __call__(self, launch, inputs, outputs) -> list[float]:
-        times = []
-        for _ in range(self.reps):
-            t = launch(inputs, outputs)
-            if t is None:
-                raise TypeError("FakeTimer needs launches that return their simulated time in ms")
-            times.append(float(t))
-        return times
-
-
-@dataclass(frozen=True)
-class CandidateResult:
-    """What happened to one candidate: ``ms`` is the median time, ``inf`` unless status is ``ok``."""
-
-    candidate: str
-    lowering: str
-    params: str
-    source_hash: str
-    status: str
-    ms: float = math.inf
-    samples: tuple[float, ...] = ()
-    reason: str = ""
-    cached: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.status == OK and math.isfinite(self.ms)
-
-    def to_dict(self) -> dict:
-        return {
-            "candidate": self.candidate, "lowering": self.lowering, "params": self.params,
-            "status": self.status, "ms": self.ms if math.isfinite(self.ms) else None,
-            "samples": list(self.samples), "reason": self.reason, "cached": self.cached,
-        }
-
-
-@dataclass
-class ProfileResult:
-    """All candidates' results for one signature, and the winner (``None`` when all failed)."""
-
-    signature: str
-    op: str
-    results: list[CandidateResult] = field(default_factory=list)
-    winner: CandidateResult | None = None
-
-    @property
-    def from_cache(self) -> bool:
-        """True when nothing was measured now: every non-pruned result came from the cache."""
-        measured = [r for r in self.results if r.status != PRUNED]
-        return bool(measured) and all(r.cached for r in measured)
-
-    @property
-    def cut_short(self) -> int:
-        """How many candidates were never run (the tuning budget was spent first): when
-        non-zero, this signature's tuning is incomplete and must not be reported as tuned."""
-        return sum(r.status in CUT_SHORT for r in self.results)
-
-    def failure_summary(self) -> str:
-        bad = [f"{r.candidate}: {r.status} ({r.reason})" for r in self.results if not r.ok]
-        return "; ".join(bad) if bad else "no candidates"
-
-
-def _describe_exc(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _is_oom(exc: BaseException) -> bool:
-    # cupy.cuda.memory.OutOfMemoryError, MemoryError, cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY
-    text = f"{type(exc).__name__} {exc}".lower()
-    return isinstance(exc, MemoryError) or "outofmemory" in text or "out of memory" in text or "memoryallocation" in text
-
-
-GPU_LOCK_ENV = "GRAPHOPT_TUNE_GPU_LOCK"  # a worker sharing its GPU with others: the lock file they share
-
-
-@contextmanager
-def _gpu_turn(phases: dict, shared: bool = False) -> Iterator[None]:
-    """Take the GPU when workers share it (``GPU_LOCK_ENV``: an ``flock`` on one file per GPU).
-    A timing holds it alone (``LOCK_EX``), so no timing sees another worker's kernels; checks hold
-    it together (``LOCK_SH``): they overlap one another, never a timing. Builds (cuDNN plan builds,
-    module loads) take no lock. Why checks share: on the H200 a cold ResNet-50 with four workers
-    spent 45.8 s in checks inside an exclusive turn, mostly each cuDNN plan's first execution (its
-    kernels' lazy module load), while the other workers waited (159 s of waits in all)."""
-    path = os.environ.get(GPU_LOCK_ENV)
-    if not path:
-        yield
-        return
-    import fcntl
-
-    t0 = time.perf_counter()
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-        phases["wait"] = phases.get("wait", 0.0) + time.perf_counter() - t0
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-class _Laps:
-    """Seconds per phase of one candidate's run: ``lap(name)`` adds the time since the last lap (or
-    ``restart``) to ``phases[name]``."""
-
-    def __init__(self):
-        self.phases: dict[str, float] = {}
-        self.t0 = time.perf_counter()
-
-    def restart(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        t = time.perf_counter()
-        self.phases[name] = self.phases.get(name, 0.0) + (t - self.t0)
-        self.t0 = t
-
-
-def _run_one(sig, cand, timer, checker, buffers, arch) -> dict:
-    """Build, check and time one candidate; never raises (runs in the worker or inline). The reply's
-    ``phases`` gives the seconds each step took (build, check, time, wait), for :class:`TuningTime`."""
-    laps = _Laps()
-    try:
-        launch = as_lowering(cand.build(sig, arch))
-    except BaseException as exc:  # noqa: BLE001 - any failure of a candidate scores inf
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        laps.lap("build")
-        reply = {"status": OOM if _is_oom(exc) else BUILD_FAILED, "reason": f"build failed: {_describe_exc(exc)}"}
-    else:
-        laps.lap("build")
-        with _gpu_turn(laps.phases, shared=True):  # checks overlap one another, never a timing
-            laps.restart()  # the wait for the GPU is its own phase
-            reply, prepared = _check(sig, launch, checker, buffers, laps.lap)
-        if reply is None:
-            with _gpu_turn(laps.phases):  # the GPU alone
-                laps.restart()
-                reply = _time(launch, timer, prepared, laps.lap)
-    reply["phases"] = laps.phases
-    return reply
-
-
-def _check(sig, launch, checker, buffers, lap) -> tuple[dict | None, tuple]:
-    """(a failure reply, or None) and the timing buffers, in the layouts ``launch`` declares."""
-    try:
-        wrong = checker(sig, launch)
-        lap("check")
-    except BaseException as exc:  # noqa: BLE001
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        return {"status": OOM if _is_oom(exc) else ERROR, "reason": f"check raised {_describe_exc(exc)}"}, ()
-    if wrong:
-        return {"status": WRONG, "reason": f"wrong answer: {wrong}"}, ()
-    try:
-        inputs, outputs = buffers(sig)
-        if getattr(launch, "layouts", ()):  # a GPU lowering that declares layouts: time it in them
-            import cupy
-
-            inputs = launch.conform(inputs, cupy)
-            outputs = launch.empty_outputs(len(inputs), [o.shape for o in outputs], outputs[0].dtype, cupy)
-    except BaseException as exc:  # noqa: BLE001
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        return {"status": OOM if _is_oom(exc) else ERROR, "reason": f"timing raised {_describe_exc(exc)}"}, ()
-    return None, (inputs, outputs)
-
-
-def _time(launch, timer, prepared: tuple, lap) -> dict:
-    inputs, outputs = prepared
-    try:
-        samples = [float(t) for t in timer(launch, inputs, outputs)]
-        lap("time")
-    except BaseException as exc:  # noqa: BLE001
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        return {"status": OOM if _is_oom(exc) else ERROR, "reason": f"timing raised {_describe_exc(exc)}"}
-    if not samples or not all(math.isfinite(t) and t >= 0 for t in samples):
-        return {"status": ERROR, "reason": f"timer returned no valid times ({samples[:5]})"}
-    return {"status": OK, "samples": samples, "reason": ""}
-
-
-def worker_loop(recv, send, timer, checker, buffers, arch) -> None:
-    """Worker loop (in ``graphopt.tune._worker``): one (sig, candidate) task at a time.
-
-    The worker exits after any failure: on the GPU a fault leaves the CUDA context unusable, so
-    the next candidate gets a fresh process.
-    """
-    while True:
-        try:
-            task = recv.recv()
-        except (EOFError, OSError):
-            return
-        except Exception as exc:  # noqa: BLE001 - the candidate's class is not importable here
-            send.send({"status": WORKER_FAILED, "reason": f"the worker could not load the candidate: {_describe_exc(exc)} "
-                       "(candidates must be module-level classes in importable modules)"})
-            return
-        if task is None:
-            return
-        sig, cand = task
-        try:
-            reply = _run_one(sig, cand, timer, checker, buffers, arch)
-        except BaseException as exc:  # noqa: BLE001 - report, then die
-            reply = {"status": ERROR, "reason": f"worker error {_describe_exc(exc)}"}
-        try:
-            send.send(reply)
-        except Exception:  # noqa: BLE001 - e.g. an unpicklable sample; report it plainly
-            send.send({"status": ERROR, "reason": "worker could not send its result: " + traceback.format_exc(limit=1)})
-            return
-        if reply["status"] != OK:
-            return
-
-
-def _visible_device(index: int | None) -> str | None:
-    """The CUDA_VISIBLE_DEVICES value that shows a worker only device ``index`` of this process."""
-    if index is None:
-        return None
-    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if parent:
-        visible = [v.strip() for v in parent.split(",") if v.strip()]
-        if index < len(visible):
-            return visible[index]
-    return str(index)
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
-def _last_line(f) -> str:
-    try:
-        f.flush()
-        f.seek(max(0, f.seek(0, 2) - 4096))
-        lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-        return lines[-1][:300] if lines else ""
-    except (OSError, ValueError):
-        return ""
-
-
-class TuningTime:
-    """Where a tuning run's seconds went, summed over candidates (thread-safe: ``profile_many`` adds
-    from one thread per GPU). Phases: ``list`` (candidates and cuDNN plan lists made, cache looked
-    up), ``compile`` (the parallel precompile), ``worker_start`` (isolated workers started, again
-    after each failure), ``build`` / ``check`` / ``time`` (in the worker, per candidate), ``other``
-    (messaging and bookkeeping: a candidate's wall time less its phases). ``by_lowering`` splits the
-    per-candidate seconds by lowering name, ``runs`` counts candidates run, ``workers`` workers
-    started. Reported as ``tuning_time`` in the report, so a slow tuning says why."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.phases: dict[str, float] = {}
-        self.by_lowering: dict[str, float] = {}
-        self.runs_by_lowering: dict[str, int] = {}
-        self.lowering_phases: dict[str, dict[str, float]] = {}
-        self.runs = 0
-        self.workers = 0
-
-    def add(self, phase: str, seconds: float) -> None:
-        with self._lock:
-            self.phases[phase] = self.phases.get(phase, 0.0) + seconds
-
-    def add_run(self, lowering: str, wall: float, phases: Mapping[str, float]) -> None:
-        with self._lock:
-            self.runs += 1
-            self.by_lowering[lowering] = self.by_lowering.get(lowering, 0.0) + wall
-            self.runs_by_lowering[lowering] = self.runs_by_lowering.get(lowering, 0) + 1
-            split = self.lowering_phases.setdefault(lowering, {})
-            for k, v in phases.items():
-                self.phases[k] = self.phases.get(k, 0.0) + float(v)
-                split[k] = split.get(k, 0.0) + float(v)
-            self.phases["other"] = self.phases.get("other", 0.0) + max(0.0, wall - sum(float(v) for v in phases.values()))
-
-    def to_dict(self) -> dict:
-        with self._lock:
-            return {"phases_s": {k: round(v, 3) for k, v in sorted(self.phases.items())},
-                    "by_lowering_s": {k: round(v, 3) for k, v in sorted(self.by_lowering.items())},
-                    "runs_by_lowering": dict(sorted(self.runs_by_lowering.items())),
-                    "lowering_phases_s": {k: {p: round(v, 3) for p, v in sorted(d.items())}
-                                          for k, d in sorted(self.lowering_phases.items())},
-                    "candidates_run": self.runs, "workers_started": self.workers}
-
-
-class IsolatedRunner:
-    """Runs candidates in a worker subprocess, replacing it after a crash, timeout or failure.
-
-    The worker is ``python -m graphopt.tune._worker`` (not ``multiprocessing``: its spawn mode
-    re-imports the caller's ``__main__``, which breaks scripts without an ``if __name__ ==
-    "__main__"`` guard, and fork does not work with CUDA). Tasks and results travel over two pipes
-    as ``multiprocessing.connection`` messages; the worker sees this process's ``sys.path``, and
-    its stdout and stderr go to a temporary file whose last line explains a crash. A worker that
-    cannot start is an environment problem, not the candidate's: it is reported as
-    ``worker_failed`` (never cached) and not retried for every candidate.
-    """
-
-    def __init__(self, timer, checker, buffers=no_buffers, arch: str = "", *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 startup_timeout_s: float = 120.0, device_index: int | None = None, gpu_lock: str | None = None):
-        self._init = (timer, checker, buffers, arch)
-        self.gpu_lock = gpu_lock  # the lock file of workers sharing this GPU (None: the GPU is this worker's)
-        self.timeout_s = timeout_s
-        self.startup_timeout_s = startup_timeout_s
-        self._visible = _visible_device(device_index)
-        self._proc = None
-        self._send = self._recv = None
-        self._log = None
-        self._broken: str | None = None
-        self.workers_started = 0
-
-    def _start(self) -> str | None:
-        """Start a worker; returns the reason when it could not start."""
-        from multiprocessing.connection import Connection
-
-        p2c_r, p2c_w = os.pipe()
-        c2p_r, c2p_w = os.pipe()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
-        if self._visible is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self._visible
-        env.pop(GPU_LOCK_ENV, None)
-        if self.gpu_lock:
-            env[GPU_LOCK_ENV] = self.gpu_lock
-        self._log = tempfile.TemporaryFile(prefix="graphopt-tune-worker-")
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "graphopt.tune._worker", str(p2c_r), str(c2p_w)],
-                pass_fds=(p2c_r, c2p_w), env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-            )
-        except OSError as exc:
-            for fd in (p2c_r, p2c_w, c2p_r, c2p_w):
-                os.close(fd)
-            return f"could not start a worker process: {exc}"
-        finally:
-            if self._proc is not None:
-                os.close(p2c_r)
-                os.close(c2p_w)
-        self._send = Connection(p2c_w, readable=False)
-        self._recv = Connection(c2p_r, writable=False)
-        self.workers_started += 1
-        try:
-            self._send.send(self._init)
-        except Exception as exc:  # noqa: BLE001 - an unpicklable timer/checker/buffers
-            self._stop(kill=True)
-            return f"the timer, checker or buffers cannot be sent to a worker ({_describe_exc(exc)}); make them module-level"
-        if not self._recv.poll(self.startup_timeout_s):
-            self._stop(kill=True)
-            return f"the worker did not start within {self.startup_timeout_s:g} s"
-        try:
-            hello = self._recv.recv()
-        except (EOFError, OSError):
-            why = _last_line(self._log)
-            code = self._stop(kill=True)
-            return f"the worker died while starting (exit code {code}){': ' + why if why else ''}"
-        if not hello.get("ready"):
-            self._stop(kill=True)
-            return f"the worker could not load the timer/checker: {hello.get('reason', '?')}"
-        return None
-
-    def _stop(self, kill: bool = False) -> int | None:
-        proc = self._proc
-        self._proc = None
-        code = None
-        if proc is not None:
-            if kill:
-                proc.kill()
-            else:
-                try:
-                    self._send.send(None)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-            try:
-                code = proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait(10)
-        for conn in (self._send, self._recv):
-            if conn is not None:
-                conn.close()
-        self._send = self._recv = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        return code
-
-    @property
-    def broken(self) -> str | None:
-        """Why this runner's worker cannot start (then every run answers ``worker_failed``), else ``None``."""
-        return self._broken
-
-    def run(self, sig: Signature, cand: Candidate) -> dict:
-        if self._broken:
-            return {"status": WORKER_FAILED, "reason": self._broken}
-        started = 0.0
-        if self._proc is None or self._proc.poll() is not None:
-            self._stop()
-            t0 = time.perf_counter()
-            why = self._start()
-            started = time.perf_counter() - t0
-            if why:
-                self._broken = why
-                return {"status": WORKER_FAILED, "reason": why, "phases": {"worker_start": started}}
-        try:
-            self._send.send((sig, cand))
-        except Exception as exc:  # noqa: BLE001 - unpicklable candidate, or a dead pipe
-            self._stop(kill=True)
-            return {"status": ERROR, "reason": f"could not send the candidate to the worker: {_describe_exc(exc)}"}
-        if not self._recv.poll(self.timeout_s):
-            self._stop(kill=True)
-            return {"status": TIMEOUT, "reason": f"timed out after {self.timeout_s:g} s (killed)"}
-        try:
-            reply = self._recv.recv()
-        except (EOFError, OSError):
-            why = _last_line(self._log)
-            code = self._stop(kill=True) if self._proc is not None else None
-            if code is not None and code < 0:
-                how = _signal_name(code)
-            else:
-                how = f"exit code {code}"
-            return {"status": CRASHED, "reason": f"worker process died ({how}){': ' + why if why else ''}"}
-        if reply.get("status") != OK:
-            self._stop()
-        if started:
-            reply.setdefault("phases", {})["worker_start"] = started
-        return reply
-
-    def close(self) -> None:
-        self._stop()
-
-    def __enter__(self) -> "IsolatedRunner":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class InlineRunner:
-    """Runs candidates in this process (``isolate=False``): no protection from faults or hangs.
-
-    With a non-zero ``device_index`` each run happens inside ``cupy.cuda.Device(device_index)``, so
-    the target GPU is measured even when it is not this process's current device (0).
-    """
-
-    broken = None  # an inline runner has no worker that could fail to start
-
-    def __init__(self, timer, checker, buffers=no_buffers, arch: str = "", *, device_index: int | None = None):
-        self._args = (timer, checker, buffers, arch)
-        self.device_index = device_index
-
-    def run(self, sig: Signature, cand: Candidate) -> dict:
-        if not self.device_index:
-            return _run_one(sig, cand, *self._args)
-        import cupy  # noqa: PLC0415 - only with a real device other than 0
-
-        with cupy.cuda.Device(self.device_index):
-            return _run_one(sig, cand, *self._args)
-
-    def close(self) -> None:
-        pass
+from typing import Any, Callable, Mapping, Sequence
+
+from graphopt.lowering.contract import Candidate, Signature
+from graphopt.tune.candidate_run import Checker, FakeTimer, Timer, describe_exc, no_buffers
+from graphopt.tune.progress import node_progress
+from graphopt.tune.results import CACHEABLE_FAILURES, OK, PRUNED, SKIPPED, CandidateResult, ProfileResult
+from graphopt.tune.runners import DEFAULT_TIMEOUT_S, InlineRunner, IsolatedRunner
+from graphopt.tune.tuning_time import Budget, TuningTime
 
 
 def profile_node(
@@ -591,7 +77,7 @@ def profile_node(
         try:
             why_not = cand.applies(sig, compute_capability)
         except Exception as exc:  # noqa: BLE001 - a buggy applies() prunes, it does not crash
-            why_not = f"applies() raised {_describe_exc(exc)}"
+            why_not = f"applies() raised {describe_exc(exc)}"
         if why_not:
             slots.append(CandidateResult(**base, status=PRUNED, reason=str(why_not)))
         elif ckey in known:
@@ -630,54 +116,6 @@ def profile_node(
     return result
 
 
-@contextmanager
-def node_progress(total: int, *, enabled: bool | None = None, description: str = "profiling") -> Iterator[Callable[[str], None]]:
-    """A rich progress bar over nodes; yields ``advance(label)``. Off when stderr is not a terminal."""
-    if enabled is False:
-        yield lambda label: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    if enabled is None:
-        enabled = console.is_terminal
-    progress = Progress(
-        TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[label]}", markup=False),
-        console=console, disable=not enabled, transient=False,
-    )
-    with progress:
-        task = progress.add_task(description, total=total, label="")
-
-        def advance(label: str) -> None:
-            progress.update(task, advance=1, label=label)
-
-        yield advance
-
-
-class Budget:
-    """The tuning budget of one run: ``budget()`` is ``None`` while time is left, else the reason.
-    The clock starts at the first call; ``seconds=None`` never runs out."""
-
-    def __init__(self, seconds: float | None = None, clock: Callable[[], float] | None = None):
-        import time
-
-        self.seconds = seconds
-        self._clock = clock or time.monotonic
-        self._start: float | None = None
-
-    def __call__(self) -> str | None:
-        if self.seconds is None:
-            return None
-        now = self._clock()
-        if self._start is None:
-            self._start = now
-        if now - self._start >= self.seconds:
-            return f"not run: the tuning budget of {self.seconds:g} s was spent"
-        return None
-
-
 class Profiler:
     """Profiles signatures on the present GPUs, through the tuning cache, once per signature.
 
@@ -692,7 +130,7 @@ class Profiler:
     ``workers_per_gpu`` (isolated only) starts that many workers on each GPU: signatures are spread
     over all of them, each worker builds its candidates (cuDNN plan builds took 36 of the 83 s of a
     cold ResNet-50 tuning on the H200, one at a time) while another holds the GPU, and the checks and
-    timings take turns on one lock per GPU (``_gpu_turn``), so no measurement overlaps another's.
+    timings take turns on one lock per GPU (``candidate_run._gpu_turn``), so no measurement overlaps another's.
 
     ``budget_s`` caps the whole run's tuning time (``Budget``): candidates not reached by then are
     ``skipped`` and their signatures' results say ``cut_short``. ``precompile(jobs, arch)`` (optional)
@@ -722,7 +160,7 @@ class Profiler:
         self._lock_dir = None
         if isolate:
             per = max(1, int(workers_per_gpu))
-            if per > 1:  # workers sharing a GPU take turns on it (_gpu_turn) through one lock file per GPU
+            if per > 1:  # workers sharing a GPU take turns on it (candidate_run._gpu_turn) through one lock file per GPU
                 self._lock_dir = tempfile.mkdtemp(prefix="graphopt-tune-locks-")
             self._runners = [
                 IsolatedRunner(timer, checker, buffers, d.arch, timeout_s=timeout_s, device_index=d.index,
@@ -762,7 +200,7 @@ class Profiler:
 
     def _store(self, sig: Signature, result: ProfileResult) -> None:
         if self.cache is not None:
-            from graphopt.tune.cache import records_for
+            from graphopt.tune.cache_record import records_for
 
             fresh = [r for r in result.results if not r.cached and (r.ok or r.status in CACHEABLE_FAILURES)]
             self.cache.put_many(records_for(self.device.fingerprint(), sig.key(), sig.op, fresh))
@@ -900,7 +338,9 @@ class Profiler:
 
 
 __all__ = [
-    "BUILD_FAILED", "CACHEABLE_FAILURES", "CRASHED", "CUT_SHORT", "ERROR", "OK", "OOM", "PRUNED", "SKIPPED", "TIMEOUT",
-    "WORKER_FAILED", "WRONG", "Budget", "CandidateResult", "Checker", "FakeTimer", "Profiler", "TuningTime", "InlineRunner", "IsolatedRunner", "ProfileResult", "Timer",
-    "no_buffers", "node_progress", "profile_node",
+    # defined here
+    "Profiler", "profile_node",
+    # re-exported from their homes: FakeTimer is documented here (docs/adding_a_fused_op.md), the
+    # tuner imports DEFAULT_TIMEOUT_S and select.py node_progress from here
+    "DEFAULT_TIMEOUT_S", "FakeTimer", "node_progress",
 ]

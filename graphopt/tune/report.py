@@ -44,7 +44,7 @@ class SelectionReport:
     dims: dict[str, dict] = field(default_factory=dict)
     buckets: list[dict[str, int]] = field(default_factory=list)
     cut_short: str = ""  # why tuning is incomplete ("" when it finished); the mode is then "partial"
-    tuning_time: dict = field(default_factory=dict)  # where profiling's seconds went (profiler.TuningTime)
+    tuning_time: dict = field(default_factory=dict)  # where profiling's seconds went (tuning_time.TuningTime)
 
     def dims_line(self) -> str:
         return dims_line(self.dims)

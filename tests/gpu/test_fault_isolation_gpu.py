@@ -30,13 +30,15 @@ from graphopt.kernels import applicable  # noqa: E402
 from graphopt.lowering.contract import Signature  # noqa: E402
 from graphopt.kernels.check import buffers, checker  # noqa: E402
 from graphopt.kernels.timing import cuda_event_timer  # noqa: E402
-from graphopt.tune import profiler as P  # noqa: E402
+from graphopt.tune import results as R  # noqa: E402
 from graphopt.tune.gpus import detect_devices  # noqa: E402
+from graphopt.tune.profiler import profile_node  # noqa: E402
+from graphopt.tune.runners import IsolatedRunner  # noqa: E402
 from tests.robustness import _gpu_faults as F  # noqa: E402
 
 SIG = Signature.make("CBR", [(1, 16, 12, 12), (32, 16, 3, 3)], ["float32", "float32"],
                      {"activation": "Relu", "pads": [1, 1, 1, 1]})
-FAILED = (P.ERROR, P.CRASHED)
+FAILED = (R.ERROR, R.CRASHED)
 
 
 def _device():
@@ -53,15 +55,15 @@ def test_faulting_kernels_score_inf_and_real_candidates_after_them_pass():
     real, _ = applicable(SIG, dev.compute_capability)
     assert real, "no real candidate applies to the test signature"
     cands = [F.faulting("store"), F.faulting("trap"), *real[:3], F.faulting("store", "_again"), *real[3:4]]
-    runner = P.IsolatedRunner(cuda_event_timer, checker, buffers, dev.arch, timeout_s=120)
+    runner = IsolatedRunner(cuda_event_timer, checker, buffers, dev.arch, timeout_s=120)
     with runner:
-        res = P.profile_node(SIG, cands, timer=cuda_event_timer, checker=checker, buffers=buffers,
-                             compute_capability=dev.compute_capability, arch=dev.arch, runner=runner)
+        res = profile_node(SIG, cands, timer=cuda_event_timer, checker=checker, buffers=buffers,
+                           compute_capability=dev.compute_capability, arch=dev.arch, runner=runner)
     by = {r.candidate: r for r in res.results}
     store, trap, again = (by[F.faulting(*a).key()] for a in (("store",), ("trap",), ("store", "_again")))
     for r in (store, trap, again):
         assert r.status in FAILED and math.isinf(r.ms), r
-    if store.status == P.ERROR:  # the worker survived long enough to report the CUDA error
+    if store.status == R.ERROR:  # the worker survived long enough to report the CUDA error
         assert "cudaError" in store.reason, store.reason
     # A poisoned context would fail the real candidates after a fault with a sticky cudaError (or a
     # crash); a wrong answer would be that kernel's own bug, not an isolation failure.
@@ -78,10 +80,10 @@ def test_faulting_kernels_score_inf_and_real_candidates_after_them_pass():
 def test_a_hanging_kernel_is_killed_by_the_timeout():
     dev = _device()
     real, _ = applicable(SIG, dev.compute_capability)
-    res = P.profile_node(SIG, [F.faulting("spin"), real[0]], timer=cuda_event_timer, checker=checker, buffers=buffers,
-                         compute_capability=dev.compute_capability, arch=dev.arch, timeout_s=15)
+    res = profile_node(SIG, [F.faulting("spin"), real[0]], timer=cuda_event_timer, checker=checker, buffers=buffers,
+                       compute_capability=dev.compute_capability, arch=dev.arch, timeout_s=15)
     spin, good = res.results
-    assert spin.status == P.TIMEOUT and "timed out" in spin.reason, spin
+    assert spin.status == R.TIMEOUT and "timed out" in spin.reason, spin
     assert good.status not in FAILED and "cudaError" not in good.reason, (good.status, good.reason)
     _parent_cuda_still_works()
 
@@ -111,7 +113,7 @@ def test_optimize_with_faulting_candidates_finishes_with_a_real_lowering(tmp_pat
     assert not row["lowering"].startswith("fault_"), row
     status = {t["lowering"]: t["status"] for t in row["timings"]}
     assert status["fault_store"] in FAILED and status["fault_trap"] in FAILED, status
-    assert sum(s == P.OK for s in status.values()) >= 1, status
+    assert sum(s == R.OK for s in status.values()) >= 1, status
     x = np.random.default_rng(1).standard_normal((1, 16, 12, 12)).astype(np.float32)
     run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]  # noqa: E731
     np.testing.assert_allclose(run(out), run(_conv_model()), rtol=1e-4, atol=1e-4)

@@ -19,7 +19,7 @@ from _harness import require_device  # noqa: E402
 require_device()
 
 import graphopt  # noqa: E402
-from graphopt.tune.profiler import OK  # noqa: E402
+from graphopt.tune.results import OK  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ["gpt2_torchscript_op14.onnx", "bert_torchscript_op17.onnx"]

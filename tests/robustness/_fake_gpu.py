@@ -7,8 +7,8 @@ from __future__ import annotations
 import functools
 
 from graphopt.lowering.contract import Candidate
+from graphopt.tune.candidate_run import FakeTimer
 from graphopt.tune.gpus import DeviceInfo
-from graphopt.tune.profiler import FakeTimer
 from graphopt.tune.tuner import TuningBackend
 
 GPUS = {

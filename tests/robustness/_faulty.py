@@ -17,7 +17,7 @@ import os
 import time
 
 from graphopt.lowering.contract import Candidate
-from graphopt.tune.profiler import FakeTimer
+from graphopt.tune.candidate_run import FakeTimer
 from graphopt.tune.tuner import TuningBackend
 from tests.robustness._fake_gpu import GPUS
 

@@ -108,7 +108,8 @@ def test_the_output_of_a_run_with_crashes_is_correct(mixed_run):
 def test_crashes_are_cached_as_failures_and_not_rerun(mixed_run):
     """Crashes say something about the candidate: they are cached (status crashed, ms inf) and a later
     run does not execute them again. A timeout is not cached (the GPU may have been busy)."""
-    from graphopt.tune.cache import CACHE_FILE, TuningCache
+    from graphopt.tune.cache import TuningCache
+    from graphopt.tune.cache_file import CACHE_FILE
 
     _, d = mixed_run
     with TuningCache(d / "cache" / CACHE_FILE) as c:

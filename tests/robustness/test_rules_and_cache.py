@@ -20,7 +20,8 @@ from onnx import TensorProto, helper as h
 
 from graphopt.errors import TuningError
 from graphopt.kernels.source import instance
-from graphopt.tune.cache import CACHE_FILE, TuningCache
+from graphopt.tune.cache import TuningCache
+from graphopt.tune.cache_file import CACHE_FILE
 from tests.robustness._cli import assert_refused, run_many
 from tests.robustness._models import conv_relu
 

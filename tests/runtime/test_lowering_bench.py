@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from graphopt.lowering.contract import Candidate, Signature
-from graphopt.tune.profiler import FakeTimer, InlineRunner
+from graphopt.tune.candidate_run import FakeTimer
+from graphopt.tune.runners import InlineRunner
 from graphopt.tune.tuner import TuningBackend
 
 ROOT = Path(__file__).resolve().parents[2]

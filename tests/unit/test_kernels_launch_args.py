@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphopt.kernels import attention, cbr, gemm_act
+from graphopt.kernels import attention, cbr_mma, gemm_act, geometry, mma_tiles
 from graphopt.kernels.registry import signature_of
 
 DATA = Path(__file__).parent / "data" / "launch_args.json"
@@ -70,7 +70,7 @@ def _describe(value, names: dict[int, str]):
 def _record(cand, sig, inputs: dict[str, np.ndarray], monkeypatch) -> list:
     log: list = []
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
-    for mod in (cbr, gemm_act, attention):  # every module that compiles a kernel these candidates launch
+    for mod in (mma_tiles, cbr_mma, gemm_act, attention):  # every module that compiles a kernel these candidates launch
         monkeypatch.setattr(mod, "get_kernel", lambda src, expr, arch=None: _Kernel(log, expr))
     launch = cand.build(sig, "sm_90")
     launch = getattr(launch, "launch", launch)
@@ -85,7 +85,7 @@ def _conv_case(shape_x, shape_w, attrs, dtype, residual=None, bias=True):
     rng = np.random.default_rng(0)
     shapes = [shape_x, shape_w, (shape_w[0],) if bias else None, residual]
     sig = signature_of("CBR", shapes, [dtype, dtype, dtype if bias else "", dtype if residual else ""], attrs)
-    g = cbr.geo.conv_geom(sig)
+    g = geometry.conv_geom(sig)
     inputs = {"X": _dev(rng.standard_normal(shape_x).astype(dtype)), "W": _dev(rng.standard_normal(shape_w).astype(dtype)),
               "B": _dev(rng.standard_normal(shape_w[0]).astype(dtype)) if bias else None,
               "R": _dev(rng.standard_normal(residual).astype(dtype)) if residual else None,
@@ -155,7 +155,7 @@ def _cases():
     for conv, (x, w, attrs, dt, res) in CONV.items():
         for name, configs in MMA_CONFIGS.items():
             for params in configs:
-                cand = getattr(cbr, _CLASSES[name])(name, params)
+                cand = getattr(cbr_mma, _CLASSES[name])(name, params)
                 sig, inputs = _conv_case(x, w, attrs, dt, res)
                 if cand.applies(sig) is None:
                     out.append((f"{conv}/{cand.key()}", cand, (sig, inputs)))

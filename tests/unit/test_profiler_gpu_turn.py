@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fcntl
 
-from graphopt.tune import profiler
+from graphopt.tune import candidate_run, results
 
 
 class _Cand:
@@ -28,7 +28,7 @@ def _probe(path: str, mode: int) -> bool:
 
 def test_checks_share_the_gpu_and_timings_hold_it_alone(tmp_path, monkeypatch):
     lock = str(tmp_path / "gpu0.lock")
-    monkeypatch.setenv(profiler.GPU_LOCK_ENV, lock)
+    monkeypatch.setenv(candidate_run.GPU_LOCK_ENV, lock)
     seen = {}
 
     def checker(sig, launch):
@@ -39,22 +39,22 @@ def test_checks_share_the_gpu_and_timings_hold_it_alone(tmp_path, monkeypatch):
         seen["time"] = (_probe(lock, fcntl.LOCK_SH), _probe(lock, fcntl.LOCK_EX))
         return [0.01, 0.01]
 
-    reply = profiler._run_one("sig", _Cand(), timer, checker, lambda sig: ([], [None]), "sm_90")
-    assert reply["status"] == profiler.OK, reply
+    reply = candidate_run.run_one("sig", _Cand(), timer, checker, lambda sig: ([], [None]), "sm_90")
+    assert reply["status"] == results.OK, reply
     assert seen["check"] == (True, False)  # another check may run, a timing may not
     assert seen["time"] == (False, False)  # nothing else
     assert {"build", "check", "time", "wait"} <= set(reply["phases"])
 
 
 def test_a_wrong_candidate_is_never_timed(tmp_path, monkeypatch):
-    monkeypatch.setenv(profiler.GPU_LOCK_ENV, str(tmp_path / "gpu0.lock"))
+    monkeypatch.setenv(candidate_run.GPU_LOCK_ENV, str(tmp_path / "gpu0.lock"))
     timed = []
-    reply = profiler._run_one("sig", _Cand(), lambda *a: timed.append(1) or [1.0], lambda s, l: "off by 2",
+    reply = candidate_run.run_one("sig", _Cand(), lambda *a: timed.append(1) or [1.0], lambda s, l: "off by 2",
                               lambda sig: ([], [None]), "sm_90")
-    assert reply["status"] == profiler.WRONG and timed == []
+    assert reply["status"] == results.WRONG and timed == []
 
 
 def test_without_a_lock_file_nothing_is_locked(monkeypatch):
-    monkeypatch.delenv(profiler.GPU_LOCK_ENV, raising=False)
-    reply = profiler._run_one("sig", _Cand(), lambda *a: [0.5], lambda s, l: None, lambda sig: ([], [None]), "sm_90")
-    assert reply["status"] == profiler.OK and reply["samples"] == [0.5]
+    monkeypatch.delenv(candidate_run.GPU_LOCK_ENV, raising=False)
+    reply = candidate_run.run_one("sig", _Cand(), lambda *a: [0.5], lambda s, l: None, lambda sig: ([], [None]), "sm_90")
+    assert reply["status"] == results.OK and reply["samples"] == [0.5]

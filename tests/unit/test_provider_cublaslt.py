@@ -16,7 +16,8 @@ from graphopt.lowering import Lowering, Signature
 from graphopt.providers import cublaslt as prov
 from graphopt.providers import cublaslt_lib as lt
 from graphopt.providers import provider_reasons
-from graphopt.tune.cache import TimingRecord, TuningCache
+from graphopt.tune.cache import TuningCache
+from graphopt.tune.cache_record import TimingRecord
 
 from _fake_cublaslt import E, FakeLt, conv, gemm  # noqa: E402
 

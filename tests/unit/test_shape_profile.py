@@ -15,8 +15,9 @@ from graphopt.ir import from_model
 from graphopt.lowering.contract import Candidate
 from graphopt.tune import buckets as B
 from graphopt.tune.cache import TuningCache
+from graphopt.tune.candidate_run import FakeTimer
 from graphopt.tune.gpus import DeviceInfo
-from graphopt.tune.profiler import FakeTimer, Profiler
+from graphopt.tune.profiler import Profiler
 from graphopt.tune.select import DEFAULT_DIM, SEQ_DIM, select_lowerings
 
 from test_tune_select import build_model, ok_checker  # noqa: E402

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from graphopt.errors import TuningError
-from graphopt.tune.cache import (
-    CACHE_FILE, SCHEMA_VERSION, TimingRecord, TuningCache, TuningCacheWarning, default_cache_dir,
-)
+from graphopt.tune.cache import TuningCache, TuningCacheWarning
+from graphopt.tune.cache_file import CACHE_FILE, SCHEMA_VERSION, default_cache_dir
+from graphopt.tune.cache_record import TimingRecord
 from graphopt.tune.gpus import DeviceFingerprint
 
 FP = DeviceFingerprint("h200", "9.0", "13.0", "13.0", "14.2.0")

@@ -9,8 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from graphopt.errors import TuningError
-from graphopt.tune.cache import CACHE_FILE, TimingRecord, TuningCache
+from graphopt.tune.cache import TuningCache
 from graphopt.tune.cache_cli import cache as cache_group
+from graphopt.tune.cache_file import CACHE_FILE
+from graphopt.tune.cache_record import TimingRecord
 
 
 def rec(gpu, candidate, ms, sig="CBR|1x8x8x8;8x8x3x3;-;-|float32,float32,,|group=1|NCHW", **kw):

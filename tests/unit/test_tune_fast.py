@@ -10,9 +10,12 @@ from onnx import TensorProto, helper, numpy_helper
 from graphopt.ir import from_model
 from graphopt.lowering.contract import Candidate
 from graphopt.tune.cache import TuningCache
+from graphopt.tune.candidate_run import FakeTimer
 from graphopt.tune.gpus import DeviceInfo
-from graphopt.tune.profiler import SKIPPED, Budget, FakeTimer, Profiler
+from graphopt.tune.profiler import Profiler
+from graphopt.tune.results import SKIPPED
 from graphopt.tune.select import META_CUT_SHORT, META_MODE, select_lowerings
+from graphopt.tune.tuning_time import Budget
 
 H200 = DeviceInfo(0, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0")
 CONV = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1], activation="Relu")

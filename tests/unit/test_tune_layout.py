@@ -17,7 +17,8 @@ from graphopt.ops import attach_functions
 from graphopt.tune.gpus import DeviceInfo
 from graphopt.tune.layout_choice import (LAYOUT_ATTR, NCHW, NHWC, Option, conversion_ms, layout_line, significant,
                                          solve_graph)
-from graphopt.tune.profiler import FakeTimer, Profiler
+from graphopt.tune.candidate_run import FakeTimer
+from graphopt.tune.profiler import Profiler
 from graphopt.tune.select import select_lowerings
 from tests.conftest import run_graphopt, run_ort
 

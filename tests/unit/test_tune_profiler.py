@@ -14,10 +14,13 @@ from pathlib import Path
 
 
 from graphopt.lowering.contract import Candidate, Signature
-from graphopt.tune import profiler as P
+from graphopt.tune import results as R
 from graphopt.tune.cache import TuningCache
+from graphopt.tune.candidate_run import FakeTimer
 from graphopt.tune.gpus import DeviceInfo
-from graphopt.tune.profiler import FakeTimer, IsolatedRunner, Profiler, profile_node
+from graphopt.tune.profiler import Profiler, profile_node
+from graphopt.tune.progress import node_progress
+from graphopt.tune.runners import InlineRunner, IsolatedRunner
 
 SIG = Signature.make("CBR", [(1, 64, 56, 56), (64, 64, 3, 3), (64,), None], ["float16"] * 3 + [""],
                      {"activation": "Relu", "pads": [1, 1, 1, 1]})
@@ -113,13 +116,13 @@ def test_isolated_fastest_correct_wins_and_failures_score_inf():
     assert res.winner is not None and res.winner.lowering == "fast_ok" and res.winner.ms == 0.20
     assert [x.lowering for x in res.results] == [c.name for c in ZOO]  # every candidate kept, in order
     expect = {
-        "slow_ok": P.OK, "fast_ok": P.OK, "also_ok": P.OK, "build_raises": P.BUILD_FAILED, "wrong": P.WRONG,
-        "segfault": P.CRASHED, "hang": P.TIMEOUT, "oom": P.OOM, "nan": P.ERROR, "pruned": P.PRUNED,
-        "buggy_applies": P.PRUNED,
+        "slow_ok": R.OK, "fast_ok": R.OK, "also_ok": R.OK, "build_raises": R.BUILD_FAILED, "wrong": R.WRONG,
+        "segfault": R.CRASHED, "hang": R.TIMEOUT, "oom": R.OOM, "nan": R.ERROR, "pruned": R.PRUNED,
+        "buggy_applies": R.PRUNED,
     }
     assert {k: v.status for k, v in r.items()} == expect
     for name, res_ in r.items():
-        if expect[name] == P.OK:
+        if expect[name] == R.OK:
             assert math.isfinite(res_.ms) and len(res_.samples) == 5 and res_.reason == ""
         else:
             assert math.isinf(res_.ms) and res_.reason, name
@@ -140,7 +143,7 @@ def test_inline_mode_handles_exceptions_and_wrong_answers():
     zoo = [c for c in ZOO if c.name not in ("segfault", "hang")]
     res = profile_node(SIG, zoo, timer=FakeTimer(3), checker=fake_checker, isolate=False)
     assert res.winner.lowering == "fast_ok"
-    assert by_name(res)["wrong"].status == P.WRONG and by_name(res)["build_raises"].status == P.BUILD_FAILED
+    assert by_name(res)["wrong"].status == R.WRONG and by_name(res)["build_raises"].status == R.BUILD_FAILED
 
 
 def test_median_of_runs_and_ties_go_to_the_earlier_candidate():
@@ -199,7 +202,7 @@ def test_duplicate_candidates_are_measured_once():
 
 def test_fake_timer_refuses_real_launches():
     res = profile_node(SIG, [_RealLike("real")], timer=FakeTimer(), checker=lambda s, l: None, isolate=False)
-    assert res.results[0].status == P.ERROR and "simulated time" in res.results[0].reason
+    assert res.results[0].status == R.ERROR and "simulated time" in res.results[0].reason
 
 
 class _RealLike(Candidate):
@@ -229,7 +232,7 @@ def test_profiler_writes_every_result_to_the_cache_and_reuses_them(tmp_path):
         assert res.winner.lowering == "fast_ok" and not res.from_cache
         stored = {r.lowering: r for r in cache.entries()}
         assert set(stored) == {"slow_ok", "fast_ok", "wrong", "segfault"}  # pruned ones are not stored
-        assert stored["segfault"].status == P.CRASHED and math.isinf(stored["segfault"].ms)
+        assert stored["segfault"].status == R.CRASHED and math.isinf(stored["segfault"].ms)
         assert stored["fast_ok"].samples == (0.2, 0.2, 0.2) and stored["fast_ok"].source_hash == "hash-fast_ok"
         fp = H200.fingerprint()
         assert (stored["fast_ok"].gpu, stored["fast_ok"].driver, stored["fast_ok"].cupy) == (fp.gpu, fp.driver, fp.cupy)
@@ -239,7 +242,7 @@ def test_profiler_writes_every_result_to_the_cache_and_reuses_them(tmp_path):
             again = prof(SIG)
         assert again.from_cache and again.winner.lowering == "fast_ok"
         assert {r.lowering: r.status for r in again.results} == {
-            "slow_ok": P.OK, "fast_ok": P.OK, "wrong": P.WRONG, "segfault": P.CRASHED, "pruned": P.PRUNED}
+            "slow_ok": R.OK, "fast_ok": R.OK, "wrong": R.WRONG, "segfault": R.CRASHED, "pruned": R.PRUNED}
         # a new candidate is measured; the cached ones are not
         zoo2 = zoo + [cand("faster", 0.1)]
         with Profiler(CountingZoo(zoo2), timer=_OnlyFor("faster"), checker=fake_checker, device=H200, cache=cache,
@@ -264,7 +267,7 @@ class _OnlyFor:
 
 def test_progress_bar_counts_nodes(capsys):
     labels = []
-    with P.node_progress(3, enabled=False) as advance:
+    with node_progress(3, enabled=False) as advance:
         for name in ("a", "b", "c"):
             advance(name)
             labels.append(name)
@@ -340,7 +343,7 @@ def test_a_gpu_whose_worker_cannot_start_is_retired_and_the_others_do_its_work(m
                   isolate=True, timeout_s=30) as prof:
         prof.profile_many(sigs)
         assert {prof.memo[s.key()].winner.ms for s in sigs} == {8.0}  # all on physical GPU 7
-        assert all(r.status == P.OK for s in sigs for r in prof.memo[s.key()].results)
+        assert all(r.status == R.OK for s in sigs for r in prof.memo[s.key()].results)
         assert prof(_many_sigs(5)[-1]).winner.ms == 8.0  # later single profiles skip the retired GPU too
 
 
@@ -352,7 +355,7 @@ def test_when_every_gpu_worker_is_broken_each_signature_says_so_and_nothing_hang
         prof.profile_many(sigs)
         for s in sigs:
             res = prof.memo[s.key()]
-            assert res.winner is None and [r.status for r in res.results] == [P.WORKER_FAILED]
+            assert res.winner is None and [r.status for r in res.results] == [R.WORKER_FAILED]
             assert "device unavailable" in res.results[0].reason
 
 
@@ -433,10 +436,10 @@ def test_inline_runner_runs_inside_its_device(monkeypatch):
         seen.append(list(entered))
         return None
 
-    rep = P.InlineRunner(FakeTimer(1), checker, device_index=1).run(SIG, cand("a", 0.5))
-    assert rep["status"] == P.OK and seen == [[1]] and entered == [1, -1]
+    rep = InlineRunner(FakeTimer(1), checker, device_index=1).run(SIG, cand("a", 0.5))
+    assert rep["status"] == R.OK and seen == [[1]] and entered == [1, -1]
     monkeypatch.setitem(sys.modules, "cupy", None)  # device 0 (the current one) never imports CuPy
-    assert P.InlineRunner(FakeTimer(1), checker, device_index=0).run(SIG, cand("a", 0.5))["status"] == P.OK
+    assert InlineRunner(FakeTimer(1), checker, device_index=0).run(SIG, cand("a", 0.5))["status"] == R.OK
 
 
 class _Unloadable:
@@ -456,12 +459,12 @@ def test_a_worker_that_cannot_start_is_reported_once_and_never_cached(tmp_path):
         res = profile_node(SIG, [cand("a", 0.1), cand("b", 0.2)], timer=FakeTimer(), checker=fake_checker,
                            runner=runner)
         assert runner.workers_started == 1  # not retried for every candidate
-    assert [r.status for r in res.results] == [P.WORKER_FAILED, P.WORKER_FAILED] and res.winner is None
+    assert [r.status for r in res.results] == [R.WORKER_FAILED, R.WORKER_FAILED] and res.winner is None
     assert "graphopt_no_such_module_for_tests" in res.results[0].reason
     with TuningCache(tmp_path / "c.sqlite3") as cache:
         with Profiler(CountingZoo([cand("a", 0.1)]), timer=_Unloadable(), checker=fake_checker, device=H200,
                       cache=cache, timeout_s=10) as prof:
-            assert prof(SIG).results[0].status == P.WORKER_FAILED
+            assert prof(SIG).results[0].status == R.WORKER_FAILED
         assert len(cache) == 0
 
 
@@ -470,13 +473,14 @@ def test_timeouts_are_not_cached(tmp_path):
         with Profiler(CountingZoo([cand("hang", 0.1, "hang"), cand("ok", 0.3)]), timer=FakeTimer(2),
                       checker=fake_checker, device=H200, cache=cache, timeout_s=1.5) as prof:
             res = prof(SIG)
-        assert [r.status for r in res.results] == [P.TIMEOUT, P.OK]
+        assert [r.status for r in res.results] == [R.TIMEOUT, R.OK]
         assert [r.lowering for r in cache.entries()] == ["ok"]
 
 
 SCRIPT = """
 import sys
-from graphopt.tune.profiler import FakeTimer, profile_node
+from graphopt.tune.candidate_run import FakeTimer
+from graphopt.tune.profiler import profile_node
 from test_tune_profiler import SIG, cand, fake_checker
 print("RAN")  # a script without an `if __name__ == "__main__"` guard
 res = profile_node(SIG, [cand("a", 0.3), cand("b", 0.1), cand("boom", 0.01, "segfault")], timer=FakeTimer(),

@@ -13,9 +13,11 @@ from onnx import TensorProto, helper, numpy_helper
 from graphopt.errors import UsageError
 from graphopt.ir import from_model, to_model
 from graphopt.lowering.contract import Candidate, Signature
-from graphopt.tune.cache import TimingRecord, TuningCache
+from graphopt.tune.cache import TuningCache
+from graphopt.tune.cache_record import TimingRecord
+from graphopt.tune.candidate_run import FakeTimer
 from graphopt.tune.gpus import DeviceInfo
-from graphopt.tune.profiler import FakeTimer, Profiler
+from graphopt.tune.profiler import Profiler
 from graphopt.tune.select import graphopt_version, node_signature, select_lowerings
 
 

@@ -6,9 +6,10 @@ import pytest
 
 from graphopt.errors import UsageError
 from graphopt.ir import from_model
-from graphopt.tune.cache import CACHE_FILE, TuningCache
+from graphopt.tune.cache import TuningCache
+from graphopt.tune.cache_file import CACHE_FILE
+from graphopt.tune.candidate_run import FakeTimer
 from graphopt.tune.gpus import DeviceInfo
-from graphopt.tune.profiler import FakeTimer
 from graphopt.tune.tuner import TuningBackend, tune_graph
 
 from test_tune_select import FakeCand, build_model, fake_candidates, lowerings, ok_checker  # noqa: E402

@@ -1,0 +1,181 @@
+"""One candidate's run: build it, check its answer, time it (in the worker process, or inline).
+
+:func:`run_one` never raises: every failure becomes a reply with a status of
+:mod:`graphopt.tune.results` and the reason. The reply's ``phases`` say where the seconds went.
+
+What it needs from the kernels (the real implementations live there, in ``graphopt/kernels``):
+
+- ``Timer``:   ``timer(launch, inputs, outputs) -> list[float]`` (ms per timed run; warm-up,
+  repetitions and L2-rotation are the timer's business). ``FakeTimer`` is the test double.
+- ``Checker``: ``checker(sig, launch) -> str | None``: run on fresh random inputs, compare with
+  the op's reference, return the reason when wrong.
+- ``Buffers``: ``buffers(sig) -> (inputs, outputs)`` for timing (default: two empty lists).
+
+Workers sharing one GPU take turns on it (``GPU_LOCK_ENV``, :func:`_gpu_turn`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+from graphopt.lowering.contract import Signature, as_lowering
+from graphopt.tune.results import BUILD_FAILED, ERROR, OK, OOM, WRONG
+
+
+class Timer(Protocol):
+    def __call__(self, launch: Callable, inputs: Sequence[Any], outputs: Sequence[Any]) -> list[float]: ...
+
+
+class Checker(Protocol):
+    def __call__(self, sig: Signature, launch: Callable) -> str | None: ...
+
+
+def no_buffers(sig: Signature) -> tuple[list, list]:
+    """Default ``buffers``: nothing (fake launches need no memory)."""
+    return [], []
+
+
+@dataclass(frozen=True)
+class FakeTimer:
+    """Test double for the CUDA-event timer: calls ``launch`` ``reps`` times and uses what it returns.
+
+    A fake candidate's launch returns its simulated run time in ms; a launch returning ``None`` (a
+    real kernel) is an error, so a fake timer is never mistaken for a measurement.
+    """
+
+    reps: int = 5
+
+    def __call__(self, launch, inputs, outputs) -> list[float]:
+        times = []
+        for _ in range(self.reps):
+            t = launch(inputs, outputs)
+            if t is None:
+                raise TypeError("FakeTimer needs launches that return their simulated time in ms")
+            times.append(float(t))
+        return times
+
+
+def describe_exc(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_oom(exc: BaseException) -> bool:
+    # cupy.cuda.memory.OutOfMemoryError, MemoryError, cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, MemoryError) or "outofmemory" in text or "out of memory" in text or "memoryallocation" in text
+
+
+GPU_LOCK_ENV = "GRAPHOPT_TUNE_GPU_LOCK"  # a worker sharing its GPU with others: the lock file they share
+
+
+@contextmanager
+def _gpu_turn(phases: dict, shared: bool = False) -> Iterator[None]:
+    """Take the GPU when workers share it (``GPU_LOCK_ENV``: an ``flock`` on one file per GPU).
+    A timing holds it alone (``LOCK_EX``), so no timing sees another worker's kernels; checks hold
+    it together (``LOCK_SH``): they overlap one another, never a timing. Builds (cuDNN plan builds,
+    module loads) take no lock. Why checks share: on the H200 a cold ResNet-50 with four workers
+    spent 45.8 s in checks inside an exclusive turn, mostly each cuDNN plan's first execution (its
+    kernels' lazy module load), while the other workers waited (159 s of waits in all)."""
+    path = os.environ.get(GPU_LOCK_ENV)
+    if not path:
+        yield
+        return
+    import fcntl
+
+    t0 = time.perf_counter()
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        phases["wait"] = phases.get("wait", 0.0) + time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class _Laps:
+    """Seconds per phase of one candidate's run: ``lap(name)`` adds the time since the last lap (or
+    ``restart``) to ``phases[name]``."""
+
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+        self.t0 = time.perf_counter()
+
+    def restart(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        t = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + (t - self.t0)
+        self.t0 = t
+
+
+def run_one(sig, cand, timer, checker, buffers, arch) -> dict:
+    """Build, check and time one candidate; never raises (runs in the worker or inline). The reply's
+    ``phases`` gives the seconds each step took (build, check, time, wait), for :class:`TuningTime`."""
+    laps = _Laps()
+    try:
+        launch = as_lowering(cand.build(sig, arch))
+    except BaseException as exc:  # noqa: BLE001 - any failure of a candidate scores inf
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        laps.lap("build")
+        reply = {"status": OOM if _is_oom(exc) else BUILD_FAILED, "reason": f"build failed: {describe_exc(exc)}"}
+    else:
+        laps.lap("build")
+        with _gpu_turn(laps.phases, shared=True):  # checks overlap one another, never a timing
+            laps.restart()  # the wait for the GPU is its own phase
+            reply, prepared = _check(sig, launch, checker, buffers, laps.lap)
+        if reply is None:
+            with _gpu_turn(laps.phases):  # the GPU alone
+                laps.restart()
+                reply = _time(launch, timer, prepared, laps.lap)
+    reply["phases"] = laps.phases
+    return reply
+
+
+def _check(sig, launch, checker, buffers, lap) -> tuple[dict | None, tuple]:
+    """(a failure reply, or None) and the timing buffers, in the layouts ``launch`` declares."""
+    try:
+        wrong = checker(sig, launch)
+        lap("check")
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return {"status": OOM if _is_oom(exc) else ERROR, "reason": f"check raised {describe_exc(exc)}"}, ()
+    if wrong:
+        return {"status": WRONG, "reason": f"wrong answer: {wrong}"}, ()
+    try:
+        inputs, outputs = buffers(sig)
+        if getattr(launch, "layouts", ()):  # a GPU lowering that declares layouts: time it in them
+            import cupy
+
+            inputs = launch.conform(inputs, cupy)
+            outputs = launch.empty_outputs(len(inputs), [o.shape for o in outputs], outputs[0].dtype, cupy)
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return {"status": OOM if _is_oom(exc) else ERROR, "reason": f"timing raised {describe_exc(exc)}"}, ()
+    return None, (inputs, outputs)
+
+
+def _time(launch, timer, prepared: tuple, lap) -> dict:
+    inputs, outputs = prepared
+    try:
+        samples = [float(t) for t in timer(launch, inputs, outputs)]
+        lap("time")
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return {"status": OOM if _is_oom(exc) else ERROR, "reason": f"timing raised {describe_exc(exc)}"}
+    if not samples or not all(math.isfinite(t) and t >= 0 for t in samples):
+        return {"status": ERROR, "reason": f"timer returned no valid times ({samples[:5]})"}
+    return {"status": OK, "samples": samples, "reason": ""}
+
+
+__all__ = ["GPU_LOCK_ENV", "Checker", "FakeTimer", "Timer", "describe_exc", "no_buffers", "run_one"]
