@@ -61,7 +61,7 @@ class OptimizeReport:
     input_dims: list[str] = field(default_factory=list)  # symbolic dims of the graph inputs ("tuned at:")
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
-    tuning_time: dict[str, Any] = field(default_factory=dict)  # where profiling's seconds went (profiler.TuningTime)
+    tuning_time: dict[str, Any] = field(default_factory=dict)  # where profiling's seconds went (tuning_time.TuningTime)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -29,7 +29,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from graphopt.lowering.contract import Candidate, Signature
 from graphopt.tune.candidate_run import Checker, FakeTimer, Timer, describe_exc, no_buffers
-from graphopt.tune.progress import node_progress
 from graphopt.tune.results import CACHEABLE_FAILURES, OK, PRUNED, SKIPPED, CandidateResult, ProfileResult
 from graphopt.tune.runners import DEFAULT_TIMEOUT_S, InlineRunner, IsolatedRunner
 from graphopt.tune.tuning_time import Budget, TuningTime
@@ -341,6 +340,6 @@ __all__ = [
     # defined here
     "Profiler", "profile_node",
     # re-exported from their homes: FakeTimer is documented here (docs/adding_a_fused_op.md), the
-    # tuner imports DEFAULT_TIMEOUT_S and select.py node_progress from here
-    "DEFAULT_TIMEOUT_S", "FakeTimer", "node_progress",
+    # tuner imports DEFAULT_TIMEOUT_S from here
+    "DEFAULT_TIMEOUT_S", "FakeTimer",
 ]

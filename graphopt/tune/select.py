@@ -265,7 +265,7 @@ def _profile_and_choose(ctx: _Context, nodes, signatures, bucket_list, per_bucke
     """Profiling behind a progress bar. A profiler with ``profile_many`` gets every distinct signature
     first (spread over the GPUs; identical signatures once), then its memo serves every node;
     a plain ``profile`` function is called node by node."""
-    from graphopt.tune.profiler import node_progress
+    from graphopt.tune.progress import node_progress
 
     ndev = len(ctx.target.devices)
     desc = f"tuning on {ndev} x {ctx.device.normalized}" if ndev > 1 else f"tuning on {ctx.device.normalized}"
