@@ -19,7 +19,8 @@ from graphopt.kernels import pool as pool_kernels
 from graphopt.kernels.heuristic import DEFAULT_LOWERING, heuristic_lowering
 from graphopt.kernels.registry import candidate_from_key, signature_of
 from graphopt.lowering.contract import as_lowering
-from graphopt.runtime import ops_custom, ops_std
+from graphopt.runtime import ops_custom
+from graphopt.runtime.onnx_ops.registry import CUBLAS_OPS, OPS, OpContext, numpy_matmul
 from graphopt.runtime.compiled import Lowered
 
 
@@ -38,7 +39,7 @@ class _Backend:
         self.compute_dtype = None if compute_dtype is None else np.dtype(compute_dtype)
         self.dims: dict[str, int] = {}  # symbolic dim -> actual size for the run being traced
         self.workspace_bytes = 0  # lowering workspaces allocated at plan build (counted in peak memory)
-        self.matmul = ops_std.numpy_matmul
+        self.matmul = numpy_matmul
         self.pool = None  # a pooling-kernel module (CUDA only), handed to the standard ops
 
     @staticmethod
@@ -96,10 +97,10 @@ class _Backend:
         return None
 
     def std_step(self, node, opset: int, host_vals: dict, dyn_pos: list[int]):
-        fn = ops_std.OPS[node.op_type]
+        fn = OPS[node.op_type]
         xp, cd, mm, pool = self.xp, self.compute_dtype, self.matmul, self.pool
         if not dyn_pos:
-            ctx = ops_std.OpContext(xp, node, opset, host_vals, cd, mm, pool)
+            ctx = OpContext(xp, node, opset, host_vals, cd, mm, pool)
             return lambda ins: fn(ctx, ins)
 
         def run(ins):
@@ -108,7 +109,7 @@ class _Backend:
             for i in dyn_pos:
                 hv[i] = self.to_host(ins[i])
                 ins[i] = None
-            return fn(ops_std.OpContext(xp, node, opset, hv, cd, mm, pool), ins)
+            return fn(OpContext(xp, node, opset, hv, cd, mm, pool), ins)
 
         return run
 
@@ -268,7 +269,7 @@ class CudaBackend(_Backend):
         return int(arr.data.mem.size) if isinstance(arr, self.cupy.ndarray) else super().block_bytes(arr)
 
     def capture_issue(self, op: str) -> str | None:
-        if op in ops_std.CUBLAS_OPS and self.blas is None:
+        if op in CUBLAS_OPS and self.blas is None:
             return f"cupy.matmul refuses stream capture, and the runtime's own cuBLAS path is unavailable ({self.blas_reason})"
         return None
 
@@ -318,7 +319,7 @@ class CudaBackend(_Backend):
         op = node.op_type
         attrs = ops_custom.op_attrs(node)
         n_out = len(node.outputs)
-        ctx = ops_std.OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
+        ctx = OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
         impl = ops_custom.device_impl(op)
 
         def fallback_for(why: str):

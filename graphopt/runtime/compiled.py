@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from graphopt.lowering import layout
-from graphopt.runtime import ops_std
+from graphopt.runtime.onnx_ops.pooling import POOL_OPS, pool_kernel_args
+from graphopt.runtime.onnx_ops.registry import OpContext
 from graphopt.runtime.arena import Interval, assign, live_peak
 from graphopt.runtime.replay import FreshStepReplay, StepReplay
 
@@ -48,7 +49,7 @@ def _direct(step, arrays, backend, feed_slots):
     out = arrays[step.outputs[0]]
     if step.op in ("MatMul", "Gemm"):
         return _gemm_direct(step, ins, out, backend, feed_slots)
-    if step.op in ops_std.POOL_OPS:
+    if step.op in POOL_OPS:
         return _pool_direct(step, ins, out, backend)
     if step.op not in DIRECT or len(ins) != DIRECT[step.op][1] or any(a is None for a in ins):
         return None
@@ -110,8 +111,8 @@ def _pool_direct(step, ins, out, backend):
     if len(ins) != 1 or ins[0] is None or getattr(backend, "pool", None) is None:
         return None
     x = ins[0]
-    ctx = ops_std.OpContext(backend.xp, step.node, 0, {}, pool=backend.pool)
-    args = ops_std.pool_kernel_args(ctx, x, step.op)
+    ctx = OpContext(backend.xp, step.node, 0, {}, pool=backend.pool)
+    args = pool_kernel_args(ctx, x, step.op)
     if args is None:  # traced through the window-slice path: stays generic
         return None
     pool2d, xp = backend.pool.pool2d, backend.xp

@@ -22,7 +22,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.lowering.buckets import choose, decode
 from graphopt.ops.activations import ACTIVATIONS
-from graphopt.runtime import ops_std
+from graphopt.runtime.onnx_ops.conv import conv
 
 
 
@@ -90,7 +90,7 @@ def cbr_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) > 2 else None
     r = ins[3] if len(ins) > 3 else None
-    y = ops_std._conv(ctx, [x, w])[0]
+    y = conv(ctx, [x, w])[0]
     y = _f32(ctx, y)
     if b is not None:
         y = y + _f32(ctx, b).reshape((1, -1) + (1,) * (y.ndim - 2))

@@ -6,7 +6,7 @@ is either a *host value* (a NumPy array known at plan time: initializers, ``Cons
 here with NumPy) or a *device value* held in a numbered slot. Only nodes that touch device values
 become ``Step``s, so the shape arithmetic of an export (Shape -> Gather -> Concat -> Reshape ...)
 costs nothing at run time, and the inputs ops read on the host (Reshape's shape, Slice's starts,
-Expand's shape, ...; ``ops_std.HOST_INPUTS``) are resolved here, never by a device -> host read
+Expand's shape, ...; ``onnx_ops.registry.HOST_INPUTS``) are resolved here, never by a device -> host read
 inside a run. A step whose host input is a device value (a data-dependent shape) reads it at run
 time: the plan is then ``dynamic``; it is rebuilt on every run and never captured.
 
@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from graphopt.runtime import ops_std
+from graphopt.runtime.onnx_ops.registry import HOST_INPUTS, OPS, OpContext
 from graphopt.runtime.liveness import liveness
 
 
@@ -262,7 +262,7 @@ class _Tracer:
         op = node.op_type
         if std and op in ("Shape", "Size") and vals and vals[0] is not None:
             return self._fold_shape(node, vals[0])
-        if std and op != "If" and op in ops_std.OPS and all(v is None or isinstance(v, _Host) for v in vals):
+        if std and op != "If" and op in OPS and all(v is None or isinstance(v, _Host) for v in vals):
             return self._fold_host(node, vals)
         label = f"{op} {node.name or (node.outputs[0] if node.outputs else '?')}"
         if std and op == "If":
@@ -276,7 +276,7 @@ class _Tracer:
     def _fold_shape(self, node, v) -> None:
         """Shape / Size of any tensor: a plan-time value (its shape is known)."""
         shape_only = _ShapeOnly(_shape_of(v, self.arrays))
-        out = ops_std.OPS[node.op_type](ops_std.OpContext(np, node, self.opset, {}), [shape_only])
+        out = OPS[node.op_type](OpContext(np, node, self.opset, {}), [shape_only])
         self.env[node.outputs[0]] = _Host(_np_value(out[0]))
         self.plan.folded += 1
 
@@ -285,7 +285,7 @@ class _Tracer:
         host = {i: v.value for i, v in enumerate(vals) if v is not None}
         ins = [None if v is None else v.value for v in vals]
         with np.errstate(all="ignore"):
-            outs = ops_std.OPS[node.op_type](ops_std.OpContext(np, node, self.opset, host), ins)
+            outs = OPS[node.op_type](OpContext(np, node, self.opset, host), ins)
         for name, o in zip(node.outputs, outs):
             if name:
                 self.env[name] = _Host(_np_value(o))
@@ -293,7 +293,7 @@ class _Tracer:
 
     def _std_step(self, node, label, vals):
         """A standard op on device values; its ``HOST_INPUTS`` are resolved now when they are plan-time values."""
-        host_pos = set(ops_std.HOST_INPUTS.get(node.op_type, ()))
+        host_pos = set(HOST_INPUTS.get(node.op_type, ()))
         host_vals: dict[int, np.ndarray] = {}
         dyn_pos: list[int] = []
         in_slots: list[int | None] = []

@@ -34,7 +34,8 @@ import numpy as np
 import onnx
 
 from graphopt.errors import GraphoptError, InvalidModel, UnsupportedModel, UsageError
-from graphopt.runtime import ops_custom, ops_std
+from graphopt.runtime import ops_custom
+from graphopt.runtime.onnx_ops.registry import OPS
 from graphopt.runtime.graphs import CapturedRun, CaptureFailed, GraphBook
 from graphopt.runtime.plan import Plan, trace
 
@@ -49,7 +50,7 @@ def unsupported_nodes(graph) -> dict[str, list[str]]:
     bad: dict[str, list[str]] = defaultdict(list)
     for _, node in graph.walk():
         if node.domain in ("", "ai.onnx"):
-            if node.op_type in ops_std.OPS or node.op_type == "If":
+            if node.op_type in OPS or node.op_type == "If":
                 continue
             key = node.op_type
         elif node.domain == "graphopt" and node.op_type in custom:

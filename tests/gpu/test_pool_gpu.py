@@ -15,7 +15,8 @@ require_device()
 
 from graphopt.kernels import pool  # noqa: E402
 from graphopt.lowering.layout import is_layout, to_layout  # noqa: E402
-from graphopt.runtime import ops_std  # noqa: E402
+from graphopt.runtime.onnx_ops.pooling import pool_kernel_args  # noqa: E402
+from graphopt.runtime.onnx_ops.registry import OPS, OpContext  # noqa: E402
 
 CASES = [  # op, input shape, attributes
     ("MaxPool", (32, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
@@ -56,10 +57,10 @@ def test_pool_kernel_matches_the_reference(case, layout, dtype):
     x = rng.standard_normal(shape).astype(dtype)
     x[(0,) * len(shape)] = np.nan if op == "MaxPool" else x[(0,) * len(shape)]  # NaN propagates through max
     node = _node(op, attrs)
-    want = ops_std.OPS[op](ops_std.OpContext(np, node, 17, {}), [x.astype(np.float64)])[0]
+    want = OPS[op](OpContext(np, node, 17, {}), [x.astype(np.float64)])[0]
     xd = to_layout(cp.asarray(x), layout, cp)
-    ctx = ops_std.OpContext(cp, node, 17, {}, pool=pool)
-    got = ops_std.OPS[op](ctx, [xd])[0]
+    ctx = OpContext(cp, node, 17, {}, pool=pool)
+    got = OPS[op](ctx, [xd])[0]
     assert got.shape == want.shape and got.dtype == x.dtype
     if len(shape) == 4:
         assert is_layout(got, layout), (got.strides, layout)
@@ -69,19 +70,19 @@ def test_pool_kernel_matches_the_reference(case, layout, dtype):
 
 def test_pool_kernel_captures_in_a_cuda_graph():
     x = cp.asarray(np.random.default_rng(0).standard_normal((4, 8, 15, 15)).astype(np.float16))
-    ctx = ops_std.OpContext(cp, _node("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2])), 17, {}, pool=pool)
+    ctx = OpContext(cp, _node("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2])), 17, {}, pool=pool)
     s = cp.cuda.Stream(non_blocking=True)
     with s:
-        ops_std.OPS["MaxPool"](ctx, [x])  # compiled outside the capture
+        OPS["MaxPool"](ctx, [x])  # compiled outside the capture
         s.begin_capture()
         try:
-            y = ops_std.OPS["MaxPool"](ctx, [x])[0]
+            y = OPS["MaxPool"](ctx, [x])[0]
         finally:
             g = s.end_capture()
         y.fill(0)
         g.launch(s)
         s.synchronize()
-    want = ops_std.OPS["MaxPool"](ops_std.OpContext(np, ctx.node, 17, {}), [cp.asnumpy(x).astype(np.float64)])[0]
+    want = OPS["MaxPool"](OpContext(np, ctx.node, 17, {}), [cp.asnumpy(x).astype(np.float64)])[0]
     np.testing.assert_allclose(cp.asnumpy(y).astype(np.float64), want, rtol=1e-2, atol=1e-2)
 
 
@@ -91,9 +92,9 @@ def test_pool_kernel_writes_a_given_output(case, layout):
     """``out=`` (a compiled plan's arena view): the same values as a fresh output, in the given buffer."""
     op, shape, attrs = case
     x = to_layout(cp.asarray(np.random.default_rng(1).standard_normal(shape).astype(np.float16)), layout, cp)
-    ctx = ops_std.OpContext(cp, _node(op, attrs), 17, {}, pool=pool)
-    want = ops_std.OPS[op](ctx, [x])[0]
-    args = ops_std.pool_kernel_args(ctx, x, op)
+    ctx = OpContext(cp, _node(op, attrs), 17, {}, pool=pool)
+    want = OPS[op](ctx, [x])[0]
+    args = pool_kernel_args(ctx, x, op)
     out = cp.full_like(want, cp.nan)  # keeps want's strides (the input's layout)
     got = pool.pool2d(cp, x, *args, out=out)
     assert got.data.ptr == out.data.ptr and got.shape == want.shape

@@ -13,14 +13,15 @@ from onnx import TensorProto, helper
 
 from _runtime_helpers import ort_run, random_feeds, rel_err
 from graphopt.ops import get_schema
-from graphopt.runtime import ops_custom, ops_std
+from graphopt.runtime import ops_custom
+from graphopt.runtime.onnx_ops.registry import OpContext, numpy_matmul
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = {np.float32: 2e-5, np.float16: 5e-3}
 
 
 def _ctx():
-    return ops_std.OpContext(np, None, 0, {}, None, ops_std.numpy_matmul)
+    return OpContext(np, None, 0, {}, None, numpy_matmul)
 
 
 def _check(op, inputs, attrs, dtype):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphopt.runtime import ops_std
+from graphopt.runtime.onnx_ops.registry import OPS, OpContext
 
 
 class _Node:
@@ -44,7 +44,7 @@ class _FakePool:
 def test_pooling_ops_dispatch_to_the_kernel(op, attrs, want):
     fake = _FakePool()
     x = np.zeros((2, 3, 9, 7), np.float32)
-    out = ops_std.OPS[op](ops_std.OpContext(np, _Node(attrs), 17, {}, pool=fake), [x])
+    out = OPS[op](OpContext(np, _Node(attrs), 17, {}, pool=fake), [x])
     assert out == ["kernel"] and fake.calls == [want]
 
 
@@ -52,7 +52,7 @@ def test_pooling_without_a_kernel_or_outside_it_uses_the_array_path():
     x = np.arange(2 * 3 * 4 * 4, dtype=np.float64).reshape(2, 3, 4, 4)  # float64: outside the kernel
     fake = _FakePool()
     node = _Node(dict(kernel_shape=[2, 2], strides=[2, 2]))
-    got = ops_std.OPS["MaxPool"](ops_std.OpContext(np, node, 17, {}, pool=fake), [x])[0]
+    got = OPS["MaxPool"](OpContext(np, node, 17, {}, pool=fake), [x])[0]
     assert fake.calls == [] and got.shape == (2, 3, 2, 2) and got[0, 0, 0, 0] == 5
 
 
@@ -93,10 +93,10 @@ def test_concat_keeps_an_nhwc_region_nhwc():
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 6, 4, 5))
     want = np.concatenate([a, b], axis=1)
-    ctx = ops_std.OpContext(np, _Node({"axis": 1}), 17, {})
-    got = ops_std.OPS["Concat"](ctx, [to_layout(a, "NHWC", np), to_layout(b, "NHWC", np)])[0]
+    ctx = OpContext(np, _Node({"axis": 1}), 17, {})
+    got = OPS["Concat"](ctx, [to_layout(a, "NHWC", np), to_layout(b, "NHWC", np)])[0]
     assert is_layout(got, "NHWC") and not is_layout(got, "NCHW") and np.array_equal(got, want)
-    got = ops_std.OPS["Concat"](ops_std.OpContext(np, _Node({"axis": -3}), 17, {}), [to_layout(a, "NHWC", np), b])[0]
+    got = OPS["Concat"](OpContext(np, _Node({"axis": -3}), 17, {}), [to_layout(a, "NHWC", np), b])[0]
     assert is_layout(got, "NHWC") and np.array_equal(got, want)
-    plain = ops_std.OPS["Concat"](ctx, [a, b])[0]
+    plain = OPS["Concat"](ctx, [a, b])[0]
     assert plain.flags.c_contiguous and np.array_equal(plain, want)

@@ -122,7 +122,8 @@ def _scribbling_lowerings(monkeypatch, fake_cuda, built: list):
     fills it with garbage on every launch, and NHWC outputs for CBR: an arena that overlapped a live
     buffer with a workspace, or lost a layout, would give wrong outputs."""
     from graphopt.lowering.contract import Lowering
-    from graphopt.runtime import backend, ops_custom, ops_std
+    from graphopt.runtime import backend, ops_custom
+    from graphopt.runtime.onnx_ops.registry import OpContext
 
     def fake_build(self, op, key, sig):
         impl = ops_custom.device_impl(op)
@@ -147,7 +148,7 @@ def _scribbling_lowerings(monkeypatch, fake_cuda, built: list):
         n0 = len(built)
         res = real_custom(self, graph, node, in_arrays)
         if len(built) > n0:
-            built[-1][1]["ctx"] = ops_std.OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
+            built[-1][1]["ctx"] = OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
             built[-1][1]["attrs"] = ops_custom.op_attrs(node)
         return res
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphopt.runtime.ops_std import pad_constant
+from graphopt.runtime.onnx_ops.windows import pad_constant
 
 
 @pytest.mark.parametrize("shape, widths, fill", [

@@ -163,7 +163,7 @@ def test_an_nhwc_input_is_resized_in_nhwc(rng):
     """Inside an NHWC region the input is NHWC-strided: the output keeps that layout (no conversion
     before the next NHWC lowering) and the values of the C-ordered input."""
     from graphopt.lowering.layout import is_layout, to_layout
-    from graphopt.runtime.ops_std import OPS, OpContext
+    from graphopt.runtime.onnx_ops.registry import OPS, OpContext
 
     x = rng.standard_normal((2, 5, 7, 6)).astype(np.float32)
     model = _model(x.shape, 19, dict(mode="linear"), scales=[1, 1, 1.5, 0.5])
@@ -201,11 +201,11 @@ def test_torch_upsampling_exports_run_optimized_and_not(rng, name):
 def test_the_taps_are_planned_once_per_step(rng, monkeypatch):
     """A compiled step plans its taps (and puts them on the device) once: later runs, and a CUDA-graph
     capture, only gather and multiply."""
-    from graphopt.runtime import ops_resize
+    from graphopt.runtime.onnx_ops import resize
 
     calls = []
-    real = ops_resize.plan
-    monkeypatch.setattr(ops_resize, "plan", lambda ctx, shape: (calls.append(shape), real(ctx, shape))[1])
+    real = resize.plan
+    monkeypatch.setattr(resize, "plan", lambda ctx, shape: (calls.append(shape), real(ctx, shape))[1])
     x = rng.standard_normal((1, 2, 5, 6)).astype(np.float32)
     sess = Session(_model(x.shape, 19, dict(mode="linear"), scales=[1, 1, 2.0, 1.5]), device="numpy")
     first = sess.run({"x": x})["y"]
@@ -216,7 +216,7 @@ def test_the_taps_are_planned_once_per_step(rng, monkeypatch):
 
 def test_an_identity_resize_returns_a_new_array(rng):
     """Scales of 1 resize nothing; the output is still its own buffer, never the input."""
-    from graphopt.runtime.ops_std import OPS, OpContext
+    from graphopt.runtime.onnx_ops.registry import OPS, OpContext
 
     x = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
     for mode in ("nearest", "linear"):

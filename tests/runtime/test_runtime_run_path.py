@@ -53,12 +53,13 @@ def _computing_lowerings(monkeypatch):
     """Every custom op "builds" a lowering that computes its device fallback into the given outputs
     (NHWC in and out for CBR, as cuDNN's; a barrier; capturable; a workspace)."""
     from graphopt.lowering.contract import Lowering
-    from graphopt.runtime import backend, ops_custom, ops_std
+    from graphopt.runtime import backend, ops_custom
+    from graphopt.runtime.onnx_ops.registry import OpContext
 
     real_custom = backend.CudaBackend.custom_step
 
     def custom_step(self, graph, node, in_arrays):
-        ctx = ops_std.OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
+        ctx = OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
         attrs = ops_custom.op_attrs(node)
         impl = ops_custom.device_impl(node.op_type)
 

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from graphopt.errors import UsageError
-from graphopt.runtime.ops_std import _acc, op
+from graphopt.runtime.onnx_ops.registry import for_accumulation, op
 
 MODES = ("nearest", "linear", "cubic")
 TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
@@ -256,7 +256,7 @@ def _resize_dense(ctx, x, order):
         return [xp.ascontiguousarray(y) if y is not x else y.copy()]
     if not steps:  # nothing resized: a new array, never the input itself
         return [x.copy()]
-    y = _acc(ctx, x) if x.dtype == np.float16 else x.astype(np.float64 if x.dtype == np.float64 else np.float32,
+    y = for_accumulation(ctx, x) if x.dtype == np.float16 else x.astype(np.float64 if x.dtype == np.float64 else np.float32,
                                                           copy=False)  # a float32 input is read as it is
     wdt = y.dtype
     for a, idx, w, outside in steps:
