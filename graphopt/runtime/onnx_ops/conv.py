@@ -4,7 +4,7 @@ multiply-adds over window slices, anything else as im2col + one (batched) GEMM t
 from __future__ import annotations
 
 from graphopt.runtime.onnx_ops.registry import for_accumulation, op
-from graphopt.runtime.onnx_ops.windows import conv_geometry, windows_2d
+from graphopt.runtime.onnx_ops.windows import conv_geometry, window_slices
 
 
 class _Attrs2D:
@@ -57,7 +57,7 @@ def conv2d(ctx, actx, x, w):
     strides, dil, pads, outs = conv_geometry(actx, [H, W], [KH, KW])
     OH, OW = outs
     if Cg == 1 and G == C and M == C:  # depthwise: no GEMM at all
-        sl = windows_2d(xp, x, [KH, KW], strides, dil, pads, outs, 0)
+        sl = window_slices(xp, x, [KH, KW], strides, dil, pads, outs, 0)
         wa = for_accumulation(ctx, w)
         y = None
         for k, s in enumerate(sl):
@@ -68,7 +68,7 @@ def conv2d(ctx, actx, x, w):
     if KH == KW == 1 and strides == [1, 1] and not any(pads) and G == 1:
         cols = x.reshape(N, C, H * W)  # 1x1 stride-1 convolution: the input is already the column matrix
     else:
-        sl = windows_2d(xp, x, [KH, KW], strides, dil, pads, outs, 0)
+        sl = window_slices(xp, x, [KH, KW], strides, dil, pads, outs, 0)
         # (N, C, KH*KW, OH, OW): c major, (kh, kw) minor. Filled slice by slice rather than with
         # xp.stack: CuPy's stack of many arrays may upload a pointer table from the host, which a
         # CUDA-graph capture refuses.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.runtime.onnx_ops.registry import for_accumulation, op
-from graphopt.runtime.onnx_ops.windows import conv_geometry, pad_constant, windows_nd
+from graphopt.runtime.onnx_ops.registry import OPS, for_accumulation, op
+from graphopt.runtime.onnx_ops.windows import conv_geometry, pad_constant, window_slices
 
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
 
@@ -41,13 +41,13 @@ def _pool(ctx, x, kind):
         return ctx.pool.pool2d(xp, x, *args)
     if kind == "max":
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-        sl = windows_nd(xp, x, kernel, strides, dil, pads, outs, fill)
+        sl = window_slices(xp, x, kernel, strides, dil, pads, outs, fill)
         y = sl[0]
         for s in sl[1:]:
             y = xp.maximum(y, s)
         return y
     xa = for_accumulation(ctx, x)
-    sl = windows_nd(xp, xa, kernel, strides, dil, pads, outs, 0)
+    sl = window_slices(xp, xa, kernel, strides, dil, pads, outs, 0)
     y = sl[0]
     for s in sl[1:]:
         y = y + s
@@ -56,7 +56,7 @@ def _pool(ctx, x, kind):
     ones = xp.ones((1, 1) + tuple(x.shape[2:]), dtype=xa.dtype)
     pw = [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)]
     ones = pad_constant(xp, ones, pw, 1 if ctx.attr("count_include_pad", 0) else 0)
-    cnt = windows_nd(xp, ones, kernel, strides, dil, [0] * (2 * nd), outs, 0)
+    cnt = window_slices(xp, ones, kernel, strides, dil, [0] * (2 * nd), outs, 0)
     c = cnt[0]
     for s in cnt[1:]:
         c = c + s
@@ -75,20 +75,20 @@ def _avgpool(ctx, ins):
     return [_pool(ctx, ins[0], "avg")]
 
 
-@op("GlobalAveragePool")
-def _gap(ctx, ins):
-    x = ins[0]
-    args = pool_kernel_args(ctx, x, "GlobalAveragePool")
-    if args is not None:
-        return [ctx.pool.pool2d(ctx.xp, x, *args)]
-    axes = tuple(range(2, x.ndim))
-    return [for_accumulation(ctx, x).mean(axis=axes, keepdims=True).astype(x.dtype)]
+def _global_pool(op_type, reduce):
+    """A global pooling op: the backend's pooling kernel when it takes ``x``, else ``reduce(ctx, x, axes)``
+    over every spatial axis."""
+
+    def run(ctx, ins):
+        x = ins[0]
+        args = pool_kernel_args(ctx, x, op_type)
+        if args is not None:
+            return [ctx.pool.pool2d(ctx.xp, x, *args)]
+        return [reduce(ctx, x, tuple(range(2, x.ndim)))]
+
+    return run
 
 
-@op("GlobalMaxPool")
-def _gmp(ctx, ins):
-    x = ins[0]
-    args = pool_kernel_args(ctx, x, "GlobalMaxPool")
-    if args is not None:
-        return [ctx.pool.pool2d(ctx.xp, x, *args)]
-    return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]
+OPS["GlobalAveragePool"] = _global_pool(
+    "GlobalAveragePool", lambda ctx, x, axes: for_accumulation(ctx, x).mean(axis=axes, keepdims=True).astype(x.dtype))
+OPS["GlobalMaxPool"] = _global_pool("GlobalMaxPool", lambda ctx, x, axes: x.max(axis=axes, keepdims=True))

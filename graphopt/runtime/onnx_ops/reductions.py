@@ -34,6 +34,11 @@ def _softmax(ctx, ins):
     return _softmax_family(ctx, ins[0], _softmax_of)
 
 
+@op("LogSoftmax")
+def _logsoftmax(ctx, ins):
+    return _softmax_family(ctx, ins[0], _logsoftmax_of)
+
+
 def _reduce_axes(ctx, x):
     if ctx.opset >= 18 or (ctx.node.op_type == "ReduceSum" and ctx.opset >= 13):
         axes = ctx.host(1)
@@ -53,6 +58,13 @@ def _empty_identity(op: str, dtype):
     small = -np.inf if dtype.kind == "f" else (False if dtype.kind == "b" else np.iinfo(dtype).min)
     return {"ReduceMax": small, "ReduceMin": big, "ReduceProd": 1, "ReduceMean": np.nan,
             "ReduceLogSum": -np.inf, "ReduceLogSumExp": -np.inf}.get(op, 0)
+
+
+def _logsumexp(xp, x, axes, keep):
+    m = x.max(axis=axes, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)
+    y = xp.log(xp.exp(x - m).sum(axis=axes, keepdims=True)) + m
+    return y if keep else y.reshape([d for i, d in enumerate(y.shape) if i not in axes])
 
 
 def _reduction(f, accumulate=True):
@@ -79,40 +91,6 @@ for _name, _f in {
     "ReduceProd": lambda xp, x, a, k: x.prod(axis=a, keepdims=k),
     "ReduceSumSquare": lambda xp, x, a, k: (x * x).sum(axis=a, keepdims=k),
     "ReduceL2": lambda xp, x, a, k: xp.sqrt((x * x).sum(axis=a, keepdims=k)),
-}.items():
-    OPS[_name] = _reduction(_f)
-    HOST_INPUTS[_name] = (1,)
-
-
-@op("ArgMax")
-def _argmax(ctx, ins):
-    x = ins[0]
-    axis = ctx.attr("axis", 0)
-    if ctx.attr("select_last_index", 0):
-        y = x.shape[axis] - 1 - ctx.xp.argmax(ctx.xp.flip(x, axis=axis), axis=axis)
-    else:
-        y = ctx.xp.argmax(x, axis=axis)
-    if ctx.attr("keepdims", 1):
-        y = ctx.xp.expand_dims(y, axis)
-    return [y.astype(np.int64)]
-
-
-@op("ArgMin")
-def _argmin(ctx, ins):
-    x = ins[0]
-    axis = ctx.attr("axis", 0)
-    xp = ctx.xp
-    if ctx.attr("select_last_index", 0):
-        flipped = xp.flip(x, axis=axis)
-        y = x.shape[axis] - 1 - xp.argmin(flipped, axis=axis)
-    else:
-        y = xp.argmin(x, axis=axis)
-    if ctx.attr("keepdims", 1):
-        y = xp.expand_dims(y, axis)
-    return [y.astype(np.int64)]
-
-
-for _name, _f in {
     "ReduceL1": lambda xp, x, a, k: xp.abs(x).sum(axis=a, keepdims=k),
     "ReduceLogSum": lambda xp, x, a, k: xp.log(x.sum(axis=a, keepdims=k)),
     "ReduceLogSumExp": lambda xp, x, a, k: _logsumexp(xp, x, a, k),
@@ -121,16 +99,26 @@ for _name, _f in {
     HOST_INPUTS[_name] = (1,)
 
 
-def _logsumexp(xp, x, axes, keep):
-    m = x.max(axis=axes, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, 0)
-    y = xp.log(xp.exp(x - m).sum(axis=axes, keepdims=True)) + m
-    return y if keep else y.reshape([d for i, d in enumerate(y.shape) if i not in axes])
+def _arg_index(find: str):
+    """ArgMax / ArgMin: ``find`` is the array module's ``"argmax"`` or ``"argmin"``."""
+
+    def run(ctx, ins):
+        x = ins[0]
+        axis = ctx.attr("axis", 0)
+        xp = ctx.xp
+        if ctx.attr("select_last_index", 0):
+            y = x.shape[axis] - 1 - getattr(xp, find)(xp.flip(x, axis=axis), axis=axis)
+        else:
+            y = getattr(xp, find)(x, axis=axis)
+        if ctx.attr("keepdims", 1):
+            y = xp.expand_dims(y, axis)
+        return [y.astype(np.int64)]
+
+    return run
 
 
-@op("LogSoftmax")
-def _logsoftmax(ctx, ins):
-    return _softmax_family(ctx, ins[0], _logsoftmax_of)
+OPS["ArgMax"] = _arg_index("argmax")
+OPS["ArgMin"] = _arg_index("argmin")
 
 
 @op("CumSum", host=(1,))

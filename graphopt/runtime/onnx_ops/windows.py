@@ -7,6 +7,8 @@ node's attributes for it.
 
 from __future__ import annotations
 
+import itertools
+
 from graphopt.ops.cbr import conv_output
 
 
@@ -36,29 +38,9 @@ def pad_constant(xp, x, pad_width, fill=0):
     return out
 
 
-def windows_2d(xp, x, kernel, strides, dil, pads, outs, fill):
-    """Padded input -> list of KH*KW strided slices, each (N, C, OH, OW) (2-D only; 1-D is lifted)."""
-    nd = len(kernel)
-    pad_width = [(0, 0), (0, 0)]
-    for i in range(nd):
-        # extra right padding so ceil_mode windows stay in bounds
-        need = (outs[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1
-        right = max(pads[i + nd], need - x.shape[2 + i] - pads[i])
-        pad_width.append((pads[i], right))
-    if any(p != (0, 0) for p in pad_width):
-        x = pad_constant(xp, x, pad_width, fill)
-    slices = []
-    for kh in range(kernel[0]):
-        for kw in range(kernel[1]):
-            h0, w0 = kh * dil[0], kw * dil[1]
-            slices.append(x[:, :, h0 : h0 + strides[0] * (outs[0] - 1) + 1 : strides[0], w0 : w0 + strides[1] * (outs[1] - 1) + 1 : strides[1]])
-    return slices
-
-
-def windows_nd(xp, x, kernel, strides, dil, pads, outs, fill):
-    """Padded input -> the prod(kernel) strided window slices, each (N, C, *outs); any spatial rank."""
-    import itertools
-
+def window_slices(xp, x, kernel, strides, dil, pads, outs, fill):
+    """Padded input -> the prod(kernel) strided window slices, each (N, C, *outs), kernel offsets in
+    row-major order; any spatial rank."""
     nd = len(kernel)
     pad_width = [(0, 0), (0, 0)]
     for i in range(nd):
