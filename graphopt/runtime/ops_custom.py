@@ -23,6 +23,7 @@ from graphopt.errors import TuningError
 from graphopt.lowering.buckets import choose, decode
 from graphopt.ops.activations import ACTIVATIONS
 from graphopt.runtime.onnx_ops.conv import conv
+from graphopt.runtime.onnx_ops.registry import for_accumulation
 
 
 
@@ -81,21 +82,17 @@ def apply_activation(ctx, y, attrs: Mapping[str, Any]):
     return ACTIVATIONS[name].xp(ctx.xp, y, attrs)
 
 
-def _f32(ctx, x):
-    return x.astype(np.float32) if x.dtype == np.float16 else x
-
-
 def cbr_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     """graphopt.CBR = act(Conv(X, W, B) + R) against ``ctx.xp`` (ctx.node carries Conv's attributes)."""
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) > 2 else None
     r = ins[3] if len(ins) > 3 else None
     y = conv(ctx, [x, w])[0]
-    y = _f32(ctx, y)
+    y = for_accumulation(ctx, y)
     if b is not None:
-        y = y + _f32(ctx, b).reshape((1, -1) + (1,) * (y.ndim - 2))
+        y = y + for_accumulation(ctx, b).reshape((1, -1) + (1,) * (y.ndim - 2))
     if r is not None:
-        y = y + _f32(ctx, r)
+        y = y + for_accumulation(ctx, r)
     return [apply_activation(ctx, y, attrs).astype(x.dtype)]
 
 
@@ -106,16 +103,16 @@ def gemm_act_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     if attrs.get("mode", "matmul") == "gemm":
         aa = a.T if attrs.get("transA", 0) else a
         bb = b.T if attrs.get("transB", 0) else b
-        y = _f32(ctx, ctx.matmul(ctx.xp.ascontiguousarray(aa), ctx.xp.ascontiguousarray(bb)))
+        y = for_accumulation(ctx, ctx.matmul(ctx.xp.ascontiguousarray(aa), ctx.xp.ascontiguousarray(bb)))
         alpha = float(np.float32(attrs.get("alpha", 1.0)))
         if alpha != 1.0:
             y = y * alpha
         if c is not None:
-            y = y + float(np.float32(attrs.get("beta", 1.0))) * _f32(ctx, c)
+            y = y + float(np.float32(attrs.get("beta", 1.0))) * for_accumulation(ctx, c)
     else:
-        y = _f32(ctx, ctx.matmul(a, b))
+        y = for_accumulation(ctx, ctx.matmul(a, b))
         if c is not None:
-            y = y + _f32(ctx, c)
+            y = y + for_accumulation(ctx, c)
     return [apply_activation(ctx, y, attrs).astype(a.dtype)]
 
 
@@ -126,16 +123,16 @@ def _eps(attrs, default: float) -> float:
 def layer_norm_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     """graphopt.LayerNorm over the last axis of S = X [+ skip [+ skip_bias]]; outputs [Y] or [Y, S]."""
     x, scale, bias, skip, skip_bias = (list(ins) + [None] * 5)[:5]
-    s = _f32(ctx, x)
+    s = for_accumulation(ctx, x)
     if skip is not None:
-        s = s + _f32(ctx, skip)
+        s = s + for_accumulation(ctx, skip)
         if skip_bias is not None:
-            s = s + _f32(ctx, skip_bias)
+            s = s + for_accumulation(ctx, skip_bias)
     xp = ctx.xp
     d = s - s.mean(axis=-1, keepdims=True)
-    y = d / xp.sqrt((d * d).mean(axis=-1, keepdims=True) + np.float32(_eps(attrs, 1e-5))) * _f32(ctx, scale)
+    y = d / xp.sqrt((d * d).mean(axis=-1, keepdims=True) + np.float32(_eps(attrs, 1e-5))) * for_accumulation(ctx, scale)
     if bias is not None:
-        y = y + _f32(ctx, bias)
+        y = y + for_accumulation(ctx, bias)
     out = [y.astype(x.dtype)]
     if attrs.get("sum_output", 0):
         out.append(s.astype(x.dtype))
@@ -145,8 +142,9 @@ def layer_norm_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
 def rms_norm_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     """graphopt.RMSNorm: X / sqrt(mean(X^2) + epsilon) * scale over the last axis."""
     x, scale = ins[0], ins[1]
-    xf = _f32(ctx, x)
-    y = xf / ctx.xp.sqrt((xf * xf).mean(axis=-1, keepdims=True) + np.float32(_eps(attrs, 1e-6))) * _f32(ctx, scale)
+    xf = for_accumulation(ctx, x)
+    rms = ctx.xp.sqrt((xf * xf).mean(axis=-1, keepdims=True) + np.float32(_eps(attrs, 1e-6)))
+    y = xf / rms * for_accumulation(ctx, scale)
     return [y.astype(x.dtype)]
 
 
@@ -157,11 +155,11 @@ def attention_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     kt = k if attrs.get("k_transposed", 0) else xp.swapaxes(k, -1, -2)
     scale = float(np.float32(attrs["scale"])) if attrs.get("scale") is not None else 1.0 / math.sqrt(q.shape[-1])
     # Q is scaled before the GEMM (as the kernels do): fp16 scores then stay in range
-    qs = (_f32(ctx, q) * np.float32(scale)).astype(q.dtype)
-    s = _f32(ctx, ctx.matmul(xp.ascontiguousarray(qs), xp.ascontiguousarray(kt)))
+    qs = (for_accumulation(ctx, q) * np.float32(scale)).astype(q.dtype)
+    s = for_accumulation(ctx, ctx.matmul(xp.ascontiguousarray(qs), xp.ascontiguousarray(kt)))
     kind = attrs.get("mask_kind", "none")
     if kind == "additive":
-        s = s + _f32(ctx, mask)
+        s = s + for_accumulation(ctx, mask)
     elif kind == "bool":
         mv = float(np.float32(attrs["mask_value"])) if attrs.get("mask_value") is not None else -math.inf
         s = s + xp.where(mask.astype(bool), np.float32(0), np.float32(mv))

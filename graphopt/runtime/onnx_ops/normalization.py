@@ -18,7 +18,8 @@ def _bn(ctx, ins):
     shape = (1, -1) + (1,) * (x.ndim - 2)
     xa = for_accumulation(ctx, x)
     inv = (1.0 / ctx.xp.sqrt(for_accumulation(ctx, var) + eps)) * for_accumulation(ctx, scale)
-    y = (xa - for_accumulation(ctx, mean).reshape(shape)) * inv.reshape(shape) + for_accumulation(ctx, bias).reshape(shape)
+    y = ((xa - for_accumulation(ctx, mean).reshape(shape)) * inv.reshape(shape)
+         + for_accumulation(ctx, bias).reshape(shape))
     return [y.astype(x.dtype)]
 
 
@@ -70,5 +71,6 @@ def _instnorm(ctx, ins):
     d = xa - mu
     var = (d * d).mean(axis=axes, keepdims=True)
     shape = (1, -1) + (1,) * (x.ndim - 2)
-    y = d / xp.sqrt(var + eps) * for_accumulation(ctx, scale).reshape(shape) + for_accumulation(ctx, bias).reshape(shape)
+    y = (d / xp.sqrt(var + eps) * for_accumulation(ctx, scale).reshape(shape)
+         + for_accumulation(ctx, bias).reshape(shape))
     return [y.astype(x.dtype)]

@@ -256,8 +256,10 @@ def _resize_dense(ctx, x, order):
         return [xp.ascontiguousarray(y) if y is not x else y.copy()]
     if not steps:  # nothing resized: a new array, never the input itself
         return [x.copy()]
-    y = for_accumulation(ctx, x) if x.dtype == np.float16 else x.astype(np.float64 if x.dtype == np.float64 else np.float32,
-                                                          copy=False)  # a float32 input is read as it is
+    if x.dtype == np.float16:
+        y = for_accumulation(ctx, x)
+    else:  # a float32 input is read as it is
+        y = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
     wdt = y.dtype
     for a, idx, w, outside in steps:
         if idx is None:
