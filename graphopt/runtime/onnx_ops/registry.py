@@ -63,6 +63,8 @@ def numpy_matmul(a, b):
 
 
 def op(name: str, host: tuple[int, ...] = ()):
+    """Decorator: register ``fn`` as op type ``name``, whose inputs at positions ``host`` are plan-time values."""
+
     def deco(fn: OpFn) -> OpFn:
         OPS[name] = fn
         if host:
