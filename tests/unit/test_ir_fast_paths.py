@@ -289,3 +289,44 @@ def test_a_node_without_its_extra_proto_is_written_as_the_copy_wrote_it():
     out = onnx.load_from_string(written)
     assert [n.name for n in out.graph.node][-1] not in ("", "plain") and out.graph.node[1].HasField("doc_string")
     assert out.graph.node[2].HasField("domain") and out.graph.node[2].domain == ""
+
+
+def _constant_graph(tensor: onnx.TensorProto) -> Graph:
+    node = helper.make_node("Constant", [], ["c"], name="c", value=tensor)
+    out = helper.make_tensor_value_info("c", tensor.data_type, None)
+    return from_model(helper.make_model(helper.make_graph([node], "g", [], [out])))
+
+
+_NUMERIC = [t for t in onnx.TensorProto.DataType.values()
+            if t and helper.tensor_dtype_to_np_dtype(t).kind in "biufc"]
+
+
+@pytest.mark.parametrize("data_type", _NUMERIC)
+@pytest.mark.parametrize("raw", [False, True])
+def test_constant_info_of_a_constant_is_what_decoding_gives(data_type, raw):
+    """A Constant's plain numeric value tensor is answered from its header (convert nothing):
+    the same dtype and shape numpy_helper.to_array's array has."""
+    from graphopt.ir.graph import _constant_tensor_info
+
+    dtype = helper.tensor_dtype_to_np_dtype(data_type)
+    values = np.arange(6).reshape(2, 3).astype(dtype)
+    tensor = numpy_helper.from_array(values, "v")
+    if not raw and tensor.HasField("raw_data"):
+        tensor = helper.make_tensor("v", data_type, [2, 3], values.flatten().tolist())
+    g = _constant_graph(tensor)
+    assert _constant_tensor_info(g.producer("c")) is not None
+    decoded = numpy_helper.to_array(tensor)
+    assert g.constant_info("c") == (decoded.dtype, decoded.shape)
+
+
+def test_constant_info_decodes_what_its_header_cannot_answer():
+    from graphopt.ir.graph import _constant_tensor_info
+
+    strings = _constant_graph(helper.make_tensor("v", TensorProto.STRING, [2], [b"a", b"b"]))
+    assert _constant_tensor_info(strings.producer("c")) is None
+    assert strings.constant_info("c") == (np.dtype(object), (2,))
+    floats = from_model(helper.make_model(helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value_floats=[1.0, 2.0])], "g", [],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])))
+    assert _constant_tensor_info(floats.producer("c")) is None
+    assert floats.constant_info("c") == (np.dtype(np.float32), (2,))
