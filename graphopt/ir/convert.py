@@ -214,15 +214,29 @@ def _topological_nodes(g: Graph) -> list[Node]:
 
 def _node_to_proto(node: Node, synth: set[str], p: onnx.NodeProto) -> None:
     """Fill the (new, empty) ``p`` with ``node``: built in place, never copied into its graph."""
+    name = "" if node.name in synth else node.name
     if node._extra is not None:
         p.CopyFrom(node._extra)
+        _set_scalar(p, "name", name)
+        _set_scalar(p, "op_type", node.op_type)
+        _set_scalar(p, "domain", node.domain)
+        _set_scalar(p, "doc_string", node.doc_string)
+        _set_scalar(p, "overload", node.overload)
+    else:
+        # ``p`` is empty here, so ``_set_scalar`` would set exactly the non-empty values: set them
+        # without its comparisons (nearly every node takes this path; to_model runs three times).
+        if name:
+            p.name = name
+        if node.op_type:
+            p.op_type = node.op_type
+        if node.domain:
+            p.domain = node.domain
+        if node.doc_string:
+            p.doc_string = node.doc_string
+        if node.overload:
+            p.overload = node.overload
     p.input.extend(node.inputs)
     p.output.extend(node.outputs)
-    _set_scalar(p, "name", "" if node.name in synth else node.name)
-    _set_scalar(p, "op_type", node.op_type)
-    _set_scalar(p, "domain", node.domain)
-    _set_scalar(p, "doc_string", node.doc_string)
-    _set_scalar(p, "overload", node.overload)
     for name, value in node._attrs.items():
         if isinstance(value, AttributeProto):
             p.attribute.append(value)
