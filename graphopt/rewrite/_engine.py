@@ -253,10 +253,11 @@ def _node_spec(g, rule: Rule, domain, op, qualname, args, kwargs, outputs, b: Bi
         reason = schema.validate(attrs, present)
         if reason:
             raise _Fail(f"{qualname} would be invalid: {reason}")
-        dtype = None
-        if g.root.opset.get("", 0) < 15 and schema.needs_dtype(attrs, present):
-            dtype = g.dtype(inputs[0]) if inputs and inputs[0] and not inputs[0].startswith("\0") else None
-        overload = schema.overload(attrs, present, dtype)
+
+        def dtype_of():  # below opset 15 a body with typed constants has the data dtype in its key
+            return g.dtype(inputs[0]) if inputs and inputs[0] and not inputs[0].startswith("\0") else None
+
+        overload = schema.validated_overload(attrs, present, dtype_of if g.root.opset.get("", 0) < 15 else None)
     sc.specs.append(dict(op_type=op, domain=domain, inputs=inputs, outputs=list(outputs), attrs=attrs,
                          overload=overload))
 
