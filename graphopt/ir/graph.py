@@ -911,9 +911,10 @@ class Graph:
                 if t in self._inputs or t in self._inits:
                     raise InvalidGraph(f"tensor {t!r} is produced by node {node.name!r} but is also a graph input or initializer")
                 seen_outputs[t] = node.name
+        produced, inits = self._producer, self._inits
         for node in self.nodes():
             for t in node.inputs:
-                if t and not self.visible(t):
+                if t and t not in produced and t not in inits and not self.visible(t):  # (the common cases first)
                     raise InvalidGraph(
                         f"node {node.name!r} ({node.qualified_op}) reads {t!r}, which no node, input or initializer provides"
                     )
@@ -926,13 +927,20 @@ class Graph:
         for t in self._outputs:
             if not self.visible(t):
                 raise InvalidGraph(f"graph output {t!r} of graph {self.name!r} is produced by no node, input or initializer")
-        reads: dict[str, set[str]] = {}  # node -> the tensors it reads, built once (a node may have 100k inputs)
+        # node -> what it reads, built once per node: its input list itself when short (searching a
+        # few names beats building a set, 20k times a lint), a set when long (a node may have 100k
+        # inputs, each a link to check) or when its subgraphs read outer tensors too
+        reads: dict[str, Any] = {}
         for t, users in self._consumers.items():
             for u in users:
-                node = self._nodes.get(u)
-                if node is not None and u not in reads:
-                    reads[u] = set(node.inputs) | set(self._implicit.get(u, ()))
-                if node is None or t not in reads[u]:
+                read = reads.get(u)
+                if read is None:
+                    node = self._nodes.get(u)
+                    if node is None:
+                        raise InvalidGraph(f"internal: stale consumer link {t!r} -> {u!r}")
+                    implicit = self._implicit.get(u)
+                    read = reads[u] = node.inputs if len(node.inputs) <= 8 and not implicit else set(node.inputs) | set(implicit or ())
+                if t not in read:
                     raise InvalidGraph(f"internal: stale consumer link {t!r} -> {u!r}")
         for node in self.nodes():
             for sub in node.subgraphs():
