@@ -167,8 +167,8 @@ def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph, uncollected: lis
                 root._synth_names.add(name)
         node = Node(
             nproto.op_type,
-            list(nproto.input),
-            list(nproto.output),
+            nproto.input,  # Node makes its own lists of them (no second copy here)
+            nproto.output,
             name=name,
             domain=_norm_domain(nproto.domain),
             doc_string=nproto.doc_string,
