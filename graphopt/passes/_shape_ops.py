@@ -3,13 +3,16 @@
 ``fold_constants`` evaluates one node at a time; through ``graphopt.passes._evaluate`` that costs
 an ONNX shape inference and an onnxruntime session per node (about 0.4 ms), which dominates folding
 a 20k-node TorchScript export's ``Shape -> Gather -> Unsqueeze -> Concat`` arithmetic (thousands of
-nodes once the input sizes are concrete). These five ops only move integers around, so NumPy gives
-exactly what onnxruntime computes. ``evaluate_shape_op`` answers ``None`` for anything outside the
+nodes once the input sizes are concrete). These ops only move integers around, do small integer
+arithmetic that cannot overflow (Add, Sub, Mul) or fill a small tensor (ConstantOfShape), so NumPy
+gives exactly what onnxruntime computes; on GPT-2 20k the cleanup then never imports onnxruntime. ``evaluate_shape_op`` answers ``None`` for anything outside the
 narrow cases it handles (another op, a legacy opset form, an index out of range, a duplicate axis,
 a large input...), and the caller then takes the general path, which decides as before.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -96,7 +99,43 @@ def _slice(node: Node, ins: list, opset: int):
     return data[tuple(index)]
 
 
-_OPS = {"Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Gather": _gather, "Concat": _concat, "Slice": _slice}
+def _constant_of_shape(node: Node, ins: list, opset: int):
+    # A fill, not integer arithmetic, but as exact: the one element of ``value`` (float32 0 without
+    # it) repeated over the given dims. Small outputs only (the cap is checked before anything is
+    # allocated); anything unusual (a negative dim, a shape that is not int64, a value that is not
+    # one plain element) is left to the general path, which refuses or evaluates it as before.
+    shape = ins[0]
+    if opset < 9 or len(ins) != 1 or shape.dtype != np.int64 or shape.ndim != 1:
+        return None
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims) or math.prod(dims) > MAX_INPUT_ELEMENTS:
+        return None
+    value = node.attr("value")
+    if value is None:
+        value = np.zeros(1, np.float32)
+    if not isinstance(value, np.ndarray) or value.size != 1 or value.dtype not in _DTYPES:
+        return None
+    return np.full(dims, value.reshape(()), dtype=value.dtype)
+
+
+#: Operands of integer Add/Sub/Mul below this magnitude cannot overflow int64, so NumPy's result is
+#: the exact one onnxruntime computes (both broadcast the same way from opset 7).
+_ARITHMETIC_BOUND = 2**31
+_ARITHMETIC = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}
+
+
+def _integer_arithmetic(node: Node, ins: list, opset: int):
+    # Shape arithmetic (a dim times -1, an offset): int64 only; floats are left to onnxruntime.
+    if opset < 7 or len(ins) != 2 or any(a.dtype != np.int64 for a in ins):
+        return None
+    if any(a.size and int(np.abs(a).max()) >= _ARITHMETIC_BOUND for a in ins):
+        return None
+    return _ARITHMETIC[node.op_type](ins[0], ins[1])
+
+
+_OPS = {"Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Gather": _gather, "Concat": _concat, "Slice": _slice,
+        "ConstantOfShape": _constant_of_shape, "Add": _integer_arithmetic, "Sub": _integer_arithmetic,
+        "Mul": _integer_arithmetic}
 
 
 def evaluate_shape_op(node: Node, values: dict[str, np.ndarray], opset: int) -> list[np.ndarray] | None:

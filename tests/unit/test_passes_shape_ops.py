@@ -48,6 +48,13 @@ CASES = [
     ("Slice", [np.arange(24, dtype=I64).reshape(2, 3, 4), np.array([1, 0], I64), np.array([3, -1], I64),
                np.array([-1, 1], I64), np.array([2, 1], I64)], {}),
     ("Slice", [np.arange(5, dtype=I64), np.array([7], I64), np.array([9], I64)], {}),  # empty
+    ("ConstantOfShape", [np.array([4], I64)], {"value": np.array([1], I64)}),
+    ("ConstantOfShape", [np.array([], I64)], {"value": np.array([True])}),  # no dims: a scalar
+    ("ConstantOfShape", [np.array([2, 0, 3], I64)], {}),  # float32 zeros by default; empty
+    ("ConstantOfShape", [np.array([2, 3], I64)], {"value": np.array([0.5], np.float16)}),
+    ("Mul", [np.ones(4, I64), np.array(-1, I64)], {}),  # broadcast
+    ("Add", [np.array([[1], [2]], I64), np.array([10, 20, 30], I64)], {}),
+    ("Sub", [np.array([7, 8], I64), np.array([-(2**31) + 1], I64)], {}),
 ]
 
 
@@ -78,7 +85,15 @@ def test_repeated_input_is_read_twice():
     ("Slice", [np.arange(4, dtype=I64), np.array([0], I64), np.array([2], I64), np.array([0], I64),
                np.array([0], I64)], {}, 14),  # zero step
     ("Concat", [np.array([1], I64), np.array([1], np.int32)], {"axis": 0}, 14),  # mixed dtypes
-    ("Add", [np.array([1], I64), np.array([1], I64)], {}, 14),  # not a shape op
+    ("Add", [np.array([1], np.float32), np.array([1], np.float32)], {}, 14),  # float arithmetic
+    ("Mul", [np.array([2**31], I64), np.array([2], I64)], {}, 14),  # could overflow: left to onnxruntime
+    ("Mul", [np.array([2], I64), np.array([2], np.int32)], {}, 14),  # mixed dtypes
+    ("Add", [np.array([1], I64), np.array([1], I64)], {}, 6),  # legacy broadcast attribute
+    ("ConstantOfShape", [np.array([2, -1], I64)], {}, 14),  # negative dim
+    ("ConstantOfShape", [np.array([4097], I64)], {}, 14),  # large output: the general path caps it
+    ("ConstantOfShape", [np.array([2], np.int32)], {}, 14),  # shape must be int64
+    ("ConstantOfShape", [np.array([2], I64)], {"value": np.array([1, 2], I64)}, 14),  # value of two elements
+    ("Acos", [np.array([1], I64)], {}, 14),  # not a shape op
     ("Gather", [np.zeros(5000, I64), np.array([0], I64)], {}, 14),  # large input
 ])
 def test_declines(op, inputs, attrs, opset):
