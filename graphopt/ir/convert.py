@@ -50,17 +50,30 @@ def _stripped(proto, fields):
     return copy if copy.ByteSize() else None
 
 
-def _node_extra(nproto: onnx.NodeProto) -> onnx.NodeProto | None:
-    """``_stripped(nproto, _NODE_FIELDS)`` for the node loop: a NodeProto's other fields are scalars
-    and repeated messages, each listed only when set and then serialized, so a copy that took any
-    field is not empty (no ByteSize needed)."""
-    extra = None
-    for fd, value in nproto.ListFields():
+#: The NodeProto scalars ``_node_to_proto`` writes back from the IR node (``_set_scalar``).
+_NODE_SCALARS = ("name", "op_type", "domain", "doc_string", "overload")
+
+
+def _node_extra(nproto: onnx.NodeProto, node: Node) -> onnx.NodeProto | None:
+    """``_stripped(nproto, _NODE_FIELDS)`` for the node loop, or None when ``_node_to_proto`` writes
+    the same fields back without it: every field listed besides inputs, outputs and attributes is one
+    of ``_NODE_SCALARS``, non-empty (so present, and ``_set_scalar`` sets it) and equal to the IR
+    node's value. Nearly every node is such (a name and an op type); the copy cost a NodeProto and
+    its fields per node at load and a ``CopyFrom`` per node in every ``to_model``. A field set to ""
+    (proto2 keeps its presence), changed by the IR (domain "ai.onnx" is written as "") or not held by
+    the IR (metadata_props, ...) keeps the copy. A copy that took any field is not empty: a
+    NodeProto's other fields are listed only when set (no ByteSize needed)."""
+    fields = nproto.ListFields()
+    for fd, value in fields:
         name = fd.name
-        if name not in _NODE_FIELDS:
-            if extra is None:
-                extra = onnx.NodeProto()
-            copy_field(extra, name, value)
+        if name not in _NODE_FIELDS and not (name in _NODE_SCALARS and value and value == getattr(node, name)):
+            break
+    else:
+        return None
+    extra = onnx.NodeProto()
+    for fd, value in fields:
+        if fd.name not in _NODE_FIELDS:
+            copy_field(extra, fd.name, value)
     return extra
 
 
@@ -154,15 +167,15 @@ def _fill_graph(g: Graph, gproto: onnx.GraphProto, root: Graph, uncollected: lis
                 root._synth_names.add(name)
         node = Node(
             nproto.op_type,
-            list(nproto.input),
-            list(nproto.output),
+            nproto.input,  # Node makes its own lists of them (no second copy here)
+            nproto.output,
             name=name,
             domain=_norm_domain(nproto.domain),
             doc_string=nproto.doc_string,
             overload=nproto.overload,
         )
         node._pos = (i,)
-        node._extra = _node_extra(nproto)
+        node._extra = _node_extra(nproto, node)
         for a in nproto.attribute:
             kind = a.type
             if kind != _GRAPH and kind != _GRAPHS:
@@ -201,15 +214,29 @@ def _topological_nodes(g: Graph) -> list[Node]:
 
 def _node_to_proto(node: Node, synth: set[str], p: onnx.NodeProto) -> None:
     """Fill the (new, empty) ``p`` with ``node``: built in place, never copied into its graph."""
+    name = "" if node.name in synth else node.name
     if node._extra is not None:
         p.CopyFrom(node._extra)
+        _set_scalar(p, "name", name)
+        _set_scalar(p, "op_type", node.op_type)
+        _set_scalar(p, "domain", node.domain)
+        _set_scalar(p, "doc_string", node.doc_string)
+        _set_scalar(p, "overload", node.overload)
+    else:
+        # ``p`` is empty here, so ``_set_scalar`` would set exactly the non-empty values: set them
+        # without its comparisons (nearly every node takes this path; to_model runs three times).
+        if name:
+            p.name = name
+        if node.op_type:
+            p.op_type = node.op_type
+        if node.domain:
+            p.domain = node.domain
+        if node.doc_string:
+            p.doc_string = node.doc_string
+        if node.overload:
+            p.overload = node.overload
     p.input.extend(node.inputs)
     p.output.extend(node.outputs)
-    _set_scalar(p, "name", "" if node.name in synth else node.name)
-    _set_scalar(p, "op_type", node.op_type)
-    _set_scalar(p, "domain", node.domain)
-    _set_scalar(p, "doc_string", node.doc_string)
-    _set_scalar(p, "overload", node.overload)
     for name, value in node._attrs.items():
         if isinstance(value, AttributeProto):
             p.attribute.append(value)

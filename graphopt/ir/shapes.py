@@ -49,10 +49,10 @@ def refine_shapes(graph: Graph, inferred: onnx.ModelProto | None = None) -> int:
         inferred = infer(to_model(graph))
     changed = 0
     for vi in inferred.graph.value_info:
+        t = vi.type  # read once: upb makes a new object on every read (20k entries)
         known = graph.value_info_proto(vi.name)
-        if known is not None and known.type == vi.type:
+        if known is not None and known.type == t:
             continue  # what the IR has already (most tensors): nothing to convert or compare
-        t = vi.type
         if not t.HasField("tensor_type") or not t.tensor_type.elem_type or not t.tensor_type.HasField("shape"):
             continue  # inference proved no dtype or no shape
         old = graph.value_info(vi.name)

@@ -153,11 +153,11 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
             if name not in attrs:
                 attrs[name] = schema.attributes[name][1]
                 node.attribute.append(helper.make_attribute(name, attrs[name]))
-        dtype = None
-        if lookup is not None and schema.needs_dtype(attrs, present):
-            dtype = lookup([name for name in node.input if name])
+        def dtype_of(node=node):  # below opset 15 (CastLike) a body with typed constants keys on it
+            return lookup([name for name in node.input if name])
+
         try:
-            key = schema.overload(attrs, present, dtype=dtype)
+            key = schema.validated_overload(attrs, present, dtype_of if lookup is not None else None)
         except RuleError as exc:
             raise RuleError(f"{where}: {exc}") from None
         node.overload = key

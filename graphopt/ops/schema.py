@@ -170,6 +170,18 @@ class OpSchema:
         present = self._require_valid(attrs, present_inputs)
         return self._overload(self.normalize(attrs), present, dtype)
 
+    def validated_overload(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool],
+                           dtype_of: Callable[[], int | None] | None = None) -> str:
+        """``overload`` for attributes and inputs that ``validate`` has just accepted, without
+        validating them again (``needs_dtype`` and ``overload`` each validate; the rewrite engine and
+        ``attach_functions``, which validate first to word the reason their own way, validated every
+        node three times). ``dtype_of()`` gives the element type; it is asked only when the body
+        holds typed constants (``needs_dtype``), and ``None`` (opset >= 15) keeps dtype out of the key."""
+        present = [bool(p) for p in present_inputs]
+        normalized = self.normalize(attrs)
+        dtype = dtype_of() if dtype_of is not None and self._needs_dtype(normalized, present) else None
+        return self._overload(normalized, present, dtype)
+
     def needs_dtype(self, attrs: Mapping[str, Any], present_inputs: Sequence[bool]) -> bool:
         """Whether the body for these attributes holds typed constants (so dtype matters below opset 15)."""
         present = self._require_valid(attrs, present_inputs)

@@ -3,13 +3,18 @@
 ``fold_constants`` evaluates one node at a time; through ``graphopt.passes._evaluate`` that costs
 an ONNX shape inference and an onnxruntime session per node (about 0.4 ms), which dominates folding
 a 20k-node TorchScript export's ``Shape -> Gather -> Unsqueeze -> Concat`` arithmetic (thousands of
-nodes once the input sizes are concrete). These six ops only move values around (Identity copies
-them), so NumPy gives exactly what onnxruntime computes. ``evaluate_shape_op`` answers ``None`` for anything outside the
-narrow cases it handles (another op, a legacy opset form, an index out of range, a duplicate axis,
-a large input...), and the caller then takes the general path, which decides as before.
+nodes once the input sizes are concrete). These ops only move values around (Identity and Reshape
+too), select (Where), compare integers (Equal), do small integer arithmetic that cannot overflow (Add,
+Sub, Mul) or fill a small tensor (ConstantOfShape), so NumPy gives exactly what onnxruntime computes;
+an optimize run of GPT-2 20k then never imports onnxruntime. ``evaluate_shape_op`` answers ``None``
+for anything outside the narrow cases it handles (another op, a legacy opset form, an index out of
+range, a duplicate axis, a large input...), and the caller then takes the general path, which
+decides as before.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -102,8 +107,91 @@ def _identity(node: Node, ins: list, opset: int):
     return ins[0] if len(ins) == 1 else None
 
 
+def _constant_of_shape(node: Node, ins: list, opset: int):
+    # A fill, not integer arithmetic, but as exact: the one element of ``value`` (float32 0 without
+    # it) repeated over the given dims. Small outputs only (the cap is checked before anything is
+    # allocated); anything unusual (a negative dim, a shape that is not int64, a value that is not
+    # one plain element) is left to the general path, which refuses or evaluates it as before.
+    shape = ins[0]
+    if opset < 9 or len(ins) != 1 or shape.dtype != np.int64 or shape.ndim != 1:
+        return None
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims) or math.prod(dims) > MAX_INPUT_ELEMENTS:
+        return None
+    value = node.attr("value")
+    if value is None:
+        value = np.zeros(1, np.float32)
+    if not isinstance(value, np.ndarray) or value.size != 1 or value.dtype not in _DTYPES:
+        return None
+    return np.full(dims, value.reshape(()), dtype=value.dtype)
+
+
+def _reshape(node: Node, ins: list, opset: int):
+    # Pure data movement (row-major), with ONNX's 0 (copy the input's dim, unless allowzero) and
+    # one -1 (inferred); any shape ONNX calls invalid is left to the general path.
+    if opset < 5 or len(ins) != 2 or ins[1].dtype != np.int64 or ins[1].ndim != 1:
+        return None
+    data, allowzero = ins[0], int(node.attr("allowzero", 0)) if opset >= 14 else 0
+    dims = [int(d) for d in ins[1]]
+    if any(d < -1 for d in dims) or dims.count(-1) > 1 or (allowzero and 0 in dims and -1 in dims):
+        return None
+    if not allowzero:
+        if any(d == 0 and i >= data.ndim for i, d in enumerate(dims)):
+            return None
+        dims = [data.shape[i] if d == 0 else d for i, d in enumerate(dims)]
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        if known == 0 or data.size % known:
+            return None
+        dims[dims.index(-1)] = data.size // known
+    return data.reshape(dims) if math.prod(dims) == data.size else None
+
+
+def _small_broadcast(ins: list) -> bool:
+    """Whether the inputs broadcast together into at most MAX_INPUT_ELEMENTS elements (checked before
+    computing: small inputs can broadcast into a large output, which the general path caps)."""
+    try:
+        return math.prod(np.broadcast_shapes(*(a.shape for a in ins))) <= MAX_INPUT_ELEMENTS
+    except ValueError:  # they do not broadcast: the general path reports it
+        return False
+
+
+def _equal(node: Node, ins: list, opset: int):
+    # integers and booleans compare exactly (floats are left to onnxruntime)
+    if opset < 11 or len(ins) != 2 or ins[0].dtype != ins[1].dtype or ins[0].dtype.kind not in "biu":
+        return None
+    if not _small_broadcast(ins):
+        return None
+    return np.equal(ins[0], ins[1])
+
+
+def _where(node: Node, ins: list, opset: int):
+    # a selection: exact for every type; the three inputs broadcast as in NumPy
+    if opset < 9 or len(ins) != 3 or ins[0].dtype != np.bool_ or ins[1].dtype != ins[2].dtype:
+        return None
+    if not _small_broadcast(ins):
+        return None
+    return np.where(ins[0], ins[1], ins[2])
+
+
+#: Operands of integer Add/Sub/Mul below this magnitude cannot overflow int64, so NumPy's result is
+#: the exact one onnxruntime computes (both broadcast the same way from opset 7).
+_ARITHMETIC_BOUND = 2**31
+_ARITHMETIC = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}
+
+
+def _integer_arithmetic(node: Node, ins: list, opset: int):
+    # Shape arithmetic (a dim times -1, an offset): int64 only; floats are left to onnxruntime.
+    if opset < 7 or len(ins) != 2 or any(a.dtype != np.int64 for a in ins):
+        return None
+    if any(a.size and int(np.abs(a).max()) >= _ARITHMETIC_BOUND for a in ins) or not _small_broadcast(ins):
+        return None
+    return _ARITHMETIC[node.op_type](ins[0], ins[1])
+
+
 _OPS = {"Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Gather": _gather, "Concat": _concat, "Slice": _slice,
-        "Identity": _identity}
+        "ConstantOfShape": _constant_of_shape, "Add": _integer_arithmetic, "Sub": _integer_arithmetic,
+        "Mul": _integer_arithmetic, "Reshape": _reshape, "Equal": _equal, "Where": _where, "Identity": _identity}
 
 
 def evaluate_shape_op(node: Node, values: dict[str, np.ndarray], opset: int) -> list[np.ndarray] | None:

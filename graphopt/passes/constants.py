@@ -23,12 +23,18 @@ def constants_to_initializers(graph: Graph, *, trace: Trace = None) -> int:
         if len(node.outputs) != 1 or not node.outputs[0]:
             report(trace, NAME, node, "malformed Constant (needs exactly one output)")
             continue
-        value = g.constant_value(node.outputs[0])
-        if value is None or value.dtype.kind not in "biufc":
+        proto = node.attr_proto("value")
+        if proto is not None and proto.type == proto.TENSOR:
+            # A `value` tensor moves over as it is (no decode/encode round trip): only its dtype is
+            # asked, which constant_info reads from the tensor's header when it can.
+            info = g.constant_info(node.outputs[0])
+            value = proto.t if info is not None and info[0].kind in "biufc" else None
+        else:  # other forms (value_float, value_ints, ...) become the decoded array
+            value = g.constant_value(node.outputs[0])
+            value = value if value is not None and value.dtype.kind in "biufc" else None
+        if value is None:
             report(trace, NAME, node, "its value is not a numeric tensor the IR can decode")
             continue
-        proto = node.attr_proto("value")
-        # A `value` tensor moves over as it is (no decode/encode round trip); other forms use the array.
-        replace_with_initializers(g, node, [proto.t if proto is not None and proto.type == proto.TENSOR else value])
+        replace_with_initializers(g, node, [value])
         changes += 1
     return changes

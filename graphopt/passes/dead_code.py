@@ -9,28 +9,26 @@ from graphopt.passes._util import Trace, is_used
 NAME = "dead_code"
 
 
-def _is_dead(graph: Graph, node: Node) -> bool:
-    return not any(is_used(graph, t) for t in node.outputs if t)
-
-
 def _sweep(graph: Graph) -> int:
     """Remove dead nodes of one graph (transitively) and its unused initializers."""
     removed = 0
+    has_users = graph.has_users  # is_used without its call: this loop visits every node each run
     # A worklist seeded in reverse graph order: removing a node re-examines the producers of its
     # inputs, so a dead chain goes in one sweep whatever the node order. A list, not a set, keeps
     # the order of removals deterministic.
-    stack = [n.name for n in graph.nodes()]
+    stack = graph.nodes()
     while stack:
-        name = stack.pop()
-        if not graph.has_node(name):
-            continue
-        node = graph.node(name)
-        if not _is_dead(graph, node):
-            continue
-        feeders = [graph.producer(t) for t in node.inputs if t]
-        graph.remove_node(node)
-        removed += 1
-        stack.extend(p.name for p in feeders if p is not None)
+        node = stack.pop()
+        if node not in graph:
+            continue  # removed already (seeded, then pushed again as a feeder)
+        for t in node.outputs:
+            if t and has_users(t):
+                break
+        else:  # no output is read or is a graph output: dead
+            feeders = [graph.producer(t) for t in node.inputs if t]
+            graph.remove_node(node)
+            removed += 1
+            stack.extend(p for p in feeders if p is not None)
     for name in graph.initializer_names():
         if not graph.is_graph_input(name) and not is_used(graph, name):
             graph.remove_initializer(name)

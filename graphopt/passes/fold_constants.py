@@ -46,7 +46,14 @@ NEVER_FOLD = frozenset(
 
 def _all_inputs_constant(graph: Graph, node: Node) -> bool:
     """True when the node reads at least one tensor and every tensor it reads is a constant."""
-    return any(node.inputs) and all(graph.is_constant(t) for t in node.inputs if t)
+    # A plain loop (no generators): every node of every graph is asked this on every call.
+    reads = False
+    for t in node.inputs:
+        if t:
+            if not graph.is_constant(t):
+                return False
+            reads = True
+    return reads
 
 
 def _why_not(node: Node) -> str | None:

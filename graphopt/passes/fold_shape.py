@@ -18,34 +18,36 @@ def _static(d) -> bool:
     return isinstance(d, int) and not isinstance(d, bool) and d >= 0
 
 
-def _shape_value(g, node) -> np.ndarray | None:
-    """The value of ``Shape(x)`` (with its opset-15 ``start``/``end`` slice) when every dim it
-    returns is known, else None; ``Size(x)`` when every dim of x is known."""
+def _returned_dims(g, node) -> list | None:
+    """The dims of x that ``Shape(x)`` returns (its opset-15 ``start``/``end`` slice applied; ONNX
+    clamps them like Python slicing, negative counts from the end), or all of them for ``Size(x)``;
+    None when x's shape is unknown. Read once per node: ``_shape_value`` and ``_gathered_dims`` share it."""
     shape = g.value_info(node.inputs[0]).shape
     if shape is None:
         return None
     if node.op_type == "Size":
-        return np.array(math.prod(shape), dtype=np.int64) if all(_static(d) for d in shape) else None
-    # ONNX clamps start/end like Python slicing does (negative counts from the end).
+        return list(shape)
     start, end = int(node.attr("start", 0)), node.attr("end")
-    dims = list(shape)[start : None if end is None else int(end)]
-    return np.array(dims, dtype=np.int64) if all(_static(d) for d in dims) else None
+    return list(shape)[start : None if end is None else int(end)]
 
 
-def _gathered_dims(g, gather) -> np.ndarray | None:
-    """``Gather(Shape(x), idx, axis=0)`` with constant idx whose dims of x are static (the others
-    may be symbolic: a dynamic-batch export's hidden size), else None."""
+def _shape_value(node, dims: list) -> np.ndarray | None:
+    """The value of ``Shape(x)`` or ``Size(x)`` when every dim in ``dims`` (``_returned_dims``) is
+    known, else None."""
+    if not all(_static(d) for d in dims):
+        return None
+    return np.array(math.prod(dims), dtype=np.int64) if node.op_type == "Size" else np.array(dims, dtype=np.int64)
+
+
+def _gathered_dims(g, gather, dims: list) -> np.ndarray | None:
+    """``Gather(Shape(x), idx, axis=0)``, ``dims`` what that Shape returns (``_returned_dims``), with
+    constant idx picking static dims (the others may be symbolic: a dynamic-batch export's hidden
+    size), else None."""
     if gather.op_type != "Gather" or gather.domain != "" or len(gather.inputs) != 2 or int(gather.attr("axis", 0)) != 0:
         return None
-    shape_node = g.producer(gather.inputs[0])
-    if shape_node is None or shape_node.op_type != "Shape" or shape_node.domain != "":
-        return None
-    shape = g.value_info(shape_node.inputs[0]).shape
     idx = g.constant_value(gather.inputs[1])
-    if shape is None or idx is None or idx.dtype.kind not in "iu":
+    if idx is None or idx.dtype.kind not in "iu":
         return None
-    start, end = int(shape_node.attr("start", 0)), shape_node.attr("end")
-    dims = list(shape)[start : None if end is None else int(end)]
     flat = [int(i) for i in np.asarray(idx).reshape(-1)]
     if any(not -len(dims) <= i < len(dims) for i in flat):
         return None
@@ -67,7 +69,10 @@ def fold_shape(graph: Graph, *, trace: Trace = None) -> int:
             continue
         if len(node.inputs) != 1 or not node.inputs[0] or len(node.outputs) != 1 or not node.outputs[0]:
             continue
-        value = _shape_value(g, node)
+        dims = _returned_dims(g, node)
+        if dims is None:
+            continue
+        value = _shape_value(node, dims)
         if value is not None:
             replace_with_initializers(g, node, [value])
             changes += 1
@@ -76,8 +81,8 @@ def fold_shape(graph: Graph, *, trace: Trace = None) -> int:
             continue
         for user in list(g.consumers(node.outputs[0])):
             if user not in g or node.outputs[0] not in user.inputs[:1]:
-                continue
-            picked = _gathered_dims(g, user)
+                continue  # (so its first input is this Shape's output)
+            picked = _gathered_dims(g, user, dims)
             if picked is not None and len(user.outputs) == 1 and user.outputs[0]:
                 replace_with_initializers(g, user, [picked])
                 changes += 1

@@ -1,7 +1,8 @@
 """The IR's fast paths give what the slower code they replace gave: the topological order (networkx's
 lexicographical sort keyed by position), ``is_large`` (the walk over every tensor), ``iter_tensors`` /
 ``iter_sparse`` (one scan per graph, in ``iter_graphs`` order), ``small_bytes`` (``is_large`` and then
-serializing), and ``refine_shapes`` given the inference at hand."""
+serializing), ``refine_shapes`` given the inference at hand, and a node loaded without its "extra"
+proto (``convert._node_extra``)."""
 
 from __future__ import annotations
 
@@ -253,3 +254,79 @@ def test_from_model_reserves_every_name_before_it_generates_one(nameless):
     assert g._names.used == collected | generated
     # a nameless Relu placed before the node named "Relu" does not take that name
     assert [n.name for n in g.nodes()] == (["Relu_1", "if", "Relu"] if nameless else ["first", "if", "Relu"])
+
+
+def _node_fields_model() -> onnx.ModelProto:
+    plain = helper.make_node("Relu", ["x"], ["a"], name="plain")
+    empty_doc = helper.make_node("Relu", ["a"], ["b"], name="empty_doc")
+    empty_doc.doc_string = ""  # present though empty (proto2): written back as present
+    long_domain = helper.make_node("Relu", ["b"], ["c"], name="long_domain", domain="ai.onnx")
+    documented = helper.make_node("Relu", ["c"], ["d"], name="documented", doc_string="why")
+    with_meta = helper.make_node("Relu", ["d"], ["e"], name="with_meta")
+    with_meta.metadata_props.add(key="k", value="v")
+    nameless = helper.make_node("Relu", ["e"], ["f"])
+    empty_name = helper.make_node("Relu", ["f"], ["g"])
+    empty_name.name = ""  # present though empty
+    duplicate = helper.make_node("Relu", ["g"], ["y"], name="plain")  # renamed by the IR
+    graph = helper.make_graph([plain, empty_doc, long_domain, documented, with_meta, nameless, empty_name, duplicate],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_node_without_its_extra_proto_is_written_as_the_copy_wrote_it():
+    from graphopt.ir import convert
+
+    model = _node_fields_model()
+    g = from_model(model)
+    kept = [k for k, n in enumerate(g.nodes()) if n._extra is not None]
+    assert kept == [1, 2, 4, 6, 7]  # empty doc, ai.onnx, metadata, a name set to "", a name the IR changed
+    written = to_model(g).SerializeToString()
+    # the reference: every node keeps the stripped copy of its other fields, as before
+    for node, proto in zip(g.nodes(), model.graph.node):
+        node._extra = convert._stripped(proto, convert._NODE_FIELDS)
+    assert to_model(g).SerializeToString() == written
+    out = onnx.load_from_string(written)
+    assert [n.name for n in out.graph.node][-1] not in ("", "plain") and out.graph.node[1].HasField("doc_string")
+    assert out.graph.node[2].HasField("domain") and out.graph.node[2].domain == ""
+
+
+def _constant_graph(tensor: onnx.TensorProto) -> Graph:
+    node = helper.make_node("Constant", [], ["c"], name="c", value=tensor)
+    out = helper.make_tensor_value_info("c", tensor.data_type, None)
+    return from_model(helper.make_model(helper.make_graph([node], "g", [], [out])))
+
+
+_NUMERIC = [t for t in onnx.TensorProto.DataType.values()
+            if t and helper.tensor_dtype_to_np_dtype(t).kind in "biufc"]
+
+
+@pytest.mark.parametrize("data_type", _NUMERIC)
+@pytest.mark.parametrize("raw", [False, True])
+def test_constant_info_of_a_constant_is_what_decoding_gives(data_type, raw):
+    """A Constant's plain numeric value tensor is answered from its header (convert nothing):
+    the same dtype and shape numpy_helper.to_array's array has."""
+    from graphopt.ir.graph import _constant_tensor_info
+
+    dtype = helper.tensor_dtype_to_np_dtype(data_type)
+    values = np.arange(6).reshape(2, 3).astype(dtype)
+    tensor = numpy_helper.from_array(values, "v")
+    if not raw and tensor.HasField("raw_data"):
+        tensor = helper.make_tensor("v", data_type, [2, 3], values.flatten().tolist())
+    g = _constant_graph(tensor)
+    assert _constant_tensor_info(g.producer("c")) is not None
+    decoded = numpy_helper.to_array(tensor)
+    assert g.constant_info("c") == (decoded.dtype, decoded.shape)
+
+
+def test_constant_info_decodes_what_its_header_cannot_answer():
+    from graphopt.ir.graph import _constant_tensor_info
+
+    strings = _constant_graph(helper.make_tensor("v", TensorProto.STRING, [2], [b"a", b"b"]))
+    assert _constant_tensor_info(strings.producer("c")) is None
+    assert strings.constant_info("c") == (np.dtype(object), (2,))
+    floats = from_model(helper.make_model(helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value_floats=[1.0, 2.0])], "g", [],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])))
+    assert _constant_tensor_info(floats.producer("c")) is None
+    assert floats.constant_info("c") == (np.dtype(np.float32), (2,))

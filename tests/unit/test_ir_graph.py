@@ -101,6 +101,25 @@ def test_lint_catches_cycle_dangling_duplicates():
         from_model(m)
 
 
+@pytest.mark.parametrize("inputs", [1, 9])  # a short input list is searched as it is, a long one as a set
+def test_lint_catches_a_stale_consumer_link(inputs):
+    names = [f"x{i}" for i in range(inputs)]
+    g = from_model(helper.make_model(helper.make_graph(
+        [helper.make_node("Sum", names, ["y"], name="sum")], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in names],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])))
+    node = g.node("sum")
+    g.lint()
+    g._consumers.setdefault("x0_other", {})["sum"] = None  # a link the node does not read
+    with pytest.raises(InvalidGraph, match="stale consumer link 'x0_other' -> 'sum'"):
+        g.lint()
+    del g._consumers["x0_other"]
+    g._consumers["x0"]["ghost"] = None  # a link from a node that is gone
+    with pytest.raises(InvalidGraph, match="stale consumer link 'x0' -> 'ghost'"):
+        g.lint()
+    assert node.inputs[0] == "x0"
+
+
 def test_toposort_is_stable_and_deterministic():
     m = _chain_model()
     nodes = list(m.graph.node)

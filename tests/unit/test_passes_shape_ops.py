@@ -51,6 +51,22 @@ CASES = [
     ("Identity", [np.linspace(-1, 1, 33, dtype=np.float32)], {}),  # a small weight passed through
     ("Identity", [np.array(3, I64)], {}),
     ("Identity", [np.ones((2, 0, 3), np.float16)], {}),
+    ("ConstantOfShape", [np.array([4], I64)], {"value": np.array([1], I64)}),
+    ("ConstantOfShape", [np.array([], I64)], {"value": np.array([True])}),  # no dims: a scalar
+    ("ConstantOfShape", [np.array([2, 0, 3], I64)], {}),  # float32 zeros by default; empty
+    ("ConstantOfShape", [np.array([2, 3], I64)], {"value": np.array([0.5], np.float16)}),
+    ("Mul", [np.ones(4, I64), np.array(-1, I64)], {}),  # broadcast
+    ("Add", [np.array([[1], [2]], I64), np.array([10, 20, 30], I64)], {}),
+    ("Sub", [np.array([7, 8], I64), np.array([-(2**31) + 1], I64)], {}),
+    ("Reshape", [np.arange(24, dtype=I64).reshape(2, 3, 4), np.array([0, -1], I64)], {}),
+    ("Reshape", [np.arange(6, dtype=np.float32), np.array([3, 1, -1], I64)], {}),
+    ("Reshape", [np.arange(6, dtype=I64).reshape(2, 3), np.array([0, 3, 1], I64)], {}),  # 0 copies a dim
+    ("Reshape", [np.zeros((0, 3), I64), np.array([0, 0], I64)], {"allowzero": 1}),
+    ("Reshape", [np.array(5, I64), np.array([1, 1], I64)], {}),
+    ("Equal", [np.array([[1], [2]], I64), np.array([1, 2, 3], I64)], {}),
+    ("Equal", [np.array([True, False]), np.array(True)], {}),
+    ("Where", [np.array([True, False, True]), np.array([1, 2, 3], I64), np.array(-1, I64)], {}),
+    ("Where", [np.array([[True], [False]]), np.array([1.5], np.float32), np.array([[2.5, 3.5]], np.float32)], {}),
 ]
 
 
@@ -88,7 +104,29 @@ def test_repeated_input_is_read_twice():
     ("Slice", [np.arange(4, dtype=I64), np.array([0], I64), np.array([2], I64), np.array([0], I64),
                np.array([0], I64)], {}, 14),  # zero step
     ("Concat", [np.array([1], I64), np.array([1], np.int32)], {"axis": 0}, 14),  # mixed dtypes
-    ("Add", [np.array([1], I64), np.array([1], I64)], {}, 14),  # not a shape op
+    ("Add", [np.array([1], np.float32), np.array([1], np.float32)], {}, 14),  # float arithmetic
+    ("Mul", [np.array([2**31], I64), np.array([2], I64)], {}, 14),  # could overflow: left to onnxruntime
+    ("Mul", [np.array([2], I64), np.array([2], np.int32)], {}, 14),  # mixed dtypes
+    ("Add", [np.array([1], I64), np.array([1], I64)], {}, 6),  # legacy broadcast attribute
+    ("ConstantOfShape", [np.array([2, -1], I64)], {}, 14),  # negative dim
+    ("ConstantOfShape", [np.array([4097], I64)], {}, 14),  # large output: the general path caps it
+    ("ConstantOfShape", [np.array([2], np.int32)], {}, 14),  # shape must be int64
+    ("ConstantOfShape", [np.array([2], I64)], {"value": np.array([1, 2], I64)}, 14),  # value of two elements
+    ("Acos", [np.array([1], I64)], {}, 14),  # not a shape op
+    ("Reshape", [np.arange(6, dtype=I64), np.array([4, -1], I64)], {}, 14),  # not divisible
+    ("Reshape", [np.arange(6, dtype=I64), np.array([-1, -1], I64)], {}, 14),  # two -1
+    ("Reshape", [np.arange(6, dtype=I64), np.array([6, 0], I64)], {}, 14),  # 0 beyond the input's rank
+    ("Reshape", [np.arange(6, dtype=I64), np.array([0, -1], I64)], {"allowzero": 1}, 14),  # 0 and -1
+    ("Reshape", [np.arange(6, dtype=I64), np.array([-2, 3], I64)], {}, 14),  # invalid dim
+    ("Reshape", [np.arange(6, dtype=I64), np.array([4], I64)], {}, 14),  # wrong element count
+    ("Equal", [np.array([1.0], np.float32), np.array([1.0], np.float32)], {}, 14),  # float comparison
+    ("Equal", [np.array([1], I64), np.array([1], np.int32)], {}, 14),  # mixed dtypes
+    ("Where", [np.array([1], I64), np.array([1], I64), np.array([2], I64)], {}, 14),  # condition not bool
+    ("Where", [np.array([True]), np.array([1], I64), np.array([2], np.int32)], {}, 14),  # mixed dtypes
+    ("Where", [np.ones((100, 1), bool), np.ones((1, 100), I64), np.array(0, I64)], {}, 14),  # large output
+    ("Equal", [np.ones((100, 1), I64), np.ones((1, 100), I64)], {}, 14),  # large output
+    ("Mul", [np.ones((100, 1), I64), np.ones((1, 100), I64)], {}, 14),  # large output
+    ("Add", [np.ones(3, I64), np.ones(2, I64)], {}, 14),  # shapes that do not broadcast
     ("Gather", [np.zeros(5000, I64), np.array([0], I64)], {}, 14),  # large input
 ])
 def test_declines(op, inputs, attrs, opset):
