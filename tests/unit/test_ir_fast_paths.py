@@ -185,7 +185,7 @@ def test_refine_shapes_given_the_inference_equals_inferring_again():
 
 def _refine_as_before(graph: Graph, inferred: onnx.ModelProto) -> int:
     """refine_shapes as it was written before its fast paths (the reference)."""
-    from graphopt.ir.graph import value_info_of_type
+    from graphopt.ir.values import value_info_of_type
 
     changed = 0
     for vi in inferred.graph.value_info:
