@@ -9,12 +9,14 @@ refused, and ``lint()`` checks the invariants.
 Subgraphs (If/Loop/Scan bodies) are ``Graph`` objects whose ``parent`` is the enclosing graph. A node
 that holds a subgraph which reads an outer-scope tensor counts as a consumer of that tensor, so no
 pass fuses across, or deletes, a value a body still needs.
+
+The class keeps the indexes, the hot queries and every mutation; the read-only walks are in
+``traverse.py``, the ``lint`` checks in ``checks.py``, Constant decoding in ``constants.py``, name
+bookkeeping in ``names.py`` and ``ValueInfo`` in ``values.py``.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
@@ -22,23 +24,16 @@ import onnx
 from onnx import numpy_helper
 
 from graphopt.errors import InvalidGraph
-from graphopt.ir import constants
+from graphopt.ir import checks, constants, traverse
 from graphopt.ir.constants import _constant_node_value
 from graphopt.ir.external import is_lazy, lazy_array
 from graphopt.ir.names import _NameList, _Names, _norm_domain
 from graphopt.ir.node import Node
+from graphopt.ir.traverse import _networkx
 from graphopt.ir.values import ValueInfo, value_info_of_type
 
 if TYPE_CHECKING:
     import networkx as nx
-
-
-def _networkx():
-    """networkx, imported on first use: most runs never build ``Graph.nx`` (the IR keeps its own
-    producer/consumer indexes and topological order), and importing it costs 0.085 s of every command."""
-    import networkx
-
-    return networkx
 
 
 class Graph:
@@ -93,12 +88,7 @@ class Graph:
         consumer per tensor). Built on first use and kept in sync by every mutation after that, so
         loading and rewriting pay for it only when a networkx algorithm is wanted."""
         if self._nx is None:
-            g = _networkx().MultiDiGraph()
-            g.add_nodes_from(self._nodes)
-            g.add_edges_from(
-                (self._producer[t], user, t) for t, users in self._consumers.items() if t in self._producer for user in users
-            )
-            self._nx = g
+            self._nx = traverse.dependency_graph(self)
         return self._nx
 
     def may_reach(self, src: Node, dst: Node) -> bool:
@@ -274,61 +264,20 @@ class Graph:
 
     def walk(self) -> Iterator[tuple["Graph", Node]]:
         """Every (graph, node) in this graph and, depth first, in the subgraphs of each node."""
-        stack: list[Iterator[Node]] = [iter(self.nodes())]
-        graphs: list[Graph] = [self]
-        while stack:
-            node = next(stack[-1], None)
-            if node is None:
-                stack.pop()
-                graphs.pop()
-                continue
-            yield graphs[-1], node
-            if node._has_sub:
-                for sub in reversed(node.subgraphs()):
-                    stack.append(iter(sub.nodes()))
-                    graphs.append(sub)
+        return traverse.walk(self)
 
     def find(self, *op_types: str, domain: str = "") -> list[tuple["Graph", Node]]:
         """(graph, node) for every node of the given op types in this graph and all subgraphs, found
         through the op index (cost grows with the matches, not with the graph), in walk order."""
-        out: list[tuple[Graph, Node]] = []
-        stack: list[Graph] = [self]
-        while stack:
-            g = stack.pop()
-            hits = [n for op in op_types for n in g.nodes_by_op(op, domain)]
-            hits.sort(key=lambda n: n._pos)
-            out.extend((g, n) for n in hits)
-            holders = [g._nodes[name] for name in g._implicit_or_sub()]
-            for n in sorted(holders, key=lambda n: n._pos, reverse=True):
-                stack.extend(reversed(n.subgraphs()))
-        return out
-
-    def _implicit_or_sub(self) -> list[str]:
-        return [name for name, n in self._nodes.items() if n._has_sub] if self._has_subgraphs else []
+        return traverse.find(self, op_types, domain)
 
     def graphs(self) -> list["Graph"]:
         """This graph and all nested subgraphs, depth first."""
-        out = [self]
-        for _, node in self.walk():
-            out.extend(node.subgraphs())
-        return out
+        return traverse.graphs(self)
 
     def outer_references(self) -> list[str]:
         """Tensors this graph (or its subgraphs) reads without defining them: outer-scope references."""
-        defined: set[str] = set(self._inputs) | set(self._inits) | set(self._producer) | set(self.sparse_initializer_names())
-        seen: dict[str, None] = {}
-        for node in self.nodes():
-            for t in node.inputs:
-                if t and t not in defined:
-                    seen[t] = None
-            for sub in node.subgraphs():
-                for t in sub.outer_references():
-                    if t not in defined:
-                        seen[t] = None
-        for t in self._outputs:
-            if t not in defined:
-                seen[t] = None
-        return list(seen)
+        return traverse.outer_references(self)
 
     # ------------------------------------------------------------------ names
     def unique_name(self, hint: str) -> str:
@@ -777,32 +726,7 @@ class Graph:
         takes the one placed first (the order of networkx's ``lexicographical_topological_sort``
         keyed by position, ties by insertion), from the producer/consumer indexes without building
         ``nx``; None when the graph has a cycle."""
-        nodes = self._nodes
-        names = sorted(nodes, key=lambda n: nodes[n]._pos)  # stable: equal positions by insertion
-        rank = {name: i for i, name in enumerate(names)}
-        indegree = [0] * len(names)
-        children: list[list[int]] = [[] for _ in names]
-        producer = self._producer
-        for t, users in self._consumers.items():
-            p = producer.get(t)
-            if p is None:
-                continue
-            kids = children[rank[p]]
-            for u in users:
-                r = rank[u]
-                indegree[r] += 1
-                kids.append(r)
-        ready = [r for r, d in enumerate(indegree) if d == 0]  # ascending: already a heap
-        order: list[str] = []
-        pop, push = heapq.heappop, heapq.heappush
-        while ready:
-            r = pop(ready)
-            order.append(names[r])
-            for kid in children[r]:
-                indegree[kid] -= 1
-                if indegree[kid] == 0:
-                    push(ready, kid)
-        return order if len(order) == len(names) else None
+        return traverse.topological_order(self)
 
     def toposort(self) -> "Graph":
         """Reorder nodes topologically, stable with respect to the current order (deterministic)."""
@@ -826,55 +750,7 @@ class Graph:
     def lint(self) -> "Graph":
         """Raise ``InvalidGraph`` on a cycle, a dangling input, a tensor with two producers, an output
         with no producer, duplicate graph outputs or inconsistent indexes."""
-        if not self._topo_valid and self.topological_order() is None:  # a valid toposort proves acyclicity
-            cycle = _networkx().find_cycle(self.nx)
-            names = " -> ".join(f"{u!r}" for u, _, _ in cycle)
-            raise InvalidGraph(f"graph {self.name!r} has a cycle: {names}; the model is not a DAG")
-        seen_outputs: dict[str, str] = {}
-        for node in self.nodes():
-            for t in node.outputs:
-                if not t:
-                    continue
-                if t in seen_outputs:
-                    raise InvalidGraph(f"tensor {t!r} is produced twice (nodes {seen_outputs[t]!r} and {node.name!r})")
-                if t in self._inputs or t in self._inits:
-                    raise InvalidGraph(f"tensor {t!r} is produced by node {node.name!r} but is also a graph input or initializer")
-                seen_outputs[t] = node.name
-        produced, inits = self._producer, self._inits
-        for node in self.nodes():
-            for t in node.inputs:
-                if t and t not in produced and t not in inits and not self.visible(t):  # (the common cases first)
-                    raise InvalidGraph(
-                        f"node {node.name!r} ({node.qualified_op}) reads {t!r}, which no node, input or initializer provides"
-                    )
-        if len(set(self._outputs)) != len(self._outputs):
-            dup = sorted(t for t, c in Counter(self._outputs).items() if c > 1)
-            raise InvalidGraph(f"graph {self.name!r} lists output(s) {', '.join(map(repr, dup))} more than once")
-        if len(set(self._inputs)) != len(self._inputs):
-            dup = sorted(t for t, c in Counter(self._inputs).items() if c > 1)
-            raise InvalidGraph(f"graph {self.name!r} lists input(s) {', '.join(map(repr, dup))} more than once")
-        for t in self._outputs:
-            if not self.visible(t):
-                raise InvalidGraph(f"graph output {t!r} of graph {self.name!r} is produced by no node, input or initializer")
-        # node -> what it reads, built once per node: its input list itself when short (searching a
-        # few names beats building a set, 20k times a lint), a set when long (a node may have 100k
-        # inputs, each a link to check) or when its subgraphs read outer tensors too
-        reads: dict[str, Any] = {}
-        for t, users in self._consumers.items():
-            for u in users:
-                read = reads.get(u)
-                if read is None:
-                    node = self._nodes.get(u)
-                    if node is None:
-                        raise InvalidGraph(f"internal: stale consumer link {t!r} -> {u!r}")
-                    implicit = self._implicit.get(u)
-                    read = reads[u] = node.inputs if len(node.inputs) <= 8 and not implicit else set(node.inputs) | set(implicit or ())
-                if t not in read:
-                    raise InvalidGraph(f"internal: stale consumer link {t!r} -> {u!r}")
-        for node in self.nodes():
-            for sub in node.subgraphs():
-                sub.lint()
-        return self
+        return checks.lint(self)
 
     def copy(self) -> "Graph":
         from graphopt.ir.convert import from_model, to_model
