@@ -13,7 +13,8 @@ from google.protobuf.message import Message
 from onnx import AttributeProto
 
 from graphopt.errors import InvalidGraph
-from graphopt.ir.graph import Graph, _norm_domain
+from graphopt.ir.graph import Graph
+from graphopt.ir.names import _norm_domain
 from graphopt.ir.node import Node
 
 # Repeated and message fields the IR rebuilds. Scalar fields (name, doc_string, ...) stay in the

@@ -9,14 +9,14 @@ refused, and ``lint()`` checks the invariants.
 Subgraphs (If/Loop/Scan bodies) are ``Graph`` objects whose ``parent`` is the enclosing graph. A node
 that holds a subgraph which reads an outer-scope tensor counts as a consumer of that tensor, so no
 pass fuses across, or deletes, a value a body still needs.
+
+The class keeps the indexes, the hot queries and every mutation; the read-only walks are in
+``traverse.py``, the ``lint`` checks in ``checks.py``, Constant decoding in ``constants.py``, name
+bookkeeping in ``names.py`` and ``ValueInfo`` in ``values.py``.
 """
 
 from __future__ import annotations
 
-import heapq
-import re
-from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
@@ -24,79 +24,16 @@ import onnx
 from onnx import numpy_helper
 
 from graphopt.errors import InvalidGraph
-from graphopt.ir.external import is_external, is_lazy, lazy_array
+from graphopt.ir import checks, constants, traverse
+from graphopt.ir.constants import _constant_node_value
+from graphopt.ir.external import is_lazy, lazy_array
+from graphopt.ir.names import _NameList, _Names, _norm_domain
 from graphopt.ir.node import Node
+from graphopt.ir.traverse import _networkx
+from graphopt.ir.values import ValueInfo, value_info_of_type
 
 if TYPE_CHECKING:
     import networkx as nx
-
-
-def _networkx():
-    """networkx, imported on first use: most runs never build ``Graph.nx`` (the IR keeps its own
-    producer/consumer indexes and topological order), and importing it costs 0.085 s of every command."""
-    import networkx
-
-    return networkx
-
-
-@dataclass(frozen=True)
-class ValueInfo:
-    """What is known about a tensor: element type (``onnx.TensorProto`` enum) and shape."""
-
-    dtype: int | None
-    shape: tuple[int | str | None, ...] | None
-
-    @property
-    def rank(self) -> int | None:
-        return None if self.shape is None else len(self.shape)
-
-    @property
-    def is_static(self) -> bool:
-        return self.shape is not None and all(isinstance(d, int) and d >= 0 for d in self.shape)
-
-
-def value_info_of_type(type_proto: onnx.TypeProto) -> ValueInfo:
-    if not type_proto.HasField("tensor_type"):
-        return ValueInfo(None, None)
-    tt = type_proto.tensor_type
-    dtype = tt.elem_type or None
-    if not tt.HasField("shape"):
-        return ValueInfo(dtype, None)
-    dims: list[int | str | None] = []
-    for d in tt.shape.dim:
-        which = d.WhichOneof("value")  # one call instead of two HasField (a hot path)
-        if which == "dim_value":
-            dims.append(int(d.dim_value))
-        elif which == "dim_param":
-            dims.append(d.dim_param)
-        else:
-            dims.append(None)
-    return ValueInfo(dtype, tuple(dims))
-
-
-_NAME_TAIL = re.compile(r"[^A-Za-z0-9_./:-]+")
-
-
-class _Names:
-    """Model-wide registry of node and tensor names, shared by the root graph and its subgraphs."""
-
-    def __init__(self) -> None:
-        self.used: set[str] = set()
-        self.counters: dict[str, int] = {}
-
-    def fresh(self, hint: str) -> str:
-        hint = _NAME_TAIL.sub("_", hint or "t") or "t"
-        if hint not in self.used:
-            self.used.add(hint)
-            return hint
-        n = self.counters.get(hint, 0)
-        while True:
-            n += 1
-            candidate = f"{hint}_{n}"
-            if candidate not in self.used:
-                self.counters[hint] = n
-                self.used.add(candidate)
-                return candidate
 
 
 class Graph:
@@ -151,12 +88,7 @@ class Graph:
         consumer per tensor). Built on first use and kept in sync by every mutation after that, so
         loading and rewriting pay for it only when a networkx algorithm is wanted."""
         if self._nx is None:
-            g = _networkx().MultiDiGraph()
-            g.add_nodes_from(self._nodes)
-            g.add_edges_from(
-                (self._producer[t], user, t) for t, users in self._consumers.items() if t in self._producer for user in users
-            )
-            self._nx = g
+            self._nx = traverse.dependency_graph(self)
         return self._nx
 
     def may_reach(self, src: Node, dst: Node) -> bool:
@@ -290,22 +222,7 @@ class Graph:
         """(dtype, shape) of ``tensor`` when it is a constant (as ``constant_value`` decides), without
         reading a weight that is still in its file (a lazy reference: ``graphopt.ir.external``) nor
         decoding a Constant node's plain numeric ``value`` tensor."""
-        g: Graph | None = self
-        while g is not None and tensor not in g._producer:
-            if tensor in g._inits:
-                proto = g._inits[tensor]
-                if tensor in g._inputs or not is_lazy(proto):
-                    break
-                return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(proto.data_type)), tuple(int(d) for d in proto.dims)
-            if tensor in g._inputs:
-                break
-            g = g.parent
-        if g is not None and tensor in g._producer:  # a Constant node's tensor: its header may answer
-            info = _constant_tensor_info(g._nodes[g._producer[tensor]])
-            if info is not None:
-                return info
-        value = self.constant_value(tensor)
-        return None if value is None else (np.asarray(value).dtype, tuple(np.shape(value)))
+        return constants.constant_info(self, tensor)
 
     def is_constant(self, tensor: str) -> bool:
         g: Graph | None = self
@@ -347,61 +264,20 @@ class Graph:
 
     def walk(self) -> Iterator[tuple["Graph", Node]]:
         """Every (graph, node) in this graph and, depth first, in the subgraphs of each node."""
-        stack: list[Iterator[Node]] = [iter(self.nodes())]
-        graphs: list[Graph] = [self]
-        while stack:
-            node = next(stack[-1], None)
-            if node is None:
-                stack.pop()
-                graphs.pop()
-                continue
-            yield graphs[-1], node
-            if node._has_sub:
-                for sub in reversed(node.subgraphs()):
-                    stack.append(iter(sub.nodes()))
-                    graphs.append(sub)
+        return traverse.walk(self)
 
     def find(self, *op_types: str, domain: str = "") -> list[tuple["Graph", Node]]:
         """(graph, node) for every node of the given op types in this graph and all subgraphs, found
         through the op index (cost grows with the matches, not with the graph), in walk order."""
-        out: list[tuple[Graph, Node]] = []
-        stack: list[Graph] = [self]
-        while stack:
-            g = stack.pop()
-            hits = [n for op in op_types for n in g.nodes_by_op(op, domain)]
-            hits.sort(key=lambda n: n._pos)
-            out.extend((g, n) for n in hits)
-            holders = [g._nodes[name] for name in g._implicit_or_sub()]
-            for n in sorted(holders, key=lambda n: n._pos, reverse=True):
-                stack.extend(reversed(n.subgraphs()))
-        return out
-
-    def _implicit_or_sub(self) -> list[str]:
-        return [name for name, n in self._nodes.items() if n._has_sub] if self._has_subgraphs else []
+        return traverse.find(self, op_types, domain)
 
     def graphs(self) -> list["Graph"]:
         """This graph and all nested subgraphs, depth first."""
-        out = [self]
-        for _, node in self.walk():
-            out.extend(node.subgraphs())
-        return out
+        return traverse.graphs(self)
 
     def outer_references(self) -> list[str]:
         """Tensors this graph (or its subgraphs) reads without defining them: outer-scope references."""
-        defined: set[str] = set(self._inputs) | set(self._inits) | set(self._producer) | set(self.sparse_initializer_names())
-        seen: dict[str, None] = {}
-        for node in self.nodes():
-            for t in node.inputs:
-                if t and t not in defined:
-                    seen[t] = None
-            for sub in node.subgraphs():
-                for t in sub.outer_references():
-                    if t not in defined:
-                        seen[t] = None
-        for t in self._outputs:
-            if t not in defined:
-                seen[t] = None
-        return list(seen)
+        return traverse.outer_references(self)
 
     # ------------------------------------------------------------------ names
     def unique_name(self, hint: str) -> str:
@@ -850,32 +726,7 @@ class Graph:
         takes the one placed first (the order of networkx's ``lexicographical_topological_sort``
         keyed by position, ties by insertion), from the producer/consumer indexes without building
         ``nx``; None when the graph has a cycle."""
-        nodes = self._nodes
-        names = sorted(nodes, key=lambda n: nodes[n]._pos)  # stable: equal positions by insertion
-        rank = {name: i for i, name in enumerate(names)}
-        indegree = [0] * len(names)
-        children: list[list[int]] = [[] for _ in names]
-        producer = self._producer
-        for t, users in self._consumers.items():
-            p = producer.get(t)
-            if p is None:
-                continue
-            kids = children[rank[p]]
-            for u in users:
-                r = rank[u]
-                indegree[r] += 1
-                kids.append(r)
-        ready = [r for r, d in enumerate(indegree) if d == 0]  # ascending: already a heap
-        order: list[str] = []
-        pop, push = heapq.heappop, heapq.heappush
-        while ready:
-            r = pop(ready)
-            order.append(names[r])
-            for kid in children[r]:
-                indegree[kid] -= 1
-                if indegree[kid] == 0:
-                    push(ready, kid)
-        return order if len(order) == len(names) else None
+        return traverse.topological_order(self)
 
     def toposort(self) -> "Graph":
         """Reorder nodes topologically, stable with respect to the current order (deterministic)."""
@@ -899,55 +750,7 @@ class Graph:
     def lint(self) -> "Graph":
         """Raise ``InvalidGraph`` on a cycle, a dangling input, a tensor with two producers, an output
         with no producer, duplicate graph outputs or inconsistent indexes."""
-        if not self._topo_valid and self.topological_order() is None:  # a valid toposort proves acyclicity
-            cycle = _networkx().find_cycle(self.nx)
-            names = " -> ".join(f"{u!r}" for u, _, _ in cycle)
-            raise InvalidGraph(f"graph {self.name!r} has a cycle: {names}; the model is not a DAG")
-        seen_outputs: dict[str, str] = {}
-        for node in self.nodes():
-            for t in node.outputs:
-                if not t:
-                    continue
-                if t in seen_outputs:
-                    raise InvalidGraph(f"tensor {t!r} is produced twice (nodes {seen_outputs[t]!r} and {node.name!r})")
-                if t in self._inputs or t in self._inits:
-                    raise InvalidGraph(f"tensor {t!r} is produced by node {node.name!r} but is also a graph input or initializer")
-                seen_outputs[t] = node.name
-        produced, inits = self._producer, self._inits
-        for node in self.nodes():
-            for t in node.inputs:
-                if t and t not in produced and t not in inits and not self.visible(t):  # (the common cases first)
-                    raise InvalidGraph(
-                        f"node {node.name!r} ({node.qualified_op}) reads {t!r}, which no node, input or initializer provides"
-                    )
-        if len(set(self._outputs)) != len(self._outputs):
-            dup = sorted(t for t, c in Counter(self._outputs).items() if c > 1)
-            raise InvalidGraph(f"graph {self.name!r} lists output(s) {', '.join(map(repr, dup))} more than once")
-        if len(set(self._inputs)) != len(self._inputs):
-            dup = sorted(t for t, c in Counter(self._inputs).items() if c > 1)
-            raise InvalidGraph(f"graph {self.name!r} lists input(s) {', '.join(map(repr, dup))} more than once")
-        for t in self._outputs:
-            if not self.visible(t):
-                raise InvalidGraph(f"graph output {t!r} of graph {self.name!r} is produced by no node, input or initializer")
-        # node -> what it reads, built once per node: its input list itself when short (searching a
-        # few names beats building a set, 20k times a lint), a set when long (a node may have 100k
-        # inputs, each a link to check) or when its subgraphs read outer tensors too
-        reads: dict[str, Any] = {}
-        for t, users in self._consumers.items():
-            for u in users:
-                read = reads.get(u)
-                if read is None:
-                    node = self._nodes.get(u)
-                    if node is None:
-                        raise InvalidGraph(f"internal: stale consumer link {t!r} -> {u!r}")
-                    implicit = self._implicit.get(u)
-                    read = reads[u] = node.inputs if len(node.inputs) <= 8 and not implicit else set(node.inputs) | set(implicit or ())
-                if t not in read:
-                    raise InvalidGraph(f"internal: stale consumer link {t!r} -> {u!r}")
-        for node in self.nodes():
-            for sub in node.subgraphs():
-                sub.lint()
-        return self
+        return checks.lint(self)
 
     def copy(self) -> "Graph":
         from graphopt.ir.convert import from_model, to_model
@@ -960,86 +763,3 @@ class Graph:
 
 #: Constants up to this size are cached as arrays; larger ones (weights) are decoded on each use.
 _CACHE_MAX_BYTES = 2**20
-
-
-class _NameList(list):
-    """A graph's input or output names: a list (order matters) with O(1) ``in``, kept in step through
-    the few mutations the IR uses (append, remove); any other change rebuilds the index."""
-
-    def __init__(self, items=()):
-        super().__init__(items)
-        self._count: dict[str, int] = {}
-        for t in self:
-            self._count[t] = self._count.get(t, 0) + 1
-
-    def __contains__(self, item) -> bool:
-        return item in self._count
-
-    def __reduce__(self):
-        return (_NameList, (list(self),))
-
-    def append(self, item) -> None:
-        super().append(item)
-        self._count[item] = self._count.get(item, 0) + 1
-
-    def remove(self, item) -> None:
-        super().remove(item)
-        left = self._count[item] - 1
-        if left:
-            self._count[item] = left
-        else:
-            del self._count[item]
-
-    def _rebuilt(name):
-        def method(self, *args, **kwargs):
-            result = getattr(list, name)(self, *args, **kwargs)
-            self._count = {}
-            for t in self:
-                self._count[t] = self._count.get(t, 0) + 1
-            return result
-        return method
-
-    for _name in ("extend", "insert", "pop", "clear", "__setitem__", "__delitem__", "__iadd__", "sort", "reverse"):
-        locals()[_name] = _rebuilt(_name)
-    del _name, _rebuilt
-
-
-def _norm_domain(domain: str) -> str:
-    return "" if domain in ("", "ai.onnx") else domain
-
-
-#: The dtype kinds ``_constant_tensor_info`` answers for: plain numeric NumPy types. Loading checks
-#: such a tensor's data against its dims (``graphopt.ir.io.check_tensor``), so decoding it succeeds.
-_PLAIN_KINDS = frozenset("biufc")
-
-
-def _constant_tensor_info(node: Node) -> tuple[np.dtype, tuple[int, ...]] | None:
-    """(dtype, shape) of a ``Constant`` node whose value ``_constant_node_value`` takes from a
-    ``value`` tensor of a plain numeric type held in the model, read from the tensor's header: what
-    decoding it (``numpy_helper.to_array``) gives, without decoding (``constants_to_initializers``
-    asks this of every Constant: 7,350 on a 20k-node GPT-2, 0.04 s of decoding). None for anything
-    else (another form, strings, exotic or external tensors): the caller decodes as before."""
-    if node.op_type != "Constant" or node.domain != "":
-        return None
-    proto = node.attr_proto("value")  # the first form _constant_node_value looks for
-    if proto is None or proto.type != onnx.AttributeProto.TENSOR or is_external(proto.t):
-        return None
-    try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(proto.t.data_type))
-    except Exception:  # an unknown or undefined data type: decoding says what it says
-        return None
-    return (dtype, tuple(int(d) for d in proto.t.dims)) if dtype.kind in _PLAIN_KINDS else None
-
-
-def _constant_node_value(node: Node) -> np.ndarray | None:
-    if node.op_type != "Constant" or node.domain != "":
-        return None
-    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
-        if node.has_attr(key):
-            v = node.attr(key)
-            if key == "value_float" or key == "value_floats":
-                return np.asarray(v, dtype=np.float32)
-            if key == "value_int" or key == "value_ints":
-                return np.asarray(v, dtype=np.int64)
-            return np.asarray(v)
-    return None

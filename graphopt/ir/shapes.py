@@ -8,7 +8,8 @@ import onnx
 from onnx import numpy_helper
 
 from graphopt.ir.convert import to_model
-from graphopt.ir.graph import Graph, value_info_of_type
+from graphopt.ir.graph import Graph
+from graphopt.ir.values import value_info_of_type
 from graphopt.ir.large import WEIGHTLESS_ABOVE, small_bytes, weightless
 
 

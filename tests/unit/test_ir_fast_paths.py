@@ -185,7 +185,7 @@ def test_refine_shapes_given_the_inference_equals_inferring_again():
 
 def _refine_as_before(graph: Graph, inferred: onnx.ModelProto) -> int:
     """refine_shapes as it was written before its fast paths (the reference)."""
-    from graphopt.ir.graph import value_info_of_type
+    from graphopt.ir.values import value_info_of_type
 
     changed = 0
     for vi in inferred.graph.value_info:
@@ -306,7 +306,7 @@ _NUMERIC = [t for t in onnx.TensorProto.DataType.values()
 def test_constant_info_of_a_constant_is_what_decoding_gives(data_type, raw):
     """A Constant's plain numeric value tensor is answered from its header (convert nothing):
     the same dtype and shape numpy_helper.to_array's array has."""
-    from graphopt.ir.graph import _constant_tensor_info
+    from graphopt.ir.constants import _constant_tensor_info
 
     dtype = helper.tensor_dtype_to_np_dtype(data_type)
     values = np.arange(6).reshape(2, 3).astype(dtype)
@@ -320,7 +320,7 @@ def test_constant_info_of_a_constant_is_what_decoding_gives(data_type, raw):
 
 
 def test_constant_info_decodes_what_its_header_cannot_answer():
-    from graphopt.ir.graph import _constant_tensor_info
+    from graphopt.ir.constants import _constant_tensor_info
 
     strings = _constant_graph(helper.make_tensor("v", TensorProto.STRING, [2], [b"a", b"b"]))
     assert _constant_tensor_info(strings.producer("c")) is None
