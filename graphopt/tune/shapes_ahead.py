@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from graphopt.ir.ahead import Forked, worth_forking
 from graphopt.tune.gpus import normalize_gpu_name
@@ -36,6 +36,13 @@ def _shapes_key(shapes: Shapes | None) -> dict[str, list[int]]:
 
 def _dims_key(dims: Mapping[str, int]) -> list[list]:
     return [[name, int(v)] for name, v in sorted(dims.items())]
+
+
+def unbound_tensors(graph) -> Iterator[str]:
+    """The tensors the nodes of ``graph`` (not its subgraphs) make whose shape has a dim no graph input
+    declares: what the child looks up (a superset of what lowering selection will want)."""
+    unbound = unbound_test(graph)
+    return (t for n in graph.nodes() for t in n.outputs if t and unbound(graph.value_info(t).shape))
 
 
 class ShapesAhead(Forked):
@@ -58,16 +65,14 @@ class ShapesAhead(Forked):
             return
         if self.running or graph.source_model is None or not worth_forking(graph.source_model):
             return
-        unbound = unbound_test(graph)
-        outputs = (t for n in graph.nodes() for t in n.outputs if t)
-        if not any(unbound(graph.value_info(t).shape) for t in outputs):
+        if next(unbound_tensors(graph), None) is None:
             return
         base = bind_dims(graph, shapes)
         plans = [{**base, **bucket} for bucket in (profile.buckets() if profile is not None else []) or [{}]]
 
         def compute() -> bytes:  # (in the child, whose warnings would only repeat the parent's)
             warnings.simplefilter("ignore")
-            wanted = [t for n in graph.nodes() for t in n.outputs if t and unbound(graph.value_info(t).shape)]
+            wanted = list(unbound_tensors(graph))
             answer = [[_dims_key(dims), {t: list(s) for t, s in concrete_shapes(
                 graph, dims, default_size, shapes, wanted, last_resort=False).items()}] for dims in plans]
             return json.dumps(answer).encode()

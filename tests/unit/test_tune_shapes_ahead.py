@@ -93,10 +93,7 @@ def _started(graph, gpu="a100", shapes=None, profile_items=None) -> ShapesAhead:
 
 
 def _wanted(graph) -> list[str]:
-    from graphopt.tune.signatures import unbound_test
-
-    unbound = unbound_test(graph)
-    return [t for n in graph.nodes() for t in n.outputs if t and unbound(graph.value_info(t).shape)]
+    return list(S.unbound_tensors(graph))
 
 
 def test_lookup_answers_only_for_the_dims_and_shapes_it_computed():
