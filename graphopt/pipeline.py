@@ -329,7 +329,7 @@ def optimize_file(
     _check_options_first(options)
     step("loading")
     with InferAhead() as ahead:  # the input's shape inference runs beside from_model (graphopt.ir.ahead)
-        graph = load_model(source, lazy_above=WEIGHTLESS_ABOVE, validated=ahead.start)  # big weights stay in their files
+        graph = load_model(source, lazy_above=WEIGHTLESS_ABOVE, ahead=ahead)  # big weights stay in their files
         check_shape_overrides(graph.source_model if graph.source_model is not None else to_model(graph), shapes)
         protect = [source] + graph.data_files
         check_outputs(outputs, reads + graph.data_files, force=force)

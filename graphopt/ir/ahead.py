@@ -22,7 +22,7 @@ import select
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import onnx
 
@@ -41,6 +41,7 @@ ANSWER_DEADLINE_S = 30.0
 
 _FAILED = b"F"  # infer() gave back its input: inference failed (best effort, like in-process)
 _INFERRED = b"V"  # followed by a GraphProto with the inferred value_info
+_CHECKED = b"C"  # before either, from a child started with a check: the check passed
 
 
 def can_fork() -> bool:
@@ -57,15 +58,18 @@ def worth_forking(model: onnx.ModelProto) -> bool:
     return not has_lazy(model) and sum(len(t.raw_data) for t in model.graph.initializer) < WEIGHTLESS_ABOVE
 
 
-def _run_child(compute: Callable[[], bytes], fd: int) -> None:
-    """In the child: write ``compute()`` to ``fd`` and leave without running the parent's exit handlers
-    or flushing its buffered output (``os._exit``). Exit status 0 only once all is written."""
+def _run_child(compute: Callable[[], "bytes | Iterable[bytes]"], fd: int) -> None:
+    """In the child: write ``compute()`` to ``fd`` (bytes, or chunks written as each is made, so the
+    parent can read a first part early) and leave without running the parent's exit handlers or
+    flushing its buffered output (``os._exit``). Exit status 0 only once all is written."""
     status = 1
     try:
         gc.disable()  # a short-lived process: collections would only copy the parent's pages
-        view = memoryview(compute())
-        while view:
-            view = view[os.write(fd, view):]
+        answer = compute()
+        for chunk in (answer,) if isinstance(answer, bytes) else answer:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
         status = 0
     except BaseException:  # noqa: BLE001 -- any failure: the parent computes in-process
         pass
@@ -82,6 +86,7 @@ class Forked:
     def __init__(self) -> None:
         self._pid: int | None = None
         self._fd: int | None = None
+        self._read: list[bytes] = []  # what ``prefix`` read of the answer already
 
     @property
     def running(self) -> bool:
@@ -104,7 +109,7 @@ class Forked:
             os.close(r)
             _run_child(compute, w)
         os.close(w)
-        self._pid, self._fd = pid, r
+        self._pid, self._fd, self._read = pid, r, []
         return True
 
     def answer(self) -> bytes | None:
@@ -119,26 +124,42 @@ class Forked:
         ok = self._reap()
         return b"".join(chunks) if ok else None
 
-    def _read_until(self, deadline: float) -> list[bytes] | None:
-        """Everything the child writes until it closes the pipe; [] on a read error, None when
-        ``deadline`` (``time.monotonic``) passes first."""
-        chunks = []
+    def prefix(self, size: int) -> bytes | None:
+        """The first ``size`` bytes of the answer, as soon as the child has written them (the rest
+        stays for ``answer``); None when the child closed the pipe or died before, or the deadline
+        passed (then it is killed)."""
+        if self._pid is None:
+            return None
+        chunks = self._read_until(time.monotonic() + ANSWER_DEADLINE_S, want=size)
+        if chunks is None:
+            self.cancel()
+            return None
+        data = b"".join(chunks)
+        return data[:size] if len(data) >= size else None
+
+    def _read_until(self, deadline: float, want: int | None = None) -> list[bytes] | None:
+        """What the child wrote (with what ``prefix`` read before) until it closes the pipe, or until
+        ``want`` bytes are in; [] on a read error, None when ``deadline`` (``time.monotonic``)
+        passes first."""
+        chunks = self._read
         try:
-            while True:
+            while want is None or sum(map(len, chunks)) < want:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([self._fd], [], [], left)[0]:
                     return None
                 chunk = os.read(self._fd, 1 << 20)
                 if not chunk:
-                    return chunks
+                    break
                 chunks.append(chunk)
         except OSError:
             return []
+        return chunks
 
     def _reap(self) -> bool:
         """Close the pipe and wait for the child; True when it exited with status 0."""
         pid, fd = self._pid, self._fd
         self._pid = self._fd = None
+        self._read = []
         if fd is not None:
             os.close(fd)
         if pid is None:
@@ -172,21 +193,47 @@ def _inference_payload(model: onnx.ModelProto) -> bytes:
     return _INFERRED + vi.SerializeToString()
 
 
+def _checked_payload(model: onnx.ModelProto, check: Callable[[onnx.ModelProto], None] | None) -> Iterator[bytes]:
+    """The child's answer in two parts: ``_CHECKED`` once ``check`` passed (sent at once, so the
+    parent reads it long before the inference is done), then ``_inference_payload``. Nothing at all
+    when ``check`` raised: the parent then runs it itself, for its error."""
+    if check is not None:
+        try:
+            check(model)
+        except BaseException:  # noqa: BLE001 -- the parent's own check gives the error
+            return
+        yield _CHECKED
+    yield _inference_payload(model)
+
+
 class InferAhead(Forked):
-    """Start with ``start(model)``; collect with ``result()`` (or ``inferred_graph``)."""
+    """Start with ``start(model)``; collect with ``result()`` (or ``inferred_graph``).
+
+    ``start(model, check)`` forks before the input is validated: the child runs ``check`` (the header
+    check, 0.07 s on the 20k-node GPT-2) and then infers, while the parent goes on with the rest of
+    loading; ``check_passed`` says whether it passed. The parent runs ``check`` itself whenever the
+    child cannot vouch for it, so a bad input meets the same error by either route."""
 
     def __init__(self) -> None:
         super().__init__()
         self._model: onnx.ModelProto | None = None
+        self._checked = False
 
-    def start(self, model: onnx.ModelProto) -> None:
-        """Fork a child inferring ``model``; does nothing when forking is not safe here (``can_fork``),
-        the model is not small (``worth_forking``) or a child is running already. ``model`` must not
-        change until ``result``."""
+    def start(self, model: onnx.ModelProto, check: Callable[[onnx.ModelProto], None] | None = None) -> bool:
+        """Fork a child inferring ``model`` (after ``check(model)`` passed, with ``check``); True when
+        one runs. Does nothing when forking is not safe here (``can_fork``), the model is not small
+        (``worth_forking``) or a child is running already. ``model`` must not change until ``result``."""
         if self.running or not worth_forking(model):
-            return
-        if self.fork(lambda: _inference_payload(model)):
-            self._model = model
+            return False
+        if not self.fork(lambda: _checked_payload(model, check)):
+            return False
+        self._model, self._checked = model, check is not None
+        return True
+
+    def check_passed(self) -> bool:
+        """Whether the child's ``check`` passed: False when it raised, the child died or was started
+        without one (then the caller checks in-process)."""
+        return self._checked and self.prefix(len(_CHECKED)) == _CHECKED
 
     def result(self, model: onnx.ModelProto) -> onnx.GraphProto | None | object:
         """The child's answer for ``model``: a ``GraphProto`` whose ``value_info`` is what
@@ -196,6 +243,8 @@ class InferAhead(Forked):
             return NOT_RUN
         same, self._model = model is self._model, None
         data = self.answer()
+        if data is not None and self._checked:
+            data = data[len(_CHECKED):] if data.startswith(_CHECKED) else None
         if not (same and data is not None and data[:1] in (_FAILED, _INFERRED)):
             return NOT_RUN
         if data[:1] == _FAILED:
@@ -219,4 +268,4 @@ class InferAhead(Forked):
 
     def cancel(self) -> None:
         super().cancel()
-        self._model = None
+        self._model, self._checked = None, False

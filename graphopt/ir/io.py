@@ -17,7 +17,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import onnx
@@ -36,6 +36,9 @@ from graphopt.ir.convert import from_model, to_model
 from graphopt.ir.external import check_external, is_external, load_external, scan_tensors
 from graphopt.ir.graph import Graph
 from graphopt.ir.datafile import PROTOBUF_LIMIT, serialize, stage_model
+
+if TYPE_CHECKING:
+    from graphopt.ir.ahead import InferAhead
 
 MIN_OPSET = 9
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -214,15 +217,16 @@ def check_sparse(sp: onnx.SparseTensorProto, source: str) -> None:
 
 def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_external_data: bool = True,
                base_dir: "str | os.PathLike | None" = None, lazy_above: int | None = None,
-               validated: "Callable[[onnx.ModelProto], None] | None" = None) -> Graph:
+               ahead: "InferAhead | None" = None) -> Graph:
     """Load and validate a model into a ``Graph``. The input file is only read, never modified.
 
     With ``lazy_above`` (bytes), a model with more external data than that keeps its large weights in
     their files (``graphopt.ir.external.load_external``): ``Graph.constant_value`` reads one when a pass
     needs its value, and ``save_model`` streams them into the output's data file.
 
-    ``validated`` is called with the model (what becomes ``graph.source_model``) once its header and
-    tensors have passed, before the IR is built from it (``graphopt.ir.ahead.InferAhead.start``)."""
+    ``ahead`` (``graphopt.ir.ahead.InferAhead``) starts the input's shape inference in a child while
+    the IR is built. A model with all its data in the file is handed over right after parsing, the
+    child checking its header first (``_HeaderCheck``); any other once it is validated."""
     if isinstance(model_or_path, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(model_or_path)
@@ -233,27 +237,60 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
         source = str(path)
         model = parse_model(_read_bytes(path), source)
         folder = Path(base_dir) if base_dir is not None else path.resolve().parent
-    check_header(model, source)
-    tensors, sparse = scan_tensors(model.graph)  # one walk for the three checks below
-    if load_external_data:
-        data_files = load_external(model, folder, source, lazy_above, graph_tensors=tensors)
-    else:
-        data_files = check_external(model, folder, source, graph_tensors=tensors)
-    for t in tensors:
-        check_tensor(t, source)
-    for sp in sparse:
-        check_sparse(sp, source)
-    if validated is not None:
-        validated(model)
+    header = _HeaderCheck(ahead, model, source)
     try:
-        graph = from_model(model)
-        graph.lint()
-    except InvalidGraph as e:
-        raise InvalidGraph(f"{source}: {e}") from None
+        tensors, sparse = scan_tensors(model.graph)  # one walk for the three checks below
+        if header.ahead and any(is_external(t) for t in tensors):
+            header.here()  # inference needs the data loaded first: infer once it is (below)
+        if load_external_data:
+            data_files = load_external(model, folder, source, lazy_above, graph_tensors=tensors)
+        else:
+            data_files = check_external(model, folder, source, graph_tensors=tensors)
+        for t in tensors:
+            check_tensor(t, source)
+        for sp in sparse:
+            check_sparse(sp, source)
+        if ahead is not None and not header.ahead:
+            ahead.start(model)
+        try:
+            graph = from_model(model)
+            graph.lint()
+        except InvalidGraph as e:
+            raise InvalidGraph(f"{source}: {e}") from None
+    except Exception:
+        header.confirm()  # a bad header is the error to report, not what it led to
+        raise
+    header.confirm()
     graph.source_path = None if isinstance(model_or_path, onnx.ModelProto) else str(Path(model_or_path))
     graph.data_files = [str(p) for p in data_files]
     graph.source_model = model  # the validated input, external data loaded (or lazy); verify compares against it
     return graph
+
+
+class _HeaderCheck:
+    """The header check of ``load_model``, done by ``ahead``'s child where it can be (``ahead`` true):
+    the parent then builds the IR meanwhile and only ``confirm``s the child's verdict, running
+    ``check_header`` itself when the child cannot vouch (the error is the same either way). Without a
+    child it runs here, first, as always."""
+
+    def __init__(self, ahead: "InferAhead | None", model: onnx.ModelProto, source: str) -> None:
+        self._job = ahead, model, source
+        self.ahead = ahead is not None and ahead.start(model, check=lambda m: check_header(m, source))
+        if not self.ahead:
+            check_header(model, source)
+
+    def here(self) -> None:
+        """Stop the child and check in this process now."""
+        ahead, model, source = self._job
+        ahead.cancel()
+        self.ahead = False
+        check_header(model, source)
+
+    def confirm(self) -> None:
+        ahead, model, source = self._job
+        if self.ahead and not ahead.check_passed():
+            self.ahead = False
+            check_header(model, source)
 
 
 def _same_file(a: Path, b: Path) -> bool:

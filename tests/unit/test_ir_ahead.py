@@ -1,8 +1,8 @@
 """``graphopt.ir.ahead.InferAhead``: the input's shape inference in a forked child gives exactly the
 ``value_info`` the in-process inference gives; every way the child cannot be used (no fork, another
 model, a dead child, a failed inference, an answer not collected) ends in the in-process route or a
-reaped child, never a different answer. ``load_model``'s ``validated`` hook runs on the validated
-model only."""
+reaped child, never a different answer. ``load_model`` hands the header check to the child and meets
+the same errors, in the same order, by either route."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt.ir.ahead as ahead_mod
-from graphopt.errors import InvalidModel
+from graphopt.errors import InvalidModel, UnsupportedModel
 from graphopt.ir import load_model
 from graphopt.ir.ahead import NOT_RUN, InferAhead, can_fork, worth_forking
 from graphopt.ir.shapes import infer
@@ -163,23 +163,94 @@ def test_child_output_does_not_reach_parent_streams(capfd):
     assert capfd.readouterr().out.count("buffered in the parent") == 1
 
 
-def test_load_model_calls_validated_with_the_source_model(tmp_path):
+def _count_header_checks(monkeypatch) -> list[int]:
+    """The pids of every ``check_header`` call made from here on (the parent's and the child's)."""
+    import graphopt.ir.io as io_mod
+
+    pids, real = [], io_mod.check_header
+    monkeypatch.setattr(io_mod, "check_header", lambda *a: pids.append(os.getpid()) or real(*a))
+    return pids
+
+
+def test_load_model_hands_the_header_check_to_the_child(tmp_path, monkeypatch):
     path = tmp_path / "m.onnx"
     onnx.save(_model(), path)
-    seen = []
-    graph = load_model(path, validated=seen.append)
-    assert len(seen) == 1 and seen[0] is graph.source_model
+    pids = _count_header_checks(monkeypatch)
+    with InferAhead() as ahead:
+        graph = load_model(path, ahead=ahead)
+        assert ahead.check_passed()
+        got = ahead.result(graph.source_model)
+    assert pids == []  # the child's call is not recorded here: the parent never checked
+    assert [vi.SerializeToString() for vi in got.value_info] == _expected(_model())
 
 
-def test_load_model_does_not_call_validated_on_an_invalid_model(tmp_path):
+def _bad_header_and_tensor(tmp_path):
+    bad = _model()
+    bad.opset_import[0].version = 99  # refused by the header check ...
+    bad.graph.initializer[0].raw_data = b"\0" * 3  # ... and by the tensor check, which comes later
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(bad.SerializeToString())
+    return path
+
+
+def test_a_bad_header_is_the_error_by_either_route(tmp_path, monkeypatch):
+    path = _bad_header_and_tensor(tmp_path)
+    with pytest.raises(UnsupportedModel) as here:
+        load_model(path)
+    pids = _count_header_checks(monkeypatch)
+    with InferAhead() as ahead, pytest.raises(UnsupportedModel) as ahead_route:
+        load_model(path, ahead=ahead)
+    assert str(ahead_route.value) == str(here.value) and "opset 99" in str(here.value)
+    assert pids == [os.getpid()]  # the child said no: the parent checked, for the error
+
+
+def test_a_bad_tensor_behind_a_good_header_is_refused_by_either_route(tmp_path):
     bad = _model()
     bad.graph.initializer[0].raw_data = b"\0" * 3  # 3 bytes for 20 floats: refused by the tensor check
     path = tmp_path / "bad.onnx"
     path.write_bytes(bad.SerializeToString())
-    seen = []
-    with pytest.raises(InvalidModel):
-        load_model(path, validated=seen.append)
-    assert seen == []
+    with pytest.raises(InvalidModel) as here:
+        load_model(path)
+    with InferAhead() as ahead, pytest.raises(InvalidModel) as ahead_route:
+        load_model(path, ahead=ahead)
+    assert str(ahead_route.value) == str(here.value)
+
+
+def test_a_child_that_dies_before_checking_leaves_the_check_to_the_parent(tmp_path, monkeypatch):
+    import graphopt.ir.io as io_mod
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(), path)
+    parent, real = os.getpid(), io_mod.check_header
+    pids = []
+
+    def check(*a):
+        pids.append(os.getpid())
+        if os.getpid() != parent:
+            os._exit(3)
+        return real(*a)
+
+    monkeypatch.setattr(io_mod, "check_header", check)
+    with InferAhead() as ahead:
+        graph = load_model(path, ahead=ahead)
+        assert ahead.result(graph.source_model) is NOT_RUN
+    assert pids == [parent]
+
+
+def test_a_model_with_external_data_is_checked_here_and_inferred_once_loaded(tmp_path, monkeypatch):
+    model = _model()
+    onnx.save(model, tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.data", size_threshold=0)
+    pids = _count_header_checks(monkeypatch)
+    starts = []
+    real_start = InferAhead.start
+    monkeypatch.setattr(InferAhead, "start", lambda self, m, check=None: starts.append(check) or real_start(self, m, check))
+    with InferAhead() as ahead:
+        graph = load_model(tmp_path / "ext.onnx", ahead=ahead)
+        got = ahead.result(graph.source_model)
+    assert pids == [os.getpid()]  # checked here: inference must see the loaded data
+    assert starts[-1] is None and len(starts) == 2  # the early start, then one after validation
+    assert [vi.SerializeToString() for vi in got.value_info] == _expected(model)
 
 
 def test_optimize_file_writes_the_same_bytes_with_and_without_the_child(tmp_path, monkeypatch):
@@ -190,7 +261,7 @@ def test_optimize_file_writes_the_same_bytes_with_and_without_the_child(tmp_path
     src = Path(__file__).resolve().parents[2] / "models" / "transformer_block.onnx"
     started = []
     real_start = InferAhead.start
-    monkeypatch.setattr(InferAhead, "start", lambda self, m: started.append(m) or real_start(self, m))
+    monkeypatch.setattr(InferAhead, "start", lambda self, m, check=None: started.append(m) or real_start(self, m, check))
     optimize_file(src, tmp_path / "child.onnx", gpu="a100")
     assert len(started) == 1
     monkeypatch.setattr(ahead_mod.threading, "active_count", lambda: 2)  # no fork: in-process
@@ -229,9 +300,10 @@ def test_optimize_file_reaps_the_child_when_the_graph_is_refused(tmp_path, monke
     pids = []
     real_start = InferAhead.start
 
-    def start(self, m):
-        real_start(self, m)
+    def start(self, m, check=None):
+        started = real_start(self, m, check)
         pids.append(self._pid)
+        return started
 
     monkeypatch.setattr(InferAhead, "start", start)
     with pytest.raises(InvalidGraph, match="produced by two nodes"):
