@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graphopt.ir import Graph
+from graphopt.ir.constants import plain_value_tensor
 
 from graphopt.passes._util import Trace, replace_with_initializers, report
 
@@ -26,9 +27,12 @@ def constants_to_initializers(graph: Graph, *, trace: Trace = None) -> int:
         proto = node.attr_proto("value")
         if proto is not None and proto.type == proto.TENSOR:
             # A `value` tensor moves over as it is (no decode/encode round trip): only its dtype is
-            # asked, which constant_info reads from the tensor's header when it can.
-            info = g.constant_info(node.outputs[0])
-            value = proto.t if info is not None and info[0].kind in "biufc" else None
+            # asked, which the tensor's header answers (plain_value_tensor) unless it is external
+            # or of an exotic type; then constant_info decodes it.
+            value = plain_value_tensor(node)
+            if value is None:
+                info = g.constant_info(node.outputs[0])
+                value = proto.t if info is not None and info[0].kind in "biufc" else None
         else:  # other forms (value_float, value_ints, ...) become the decoded array
             value = g.constant_value(node.outputs[0])
             value = value if value is not None and value.dtype.kind in "biufc" else None
