@@ -271,6 +271,11 @@ class Graph:
         through the op index (cost grows with the matches, not with the graph), in walk order."""
         return traverse.find(self, op_types, domain)
 
+    def subgraph_owners(self) -> list[tuple["Graph", Node]]:
+        """(graph, node) for every node that holds a subgraph, here and in all subgraphs, in walk
+        order; found through each scope's holders (cost grows with them, not with the graph)."""
+        return traverse.subgraph_owners(self)
+
     def graphs(self) -> list["Graph"]:
         """This graph and all nested subgraphs, depth first."""
         return traverse.graphs(self)

@@ -330,3 +330,38 @@ def test_constant_info_decodes_what_its_header_cannot_answer():
         [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])))
     assert _constant_tensor_info(floats.producer("c")) is None
     assert floats.constant_info("c") == (np.dtype(np.float32), (2,))
+
+
+def _walk_as_before(graph: Graph):
+    """Graph.walk as it was written before (a stack of node iterators): the reference order."""
+    stack, graphs = [iter(graph.nodes())], [graph]
+    while stack:
+        node = next(stack[-1], None)
+        if node is None:
+            stack.pop()
+            graphs.pop()
+            continue
+        yield graphs[-1], node
+        for sub in reversed(node.subgraphs()):
+            stack.append(iter(sub.nodes()))
+            graphs.append(sub)
+
+
+def test_walk_graphs_and_subgraph_owners_keep_the_walk_order_of_nested_bodies():
+    graph = from_model(_with_every_tensor_kind())
+    outer = graph.node(next(n.name for _, n in graph.walk() if n.op_type == "If"))
+    outer.set_attr("then_branch", from_model(_with_every_tensor_kind()))  # two levels of If below the root
+    reference = list(_walk_as_before(graph))
+    assert [(id(g), n.name) for g, n in graph.walk()] == [(id(g), n.name) for g, n in reference]
+    assert graph.subgraph_owners() == [(g, n) for g, n in reference if n.subgraphs()]
+    assert graph.graphs() == [graph] + [s for _, n in reference for s in n.subgraphs()]
+
+
+def test_refine_shapes_that_proves_nothing_new_changes_nothing():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["y"])],
+                                                "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]))
+    graph = from_model(infer(model))  # value_info already what inference proves
+    before = to_model(graph).SerializeToString()
+    assert refine_shapes(graph) == 0
+    assert to_model(graph).SerializeToString() == before
