@@ -365,3 +365,30 @@ def test_refine_shapes_that_proves_nothing_new_changes_nothing():
     before = to_model(graph).SerializeToString()
     assert refine_shapes(graph) == 0
     assert to_model(graph).SerializeToString() == before
+
+
+def _needs_extra_as_before(nproto: onnx.NodeProto, node) -> bool:
+    """The ListFields test _node_extra made before ``_needs_extra`` (the reference)."""
+    from graphopt.ir.convert import _NODE_FIELDS, _NODE_SCALARS
+
+    return any(fd.name not in _NODE_FIELDS and not (fd.name in _NODE_SCALARS and value and value == getattr(node, fd.name))
+               for fd, value in nproto.ListFields())
+
+
+def test_needs_extra_answers_as_the_list_of_set_fields():
+    from graphopt.ir.convert import _needs_extra
+    from graphopt.ir.node import Node
+
+    plain = helper.make_node("Relu", ["x"], ["y"], name="r")
+    variants = [plain, helper.make_node("Relu", ["x"], ["y"], name="r", domain=""),
+                helper.make_node("Relu", ["x"], ["y"], name="r", domain="ai.onnx"),
+                helper.make_node("Relu", ["x"], ["y"], name="r", doc_string="d"),
+                helper.make_node("Relu", ["x"], ["y"], name="", doc_string=""),
+                helper.make_node("Relu", ["x"], ["y"], name="r", overload="o")]
+    with_metadata = onnx.NodeProto()
+    with_metadata.CopyFrom(plain)
+    with_metadata.metadata_props.add(key="k", value="v")
+    for nproto in variants + [with_metadata]:
+        for node in (Node("Relu", ["x"], ["y"], name="r", doc_string=nproto.doc_string, overload=nproto.overload),
+                     Node("Relu", ["x"], ["y"], name="Relu_0")):  # the second: a name the IR generated
+            assert _needs_extra(nproto, node) == _needs_extra_as_before(nproto, node), nproto
