@@ -392,3 +392,18 @@ def test_needs_extra_answers_as_the_list_of_set_fields():
         for node in (Node("Relu", ["x"], ["y"], name="r", doc_string=nproto.doc_string, overload=nproto.overload),
                      Node("Relu", ["x"], ["y"], name="Relu_0")):  # the second: a name the IR generated
             assert _needs_extra(nproto, node) == _needs_extra_as_before(nproto, node), nproto
+
+
+def test_value_info_of_type_reads_every_kind_of_type_as_its_fields_say():
+    from graphopt.ir.values import ValueInfo, value_info_of_type
+
+    unknown_dim = helper.make_tensor_type_proto(TensorProto.FLOAT, [2, "n"])
+    unknown_dim.tensor_type.shape.dim.add()  # neither a value nor a name
+    cases = [(helper.make_tensor_type_proto(TensorProto.FLOAT, [2, "n"]), ValueInfo(TensorProto.FLOAT, (2, "n"))),
+             (unknown_dim, ValueInfo(TensorProto.FLOAT, (2, "n", None))),
+             (helper.make_tensor_type_proto(TensorProto.INT64, None), ValueInfo(TensorProto.INT64, None)),
+             (helper.make_tensor_type_proto(0, []), ValueInfo(None, ())),
+             (helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [1])), ValueInfo(None, None))]
+    for _ in range(2):  # the second time from the memo
+        for type_proto, expected in cases:
+            assert value_info_of_type(type_proto) == expected
