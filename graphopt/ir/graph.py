@@ -666,11 +666,11 @@ class Graph:
             proto.name = t
             self._inits[t] = proto
             self._const_cache.pop(t, None)
-            if t in self._value_info:
-                del self._value_info[t]
-            for user in self._consumers.get(t, {}):
-                if self._nx is not None and not self._nx.has_node(user):
-                    self._nx.add_node(user)
+            self._value_info.pop(t, None)
+            if self._nx is not None:  # (its readers keep their nodes in the networkx view)
+                for user in self._consumers.get(t, {}):
+                    if not self._nx.has_node(user):
+                        self._nx.add_node(user)
 
     def remove_initializer(self, name: str) -> None:
         if self._consumers.get(name):
