@@ -243,7 +243,7 @@ class Graph:
             return value_info_of_type(vi.type)
         if tensor in self._inits:
             t = self._inits[tensor]
-            return ValueInfo(t.data_type, tuple(int(d) for d in t.dims))
+            return ValueInfo(t.data_type, tuple(t.dims))  # (dims are Python ints already)
         node = self.producer(tensor)
         if node is not None and node.op_type == "Constant" and node.domain == "":
             v = _constant_node_value(node)
