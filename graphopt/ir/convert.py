@@ -55,24 +55,39 @@ def _stripped(proto, fields):
 _NODE_SCALARS = ("name", "op_type", "domain", "doc_string", "overload")
 
 
+#: NodeProto fields neither rebuilt (``_NODE_FIELDS``) nor written back (``_NODE_SCALARS``): any one of
+#: them set means the node keeps an extra copy. From the descriptor, so a field a later onnx adds counts.
+_NODE_OTHERS = tuple(f for f in onnx.NodeProto.DESCRIPTOR.fields if f.name not in _NODE_FIELDS + _NODE_SCALARS)
+
+
+def _needs_extra(nproto: onnx.NodeProto, node: Node) -> bool:
+    """Whether ``nproto`` has a field ``_node_to_proto`` would not write back from ``node``: a scalar
+    present (proto2) but empty or not the IR node's value, or any other field set. Asked field by
+    field (a few C calls) instead of through ``ListFields``, which built every field's value."""
+    for name in _NODE_SCALARS:
+        if nproto.HasField(name):
+            value = getattr(nproto, name)
+            if not value or value != getattr(node, name):
+                return True
+    for fd in _NODE_OTHERS:
+        if (len(getattr(nproto, fd.name)) if fd.is_repeated else nproto.HasField(fd.name)):
+            return True
+    return False
+
+
 def _node_extra(nproto: onnx.NodeProto, node: Node) -> onnx.NodeProto | None:
     """``_stripped(nproto, _NODE_FIELDS)`` for the node loop, or None when ``_node_to_proto`` writes
     the same fields back without it: every field listed besides inputs, outputs and attributes is one
     of ``_NODE_SCALARS``, non-empty (so present, and ``_set_scalar`` sets it) and equal to the IR
-    node's value. Nearly every node is such (a name and an op type); the copy cost a NodeProto and
-    its fields per node at load and a ``CopyFrom`` per node in every ``to_model``. A field set to ""
-    (proto2 keeps its presence), changed by the IR (domain "ai.onnx" is written as "") or not held by
-    the IR (metadata_props, ...) keeps the copy. A copy that took any field is not empty: a
-    NodeProto's other fields are listed only when set (no ByteSize needed)."""
-    fields = nproto.ListFields()
-    for fd, value in fields:
-        name = fd.name
-        if name not in _NODE_FIELDS and not (name in _NODE_SCALARS and value and value == getattr(node, name)):
-            break
-    else:
+    node's value (``_needs_extra``). Nearly every node is such (a name and an op type); the copy cost
+    a NodeProto and its fields per node at load and a ``CopyFrom`` per node in every ``to_model``. A
+    field set to "" (proto2 keeps its presence), changed by the IR (domain "ai.onnx" is written as
+    "") or not held by the IR (metadata_props, ...) keeps the copy. A copy that took any field is not
+    empty: a NodeProto's other fields are listed only when set (no ByteSize needed)."""
+    if not _needs_extra(nproto, node):
         return None
     extra = onnx.NodeProto()
-    for fd, value in fields:
+    for fd, value in nproto.ListFields():
         if fd.name not in _NODE_FIELDS:
             copy_field(extra, fd.name, value)
     return extra

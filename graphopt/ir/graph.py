@@ -243,7 +243,7 @@ class Graph:
             return value_info_of_type(vi.type)
         if tensor in self._inits:
             t = self._inits[tensor]
-            return ValueInfo(t.data_type, tuple(int(d) for d in t.dims))
+            return ValueInfo(t.data_type, tuple(t.dims))  # (dims are Python ints already)
         node = self.producer(tensor)
         if node is not None and node.op_type == "Constant" and node.domain == "":
             v = _constant_node_value(node)
@@ -270,6 +270,11 @@ class Graph:
         """(graph, node) for every node of the given op types in this graph and all subgraphs, found
         through the op index (cost grows with the matches, not with the graph), in walk order."""
         return traverse.find(self, op_types, domain)
+
+    def subgraph_owners(self) -> list[tuple["Graph", Node]]:
+        """(graph, node) for every node that holds a subgraph, here and in all subgraphs, in walk
+        order; found through each scope's holders (cost grows with them, not with the graph)."""
+        return traverse.subgraph_owners(self)
 
     def graphs(self) -> list["Graph"]:
         """This graph and all nested subgraphs, depth first."""
@@ -661,11 +666,11 @@ class Graph:
             proto.name = t
             self._inits[t] = proto
             self._const_cache.pop(t, None)
-            if t in self._value_info:
-                del self._value_info[t]
-            for user in self._consumers.get(t, {}):
-                if self._nx is not None and not self._nx.has_node(user):
-                    self._nx.add_node(user)
+            self._value_info.pop(t, None)
+            if self._nx is not None:  # (its readers keep their nodes in the networkx view)
+                for user in self._consumers.get(t, {}):
+                    if not self._nx.has_node(user):
+                        self._nx.add_node(user)
 
     def remove_initializer(self, name: str) -> None:
         if self._consumers.get(name):

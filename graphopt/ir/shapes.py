@@ -47,7 +47,12 @@ def refine_shapes(graph: Graph, inferred: onnx.ModelProto | None = None) -> int:
     ``inferred``: the result of ``infer`` on the model ``graph`` was just built from (the caller
     has it already), instead of inferring ``to_model(graph)`` once more."""
     if inferred is None:
-        inferred = infer(to_model(graph))
+        model = to_model(graph)
+        inferred = infer(model)
+        if inferred.graph.value_info == model.graph.value_info:
+            # The model's value_info is the IR's own entries: inference proved nothing new (on the
+            # 20k-node GPT-2, every time). One comparison in C instead of the loop over 11,829 entries.
+            return 0
     changed = 0
     for vi in inferred.graph.value_info:
         t = vi.type  # read once: upb makes a new object on every read (20k entries)

@@ -10,6 +10,7 @@ function plus everything the tuner and the runtime must know about it without as
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -47,6 +48,12 @@ class Signature:
         return dict(self.attrs).get(name, default)
 
     def key(self) -> str:
+        return self._key
+
+    @functools.cached_property
+    def _key(self) -> str:
+        # Built once per signature: selection asks it five times a node (cache, memo, layouts) and
+        # formatting it was 0.05 s of selecting 590 nodes under cProfile. The fields never change.
         shapes = ";".join("-" if s is None else _fmt(s) for s in self.input_shapes)
         attrs = ",".join(f"{k}={_fmt(v)}" for k, v in self.attrs)
         return f"{self.op}|{shapes}|{','.join(self.dtypes)}|{attrs}|{self.layout}"

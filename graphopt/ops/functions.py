@@ -39,8 +39,12 @@ def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     yield graph
     for node in graph.node:
         for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-                yield from _graphs(sub)
+            kind = attr.type  # the type first: reading ``graphs`` made an empty list per attribute
+            if kind == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif kind == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _graphs(sub)
 
 
 def _node_attrs(node: onnx.NodeProto) -> dict:
@@ -82,22 +86,28 @@ class _DtypeLookup:
     place that asks, and it runs onnx shape inference at most once per model.
     """
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, names: set[str]):
         self._model = model
+        self._names = names  # every name a caller may ask about
         self._types: dict[str, int] | None = None
         self._inferred = False
 
-    @staticmethod
-    def _collect(model: onnx.ModelProto) -> dict[str, int]:
+    def _collect(self, model: onnx.ModelProto) -> dict[str, int]:
+        """The types of ``self._names``: the first declaration of each in graph order."""
         types: dict[str, int] = {}
+        names = self._names
         for g in _graphs(model.graph):
             for init in g.initializer:
-                types.setdefault(init.name, init.data_type)
+                name = init.name
+                if name in names:
+                    types.setdefault(name, init.data_type)
             for infos in (g.input, g.value_info, g.output):
-                for vi in infos:  # 20k entries on GPT-2 20k, twice a run: read each field once
-                    elem = vi.type.tensor_type.elem_type  # 0 when the type is no tensor (a default message)
-                    if elem:
-                        types.setdefault(vi.name, elem)
+                for vi in infos:  # 20k entries on GPT-2 20k: only the names asked have their type read
+                    name = vi.name
+                    if name in names:
+                        elem = vi.type.tensor_type.elem_type  # 0 when the type is no tensor (a default message)
+                        if elem:
+                            types.setdefault(name, elem)
         return types
 
     def __call__(self, names: list[str]) -> int | None:
@@ -134,11 +144,10 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     if opset < MIN_OPSET:
         raise UnsupportedModel(f"model opset {opset} is below {MIN_OPSET}, the lowest graphopt function bodies "
                                "support; convert it first with onnx.version_converter")
-    lookup = _DtypeLookup(model) if opset < CASTLIKE_OPSET else None
+    ours = [(graph, node) for graph, node in _walk(model.graph) if node.domain == DOMAIN]
+    lookup = _DtypeLookup(model, {name for _, node in ours for name in node.input}) if opset < CASTLIKE_OPSET else None
     needed: dict[tuple[str, str], None] = {}
-    for graph, node in _walk(model.graph):
-        if node.domain != DOMAIN:
-            continue
+    for graph, node in ours:
         where = f"node {node.name or '(unnamed)'!r} ({DOMAIN}.{node.op_type}) in graph {graph.name!r}"
         try:
             schema = get_schema(node.op_type)

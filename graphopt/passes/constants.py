@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from graphopt.ir import Graph
+from graphopt.ir import Graph, Node
+from graphopt.ir.constants import plain_value_tensor
 
 from graphopt.passes._util import Trace, replace_with_initializers, report
 
@@ -23,18 +24,25 @@ def constants_to_initializers(graph: Graph, *, trace: Trace = None) -> int:
         if len(node.outputs) != 1 or not node.outputs[0]:
             report(trace, NAME, node, "malformed Constant (needs exactly one output)")
             continue
-        proto = node.attr_proto("value")
-        if proto is not None and proto.type == proto.TENSOR:
-            # A `value` tensor moves over as it is (no decode/encode round trip): only its dtype is
-            # asked, which constant_info reads from the tensor's header when it can.
-            info = g.constant_info(node.outputs[0])
-            value = proto.t if info is not None and info[0].kind in "biufc" else None
-        else:  # other forms (value_float, value_ints, ...) become the decoded array
-            value = g.constant_value(node.outputs[0])
-            value = value if value is not None and value.dtype.kind in "biufc" else None
+        # A plain `value` tensor (nearly every Constant) moves over as it is: no decode/encode round trip.
+        value = plain_value_tensor(node)
+        if value is None:
+            value = _other_value(g, node)
         if value is None:
             report(trace, NAME, node, "its value is not a numeric tensor the IR can decode")
             continue
         replace_with_initializers(g, node, [value])
         changes += 1
     return changes
+
+
+def _other_value(g: Graph, node: Node):
+    """The value of a Constant whose ``value`` tensor is not plain (external, or of an exotic type:
+    moved as it is when it decodes to a numeric array) or that uses another form (``value_float``,
+    ``value_ints``, ...: the decoded array); None when it is not numeric."""
+    proto = node.attr_proto("value")
+    if proto is not None and proto.type == proto.TENSOR:
+        info = g.constant_info(node.outputs[0])
+        return proto.t if info is not None and info[0].kind in "biufc" else None
+    value = g.constant_value(node.outputs[0])
+    return value if value is not None and value.dtype.kind in "biufc" else None

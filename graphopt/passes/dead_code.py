@@ -47,9 +47,7 @@ def dead_code(graph: Graph, *, trace: Trace = None) -> int:
     accepted for a uniform signature; dead code has no near-misses to report.
     """
     owners: dict[int, tuple[Graph, Node, str]] = {}
-    for g, node in graph.walk():
-        if not node.subgraphs():  # (an empty list at once for most nodes: no attribute is looked at)
-            continue
+    for g, node in graph.subgraph_owners():
         for attr_name, value in node.subgraph_items():
             for sub in value if isinstance(value, list) else [value]:
                 owners[id(sub)] = (g, node, attr_name)

@@ -6,6 +6,7 @@ See ``graphopt.tune.select`` (the module docstring) for the rules; this module h
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Sequence
 
 from graphopt.kernels.registry import signature_of
@@ -16,6 +17,7 @@ DEFAULT_DIM = 1
 SEQ_DIM = 128
 
 
+@functools.lru_cache(maxsize=None)  # a handful of dtypes, asked for every input of every node
 def _dtype_name(dtype: int | None) -> str:
     if dtype is None:
         return "unknown"

@@ -330,3 +330,80 @@ def test_constant_info_decodes_what_its_header_cannot_answer():
         [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])))
     assert _constant_tensor_info(floats.producer("c")) is None
     assert floats.constant_info("c") == (np.dtype(np.float32), (2,))
+
+
+def _walk_as_before(graph: Graph):
+    """Graph.walk as it was written before (a stack of node iterators): the reference order."""
+    stack, graphs = [iter(graph.nodes())], [graph]
+    while stack:
+        node = next(stack[-1], None)
+        if node is None:
+            stack.pop()
+            graphs.pop()
+            continue
+        yield graphs[-1], node
+        for sub in reversed(node.subgraphs()):
+            stack.append(iter(sub.nodes()))
+            graphs.append(sub)
+
+
+def test_walk_graphs_and_subgraph_owners_keep_the_walk_order_of_nested_bodies():
+    graph = from_model(_with_every_tensor_kind())
+    outer = graph.node(next(n.name for _, n in graph.walk() if n.op_type == "If"))
+    outer.set_attr("then_branch", from_model(_with_every_tensor_kind()))  # two levels of If below the root
+    reference = list(_walk_as_before(graph))
+    assert [(id(g), n.name) for g, n in graph.walk()] == [(id(g), n.name) for g, n in reference]
+    assert graph.subgraph_owners() == [(g, n) for g, n in reference if n.subgraphs()]
+    assert graph.graphs() == [graph] + [s for _, n in reference for s in n.subgraphs()]
+
+
+def test_refine_shapes_that_proves_nothing_new_changes_nothing():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["y"])],
+                                                "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]))
+    graph = from_model(infer(model))  # value_info already what inference proves
+    before = to_model(graph).SerializeToString()
+    assert refine_shapes(graph) == 0
+    assert to_model(graph).SerializeToString() == before
+
+
+def _needs_extra_as_before(nproto: onnx.NodeProto, node) -> bool:
+    """The ListFields test _node_extra made before ``_needs_extra`` (the reference)."""
+    from graphopt.ir.convert import _NODE_FIELDS, _NODE_SCALARS
+
+    return any(fd.name not in _NODE_FIELDS and not (fd.name in _NODE_SCALARS and value and value == getattr(node, fd.name))
+               for fd, value in nproto.ListFields())
+
+
+def test_needs_extra_answers_as_the_list_of_set_fields():
+    from graphopt.ir.convert import _needs_extra
+    from graphopt.ir.node import Node
+
+    plain = helper.make_node("Relu", ["x"], ["y"], name="r")
+    variants = [plain, helper.make_node("Relu", ["x"], ["y"], name="r", domain=""),
+                helper.make_node("Relu", ["x"], ["y"], name="r", domain="ai.onnx"),
+                helper.make_node("Relu", ["x"], ["y"], name="r", doc_string="d"),
+                helper.make_node("Relu", ["x"], ["y"], name="", doc_string=""),
+                helper.make_node("Relu", ["x"], ["y"], name="r", overload="o")]
+    with_metadata = onnx.NodeProto()
+    with_metadata.CopyFrom(plain)
+    with_metadata.metadata_props.add(key="k", value="v")
+    for nproto in variants + [with_metadata]:
+        for node in (Node("Relu", ["x"], ["y"], name="r", doc_string=nproto.doc_string, overload=nproto.overload),
+                     Node("Relu", ["x"], ["y"], name="Relu_0")):  # the second: a name the IR generated
+            assert _needs_extra(nproto, node) == _needs_extra_as_before(nproto, node), nproto
+
+
+def test_value_info_of_type_reads_every_kind_of_type_as_its_fields_say():
+    from graphopt.ir.values import ValueInfo, value_info_of_type
+
+    unknown_dim = helper.make_tensor_type_proto(TensorProto.FLOAT, [2, "n"])
+    unknown_dim.tensor_type.shape.dim.add()  # neither a value nor a name
+    cases = [(helper.make_tensor_type_proto(TensorProto.FLOAT, [2, "n"]), ValueInfo(TensorProto.FLOAT, (2, "n"))),
+             (unknown_dim, ValueInfo(TensorProto.FLOAT, (2, "n", None))),
+             (helper.make_tensor_type_proto(TensorProto.INT64, None), ValueInfo(TensorProto.INT64, None)),
+             (helper.make_tensor_type_proto(0, []), ValueInfo(None, ())),
+             (helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [1])), ValueInfo(None, None))]
+    for _ in range(2):  # the second time from the memo
+        for type_proto, expected in cases:
+            assert value_info_of_type(type_proto) == expected
