@@ -240,7 +240,7 @@ def load_model(model_or_path: "str | os.PathLike | onnx.ModelProto", *, load_ext
     header = _HeaderCheck(ahead, model, source)
     try:
         tensors, sparse = scan_tensors(model.graph)  # one walk for the three checks below
-        if header.ahead and any(is_external(t) for t in tensors):
+        if header.ahead and any(is_external(t) for t in (*tensors, *(x for sp in sparse for x in (sp.values, sp.indices)))):
             header.here()  # inference needs the data loaded first: infer once it is (below)
         if load_external_data:
             data_files = load_external(model, folder, source, lazy_above, graph_tensors=tensors)
