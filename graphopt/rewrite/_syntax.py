@@ -278,6 +278,23 @@ class OpPat:
     def commutative(self) -> bool:
         return self.domain == "" and self.op in COMMUTATIVE
 
+    # The matcher reads these for every candidate: computed once per pattern node (a frozen
+    # dataclass still has an instance __dict__, where cached_property keeps them).
+    @functools.cached_property
+    def any_order(self) -> bool:
+        """Whether the matcher tries the operands in every order (see MAX_PERMUTED_INPUTS)."""
+        return self.commutative and 1 < len(self.args) <= MAX_PERMUTED_INPUTS
+
+    @functools.cached_property
+    def domains(self) -> tuple[str, ...]:
+        """The node domains this op matches ("ai.onnx" is the default domain spelled out)."""
+        return (self.domain,) if self.domain else ("", "ai.onnx")
+
+    @functools.cached_property
+    def op_args(self) -> tuple[tuple[int, "OpPat"], ...]:
+        """(position, sub-pattern) of the arguments that are ops."""
+        return tuple((i, a) for i, a in enumerate(self.args) if isinstance(a, OpPat))
+
 
 @dataclass(frozen=True)
 class VarPat:
