@@ -91,18 +91,16 @@ def could_match(g, pat: OpPat, node) -> bool:
     n = len(pat.args)
     if len(inputs) > n and any(inputs[n:]):
         return False
+    producer = g.producer
     for i, sub in pat.op_args:
-        if pat.any_order:
-            if not any(_produced_by(g, t, sub) for t in inputs):
-                return False
-        elif i >= len(inputs) or not _produced_by(g, inputs[i], sub):
+        # plain loops, not any(generator): this runs 46,000 times on GPT-2
+        for t in (inputs if pat.any_order else inputs[i:i + 1]):
+            p = producer(t) if t else None
+            if p is not None and could_match(g, sub, p):
+                break
+        else:
             return False
     return True
-
-
-def _produced_by(g, tensor: str, pat: OpPat) -> bool:
-    producer = g.producer(tensor) if tensor else None
-    return producer is not None and could_match(g, pat, producer)
 
 
 def _quick_reject(g, pat: OpPat, node) -> bool:
