@@ -52,6 +52,12 @@ def test_empty_argument_list():
     assert parse_pattern("Foo()").args == ()
 
 
+def test_whitespace_anywhere_between_tokens():
+    p = parse_pattern("\t Relu( Add (x ,\n y ) )  as  act \n")
+    assert (p.op, p.bind, p.col) == ("Relu", "act", 3)
+    assert [(a.name, a.col) for a in p.args[0].args] == [("x", 14), ("y", 19)]
+
+
 @pytest.mark.parametrize(
     "text,column,fragment",
     [
@@ -64,6 +70,8 @@ def test_empty_argument_list():
         ("x", 1, "must start with an op"),
         ("Relu(x) Sigmoid(y)", 9, "expected end of text"),
         ("Relu(x$)", 7, "unexpected character '$'"),
+        ("Relu(x, \n  $)", 12, "unexpected character '$'"),  # the column of the character, after whitespace
+        ("   ", 4, "expected a name, number or string but found end of text"),
         ("graphopt.CBR x", 14, "'(' after the op name"),
     ],
 )
