@@ -218,22 +218,32 @@ MAX_NESTING = 64
 MAX_ARGS = 256
 
 
+def _memo_by_text(parse):
+    """Memoize a parse of rule text. Its result is frozen, so one parse serves every rule that
+    repeats the text: the shipped rules parse 1,800 expression texts (488 distinct), 1,169
+    constraints (63 distinct) and 315 replacements (111 distinct). Anything but a string goes
+    to ``parse`` unmemoized (to its error)."""
+    memo = functools.lru_cache(maxsize=4096)(parse)
+
+    @functools.wraps(parse)
+    def parse_text(text):
+        return memo(text) if isinstance(text, str) else parse(text)
+
+    parse_text.cache_clear = memo.cache_clear
+    return parse_text
+
+
+@_memo_by_text
 def parse_expr(text: str):
     """Parse ``text`` into the generic tree (``Call`` / ``Name`` / ``Lit``); raises RuleSyntaxError."""
     if not isinstance(text, str):
         raise RuleSyntaxError(str(text), 1, "expected a string")
-    return _parse(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse(text: str):
-    """The tree of ``text``: frozen, so one parse serves every rule that repeats a text (the shipped
-    rules parse 1,800 texts, 490 of them distinct: constraints such as ``single_use(x)`` recur)."""
-    depth = 0
-    for col, ch in enumerate(text, 1):  # the parser and the matcher recurse once per level
-        depth += (ch == "(") - (ch == ")")
-        if depth > MAX_NESTING:
-            raise RuleSyntaxError(text, col, f"calls nested more than {MAX_NESTING} levels deep")
+    if text.count("(") > MAX_NESTING:  # only then can the nesting be too deep: find where
+        depth = 0
+        for col, ch in enumerate(text, 1):  # the parser and the matcher recurse once per level
+            depth += (ch == "(") - (ch == ")")
+            if depth > MAX_NESTING:
+                raise RuleSyntaxError(text, col, f"calls nested more than {MAX_NESTING} levels deep")
     return _Parser(text).parse_all()
 
 
@@ -366,6 +376,7 @@ class ConstraintCall:
     text: str
 
 
+@_memo_by_text
 def parse_constraint(text: str) -> ConstraintCall:
     tree = parse_expr(text)
     if not isinstance(tree, Call) or tree.domain:
@@ -418,6 +429,7 @@ def _check_value(text: str, node, where: str):
         object.__setattr__(node, "domain", _norm_domain(node.domain))
 
 
+@_memo_by_text
 def parse_replacement(text: str) -> Replacement:
     tree = parse_expr(text)
     if not isinstance(tree, Call):
