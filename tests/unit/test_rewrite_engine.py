@@ -347,6 +347,18 @@ def test_matching_is_anchored_and_linear(monkeypatch):
     assert tried == {"Relu": blocks}
 
 
+def test_a_rule_whose_ops_the_graph_lacks_is_not_tried(monkeypatch):
+    looked = []
+    monkeypatch.setattr("graphopt.rewrite._engine.could_match", lambda g, pat, node: looked.append(node) or True)
+    b = Builder()
+    b.output(b.op("Relu", [b.op("Add", [b.input("x", [1, 4]), b.input("r", [1, 4])])]))
+    g = from_model(b.model())
+    rule = SHIPPED.get("conv_residual_relu")
+    assert rule.ops == {("", "Relu"), ("", "Add"), ("", "Conv")}
+    assert apply_rules(g, RuleSet([rule])).counts == {} and looked == []  # no Conv: no candidate looked at
+    assert apply_rules(g, RuleSet([rule]), explain=True).counts == {}  # explain still tries (near-misses)
+
+
 def test_could_match_checks_the_op_skeleton_in_any_operand_order():
     b = Builder()
     x, r = b.input("x", [1, 3, 5, 5]), b.input("r", [1, 4, 5, 5])
