@@ -139,6 +139,10 @@ class Graph:
         names = self._by_op.get((_norm_domain(domain), op_type), {})
         return sorted((self._nodes[n] for n in names), key=lambda n: n._pos)
 
+    def has_op(self, op_type: str, domain: str = "") -> bool:
+        """Whether a node of this graph (not of its subgraphs) is ``op_type`` of ``domain``."""
+        return bool(self._by_op.get((_norm_domain(domain), op_type)))
+
     def op_types(self) -> list[tuple[str, str]]:
         return sorted(k for k, v in self._by_op.items() if v)
 

@@ -104,15 +104,21 @@ def subgraph_owners(graph: Graph) -> list[tuple[Graph, Node]]:
 
 
 def graphs(graph: Graph) -> list[Graph]:
-    """``Graph.graphs``: ``graph``, then for each node that ``walk`` meets holding subgraphs, those
-    subgraphs and, before the next such node, whatever they hold (so: the order of ``walk``)."""
+    """``Graph.graphs``: ``graph`` and the subgraphs of every node ``walk`` meets, in its order."""
     out = [graph]
-    for node in sorted((graph._nodes[name] for name in _subgraph_holders(graph)), key=lambda n: n._pos):
+    _add_subgraphs(graph, out)
+    return out
+
+
+def _add_subgraphs(graph: Graph, out: list[Graph]) -> None:
+    # Only the holders of each scope are visited, not every node: a 20k-node graph without
+    # subgraphs costs a flag test (walk would touch every node, twice a rewrite run).
+    holders = sorted((graph._nodes[name] for name in _subgraph_holders(graph)), key=lambda n: n._pos)
+    for node in holders:
         subs = node.subgraphs()
         out.extend(subs)
         for sub in subs:
-            out.extend(graphs(sub)[1:])
-    return out
+            _add_subgraphs(sub, out)
 
 
 def outer_references(graph: Graph) -> list[str]:

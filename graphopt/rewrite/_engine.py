@@ -7,6 +7,12 @@ name) and, for each rule, over the candidates ``graph.nodes_by_op(root op)`` in 
 the result is deterministic. A rule that keeps firing for ``max_passes`` passes (A -> B -> A)
 raises ``RuleError`` naming the rules still firing.
 
+Without ``explain``, a rule whose pattern has an op the graph lacks is skipped for the pass (the
+graph changes only through rewrites, constraints and builders are pure, and this rule's first
+rewrite would need that op), and a candidate reaches the matcher only when ``could_match`` (the
+pattern's op skeleton, a cheap relaxation of the match) allows it; with ``explain`` every
+candidate is tried, because a failed attempt is the near-miss to report.
+
 Each structural match (see ``_matcher``) goes through, in order:
 1. the intermediate check, for every rule: no matched node except the root may have a consumer
    outside the match or be a graph output, unless the rule ``keep``s it or lists it in
@@ -29,7 +35,7 @@ import onnx
 from graphopt.errors import InvalidGraph, RuleError
 from graphopt.rewrite import registry
 from graphopt.rewrite._loader import op_schema
-from graphopt.rewrite._matcher import Binding, Trace, match_root
+from graphopt.rewrite._matcher import Binding, Trace, could_match, match_root
 from graphopt.rewrite._rules import Rule, RuleSet
 from graphopt.rewrite._syntax import Call, Lit, Name, is_builder
 from graphopt.rewrite.registry import BuildFailed, NewConstant
@@ -380,10 +386,14 @@ def _fixpoint(g, rules: list[Rule], report: RewriteReport, explain: bool, max_pa
         fired: list[str] = []
         near: list[NearMiss] = []
         for rule in rules:
+            if quiet is not None and not all(g.has_op(op, domain) for domain, op in rule.ops):
+                continue  # no match without that op, so no rewrite of this rule can make one either
             domain, op = rule.anchor
             for root in g.nodes_by_op(op, domain):
                 if root not in g:
                     continue  # removed by an earlier rewrite in this pass
+                if quiet is not None and not could_match(g, rule.pattern, root):
+                    continue  # no match can follow (with explain, the failed attempt is the near-miss)
                 result = _try(g, rule, root, quiet or Trace(True))
                 if isinstance(result, _Plan):
                     name = _apply(g, result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from graphopt.errors import RuleError, UsageError, did_you_mean
 from graphopt.rewrite._syntax import ConstraintCall, OpPat, Replacement, pattern_ops
@@ -45,6 +46,11 @@ class Rule:
     def source(self) -> str:
         """The rule file it came from (alias of ``file``)."""
         return self.file
+
+    @cached_property
+    def ops(self) -> frozenset[tuple[str, str]]:
+        """(domain, op) of every op of the pattern."""
+        return frozenset((p.domain, p.op) for p in pattern_ops(self.pattern))
 
     @property
     def anchor(self) -> tuple[str, str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from graphopt.errors import RuleError
 
@@ -53,39 +52,33 @@ def excerpt(text: str, column: int, width: int = 60) -> str:
             + f" ({len(text)} characters)")
 
 
+# Whitespace is skipped inside the one match of each token, and ``bad`` takes any other character,
+# so ``finditer`` walks the text token by token without a Python loop around it.
 _TOKEN = re.compile(
     r"""
-    (?P<ws>\s+)
-  | (?P<number>-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
+    \s*(?:
+    (?P<number>-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<string>'[^']*'|"[^"]*")
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<punct>[(),?=.])
+  | (?P<bad>\S)
+    )
     """,
     re.VERBOSE,
 )
 
-
-class _Tok(NamedTuple):
-    """One token. A NamedTuple, not a frozen dataclass: built 14,000 times by every process's first
-    ``load_rules`` (the dataclass's ``__init__`` cost twice as much)."""
-
-    kind: str  # number | string | ident | punct | end
-    text: str
-    col: int  # 1-based
+#: One token: (kind, text, 1-based column); kind is number | string | ident | punct | end. A plain
+#: tuple, not a NamedTuple or dataclass: 14,000 are built by every process's ``load_rules``, and
+#: their constructors cost ten times a tuple's.
+_Tok = tuple[str, str, int]
 
 
 def _tokenize(text: str) -> list[_Tok]:
-    toks: list[_Tok] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            raise RuleSyntaxError(text, pos + 1, f"unexpected character {text[pos]!r}")
-        kind = m.lastgroup
-        if kind != "ws":
-            toks.append(_Tok(kind, m.group(), pos + 1))
-        pos = m.end()
-    toks.append(_Tok("end", "", len(text) + 1))
+    toks = [(m.lastgroup, m[m.lastgroup], m.start(m.lastgroup) + 1) for m in _TOKEN.finditer(text)]
+    for kind, tok, col in toks:
+        if kind == "bad":
+            raise RuleSyntaxError(text, col, f"unexpected character {tok!r}")
+    toks.append(("end", "", len(text) + 1))
     return toks
 
 
@@ -128,101 +121,94 @@ class Call:
 
 
 class _Parser:
+    """Recursive descent over the token list. A punctuation token is recognized by its text alone:
+    no other kind of token can be "(", ")", ",", "?", "=" or "." (strings keep their quotes)."""
+
     def __init__(self, text: str):
         self.text = text
         self.toks = _tokenize(text)
         self.i = 0
 
     # helpers
-    def peek(self) -> _Tok:
-        return self.toks[self.i]
-
     def next(self) -> _Tok:
         tok = self.toks[self.i]
         self.i += 1
         return tok
 
-    def error(self, tok: _Tok, expected: str):
-        found = "end of text" if tok.kind == "end" else repr(tok.text)
-        raise RuleSyntaxError(self.text, tok.col, f"expected {expected} but found {found}")
+    def take(self, punct: str) -> bool:
+        """Consume the next token when it is ``punct``; say whether it was."""
+        if self.toks[self.i][1] == punct:
+            self.i += 1
+            return True
+        return False
 
-    def expect(self, text: str) -> _Tok:
-        tok = self.next()
-        if tok.text != text or tok.kind not in ("punct", "ident"):
-            self.error(tok, repr(text))
-        return tok
+    def error(self, tok: _Tok, expected: str):
+        kind, text, col = tok
+        found = "end of text" if kind == "end" else repr(text)
+        raise RuleSyntaxError(self.text, col, f"expected {expected} but found {found}")
 
     # grammar
     def parse_all(self):
         expr = self.expr()
-        tok = self.peek()
-        if tok.kind != "end":
-            self.error(tok, "end of text")
+        if self.toks[self.i][0] != "end":
+            self.error(self.toks[self.i], "end of text")
         return expr
 
     def expr(self):
         tok = self.next()
-        if tok.kind == "number":
-            value = float(tok.text) if re.search(r"[.eE]", tok.text) else int(tok.text)
-            return Lit(value, tok.col)
-        if tok.kind == "string":
-            return Lit(tok.text[1:-1], tok.col)
-        if tok.kind != "ident" or tok.text == "as":
+        kind, text, col = tok
+        if kind == "number":
+            return Lit(float(text) if "." in text or "e" in text or "E" in text else int(text), col)
+        if kind == "string":
+            return Lit(text[1:-1], col)
+        if kind != "ident" or text == "as":
             self.error(tok, "a name, number or string")
-        parts = [tok.text]
-        while self.peek().text == "." and self.peek().kind == "punct":
-            self.next()
+        parts = [text]
+        while self.take("."):
             part = self.next()
-            if part.kind != "ident":
+            if part[0] != "ident":
                 self.error(part, "a name after '.'")
-            parts.append(part.text)
-        if self.peek().text == "(" and self.peek().kind == "punct":
-            self.next()
+            parts.append(part[1])
+        if self.take("("):
             args, kwargs = self.arguments()
-            bind = self.binding()
-            return Call(parts[-1], ".".join(parts[:-1]), tuple(args), tuple(kwargs), bind, tok.col)
+            return Call(parts[-1], ".".join(parts[:-1]), args, kwargs, self.binding(), col)
         if len(parts) > 1:
-            self.error(self.peek(), f"'(' after the op name {'.'.join(parts)!r}")
-        optional = False
-        if self.peek().text == "?" and self.peek().kind == "punct":
-            self.next()
-            optional = True
-        return Name(tok.text, optional, tok.col, self.binding())
+            self.error(self.toks[self.i], f"'(' after the op name {'.'.join(parts)!r}")
+        optional = self.take("?")
+        return Name(text, optional, col, self.binding())
 
     def binding(self) -> str | None:
-        tok = self.peek()
-        if tok.kind == "ident" and tok.text == "as":
-            self.next()
+        kind, text, _ = self.toks[self.i]
+        if kind == "ident" and text == "as":
+            self.i += 1
             name = self.next()
-            if name.kind != "ident" or name.text in ("as", "_"):
+            if name[0] != "ident" or name[1] in ("as", "_"):
                 self.error(name, "a capture name after 'as'")
-            return name.text
+            return name[1]
         return None
 
-    def arguments(self):
+    def arguments(self) -> tuple[tuple, tuple]:
         args, kwargs = [], []
-        if self.peek().text == ")" and self.peek().kind == "punct":
-            self.next()
-            return args, kwargs
+        if self.take(")"):
+            return (), ()
+        toks = self.toks
         while True:
-            tok = self.peek()
-            nxt = self.toks[self.i + 1]
-            if tok.kind == "ident" and nxt.kind == "punct" and nxt.text == "=":
-                self.next()
-                self.next()
-                if any(k == tok.text for k, _ in kwargs):
-                    raise RuleSyntaxError(self.text, tok.col, f"keyword {tok.text!r} given twice")
-                kwargs.append((tok.text, self.expr()))
+            kind, text, col = toks[self.i]
+            if kind == "ident" and toks[self.i + 1][1] == "=":
+                self.i += 2
+                if any(k == text for k, _ in kwargs):
+                    raise RuleSyntaxError(self.text, col, f"keyword {text!r} given twice")
+                kwargs.append((text, self.expr()))
             else:
                 if kwargs:
-                    raise RuleSyntaxError(self.text, tok.col, "positional argument after a keyword argument")
+                    raise RuleSyntaxError(self.text, col, "positional argument after a keyword argument")
                 args.append(self.expr())
             if len(args) + len(kwargs) > MAX_ARGS:
-                raise RuleSyntaxError(self.text, tok.col, f"more than {MAX_ARGS} arguments in one call")
+                raise RuleSyntaxError(self.text, col, f"more than {MAX_ARGS} arguments in one call")
             tok = self.next()
-            if tok.kind == "punct" and tok.text == ")":
-                return args, kwargs
-            if not (tok.kind == "punct" and tok.text == ","):
+            if tok[1] == ")":
+                return tuple(args), tuple(kwargs)
+            if tok[1] != ",":
                 self.error(tok, "',' or ')'")
 
 
@@ -232,22 +218,32 @@ MAX_NESTING = 64
 MAX_ARGS = 256
 
 
+def _memo_by_text(parse):
+    """Memoize a parse of rule text. Its result is frozen, so one parse serves every rule that
+    repeats the text: the shipped rules parse 1,800 expression texts (488 distinct), 1,169
+    constraints (63 distinct) and 315 replacements (111 distinct). Anything but a string goes
+    to ``parse`` unmemoized (to its error)."""
+    memo = functools.lru_cache(maxsize=4096)(parse)
+
+    @functools.wraps(parse)
+    def parse_text(text):
+        return memo(text) if isinstance(text, str) else parse(text)
+
+    parse_text.cache_clear = memo.cache_clear
+    return parse_text
+
+
+@_memo_by_text
 def parse_expr(text: str):
     """Parse ``text`` into the generic tree (``Call`` / ``Name`` / ``Lit``); raises RuleSyntaxError."""
     if not isinstance(text, str):
         raise RuleSyntaxError(str(text), 1, "expected a string")
-    return _parse(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse(text: str):
-    """The tree of ``text``: frozen, so one parse serves every rule that repeats a text (the shipped
-    rules parse 1,800 texts, 490 of them distinct: constraints such as ``single_use(x)`` recur)."""
-    depth = 0
-    for col, ch in enumerate(text, 1):  # the parser and the matcher recurse once per level
-        depth += (ch == "(") - (ch == ")")
-        if depth > MAX_NESTING:
-            raise RuleSyntaxError(text, col, f"calls nested more than {MAX_NESTING} levels deep")
+    if text.count("(") > MAX_NESTING:  # only then can the nesting be too deep: find where
+        depth = 0
+        for col, ch in enumerate(text, 1):  # the parser and the matcher recurse once per level
+            depth += (ch == "(") - (ch == ")")
+            if depth > MAX_NESTING:
+                raise RuleSyntaxError(text, col, f"calls nested more than {MAX_NESTING} levels deep")
     return _Parser(text).parse_all()
 
 
@@ -277,6 +273,23 @@ class OpPat:
     @property
     def commutative(self) -> bool:
         return self.domain == "" and self.op in COMMUTATIVE
+
+    # The matcher reads these for every candidate: computed once per pattern node (a frozen
+    # dataclass still has an instance __dict__, where cached_property keeps them).
+    @functools.cached_property
+    def any_order(self) -> bool:
+        """Whether the matcher tries the operands in every order (see MAX_PERMUTED_INPUTS)."""
+        return self.commutative and 1 < len(self.args) <= MAX_PERMUTED_INPUTS
+
+    @functools.cached_property
+    def domains(self) -> tuple[str, ...]:
+        """The node domains this op matches ("ai.onnx" is the default domain spelled out)."""
+        return (self.domain,) if self.domain else ("", "ai.onnx")
+
+    @functools.cached_property
+    def op_args(self) -> tuple[tuple[int, "OpPat"], ...]:
+        """(position, sub-pattern) of the arguments that are ops."""
+        return tuple((i, a) for i, a in enumerate(self.args) if isinstance(a, OpPat))
 
 
 @dataclass(frozen=True)
@@ -363,6 +376,7 @@ class ConstraintCall:
     text: str
 
 
+@_memo_by_text
 def parse_constraint(text: str) -> ConstraintCall:
     tree = parse_expr(text)
     if not isinstance(tree, Call) or tree.domain:
@@ -415,6 +429,7 @@ def _check_value(text: str, node, where: str):
         object.__setattr__(node, "domain", _norm_domain(node.domain))
 
 
+@_memo_by_text
 def parse_replacement(text: str) -> Replacement:
     tree = parse_expr(text)
     if not isinstance(tree, Call):

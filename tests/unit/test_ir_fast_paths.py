@@ -1,6 +1,7 @@
 """The IR's fast paths give what the slower code they replace gave: the topological order (networkx's
 lexicographical sort keyed by position), ``is_large`` (the walk over every tensor), ``iter_tensors`` /
-``iter_sparse`` (one scan per graph, in ``iter_graphs`` order), ``small_bytes`` (``is_large`` and then
+``iter_sparse`` (one scan per graph, in ``iter_graphs`` order), ``Graph.graphs`` (the walk over every
+node), ``small_bytes`` (``is_large`` and then
 serializing), ``refine_shapes`` given the inference at hand, and a node loaded without its "extra"
 proto (``convert._node_extra``)."""
 
@@ -48,6 +49,28 @@ def test_topological_order_is_none_on_a_cycle():
     g.add_node("Add", ["x", "b"], ["a"], name="first")
     g.add_node("Relu", ["a"], ["b"], name="second")
     assert g.topological_order() is None
+
+
+def _nested_ifs(prefix: str, depth: int) -> onnx.GraphProto:
+    """Two If nodes per scope, each branch holding two more, down to ``depth`` levels."""
+    nodes = [helper.make_node("Identity", ["cond"], [prefix + "c"])]
+    for k in range(2 if depth else 0):
+        nodes.append(helper.make_node("Relu", [prefix + "c"], [f"{prefix}r{k}"]))
+        nodes.append(helper.make_node("If", ["cond"], [f"{prefix}y{k}"],
+                                      then_branch=_nested_ifs(f"{prefix}{k}t_", depth - 1),
+                                      else_branch=_nested_ifs(f"{prefix}{k}e_", depth - 1)))
+    out = helper.make_tensor_value_info(prefix + "c", TensorProto.BOOL, [])
+    return helper.make_graph(nodes, prefix + "g", [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])]
+                             if not prefix else [], [out])
+
+
+def test_graphs_lists_the_subgraphs_in_walk_order():
+    g = from_model(helper.make_model(_nested_ifs("", 3)))
+    expected = [g] + [sub for _, node in g.walk() for sub in node.subgraphs()]
+    assert len(expected) == 1 + 4 + 16 + 64
+    assert [sub.name for sub in g.graphs()] == [sub.name for sub in expected]
+    flat = from_model(helper.make_model(_nested_ifs("", 0)))
+    assert flat.graphs() == [flat]
 
 
 def _model_with(tensors: list[TensorProto], nested: bool = False) -> onnx.ModelProto:

@@ -19,10 +19,21 @@ from graphopt.rewrite import (
     find_matches,
     load_rules,
     load_rules_module,
+    parse_pattern,
     register_builder,
 )
 from graphopt.rewrite import _matcher
-from graphopt.rewrite.testing import Builder, act_nodes, family_model, random_feeds, run_ort
+from graphopt.rewrite.testing import (
+    CONV_ACTS,
+    CONV_FAMILIES,
+    GEMM_ACTS,
+    GEMM_FAMILIES,
+    Builder,
+    act_nodes,
+    family_model,
+    random_feeds,
+    run_ort,
+)
 
 SHIPPED = load_rules()
 
@@ -314,22 +325,68 @@ def test_deterministic_same_input_same_bytes():
 
 
 def test_matching_is_anchored_and_linear(monkeypatch):
-    calls = {}
-    real = _matcher.match_root
+    looked, tried = {}, {}
 
-    def counting(g, pat, node, trace):
-        calls[node.op_type] = calls.get(node.op_type, 0) + 1
-        return real(g, pat, node, trace)
+    def counting(calls, real):
+        def wrapper(g, pat, node, *rest):
+            calls[node.op_type] = calls.get(node.op_type, 0) + 1
+            return real(g, pat, node, *rest)
+        return wrapper
 
-    monkeypatch.setattr("graphopt.rewrite._engine.match_root", counting)
+    monkeypatch.setattr("graphopt.rewrite._engine.could_match", counting(looked, _matcher.could_match))
+    monkeypatch.setattr("graphopt.rewrite._engine.match_root", counting(tried, _matcher.match_root))
     blocks = 12
     g = from_model(_resnetish(blocks))
     n_relu = len(g.nodes_by_op("Relu"))
     rules = RuleSet([SHIPPED.get("conv_relu")])
     report = apply_rules(g, rules)
     assert report.counts == {"conv_relu": blocks}
-    # Only Relu nodes are ever tried, once per pass (two passes: one that fires, one that checks).
-    assert calls == {"Relu": n_relu + (n_relu - blocks)}
+    # Only Relu nodes are ever looked at, once per pass (two passes: one that fires, one that checks),
+    # and only those a Conv feeds get the full match: the skeleton check turns the others away.
+    assert looked == {"Relu": n_relu + (n_relu - blocks)}
+    assert tried == {"Relu": blocks}
+
+
+def test_a_rule_whose_ops_the_graph_lacks_is_not_tried(monkeypatch):
+    looked = []
+    monkeypatch.setattr("graphopt.rewrite._engine.could_match", lambda g, pat, node: looked.append(node) or True)
+    b = Builder()
+    b.output(b.op("Relu", [b.op("Add", [b.input("x", [1, 4]), b.input("r", [1, 4])])]))
+    g = from_model(b.model())
+    rule = SHIPPED.get("conv_residual_relu")
+    assert rule.ops == {("", "Relu"), ("", "Add"), ("", "Conv")}
+    assert apply_rules(g, RuleSet([rule])).counts == {} and looked == []  # no Conv: no candidate looked at
+    assert apply_rules(g, RuleSet([rule]), explain=True).counts == {}  # explain still tries (near-misses)
+
+
+def test_could_match_checks_the_op_skeleton_in_any_operand_order():
+    b = Builder()
+    x, r = b.input("x", [1, 3, 5, 5]), b.input("r", [1, 4, 5, 5])
+    b.output(b.op("Relu", [b.op("Add", [r, _conv(b, x, 3, 4)])]))  # the Conv is the second operand
+    g = from_model(b.model())
+    (relu,) = g.nodes_by_op("Relu")
+    assert _matcher.could_match(g, parse_pattern("Relu(Add(Conv(x, w, b?), c))"), relu)
+    assert not _matcher.could_match(g, parse_pattern("Relu(Add(MatMul(x, w), c))"), relu)  # a deeper op differs
+    assert not _matcher.could_match(g, parse_pattern("Relu(Conv(x, w, b?))"), relu)
+    assert not _matcher.could_match(g, parse_pattern("Relu(Add(x, Conv(x, w)))"), relu)  # Conv has 3 inputs
+
+
+@pytest.mark.parametrize("family", CONV_FAMILIES + GEMM_FAMILIES)
+def test_skeleton_check_refuses_no_match(family):
+    # explain=True never uses the skeleton check (a failed attempt is a near-miss to report): the
+    # rewrites, and so the bytes, must be the same without it.
+    fired = 0
+    for act in CONV_ACTS if family in CONV_FAMILIES else GEMM_ACTS:
+        for variant in ("fires", "second_consumer"):
+            model = family_model(family, act, variant)
+            out = []
+            for explain in (False, True):
+                g = from_model(model)
+                report = apply_rules(g, SHIPPED, explain=explain)
+                out.append((serialize(to_model(g)), report.counts))
+            assert out[0] == out[1], (family, act, variant)
+            fired += sum(out[0][1].values())
+    assert fired
 
 
 def test_whole_resnetish_model_outputs_match():

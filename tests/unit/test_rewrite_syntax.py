@@ -52,6 +52,12 @@ def test_empty_argument_list():
     assert parse_pattern("Foo()").args == ()
 
 
+def test_whitespace_anywhere_between_tokens():
+    p = parse_pattern("\t Relu( Add (x ,\n y ) )  as  act \n")
+    assert (p.op, p.bind, p.col) == ("Relu", "act", 3)
+    assert [(a.name, a.col) for a in p.args[0].args] == [("x", 14), ("y", 19)]
+
+
 @pytest.mark.parametrize(
     "text,column,fragment",
     [
@@ -64,6 +70,8 @@ def test_empty_argument_list():
         ("x", 1, "must start with an op"),
         ("Relu(x) Sigmoid(y)", 9, "expected end of text"),
         ("Relu(x$)", 7, "unexpected character '$'"),
+        ("Relu(x, \n  $)", 12, "unexpected character '$'"),  # the column of the character, after whitespace
+        ("   ", 4, "expected a name, number or string but found end of text"),
         ("graphopt.CBR x", 14, "'(' after the op name"),
     ],
 )
@@ -99,3 +107,19 @@ def test_replacement():
         with pytest.raises(RuleSyntaxError) as info:
             parse_replacement(bad)
         assert info.value.column == col, (bad, str(info.value))
+
+
+def test_nesting_limit_and_its_column():
+    deepest = "Relu(" * 64 + "x" + ")" * 64
+    assert len(pattern_ops(parse_pattern(deepest))) == 64
+    with pytest.raises(RuleSyntaxError, match="nested more than 64 levels deep") as info:
+        parse_pattern("Neg(Relu(" * 32 + "Abs(x, y)" + "))" * 32)  # 65 open calls: the 65th "(" is too deep
+    assert info.value.column == 32 * len("Neg(Relu(") + len("Abs(")
+
+
+def test_parses_are_memoized_per_text_and_non_strings_still_fail_cleanly():
+    assert parse_constraint("constant(b)") is parse_constraint("constant(b)")
+    assert parse_replacement("graphopt.CBR(x, w)") is parse_replacement("graphopt.CBR(x, w)")
+    for parse in (parse_pattern, parse_constraint, parse_replacement):
+        with pytest.raises(RuleSyntaxError, match="expected a string"):
+            parse(["Relu(x)"])
