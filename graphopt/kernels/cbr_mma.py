@@ -125,14 +125,11 @@ class ImplicitGemmConv(_MmaConv, Candidate):
     MODE = 2
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
-        reason = self._mma_reason(sig, compute_capability)
+        reason = self._mma_reason(sig, compute_capability) or self._config_error(geo.dtype_of(sig), self.MODE)
         if reason:
             return reason
         bm, bn, bk, wm, wn, sk = self._cfg()
         dt = geo.dtype_of(sig)
-        bad = self._config_error(dt, self.MODE)
-        if bad:
-            return bad
         g = geo.conv_geom(sig)
         Mg, Npix, K = _mma_conv_dims(g)
         if max(g.H, g.W) >= KTAB_PAD_ROW or (g.KH - 1) * g.dh >= KTAB_PAD_ROW or (g.KW - 1) * g.dw >= 0x8000:
@@ -174,13 +171,10 @@ class ImplicitGemmNhwcConv(_MmaConv, Candidate):
     MODE = 3
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
-        reason = self._mma_reason(sig, compute_capability)
+        reason = self._mma_reason(sig, compute_capability) or self._config_error(geo.dtype_of(sig), self.MODE)
         if reason:
             return reason
         bm, bn, bk, wm, wn, sk = self._cfg()
-        bad = self._config_error(geo.dtype_of(sig), self.MODE)
-        if bad:
-            return bad
         g = geo.conv_geom(sig)
         Cg, Mg = g.C // g.G, g.M // g.G
         if Cg % bk:
