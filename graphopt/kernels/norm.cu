@@ -1,4 +1,5 @@
-// LayerNorm / SkipLayerNorm / RMSNorm over the last axis: one row per CTA of WARPS warps.
+// LayerNorm / SkipLayerNorm / RMSNorm over the last axis: one row per WARPS warps, ROWS rows per CTA
+// (ROWS > 1 only with WARPS == 1: a warp per row, reductions by shuffles alone, no barrier).
 //
 // Each thread keeps ITEMS vectors of VEC elements of its row in registers, so the row is read from
 // memory once (16-byte loads when VEC * sizeof(T) == 16) and the statistics are a mean and then a
@@ -33,19 +34,22 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
     return t;
 }
 
-template <typename T, int VEC, int WARPS, int ITEMS, int MODE>
-__global__ void __launch_bounds__(WARPS * 32) norm_rows(
+template <typename T, int VEC, int WARPS, int ITEMS, int MODE, int ROWS>
+__global__ void __launch_bounds__(WARPS * 32 * ROWS) norm_rows(
     const T* __restrict__ X, const T* __restrict__ skip, const T* __restrict__ skip_bias,
     const T* __restrict__ scale, const T* __restrict__ bias, T* __restrict__ Y, T* __restrict__ S,
     int rows, int D, float eps, int skip_rows)
 {
     static_assert(WARPS >= 1 && WARPS <= 32, "1..32 warps per row");
     static_assert(ITEMS >= 1 && ITEMS <= 16, "1..16 vectors per thread");
+    static_assert(ROWS == 1 || WARPS == 1, "several rows per CTA only with a warp per row");
+    static_assert(ROWS >= 1 && ROWS <= 32, "1..32 rows per CTA");
     typedef VecT<T, VEC> V;
     __shared__ float sh[32];
     const int nv = D / VEC;
     const float inv_d = 1.0f / (float)D;
-    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int tid = (int)threadIdx.x % (WARPS * 32);  // the thread's place in its row's group
+    for (int row = blockIdx.x * ROWS + (int)threadIdx.x / (WARPS * 32); row < rows; row += gridDim.x * ROWS) {
         const long long base = (long long)row * D;
         const V* xr = reinterpret_cast<const V*>(X + base);
         const V* kr = skip ? reinterpret_cast<const V*>(skip + (long long)(row % skip_rows) * D) : nullptr;
@@ -54,7 +58,7 @@ __global__ void __launch_bounds__(WARPS * 32) norm_rows(
         float sum = 0.0f;
 #pragma unroll
         for (int it = 0; it < ITEMS; ++it) {
-            const int j = it * WARPS * 32 + threadIdx.x;
+            const int j = it * WARPS * 32 + tid;
 #pragma unroll
             for (int k = 0; k < VEC; ++k) x[it][k] = 0.0f;
             if (j < nv) {
@@ -85,7 +89,7 @@ __global__ void __launch_bounds__(WARPS * 32) norm_rows(
         float sq = 0.0f;
 #pragma unroll
         for (int it = 0; it < ITEMS; ++it) {
-            if (it * WARPS * 32 + (int)threadIdx.x < nv) {
+            if (it * WARPS * 32 + tid < nv) {
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) {
                     const float d = x[it][k] - mean;
@@ -99,7 +103,7 @@ __global__ void __launch_bounds__(WARPS * 32) norm_rows(
         V* yr = reinterpret_cast<V*>(Y + base);
 #pragma unroll
         for (int it = 0; it < ITEMS; ++it) {
-            const int j = it * WARPS * 32 + threadIdx.x;
+            const int j = it * WARPS * 32 + tid;
             if (j < nv) {
                 const V g = sr[j];
                 V o;

@@ -1,11 +1,14 @@
 """LayerNorm (with SkipLayerNorm's residual, skip bias and sum output) and RMSNorm lowering candidates.
 
-One family, ``rows`` (``norm.cu``): one row of the last axis per CTA, the row held in registers.
-Its configurations are ``warps`` (CTA size / 32), ``items`` (vectors per thread) and ``vec``
-(elements per load: 16 bytes, or 1 for rows whose length is not a multiple of 16 bytes). For a row
-length D a configuration applies when it holds the row and ``items`` is the smallest power of two
-that does, so each ``warps`` x ``vec`` gives at most one candidate and the profiler picks the CTA
-size.
+One family, ``rows`` (``norm.cu``): each row of the last axis held in registers by ``warps`` warps.
+Its configurations are ``warps`` (warps per row), ``items`` (vectors per thread), ``vec`` (elements
+per load: 16 bytes, or 1 for rows whose length is not a multiple of 16 bytes) and, for a warp per
+row only, ``rpc`` (rows per CTA, 1 when absent from the key). For a row length D a configuration
+applies when it holds the row and ``items`` is the smallest power of two that does, so each
+``warps`` x ``vec`` x ``rpc`` gives at most one candidate and the profiler picks among them.
+Several rows per CTA exist for short rows of many rows (BERT-base at bs32: 4,096 rows of 768): one
+row per 128-thread CTA leaves a quarter of the threads idle and pays two barriers per reduction; a
+warp per row reduces by shuffles alone and a CTA of ``rpc`` warps keeps the CTA count down.
 
 ``launch(inputs, outputs)``: LayerNorm ``inputs = [X, scale, bias, skip, skip_bias]`` (absent ones
 None), ``outputs = [Y]`` or ``[Y, S]`` (the sum is written when S is given); RMSNorm
@@ -32,6 +35,7 @@ MODES = {"LayerNorm": 0, "RMSNorm": 1}
 SUPPORTED_DTYPES = ("float16", "float32")
 WARPS = (1, 2, 4, 8, 16, 32)
 ITEMS = (1, 2, 4, 8)
+ROWS_PER_CTA = (4, 8)  # besides 1; with a warp per row only
 VEC16 = {"float16": 8, "float32": 4}  # elements per 16-byte load
 GRID_ROWS_MAX = 132 * 32  # CTAs; rows beyond this loop inside the kernel
 
@@ -82,10 +86,10 @@ def norm_plan(sig: Signature) -> NormPlan:
 
 @dataclass(frozen=True)
 class NormRows(Candidate):
-    """One row per CTA in registers; params warps, items, vec."""
+    """Each row in the registers of ``warps`` warps; params warps, items, vec and rpc (rows per CTA)."""
 
-    def _cfg(self) -> tuple[int, int, int]:
-        return int(self.param("warps")), int(self.param("items")), int(self.param("vec"))
+    def _cfg(self) -> tuple[int, int, int, int]:
+        return int(self.param("warps")), int(self.param("items")), int(self.param("vec")), int(self.param("rpc", 1))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         try:
@@ -95,7 +99,9 @@ class NormRows(Candidate):
         dt = geo.dtype_of(sig)
         if dt not in SUPPORTED_DTYPES:
             return f"dtype {dt} (supported: {', '.join(SUPPORTED_DTYPES)})"
-        w, it, vec = self._cfg()
+        w, it, vec, rpc = self._cfg()
+        if rpc > 1 and w != 1:
+            return f"rpc={rpc} rows per CTA needs a warp per row (warps=1), not warps={w}"
         if vec not in (1, VEC16[dt]):
             return f"vec={vec} is neither 1 nor a 16-byte load of {dt} ({VEC16[dt]})"
         if p.D % vec:
@@ -111,8 +117,8 @@ class NormRows(Candidate):
         return source_hash("norm.cu")
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        w, it, vec = self._cfg()
-        return [("norm.cu", instance("norm_rows", geo.dtype_of(sig), vec, w, it, MODES[sig.op]))]
+        w, it, vec, rpc = self._cfg()
+        return [("norm.cu", instance("norm_rows", geo.dtype_of(sig), vec, w, it, MODES[sig.op], rpc))]
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
@@ -122,10 +128,10 @@ class NormRows(Candidate):
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
         p = norm_plan(sig)
         dt = geo.dtype_of(sig)
-        w, it, vec = self._cfg()
-        kern = get_kernel("norm.cu", instance("norm_rows", dt, vec, w, it, p.mode))
-        grid = (max(1, min(p.rows, GRID_ROWS_MAX)),)
-        block = (w * 32,)
+        w, it, vec, rpc = self._cfg()
+        kern = get_kernel("norm.cu", instance("norm_rows", dt, vec, w, it, p.mode, rpc))
+        grid = (max(1, min(-(-p.rows // rpc), GRID_ROWS_MAX)),)
+        block = (w * 32 * rpc,)
         i32, f32 = np.int32, np.float32
 
         def arr(a, shape, what):
@@ -163,6 +169,9 @@ def norm_candidates(dtype: str = "float32") -> list[Candidate]:
         for w in WARPS:
             for it in ITEMS:
                 out.append(NormRows("rows", (("warps", w), ("items", it), ("vec", vec))))
+        for rpc in ROWS_PER_CTA:
+            for it in ITEMS:
+                out.append(NormRows("rows", (("warps", 1), ("items", it), ("vec", vec), ("rpc", rpc))))
     return out
 
 
@@ -174,5 +183,8 @@ def norm_kernel_instances() -> list[tuple[str, str]]:
             for vec in (VEC16[dt], 1):
                 for w in WARPS:
                     for it in ITEMS:
-                        out.append(("norm.cu", instance("norm_rows", dt, vec, w, it, mode)))
+                        out.append(("norm.cu", instance("norm_rows", dt, vec, w, it, mode, 1)))
+                for rpc in ROWS_PER_CTA:
+                    for it in ITEMS:
+                        out.append(("norm.cu", instance("norm_rows", dt, vec, 1, it, mode, rpc)))
     return out

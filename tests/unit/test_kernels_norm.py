@@ -26,15 +26,17 @@ def test_one_candidate_per_cta_size_and_vector_width():
     assert _applicable(_sig(768)) == [
         "rows:warps=1,items=8,vec=4", "rows:warps=2,items=4,vec=4", "rows:warps=4,items=2,vec=4",
         "rows:warps=8,items=1,vec=4", "rows:warps=16,items=1,vec=4", "rows:warps=32,items=1,vec=4",
+        "rows:warps=1,items=8,vec=4,rpc=4", "rows:warps=1,items=8,vec=4,rpc=8",
         "rows:warps=4,items=8,vec=1", "rows:warps=8,items=4,vec=1", "rows:warps=16,items=2,vec=1",
         "rows:warps=32,items=1,vec=1"]
     fp16 = _applicable(_sig(768, dtype="float16"))
-    assert fp16[0] == "rows:warps=1,items=4,vec=8" and all(k.endswith(("vec=8", "vec=1")) for k in fp16)
+    assert fp16[0] == "rows:warps=1,items=4,vec=8" and all(("vec=8" in k) or ("vec=1" in k) for k in fp16)
+    assert "rows:warps=1,items=4,vec=8,rpc=8" in fp16
 
 
 def test_odd_row_length_only_scalar_loads_and_too_long_rows_none():
     keys = _applicable(_sig(37))
-    assert keys and all(k.endswith("vec=1") for k in keys)
+    assert keys and all(",vec=1" in k for k in keys)
     assert _applicable(_sig(32 * 32 * 8 * 4 + 4)) == []
     reasons = {c.key(): c.applies(_sig(37), (9, 0)) for c in candidates_for(_sig(37))}
     assert reasons["rows:warps=1,items=1,vec=4"] == "row length 37 is not a multiple of vec=4"
@@ -78,10 +80,23 @@ def test_keys_round_trip_and_instances_are_registered():
         assert candidate_from_key("RMSNorm", cand.key()) == cand
     sig = _sig(768, dtype="float16")
     cand = candidate_from_key("LayerNorm", "rows:warps=2,items=4,vec=8")
-    assert cand.kernels(sig) == [("norm.cu", "norm_rows<half_t,8,2,4,0>")]
-    assert cand.kernels(_sig(768, dtype="float16", op="RMSNorm")) == [("norm.cu", "norm_rows<half_t,8,2,4,1>")]
+    assert cand.kernels(sig) == [("norm.cu", "norm_rows<half_t,8,2,4,0,1>")]
+    assert cand.kernels(_sig(768, dtype="float16", op="RMSNorm")) == [("norm.cu", "norm_rows<half_t,8,2,4,1,1>")]
+    per_warp = candidate_from_key("LayerNorm", "rows:warps=1,items=4,vec=8,rpc=8")
+    assert per_warp.kernels(sig) == [("norm.cu", "norm_rows<half_t,8,1,4,0,8>")]
     every = set(all_kernel_instances())
     assert set(norm_kernel_instances()) <= every
     for c in candidates_for(sig):
         if c.applies(sig, (9, 0)) is None:
             assert set(c.kernels(sig)) <= every
+
+
+def test_several_rows_per_cta_only_with_a_warp_per_row():
+    """``rpc`` (rows per CTA) exists for warps=1 alone: the kernel's reductions then need no barrier,
+    so warps of one CTA may work on different rows; keys without rpc keep their old spelling."""
+    sig = _sig(768, dtype="float16")
+    two_warps = NormRows("rows", (("warps", 2), ("items", 2), ("vec", 8), ("rpc", 4)))
+    assert "needs a warp per row" in two_warps.applies(sig, (9, 0))
+    assert NormRows("rows", (("warps", 1), ("items", 4), ("vec", 8), ("rpc", 4))).applies(sig, (9, 0)) is None
+    assert all(c.param("rpc") is None or c.param("warps") == 1 for c in norm_candidates())
+    assert "rows:warps=4,items=1,vec=8" in {c.key() for c in norm_candidates()}
