@@ -6,8 +6,10 @@ Run on the GPU:  python3 bench/transformer_kernels.py --out bench/results   (add
 - LayerNorm, SkipLayerNorm (residual + skip bias, the sum written too when the model keeps it is not
   timed here: Y only), RMSNorm: every applicable ``rows`` config, at GPT-2 / BERT sizes and large
   sizes (>= 8 MB per tensor), against ``torch.nn.functional.layer_norm`` / ``rms_norm``.
-- bias+GELU: GemmAct's in-place epilogue kernel (``epilogue_gemm``, the cuBLAS lowering's second
-  kernel) on an (M, N) activation with a bias of N, erf and tanh forms, against torch eager.
+- bias+GELU: GemmAct's in-place epilogue kernel (the cuBLAS lowerings' second kernel:
+  ``epilogue_gemm_vec`` where N is a whole number of 16-byte vectors, as at every size here, else
+  ``epilogue_gemm``; the scalar one's time beside it) on an (M, N) activation with a bias of N, erf
+  and tanh forms, against torch eager.
 - softmax: ``attn_softmax`` (the cuBLAS attention lowering's middle kernel) in place over rows of
   Skv scores, against ``torch.softmax``.
 - Attention at sequence lengths 128, 512, 2048, 4096, head dims 64 and 128, causal and not, fp16
@@ -89,8 +91,9 @@ def main(argv=None):
     command = "python3 bench/transformer_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
     header = env_header(command)
     t0 = time.perf_counter()
-    jobs = norm_kernel_instances() + attention_kernel_instances() + [("elementwise.cu", instance("epilogue_gemm", dt))
-                                                                     for dt in ("float16", "float32")]
+    jobs = norm_kernel_instances() + attention_kernel_instances() + [
+        ("elementwise.cu", k) for dt, v in (("float16", 8), ("float32", 4))
+        for k in (instance("epilogue_gemm", dt), instance("epilogue_gemm_vec", dt, v))]
     header["prebuild_errors"] = {f"{k[0]}:{k[1]}": v for k, v in prebuild(jobs).items()}
     header["prebuild_s"] = round(time.perf_counter() - t0, 1)
     header["ceilings"] = measure_ceilings()
@@ -204,6 +207,8 @@ def main(argv=None):
                 bias = rng.standard_normal(n, dtype=cupy.float32).astype(dtype)
                 ty, tbias = torch.as_tensor(y0, device="cuda"), torch.as_tensor(bias, device="cuda")
                 epi = get_kernel("elementwise.cu", instance("epilogue_gemm", dtype))
+                vec = 8 if dtype == "float16" else 4  # the vector epilogue GemmAct's cuBLAS lowerings launch here
+                epi_vec = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dtype, vec)) if n % vec == 0 else None
                 for act, code, approx in (("Gelu", 8, "none"), ("GeluTanh", 9, "tanh")):
                     total = m * n
                     grid = (min(-(-total // 256), 132 * 32),)
@@ -212,17 +217,30 @@ def main(argv=None):
                         epi(grid, (256,), (outs[0], ins[0], np.int64(total), np.int32(m), np.int32(n), np.int64(0),
                                            np.int32(0), np.int32(1), np.float32(1.0), np.float32(1.0), np.int32(code),
                                            np.float32(0.2), np.float32(0.5), np.float32(-np.inf), np.float32(np.inf)))
-                    work = y0.copy()
-                    launch([bias], [work])
+                    def launch_vec(ins, outs, code=code, total=total):
+                        vgrid = (min(-(-(total // vec) // 256), 132 * 32),)
+                        epi_vec(vgrid, (256,), (outs[0], ins[0], np.int32(total), np.int32(n), np.float32(1.0),
+                                                np.float32(1.0), np.int32(code), np.float32(0.2), np.float32(0.5),
+                                                np.float32(-np.inf), np.float32(np.inf)))
                     with torch.cuda.stream(tstream):
                         ref = F.gelu(ty.float() + tbias.float(), approximate=approx)
-                    stream.synchronize()
-                    err = float(cupy.linalg.norm(work.astype(cupy.float32) - cupy.asarray(ref)) / cupy.linalg.norm(cupy.asarray(ref)))
-                    # In place: every repetition works on the same rotated buffers (the values drift, the traffic does not).
-                    us = median(cuda_event_timer(launch, [bias], [y0.copy()], warmup=3, reps=args.reps)) * 1e3
-                    cands = {"epilogue_gemm": (us, None) if err <= tol else (math.inf, f"normwise error {err:.2e}")}
+                    cands = {}
+                    for kname, fn in (("epilogue_gemm", launch), ("epilogue_gemm_vec", launch_vec if epi_vec else None)):
+                        if fn is None:
+                            continue
+                        work = y0.copy()
+                        fn([bias], [work])
+                        stream.synchronize()
+                        err = float(cupy.linalg.norm(work.astype(cupy.float32) - cupy.asarray(ref)) / cupy.linalg.norm(cupy.asarray(ref)))
+                        # In place: every repetition works on the same rotated buffers (the values drift, the traffic does not).
+                        us = median(cuda_event_timer(fn, [bias], [y0.copy()], warmup=3, reps=args.reps)) * 1e3
+                        cands[kname] = (us, None) if err <= tol else (math.inf, f"normwise error {err:.2e}")
                     t_us = torch_us(lambda a, c: F.gelu(a + c, approximate=approx), [ty, tbias], torch.empty_like(ty))
-                    record(f"bias+{act}", name, dtype, (m, n), 2 * total * esz, cands, t_us)
+                    # the row is what GemmAct's cuBLAS lowerings launch: the vector kernel wherever it applies
+                    # (never picked by time here), the scalar one beside it for comparison
+                    scalar = cands.pop("epilogue_gemm") if epi_vec else None
+                    record(f"bias+{act}", name, dtype, (m, n), 2 * total * esz, cands, t_us,
+                           {"scalar_epilogue_us": None if scalar is None or not math.isfinite(scalar[0]) else round(scalar[0], 2)})
                 cupy.get_default_memory_pool().free_all_blocks()
             for name, rows, skv in pick(SOFTMAX_SIZES):
                 s0 = rng.standard_normal((rows, skv), dtype=cupy.float32).astype(dtype)

@@ -133,6 +133,12 @@ def _check(sig: Signature) -> str | None:
     return None
 
 
+def _vector_epilogue(p: GemmPlan, dt: str) -> bool:
+    """Whether ``epilogue_gemm_vec`` takes this GEMM's epilogue: a bias of one row of N values (or
+    none), N a multiple of the 16-byte vector (``gemm_plan`` already bounds the output below 2**31)."""
+    return (p.bias is None or (p.bias[0] == 0 and p.bias[1] == 0 and p.bias[2] == 1)) and p.N % VEC[dt] == 0
+
+
 def _bias_array(C, p: GemmPlan):
     import cupy
 
@@ -164,7 +170,11 @@ class CublasGemm(Candidate):
         return source_hash("elementwise.cu") + (f"+blas{blas.VERSION}" if self.name == "cublas_ws" else "")
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return [("elementwise.cu", instance("epilogue_gemm", geo.dtype_of(sig)))]
+        dt = geo.dtype_of(sig)
+        out = [("elementwise.cu", instance("epilogue_gemm", dt))]
+        if _check(sig) is None and _vector_epilogue(gemm_plan(sig), dt):
+            out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC[dt])))
+        return out
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
@@ -178,6 +188,10 @@ class CublasGemm(Candidate):
         epi = get_kernel("elementwise.cu", instance("epilogue_gemm", dt))
         total = p.Z * p.M * p.N
         egrid = (min(-(-total // 256), 132 * 32),)
+        # the vector epilogue where the bias is one row of N values (or absent) and rows are 16-byte
+        # multiples; each launch still checks the pointers' alignment and else takes the scalar one
+        epi_vec = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC[dt])) if _vector_epilogue(p, dt) else None
+        vgrid = (min(-(-(total // VEC[dt]) // 256), 132 * 32),)
         i32, i64, f32 = np.int32, np.int64, np.float32
         tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
         needs_epi = p.bias is not None or act.code != 0 or p.alpha != 1.0
@@ -210,6 +224,9 @@ class CublasGemm(Candidate):
             if not needs_epi:
                 return
             c = _bias_array(C, p)
+            if epi_vec is not None and y.data.ptr % 16 == 0 and (c is None or c.data.ptr % 16 == 0):
+                epi_vec(vgrid, (256,), (y, ptr(c), i32(total), i32(p.N), f32(p.alpha), f32(p.beta)) + tail_act)
+                return
             bs = p.bias or (0, 0, 0)
             epi(egrid, (256,), (y, ptr(c), i64(total), i32(p.M), i32(p.N), i64(bs[0]), i32(bs[1]), i32(bs[2]),
                                 f32(p.alpha), f32(p.beta)) + tail_act)
