@@ -10,8 +10,9 @@ Run on the GPU:  python3 bench/transformer_kernels.py --out bench/results   (add
   ``epilogue_gemm_vec`` where N is a whole number of 16-byte vectors, as at every size here, else
   ``epilogue_gemm``; the scalar one's time beside it) on an (M, N) activation with a bias of N, erf
   and tanh forms, against torch eager.
-- softmax: ``attn_softmax`` (the cuBLAS attention lowering's middle kernel) in place over rows of
-  Skv scores, against ``torch.softmax``.
+- softmax: ``attn_softmax`` (the cuBLAS attention lowering's middle kernel, every ``warps`` and
+  ``vec`` its candidates offer; the fastest is the row's) in place over rows of Skv scores, against
+  ``torch.softmax``.
 - Attention at sequence lengths 128, 512, 2048, 4096, head dims 64 and 128, causal and not, fp16
   (and fp32 with --attn-dtypes): the tuner's choice, SDPA (``is_causal`` alike) and the unfused torch
   path (matmul, softmax, matmul), in TFLOP/s (4 * B * H * Sq * Skv * D flops, halved when causal).
@@ -249,10 +250,10 @@ def main(argv=None):
                     ref = cupy.asarray(torch.softmax(ts0.float(), -1))
                 stream.synchronize()
                 cands = {}
-                for w in (1, 2, 4, 8):
-                    if w > 1 and (w // 2) * 32 >= skv:
+                for w, vec in [(w, v) for v in (1, 8 if dtype == "float16" else 4) for w in (1, 2, 4, 8)]:
+                    if skv % vec or (w > 1 and (w // 2) * 32 >= skv // vec):  # as CublasSoftmaxAttention.applies
                         continue
-                    kern = get_kernel("attention.cu", instance("attn_softmax", dtype, w, 0))
+                    kern = get_kernel("attention.cu", instance("attn_softmax", dtype, w, 0, vec))
 
                     def launch(ins, outs, kern=kern, w=w):
                         kern((min(rows, 132 * 64),), (w * 32,), (outs[0], np.int64(rows), np.int32(rows), np.int32(skv),
@@ -263,7 +264,7 @@ def main(argv=None):
                     err = float(cupy.linalg.norm(work.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
                     # In place: after the first repetition the rows are probabilities; the traffic is the same.
                     us = median(cuda_event_timer(launch, [], [s0.copy()], warmup=3, reps=args.reps)) * 1e3
-                    cands[f"attn_softmax:warps={w}"] = (us, None) if err <= tol else (math.inf, f"normwise error {err:.2e}")
+                    cands[f"attn_softmax:warps={w}" + (f",vec={vec}" if vec > 1 else "")] = (us, None) if err <= tol else (math.inf, f"normwise error {err:.2e}")
                 t_us = torch_us(lambda a: torch.softmax(a, -1), [ts0], torch.empty_like(ts0))
                 record("softmax", name, dtype, (rows, skv), 2 * rows * skv * esz, cands, t_us)
                 cupy.get_default_memory_pool().free_all_blocks()

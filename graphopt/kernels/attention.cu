@@ -3,8 +3,9 @@
 // Two lowerings share the masking code (mask_value_at):
 // - attn_softmax: the fused scale-free mask / causal / softmax / nan_to_zero kernel that runs in place
 //   on the scores between two cuBLAS batched GEMMs (graphopt/kernels/attention.py, ``cublas_softmax``).
-//   One row per CTA of WARPS warps: pass 1 keeps a running (max, sum of exp) per thread (online
-//   softmax), one block reduction combines them, pass 2 writes exp(x - max) / sum.
+//   One row per CTA of WARPS warps, VEC scores per load: pass 1 keeps a running (max, sum of exp)
+//   per thread (online softmax, ms_push), one block reduction combines them, pass 2 writes
+//   exp(x - max) / sum.
 // - flash_attn: one fused kernel (``flash``), online softmax over key tiles of 32 held in shared
 //   memory, fp32 everywhere in registers (SIMT: no tensor cores yet). A CTA of WARPS warps takes BM
 //   query rows of one (b, h); each warp owns BM / WARPS rows. Per key tile, lane j computes the score
@@ -73,36 +74,65 @@ __device__ __forceinline__ void block_max_sum(float& m, float& s, float* sh) {
     }
 }
 
-// In place on P = the scaled scores, [Z = B*H][Sq][Skv] contiguous.
-template <typename T, int WARPS, int MASK>
+// One score into a thread's running (max, sum): ms_combine(m, s, x, 1) with one exp per score
+// instead of two (the second only when the max grows). Same results for every input: a -inf score
+// adds nothing, a NaN score poisons the sum unless nothing was seen yet, and a +inf score gives
+// exp(inf - inf) = NaN (hence the expf(x - x), 1 for finite x), as ms_combine does.
+__device__ __forceinline__ void ms_push(float& m, float& s, float x) {
+    if (x > m) {
+        s = (m == ATTN_NEG_INF ? 0.0f : s * expf(m - x)) + expf(x - x);
+        m = x;
+    } else if (m != ATTN_NEG_INF && x != ATTN_NEG_INF) {
+        s += expf(x - m);
+    }
+}
+
+template <typename T, int VEC>
+struct __align__(sizeof(T) * VEC) SoftmaxVec {
+    T v[VEC];
+};
+
+// In place on P = the scaled scores, [Z = B*H][Sq][Skv] contiguous. VEC scores per load (16 bytes
+// when VEC > 1: the host guarantees Skv % VEC == 0 and a 16-byte aligned P).
+template <typename T, int WARPS, int MASK, int VEC>
 __global__ void __launch_bounds__(WARPS * 32) attn_softmax(
     T* __restrict__ P, long long rows, int Sq, int Skv, int H, ATTN_MASK_ARGS, int nan_to_zero)
 {
+    typedef SoftmaxVec<T, VEC> V;
     const AttnMask mask = make_mask(mptr, msb, msh, msi, msj, mvalue, causal);
     __shared__ float sh[64];
+    const int nv = Skv / VEC;
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const int i = (int)(row % Sq);
         const long long z = row / Sq;
         const int h = (int)(z % H), b = (int)(z / H);
-        T* pr = P + row * Skv;
+        V* pr = reinterpret_cast<V*>(P + row * Skv);
         float m = ATTN_NEG_INF, s = 0.0f;
-        for (int j = threadIdx.x; j < Skv; j += WARPS * 32) {
-            const float x = masked_score<T, MASK>(Num<T>::to_f(pr[j]), mask, b, h, i, j);
-            ms_combine(m, s, x, 1.0f);
+        for (int jv = threadIdx.x; jv < nv; jv += WARPS * 32) {
+            const V a = pr[jv];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                ms_push(m, s, masked_score<T, MASK>(Num<T>::to_f(a.v[k]), mask, b, h, i, jv * VEC + k));
         }
         block_max_sum<WARPS>(m, s, sh);
         const bool empty = m == ATTN_NEG_INF;
         const float nan = __int_as_float(0x7fc00000);
         const float inv = 1.0f / s;
-        for (int j = threadIdx.x; j < Skv; j += WARPS * 32) {
-            float p;
-            if (empty) {
-                p = nan_to_zero ? 0.0f : nan;
-            } else {
-                const float x = masked_score<T, MASK>(Num<T>::to_f(pr[j]), mask, b, h, i, j);
-                p = x == ATTN_NEG_INF ? 0.0f : expf(x - m) * inv;
+        for (int jv = threadIdx.x; jv < nv; jv += WARPS * 32) {
+            const V a = pr[jv];
+            V o;
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                float p;
+                if (empty) {
+                    p = nan_to_zero ? 0.0f : nan;
+                } else {
+                    const float x = masked_score<T, MASK>(Num<T>::to_f(a.v[k]), mask, b, h, i, jv * VEC + k);
+                    p = x == ATTN_NEG_INF ? 0.0f : expf(x - m) * inv;
+                }
+                o.v[k] = Num<T>::from_f(p);
             }
-            pr[j] = Num<T>::from_f(p);
+            pr[jv] = o;
         }
     }
 }

@@ -1,6 +1,7 @@
 """Attention lowering candidates (``graphopt.Attention``), two families (``attention.cu``):
 
-- ``cublas_softmax`` (param ``warps``): scores ``S = scale * Q . K^T`` by one cuBLAS strided-batched
+- ``cublas_softmax`` (params ``warps``, and ``vec`` for 16-byte loads of the scores where the key
+  count allows): scores ``S = scale * Q . K^T`` by one cuBLAS strided-batched
   GEMM (graphopt's own handle, so CUDA-graph capture works: graphopt/kernels/blas.py), then one
   fused mask / causal / softmax / nan_to_zero kernel in place on S (``attn_softmax``, one row per
   CTA of ``warps`` warps), then ``Y = P . V`` by a second batched GEMM. The scores are stored in the
@@ -43,6 +44,7 @@ from graphopt.kernels.source import get_kernel, instance, source_hash
 SUPPORTED_DTYPES = ("float16", "float32")
 MASK_CODES = {"none": 0, "additive": 1, "bool": 2}
 SOFTMAX_WARPS = (1, 2, 4, 8)
+SOFTMAX_VEC16 = {"float16": 8, "float32": 4}  # scores per 16-byte load (param vec; 1 when absent)
 FLASH_DMAX = (32, 64, 128)
 FLASH_TILES = ((16, 4), (32, 4), (64, 4), (64, 8))  # (bm query rows per CTA, warps)
 KEY_TILE = 32
@@ -194,15 +196,20 @@ class _AttentionKernels:
 
 @dataclass(frozen=True)
 class CublasSoftmaxAttention(_AttentionKernels, Candidate):
-    """cuBLAS batched GEMM, the fused mask/softmax kernel in place, cuBLAS batched GEMM; param warps."""
+    """cuBLAS batched GEMM, the fused mask/softmax kernel in place, cuBLAS batched GEMM; params warps
+    and vec (scores per load: 16 bytes, or 1 when absent from the key)."""
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         try:
             p = attention_plan(sig)
         except TuningError as exc:
             return str(exc)
-        w = int(self.param("warps"))
-        if w > 1 and (w // 2) * 32 >= p.Skv:
+        w, vec = int(self.param("warps")), int(self.param("vec", 1))
+        if vec > 1 and vec != SOFTMAX_VEC16.get(p.dtype):
+            return f"vec={vec} is not a 16-byte load of {p.dtype}"
+        if p.Skv % vec:
+            return f"{p.Skv} keys are not a multiple of vec={vec}"
+        if w > 1 and (w // 2) * 32 >= p.Skv // vec:
             return f"{w // 2} warps already cover a row of {p.Skv} keys"
         if max(p.Sq, p.Skv, p.D, p.Dv) > 2**31 - 1 or p.Z > 2**31 - 1:
             return "dims over 2**31 (cuBLAS int dims)"
@@ -213,7 +220,7 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
 
     def _instance(self, sig: Signature) -> str:
         p = attention_plan(sig)
-        return instance("attn_softmax", p.dtype, int(self.param("warps")), p.mask)
+        return instance("attn_softmax", p.dtype, int(self.param("warps")), p.mask, int(self.param("vec", 1)))
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
@@ -288,6 +295,8 @@ class FlashAttention(_AttentionKernels, Candidate):
 
 def attention_candidates() -> list[Candidate]:
     out: list[Candidate] = [CublasSoftmaxAttention("cublas_softmax", (("warps", w),)) for w in SOFTMAX_WARPS]
+    out += [CublasSoftmaxAttention("cublas_softmax", (("warps", w), ("vec", v)))
+            for v in sorted(set(SOFTMAX_VEC16.values()), reverse=True) for w in SOFTMAX_WARPS]
     for dmax in FLASH_DMAX:
         for bm, w in FLASH_TILES:
             out.append(FlashAttention("flash", (("dmax", dmax), ("bm", bm), ("warps", w))))
@@ -304,7 +313,8 @@ def attention_kernel_instances() -> list[tuple[str, str]]:
     for dt in SUPPORTED_DTYPES:
         for mask in MASK_CODES.values():
             for w in SOFTMAX_WARPS:
-                out.append(("attention.cu", instance("attn_softmax", dt, w, mask)))
+                for vec in (1, SOFTMAX_VEC16[dt]):
+                    out.append(("attention.cu", instance("attn_softmax", dt, w, mask, vec)))
             for dmax in FLASH_DMAX:
                 for bm, w in FLASH_TILES:
                     out.append(("attention.cu", instance("flash_attn", dt, dmax, bm, w, mask)))

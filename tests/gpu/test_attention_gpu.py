@@ -110,6 +110,30 @@ def test_attention_candidate(sq, skv, d, dv, kt, kind, mshape, attrs, dtype, can
     _compare(cand.key(), got, again, ref, dtype)
 
 
+def _vector_softmax_cases():
+    """The 16-byte softmax loads (``cublas_softmax:...,vec=``) need Skv a multiple of the vector: the
+    sweep's lengths are odd or 100, so this adds 520 keys (65 vectors of 8: one to four warps; 130 of
+    4 in fp32: one to eight) and 33 queries, every mask."""
+    for name, kind, mshape, attrs in MASKS:
+        for dtype in ("float16", "float32"):
+            ins = _inputs(33, 520, 64, 64, 0, kind, mshape and mshape(33, 520), dtype, 0)
+            sig = _sig(ins, 0, kind, attrs)
+            for cand in attention_candidates():
+                if cand.param("vec") and cand.applies(sig, (9, 0)) is None:
+                    yield pytest.param(name, kind, mshape, attrs, dtype, cand, id=f"{name}-{dtype}-{cand.key()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,kind,mshape,attrs,dtype,cand", list(_vector_softmax_cases()))
+def test_vector_softmax(name, kind, mshape, attrs, dtype, cand):
+    ins = _inputs(33, 520, 64, 64, 0, kind, mshape and mshape(33, 520), dtype, zlib.crc32(cand.key().encode()))
+    sig = _sig(ins, 0, kind, attrs)
+    ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
+                                            dict(sig.attrs))[0].astype(np.float64)
+    got, again = _run(cand, sig, ins)
+    _compare(cand.key(), got, again, ref, dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("nz", [0, 1])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])

@@ -69,11 +69,17 @@ def test_configs_that_apply():
         "cublas_softmax:warps=1", "flash:dmax=32,bm=16,warps=4", "flash:dmax=32,bm=32,warps=4",
         "flash:dmax=32,bm=64,warps=4", "flash:dmax=32,bm=64,warps=8"]
     keys = _applicable(_sig(Skv=2048, D=128))
-    assert keys[:4] == [f"cublas_softmax:warps={w}" for w in (1, 2, 4, 8)]
-    assert all("dmax=128" in k for k in keys[4:]) and len(keys) == 8
+    assert keys[:8] == [f"cublas_softmax:warps={w}" for w in (1, 2, 4, 8)] + [
+        f"cublas_softmax:warps={w},vec=4" for w in (1, 2, 4, 8)]
+    assert all("dmax=128" in k for k in keys[8:]) and len(keys) == 12
     assert _applicable(_sig(D=256)) == ["cublas_softmax:warps=1"]  # no flash config holds head dim 256
     reasons = {c.key(): c.applies(_sig(Skv=100, D=64), (9, 0)) for c in attention_candidates()}
     assert reasons["cublas_softmax:warps=8"] == "4 warps already cover a row of 100 keys"
+    assert reasons["cublas_softmax:warps=1,vec=4"] is None  # 25 loads of 4 fp32 scores
+    assert reasons["cublas_softmax:warps=2,vec=4"] == "1 warps already cover a row of 100 keys"
+    assert reasons["cublas_softmax:warps=1,vec=8"] == "vec=8 is not a 16-byte load of float32"
+    assert candidate_from_key("Attention", "cublas_softmax:warps=1,vec=8").applies(
+        _sig(Skv=100, D=64, dtype="float16"), (9, 0)) == "100 keys are not a multiple of vec=8"
     assert reasons["flash:dmax=32,bm=16,warps=4"] == "head dim 64 > dmax=32"
     assert reasons["flash:dmax=128,bm=16,warps=4"] == "dmax=64 already holds head dim 64"
     big = FlashAttention("flash", (("dmax", 128), ("bm", 64), ("warps", 4)))
@@ -105,7 +111,9 @@ def test_keys_round_trip_and_instances_are_registered():
         assert candidate_from_key("Attention", cand.key()) == cand
     sig = _sig(D=64, dtype="float16", mask=(2, 1, 1, 7), kind="additive")
     assert candidate_from_key("Attention", "cublas_softmax:warps=4").kernels(sig) == [
-        ("attention.cu", "attn_softmax<half_t,4,1>")]
+        ("attention.cu", "attn_softmax<half_t,4,1,1>")]
+    assert candidate_from_key("Attention", "cublas_softmax:warps=4,vec=8").kernels(sig) == [
+        ("attention.cu", "attn_softmax<half_t,4,1,8>")]
     assert candidate_from_key("Attention", "flash:dmax=64,bm=32,warps=4").kernels(
         _sig(D=64, mask=(5, 7), kind="bool")) == [("attention.cu", "flash_attn<float,64,32,4,2>")]
     every = set(all_kernel_instances())
