@@ -39,12 +39,11 @@ from graphopt.kernels import blas
 from graphopt.lowering.contract import Candidate, Signature
 from graphopt.ops.attention import operands as attention_operands
 from graphopt.kernels.mma_args import ptr
-from graphopt.kernels.source import get_kernel, instance, source_hash
+from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
 MASK_CODES = {"none": 0, "additive": 1, "bool": 2}
 SOFTMAX_WARPS = (1, 2, 4, 8)
-SOFTMAX_VEC16 = {"float16": 8, "float32": 4}  # scores per 16-byte load (param vec; 1 when absent)
 FLASH_DMAX = (32, 64, 128)
 FLASH_TILES = ((16, 4), (32, 4), (64, 4), (64, 8))  # (bm query rows per CTA, warps)
 KEY_TILE = 32
@@ -205,7 +204,7 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
         except TuningError as exc:
             return str(exc)
         w, vec = int(self.param("warps")), int(self.param("vec", 1))
-        if vec > 1 and vec != SOFTMAX_VEC16.get(p.dtype):
+        if vec > 1 and vec != VEC16.get(p.dtype):
             return f"vec={vec} is not a 16-byte load of {p.dtype}"
         if p.Skv % vec:
             return f"{p.Skv} keys are not a multiple of vec={vec}"
@@ -296,7 +295,7 @@ class FlashAttention(_AttentionKernels, Candidate):
 def attention_candidates() -> list[Candidate]:
     out: list[Candidate] = [CublasSoftmaxAttention("cublas_softmax", (("warps", w),)) for w in SOFTMAX_WARPS]
     out += [CublasSoftmaxAttention("cublas_softmax", (("warps", w), ("vec", v)))
-            for v in sorted(set(SOFTMAX_VEC16.values()), reverse=True) for w in SOFTMAX_WARPS]
+            for v in sorted(set(VEC16.values()), reverse=True) for w in SOFTMAX_WARPS]
     for dmax in FLASH_DMAX:
         for bm, w in FLASH_TILES:
             out.append(FlashAttention("flash", (("dmax", dmax), ("bm", bm), ("warps", w))))
@@ -313,7 +312,7 @@ def attention_kernel_instances() -> list[tuple[str, str]]:
     for dt in SUPPORTED_DTYPES:
         for mask in MASK_CODES.values():
             for w in SOFTMAX_WARPS:
-                for vec in (1, SOFTMAX_VEC16[dt]):
+                for vec in (1, VEC16[dt]):
                     out.append(("attention.cu", instance("attn_softmax", dt, w, mask, vec)))
             for dmax in FLASH_DMAX:
                 for bm, w in FLASH_TILES:

@@ -20,11 +20,10 @@ from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.mma_args import ptr
-from graphopt.kernels.source import get_kernel, instance, source_hash
+from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 
 SUPPORTED_DTYPES = ("float16", "float32")  # the cuBLAS path's types
-VEC16 = {"float16": 8, "float32": 4}
 THREADS = 256
 GRID_MAX = 132 * 32
 ITEMSIZE = {"float16": 2, "float32": 4}

@@ -20,7 +20,7 @@ from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.kernels.mma_args import mma_args, ptr
 from graphopt.kernels.mma_tiles import VEC, TiledMmaParams, mma_family
-from graphopt.kernels.source import get_kernel, instance, source_hash
+from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
 
@@ -136,7 +136,7 @@ def _check(sig: Signature) -> str | None:
 def _vector_epilogue(p: GemmPlan, dt: str) -> bool:
     """Whether ``epilogue_gemm_vec`` takes this GEMM's epilogue: a bias of one row of N values (or
     none), N a multiple of the 16-byte vector (``gemm_plan`` already bounds the output below 2**31)."""
-    return (p.bias is None or (p.bias[0] == 0 and p.bias[1] == 0 and p.bias[2] == 1)) and p.N % VEC[dt] == 0
+    return (p.bias is None or (p.bias[0] == 0 and p.bias[1] == 0 and p.bias[2] == 1)) and p.N % VEC16[dt] == 0
 
 
 def _bias_array(C, p: GemmPlan):
@@ -173,7 +173,7 @@ class CublasGemm(Candidate):
         dt = geo.dtype_of(sig)
         out = [("elementwise.cu", instance("epilogue_gemm", dt))]
         if _check(sig) is None and _vector_epilogue(gemm_plan(sig), dt):
-            out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC[dt])))
+            out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])))
         return out
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
@@ -190,8 +190,8 @@ class CublasGemm(Candidate):
         egrid = (min(-(-total // 256), 132 * 32),)
         # the vector epilogue where the bias is one row of N values (or absent) and rows are 16-byte
         # multiples; each launch still checks the pointers' alignment and else takes the scalar one
-        epi_vec = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC[dt])) if _vector_epilogue(p, dt) else None
-        vgrid = (min(-(-(total // VEC[dt]) // 256), 132 * 32),)
+        epi_vec = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])) if _vector_epilogue(p, dt) else None
+        vgrid = (min(-(-(total // VEC16[dt]) // 256), 132 * 32),)
         i32, i64, f32 = np.int32, np.int64, np.float32
         tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
         needs_epi = p.bias is not None or act.code != 0 or p.alpha != 1.0

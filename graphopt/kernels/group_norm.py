@@ -18,12 +18,11 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.source import get_kernel, instance, source_hash
+from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 
 SUPPORTED_DTYPES = ("float16", "float32")
 WARPS = (4, 8, 16, 32)
-VEC16 = {"float16": 8, "float32": 4}
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.errors import TuningError
-from graphopt.kernels.source import get_kernel, instance
+from graphopt.kernels.source import VEC16, get_kernel, instance
 
-VEC = {"float16": 8, "float32": 4}
+VEC = VEC16  # elements per 16-byte load of A / B
 ELEM = {"float16": 2, "float32": 4}
 
 # (bm, bn, warps_m, warps_n) for the mma kernels; bk is 32 throughout.

@@ -28,7 +28,7 @@ from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.kernels.mma_args import ptr
-from graphopt.kernels.source import get_kernel, instance, source_hash
+from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
 
 OPS = ("LayerNorm", "RMSNorm")
 MODES = {"LayerNorm": 0, "RMSNorm": 1}
@@ -36,7 +36,6 @@ SUPPORTED_DTYPES = ("float16", "float32")
 WARPS = (1, 2, 4, 8, 16, 32)
 ITEMS = (1, 2, 4, 8)
 ROWS_PER_CTA = (4, 8)  # besides 1; with a warp per row only
-VEC16 = {"float16": 8, "float32": 4}  # elements per 16-byte load
 GRID_ROWS_MAX = 132 * 32  # CTAs; rows beyond this loop inside the kernel
 
 

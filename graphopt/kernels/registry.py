@@ -148,9 +148,9 @@ def candidate_from_key(op: str, key: str) -> Candidate:
 
 def all_kernel_instances() -> list[tuple[str, str]]:
     """Every (source, template instance) any candidate can compile, for CI and prebuilding."""
-    from graphopt.kernels.mma_tiles import PIPE_DTYPES, PIPE_STAGES, PIPE_TILES, TILE_CONFIGS_BK, VEC
+    from graphopt.kernels.mma_tiles import PIPE_DTYPES, PIPE_STAGES, PIPE_TILES, TILE_CONFIGS_BK
     from graphopt.kernels.pool import instances as pool_instances
-    from graphopt.kernels.source import instance
+    from graphopt.kernels.source import VEC16, instance
 
     out: list[tuple[str, str]] = []
     for dt in ("float16", "float32"):
@@ -171,7 +171,7 @@ def all_kernel_instances() -> list[tuple[str, str]]:
                             out.append(("mma_gemm.cu", instance("mma_gemm", dt, mode, bm, bn, bk, wm, wn, sepi, st)))
         for t in ("epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc", "pad_channels_nhwc"):
             out.append(("elementwise.cu", instance(t, dt)))
-        out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC[dt])))
+        out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])))
     out.append(("elementwise.cu", "spin"))
     out += norm_kernel_instances()
     out += attention_kernel_instances()
