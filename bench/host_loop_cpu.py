@@ -8,7 +8,10 @@ lowerings the fp16 heuristic picks on the H200, built as follows:
 - GemmAct: the real cuBLASLt provider (``graphopt.providers.cublaslt``: descriptors, algorithm,
   the launch's pointer and ctypes work) over a library stand-in whose calls return at once;
 - every other custom op: a lowering declared like cuDNN's CBR (barrier, capturable, NHWC, a
-  workspace) whose launch does nothing.
+  workspace) whose launch does nothing. It fills one output, so GPT-2's LayerNorms that keep their
+  sum run the CuPy fallback here, which on the device they do not (the heuristic's ``rows`` kernel
+  writes both outputs); declaring every output instead hands those steps the NumPy arrays the fake's
+  standard ops return, which have no device pointer to key a step replay on.
 
 So a step's time is the runtime's own work around the launch plus the fake's (NumPy) allocation
 and pointer reads, never a kernel. ``calls per step`` counts what would be a CuPy / CUDA call on
