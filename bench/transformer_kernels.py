@@ -86,14 +86,14 @@ def main(argv=None):
     from graphopt.kernels.attention import attention_kernel_instances
     from graphopt.kernels.registry import signature_of
     from graphopt.kernels.norm import norm_kernel_instances
-    from graphopt.kernels.source import get_kernel, instance, prebuild
+    from graphopt.kernels.source import VEC16, get_kernel, instance, prebuild
     from graphopt.kernels.timing import cuda_event_timer, median
 
     command = "python3 bench/transformer_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
     header = env_header(command)
     t0 = time.perf_counter()
     jobs = norm_kernel_instances() + attention_kernel_instances() + [
-        ("elementwise.cu", k) for dt, v in (("float16", 8), ("float32", 4))
+        ("elementwise.cu", k) for dt, v in VEC16.items()
         for k in (instance("epilogue_gemm", dt), instance("epilogue_gemm_vec", dt, v))]
     header["prebuild_errors"] = {f"{k[0]}:{k[1]}": v for k, v in prebuild(jobs).items()}
     header["prebuild_s"] = round(time.perf_counter() - t0, 1)
@@ -208,7 +208,7 @@ def main(argv=None):
                 bias = rng.standard_normal(n, dtype=cupy.float32).astype(dtype)
                 ty, tbias = torch.as_tensor(y0, device="cuda"), torch.as_tensor(bias, device="cuda")
                 epi = get_kernel("elementwise.cu", instance("epilogue_gemm", dtype))
-                vec = 8 if dtype == "float16" else 4  # the vector epilogue GemmAct's cuBLAS lowerings launch here
+                vec = VEC16[dtype]  # the vector epilogue GemmAct's cuBLAS lowerings launch here
                 epi_vec = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dtype, vec)) if n % vec == 0 else None
                 for act, code, approx in (("Gelu", 8, "none"), ("GeluTanh", 9, "tanh")):
                     total = m * n
@@ -250,7 +250,7 @@ def main(argv=None):
                     ref = cupy.asarray(torch.softmax(ts0.float(), -1))
                 stream.synchronize()
                 cands = {}
-                for w, vec in [(w, v) for v in (1, 8 if dtype == "float16" else 4) for w in (1, 2, 4, 8)]:
+                for w, vec in [(w, v) for v in (1, VEC16[dtype]) for w in (1, 2, 4, 8)]:
                     if skv % vec or (w > 1 and (w // 2) * 32 >= skv // vec):  # as CublasSoftmaxAttention.applies
                         continue
                     kern = get_kernel("attention.cu", instance("attn_softmax", dtype, w, 0, vec))
