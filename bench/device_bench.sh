@@ -40,6 +40,9 @@
 #                     carried .tuning (so the tuned choices come back from the cache) -> diagnose_<model>_h200.json:
 #                     each runtime mode's error, then every custom node's own error on its real inputs; then
 #                     the captured-graph tests of capture-check (~3-5 min)
+#   breakdown         bench/plan_breakdown.py on MODELS / BATCHES (default GPT-2 and BERT at bs32) with the carried
+#                     .tuning's choices -> plan_breakdown_h200.json/.md: each step's device time alone, by op
+#                     and lowering (~2-4 min)
 #   explore           bench/kernel_explore.py -> kernel_explore_h200.json (~3-4 min)
 #   host              the run-path GPU tests (step replay, graph-output replay, the hold of the host-time
 #                     method) -> gpu_tests_host_h200.txt (~1-2 min), then bench/host_overhead.py on
@@ -47,7 +50,7 @@
 #                     -> host_overhead_h200.json/.md (~3-5 min): host us/node with the GPU held, beside the
 #                     idle-GPU figure (the method before 2026-12-05), the thread CPU time and per op
 set -u
-STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose explore host)}
+STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host)}
 OUT=${2:?usage: device_bench.sh STEP OUT}
 LIMIT=${LIMIT:-570}        # seconds for the whole call (9.5 minutes)
 START=$SECONDS
@@ -126,6 +129,10 @@ case "$STEP" in
       --shape "${SHAPE:-input=32x3x224x224}" --precision fp16 --time-limit "$(left 80)" --out "$OUT/diagnose_${MODEL:-resnet50}_h200.json" \
       2>&1 | tee "$OUT/diagnose_log.txt" | tail -80
     CAPTURE_LIMIT=$(left 20) capture_tests ;;
+  breakdown)  # the tuned plan's device time per step: carry .tuning from a tuned call (choices served from it)
+    GRAPHOPT_CACHE_DIR=$TUNING timeout -k 10 "$(left)" python3 bench/plan_breakdown.py --models "${MODELS:-gpt2,bert}" \
+      --batches "${BATCHES:-32,32}" --gpu-args "--gpu auto --precision fp16 --io-fp16" --out "$OUT" 2>&1 \
+      | tee "$OUT/plan_breakdown_log.txt" | tail -90 ;;
   explore)
     prebuild
     timeout -k 10 "$(left)" python3 bench/kernel_explore.py --out "$OUT" ${EXPLORE_ARGS:-} > "$OUT/kernel_explore_log.txt" 2>&1
@@ -138,7 +145,7 @@ case "$STEP" in
       | tee "$OUT/gpu_tests_host_h200.txt" | tail -12
     timeout -k 10 "$(left)" python3 bench/host_overhead.py --out "$OUT" --models "${HOST_MODELS:-resnet50,resnet50,gpt2}" \
       --batches "${HOST_BATCHES:-1,32,1}" --optimize-timeout 150 2>&1 | tee "$OUT/host_overhead_log.txt" | tail -20 ;;
-  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose explore host)"; exit 2 ;;
+  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host)"; exit 2 ;;
 esac
 tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null
 echo "device_bench: step $STEP done in $((SECONDS - START)) s"

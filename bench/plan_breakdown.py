@@ -6,7 +6,8 @@ op and lowering, beside the CUDA-graph replay time of the whole plan and torch's
 
 The models are built and exported exactly as in ``bench/e2e.py`` (torchvision / transformers configs,
 random weights), optimized with ``--gpu none`` (the heuristic's lowerings: this script explains a plan,
-it does not tune) and run in fp16. Writes OUT/plan_breakdown_<gpu>.json and .md after every model.
+it does not tune; ``--gpu-args "--gpu auto --precision fp16 --io-fp16"`` with GRAPHOPT_CACHE_DIR set to a
+tuned cache explains the tuned plan instead, the choices served from the cache) and run in fp16. Writes OUT/plan_breakdown_<gpu>.json and .md after every model.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def breakdown(sess, feed, repeats: int) -> dict:
         outs = step.run(ins)
         stream.synchronize()
         host_sync = (time.perf_counter() - t0) * 1e6
-        entry = {"label": step.label, "op": step.op, "how": "graph"}
+        entry = {"label": step.label, "op": step.op, "lowering": lowering_of(step), "how": "graph"}
         try:
             stream.begin_capture()
             try:
@@ -78,7 +79,7 @@ def breakdown(sess, feed, repeats: int) -> dict:
     stream.synchronize()
     groups = defaultdict(lambda: [0, 0.0, 0.0])
     for s in steps:
-        g = groups[s["op"]]
+        g = groups[f"{s['op']} [{s['lowering']}]" if s["lowering"] else s["op"]]
         g[0] += 1
         g[1] += s["device_us"]
         g[2] += s["host_us"]
@@ -104,14 +105,14 @@ def main() -> int:
         module = e2e.build_module(name)
         e2e.export(name, module, src)
         opt = work / f"{name}.opt.onnx"
-        shape = f"input={bs}x{e2e.SEQ}" if name == "gpt2" else f"input={bs}x3x224x224"
+        shape = e2e.input_shape(name, bs)
         t0 = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "graphopt.cli", "optimize", str(src), "-o", str(opt),
                             *args.gpu_args.split(), "--shape", shape, "-q"], capture_output=True, text=True)
         entry = {"model": name, "bs": bs, "optimize_s": time.perf_counter() - t0, "optimize_rc": r.returncode,
                  "optimize_err": r.stderr[-400:]}
         x = e2e.example_input(name, bs).cuda()
-        feed = {"input": x if name == "gpt2" else x.float()}
+        feed = {"input": x if not x.is_floating_point() else x.float()}
         for label, path in (("optimized", opt), ("unoptimized", src)):
             try:
                 sess = Session(path, device="cuda", dtype="float16")
@@ -134,7 +135,7 @@ def main() -> int:
                 entry[f"{label}_traceback"] = traceback.format_exc()[-2500:]
                 print(traceback.format_exc()[-2500:], flush=True)
         mod = module.to("cuda").half()
-        xt = x if name == "gpt2" else x.half()
+        xt = x if not x.is_floating_point() else x.half()
         with torch.inference_mode():
             for _ in range(5):
                 mod(xt)
