@@ -47,13 +47,15 @@ def tuning_status(report: dict) -> tuple[bool, dict]:
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
-    """Rows keyed by (model, bs, dtype); a newer row replaces an older one. When the older row's tuning
+    """Rows keyed by (model, bs, dtype); a newer row (by its ``date``, else by coming later) replaces an older one. When the older row's tuning
     was cut, its ``optimize_s_all_calls`` is added to the newer one's (the tuning resumed from the cache).
     Sorted by model order, dtype, batch."""
     by_key = {(r["model"], r["bs"], r["dtype"]): r for r in old}
     for r in new:
         k = (r["model"], r["bs"], r["dtype"])
         prev = by_key.get(k)
+        if prev is not None and r.get("date") and prev.get("date") and r["date"] < prev["date"]:
+            continue  # an older measurement (a device call's copy of a file merged before) never wins
         r = dict(r)
         if prev is not None and prev.get("tuning_complete") is False and r.get("optimize_s") is not None:
             r["optimize_s_all_calls"] = round((prev.get("optimize_s_all_calls") or prev.get("optimize_s") or 0.0)
@@ -159,3 +161,29 @@ def load_doc(path: Path) -> dict:
     doc.setdefault("runs", [])
     doc["rows"] = [r for r in doc.get("rows", []) if r.get("bs") is not None and r.get("dtype")]
     return doc
+
+
+def merge_files(dest: Path, sources: list[Path]) -> dict:
+    """Merge the e2e JSON files that device calls brought back into ``dest`` (rows by ``merge_rows``, in the
+    order given; runs de-duplicated, by date), recompute the acceptance checks from the merged rows and
+    write ``dest`` and its markdown beside it."""
+    doc = load_doc(dest)
+    runs = {json.dumps(r, sort_keys=True): r for r in doc["runs"]}
+    for src in sources:
+        new = load_doc(src)
+        doc["rows"] = merge_rows(doc["rows"], new["rows"])
+        runs.update((json.dumps(r, sort_keys=True), r) for r in new["runs"])
+        doc.update({k: v for k, v in new.items() if k not in ("rows", "runs", "acceptance")})
+    doc["runs"] = sorted(runs.values(), key=lambda r: r.get("date", ""))
+    doc["acceptance"] = acceptance(doc["rows"])
+    write_atomic(dest, json.dumps(doc, indent=1) + "\n")
+    write_atomic(dest.with_suffix(".md"), markdown(doc))
+    return doc
+
+
+if __name__ == "__main__":  # python3 bench/e2e_report.py bench/results/e2e_h200.json OUT1/e2e_h200.json ...
+    import sys
+
+    if len(sys.argv) < 3:
+        raise SystemExit("usage: python3 bench/e2e_report.py DEST.json SOURCE.json... (merges device results into DEST)")
+    merge_files(Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]])

@@ -83,16 +83,20 @@ def main() -> int:
             src = work / f"{name}.onnx"
             e2e.export(name, e2e.build_module(name), src)
             opt = work / f"{name}.opt.onnx"
-            shape = f"input={bs}x{e2e.SEQ}" if name == "gpt2" else f"input={bs}x3x224x224"
+            shape = e2e.input_shape(name, bs)
             t0 = time.perf_counter()
             r = subprocess.run([sys.executable, "-m", "graphopt.cli", "optimize", str(src), "-o", str(opt),
                                 *args.gpu_args.split(), "--shape", shape, "-q"], capture_output=True, text=True,
                                timeout=args.optimize_timeout)
             entry.update(optimize_s=time.perf_counter() - t0, optimize_rc=r.returncode, optimize_err=r.stderr[-400:])
             x = e2e.example_input(name, bs).cuda()
-            feed = {"input": x if name == "gpt2" else x.float()}
-        except Exception as e:  # noqa: BLE001 - reported in the row
+            feed = {"input": x if not x.is_floating_point() else x.float()}
+            if r.returncode:
+                raise RuntimeError(f"graphopt optimize exit {r.returncode}: {r.stderr[-300:]}")
+        except Exception as e:  # noqa: BLE001 - reported in the row, printed and written (a silent gap is no result)
             entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"{name} bs{bs}: {entry['error']}", flush=True)
+            (args.out / f"host_overhead_{args.gpu_name}.json").write_text(json.dumps(res, indent=1))
             continue
         for label, path in (("optimized", opt), ("unoptimized", src)):
             try:

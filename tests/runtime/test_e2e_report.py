@@ -63,6 +63,25 @@ def test_merge_replaces_by_key_and_adds_up_a_resumed_tuning():
     assert "optimize_s_all_calls" not in rows[0]
 
 
+def test_an_older_row_never_replaces_a_newer_one_and_merge_files_recomputes_the_checks(tmp_path):
+    import json
+
+    new = _row("resnet50", 32, "fp16", graphopt_ms=1.0, torch_compile_ms=1.5, tuning_complete=True,
+               date="2026-12-05T07:49:24+00:00")
+    stale = _row("resnet50", 32, "fp16", graphopt_ms=2.0, torch_compile_ms=1.5, tuning_complete=True,
+                 date="2026-12-04T19:31:20+00:00")
+    assert R.merge_rows([new], [stale])[0]["graphopt_ms"] == 1.0  # a later call's copy of the older row
+    a, b, dest = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "e2e.json"
+    a.write_text(json.dumps({"rows": [new], "runs": [{"date": "2026-12-05T07:49:24+00:00"}]}))
+    b.write_text(json.dumps({"rows": [stale], "runs": [{"date": "2026-12-04T19:31:20+00:00"}],
+                             "acceptance": [{"check": "stale", "value": 9, "pass": False}]}))
+    doc = R.merge_files(dest, [a, b])
+    assert [r["graphopt_ms"] for r in doc["rows"]] == [1.0] and len(doc["runs"]) == 2
+    check = {c["check"]: c for c in doc["acceptance"]}["resnet50 bs32 fp16: graphopt <= 0.8 x torch.compile (fully tuned)"]
+    assert check["pass"] is True and json.loads(dest.read_text())["acceptance"] == doc["acceptance"]
+    assert "| resnet50 | 32 | fp16 | 1.000 |" in dest.with_suffix(".md").read_text()
+
+
 def test_acceptance_uses_compile_ratio_only_for_fully_tuned_rows():
     rows = [_row("resnet50", 32, "fp16", graphopt_ms=1.0, torch_compile_ms=1.5, tuning_complete=True,
                  graphopt_unoptimized_ms=1.2, host_us_per_node=9.0, max_rel_err_vs_torch=0.002),
