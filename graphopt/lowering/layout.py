@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-LAYOUTS = ("NCHW", "NHWC", "rowmajor", "")  # "": any (the lowering reads the strides itself)
+LAYOUTS = ("NCHW", "NHWC", "rowmajor", "colmajor", "")  # "": any (the lowering reads the strides itself)
+# Layouts only a constant input may be declared in: the runtime converts a constant once, when the plan
+# is built, but would convert an activation on every run. "colmajor": the last two dims swapped in
+# memory (``x.swapaxes(-1, -2)`` is C-contiguous), a weight matrix stored transposed.
+WEIGHT_LAYOUTS = frozenset({"colmajor"})
 
 
 def _last_perm(ndim: int) -> tuple[int, ...]:
@@ -32,6 +36,8 @@ def is_layout(x: Any, layout: str) -> bool:
         return True
     if layout == "NHWC" and x.ndim >= 3:
         return bool(x.transpose(_last_perm(x.ndim)).flags.c_contiguous)
+    if layout == "colmajor" and x.ndim >= 2:
+        return bool(x.swapaxes(-1, -2).flags.c_contiguous)
     return bool(x.flags.c_contiguous)
 
 
@@ -42,6 +48,8 @@ def to_layout(x: Any, layout: str, xp: Any) -> Any:
     if layout == "NHWC" and x.ndim >= 3:
         perm = _last_perm(x.ndim)
         return xp.ascontiguousarray(x.transpose(perm)).transpose(_inverse(perm))
+    if layout == "colmajor" and x.ndim >= 2:
+        return xp.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2)
     return xp.ascontiguousarray(x)
 
 
@@ -51,4 +59,6 @@ def empty(shape: Sequence[int], dtype: Any, layout: str, xp: Any) -> Any:
     if layout == "NHWC" and len(shape) >= 3:
         perm = _last_perm(len(shape))
         return xp.empty(tuple(shape[p] for p in perm), dtype=dtype).transpose(_inverse(perm))
+    if layout == "colmajor" and len(shape) >= 2:
+        return xp.empty(shape[:-2] + (shape[-1], shape[-2]), dtype=dtype).swapaxes(-1, -2)
     return xp.empty(shape, dtype=dtype)

@@ -15,6 +15,13 @@ column of our Y.
 + bias, then the activation. A residual input is left to other candidates (cuBLASLt's order of
 ``beta * C`` and the epilogue is not documented precisely enough to rely on).
 
+``cublaslt_bt`` is the same call on a GemmAct whose B (K x N, one matrix shared by every batch) has rows
+that are not 16-byte multiples (N x itemsize; GPT-2's tied LM head has N = 50257): B is declared
+``colmajor`` (stored transposed, rows K apart) and passed as ``op(A) = T``. The runtime converts a
+constant B once, when the plan is built; the tuner never lets an activation take it (a transpose on
+every run). On the H200 every GemmAct candidate for GPT-2's LM head at bs32 took 2.5-8 ms with B's
+rows odd-length (``bench/NOTES_kernels.md``).
+
 Each algorithm ``cublasLtMatmulAlgoGetHeuristic`` returns (up to :data:`REQUEST`) is a candidate
 keyed by its configuration (algorithm id, tile, stages, split-K, reduction, swizzle, custom option,
 inner and cluster shape), not by its list position; the plain ``cublaslt`` candidate takes the
@@ -36,6 +43,7 @@ from graphopt.providers import cublaslt_lib as lt
 
 OPS = ("GemmAct", "CBR")
 NAME = "cublaslt"
+NAME_BT = "cublaslt_bt"  # GemmAct with B declared colmajor (module docstring)
 DTYPES = {"float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F"}
 # (activation, has bias) -> cublasLtEpilogue_t
 EPILOGUES = {("none", False): "CUBLASLT_EPILOGUE_DEFAULT", ("none", True): "CUBLASLT_EPILOGUE_BIAS",
@@ -48,6 +56,7 @@ ALIGNMENT = 16  # bytes; the heuristic keeps algorithms that work at this operan
 # X, W, B, R in, Y out. R (never given here) is NHWC too, so that Y's layout is NHWC also where a
 # node has 3 inputs (Lowering.output_layout indexes after the inputs actually passed).
 LAYOUTS = {"GemmAct": (), "CBR": ("NHWC", "", "", "NHWC", "NHWC")}
+LAYOUTS_BT = ("", "colmajor")  # A as given (C-contiguous), B stored transposed; bias and Y C-contiguous
 
 
 @dataclass(frozen=True)
@@ -90,10 +99,34 @@ def _activation(sig: Signature) -> str:
     return act
 
 
-def problem(sig: Signature) -> Problem:
-    """The cuBLASLt call for a GemmAct or CBR signature; TuningError says why there is none."""
+def b_transposed_reason(sig: Signature) -> str | None:
+    """Why ``cublaslt_bt`` does not apply to ``sig`` (None: it does)."""
+    if sig.op != "GemmAct":
+        return "cublaslt_bt is for GemmAct"
+    try:
+        p = gemm_plan(sig)
+        size = 2 if geo.dtype_of(sig) in ("float16", "bfloat16") else 4
+    except TuningError as e:
+        return str(e)
+    if p.trans_b:
+        return "B is already stored transposed (transB=1)"
+    if len(p.b_shape) != 2:
+        return "B is not one matrix shared by every batch"
+    if (p.N * size) % ALIGNMENT == 0:
+        return f"B's rows are already {ALIGNMENT}-byte multiples (N={p.N})"
+    if (p.K * size) % ALIGNMENT:
+        return f"K={p.K}: B's transposed rows would not be {ALIGNMENT}-byte multiples either"
+    return None
+
+
+def problem(sig: Signature, b_transposed: bool = False) -> Problem:
+    """The cuBLASLt call for a GemmAct or CBR signature (``b_transposed``: B stored transposed, as
+    ``cublaslt_bt`` declares it); TuningError says why there is none."""
     if sig.op not in OPS:
         raise TuningError(f"cuBLASLt candidates here are for {', '.join(OPS)}")
+    reason = b_transposed_reason(sig) if b_transposed else None
+    if reason:
+        raise TuningError(reason)
     dt = geo.dtype_of(sig)
     if dt not in DTYPES:
         raise TuningError(f"dtype {dt} (cuBLASLt here: {', '.join(DTYPES)})")
@@ -112,8 +145,8 @@ def problem(sig: Signature) -> Problem:
     if bias and (p.beta != 1.0 or p.alpha != 1.0):
         raise TuningError("alpha or beta other than 1 with a bias (the epilogue's bias is not scaled)")
     M, Z, sa = (p.M * p.Z, 1, 0) if p.fold else (p.M, p.Z, p.a_batch)
-    return _row_major(dt, M, p.N, p.K, p.trans_a, p.trans_b, Z, sa, p.b_batch if Z > 1 else 0, act, bias, p.alpha,
-                      0, 1, 2 if bias else None)
+    return _row_major(dt, M, p.N, p.K, p.trans_a, p.trans_b or b_transposed, Z, sa, p.b_batch if Z > 1 else 0, act,
+                      bias, p.alpha, 0, 1, 2 if bias else None)
 
 
 def _conv_problem(sig: Signature, dt: str, act: str) -> Problem:
@@ -127,10 +160,10 @@ def _conv_problem(sig: Signature, dt: str, act: str) -> Problem:
     return _row_major(dt, g.N * g.H * g.W, g.M, g.C, False, True, 1, 0, 0, act, bias, 1.0, 0, 1, 2 if bias else None)
 
 
-def shape_reason(sig: Signature) -> str | None:
+def shape_reason(sig: Signature, b_transposed: bool = False) -> str | None:
     """Why cuBLASLt cannot run this signature (before any library call), or None."""
     try:
-        problem(sig)
+        problem(sig, b_transposed)
     except TuningError as e:
         return str(e)
     return None
@@ -164,7 +197,7 @@ class _Setup:
     algos: list     # [(config, Algo, workspace bytes)]
 
 
-_SETUPS: dict[tuple[str, int], _Setup] = {}  # (signature key, device) -> setup, per process
+_SETUPS: dict[tuple[str, int, bool], _Setup] = {}  # (signature key, device, B transposed) -> setup, per process
 
 
 def _describe(a: lt.Api, pr: Problem, handle) -> _Setup:
@@ -184,13 +217,13 @@ def _describe(a: lt.Api, pr: Problem, handle) -> _Setup:
     return _Setup(handle, desc, (la, lb, ld), found)
 
 
-def _setup_for(sig: Signature) -> _Setup:
-    key = (sig.key(), _device())
+def _setup_for(sig: Signature, b_transposed: bool = False) -> _Setup:
+    key = (sig.key(), _device(), b_transposed)
     if key not in _SETUPS:
         a = lt.api()
         if a is None:
             raise TuningError(lt.unavailable())
-        _SETUPS[key] = _describe(a, problem(sig), a.handle(key[1]))
+        _SETUPS[key] = _describe(a, problem(sig, b_transposed), a.handle(key[1]))
     return _SETUPS[key]
 
 
@@ -202,10 +235,14 @@ def _ptr(x) -> int:
 @dataclass(frozen=True)
 class CublasLtGemm(Candidate):
     """params: the algorithm's configuration (``algo=..,tile=..,stages=..,...``), or none for the
-    heuristic's first algorithm at load time."""
+    heuristic's first algorithm at load time. ``name`` is ``cublaslt`` or ``cublaslt_bt``."""
+
+    @property
+    def b_transposed(self) -> bool:
+        return self.name == NAME_BT
 
     def layouts(self, sig: Signature) -> tuple[str, ...]:
-        return LAYOUTS.get(sig.op, ())  # what build() declares
+        return LAYOUTS_BT if self.b_transposed else LAYOUTS.get(sig.op, ())  # what build() declares
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         if sig.op not in OPS:
@@ -213,7 +250,7 @@ class CublasLtGemm(Candidate):
         reason = lt.unavailable()
         if reason:
             return reason
-        return shape_reason(sig)
+        return shape_reason(sig, self.b_transposed)
 
     def source_hash(self) -> str:
         return "cublaslt:" + ",".join(f"{k}={v}" for k, v in versions())
@@ -226,8 +263,8 @@ class CublasLtGemm(Candidate):
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
         a = lt.api()
-        pr = problem(sig)
-        s = _setup_for(sig)
+        pr = problem(sig, self.b_transposed)
+        s = _setup_for(sig, self.b_transposed)
         if not self.params:
             if not s.algos:
                 raise TuningError(f"cuBLASLt's heuristic offers no algorithm for {sig.key()}")
@@ -261,7 +298,7 @@ class CublasLtGemm(Candidate):
                 raise TuningError(f"cublasLtMatmul failed with status {status} ({self.key()}, {sig.key()})")
 
         return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
-                        layouts=LAYOUTS[sig.op], versions=versions())
+                        layouts=self.layouts(sig), versions=versions())
 
 
 def _stream() -> int:
@@ -274,31 +311,39 @@ def _stream() -> int:
 
 
 def candidates(op: str, sig: Signature | None = None) -> list[Candidate]:
-    """The heuristic candidate, plus one per algorithm when ``sig`` is given and cuBLASLt lists them here."""
+    """The heuristic candidate, plus one per algorithm when ``sig`` is given and cuBLASLt lists them here;
+    the same for ``cublaslt_bt`` where B's rows are not aligned (``b_transposed_reason``)."""
     if op not in OPS:
         return []
     out: list[Candidate] = [CublasLtGemm(NAME)]
-    if sig is None or lt.unavailable() or shape_reason(sig) is not None:
+    if sig is None or lt.unavailable():
         return out
-    try:
-        algos = _setup_for(sig).algos
-    except Exception:  # noqa: BLE001 - no GPU, or the library refuses: the heuristic candidate says why
-        return out
-    return out + [CublasLtGemm(NAME, cfg) for cfg, _, _ in algos]
+    for name, bt in ((NAME, False), (NAME_BT, True)):
+        if shape_reason(sig, bt) is not None:
+            continue
+        if bt:
+            out.append(CublasLtGemm(NAME_BT))
+        try:
+            algos = _setup_for(sig, bt).algos
+        except Exception:  # noqa: BLE001 - no GPU, or the library refuses: the heuristic candidate says why
+            continue
+        out += [CublasLtGemm(name, cfg) for cfg, _, _ in algos]
+    return out
 
 
 def from_key(op: str, key: str) -> Candidate | None:
     if op not in OPS:
         return None
-    if key == NAME:
-        return CublasLtGemm(NAME)
-    if not key.startswith(NAME + ":"):
+    name = key.split(":", 1)[0]
+    if name not in (NAME, NAME_BT) or (name == NAME_BT and op != "GemmAct"):
         return None
+    if key == name:
+        return CublasLtGemm(name)
     names = [k for k, _, _ in lt.CONFIG]
     try:
-        params = tuple((k, int(v)) for k, v in (kv.split("=", 1) for kv in key[len(NAME) + 1:].split(",")))
+        params = tuple((k, int(v)) for k, v in (kv.split("=", 1) for kv in key[len(name) + 1:].split(",")))
     except ValueError:
         return None
     if not params or params[0][0] != "algo" or any(k not in names for k, _ in params):
         return None
-    return CublasLtGemm(NAME, params)
+    return CublasLtGemm(name, params)

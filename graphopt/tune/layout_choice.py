@@ -48,6 +48,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from graphopt.lowering.layout import WEIGHT_LAYOUTS
 from graphopt.tune.signatures import default_dim
 
 NCHW, NHWC = "NCHW", "NHWC"
@@ -74,8 +75,9 @@ NEUTRAL_OPS = frozenset({
 
 
 def physical(layout: str) -> str:
-    """What a declared layout means in memory: NHWC, or C-contiguous (NCHW) for everything else."""
-    return NHWC if layout == NHWC else NCHW
+    """What a declared layout means in memory: NHWC, a weight layout (``colmajor``), or C-contiguous
+    (NCHW) for everything else."""
+    return layout if layout == NHWC or layout in WEIGHT_LAYOUTS else NCHW
 
 
 def significant(shape: Sequence[int] | None) -> bool:
@@ -163,13 +165,20 @@ class _Walk:
                  itemsize_of: Callable[[str], int]):
         self.g = graph
         self.order = _topological(graph)
-        self.options = {n.name: reduce_options(options[n.name], len(n.inputs), len(n.outputs))
+        self.options = {n.name: reduce_options(self._fitting(n, options[n.name]), len(n.inputs), len(n.outputs))
                         for n in self.order if options.get(n.name)}
         self.n_inputs = {n.name: len(n.inputs) for n in self.order}
         self.shape_of = shape_of
         self.itemsize_of = itemsize_of
         self._cost: dict[str, float] = {}
         self._shape: dict[str, tuple | None] = {}
+
+    def _fitting(self, node, opts: Sequence[Option]) -> list[Option]:
+        """``opts`` less those declaring a weight layout (``WEIGHT_LAYOUTS``) for an input that is not a
+        constant: the runtime would convert that input on every run. All of them if none is left."""
+        ok = [o for o in opts if not any(o.input_layout(i) in WEIGHT_LAYOUTS and t and not self.g.is_constant(t)
+                                         for i, t in enumerate(node.inputs))]
+        return ok or list(opts)
 
     def shape(self, t: str) -> tuple | None:
         if t not in self._shape:

@@ -141,3 +141,18 @@ def test_two_nodes_of_one_signature_in_one_captured_graph(act):
     cbr = Signature.make("CBR", [(4, 256, 7, 7), (64, 256, 1, 1), (64,)], ["float16"] * 3,
                          {"kernel_shape": [1, 1], "activation": "Relu"}, layout="NCHW")
     assert captured_pair_errors(prov.candidates(cbr.op, cbr), cbr) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_b_transposed_variant_for_rows_of_odd_length(dtype, bias):
+    """cublaslt_bt (B declared colmajor) where B's rows are not 16-byte multiples, as GPT-2's LM head
+    (N = 50257): offered, correct against float64 with poisoned outputs, every algorithm."""
+    sig = gemm((2, 65, 256), (256, 1001), (1001,) if bias else None, dtype, activation="Relu" if bias else "none")
+    bt = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_BT]
+    assert bt and bt[0].layouts(sig) == ("", "colmajor")
+    ok, wrong, unbuilt = check_all(bt, sig)
+    print(f"{sig.key()}: {len(bt)} cublaslt_bt candidates, {ok} correct, {len(unbuilt)} did not build")
+    assert not wrong, wrong
+    assert ok >= 1, f"no cublaslt_bt candidate ran: {unbuilt[:3]}"

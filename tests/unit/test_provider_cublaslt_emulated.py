@@ -61,3 +61,58 @@ def _aligned(a: np.ndarray) -> np.ndarray:
     out = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
     out[...] = a
     return out
+
+
+B_TRANSPOSED = [
+    gemm((8, 64), (64, 33), activation="Relu"),                       # fp16, N odd (GPT-2's LM head: 50257)
+    gemm((3, 7, 64), (64, 9), None, dtype="float32"),                 # batch folded into M, no bias
+    gemm((64, 8), (64, 5), (5,), mode="gemm", transA=1, dtype="float32"),
+    gemm((2, 4, 5, 32), (32, 15), (1, 15), activation="GeluTanh"),    # B shared by a 2-D batch
+]
+
+
+@pytest.mark.parametrize("sig", B_TRANSPOSED, ids=lambda s: s.key()[:60])
+def test_b_transposed_variant_declares_b_colmajor_and_computes_the_reference(monkeypatch, sig):
+    """cublaslt_bt: B conformed to colmajor (rows K apart), passed as op(A)=T; same result as the op."""
+    from graphopt.ops import get_schema
+
+    lib = EmulatedLt()
+    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
+    monkeypatch.setattr(prov, "_SETUPS", {})
+    monkeypatch.setattr(prov, "_stream", lambda: 0)
+    assert prov.b_transposed_reason(sig) is None
+    cands = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_BT]
+    assert cands and cands[0].key() == "cublaslt_bt" and all(prov.from_key("GemmAct", c.key()) == c for c in cands)
+    rng = np.random.default_rng(3)
+    dt = np.dtype(sig.dtypes[0])
+    host = [None if s is None else rng.standard_normal(s).astype(dt) for s in sig.input_shapes]
+    f64 = [None if h is None else h.astype(np.float64) for h in host] + [None]
+    ref = np.asarray(get_schema(sig.op).reference(f64[:3], dict(sig.attrs))[0], np.float64)
+    for cand in (cands[0], cands[-1]):
+        low = cand.build(sig, "sm_90")
+        assert low.layouts == ("", "colmajor") and cand.layouts(sig) == low.layouts
+        ins = low.conform([None if h is None else _aligned(h) for h in host], np)
+        assert ins[1].swapaxes(-1, -2).flags.c_contiguous and not ins[1].flags.c_contiguous
+        assert np.array_equal(ins[1], host[1])  # the same logical matrix, stored transposed
+        out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
+        out[...] = np.nan
+        low.launch(ins, [out], None)
+        tol = 1e-5 if dt == np.float32 else 1e-2
+        assert np.linalg.norm(out.astype(np.float64) - ref) <= tol * np.linalg.norm(ref), cand.key()
+
+
+@pytest.mark.parametrize("sig, why", [
+    (gemm((8, 64), (64, 32)), "already 16-byte multiples"),            # N aligned: nothing to gain
+    (gemm((8, 64), (33, 64), (33,), mode="gemm", transB=1), "already stored transposed"),
+    (gemm((3, 8, 64), (3, 64, 33), None), "not one matrix shared"),     # B per batch
+    (gemm((8, 7), (7, 33), None), "K=7"),                               # K rows would be unaligned too
+    (conv((2, 24, 5, 7), (40, 24, 1, 1)), "for GemmAct"),
+])
+def test_b_transposed_variant_near_misses_say_why(monkeypatch, sig, why):
+    lib = EmulatedLt()
+    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
+    monkeypatch.setattr(prov, "_SETUPS", {})
+    assert why in (prov.b_transposed_reason(sig) or "")
+    assert why in (prov.CublasLtGemm(prov.NAME_BT).applies(sig) or "")
+    assert not [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_BT]
+    assert prov.from_key("CBR", "cublaslt_bt") is None

@@ -373,3 +373,26 @@ def test_a_model_without_cnn_nodes_has_no_layout_line():
     assert any(r.op == "GemmAct" for r in rep.rows)
     assert rep.layout_summary == "" and rep.conversions == [] and all(r.layout == "" for r in rep.rows)
     assert not any(n.attr(LAYOUT_ATTR) for n in graph.nodes())
+
+
+@pytest.mark.parametrize("b_is_constant", [True, False])
+def test_a_weight_layout_is_chosen_for_a_constant_and_never_for_an_activation(b_is_constant):
+    """cublaslt_bt declares B ``colmajor``: fine for a weight (converted once when the plan is built),
+    refused for an activation (a transpose on every run), even when it is the fastest option."""
+    w = onnx.numpy_helper.from_array(np.ones((16, 33), np.float32), "w")
+    graph = _graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],  # stands in for a GemmAct
+                   [("x", [8, 16])] + ([] if b_is_constant else [("w", [16, 33])]), [("y", [8, 33])],
+                   [w] if b_is_constant else [])
+    bt = Option("cublaslt_bt", "cublaslt_bt", "", 0.001, ("", "colmajor"))
+    plain = Option("cublaslt", "cublaslt", "", 0.01, ())
+    plan = solve_graph(graph, {"mm": [bt, plain]}, lambda t: {"x": (8, 16), "w": (16, 33), "y": (8, 33)}[t])
+    assert plan.choice["mm"] is (bt if b_is_constant else plain)
+    assert plan.conversions == []
+    assert candidate_key_layouts("cublaslt_bt") == ("", "colmajor")
+
+
+def candidate_key_layouts(key):
+    from graphopt.kernels.registry import candidate_from_key, signature_of
+
+    sig = signature_of("GemmAct", [(8, 16), (16, 33)], ["float16", "float16"], {"mode": "matmul"})
+    return candidate_from_key("GemmAct", key).layouts(sig)
