@@ -131,7 +131,7 @@ case "$STEP" in
     CAPTURE_LIMIT=$(left 20) capture_tests ;;
   breakdown)  # the tuned plan's device time per step: carry .tuning from a tuned call (choices served from it)
     GRAPHOPT_CACHE_DIR=$TUNING timeout -k 10 "$(left)" python3 bench/plan_breakdown.py --models "${MODELS:-gpt2,bert}" \
-      --batches "${BATCHES:-32,32}" --gpu-args "--gpu auto --precision fp16 --io-fp16" --out "$OUT" 2>&1 \
+      --batches "${BATCHES:-32,32}" --gpu-args "--gpu auto --precision fp16 --io-fp16" --out "$OUT" ${BREAKDOWN_ARGS:-} 2>&1 \
       | tee "$OUT/plan_breakdown_log.txt" | tail -90 ;;
   explore)
     prebuild

@@ -90,7 +90,9 @@ def breakdown(sess, feed, repeats: int) -> dict:
 
 
 def main() -> int:
-    args = e2e.runtime_bench_parser(__doc__, batches="32,1", repeats=20, repeats_help="graph replays per step").parse_args()
+    ap = e2e.runtime_bench_parser(__doc__, batches="32,1", repeats=20, repeats_help="graph replays per step")
+    ap.add_argument("--variants", default="optimized,unoptimized", help="which models to break down")
+    args = ap.parse_args()
     import torch
 
     from graphopt.runtime import Session
@@ -113,7 +115,8 @@ def main() -> int:
                  "optimize_err": r.stderr[-400:]}
         x = e2e.example_input(name, bs).cuda()
         feed = {"input": x if not x.is_floating_point() else x.float()}
-        for label, path in (("optimized", opt), ("unoptimized", src)):
+        for label, path in [(lb, pa) for lb, pa in (("optimized", opt), ("unoptimized", src))
+                            if lb in args.variants.split(",")]:
             try:
                 sess = Session(path, device="cuda", dtype="float16")
                 sess.run(feed)
