@@ -137,13 +137,31 @@ __global__ void __launch_bounds__(WARPS * 32) attn_softmax(
     }
 }
 
+// Where the (b, h) slice of Q, K and V starts and how far apart its rows are: contiguous
+// [Z][S][D] (bshd = 0; K^T [Z][D][Skv] starts at the same place), or [B][S][H][D] (bshd = 1, rows H * D apart).
+struct AttnRows { long long qz, kz, vz, qs, ks, vs; };
+__device__ __forceinline__ AttnRows attn_rows(int b, int h, int z, int H, int Sq, int Skv, int D, int Dv, int bshd) {
+    AttnRows r;
+    if (bshd) {
+        r.qz = ((long long)b * Sq * H + h) * D;
+        r.kz = ((long long)b * Skv * H + h) * D;
+        r.vz = ((long long)b * Skv * H + h) * Dv;
+        r.qs = (long long)H * D; r.ks = (long long)H * D; r.vs = (long long)H * Dv;
+    } else {
+        r.qz = (long long)z * Sq * D; r.kz = (long long)z * Skv * D; r.vz = (long long)z * Skv * Dv;
+        r.qs = D; r.ks = D; r.vs = Dv;
+    }
+    return r;
+}
+
 // Fused attention. Q [Z][Sq][D], K [Z][Skv][D] (kt = 0) or [Z][D][Skv] (kt = 1), V [Z][Skv][Dv],
-// Y [Z][Sq][Dv], all contiguous; D, Dv <= DMAX. Grid (ceil(Sq / BM), Z); dynamic shared memory
+// Y [Z][Sq][Dv], all contiguous; or (bshd = 1, kt = 0) Q, K, V as [B][S][H][D] (graphopt.Attention's
+// qkv_bshd: the head's rows H * D apart), Y as before. D, Dv <= DMAX. Grid (ceil(Sq / BM), Z); dynamic shared memory
 // (BM * DMAX + 32 * (DMAX + 1) + 32 * DMAX) floats.
 template <typename T, int DMAX, int BM, int WARPS, int MASK>
 __global__ void __launch_bounds__(WARPS * 32) flash_attn(
     const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V, T* __restrict__ Y,
-    int Sq, int Skv, int D, int Dv, int H, int kt, float scale, ATTN_MASK_ARGS, int nan_to_zero)
+    int Sq, int Skv, int D, int Dv, int H, int kt, float scale, ATTN_MASK_ARGS, int nan_to_zero, int bshd)
 {
     const AttnMask mask = make_mask(mptr, msb, msh, msi, msj, mvalue, causal);
     static_assert(DMAX % 32 == 0 && DMAX >= 32 && DMAX <= 256, "DMAX: a multiple of 32 up to 256");
@@ -158,11 +176,11 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attn(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int z = blockIdx.y, h = z % H, b = z / H;
     const int row0 = blockIdx.x * BM;
-    const long long qz = (long long)z * Sq * D, kz = (long long)z * Skv * D, vz = (long long)z * Skv * Dv;
+    const AttnRows ar = attn_rows(b, h, z, H, Sq, Skv, D, Dv, bshd);
 
     for (int e = threadIdx.x; e < BM * DMAX; e += WARPS * 32) {
         const int r = e / DMAX, d = e % DMAX;
-        qs[e] = (row0 + r < Sq && d < D) ? Num<T>::to_f(Q[qz + (long long)(row0 + r) * D + d]) * scale : 0.0f;
+        qs[e] = (row0 + r < Sq && d < D) ? Num<T>::to_f(Q[ar.qz + (long long)(row0 + r) * ar.qs + d]) * scale : 0.0f;
     }
     float o[R][C], mrow[R], lrow[R];
 #pragma unroll
@@ -182,12 +200,12 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attn(
         for (int e = threadIdx.x; e < 32 * DMAX; e += WARPS * 32) {
             const int j = kt ? e % 32 : e / DMAX, d = kt ? e / 32 : e % DMAX, key = t0 + j;
             float kv = 0.0f;
-            if (key < Skv && d < D) kv = Num<T>::to_f(kt ? K[kz + (long long)d * Skv + key] : K[kz + (long long)key * D + d]);
+            if (key < Skv && d < D) kv = Num<T>::to_f(kt ? K[ar.kz + (long long)d * Skv + key] : K[ar.kz + (long long)key * ar.ks + d]);
             ks[j * KS + d] = kv;
         }
         for (int e = threadIdx.x; e < 32 * DMAX; e += WARPS * 32) {
             const int j = e / DMAX, d = e % DMAX, key = t0 + j;
-            vs[e] = (key < Skv && d < Dv) ? Num<T>::to_f(V[vz + (long long)key * Dv + d]) : 0.0f;
+            vs[e] = (key < Skv && d < Dv) ? Num<T>::to_f(V[ar.vz + (long long)key * ar.vs + d]) : 0.0f;
         }
         __syncthreads();
         const int key = t0 + lane;
@@ -244,7 +262,8 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attn(
 // (fp32 accumulation), the online softmax runs on the accumulator fragments (a row's values live in
 // the 4 lanes of a quad: two shuffles), and P (rounded to fp16) is reused as the A operand of
 // O += P . V without going through shared memory. K is [Skv][D] (KT = 0) or K^T [D][Skv] (KT = 1,
-// as the exports compute it; its B fragments come from ldmatrix.trans). D = Dv = HD (64 or 128);
+// as the exports compute it; its B fragments come from ldmatrix.trans), or, with bshd = 1, Q, K and V
+// as [B][S][H][D] (rows H * D apart: attn_rows). D = Dv = HD (64 or 128);
 // Q, K and V tiles move in 16-byte chunks (D % 8 == 0), except K^T tiles when Skv % 8 != 0.
 // Shared memory: BM * (HD + 8) halves for Q, then STAGES x (K: BN * (HD + 8) or HD * (BN + 8); V: BN * (HD + 8)).
 
@@ -318,7 +337,7 @@ __device__ __forceinline__ void attn_tile_load_async(half_t* dst, int lds, const
 template <typename T, int HD, int BN, int MASK, int KT, int STAGES>
 __global__ void __launch_bounds__(128) flash_mma(
     const half_t* __restrict__ Q, const half_t* __restrict__ K, const half_t* __restrict__ V, half_t* __restrict__ Y,
-    int Sq, int Skv, int H, float scale, ATTN_MASK_ARGS, int nan_to_zero)
+    int Sq, int Skv, int H, float scale, ATTN_MASK_ARGS, int nan_to_zero, int bshd)
 {
     static_assert(sizeof(T) == 2, "flash_mma is the fp16 kernel (T = half_t)");
     static_assert(HD % 16 == 0 && HD >= 16 && HD <= 128, "head dim: a multiple of 16 up to 128");
@@ -338,9 +357,9 @@ __global__ void __launch_bounds__(128) flash_mma(
     const int g = lane >> 2, t = lane & 3;
     const int z = blockIdx.y, h = z % H, b = z / H;
     const int row0 = blockIdx.x * BM;
-    const long long qz = (long long)z * Sq * HD, kz = (long long)z * Skv * HD;
+    const AttnRows ar = attn_rows(b, h, z, H, Sq, Skv, HD, HD, bshd);
 
-    attn_tile_load<NT>(qs, LQ, Q + qz + (long long)row0 * HD, HD, BM, HD, Sq - row0, HD);
+    attn_tile_load<NT>(qs, LQ, Q + ar.qz + (long long)row0 * ar.qs, ar.qs, BM, HD, Sq - row0, HD);
     __syncthreads();
     unsigned qf[HD / 16][4];
 #pragma unroll
@@ -359,19 +378,19 @@ __global__ void __launch_bounds__(128) flash_mma(
     auto load_tile = [&](int buf, int tk) {
         half_t* kb = kv0 + buf * (KS_ELEMS + VS_ELEMS);
         half_t* vb = kb + KS_ELEMS;
-        if (KT && (Skv & 7) != 0) attn_tile_load_scalar<NT>(kb, LKT, K + kz + tk, Skv, HD, BN, HD, Skv - tk);
+        if (KT && (Skv & 7) != 0) attn_tile_load_scalar<NT>(kb, LKT, K + ar.kz + tk, Skv, HD, BN, HD, Skv - tk);
         else if (STAGES == 2) {
-            if (KT) attn_tile_load_async<NT>(kb, LKT, K + kz + tk, Skv, HD, BN, HD, Skv - tk);
-            else attn_tile_load_async<NT>(kb, LQ, K + kz + (long long)tk * HD, HD, BN, HD, Skv - tk, HD);
+            if (KT) attn_tile_load_async<NT>(kb, LKT, K + ar.kz + tk, Skv, HD, BN, HD, Skv - tk);
+            else attn_tile_load_async<NT>(kb, LQ, K + ar.kz + (long long)tk * ar.ks, ar.ks, BN, HD, Skv - tk, HD);
         } else {
-            if (KT) attn_tile_load<NT>(kb, LKT, K + kz + tk, Skv, HD, BN, HD, Skv - tk);
-            else attn_tile_load<NT>(kb, LQ, K + kz + (long long)tk * HD, HD, BN, HD, Skv - tk, HD);
+            if (KT) attn_tile_load<NT>(kb, LKT, K + ar.kz + tk, Skv, HD, BN, HD, Skv - tk);
+            else attn_tile_load<NT>(kb, LQ, K + ar.kz + (long long)tk * ar.ks, ar.ks, BN, HD, Skv - tk, HD);
         }
         if (STAGES == 2) {
-            attn_tile_load_async<NT>(vb, LQ, V + kz + (long long)tk * HD, HD, BN, HD, Skv - tk, HD);
+            attn_tile_load_async<NT>(vb, LQ, V + ar.vz + (long long)tk * ar.vs, ar.vs, BN, HD, Skv - tk, HD);
             attn_cp_commit();
         } else {
-            attn_tile_load<NT>(vb, LQ, V + kz + (long long)tk * HD, HD, BN, HD, Skv - tk, HD);
+            attn_tile_load<NT>(vb, LQ, V + ar.vz + (long long)tk * ar.vs, ar.vs, BN, HD, Skv - tk, HD);
         }
     };
     if (STAGES == 2 && kv_end > 0) load_tile(0, 0);

@@ -19,7 +19,10 @@
 
 Layout: Q ``[B, H, Sq, D]`` (rank 2-4: missing leading dims are 1), K ``[B, H, Skv, D]`` or, with
 ``k_transposed=1``, ``[B, H, D, Skv]``, V ``[B, H, Skv, Dv]``, Y ``[B, H, Sq, Dv]``, all
-C-contiguous and sharing the leading dims (no broadcast of K/V over heads). The mask broadcasts to
+C-contiguous and sharing the leading dims (no broadcast of K/V over heads). With ``qkv_bshd=1`` Q, K
+and V are ``[B, S, H, D]`` (rank 4): ``flash`` and ``flash_mma`` read the heads' rows ``H * D`` apart
+(``attn_rows`` in the kernel source); ``cublas_softmax`` does not apply (its strided-batched GEMMs
+take one stride per (b, h) batch). The mask broadcasts to
 ``[B, H, Sq, Skv]`` (right-aligned, rank <= 4): additive masks have the data's dtype, bool masks
 are NumPy/CuPy bool (one byte).
 
@@ -69,6 +72,7 @@ class AttnPlan:
     nan_to_zero: int
     dtype: str
     out_shape: tuple[int, ...]
+    bshd: int = 0  # Q, K, V given as [B, S, H, D] (qkv_bshd=1); the dims above are the logical ones
 
     @property
     def Z(self) -> int:
@@ -99,7 +103,7 @@ def _mask_strides(mshape: tuple[int, ...], full: tuple[int, int, int, int]) -> t
 
 def attention_plan(sig: Signature) -> AttnPlan:
     """The integers the kernels take, or ``TuningError`` saying why the signature is not supported."""
-    q, k, v, m, dtypes = attention_operands(sig, "Attention")
+    q, k, v, m, dtypes = attention_operands(sig, "Attention", bshd_ok=True)
     if not (q[:-2] == k[:-2] == v[:-2]):
         raise TuningError(f"Attention Q {q}, K {k}, V {v} must share their leading (batch, head) dims "
                           "(K/V broadcast over heads is not supported)")
@@ -134,7 +138,8 @@ def attention_plan(sig: Signature) -> AttnPlan:
     mv = attrs.get("mask_value")
     return AttnPlan(B, H, Sq, Skv, D, Dv, kt, scale, MASK_CODES[kind], None if m is None else tuple(m), strides,
                     -math.inf if mv is None else float(np.float32(mv)), int(attrs.get("causal", 0)),
-                    int(attrs.get("nan_to_zero", 0)), dt, tuple(int(s) for s in q[:-1]) + (Dv,))
+                    int(attrs.get("nan_to_zero", 0)), dt, tuple(int(s) for s in q[:-1]) + (Dv,),
+                    int(attrs.get("qkv_bshd", 0)))
 
 
 def _arrays(p: AttnPlan, inputs, outputs, what: str):
@@ -204,6 +209,8 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
         except TuningError as exc:
             return str(exc)
         w, vec = int(self.param("warps")), int(self.param("vec", 1))
+        if p.bshd:
+            return "qkv_bshd=1: the batched GEMMs take one stride per batch of (b, h), not [B, S, H, D]"
         if vec > 1 and vec != VEC16.get(p.dtype):
             return f"vec={vec} is not a 16-byte load of {p.dtype}"
         if p.Skv % vec:
@@ -287,7 +294,8 @@ class FlashAttention(_AttentionKernels, Candidate):
         def launch(inputs, outputs):
             Q, K, V, M, Y = _arrays(p, inputs, outputs, self.key())
             kern(grid, block, (Q, K, V, Y, i32(p.Sq), i32(p.Skv), i32(p.D), i32(p.Dv), i32(p.H), i32(p.kt),
-                               np.float32(p.scale)) + _mask_args(p, M) + (i32(p.nan_to_zero),), shared_mem=smem)
+                               np.float32(p.scale)) + _mask_args(p, M) + (i32(p.nan_to_zero), i32(p.bshd)),
+                 shared_mem=smem)
 
         return launch
 
@@ -383,6 +391,6 @@ class FlashMmaAttention(_AttentionKernels, Candidate):
                 if a.data.ptr % 16:
                     raise TuningError(f"{self.key()}: {name} is not 16-byte aligned")
             kern(grid, block, (Q, K, V, Y, i32(p.Sq), i32(p.Skv), i32(p.H), np.float32(p.scale)) + _mask_args(p, M)
-                 + (i32(p.nan_to_zero),), shared_mem=smem)
+                 + (i32(p.nan_to_zero), i32(p.bshd)), shared_mem=smem)
 
         return launch

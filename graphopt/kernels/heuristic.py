@@ -273,6 +273,8 @@ def _attention(sig: Signature, cc: tuple[int, int] | None, providers: bool = Tru
     q = sig.input_shapes[0] if sig.input_shapes else None
     v = sig.input_shapes[2] if len(sig.input_shapes) > 2 else None
     skv = v[-2] if v is not None and len(v) >= 2 else 0
+    if v is not None and len(v) == 4 and sig.attr("qkv_bshd", 0):
+        skv = v[1]  # [B, Skv, H, Dv]
     if providers and q is not None and (cc is None or cc >= (8, 0)) and sig.dtypes and sig.dtypes[0] in CUDNN_DTYPES:
         from graphopt.providers.cudnn_sdpa import sdpa_reason
 

@@ -10,6 +10,12 @@ added, as torch's SDPA export writes it, ``mask_value`` defaulting to -inf). ``c
 key j > query i (top-left aligned, as torch's ``is_causal``). ``nan_to_zero=1`` turns the NaN
 probabilities of fully masked rows into 0 (the IsNaN/Where torch exports put after the Softmax).
 ``num_heads`` is informational (0 = unknown) for kernels; the body does not use it.
+
+``qkv_bshd=1``: Q, K and V come as ``[B, S, H, D]`` (the head split's Reshape output, before the
+Transpose an export puts after it; K then never transposed, ``k_transposed=0``), rank 4; Y stays
+``[B, H, Sq, Dv]``. The kernels read the heads with strides, so the three Transposes that made
+``[B, H, S, D]`` copies go (rule ``attention_qkv_bshd``). Lowerings see the logical ``[B, H, S, D]``
+shapes through :func:`operands` and say whether they read this layout (``bshd_ok``).
 """
 
 from __future__ import annotations
@@ -36,22 +42,31 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "mask_value": (float, None),  # bool masks: the value added where the mask is False (absent: -inf)
     "nan_to_zero": (int, 0),
     "k_transposed": (int, 0),
+    "qkv_bshd": (int, 0),
     "num_heads": (int, 0),
     "lowering": (str, None),
     "lowering_params": (str, None),
     "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
 }
-FLAG_ORDER = ("kt", "add", "bool", "mv", "causal", "nz", "scale")
+FLAG_ORDER = ("kt", "add", "bool", "mv", "causal", "nz", "scale", "bshd")
 MIN_OPSET = 13  # Softmax over one axis (opset < 13 coerces to 2-D)
 
 DOC = ("graphopt.Attention: Y = softmax(Q @ K^T * scale [+ mask] [causal mask]) @ V; mask_kind none | additive "
-       "| bool (True = attend); k_transposed=1 takes K as [..., D, Skv]; nan_to_zero=1 zeroes fully masked rows.")
+       "| bool (True = attend); k_transposed=1 takes K as [..., D, Skv]; nan_to_zero=1 zeroes fully masked rows; "
+       "qkv_bshd=1 takes Q, K, V as [B, S, H, D] (Y stays [B, H, Sq, Dv]).")
 
 
-def operands(sig, who: str) -> tuple[tuple, tuple, tuple, tuple | None, list[str]]:
+def qkv_bshd(sig) -> bool:
+    """Whether the signature's Q, K and V are ``[B, S, H, D]`` (``qkv_bshd=1``)."""
+    return bool(sig.attr("qkv_bshd", 0))
+
+
+def operands(sig, who: str, bshd_ok: bool = False) -> tuple[tuple, tuple, tuple, tuple | None, list[str]]:
     """(Q, K, V, mask shapes, dtypes) of an Attention signature, after the checks every lowering
     shares: the op, known Q/K/V shapes of one rank from 2 to 4 ([B, H, S, D]) and no empty dim.
-    A refusal is a ``TuningError`` that starts with ``who`` (the lowering family's name)."""
+    With ``qkv_bshd=1`` the shapes returned are the logical ``[B, H, S, D]`` ones (axes 1 and 2 of the
+    given ``[B, S, H, D]`` swapped), and a lowering that cannot read that layout (``bshd_ok`` False) is
+    refused. A refusal is a ``TuningError`` that starts with ``who`` (the lowering family's name)."""
     if sig.op != "Attention":
         raise TuningError(f"op {sig.op} is not Attention")
     shapes = list(sig.input_shapes) + [None] * (4 - len(sig.input_shapes))
@@ -63,6 +78,12 @@ def operands(sig, who: str) -> tuple[tuple, tuple, tuple, tuple | None, list[str
         raise TuningError(f"{who}: Q {q}, K {k}, V {v}: one rank from 2 to 4 ([B, H, S, D]) is supported")
     if min(q + k + v) < 1:
         raise TuningError(f"{who}: Q {q}, K {k}, V {v} has an empty dim")
+    if qkv_bshd(sig):
+        if not bshd_ok:
+            raise TuningError(f"{who}: qkv_bshd=1 (Q, K, V as [B, S, H, D]) is not read by this lowering")
+        if len(q) != 4:
+            raise TuningError(f"{who}: qkv_bshd=1 needs rank-4 Q, K, V, got Q {q}")
+        q, k, v = ((t[0], t[2], t[1], t[3]) for t in (q, k, v))
     return q, k, v, m, dtypes
 
 
@@ -79,9 +100,11 @@ def _check(attrs: dict, present: list[bool]) -> str | None:
                 "give a mask exactly when mask_kind is additive or bool")
     if attrs.get("mask_value") is not None and kind != "bool":
         return "mask_value only applies to mask_kind='bool'"
-    for name in ("causal", "nan_to_zero", "k_transposed"):
+    for name in ("causal", "nan_to_zero", "k_transposed", "qkv_bshd"):
         if attrs.get(name, 0) not in (0, 1):
             return f"{name}={attrs[name]} must be 0 or 1"
+    if attrs.get("qkv_bshd", 0) and attrs.get("k_transposed", 0):
+        return "qkv_bshd=1 takes K as [B, Skv, H, D]: k_transposed must be 0"
     scale = attrs.get("scale")
     if scale is not None and not math.isfinite(scale):
         return f"scale={scale} must be finite"
@@ -98,6 +121,7 @@ def _flags(attrs: dict) -> list[str]:
     flags += ["causal"] if attrs.get("causal", 0) else []
     flags += ["nz"] if attrs.get("nan_to_zero", 0) else []
     flags += ["scale"] if attrs.get("scale") is not None else []
+    flags += ["bshd"] if attrs.get("qkv_bshd", 0) else []
     return flags
 
 
@@ -130,17 +154,21 @@ def _body(overload: str, opset: int):
     if "add" in flags and "bool" in flags or "mv" in flags and "bool" not in flags:
         raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: at most one of add/bool, "
                         "and mv only with bool")
+    if "bshd" in flags and "kt" in flags:
+        raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: bshd takes K untransposed")
     b = Body(opset, dtype)
+    # [B, S, H, D] inputs (qkv_bshd=1) become [B, H, S, D] first, as the Transposes the rule removed made them
+    q_in, k_in, v_in = (b.node("Transpose", [t], perm=[0, 2, 1, 3]) if "bshd" in flags else t for t in ("Q", "K", "V"))
     # K^T: given as is (k_transposed=1), else the last two axes of a rank-4 [B, H, Skv, D] K swapped
     # (Transpose needs the rank in its perm).
-    kt = "K" if "kt" in flags else b.node("Transpose", ["K"], perm=[0, 1, 3, 2])
+    kt = k_in if "kt" in flags else b.node("Transpose", [k_in], perm=[0, 1, 3, 2])
     if "scale" in flags:
-        q = b.node("Mul", ["Q", b.const_ref("scale", "Q")])
+        q = b.node("Mul", [q_in, b.const_ref("scale", "Q")])
     else:  # 1 / sqrt(D) from Q's last dim at run time
         d = b.node("Cast", [b.node("Gather", [b.node("Shape", ["Q"]), _int_scalar(b, -1)], axis=0)],
                    to=TensorProto.FLOAT)
         inv = b.node("Reciprocal", [b.node("Sqrt", [d])])
-        q = b.node("Mul", ["Q", b._cast_like(inv, "Q")])
+        q = b.node("Mul", [q_in, b._cast_like(inv, "Q")])
     scores = b.node("MatMul", [q, kt])
     if "add" in flags:
         scores = b.node("Add", [scores, "mask"])
@@ -152,7 +180,7 @@ def _body(overload: str, opset: int):
     p = b.node("Softmax", [scores], axis=-1)
     if "nz" in flags:
         p = b.node("Where", [b.node("IsNaN", [p]), b.const(0.0, "Q"), p])
-    b.node("MatMul", [p, "V"], "Y")
+    b.node("MatMul", [p, v_in], "Y")
     return b.function(NAME, overload, [n for n, _ in INPUTS], ["Y"], sorted(ATTRIBUTES),
                       f"{DOC} Variant {overload!r}, opset {opset}.", DOMAIN)
 
@@ -160,6 +188,10 @@ def _body(overload: str, opset: int):
 def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
     q_in, k_in, v_in, mask = inputs
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q_in, k_in, v_in))
+    if attrs.get("qkv_bshd", 0):
+        if q.ndim != 4:
+            raise RuleError(f"graphopt.Attention reference: qkv_bshd=1 needs rank-4 Q, K, V, got Q {q.shape}")
+        q, k, v = (np.swapaxes(t, 1, 2) for t in (q, k, v))
     kt = k if attrs.get("k_transposed", 0) else np.swapaxes(k, -1, -2)
     if q.shape[-1] != kt.shape[-2]:
         raise RuleError(f"graphopt.Attention reference: Q {q.shape} and K^T {kt.shape} disagree on the head dim")
@@ -185,8 +217,11 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
 
 
 def _output_shapes(shapes: list, attrs: dict) -> list:
-    """Y is Q's shape with V's last dim: [..., Sq, Dv] (batch dims broadcast)."""
+    """Y is Q's shape with V's last dim: [..., Sq, Dv] (batch dims broadcast); with qkv_bshd=1 Q and V
+    are [B, S, H, D] and Y is [B, H, Sq, Dv]."""
     q, v = shapes[0], shapes[2]
+    if attrs.get("qkv_bshd", 0) and len(q) == 4 and len(v) == 4:
+        q, v = (q[0], q[2], q[1], q[3]), (v[0], v[2], v[1], v[3])
     batch = np.broadcast_shapes(tuple(q[:-2]), tuple(v[:-2]))
     return [tuple(batch) + (q[-2], v[-1])]
 

@@ -16,6 +16,8 @@ How each form of the op is lowered:
   bias in the workspace by one elementwise kernel, then as above. cuDNN's own padding mask takes
   sequence lengths, which the op does not carry (its masks are tensors): a key-padding mask runs
   as this bias, exactly, whatever its pattern.
+- ``qkv_bshd=1``: Q, K and V as ``[B, S, H, D]``: the graph's tensors take those strides (cuDNN's
+  SDPA reads any strides with the head dim contiguous), no copy.
 - ``k_transposed=1``: cuDNN needs the head dim contiguous (stride 1) in K, so K^T ``[.., D, Skv]`` is
   transposed into the workspace first (one copy of K).
 - ``nan_to_zero=1``: with a mask, rows that are fully masked have NaN probabilities in the op; Y's
@@ -67,6 +69,7 @@ class SdpaGeom:
     bias_dims: tuple[int, ...] | None  # cuDNN's bias [b|1, h|1, Sq, Skv]
     mask_value: float
     nan_to_zero: bool
+    bshd: bool = False  # Q, K, V given as [B, S, H, D] (qkv_bshd=1): strided tensors, no copy
 
     @property
     def bias_in_workspace(self) -> bool:
@@ -95,7 +98,7 @@ def _lead(shape) -> tuple[int, int]:
 
 def sdpa_geom(sig: Signature) -> SdpaGeom:
     """The graph's dims, or ``TuningError`` saying why cuDNN's SDPA does not take this signature."""
-    q, k, v, m, dtypes = attention_operands(sig, "cuDNN SDPA")
+    q, k, v, m, dtypes = attention_operands(sig, "cuDNN SDPA", bshd_ok=True)
     dt = dtypes[0]
     if dt not in DTYPES:
         raise TuningError(f"cuDNN SDPA needs fp16/bf16 (got {dt or 'unknown'})")
@@ -142,7 +145,8 @@ def sdpa_geom(sig: Signature) -> SdpaGeom:
     mv = attrs.get("mask_value")
     return SdpaGeom(B, H, Hk, Sq, Skv, D, Dv, dt, float(np.float32(scale)) if scale is not None else 1.0 / math.sqrt(D),
                     bool(attrs.get("causal", 0)), kt, kind, mask4, bias_dims,
-                    -math.inf if mv is None else float(np.float32(mv)), bool(attrs.get("nan_to_zero", 0)))
+                    -math.inf if mv is None else float(np.float32(mv)), bool(attrs.get("nan_to_zero", 0)),
+                    bool(attrs.get("qkv_bshd", 0)))
 
 
 def sdpa_reason(sig: Signature) -> str | None:
@@ -162,6 +166,12 @@ def _contig(dims) -> list[int]:
     return strides[::-1]
 
 
+def _bshd(dims) -> list[int]:
+    """Strides of logical [B, H, S, D] dims stored as [B, S, H, D] (qkv_bshd=1)."""
+    b, h, s, d = (int(x) for x in dims)
+    return [s * h * d, d, h * d, 1]
+
+
 def sdpa_graph(mod, handle, sig: Signature):
     """The cuDNN frontend graph of an Attention signature: (graph, tensors {"Q", "K", "V", "bias"?, "O"}, geometry)."""
     g = sdpa_geom(sig)
@@ -171,7 +181,8 @@ def sdpa_graph(mod, handle, sig: Signature):
     dims = {"Q": [g.B, g.H, g.Sq, g.D], "K": [g.B, g.Hk, g.Skv, g.D], "V": [g.B, g.Hk, g.Skv, g.Dv]}
     if g.kind != "none":
         dims["bias"] = list(g.bias_dims)
-    t = {n: graph.tensor(name=n, dim=d, stride=_contig(d), data_type=dt) for n, d in dims.items()}
+    t = {n: graph.tensor(name=n, dim=d, stride=_bshd(d) if g.bshd and n != "bias" else _contig(d), data_type=dt)
+         for n, d in dims.items()}
     kw: dict[str, Any] = {}
     if "bias" in t:
         kw["bias"] = t["bias"]

@@ -164,6 +164,21 @@ def attention_operands(g, q, kt, v):
     return None
 
 
+def _perm(node) -> list[int] | None:
+    perm = node.attr("perm", None)
+    return None if perm is None else [int(p) for p in perm]
+
+
+@register_constraint("head_split_transposes", "nnn")
+def head_split_transposes(g, tq, tk, tv):
+    """tq and tv are Transpose(perm 0,2,1,3) and tk Transpose(perm 0,2,3,1): [B, S, H, D] -> [B, H, S, D]
+    and -> K^T [B, H, D, S], the head split an export writes before its attention."""
+    for node, want in ((tq, [0, 2, 1, 3]), (tk, [0, 2, 3, 1]), (tv, [0, 2, 1, 3])):
+        if _perm(node) != want:
+            return f"{node.name!r} has perm {_perm(node)}, expected {want} (the head split of a [B, S, H, D] tensor)"
+    return None
+
+
 @register_constraint("mask_broadcast", "tn")
 def mask_broadcast(g, m, mm):
     """m broadcasts onto the scores mm computes ([.., Sq, Skv]) without enlarging them, where shapes are known."""

@@ -77,11 +77,11 @@ def _cases():
                                                id=f"{sq}x{skv}-d{d}v{dv}-kt{kt}-{name}-{dtype}-{cand.key()}")
 
 
-def _run(cand, sig, ins):
+def _run(cand, sig, ins, shape=None):
     prebuild(cand.kernels(sig))
     launch = cand.build(sig, device_arch())
     dev = [cupy.asarray(a) for a in ins]
-    shape = ins[0].shape[:-1] + (ins[2].shape[-1],)
+    shape = shape or ins[0].shape[:-1] + (ins[2].shape[-1],)
     outs = []
     for _ in range(2):
         y = cupy.full(shape, cupy.nan, dtype=ins[0].dtype)
@@ -131,6 +131,33 @@ def test_vector_softmax(name, kind, mshape, attrs, dtype, cand):
     ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
                                             dict(sig.attrs))[0].astype(np.float64)
     got, again = _run(cand, sig, ins)
+    _compare(cand.key(), got, again, ref, dtype)
+
+
+def _bshd_cases():
+    """qkv_bshd=1 (Q, K, V as [B, S, H, D]): every own candidate that reads it, odd and GPT-2 lengths,
+    head dims 64 and 16 (32 for Dv in the SIMT kernel), the masks above, fp16 and fp32."""
+    for sq, skv, d, dv in ((37, 37, 64, 64), (128, 128, 64, 64), (19, 100, 16, 16), (33, 65, 64, 32)):
+        for name, kind, mshape, attrs in MASKS:
+            for dtype in ("float16", "float32"):
+                ins = _inputs(sq, skv, d, dv, 0, kind, mshape and mshape(sq, skv), dtype, 0)
+                sig = _sig([np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in ins[:3]] + ins[3:], 0, kind,
+                           {**attrs, "qkv_bshd": 1})
+                for cand in attention_candidates():
+                    if cand.applies(sig, (9, 0)) is None:
+                        yield pytest.param(sq, skv, d, dv, kind, mshape, attrs, dtype, cand,
+                                           id=f"{sq}x{skv}-d{d}v{dv}-{name}-{dtype}-{cand.key()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq,skv,d,dv,kind,mshape,attrs,dtype,cand", list(_bshd_cases()))
+def test_attention_candidate_reads_bshd(sq, skv, d, dv, kind, mshape, attrs, dtype, cand):
+    ins = _inputs(sq, skv, d, dv, 0, kind, mshape and mshape(sq, skv), dtype, zlib.crc32(cand.key().encode()) + 1)
+    ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
+                                            {"mask_kind": kind, **attrs})[0].astype(np.float64)
+    bshd = [np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in ins[:3]] + ins[3:]
+    sig = _sig(bshd, 0, kind, {**attrs, "qkv_bshd": 1})
+    got, again = _run(cand, sig, bshd, shape=(B, H, sq, dv))
     _compare(cand.key(), got, again, ref, dtype)
 
 

@@ -162,6 +162,27 @@ def test_attention_plans_for_every_form(dtype, form):
     assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
 
 
+BSHD_FORMS = {
+    "gpt2": dict(B=32, H=12, Sq=128, Skv=128, mask=(32, 1, 128, 128), scale=0.125, nan_to_zero=1),
+    "odd_causal": dict(B=2, H=3, Sq=37, Skv=37, causal=1),
+    "one_kv_head_pad": dict(B=2, H=4, Sq=33, Skv=65, Hk=1, mask=(2, 1, 1, 65), mask_dtype="bool"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", list(BSHD_FORMS))
+def test_attention_plans_read_bshd(dtype, form):
+    """qkv_bshd=1: Q, K, V as [B, S, H, D] bound as strided cuDNN tensors, every plan against the reference."""
+    kw = dict(BSHD_FORMS[form])
+    plain = _attn(kw.pop("B"), kw.pop("H"), kw.pop("Sq"), kw.pop("Skv"), 64, dtype, **kw)
+    shapes = [(s[0], s[2], s[1], s[3]) for s in plain.input_shapes[:3]] + list(plain.input_shapes[3:])
+    sig = Signature.make("Attention", shapes, list(plain.dtypes), {**dict(plain.attrs), "qkv_bshd": 1})
+    ok, wrong, unbuilt = _check_plans(cudnn_sdpa.candidates("Attention", sig), sig)
+    assert not wrong, wrong
+    assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_padding_mask_with_fully_masked_rows_and_nan_to_zero(dtype):

@@ -193,3 +193,24 @@ def test_cublas_lowering_integers_against_the_reference(case):
     assert got.shape == ref.shape
     assert np.array_equal(np.isnan(got), np.isnan(ref))
     np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(ref), rtol=1e-10, atol=1e-12)
+
+
+def test_qkv_bshd_plan_and_which_families_read_it():
+    """qkv_bshd=1: the plan has the logical dims and bshd=1; flash and flash_mma read the layout
+    (strides in the kernel), cublas_softmax says why not; the heuristic picks a kernel, not the fallback."""
+    from graphopt.kernels.attention import CublasSoftmaxAttention
+    from graphopt.kernels.heuristic import heuristic_lowering
+
+    sig = Signature.make("Attention", [(2, 128, 12, 64)] * 3 + [(2, 1, 128, 128)], ["float16"] * 4,
+                         {"mask_kind": "additive", "qkv_bshd": 1, "scale": 0.125})
+    p = attention_plan(sig)
+    assert (p.B, p.H, p.Sq, p.Skv, p.D, p.bshd, p.kt) == (2, 12, 128, 128, 64, 1, False)
+    assert p.out_shape == (2, 12, 128, 64)
+    keys = _applicable(sig)
+    assert "flash_mma:hd=64,bn=64,stages=2" in keys and "flash:dmax=64,bm=64,warps=4" in keys
+    assert not [k for k in keys if k.startswith("cublas_softmax")]
+    assert "qkv_bshd=1" in CublasSoftmaxAttention("cublas_softmax", (("warps", 4),)).applies(sig, (9, 0))
+    name, _, _ = heuristic_lowering("Attention", sig, (9, 0), providers=False)
+    assert name in ("flash_mma", "flash")
+    fp32 = Signature.make("Attention", [(2, 9, 3, 16)] * 3, ["float32"] * 3, {"qkv_bshd": 1})
+    assert any(k.startswith("flash:") for k in _applicable(fp32))  # fp32 keeps a GPU kernel

@@ -259,3 +259,31 @@ def test_attention_needs_opset_13_and_canonical_keys():
             ATTN.function(key, 17)
     assert ATTN.overload({"mask_kind": "bool", "mask_value": -1.0, "causal": 1, "k_transposed": 1, "nan_to_zero": 1,
                           "scale": 0.5}, [True] * 4) == "kt_bool_mv_causal_nz_scale"
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("kind,causal", [("none", 0), ("additive", 1), ("bool", 0)])
+def test_attention_qkv_bshd_body_and_reference_equal_the_transposed_op(kind, causal, opset):
+    """qkv_bshd=1: Q, K, V as [B, S, H, D] give what the op gives on their [B, H, S, D] transposes;
+    Y stays [B, H, Sq, Dv]; the function body agrees with the reference."""
+    rng = _rng("attn_bshd", kind, causal, opset)
+    q, k, v, mask = _attn_inputs(rng, kind, 0)
+    qb, kb, vb = (np.ascontiguousarray(np.swapaxes(t, 1, 2)) for t in (q, k, v))
+    attrs = {"mask_kind": kind, "causal": causal, "nan_to_zero": 1, "qkv_bshd": 1}
+    plain = {**attrs, "qkv_bshd": 0}
+    assert ATTN.overload(attrs, [True, True, True, mask is not None]).endswith("bshd")
+    expected = ATTN.reference([q, k, v, mask], plain)[0]
+    got = ATTN.reference([qb, kb, vb, mask], attrs)[0]
+    assert got.shape == (2, 3, 5, 6) and np.array_equal(got, expected)
+    assert ATTN.output_shapes([qb.shape, kb.shape, vb.shape, None if mask is None else mask.shape], attrs) == [(2, 3, 5, 6)]
+    ordered = [("Q", qb), ("K", kb), ("V", vb), ("mask", mask)]
+    feeds = {n: a for n, a in ordered if a is not None}
+    model = one_node_model("Attention", ordered, attrs, opset, (2, 3, 5, 6))
+    _check(ATTN, model, feeds, ordered, attrs, 1e-5, f"Attention {attrs} opset {opset}", evaluator=opset == 18 and not causal)
+
+
+def test_attention_qkv_bshd_reasons():
+    assert "k_transposed must be 0" in ATTN.validate({"qkv_bshd": 1, "k_transposed": 1}, [True] * 3)
+    assert "qkv_bshd=2 must be 0 or 1" in ATTN.validate({"qkv_bshd": 2}, [True] * 3)
+    with pytest.raises(RuleError, match="malformed overload key"):
+        ATTN.function("kt_bshd", 17)

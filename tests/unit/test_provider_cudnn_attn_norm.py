@@ -197,6 +197,23 @@ def test_plain_graph_scale_default_and_row_major_tensors(fake, dtype, io):
     assert ("set_dim", "sdpa", [2, 4, 16, 64]) in log and ("set_stride", "sdpa", [4096, 1024, 64, 1]) in log
 
 
+def test_qkv_bshd_binds_strided_tensors_and_no_copy(fake):
+    """qkv_bshd=1: Q, K, V [B, S, H, D] are cuDNN tensors of logical [B, H, S, D] dims with the heads'
+    rows H * D apart; O stays contiguous [B, H, Sq, Dv]; no K copy in the workspace."""
+    mod, log = fake
+    sig = Signature.make("Attention", [(2, 16, 4, 64), (2, 24, 4, 64), (2, 24, 4, 64), (2, 1, 16, 24)],
+                         ["float16"] * 4, {"mask_kind": "additive", "qkv_bshd": 1})
+    g = cudnn_sdpa.sdpa_geom(sig)
+    assert (g.B, g.H, g.Sq, g.Skv, g.D, g.bshd, g.kt) == (2, 4, 16, 24, 64, True, False)
+    cudnn_sdpa.sdpa_graph(mod, "h", sig)
+    tensors = {e[1]: (e[2], e[3]) for e in log if e[0] == "tensor"}
+    assert tensors["Q"] == ([2, 4, 16, 64], [16 * 4 * 64, 64, 4 * 64, 1])
+    assert tensors["K"] == tensors["V"] == ([2, 4, 24, 64], [24 * 4 * 64, 64, 4 * 64, 1])
+    assert tensors["bias"] == ([2, 1, 16, 24], [16 * 24, 16 * 24, 24, 1])
+    assert ("set_stride", "sdpa", [4 * 16 * 64, 16 * 64, 64, 1]) in log
+    assert g.workspace_parts(0)[1] == 0  # no transposed K
+
+
 def test_scale_causal_rank3_and_mqa(fake):
     mod, log = fake
     sig = _attn(q=(6, 7, 32), k=(6, 9, 32), v=(6, 9, 16), scale=0.3, causal=1)

@@ -322,6 +322,24 @@ def attention_model(scale="mul", mask="mask", probs="nan", variant="fires", opse
     return b.model()
 
 
+def head_split_model(variant="fires"):
+    """graphopt.Attention (k_transposed=1) over the head split's Transposes of [B, S, H, D] q, k, v, as the
+    attention rules leave GPT-2 / BERT exports (``variant``: a near-miss)."""
+    b = Builder(17, seed=13)
+    q = b.op("Transpose", [b.input("q", [B, SQ, H, D])], perm=[0, 2, 1, 3])
+    if variant == "k_perm":  # K^T by a last-two-axes swap of an already [B, H, S, D] K
+        kt = b.op("Transpose", [b.input("k", [B, H, SKV, D])], perm=[0, 1, 3, 2])
+    else:
+        kt = b.op("Transpose", [b.input("k", [B, SKV, H, D])], perm=[0, 2, 3, 1])
+    v = b.op("Transpose", [b.input("v", [B, SKV, H, DV])], perm=[0, 2, 1, 3])
+    y = b.op("Attention", [q, kt, v, b.input("m", [B, 1, 1, SKV])], domain="graphopt", k_transposed=1,
+             mask_kind="additive", scale=0.5, nan_to_zero=1)
+    b.output(b.op("Transpose", [y], perm=[0, 2, 1, 3]))
+    if variant == "second_consumer":
+        b.output(b.op("Neg", [q]))
+    return b.model()
+
+
 # -- which test model each rule fires on ------------------------------------------------------------
 
 CASES: dict = {}
@@ -352,6 +370,7 @@ for _sc in SCALES:
             CASES[f"attention_{_sc}_{_mk}_{_pr}"] = lambda sc=_sc, mk=_mk, pr=_pr: attention_model(sc, mk, pr)
         CASES[f"attention_{_sc}_{_mk}_upcast"] = lambda sc=_sc, mk=_mk: attention_model(sc, mk, "upcast")
     CASES[f"attention_{_sc}_upmask"] = lambda sc=_sc: attention_model(sc, "upmask", "upcast")
+CASES["attention_qkv_bshd"] = head_split_model
 
 
 def test_every_transformer_rule_has_a_test_case():
@@ -478,6 +497,8 @@ NEAR_MISSES = [
     ("attention_mul_window_nan", lambda: attention_model(mask="window", variant="window_view_read"), "has 2 consumers"),
     ("attention_mul_mask_upcast", lambda: attention_model(probs="upcast", variant="second_consumer"), "has 2 consumers"),
     ("rmsnorm_cast_pow_div", lambda: rmsnorm_model(fp16=True, variant="second_consumer"), "has 2 consumers"),
+    ("attention_qkv_bshd", lambda: head_split_model("k_perm"), "has perm [0, 1, 3, 2], expected [0, 2, 3, 1]"),
+    ("attention_qkv_bshd", lambda: head_split_model("second_consumer"), "has 2 consumers"),
     ("groupnorm", lambda: groupnorm_model(variant="in_scale"), "is not 3 1s"),
 ]
 
@@ -504,3 +525,14 @@ def test_optimize_explain_reports_the_near_miss():
     assert "Attention" not in report.custom_ops
     reasons = [nm["reason"] for nm in report.near_misses if nm["rule"].startswith("attention_mul_mask_nan")]
     assert any("softmax_last_axis(sm): Softmax" in r and "has axis=2, not the last axis" in r for r in reasons), reasons
+
+
+def test_head_split_transposes_go_into_the_attention():
+    """attention_qkv_bshd: the three Transposes go, the op reads [B, S, H, D] (qkv_bshd=1, K untransposed),
+    keeps its other attributes, and the output Transpose stays (Y is still [B, H, Sq, Dv])."""
+    g, report = _rewrite(head_split_model(), _only("attention_qkv_bshd"))
+    (match,) = report.matches
+    node = g.node(match.node)
+    assert (node.attr("qkv_bshd"), node.attr("k_transposed"), node.attr("scale"), node.attr("nan_to_zero")) == (1, 0, 0.5, 1)
+    assert node.inputs[:3] == ["q", "k", "v"]
+    assert [n.op_type for n in g.nodes()] == ["Attention", "Transpose"]
