@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.rewrite.constraints import _fmt_shape, known_rank
-from graphopt.rewrite.registry import BuildFailed, register_builder, register_constraint
+from graphopt.rewrite.registry import BuildFailed, NewConstant, register_builder, register_constraint
 
 
 def _scalar(g, t, what: str) -> float:
@@ -177,6 +177,27 @@ def head_split_transposes(g, tq, tk, tv):
         if _perm(node) != want:
             return f"{node.name!r} has perm {_perm(node)}, expected {want} (the head split of a [B, S, H, D] tensor)"
     return None
+
+
+@register_constraint("whole_shape", "n")
+def whole_shape(g, node):
+    """A Shape node without start / end (opset 15+): the whole shape."""
+    for name in ("start", "end"):
+        if node.has_attr(name):
+            return f"{node.name!r} takes a slice of the shape ({name}={node.attr(name)})"
+    return None
+
+
+@register_builder("perm_indices", "n", "tensor")
+def perm_indices(g, node):
+    """An int64 initializer holding a Transpose node's perm (its default, reversed axes, from a known rank)."""
+    perm = _perm(node)
+    if perm is None:
+        r = known_rank(g, node.inputs[0])
+        if r is None:
+            raise BuildFailed(f"{node.name!r} has no perm and the rank of its input is unknown")
+        perm = list(range(r))[::-1]
+    return NewConstant(np.asarray(perm, dtype=np.int64), f"{node.name}_perm")
 
 
 @register_constraint("mask_broadcast", "tn")

@@ -340,6 +340,15 @@ def head_split_model(variant="fires"):
     return b.model()
 
 
+def shape_of_transpose_model(variant="fires"):
+    """Shape of a transposed tensor that something else reads too (a dynamic export's head split)."""
+    b = Builder(17, seed=14)
+    t = b.op("Transpose", [b.input("x", [2, 3, 4, 5])], **({} if variant == "no_perm" else {"perm": [0, 2, 1, 3]}))
+    b.output(b.op("Neg", [t]))
+    b.output(b.op("Shape", [t], **({"start": 1} if variant == "slice" else {})))
+    return b.model()
+
+
 # -- which test model each rule fires on ------------------------------------------------------------
 
 CASES: dict = {}
@@ -371,6 +380,7 @@ for _sc in SCALES:
         CASES[f"attention_{_sc}_{_mk}_upcast"] = lambda sc=_sc, mk=_mk: attention_model(sc, mk, "upcast")
     CASES[f"attention_{_sc}_upmask"] = lambda sc=_sc: attention_model(sc, "upmask", "upcast")
 CASES["attention_qkv_bshd"] = head_split_model
+CASES["shape_of_transpose"] = shape_of_transpose_model
 
 
 def test_every_transformer_rule_has_a_test_case():
@@ -499,6 +509,7 @@ NEAR_MISSES = [
     ("rmsnorm_cast_pow_div", lambda: rmsnorm_model(fp16=True, variant="second_consumer"), "has 2 consumers"),
     ("attention_qkv_bshd", lambda: head_split_model("k_perm"), "has perm [0, 1, 3, 2], expected [0, 2, 3, 1]"),
     ("attention_qkv_bshd", lambda: head_split_model("second_consumer"), "has 2 consumers"),
+    ("shape_of_transpose", lambda: shape_of_transpose_model("slice"), "takes a slice of the shape (start=1)"),
     ("groupnorm", lambda: groupnorm_model(variant="in_scale"), "is not 3 1s"),
 ]
 
@@ -536,3 +547,15 @@ def test_head_split_transposes_go_into_the_attention():
     assert (node.attr("qkv_bshd"), node.attr("k_transposed"), node.attr("scale"), node.attr("nan_to_zero")) == (1, 0, 0.5, 1)
     assert node.inputs[:3] == ["q", "k", "v"]
     assert [n.op_type for n in g.nodes()] == ["Attention", "Transpose"]
+
+
+def test_shape_of_a_transpose_is_the_permuted_shape_and_the_transpose_stays():
+    for variant, perm in (("fires", [0, 2, 1, 3]), ("no_perm", [3, 2, 1, 0])):
+        model = shape_of_transpose_model(variant)
+        g, report = _rewrite(model, _only("shape_of_transpose"))
+        assert report.counts == {"shape_of_transpose": 1}
+        ops = sorted(n.op_type for n in g.nodes())
+        assert ops == ["Gather", "Neg", "Shape", "Transpose"]
+        gather = next(n for n in g.nodes() if n.op_type == "Gather")
+        assert g.constant_value(gather.inputs[1]).tolist() == perm
+        _same_outputs(model, g)
