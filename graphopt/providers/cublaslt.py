@@ -22,6 +22,12 @@ constant B once, when the plan is built; the tuner never lets an activation take
 every run). On the H200 every GemmAct candidate for GPT-2's LM head at bs32 took 2.5-8 ms with B's
 rows odd-length (``bench/NOTES_kernels.md``).
 
+``cublaslt_act`` runs an activation cuBLASLt has no epilogue for (the erf ``Gelu`` of BERT's MLP,
+``SiLU``, ``Clip`` = ReLU6, ``Sigmoid``, ...): the matmul with the BIAS (or DEFAULT) epilogue, then
+graphopt's 16-byte vector activation kernel in place (``epilogue_gemm_vec`` without a bias), where
+the output's rows are whole vectors. It competes with cuDNN's fused graphs and ``cublas_ws`` plus
+the epilogue (which adds the bias in that pass too).
+
 Each algorithm ``cublasLtMatmulAlgoGetHeuristic`` returns (up to :data:`REQUEST`) is a candidate
 keyed by its configuration (algorithm id, tile, stages, split-K, reduction, swizzle, custom option,
 inner and cluster shape), not by its list position; the plain ``cublaslt`` candidate takes the
@@ -38,12 +44,16 @@ from typing import Any
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.gemm_act import gemm_plan
+from graphopt.kernels.mma_args import ptr
+from graphopt.kernels.source import ACT_CODES, VEC16, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.providers import cublaslt_lib as lt
 
 OPS = ("GemmAct", "CBR")
 NAME = "cublaslt"
 NAME_BT = "cublaslt_bt"  # GemmAct with B declared colmajor (module docstring)
+NAME_ACT = "cublaslt_act"  # an activation cuBLASLt lacks, as a kernel after the matmul (module docstring)
+VARIANTS = {NAME: "", NAME_BT: "bt", NAME_ACT: "act"}  # family name -> variant
 DTYPES = {"float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F"}
 # (activation, has bias) -> cublasLtEpilogue_t
 EPILOGUES = {("none", False): "CUBLASLT_EPILOGUE_DEFAULT", ("none", True): "CUBLASLT_EPILOGUE_BIAS",
@@ -119,18 +129,53 @@ def b_transposed_reason(sig: Signature) -> str | None:
     return None
 
 
-def problem(sig: Signature, b_transposed: bool = False) -> Problem:
-    """The cuBLASLt call for a GemmAct or CBR signature (``b_transposed``: B stored transposed, as
-    ``cublaslt_bt`` declares it); TuningError says why there is none."""
+def _act_name(sig: Signature) -> str:
+    act = sig.attr("activation", "none")
+    return act.decode() if isinstance(act, bytes) else str(act)
+
+
+def _rows(sig: Signature) -> int:
+    """The output's row length (GemmAct's N, a 1x1 CBR's output channels)."""
+    return gemm_plan(sig).N if sig.op == "GemmAct" else int(sig.input_shapes[1][0])
+
+
+def post_activation_reason(sig: Signature) -> str | None:
+    """Why ``cublaslt_act`` does not apply to ``sig`` (None: it does)."""
+    act = _act_name(sig)
+    if act in ACTIVATIONS:
+        return f"activation {act} is a cuBLASLt epilogue (the plain cublaslt candidates fuse it)"
+    if act not in ACT_CODES:
+        return f"activation {act!r} has no kernel"
+    try:
+        dt = geo.dtype_of(sig)
+        n = _rows(sig)
+    except (TuningError, TypeError, IndexError) as e:
+        return str(e) or "unknown output row length"
+    vec = VEC16.get(dt, 0)
+    if not vec or n % vec:
+        return f"the output's rows ({n} x {dt}) are not whole 16-byte vectors (the in-place activation kernel's loads)"
+    return None
+
+
+def variant_reason(sig: Signature, variant: str) -> str | None:
+    """Why a variant's own condition fails (``b_transposed_reason`` / ``post_activation_reason``)."""
+    check = {"bt": b_transposed_reason, "act": post_activation_reason}.get(variant)
+    return check(sig) if check else None
+
+
+def problem(sig: Signature, variant: str = "") -> Problem:
+    """The cuBLASLt call for a GemmAct or CBR signature (``variant``: ``bt``, B stored transposed as
+    ``cublaslt_bt`` declares it; ``act``, the activation left to a kernel after the call); TuningError
+    says why there is none."""
     if sig.op not in OPS:
         raise TuningError(f"cuBLASLt candidates here are for {', '.join(OPS)}")
-    reason = b_transposed_reason(sig) if b_transposed else None
+    reason = variant_reason(sig, variant)
     if reason:
         raise TuningError(reason)
     dt = geo.dtype_of(sig)
     if dt not in DTYPES:
         raise TuningError(f"dtype {dt} (cuBLASLt here: {', '.join(DTYPES)})")
-    act = _activation(sig)
+    act = "none" if variant == "act" else _activation(sig)
     if sig.op == "CBR":
         return _conv_problem(sig, dt, act)
     p = gemm_plan(sig)
@@ -145,7 +190,7 @@ def problem(sig: Signature, b_transposed: bool = False) -> Problem:
     if bias and (p.beta != 1.0 or p.alpha != 1.0):
         raise TuningError("alpha or beta other than 1 with a bias (the epilogue's bias is not scaled)")
     M, Z, sa = (p.M * p.Z, 1, 0) if p.fold else (p.M, p.Z, p.a_batch)
-    return _row_major(dt, M, p.N, p.K, p.trans_a, p.trans_b or b_transposed, Z, sa, p.b_batch if Z > 1 else 0, act,
+    return _row_major(dt, M, p.N, p.K, p.trans_a, p.trans_b or variant == "bt", Z, sa, p.b_batch if Z > 1 else 0, act,
                       bias, p.alpha, 0, 1, 2 if bias else None)
 
 
@@ -160,10 +205,10 @@ def _conv_problem(sig: Signature, dt: str, act: str) -> Problem:
     return _row_major(dt, g.N * g.H * g.W, g.M, g.C, False, True, 1, 0, 0, act, bias, 1.0, 0, 1, 2 if bias else None)
 
 
-def shape_reason(sig: Signature, b_transposed: bool = False) -> str | None:
+def shape_reason(sig: Signature, variant: str = "") -> str | None:
     """Why cuBLASLt cannot run this signature (before any library call), or None."""
     try:
-        problem(sig, b_transposed)
+        problem(sig, variant)
     except TuningError as e:
         return str(e)
     return None
@@ -197,7 +242,7 @@ class _Setup:
     algos: list     # [(config, Algo, workspace bytes)]
 
 
-_SETUPS: dict[tuple[str, int, bool], _Setup] = {}  # (signature key, device, B transposed) -> setup, per process
+_SETUPS: dict[tuple[str, int, str], _Setup] = {}  # (signature key, device, variant) -> setup, per process
 
 
 def _describe(a: lt.Api, pr: Problem, handle) -> _Setup:
@@ -217,13 +262,13 @@ def _describe(a: lt.Api, pr: Problem, handle) -> _Setup:
     return _Setup(handle, desc, (la, lb, ld), found)
 
 
-def _setup_for(sig: Signature, b_transposed: bool = False) -> _Setup:
-    key = (sig.key(), _device(), b_transposed)
+def _setup_for(sig: Signature, variant: str = "") -> _Setup:
+    key = (sig.key(), _device(), variant)
     if key not in _SETUPS:
         a = lt.api()
         if a is None:
             raise TuningError(lt.unavailable())
-        _SETUPS[key] = _describe(a, problem(sig, b_transposed), a.handle(key[1]))
+        _SETUPS[key] = _describe(a, problem(sig, variant), a.handle(key[1]))
     return _SETUPS[key]
 
 
@@ -235,14 +280,21 @@ def _ptr(x) -> int:
 @dataclass(frozen=True)
 class CublasLtGemm(Candidate):
     """params: the algorithm's configuration (``algo=..,tile=..,stages=..,...``), or none for the
-    heuristic's first algorithm at load time. ``name`` is ``cublaslt`` or ``cublaslt_bt``."""
+    heuristic's first algorithm at load time. ``name`` is one of ``VARIANTS``."""
 
     @property
-    def b_transposed(self) -> bool:
-        return self.name == NAME_BT
+    def variant(self) -> str:
+        return VARIANTS[self.name]
 
     def layouts(self, sig: Signature) -> tuple[str, ...]:
-        return LAYOUTS_BT if self.b_transposed else LAYOUTS.get(sig.op, ())  # what build() declares
+        return LAYOUTS_BT if self.variant == "bt" else LAYOUTS.get(sig.op, ())  # what build() declares
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        """The own kernel the ``act`` variant launches after the matmul (for prebuilding)."""
+        if self.variant != "act" or post_activation_reason(sig):
+            return []
+        dt = geo.dtype_of(sig)
+        return [("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt]))]
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         if sig.op not in OPS:
@@ -250,10 +302,11 @@ class CublasLtGemm(Candidate):
         reason = lt.unavailable()
         if reason:
             return reason
-        return shape_reason(sig, self.b_transposed)
+        return shape_reason(sig, self.variant)
 
     def source_hash(self) -> str:
-        return "cublaslt:" + ",".join(f"{k}={v}" for k, v in versions())
+        libs = "cublaslt:" + ",".join(f"{k}={v}" for k, v in versions())
+        return libs + ("+" + source_hash("elementwise.cu") if self.variant == "act" else "")
 
     def versions(self) -> tuple[tuple[str, str], ...]:
         return versions()
@@ -263,8 +316,8 @@ class CublasLtGemm(Candidate):
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
         a = lt.api()
-        pr = problem(sig, self.b_transposed)
-        s = _setup_for(sig, self.b_transposed)
+        pr = problem(sig, self.variant)
+        s = _setup_for(sig, self.variant)
         if not self.params:
             if not s.algos:
                 raise TuningError(f"cuBLASLt's heuristic offers no algorithm for {sig.key()}")
@@ -282,6 +335,7 @@ class CublasLtGemm(Candidate):
         # so nodes of one signature never see each other's bias, whatever cuBLASLt keeps of a
         # descriptor in a captured CUDA graph. Without a bias the signature's descriptor is shared.
         desc = a.matmul_desc(pr.transa, pr.transb, pr.epilogue) if pr.bias_input is not None else s.desc
+        post = _post_activation(sig) if self.variant == "act" else None
 
         def launch(inputs, outputs, workspace):
             ins = list(inputs) + [None] * 3
@@ -296,9 +350,31 @@ class CublasLtGemm(Candidate):
                               ws, ws_bytes if ws else 0, _stream())
             if status != lt.CUBLAS_STATUS_SUCCESS:
                 raise TuningError(f"cublasLtMatmul failed with status {status} ({self.key()}, {sig.key()})")
+            if post is not None:
+                post(outputs[0])
 
         return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
                         layouts=self.layouts(sig), versions=versions())
+
+
+def _post_activation(sig: Signature):
+    """``run(y)``: the signature's activation on ``y`` in place, 16 bytes per load (the act variant)."""
+    import numpy as np
+
+    dt = geo.dtype_of(sig)
+    vec = VEC16[dt]
+    kern = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dt, vec))
+    act = geo.act_args(sig)
+    i32, f32 = np.int32, np.float32
+    n = _rows(sig)
+
+    def run(y):
+        total = int(y.size)
+        grid = (max(1, min(-(-(total // vec) // 256), 132 * 32)),)
+        kern(grid, (256,), (y, ptr(None), i32(total), i32(n), f32(1.0), f32(0.0), i32(act.code), f32(act.alpha),
+                            f32(act.beta), f32(act.lo), f32(act.hi)))
+
+    return run
 
 
 def _stream() -> int:
@@ -312,19 +388,20 @@ def _stream() -> int:
 
 def candidates(op: str, sig: Signature | None = None) -> list[Candidate]:
     """The heuristic candidate, plus one per algorithm when ``sig`` is given and cuBLASLt lists them here;
-    the same for ``cublaslt_bt`` where B's rows are not aligned (``b_transposed_reason``)."""
+    the same for ``cublaslt_bt`` where B's rows are not aligned (``b_transposed_reason``) and for
+    ``cublaslt_act`` where the activation is not cuBLASLt's (``post_activation_reason``)."""
     if op not in OPS:
         return []
     out: list[Candidate] = [CublasLtGemm(NAME)]
     if sig is None or lt.unavailable():
         return out
-    for name, bt in ((NAME, False), (NAME_BT, True)):
-        if shape_reason(sig, bt) is not None:
+    for name, variant in VARIANTS.items():
+        if shape_reason(sig, variant) is not None:
             continue
-        if bt:
-            out.append(CublasLtGemm(NAME_BT))
+        if variant:
+            out.append(CublasLtGemm(name))
         try:
-            algos = _setup_for(sig, bt).algos
+            algos = _setup_for(sig, variant).algos
         except Exception:  # noqa: BLE001 - no GPU, or the library refuses: the heuristic candidate says why
             continue
         out += [CublasLtGemm(name, cfg) for cfg, _, _ in algos]
@@ -335,7 +412,7 @@ def from_key(op: str, key: str) -> Candidate | None:
     if op not in OPS:
         return None
     name = key.split(":", 1)[0]
-    if name not in (NAME, NAME_BT) or (name == NAME_BT and op != "GemmAct"):
+    if name not in VARIANTS or (name == NAME_BT and op != "GemmAct"):
         return None
     if key == name:
         return CublasLtGemm(name)

@@ -156,3 +156,29 @@ def test_b_transposed_variant_for_rows_of_odd_length(dtype, bias):
     print(f"{sig.key()}: {len(bt)} cublaslt_bt candidates, {ok} correct, {len(unbuilt)} did not build")
     assert not wrong, wrong
     assert ok >= 1, f"no cublaslt_bt candidate ran: {unbuilt[:3]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("act,bias", [("Gelu", True), ("SiLU", False), ("Sigmoid", True)])
+def test_act_variant_for_activations_without_an_epilogue(dtype, act, bias):
+    """cublaslt_act: BIAS / DEFAULT epilogue, then the 16-byte activation kernel in place; every
+    algorithm against float64 with poisoned outputs (BERT's erf-GELU MLP shape included)."""
+    for a, b in (((2, 65, 256), (256, 1024)), ((4, 128, 768), (768, 3072))):
+        sig = gemm(a, b, (b[1],) if bias else None, dtype, activation=act)
+        cands = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_ACT]
+        assert cands, prov.CublasLtGemm(prov.NAME_ACT).applies(sig)
+        ok, wrong, unbuilt = check_all(cands, sig)
+        assert not wrong, wrong
+        assert ok >= 1, f"no cublaslt_act candidate ran: {unbuilt[:3]}"
+
+
+@pytest.mark.gpu
+def test_act_variant_on_a_relu6_pointwise_conv():
+    """MobileNetV2's 1x1 convs end in Clip(0, 6): cuBLASLt's matmul, then the clip kernel (NHWC)."""
+    sig = Signature.make("CBR", [(2, 32, 14, 14), (96, 32, 1, 1), (96,), None], ["float16"] * 3 + [""],
+                         {"activation": "Clip", "clip_min": 0.0, "clip_max": 6.0})
+    cands = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_ACT]
+    assert cands
+    ok, wrong, unbuilt = check_all(cands, sig)
+    assert not wrong and ok >= 1, (wrong, unbuilt[:3])

@@ -116,3 +116,74 @@ def test_b_transposed_variant_near_misses_say_why(monkeypatch, sig, why):
     assert why in (prov.CublasLtGemm(prov.NAME_BT).applies(sig) or "")
     assert not [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_BT]
     assert prov.from_key("CBR", "cublaslt_bt") is None
+
+
+def _fake_activation_kernel(calls):
+    """Stands in for ``epilogue_gemm_vec`` (no bias, alpha 1): applies the activation code to Y in place."""
+    from math import erf
+
+    def kernel(grid, block, args):
+        y, bias, total, n, alpha, beta, code, a_alpha, a_beta, lo, hi = args
+        calls.append((int(code), int(total), int(n)))
+        assert int(total) == y.size and float(alpha) == 1.0 and float(beta) == 0.0
+        x = y.astype(np.float64)
+        f = {8: np.vectorize(lambda v: 0.5 * v * (1 + erf(v / np.sqrt(2)))), 5: lambda v: v / (1 + np.exp(-v)),
+             2: lambda v: np.clip(v, float(lo), float(hi))}[int(code)]
+        y[...] = f(x).astype(y.dtype)
+
+    return kernel
+
+
+POST_ACT = [
+    gemm((8, 64), (64, 32), activation="Gelu"),                              # BERT's erf-GELU MLP
+    gemm((3, 7, 64), (64, 16), None, activation="SiLU", dtype="float32"),   # no bias: DEFAULT epilogue
+    conv((2, 24, 5, 7), (40, 24, 1, 1), activation="Clip", clip_min=0.0, clip_max=6.0, dtype="float32"),  # ReLU6
+]
+
+
+@pytest.mark.parametrize("sig", POST_ACT, ids=lambda s: s.key()[:60])
+def test_act_variant_runs_the_activation_after_a_bias_epilogue(monkeypatch, sig):
+    """cublaslt_act: cuBLASLt with BIAS / DEFAULT, then the activation kernel in place: the op's result."""
+    from graphopt.ops import get_schema
+
+    lib, calls = EmulatedLt(), []
+    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
+    monkeypatch.setattr(prov, "_SETUPS", {})
+    monkeypatch.setattr(prov, "_stream", lambda: 0)
+    monkeypatch.setattr(prov, "get_kernel", lambda src, expr: _fake_activation_kernel(calls))
+    assert prov.post_activation_reason(sig) is None
+    assert "has no cuBLASLt epilogue" in prov.CublasLtGemm("cublaslt").applies(sig)  # the plain family cannot
+    pr = prov.problem(sig, "act")
+    has_bias = len(sig.input_shapes) > 2 and sig.input_shapes[2] is not None
+    assert pr.epilogue == ("CUBLASLT_EPILOGUE_BIAS" if has_bias else "CUBLASLT_EPILOGUE_DEFAULT")
+    cands = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_ACT]
+    assert cands and all(prov.from_key(sig.op, c.key()) == c for c in cands)
+    dt = np.dtype(sig.dtypes[0])
+    assert cands[0].kernels(sig) == [("elementwise.cu", f"epilogue_gemm_vec<{'half_t' if dt == np.float16 else 'float'},"
+                                                        f"{16 // dt.itemsize}>")]
+    assert cands[0].source_hash() != prov.CublasLtGemm("cublaslt").source_hash()
+    rng = np.random.default_rng(5)
+    host = [None if s is None else rng.standard_normal(s).astype(dt) for s in sig.input_shapes]
+    f64 = [None if h is None else h.astype(np.float64) for h in host]
+    f64 += [None] * ((4 if sig.op == "CBR" else 3) - len(f64))
+    ref = np.asarray(get_schema(sig.op).reference(f64, dict(sig.attrs))[0], np.float64)
+    low = cands[-1].build(sig, "sm_90")
+    ins = low.conform([None if h is None else _aligned(h) for h in host], np)
+    out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
+    out[...] = np.nan
+    low.launch(ins, [out], None)
+    assert len(calls) == 1
+    tol = 1e-5 if dt == np.float32 else 1e-2
+    assert np.linalg.norm(out.astype(np.float64) - ref) <= tol * np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("sig, why", [
+    (gemm((8, 64), (64, 32), activation="GeluTanh"), "is a cuBLASLt epilogue"),
+    (gemm((8, 64), (64, 32)), "is a cuBLASLt epilogue"),
+    (gemm((8, 64), (64, 33), activation="Gelu"), "not whole 16-byte vectors"),
+])
+def test_act_variant_near_misses_say_why(monkeypatch, sig, why):
+    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(EmulatedLt()), "reason": None})
+    monkeypatch.setattr(prov, "_SETUPS", {})
+    assert why in (prov.CublasLtGemm(prov.NAME_ACT).applies(sig) or "")
+    assert not [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_ACT]
