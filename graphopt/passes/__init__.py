@@ -22,6 +22,7 @@ from graphopt.passes.dropout import eliminate_dropout
 from graphopt.passes.fold_constants import DEFAULT_LIMIT_BYTES, DEFAULT_TOTAL_BYTES, FoldBudget, fold_constants
 from graphopt.passes.fold_shape import fold_shape
 from graphopt.passes.identity import eliminate_identity
+from graphopt.passes.merge_duplicates import merge_duplicates
 from graphopt.passes.pad_conv import fold_pad_into_conv
 
 __all__ = [
@@ -39,12 +40,14 @@ __all__ = [
     "fold_conv_mul_add",
     "fold_pad_into_conv",
     "fold_shape",
+    "merge_duplicates",
     "run_cleanup",
 ]
 
 #: The order ``run_cleanup`` applies the passes in, by name. Copies go first so the folds see the
 #: real producers; constants are folded before the Conv folds need constant operands; dead code
-#: last removes what the others orphaned (for example a weight no longer read).
+#: last removes what the others orphaned (for example a weight no longer read); duplicates are merged
+#: after the folds, whose results may make two nodes equal.
 CLEANUP_ORDER = (
     "eliminate_identity",
     "eliminate_noop_cast",
@@ -55,6 +58,7 @@ CLEANUP_ORDER = (
     "fold_pad_into_conv",
     "fold_conv_bn",
     "fold_conv_mul_add",
+    "merge_duplicates",
     "dead_code",
 )
 
@@ -92,6 +96,7 @@ def run_cleanup(
         "fold_pad_into_conv": fold_pad_into_conv,
         "fold_conv_bn": fold_conv_bn,
         "fold_conv_mul_add": fold_conv_mul_add,
+        "merge_duplicates": merge_duplicates,
         "dead_code": dead_code,
     }
     unknown = [name for name in disable if name not in passes]
