@@ -39,10 +39,13 @@ def _input_key(g: Graph, tensor: str, memo: dict[str, object]) -> object:
     if key is not None:
         return key
     key = tensor
-    if g.is_constant(tensor) and _small(g, tensor):
+    prod = g.producer(tensor)
+    if prod is not None and (prod.op_type != "Constant" or prod.domain != ""):
+        pass  # an activation: compared by name (the cheap, common case)
+    elif g.is_constant(tensor) and _small(g, tensor):
         value = g.constant_value(tensor)
         if value is not None:
-            key = ("const", str(value.dtype), tuple(value.shape), hashlib.sha256(value.tobytes()).hexdigest())
+            key = ("const", value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
     memo[tensor] = key
     return key
 
@@ -65,35 +68,60 @@ def _small(g: Graph, tensor: str) -> bool:
     return info is not None and info[0].itemsize * int(np.prod(info[1])) <= VALUE_KEY_MAX_BYTES
 
 
-def _node_key(g: Graph, node: Node, memo: dict[str, object]) -> tuple | None:
+def _mergeable(node: Node) -> bool:
     if node.op_type in RANDOM_OPS and node.domain in ("", "ai.onnx"):
-        return None
-    if not node.inputs or node.subgraphs() or not node.outputs:
-        return None
-    attrs = tuple(sorted((name, node.attr_proto(name).SerializeToString(deterministic=True))
-                         for name in node.attr_names()))
+        return False
+    return bool(node.inputs) and bool(node.outputs) and not node.subgraphs()
+
+
+def _coarse_key(g: Graph, node: Node, coarse_of: dict[str, str]) -> tuple:
+    """What the full key refines, cheap to build: constants are only marked, attributes only named.
+    Most nodes of a graph have a coarse key of their own and never need the full one."""
+    ins = []
+    for t in node.inputs:
+        c = coarse_of.get(t)
+        if c is None:
+            prod = g.producer(t) if t else None
+            constant = bool(t) and (prod.op_type == "Constant" if prod is not None else g.is_constant(t))
+            c = coarse_of[t] = "\0const" if constant else t
+        ins.append(c)
+    return (node.domain, node.op_type, len(node.outputs), tuple(node.attr_names()), tuple(ins))
+
+
+def _node_key(g: Graph, node: Node, memo: dict[str, object]) -> tuple:
+    names = node.attr_names()
+    attrs = tuple(sorted((name, node.attr_proto(name).SerializeToString(deterministic=True)) for name in names))
     return (node.domain, node.op_type, len(node.outputs), attrs, tuple(_input_key(g, t, memo) for t in node.inputs))
 
 
 def _merge_graph(g: Graph, trace: Trace) -> int:
-    seen: dict[tuple, Node] = {}
+    coarse: dict[tuple, list[Node]] = {}  # coarse key -> the first node of each full key seen under it
+    full: dict[str, tuple] = {}  # node name -> full key, computed on demand
     memo: dict[str, object] = {}
+    coarse_of: dict[str, str] = {}
     changes = 0
+
+    def key_of(n: Node) -> tuple:
+        if n.name not in full:
+            full[n.name] = _node_key(g, n, memo)
+        return full[n.name]
+
     for node in list(g.nodes()):
-        if node not in g:
+        if node not in g or not _mergeable(node):
             continue
-        key = _node_key(g, node, memo)
-        if key is None:
+        firsts = coarse.setdefault(_coarse_key(g, node, coarse_of), [])
+        if not firsts:
+            firsts.append(node)
             continue
-        first = seen.get(key)
+        first = next((f for f in firsts if key_of(f) == key_of(node)), None)
         if first is None:
-            seen[key] = node
+            firsts.append(node)
             continue
         if any(o and g.is_graph_output(o) for o in node.outputs):
             report(trace, NAME, node, f"duplicates {first.name!r} but writes a graph output")
             continue
         if any(o and not f for o, f in zip(node.outputs, first.outputs)):
-            report(trace, NAME, node, f"duplicates {first.name!r} but reads an output {first.name!r} does not write")
+            report(trace, NAME, node, f"duplicates {first.name!r}, which leaves an output it writes unnamed")
             continue
         for dup, keep in zip(node.outputs, first.outputs):
             if dup:
