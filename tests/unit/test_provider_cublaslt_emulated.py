@@ -31,20 +31,32 @@ EMULATED = [
 ]
 
 
-@pytest.mark.parametrize("sig", EMULATED, ids=lambda s: s.key()[:60])
-def test_row_major_mapping_computes_the_reference_on_an_emulated_library(monkeypatch, sig):
-    from graphopt.ops import get_schema
-
+@pytest.fixture()
+def emulated(monkeypatch):
+    """The provider over EmulatedLt (descriptors computed as cuBLASLt would), on stream 0."""
     lib = EmulatedLt()
     monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
     monkeypatch.setattr(prov, "_SETUPS", {})
     monkeypatch.setattr(prov, "_stream", lambda: 0)
-    rng = np.random.default_rng(1)
+    return lib
+
+
+def _host_and_reference(sig, seed):
+    """Random host inputs of ``sig`` and the op's float64 reference output."""
+    from graphopt.ops import get_schema
+
+    rng = np.random.default_rng(seed)
     dt = np.dtype(sig.dtypes[0])
     host = [None if s is None else rng.standard_normal(s).astype(dt) for s in sig.input_shapes]
     f64 = [None if h is None else h.astype(np.float64) for h in host]
     f64 += [None] * ((4 if sig.op == "CBR" else 3) - len(f64))
-    ref = np.asarray(get_schema(sig.op).reference(f64, dict(sig.attrs))[0], np.float64)
+    return host, np.asarray(get_schema(sig.op).reference(f64, dict(sig.attrs))[0], np.float64)
+
+
+@pytest.mark.parametrize("sig", EMULATED, ids=lambda s: s.key()[:60])
+def test_row_major_mapping_computes_the_reference_on_an_emulated_library(emulated, sig):
+    host, ref = _host_and_reference(sig, 1)
+    dt = np.dtype(sig.dtypes[0])
     low = prov.candidates(sig.op, sig)[1].build(sig, "sm_90")
     ins = low.conform([None if h is None else _aligned(h) for h in host], np)
     out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
@@ -72,22 +84,13 @@ B_TRANSPOSED = [
 
 
 @pytest.mark.parametrize("sig", B_TRANSPOSED, ids=lambda s: s.key()[:60])
-def test_b_transposed_variant_declares_b_colmajor_and_computes_the_reference(monkeypatch, sig):
+def test_b_transposed_variant_declares_b_colmajor_and_computes_the_reference(emulated, sig):
     """cublaslt_bt: B conformed to colmajor (rows K apart), passed as op(A)=T; same result as the op."""
-    from graphopt.ops import get_schema
-
-    lib = EmulatedLt()
-    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
-    monkeypatch.setattr(prov, "_SETUPS", {})
-    monkeypatch.setattr(prov, "_stream", lambda: 0)
     assert prov.b_transposed_reason(sig) is None
     cands = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_BT]
     assert cands and cands[0].key() == "cublaslt_bt" and all(prov.from_key("GemmAct", c.key()) == c for c in cands)
-    rng = np.random.default_rng(3)
+    host, ref = _host_and_reference(sig, 3)
     dt = np.dtype(sig.dtypes[0])
-    host = [None if s is None else rng.standard_normal(s).astype(dt) for s in sig.input_shapes]
-    f64 = [None if h is None else h.astype(np.float64) for h in host] + [None]
-    ref = np.asarray(get_schema(sig.op).reference(f64[:3], dict(sig.attrs))[0], np.float64)
     for cand in (cands[0], cands[-1]):
         low = cand.build(sig, "sm_90")
         assert low.layouts == ("", "colmajor") and cand.layouts(sig) == low.layouts
@@ -108,10 +111,7 @@ def test_b_transposed_variant_declares_b_colmajor_and_computes_the_reference(mon
     (gemm((8, 7), (7, 33), None), "K=7"),                               # K rows would be unaligned too
     (conv((2, 24, 5, 7), (40, 24, 1, 1)), "for GemmAct"),
 ])
-def test_b_transposed_variant_near_misses_say_why(monkeypatch, sig, why):
-    lib = EmulatedLt()
-    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
-    monkeypatch.setattr(prov, "_SETUPS", {})
+def test_b_transposed_variant_near_misses_say_why(emulated, sig, why):
     assert why in (prov.b_transposed_reason(sig) or "")
     assert why in (prov.CublasLtGemm(prov.NAME_BT).applies(sig) or "")
     assert not [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_BT]
@@ -142,14 +142,9 @@ POST_ACT = [
 
 
 @pytest.mark.parametrize("sig", POST_ACT, ids=lambda s: s.key()[:60])
-def test_act_variant_runs_the_activation_after_a_bias_epilogue(monkeypatch, sig):
+def test_act_variant_runs_the_activation_after_a_bias_epilogue(emulated, monkeypatch, sig):
     """cublaslt_act: cuBLASLt with BIAS / DEFAULT, then the activation kernel in place: the op's result."""
-    from graphopt.ops import get_schema
-
-    lib, calls = EmulatedLt(), []
-    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
-    monkeypatch.setattr(prov, "_SETUPS", {})
-    monkeypatch.setattr(prov, "_stream", lambda: 0)
+    calls = []
     monkeypatch.setattr(prov, "get_kernel", lambda src, expr: _fake_activation_kernel(calls))
     assert prov.post_activation_reason(sig) is None
     assert "has no cuBLASLt epilogue" in prov.CublasLtGemm("cublaslt").applies(sig)  # the plain family cannot
@@ -162,11 +157,7 @@ def test_act_variant_runs_the_activation_after_a_bias_epilogue(monkeypatch, sig)
     assert cands[0].kernels(sig) == [("elementwise.cu", f"epilogue_gemm_vec<{'half_t' if dt == np.float16 else 'float'},"
                                                         f"{16 // dt.itemsize}>")]
     assert cands[0].source_hash() != prov.CublasLtGemm("cublaslt").source_hash()
-    rng = np.random.default_rng(5)
-    host = [None if s is None else rng.standard_normal(s).astype(dt) for s in sig.input_shapes]
-    f64 = [None if h is None else h.astype(np.float64) for h in host]
-    f64 += [None] * ((4 if sig.op == "CBR" else 3) - len(f64))
-    ref = np.asarray(get_schema(sig.op).reference(f64, dict(sig.attrs))[0], np.float64)
+    host, ref = _host_and_reference(sig, 5)
     low = cands[-1].build(sig, "sm_90")
     ins = low.conform([None if h is None else _aligned(h) for h in host], np)
     out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
@@ -182,8 +173,6 @@ def test_act_variant_runs_the_activation_after_a_bias_epilogue(monkeypatch, sig)
     (gemm((8, 64), (64, 32)), "is a cuBLASLt epilogue"),
     (gemm((8, 64), (64, 33), activation="Gelu"), "not whole 16-byte vectors"),
 ])
-def test_act_variant_near_misses_say_why(monkeypatch, sig, why):
-    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(EmulatedLt()), "reason": None})
-    monkeypatch.setattr(prov, "_SETUPS", {})
+def test_act_variant_near_misses_say_why(emulated, sig, why):
     assert why in (prov.CublasLtGemm(prov.NAME_ACT).applies(sig) or "")
     assert not [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_ACT]
