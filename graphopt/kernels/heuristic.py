@@ -73,6 +73,7 @@ import math
 from typing import Callable
 
 from graphopt.lowering.contract import Signature
+from graphopt.ops.attention import logical as logical_qkv
 from graphopt.ops.cbr import conv_output
 
 # Lowering names shared with graphopt/kernels (a candidate's ``name``) and written into the model.
@@ -271,10 +272,8 @@ def _attention(sig: Signature, cc: tuple[int, int] | None, providers: bool = Tru
     cuBLAS GEMMs around one fused softmax kernel); longer: the tensor-core flash kernel (``flash_mma``,
     two stages), else the CUDA-core ``flash``."""
     q = sig.input_shapes[0] if sig.input_shapes else None
-    v = sig.input_shapes[2] if len(sig.input_shapes) > 2 else None
+    v = logical_qkv(sig.input_shapes[2], sig) if len(sig.input_shapes) > 2 else None
     skv = v[-2] if v is not None and len(v) >= 2 else 0
-    if v is not None and len(v) == 4 and sig.attr("qkv_bshd", 0):
-        skv = v[1]  # [B, Skv, H, Dv]
     if providers and q is not None and (cc is None or cc >= (8, 0)) and sig.dtypes and sig.dtypes[0] in CUDNN_DTYPES:
         from graphopt.providers.cudnn_sdpa import sdpa_reason
 

@@ -61,6 +61,14 @@ def qkv_bshd(sig) -> bool:
     return bool(sig.attr("qkv_bshd", 0))
 
 
+def logical(shape: tuple, sig) -> tuple:
+    """A Q, K or V shape as ``[B, H, S, D]``: axes 1 and 2 swapped where the signature gives them as
+    ``[B, S, H, D]`` (``qkv_bshd=1``, rank 4), else as it is."""
+    if shape is not None and len(shape) == 4 and qkv_bshd(sig):
+        return (shape[0], shape[2], shape[1], shape[3])
+    return shape
+
+
 def operands(sig, who: str, bshd_ok: bool = False) -> tuple[tuple, tuple, tuple, tuple | None, list[str]]:
     """(Q, K, V, mask shapes, dtypes) of an Attention signature, after the checks every lowering
     shares: the op, known Q/K/V shapes of one rank from 2 to 4 ([B, H, S, D]) and no empty dim.
@@ -83,7 +91,7 @@ def operands(sig, who: str, bshd_ok: bool = False) -> tuple[tuple, tuple, tuple,
             raise TuningError(f"{who}: qkv_bshd=1 (Q, K, V as [B, S, H, D]) is not read by this lowering")
         if len(q) != 4:
             raise TuningError(f"{who}: qkv_bshd=1 needs rank-4 Q, K, V, got Q {q}")
-        q, k, v = ((t[0], t[2], t[1], t[3]) for t in (q, k, v))
+        q, k, v = (logical(t, sig) for t in (q, k, v))
     return q, k, v, m, dtypes
 
 

@@ -55,6 +55,7 @@ NAME_BT = "cublaslt_bt"  # GemmAct with B declared colmajor (module docstring)
 NAME_ACT = "cublaslt_act"  # an activation cuBLASLt lacks, as a kernel after the matmul (module docstring)
 VARIANTS = {NAME: "", NAME_BT: "bt", NAME_ACT: "act"}  # family name -> variant
 DTYPES = {"float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F"}
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 # (activation, has bias) -> cublasLtEpilogue_t
 EPILOGUES = {("none", False): "CUBLASLT_EPILOGUE_DEFAULT", ("none", True): "CUBLASLT_EPILOGUE_BIAS",
              ("Relu", False): "CUBLASLT_EPILOGUE_RELU", ("Relu", True): "CUBLASLT_EPILOGUE_RELU_BIAS",
@@ -100,9 +101,13 @@ def _row_major(dtype: str, M: int, N: int, K: int, trans_a: bool, trans_b: bool,
                    EPILOGUES[(act, bias)], alpha, b_input, a_input, bias_input)
 
 
-def _activation(sig: Signature) -> str:
+def _act_name(sig: Signature) -> str:
     act = sig.attr("activation", "none")
-    act = act.decode() if isinstance(act, bytes) else act
+    return act.decode() if isinstance(act, bytes) else str(act)
+
+
+def _activation(sig: Signature) -> str:
+    act = _act_name(sig)
     if act not in ACTIVATIONS:
         raise TuningError(f"activation {act} has no cuBLASLt epilogue (supported: none, Relu, GeluTanh; "
                           "cuBLASLt's GELU is the tanh approximation)")
@@ -115,9 +120,12 @@ def b_transposed_reason(sig: Signature) -> str | None:
         return "cublaslt_bt is for GemmAct"
     try:
         p = gemm_plan(sig)
-        size = 2 if geo.dtype_of(sig) in ("float16", "bfloat16") else 4
+        dt = geo.dtype_of(sig)
     except TuningError as e:
         return str(e)
+    size = ITEMSIZE.get(dt)
+    if size is None:
+        return f"dtype {dt} (cuBLASLt here: {', '.join(DTYPES)})"
     if p.trans_b:
         return "B is already stored transposed (transB=1)"
     if len(p.b_shape) != 2:
@@ -129,14 +137,9 @@ def b_transposed_reason(sig: Signature) -> str | None:
     return None
 
 
-def _act_name(sig: Signature) -> str:
-    act = sig.attr("activation", "none")
-    return act.decode() if isinstance(act, bytes) else str(act)
-
-
 def _rows(sig: Signature) -> int:
     """The output's row length (GemmAct's N, a 1x1 CBR's output channels)."""
-    return gemm_plan(sig).N if sig.op == "GemmAct" else int(sig.input_shapes[1][0])
+    return gemm_plan(sig).N if sig.op == "GemmAct" else geo.conv_geom(sig).M
 
 
 def post_activation_reason(sig: Signature) -> str | None:
