@@ -20,7 +20,7 @@ that are not 16-byte multiples (N x itemsize; GPT-2's tied LM head has N = 50257
 ``colmajor`` (stored transposed, rows K apart) and passed as ``op(A) = T``. The runtime converts a
 constant B once, when the plan is built; the tuner never lets an activation take it (a transpose on
 every run). On the H200 every GemmAct candidate for GPT-2's LM head at bs32 took 2.5-8 ms with B's
-rows odd-length (``bench/NOTES_kernels.md``).
+rows odd-length (``bench/NOTES_e2e.md``, 2026-12-05).
 
 ``cublaslt_act`` runs an activation cuBLASLt has no epilogue for (the erf ``Gelu`` of BERT's MLP,
 ``SiLU``, ``Clip`` = ReLU6, ``Sigmoid``, ...): the matmul with the BIAS (or DEFAULT) epilogue, then
