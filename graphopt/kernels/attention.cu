@@ -137,12 +137,18 @@ __global__ void __launch_bounds__(WARPS * 32) attn_softmax(
     }
 }
 
-// Where the (b, h) slice of Q, K and V starts and how far apart its rows are: contiguous
-// [Z][S][D] (bshd = 0; K^T [Z][D][Skv] starts at the same place), or [B][S][H][D] (bshd = 1, rows H * D apart).
-struct AttnRows { long long qz, kz, vz, qs, ks, vs; };
+// Where the (b, h) slice of Q, K, V and Y starts and how far apart its rows are: contiguous
+// [Z][S][D] (K^T [Z][D][Skv] starts at the same place), or [B][S][H][D] (rows H * D apart): bit 0 of
+// bshd for Q, K and V (graphopt.Attention's qkv_bshd), bit 1 for Y (y_bshd).
+struct AttnRows { long long qz, kz, vz, yz, qs, ks, vs, ys; };
 __device__ __forceinline__ AttnRows attn_rows(int b, int h, int z, int H, int Sq, int Skv, int D, int Dv, int bshd) {
     AttnRows r;
-    if (bshd) {
+    if (bshd & 2) {
+        r.yz = ((long long)b * Sq * H + h) * Dv; r.ys = (long long)H * Dv;
+    } else {
+        r.yz = (long long)z * Sq * Dv; r.ys = Dv;
+    }
+    if (bshd & 1) {
         r.qz = ((long long)b * Sq * H + h) * D;
         r.kz = ((long long)b * Skv * H + h) * D;
         r.vz = ((long long)b * Skv * H + h) * Dv;
@@ -245,7 +251,7 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attn(
         if (i >= Sq) break;
         const bool empty = mrow[r] == ATTN_NEG_INF;
         const float inv = empty ? 0.0f : 1.0f / lrow[r];
-        T* yr = Y + ((long long)z * Sq + i) * Dv;
+        T* yr = Y + ar.yz + (long long)i * ar.ys;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             const int d = c * 32 + lane;
@@ -497,7 +503,7 @@ __global__ void __launch_bounds__(128) flash_mma(
         if (i >= Sq) continue;
         const bool empty = lrow[r] == 0.0f;
         const float inv = empty ? 0.0f : 1.0f / lrow[r];
-        half_t* yr = Y + ((long long)z * Sq + i) * HD;
+        half_t* yr = Y + ar.yz + (long long)i * ar.ys;
 #pragma unroll
         for (int j = 0; j < OB; ++j) {
             const float y0 = empty ? (nan_to_zero ? 0.0f : nan) : o[j][2 * r] * inv;

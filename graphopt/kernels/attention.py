@@ -21,7 +21,8 @@ Layout: Q ``[B, H, Sq, D]`` (rank 2-4: missing leading dims are 1), K ``[B, H, S
 ``k_transposed=1``, ``[B, H, D, Skv]``, V ``[B, H, Skv, Dv]``, Y ``[B, H, Sq, Dv]``, all
 C-contiguous and sharing the leading dims (no broadcast of K/V over heads). With ``qkv_bshd=1`` Q, K
 and V are ``[B, S, H, D]`` (rank 4): ``flash`` and ``flash_mma`` read the heads' rows ``H * D`` apart
-(``attn_rows`` in the kernel source); ``cublas_softmax`` does not apply (its strided-batched GEMMs
+(``attn_rows`` in the kernel source), and with ``y_bshd=1`` write Y as ``[B, Sq, H, Dv]``;
+``cublas_softmax`` does not apply (its strided-batched GEMMs
 take one stride per (b, h) batch). The mask broadcasts to
 ``[B, H, Sq, Skv]`` (right-aligned, rank <= 4): additive masks have the data's dtype, bool masks
 are NumPy/CuPy bool (one byte).
@@ -73,6 +74,12 @@ class AttnPlan:
     dtype: str
     out_shape: tuple[int, ...]
     bshd: int = 0  # Q, K, V given as [B, S, H, D] (qkv_bshd=1); the dims above are the logical ones
+    ybshd: int = 0  # Y written as [B, Sq, H, Dv] (y_bshd=1)
+
+    @property
+    def layout_flags(self) -> int:
+        """The kernels' ``bshd`` argument: bit 0 Q/K/V as [B, S, H, D], bit 1 Y as [B, Sq, H, Dv]."""
+        return self.bshd | (self.ybshd << 1)
 
     @property
     def Z(self) -> int:
@@ -138,8 +145,13 @@ def attention_plan(sig: Signature) -> AttnPlan:
     mv = attrs.get("mask_value")
     return AttnPlan(B, H, Sq, Skv, D, Dv, kt, scale, MASK_CODES[kind], None if m is None else tuple(m), strides,
                     -math.inf if mv is None else float(np.float32(mv)), int(attrs.get("causal", 0)),
-                    int(attrs.get("nan_to_zero", 0)), dt, tuple(int(s) for s in q[:-1]) + (Dv,),
-                    int(attrs.get("qkv_bshd", 0)))
+                    int(attrs.get("nan_to_zero", 0)), dt, _out_shape(q, Dv, attrs),
+                    int(attrs.get("qkv_bshd", 0)), int(attrs.get("y_bshd", 0)))
+
+
+def _out_shape(q, Dv: int, attrs) -> tuple[int, ...]:
+    y = tuple(int(s) for s in q[:-1]) + (Dv,)
+    return (y[0], y[2], y[1], y[3]) if attrs.get("y_bshd", 0) else y
 
 
 def _arrays(p: AttnPlan, inputs, outputs, what: str):
@@ -209,8 +221,8 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
         except TuningError as exc:
             return str(exc)
         w, vec = int(self.param("warps")), int(self.param("vec", 1))
-        if p.bshd:
-            return "qkv_bshd=1: the batched GEMMs take one stride per batch of (b, h), not [B, S, H, D]"
+        if p.layout_flags:
+            return "qkv_bshd / y_bshd: the batched GEMMs take one stride per batch of (b, h), not [B, S, H, D]"
         if vec > 1 and vec != VEC16.get(p.dtype):
             return f"vec={vec} is not a 16-byte load of {p.dtype}"
         if p.Skv % vec:
@@ -294,7 +306,7 @@ class FlashAttention(_AttentionKernels, Candidate):
         def launch(inputs, outputs):
             Q, K, V, M, Y = _arrays(p, inputs, outputs, self.key())
             kern(grid, block, (Q, K, V, Y, i32(p.Sq), i32(p.Skv), i32(p.D), i32(p.Dv), i32(p.H), i32(p.kt),
-                               np.float32(p.scale)) + _mask_args(p, M) + (i32(p.nan_to_zero), i32(p.bshd)),
+                               np.float32(p.scale)) + _mask_args(p, M) + (i32(p.nan_to_zero), i32(p.layout_flags)),
                  shared_mem=smem)
 
         return launch
@@ -391,6 +403,6 @@ class FlashMmaAttention(_AttentionKernels, Candidate):
                 if a.data.ptr % 16:
                     raise TuningError(f"{self.key()}: {name} is not 16-byte aligned")
             kern(grid, block, (Q, K, V, Y, i32(p.Sq), i32(p.Skv), i32(p.H), np.float32(p.scale)) + _mask_args(p, M)
-                 + (i32(p.nan_to_zero), i32(p.bshd)), shared_mem=smem)
+                 + (i32(p.nan_to_zero), i32(p.layout_flags)), shared_mem=smem)
 
         return launch

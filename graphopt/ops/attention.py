@@ -16,6 +16,8 @@ Transpose an export puts after it; K then never transposed, ``k_transposed=0``),
 ``[B, H, Sq, Dv]``. The kernels read the heads with strides, so the three Transposes that made
 ``[B, H, S, D]`` copies go (rule ``attention_qkv_bshd``). Lowerings see the logical ``[B, H, S, D]``
 shapes through :func:`operands` and say whether they read this layout (``bshd_ok``).
+``y_bshd=1``: Y is written as ``[B, Sq, H, Dv]``, what the Transpose an export puts after the
+attention makes of it (rule ``attention_y_bshd``); the same lowerings write it.
 """
 
 from __future__ import annotations
@@ -43,17 +45,18 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "nan_to_zero": (int, 0),
     "k_transposed": (int, 0),
     "qkv_bshd": (int, 0),
+    "y_bshd": (int, 0),
     "num_heads": (int, 0),
     "lowering": (str, None),
     "lowering_params": (str, None),
     "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
 }
-FLAG_ORDER = ("kt", "add", "bool", "mv", "causal", "nz", "scale", "bshd")
+FLAG_ORDER = ("kt", "add", "bool", "mv", "causal", "nz", "scale", "bshd", "ybshd")
 MIN_OPSET = 13  # Softmax over one axis (opset < 13 coerces to 2-D)
 
 DOC = ("graphopt.Attention: Y = softmax(Q @ K^T * scale [+ mask] [causal mask]) @ V; mask_kind none | additive "
        "| bool (True = attend); k_transposed=1 takes K as [..., D, Skv]; nan_to_zero=1 zeroes fully masked rows; "
-       "qkv_bshd=1 takes Q, K, V as [B, S, H, D] (Y stays [B, H, Sq, Dv]).")
+       "qkv_bshd=1 takes Q, K, V as [B, S, H, D]; y_bshd=1 writes Y as [B, Sq, H, Dv].")
 
 
 def qkv_bshd(sig) -> bool:
@@ -86,6 +89,9 @@ def operands(sig, who: str, bshd_ok: bool = False) -> tuple[tuple, tuple, tuple,
         raise TuningError(f"{who}: Q {q}, K {k}, V {v}: one rank from 2 to 4 ([B, H, S, D]) is supported")
     if min(q + k + v) < 1:
         raise TuningError(f"{who}: Q {q}, K {k}, V {v} has an empty dim")
+    if sig.attr("y_bshd", 0) and (not bshd_ok or len(q) != 4):
+        raise TuningError(f"{who}: y_bshd=1 (Y as [B, Sq, H, Dv], rank 4) is not written by this lowering"
+                          if not bshd_ok else f"{who}: y_bshd=1 needs rank-4 Q, K, V, got Q {q}")
     if qkv_bshd(sig):
         if not bshd_ok:
             raise TuningError(f"{who}: qkv_bshd=1 (Q, K, V as [B, S, H, D]) is not read by this lowering")
@@ -108,7 +114,7 @@ def _check(attrs: dict, present: list[bool]) -> str | None:
                 "give a mask exactly when mask_kind is additive or bool")
     if attrs.get("mask_value") is not None and kind != "bool":
         return "mask_value only applies to mask_kind='bool'"
-    for name in ("causal", "nan_to_zero", "k_transposed", "qkv_bshd"):
+    for name in ("causal", "nan_to_zero", "k_transposed", "qkv_bshd", "y_bshd"):
         if attrs.get(name, 0) not in (0, 1):
             return f"{name}={attrs[name]} must be 0 or 1"
     if attrs.get("qkv_bshd", 0) and attrs.get("k_transposed", 0):
@@ -130,6 +136,7 @@ def _flags(attrs: dict) -> list[str]:
     flags += ["nz"] if attrs.get("nan_to_zero", 0) else []
     flags += ["scale"] if attrs.get("scale") is not None else []
     flags += ["bshd"] if attrs.get("qkv_bshd", 0) else []
+    flags += ["ybshd"] if attrs.get("y_bshd", 0) else []
     return flags
 
 
@@ -188,7 +195,10 @@ def _body(overload: str, opset: int):
     p = b.node("Softmax", [scores], axis=-1)
     if "nz" in flags:
         p = b.node("Where", [b.node("IsNaN", [p]), b.const(0.0, "Q"), p])
-    b.node("MatMul", [p, v_in], "Y")
+    if "ybshd" in flags:  # [B, H, Sq, Dv] -> [B, Sq, H, Dv], the Transpose the rule removed
+        b.node("Transpose", [b.node("MatMul", [p, v_in])], "Y", perm=[0, 2, 1, 3])
+    else:
+        b.node("MatMul", [p, v_in], "Y")
     return b.function(NAME, overload, [n for n, _ in INPUTS], ["Y"], sorted(ATTRIBUTES),
                       f"{DOC} Variant {overload!r}, opset {opset}.", DOMAIN)
 
@@ -221,6 +231,10 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
         if attrs.get("nan_to_zero", 0):
             p = np.where(np.isnan(p), 0.0, p)
         y = np.matmul(p, v)
+    if attrs.get("y_bshd", 0):
+        if y.ndim != 4:
+            raise RuleError(f"graphopt.Attention reference: y_bshd=1 needs a rank-4 Y, got {y.shape}")
+        y = np.swapaxes(y, 1, 2)
     return [y.astype(np.asarray(q_in).dtype)]
 
 
@@ -231,7 +245,8 @@ def _output_shapes(shapes: list, attrs: dict) -> list:
     if attrs.get("qkv_bshd", 0) and len(q) == 4 and len(v) == 4:
         q, v = (q[0], q[2], q[1], q[3]), (v[0], v[2], v[1], v[3])
     batch = np.broadcast_shapes(tuple(q[:-2]), tuple(v[:-2]))
-    return [tuple(batch) + (q[-2], v[-1])]
+    y = tuple(batch) + (q[-2], v[-1])
+    return [(y[0], y[2], y[1], y[3]) if attrs.get("y_bshd", 0) and len(y) == 4 else y]
 
 
 def _check_input(i: int, shape: tuple, dtype: str, attrs, rng) -> np.ndarray | None:

@@ -22,6 +22,7 @@ from graphopt.passes.dropout import eliminate_dropout
 from graphopt.passes.fold_constants import DEFAULT_LIMIT_BYTES, DEFAULT_TOTAL_BYTES, FoldBudget, fold_constants
 from graphopt.passes.fold_shape import fold_shape
 from graphopt.passes.identity import eliminate_identity
+from graphopt.passes.identity_reshape import eliminate_identity_reshape
 from graphopt.passes.merge_duplicates import merge_duplicates
 from graphopt.passes.pad_conv import fold_pad_into_conv
 
@@ -34,6 +35,7 @@ __all__ = [
     "dead_code",
     "eliminate_dropout",
     "eliminate_identity",
+    "eliminate_identity_reshape",
     "eliminate_noop_cast",
     "fold_constants",
     "fold_conv_bn",
@@ -55,6 +57,7 @@ CLEANUP_ORDER = (
     "constants_to_initializers",
     "fold_shape",
     "fold_constants",
+    "eliminate_identity_reshape",
     "fold_pad_into_conv",
     "fold_conv_bn",
     "fold_conv_mul_add",
@@ -93,6 +96,7 @@ def run_cleanup(
         "constants_to_initializers": constants_to_initializers,
         "fold_shape": fold_shape,
         "fold_constants": lambda g, trace=None: fold_constants(g, limit_bytes=fold_limit_bytes, budget=budget, trace=trace),
+        "eliminate_identity_reshape": eliminate_identity_reshape,
         "fold_pad_into_conv": fold_pad_into_conv,
         "fold_conv_bn": fold_conv_bn,
         "fold_conv_mul_add": fold_conv_mul_add,

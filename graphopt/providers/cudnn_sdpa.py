@@ -17,7 +17,7 @@ How each form of the op is lowered:
   sequence lengths, which the op does not carry (its masks are tensors): a key-padding mask runs
   as this bias, exactly, whatever its pattern.
 - ``qkv_bshd=1``: Q, K and V as ``[B, S, H, D]``: the graph's tensors take those strides (cuDNN's
-  SDPA reads any strides with the head dim contiguous), no copy.
+  SDPA reads any strides with the head dim contiguous), no copy; ``y_bshd=1``: O written with those strides.
 - ``k_transposed=1``: cuDNN needs the head dim contiguous (stride 1) in K, so K^T ``[.., D, Skv]`` is
   transposed into the workspace first (one copy of K).
 - ``nan_to_zero=1``: with a mask, rows that are fully masked have NaN probabilities in the op; Y's
@@ -70,6 +70,7 @@ class SdpaGeom:
     mask_value: float
     nan_to_zero: bool
     bshd: bool = False  # Q, K, V given as [B, S, H, D] (qkv_bshd=1): strided tensors, no copy
+    ybshd: bool = False  # O written as [B, Sq, H, Dv] (y_bshd=1)
 
     @property
     def bias_in_workspace(self) -> bool:
@@ -146,7 +147,7 @@ def sdpa_geom(sig: Signature) -> SdpaGeom:
     return SdpaGeom(B, H, Hk, Sq, Skv, D, Dv, dt, float(np.float32(scale)) if scale is not None else 1.0 / math.sqrt(D),
                     bool(attrs.get("causal", 0)), kt, kind, mask4, bias_dims,
                     -math.inf if mv is None else float(np.float32(mv)), bool(attrs.get("nan_to_zero", 0)),
-                    bool(attrs.get("qkv_bshd", 0)))
+                    bool(attrs.get("qkv_bshd", 0)), bool(attrs.get("y_bshd", 0)))
 
 
 def sdpa_reason(sig: Signature) -> str | None:
@@ -190,7 +191,7 @@ def sdpa_graph(mod, handle, sig: Signature):
         kw["use_causal_mask"] = True
     o, _ = graph.sdpa(name="sdpa", q=t["Q"], k=t["K"], v=t["V"], generate_stats=False, attn_scale=g.scale, **kw)
     od = [g.B, g.H, g.Sq, g.Dv]
-    o.set_output(True).set_data_type(dt).set_dim(od).set_stride(_contig(od))
+    o.set_output(True).set_data_type(dt).set_dim(od).set_stride(_bshd(od) if g.ybshd else _contig(od))
     t["O"] = o
     return graph, t, g
 

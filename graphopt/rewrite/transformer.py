@@ -179,6 +179,14 @@ def head_split_transposes(g, tq, tk, tv):
     return None
 
 
+@register_constraint("heads_merge_transpose", "n")
+def heads_merge_transpose(g, ty):
+    """ty is Transpose(perm 0,2,1,3): the attention output [B, H, S, D] -> [B, S, H, D] before the heads merge."""
+    if _perm(ty) != [0, 2, 1, 3]:
+        return f"{ty.name!r} has perm {_perm(ty)}, expected [0, 2, 1, 3] (the heads merge of a [B, H, S, D] tensor)"
+    return None
+
+
 @register_constraint("whole_shape", "n")
 def whole_shape(g, node):
     """A Shape node without start / end (opset 15+): the whole shape."""

@@ -172,7 +172,8 @@ def attention_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     p = e / e.sum(axis=-1, keepdims=True)  # fully masked rows: NaN, as the reference
     if attrs.get("nan_to_zero", 0):
         p = xp.where(xp.isnan(p), np.float32(0), p)
-    return [ctx.matmul(xp.ascontiguousarray(p.astype(v.dtype)), xp.ascontiguousarray(v)).astype(q.dtype)]
+    y = ctx.matmul(xp.ascontiguousarray(p.astype(v.dtype)), xp.ascontiguousarray(v)).astype(q.dtype)
+    return [xp.ascontiguousarray(xp.swapaxes(y, 1, 2)) if attrs.get("y_bshd", 0) else y]
 
 
 # The built-in ops' device fallbacks; a registered op's is its OpSchema.xp_impl (see device_impl).

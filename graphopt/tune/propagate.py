@@ -26,6 +26,9 @@ from graphopt.passes.shape_values import ShapeValues
 BREAK_ROUNDS = 8
 
 
+TENSOR_REMOVING_PASSES = ("eliminate_identity_reshape", "merge_duplicates")
+
+
 def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | None], int],
                     inputs: Mapping[str, list[int]] | None = None, wanted=(),
                     last_resort: bool = True) -> dict[str, tuple[int, ...]]:
@@ -52,7 +55,9 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
             model = _concrete_model(graph, dims, default, inputs)  # (_fold_breaks changed the first copy)
             g = from_model(model)
             refine_shapes(g, inferred)  # to_model(g) is ``model`` again: its inference is at hand
-            run_cleanup(g, refine=True, max_rounds=16)  # fold what data propagation cannot follow
+            # fold what data propagation cannot follow; the passes that make a tensor read another
+            # one's value instead (a wanted name would vanish) stay off
+            run_cleanup(g, refine=True, max_rounds=16, disable=TENSOR_REMOVING_PASSES)
             folded = attach_functions(to_model(g))
             out = _static(infer(folded), only)
     except Exception:  # noqa: BLE001 - an aid, never a reason to fail

@@ -134,30 +134,38 @@ def test_vector_softmax(name, kind, mshape, attrs, dtype, cand):
     _compare(cand.key(), got, again, ref, dtype)
 
 
+LAYOUTS_BSHD = {"qkv": (1, 0), "y": (0, 1), "qkv_y": (1, 1)}  # (qkv_bshd, y_bshd)
+
+
 def _bshd_cases():
-    """qkv_bshd=1 (Q, K, V as [B, S, H, D]): every own candidate that reads it, odd and GPT-2 lengths,
-    head dims 64 and 16 (32 for Dv in the SIMT kernel), the masks above, fp16 and fp32."""
+    """qkv_bshd=1 (Q, K, V as [B, S, H, D]) and y_bshd=1 (Y as [B, Sq, H, Dv]), alone and together:
+    every own candidate that reads / writes them, odd and GPT-2 lengths, head dims 64 and 16 (32 for Dv
+    in the SIMT kernel), the masks above, fp16 and fp32."""
     for sq, skv, d, dv in ((37, 37, 64, 64), (128, 128, 64, 64), (19, 100, 16, 16), (33, 65, 64, 32)):
         for name, kind, mshape, attrs in MASKS:
             for dtype in ("float16", "float32"):
-                ins = _inputs(sq, skv, d, dv, 0, kind, mshape and mshape(sq, skv), dtype, 0)
-                sig = _sig([np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in ins[:3]] + ins[3:], 0, kind,
-                           {**attrs, "qkv_bshd": 1})
-                for cand in attention_candidates():
-                    if cand.applies(sig, (9, 0)) is None:
-                        yield pytest.param(sq, skv, d, dv, kind, mshape, attrs, dtype, cand,
-                                           id=f"{sq}x{skv}-d{d}v{dv}-{name}-{dtype}-{cand.key()}")
+                for lname, (qkv, yb) in LAYOUTS_BSHD.items():
+                    ins = _inputs(sq, skv, d, dv, 0, kind, mshape and mshape(sq, skv), dtype, 0)
+                    given = [np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in ins[:3]] if qkv else ins[:3]
+                    sig = _sig(given + ins[3:], 0, kind, {**attrs, "qkv_bshd": qkv, "y_bshd": yb})
+                    for cand in attention_candidates():
+                        if cand.applies(sig, (9, 0)) is None:
+                            yield pytest.param(sq, skv, d, dv, kind, mshape, attrs, dtype, lname, cand,
+                                               id=f"{sq}x{skv}-d{d}v{dv}-{name}-{dtype}-{lname}-{cand.key()}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sq,skv,d,dv,kind,mshape,attrs,dtype,cand", list(_bshd_cases()))
-def test_attention_candidate_reads_bshd(sq, skv, d, dv, kind, mshape, attrs, dtype, cand):
+@pytest.mark.parametrize("sq,skv,d,dv,kind,mshape,attrs,dtype,lname,cand", list(_bshd_cases()))
+def test_attention_candidate_reads_bshd(sq, skv, d, dv, kind, mshape, attrs, dtype, lname, cand):
+    qkv, yb = LAYOUTS_BSHD[lname]
     ins = _inputs(sq, skv, d, dv, 0, kind, mshape and mshape(sq, skv), dtype, zlib.crc32(cand.key().encode()) + 1)
     ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
                                             {"mask_kind": kind, **attrs})[0].astype(np.float64)
-    bshd = [np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in ins[:3]] + ins[3:]
-    sig = _sig(bshd, 0, kind, {**attrs, "qkv_bshd": 1})
-    got, again = _run(cand, sig, bshd, shape=(B, H, sq, dv))
+    given = [np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in ins[:3]] if qkv else ins[:3]
+    sig = _sig(given + ins[3:], 0, kind, {**attrs, "qkv_bshd": qkv, "y_bshd": yb})
+    got, again = _run(cand, sig, given + ins[3:], shape=(B, sq, H, dv) if yb else (B, H, sq, dv))
+    if yb:
+        got, again = np.swapaxes(got, 1, 2), np.swapaxes(again, 1, 2)
     _compare(cand.key(), got, again, ref, dtype)
 
 

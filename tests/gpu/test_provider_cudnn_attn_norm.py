@@ -166,6 +166,7 @@ BSHD_FORMS = {
     "gpt2": dict(B=32, H=12, Sq=128, Skv=128, mask=(32, 1, 128, 128), scale=0.125, nan_to_zero=1),
     "odd_causal": dict(B=2, H=3, Sq=37, Skv=37, causal=1),
     "one_kv_head_pad": dict(B=2, H=4, Sq=33, Skv=65, Hk=1, mask=(2, 1, 1, 65), mask_dtype="bool"),
+    "gpt2_y_too": dict(B=32, H=12, Sq=128, Skv=128, mask=(32, 1, 128, 128), scale=0.125, nan_to_zero=1, y_bshd=1),
 }
 
 
@@ -173,7 +174,8 @@ BSHD_FORMS = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("form", list(BSHD_FORMS))
 def test_attention_plans_read_bshd(dtype, form):
-    """qkv_bshd=1: Q, K, V as [B, S, H, D] bound as strided cuDNN tensors, every plan against the reference."""
+    """qkv_bshd=1: Q, K, V as [B, S, H, D] bound as strided cuDNN tensors (and O with y_bshd=1), every
+    plan against the reference (which writes Y in the same layout)."""
     kw = dict(BSHD_FORMS[form])
     plain = _attn(kw.pop("B"), kw.pop("H"), kw.pop("Sq"), kw.pop("Skv"), 64, dtype, **kw)
     shapes = [(s[0], s[2], s[1], s[3]) for s in plain.input_shapes[:3]] + list(plain.input_shapes[3:])

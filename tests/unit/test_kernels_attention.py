@@ -209,8 +209,20 @@ def test_qkv_bshd_plan_and_which_families_read_it():
     keys = _applicable(sig)
     assert "flash_mma:hd=64,bn=64,stages=2" in keys and "flash:dmax=64,bm=64,warps=4" in keys
     assert not [k for k in keys if k.startswith("cublas_softmax")]
-    assert "qkv_bshd=1" in CublasSoftmaxAttention("cublas_softmax", (("warps", 4),)).applies(sig, (9, 0))
+    assert "qkv_bshd" in CublasSoftmaxAttention("cublas_softmax", (("warps", 4),)).applies(sig, (9, 0))
     name, _, _ = heuristic_lowering("Attention", sig, (9, 0), providers=False)
     assert name in ("flash_mma", "flash")
     fp32 = Signature.make("Attention", [(2, 9, 3, 16)] * 3, ["float32"] * 3, {"qkv_bshd": 1})
     assert any(k.startswith("flash:") for k in _applicable(fp32))  # fp32 keeps a GPU kernel
+
+
+def test_y_bshd_plan_flags_and_refusals():
+    sig = Signature.make("Attention", [(2, 128, 12, 64)] * 3, ["float16"] * 3, {"qkv_bshd": 1, "y_bshd": 1})
+    p = attention_plan(sig)
+    assert (p.bshd, p.ybshd, p.layout_flags, p.out_shape) == (1, 1, 3, (2, 128, 12, 64))
+    only_y = attention_plan(Signature.make("Attention", [(2, 12, 128, 64)] * 3, ["float16"] * 3, {"y_bshd": 1}))
+    assert (only_y.layout_flags, only_y.out_shape) == (2, (2, 128, 12, 64))
+    keys = _applicable(sig)
+    assert "flash_mma:hd=64,bn=64,stages=2" in keys and not [k for k in keys if k.startswith("cublas_softmax")]
+    rank3 = Signature.make("Attention", [(2, 128, 64)] * 3, ["float32"] * 3, {"y_bshd": 1})
+    assert all("y_bshd=1 needs rank-4" in c.applies(rank3, (9, 0)) for c in attention_candidates())

@@ -287,3 +287,21 @@ def test_attention_qkv_bshd_reasons():
     assert "qkv_bshd=2 must be 0 or 1" in ATTN.validate({"qkv_bshd": 2}, [True] * 3)
     with pytest.raises(RuleError, match="malformed overload key"):
         ATTN.function("kt_bshd", 17)
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("qkv", [0, 1])
+def test_attention_y_bshd_writes_the_heads_merge_layout(qkv, opset):
+    """y_bshd=1: Y is [B, Sq, H, Dv], the op's output with axes 1 and 2 swapped (with or without
+    qkv_bshd); body and reference agree."""
+    rng = _rng("attn_ybshd", qkv, opset)
+    q, k, v, mask = _attn_inputs(rng, "additive", 0)
+    ins = [np.ascontiguousarray(np.swapaxes(t, 1, 2)) for t in (q, k, v)] if qkv else [q, k, v]
+    attrs = {"mask_kind": "additive", "nan_to_zero": 1, "qkv_bshd": qkv, "y_bshd": 1}
+    expected = np.swapaxes(ATTN.reference([q, k, v, mask], {"mask_kind": "additive", "nan_to_zero": 1})[0], 1, 2)
+    got = ATTN.reference(ins + [mask], attrs)[0]
+    assert got.shape == (2, 5, 3, 6) and np.array_equal(got, expected)
+    assert ATTN.output_shapes([t.shape for t in ins] + [mask.shape], attrs) == [(2, 5, 3, 6)]
+    ordered = [("Q", ins[0]), ("K", ins[1]), ("V", ins[2]), ("mask", mask)]
+    model = one_node_model("Attention", ordered, attrs, opset, (2, 5, 3, 6))
+    _check(ATTN, model, dict(ordered), ordered, attrs, 1e-5, f"Attention {attrs} opset {opset}", evaluator=opset == 18)

@@ -212,6 +212,10 @@ def test_qkv_bshd_binds_strided_tensors_and_no_copy(fake):
     assert tensors["bias"] == ([2, 1, 16, 24], [16 * 24, 16 * 24, 24, 1])
     assert ("set_stride", "sdpa", [4 * 16 * 64, 16 * 64, 64, 1]) in log
     assert g.workspace_parts(0)[1] == 0  # no transposed K
+    log.clear()
+    ysig = Signature.make("Attention", sig.input_shapes, list(sig.dtypes), {**dict(sig.attrs), "y_bshd": 1})
+    cudnn_sdpa.sdpa_graph(mod, "h", ysig)
+    assert ("set_stride", "sdpa", [16 * 4 * 64, 64, 4 * 64, 1]) in log  # O as [B, Sq, H, Dv]
 
 
 def test_scale_causal_rank3_and_mqa(fake):

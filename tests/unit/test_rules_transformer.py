@@ -334,9 +334,19 @@ def head_split_model(variant="fires"):
     v = b.op("Transpose", [b.input("v", [B, SKV, H, DV])], perm=[0, 2, 1, 3])
     y = b.op("Attention", [q, kt, v, b.input("m", [B, 1, 1, SKV])], domain="graphopt", k_transposed=1,
              mask_kind="additive", scale=0.5, nan_to_zero=1)
-    b.output(b.op("Transpose", [y], perm=[0, 2, 1, 3]))
+    b.output(b.op("Neg", [y]))
     if variant == "second_consumer":
         b.output(b.op("Neg", [q]))
+    return b.model()
+
+
+def heads_merge_model(variant="fires"):
+    """graphopt.Attention followed by the heads merge's Transpose and Reshape (``variant``: a near-miss)."""
+    b = Builder(17, seed=15)
+    y = b.op("Attention", [b.input("q", [B, H, SQ, D]), b.input("k", [B, H, SKV, D]), b.input("v", [B, H, SKV, DV])],
+             domain="graphopt", scale=0.5)
+    t = b.op("Transpose", [y], perm=[0, 2, 3, 1] if variant == "perm" else [0, 2, 1, 3])
+    b.output(b.op("Reshape", [t, b.const([B, -1], "merged", np.int64)]))
     return b.model()
 
 
@@ -381,6 +391,7 @@ for _sc in SCALES:
     CASES[f"attention_{_sc}_upmask"] = lambda sc=_sc: attention_model(sc, "upmask", "upcast")
 CASES["attention_qkv_bshd"] = head_split_model
 CASES["shape_of_transpose"] = shape_of_transpose_model
+CASES["attention_y_bshd"] = heads_merge_model
 
 
 def test_every_transformer_rule_has_a_test_case():
@@ -510,6 +521,7 @@ NEAR_MISSES = [
     ("attention_qkv_bshd", lambda: head_split_model("k_perm"), "has perm [0, 1, 3, 2], expected [0, 2, 3, 1]"),
     ("attention_qkv_bshd", lambda: head_split_model("second_consumer"), "has 2 consumers"),
     ("shape_of_transpose", lambda: shape_of_transpose_model("slice"), "takes a slice of the shape (start=1)"),
+    ("attention_y_bshd", lambda: heads_merge_model("perm"), "has perm [0, 2, 3, 1], expected [0, 2, 1, 3]"),
     ("groupnorm", lambda: groupnorm_model(variant="in_scale"), "is not 3 1s"),
 ]
 
@@ -540,13 +552,13 @@ def test_optimize_explain_reports_the_near_miss():
 
 def test_head_split_transposes_go_into_the_attention():
     """attention_qkv_bshd: the three Transposes go, the op reads [B, S, H, D] (qkv_bshd=1, K untransposed),
-    keeps its other attributes, and the output Transpose stays (Y is still [B, H, Sq, Dv])."""
+    keeps its other attributes; Y is still [B, H, Sq, Dv] (attention_y_bshd is the output's rule)."""
     g, report = _rewrite(head_split_model(), _only("attention_qkv_bshd"))
     (match,) = report.matches
     node = g.node(match.node)
     assert (node.attr("qkv_bshd"), node.attr("k_transposed"), node.attr("scale"), node.attr("nan_to_zero")) == (1, 0, 0.5, 1)
     assert node.inputs[:3] == ["q", "k", "v"]
-    assert [n.op_type for n in g.nodes()] == ["Attention", "Transpose"]
+    assert [n.op_type for n in g.nodes()] == ["Attention", "Neg"]
 
 
 def test_shape_of_a_transpose_is_the_permuted_shape_and_the_transpose_stays():
@@ -559,3 +571,11 @@ def test_shape_of_a_transpose_is_the_permuted_shape_and_the_transpose_stays():
         gather = next(n for n in g.nodes() if n.op_type == "Gather")
         assert g.constant_value(gather.inputs[1]).tolist() == perm
         _same_outputs(model, g)
+
+
+def test_the_heads_merge_transpose_goes_into_the_attention():
+    g, report = _rewrite(heads_merge_model(), _only("attention_y_bshd"))
+    (match,) = report.matches
+    node = g.node(match.node)
+    assert (node.attr("y_bshd"), node.attr("scale")) == (1, 0.5)
+    assert [n.op_type for n in g.nodes()] == ["Attention", "Reshape"]
