@@ -84,3 +84,19 @@ def replace_with_initializers(graph: Graph, node: Node, values: list) -> None:
     """Replace ``node`` by initializers holding ``values`` (one per output, same order), keeping
     every output's name, graph outputs included. Outputs whose value is None must be unused."""
     graph.replace_with_initializers(node, values)
+
+
+def bypass_each(graph: Graph, op_type: str, pass_name: str, why_not, trace: Trace) -> int:
+    """Remove every default-domain ``op_type`` node (in every graph) whose output is a copy of its first
+    input, as ``why_not(g, node)`` says by returning None; any other reason is reported to ``trace``.
+    Returns the number removed."""
+    changes = 0
+    for g, node in graph.find(op_type):  # through the op index, not a walk over every node
+        if node.op_type != op_type or node.domain != "" or node not in g:
+            continue
+        reason = why_not(g, node)
+        if reason is not None:
+            report(trace, pass_name, node, reason)
+            continue
+        changes += bypass_or_report(g, trace, pass_name, node, node.inputs[0], node.outputs[0])
+    return changes

@@ -6,13 +6,15 @@ import numpy as np
 
 from graphopt.ir import Graph, Node
 
-from graphopt.passes._util import Trace, bypass_or_report, is_used, opset_version, report
+from graphopt.passes._util import Trace, bypass_each, is_used, opset_version
 
 NAME = "eliminate_dropout"
 
 
 def _why_not_inference(graph: Graph, node: Node) -> str | None:
     """None when this Dropout is the identity on its first output, else the reason it may not be."""
+    if not node.inputs or not node.inputs[0] or not node.outputs or not node.outputs[0]:
+        return "Dropout without a data input or output"
     if len(node.outputs) > 1 and is_used(graph, node.outputs[1]):
         return f"its mask output {node.outputs[1]!r} is used"
     if opset_version(graph) < 7:
@@ -37,16 +39,4 @@ def eliminate_dropout(graph: Graph, *, trace: Trace = None) -> int:
     absent or a constant false (opset >= 12), or always for opsets 7-11, or with ``is_test=1`` for
     opsets < 7. Graph outputs keep their names as in ``eliminate_identity``.
     """
-    changes = 0
-    for g, node in graph.find("Dropout"):  # through the op index, not a walk over every node
-        if node.op_type != "Dropout" or node.domain != "" or node not in g:
-            continue
-        if not node.inputs or not node.inputs[0] or not node.outputs or not node.outputs[0]:
-            report(trace, NAME, node, "Dropout without a data input or output")
-            continue
-        reason = _why_not_inference(g, node)
-        if reason is not None:
-            report(trace, NAME, node, reason)
-            continue
-        changes += bypass_or_report(g, trace, NAME, node, node.inputs[0], node.outputs[0])
-    return changes
+    return bypass_each(graph, "Dropout", NAME, _why_not_inference, trace)

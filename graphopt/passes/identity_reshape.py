@@ -15,7 +15,7 @@ import numpy as np
 
 from graphopt.ir import Graph
 
-from graphopt.passes._util import Trace, bypass_or_report, report
+from graphopt.passes._util import Trace, bypass_each
 
 NAME = "eliminate_identity_reshape"
 
@@ -63,6 +63,8 @@ def _terms(g: Graph, tensor: str, x: str) -> list | None:
 
 def _identity_reason(g: Graph, node) -> str | None:
     """Why this Reshape is not provably the identity (None: it is)."""
+    if len(node.inputs) != 2:
+        return "a Reshape without its shape input"
     x, target = node.inputs[0], node.inputs[1]
     shape = g.value_info(x).shape
     if shape is None:
@@ -88,13 +90,4 @@ def _identity_reason(g: Graph, node) -> str | None:
 
 def eliminate_identity_reshape(graph: Graph, *, trace: Trace = None) -> int:
     """Remove every Reshape that provably keeps its input's shape; returns the number removed."""
-    changes = 0
-    for g, node in graph.find("Reshape"):
-        if node.op_type != "Reshape" or node.domain != "" or node not in g or len(node.inputs) != 2:
-            continue
-        reason = _identity_reason(g, node)
-        if reason is not None:
-            report(trace, NAME, node, reason)
-            continue
-        changes += bypass_or_report(g, trace, NAME, node, node.inputs[0], node.outputs[0])
-    return changes
+    return bypass_each(graph, "Reshape", NAME, _identity_reason, trace)
