@@ -86,6 +86,15 @@ def casts_back(g, down, x):
     return None
 
 
+@register_constraint("half_precision", "t")
+def half_precision(g, x):
+    """x's element type is float16 or bfloat16."""
+    dt = g.dtype(x) if x else None
+    if dt in NARROW:
+        return None
+    return f"{x!r} is {type_name(dt) if dt is not None else 'of unknown type'}, not float16/bfloat16"
+
+
 @register_constraint("same_dtype", "tt")
 def same_dtype(g, a, b):
     """a and b have the same known element type."""

@@ -326,13 +326,14 @@ def head_split_model(variant="fires"):
     """graphopt.Attention (k_transposed=1) over the head split's Transposes of [B, S, H, D] q, k, v, as the
     attention rules leave GPT-2 / BERT exports (``variant``: a near-miss)."""
     b = Builder(17, seed=13)
-    q = b.op("Transpose", [b.input("q", [B, SQ, H, D])], perm=[0, 2, 1, 3])
+    e = TensorProto.FLOAT if variant == "fp32" else TensorProto.FLOAT16
+    q = b.op("Transpose", [b.input("q", [B, SQ, H, D], e)], perm=[0, 2, 1, 3])
     if variant == "k_perm":  # K^T by a last-two-axes swap of an already [B, H, S, D] K
-        kt = b.op("Transpose", [b.input("k", [B, H, SKV, D])], perm=[0, 1, 3, 2])
+        kt = b.op("Transpose", [b.input("k", [B, H, SKV, D], e)], perm=[0, 1, 3, 2])
     else:
-        kt = b.op("Transpose", [b.input("k", [B, SKV, H, D])], perm=[0, 2, 3, 1])
-    v = b.op("Transpose", [b.input("v", [B, SKV, H, DV])], perm=[0, 2, 1, 3])
-    y = b.op("Attention", [q, kt, v, b.input("m", [B, 1, 1, SKV])], domain="graphopt", k_transposed=1,
+        kt = b.op("Transpose", [b.input("k", [B, SKV, H, D], e)], perm=[0, 2, 3, 1])
+    v = b.op("Transpose", [b.input("v", [B, SKV, H, DV], e)], perm=[0, 2, 1, 3])
+    y = b.op("Attention", [q, kt, v, b.input("m", [B, 1, 1, SKV], e)], domain="graphopt", k_transposed=1,
              mask_kind="additive", scale=0.5, nan_to_zero=1)
     b.output(b.op("Neg", [y]))
     if variant == "second_consumer":
@@ -343,7 +344,8 @@ def head_split_model(variant="fires"):
 def heads_merge_model(variant="fires"):
     """graphopt.Attention followed by the heads merge's Transpose and Reshape (``variant``: a near-miss)."""
     b = Builder(17, seed=15)
-    y = b.op("Attention", [b.input("q", [B, H, SQ, D]), b.input("k", [B, H, SKV, D]), b.input("v", [B, H, SKV, DV])],
+    e = TensorProto.FLOAT if variant == "fp32" else TensorProto.FLOAT16
+    y = b.op("Attention", [b.input("q", [B, H, SQ, D], e), b.input("k", [B, H, SKV, D], e), b.input("v", [B, H, SKV, DV], e)],
              domain="graphopt", scale=0.5)
     t = b.op("Transpose", [y], perm=[0, 2, 3, 1] if variant == "perm" else [0, 2, 1, 3])
     b.output(b.op("Reshape", [t, b.const([B, -1], "merged", np.int64)]))
@@ -522,6 +524,8 @@ NEAR_MISSES = [
     ("attention_qkv_bshd", lambda: head_split_model("second_consumer"), "has 2 consumers"),
     ("shape_of_transpose", lambda: shape_of_transpose_model("slice"), "takes a slice of the shape (start=1)"),
     ("attention_y_bshd", lambda: heads_merge_model("perm"), "has perm [0, 2, 3, 1], expected [0, 2, 1, 3]"),
+    ("attention_y_bshd", lambda: heads_merge_model("fp32"), "is float, not float16/bfloat16"),
+    ("attention_qkv_bshd", lambda: head_split_model("fp32"), "is float, not float16/bfloat16"),
     ("groupnorm", lambda: groupnorm_model(variant="in_scale"), "is not 3 1s"),
 ]
 
