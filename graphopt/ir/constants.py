@@ -19,12 +19,14 @@ if TYPE_CHECKING:
 def constant_info(graph: Graph, tensor: str) -> tuple[np.dtype, tuple[int, ...]] | None:
     """(dtype, shape) of ``tensor`` when it is a constant (as ``constant_value`` decides), without
     reading a weight that is still in its file (a lazy reference: ``graphopt.ir.external``) nor
-    decoding a Constant node's plain numeric ``value`` tensor."""
+    decoding a plain numeric initializer or Constant node's ``value`` tensor (their headers give what
+    decoding would)."""
     g: Graph | None = graph
     while g is not None and tensor not in g._producer:
         if tensor in g._inits:
             proto = g._inits[tensor]
-            if tensor in g._inputs or not is_lazy(proto):
+            plain = proto.data_type in _PLAIN_DATA_TYPES and not is_external(proto)
+            if tensor in g._inputs or not (is_lazy(proto) or plain):
                 break
             return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(proto.data_type)), tuple(int(d) for d in proto.dims)
         if tensor in g._inputs:

@@ -42,6 +42,7 @@ from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.lowering.contract import Candidate, Signature
 from graphopt.ops.attention import operands as attention_operands
+from graphopt.ops.attention import swap_heads
 from graphopt.kernels.mma_args import ptr
 from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
 
@@ -151,7 +152,7 @@ def attention_plan(sig: Signature) -> AttnPlan:
 
 def _out_shape(q, Dv: int, attrs) -> tuple[int, ...]:
     y = tuple(int(s) for s in q[:-1]) + (Dv,)
-    return (y[0], y[2], y[1], y[3]) if attrs.get("y_bshd", 0) else y
+    return swap_heads(y) if attrs.get("y_bshd", 0) else y
 
 
 def _arrays(p: AttnPlan, inputs, outputs, what: str):

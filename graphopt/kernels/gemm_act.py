@@ -139,6 +139,23 @@ def _vector_epilogue(p: GemmPlan, dt: str) -> bool:
     return (p.bias is None or (p.bias[0] == 0 and p.bias[1] == 0 and p.bias[2] == 1)) and p.N % VEC16[dt] == 0
 
 
+def vector_epilogue_launcher(dt: str, total: int, n: int, act):
+    """``run(y, c, alpha, beta)``: ``y = act(alpha * y + beta * c)`` in place (``c``: one row of ``n``
+    values, or None for ``act(alpha * y)``) over ``total`` elements, 16 bytes per load
+    (``epilogue_gemm_vec``; the caller checks alignment and that ``n`` is whole vectors)."""
+    vec = VEC16[dt]
+    kern = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dt, vec))
+    grid = (max(1, min(-(-(total // vec) // 256), 132 * 32)),)
+    i32, f32 = np.int32, np.float32
+    head = (i32(total), i32(n))
+    tail = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+
+    def run(y, c, alpha: float, beta: float) -> None:
+        kern(grid, (256,), (y, ptr(c)) + head + (f32(alpha), f32(beta)) + tail)
+
+    return run
+
+
 def _bias_array(C, p: GemmPlan):
     import cupy
 
@@ -190,8 +207,7 @@ class CublasGemm(Candidate):
         egrid = (min(-(-total // 256), 132 * 32),)
         # the vector epilogue where the bias is one row of N values (or absent) and rows are 16-byte
         # multiples; each launch still checks the pointers' alignment and else takes the scalar one
-        epi_vec = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])) if _vector_epilogue(p, dt) else None
-        vgrid = (min(-(-(total // VEC16[dt]) // 256), 132 * 32),)
+        epi_vec = vector_epilogue_launcher(dt, total, p.N, act) if _vector_epilogue(p, dt) else None
         i32, i64, f32 = np.int32, np.int64, np.float32
         tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
         needs_epi = p.bias is not None or act.code != 0 or p.alpha != 1.0
@@ -225,7 +241,7 @@ class CublasGemm(Candidate):
                 return
             c = _bias_array(C, p)
             if epi_vec is not None and y.data.ptr % 16 == 0 and (c is None or c.data.ptr % 16 == 0):
-                epi_vec(vgrid, (256,), (y, ptr(c), i32(total), i32(p.N), f32(p.alpha), f32(p.beta)) + tail_act)
+                epi_vec(y, c, p.alpha, p.beta)
                 return
             bs = p.bias or (0, 0, 0)
             epi(egrid, (256,), (y, ptr(c), i64(total), i32(p.M), i32(p.N), i64(bs[0]), i32(bs[1]), i32(bs[2]),

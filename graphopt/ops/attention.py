@@ -64,12 +64,15 @@ def qkv_bshd(sig) -> bool:
     return bool(sig.attr("qkv_bshd", 0))
 
 
+def swap_heads(shape: tuple) -> tuple:
+    """``[B, H, S, D]`` <-> ``[B, S, H, D]``: axes 1 and 2 of a rank-4 shape swapped."""
+    return (shape[0], shape[2], shape[1], shape[3])
+
+
 def logical(shape: tuple, sig) -> tuple:
     """A Q, K or V shape as ``[B, H, S, D]``: axes 1 and 2 swapped where the signature gives them as
     ``[B, S, H, D]`` (``qkv_bshd=1``, rank 4), else as it is."""
-    if shape is not None and len(shape) == 4 and qkv_bshd(sig):
-        return (shape[0], shape[2], shape[1], shape[3])
-    return shape
+    return swap_heads(shape) if shape is not None and len(shape) == 4 and qkv_bshd(sig) else shape
 
 
 def operands(sig, who: str, bshd_ok: bool = False) -> tuple[tuple, tuple, tuple, tuple | None, list[str]]:
@@ -243,10 +246,10 @@ def _output_shapes(shapes: list, attrs: dict) -> list:
     are [B, S, H, D] and Y is [B, H, Sq, Dv]."""
     q, v = shapes[0], shapes[2]
     if attrs.get("qkv_bshd", 0) and len(q) == 4 and len(v) == 4:
-        q, v = (q[0], q[2], q[1], q[3]), (v[0], v[2], v[1], v[3])
+        q, v = swap_heads(q), swap_heads(v)
     batch = np.broadcast_shapes(tuple(q[:-2]), tuple(v[:-2]))
     y = tuple(batch) + (q[-2], v[-1])
-    return [(y[0], y[2], y[1], y[3]) if attrs.get("y_bshd", 0) and len(y) == 4 else y]
+    return [swap_heads(y) if attrs.get("y_bshd", 0) and len(y) == 4 else y]
 
 
 def _check_input(i: int, shape: tuple, dtype: str, attrs, rng) -> np.ndarray | None:

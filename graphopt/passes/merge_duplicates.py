@@ -39,10 +39,7 @@ def _input_key(g: Graph, tensor: str, memo: dict[str, object]) -> object:
     if key is not None:
         return key
     key = tensor
-    prod = g.producer(tensor)
-    if prod is not None and (prod.op_type != "Constant" or prod.domain != ""):
-        pass  # an activation: compared by name (the cheap, common case)
-    elif g.is_constant(tensor) and _small(g, tensor):
+    if g.is_constant(tensor) and _small(g, tensor):
         value = g.constant_value(tensor)
         if value is not None:
             key = ("const", value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
@@ -51,19 +48,7 @@ def _input_key(g: Graph, tensor: str, memo: dict[str, object]) -> object:
 
 
 def _small(g: Graph, tensor: str) -> bool:
-    """Whether a constant holds at most VALUE_KEY_MAX_BYTES, read from its header where it is an
-    initializer (a weight is never decoded for this)."""
-    scope: Graph | None = g
-    while scope is not None:
-        if scope.is_initializer(tensor):
-            proto = scope.initializer(tensor)
-            n = 1
-            for d in proto.dims:
-                n *= int(d)
-            return n * 8 <= VALUE_KEY_MAX_BYTES  # 8: the widest numeric element
-        if scope.producer(tensor) is not None:
-            break
-        scope = scope.parent
+    """Whether a constant holds at most VALUE_KEY_MAX_BYTES (from its header: a weight is not decoded)."""
     info = g.constant_info(tensor)
     return info is not None and info[0].itemsize * int(np.prod(info[1])) <= VALUE_KEY_MAX_BYTES
 
@@ -81,9 +66,7 @@ def _coarse_key(g: Graph, node: Node, coarse_of: dict[str, str]) -> tuple:
     for t in node.inputs:
         c = coarse_of.get(t)
         if c is None:
-            prod = g.producer(t) if t else None
-            constant = bool(t) and (prod.op_type == "Constant" if prod is not None else g.is_constant(t))
-            c = coarse_of[t] = "\0const" if constant else t
+            c = coarse_of[t] = "\0const" if t and g.is_constant(t) else t
         ins.append(c)
     return (node.domain, node.op_type, len(node.outputs), tuple(node.attr_names()), tuple(ins))
 

@@ -43,9 +43,8 @@ from typing import Any
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.gemm_act import gemm_plan
-from graphopt.kernels.mma_args import ptr
-from graphopt.kernels.source import ACT_CODES, VEC16, get_kernel, instance, source_hash
+from graphopt.kernels.gemm_act import gemm_plan, vector_epilogue_launcher
+from graphopt.kernels.source import ACT_CODES, VEC16, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.providers import cublaslt_lib as lt
 
@@ -140,6 +139,15 @@ def b_transposed_reason(sig: Signature) -> str | None:
 def _rows(sig: Signature) -> int:
     """The output's row length (GemmAct's N, a 1x1 CBR's output channels)."""
     return gemm_plan(sig).N if sig.op == "GemmAct" else geo.conv_geom(sig).M
+
+
+def _out_elements(sig: Signature) -> int:
+    """The output's element count (GemmAct's Z x M x N, a 1x1 CBR's N x M x H x W)."""
+    if sig.op == "GemmAct":
+        p = gemm_plan(sig)
+        return p.Z * p.M * p.N
+    g = geo.conv_geom(sig)
+    return g.N * g.M * g.OH * g.OW
 
 
 def post_activation_reason(sig: Signature) -> str | None:
@@ -362,22 +370,8 @@ class CublasLtGemm(Candidate):
 
 def _post_activation(sig: Signature):
     """``run(y)``: the signature's activation on ``y`` in place, 16 bytes per load (the act variant)."""
-    import numpy as np
-
-    dt = geo.dtype_of(sig)
-    vec = VEC16[dt]
-    kern = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dt, vec))
-    act = geo.act_args(sig)
-    i32, f32 = np.int32, np.float32
-    n = _rows(sig)
-
-    def run(y):
-        total = int(y.size)
-        grid = (max(1, min(-(-(total // vec) // 256), 132 * 32)),)
-        kern(grid, (256,), (y, ptr(None), i32(total), i32(n), f32(1.0), f32(0.0), i32(act.code), f32(act.alpha),
-                            f32(act.beta), f32(act.lo), f32(act.hi)))
-
-    return run
+    run = vector_epilogue_launcher(geo.dtype_of(sig), _out_elements(sig), _rows(sig), geo.act_args(sig))
+    return lambda y: run(y, None, 1.0, 0.0)
 
 
 def _stream() -> int:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from _fake_cublaslt import EmulatedLt, conv, gemm
+from graphopt.kernels import gemm_act
 from graphopt.lowering import Signature
 from graphopt.providers import cublaslt as prov
 from graphopt.providers import cublaslt_lib as lt
@@ -145,7 +146,7 @@ POST_ACT = [
 def test_act_variant_runs_the_activation_after_a_bias_epilogue(emulated, monkeypatch, sig):
     """cublaslt_act: cuBLASLt with BIAS / DEFAULT, then the activation kernel in place: the op's result."""
     calls = []
-    monkeypatch.setattr(prov, "get_kernel", lambda src, expr: _fake_activation_kernel(calls))
+    monkeypatch.setattr(gemm_act, "get_kernel", lambda src, expr: _fake_activation_kernel(calls))
     assert prov.post_activation_reason(sig) is None
     assert "has no cuBLASLt epilogue" in prov.CublasLtGemm("cublaslt").applies(sig)  # the plain family cannot
     pr = prov.problem(sig, "act")
