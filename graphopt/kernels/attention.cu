@@ -139,7 +139,9 @@ __global__ void __launch_bounds__(WARPS * 32) attn_softmax(
 
 // Where the (b, h) slice of Q, K, V and Y starts and how far apart its rows are: contiguous
 // [Z][S][D] (K^T [Z][D][Skv] starts at the same place), or [B][S][H][D] (rows H * D apart): bit 0 of
-// bshd for Q, K and V (graphopt.Attention's qkv_bshd), bit 1 for Y (y_bshd).
+// bshd for Q, K and V (graphopt.Attention's qkv_bshd), bit 1 for Y (y_bshd). Bit 2 (qkv_packed, with
+// bit 0): Q, K and V are the thirds of one [B][S][3][H][D] tensor (the caller passes K and V at
+// offsets H * D and 2 * H * D of Q), so their rows are 3 * H * D apart.
 struct AttnRows { long long qz, kz, vz, yz, qs, ks, vs, ys; };
 __device__ __forceinline__ AttnRows attn_rows(int b, int h, int z, int H, int Sq, int Skv, int D, int Dv, int bshd) {
     AttnRows r;
@@ -149,10 +151,11 @@ __device__ __forceinline__ AttnRows attn_rows(int b, int h, int z, int H, int Sq
         r.yz = (long long)z * Sq * Dv; r.ys = Dv;
     }
     if (bshd & 1) {
-        r.qz = ((long long)b * Sq * H + h) * D;
-        r.kz = ((long long)b * Skv * H + h) * D;
-        r.vz = ((long long)b * Skv * H + h) * Dv;
-        r.qs = (long long)H * D; r.ks = (long long)H * D; r.vs = (long long)H * Dv;
+        const long long HP = (bshd & 4) ? 3LL * H : (long long)H;  // row stride in heads
+        r.qz = ((long long)b * Sq * HP + h) * D;
+        r.kz = ((long long)b * Skv * HP + h) * D;
+        r.vz = ((long long)b * Skv * HP + h) * Dv;
+        r.qs = HP * D; r.ks = HP * D; r.vs = HP * Dv;
     } else {
         r.qz = (long long)z * Sq * D; r.kz = (long long)z * Skv * D; r.vz = (long long)z * Skv * Dv;
         r.qs = D; r.ks = D; r.vs = Dv;

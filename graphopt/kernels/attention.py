@@ -21,7 +21,9 @@ Layout: Q ``[B, H, Sq, D]`` (rank 2-4: missing leading dims are 1), K ``[B, H, S
 ``k_transposed=1``, ``[B, H, D, Skv]``, V ``[B, H, Skv, Dv]``, Y ``[B, H, Sq, Dv]``, all
 C-contiguous and sharing the leading dims (no broadcast of K/V over heads). With ``qkv_bshd=1`` Q, K
 and V are ``[B, S, H, D]`` (rank 4): ``flash`` and ``flash_mma`` read the heads' rows ``H * D`` apart
-(``attn_rows`` in the kernel source), and with ``y_bshd=1`` write Y as ``[B, Sq, H, Dv]``;
+(``attn_rows`` in the kernel source), and with ``y_bshd=1`` write Y as ``[B, Sq, H, Dv]``; with
+``qkv_packed=1`` Q, K and V are the thirds of one ``[B, S, 3, H, D]`` input (rows ``3 * H * D``
+apart; ``launch`` passes views of it at offsets 0, H*D and 2*H*D);
 ``cublas_softmax`` does not apply (its strided-batched GEMMs
 take one stride per (b, h) batch). The mask broadcasts to
 ``[B, H, Sq, Skv]`` (right-aligned, rank <= 4): additive masks have the data's dtype, bool masks
@@ -76,11 +78,13 @@ class AttnPlan:
     out_shape: tuple[int, ...]
     bshd: int = 0  # Q, K, V given as [B, S, H, D] (qkv_bshd=1); the dims above are the logical ones
     ybshd: int = 0  # Y written as [B, Sq, H, Dv] (y_bshd=1)
+    packed: int = 0  # Q, K, V the thirds of one [B, S, 3, H, D] input (qkv_packed=1, with bshd)
 
     @property
     def layout_flags(self) -> int:
-        """The kernels' ``bshd`` argument: bit 0 Q/K/V as [B, S, H, D], bit 1 Y as [B, Sq, H, Dv]."""
-        return self.bshd | (self.ybshd << 1)
+        """The kernels' ``bshd`` argument: bit 0 Q/K/V as [B, S, H, D], bit 1 Y as [B, Sq, H, Dv], bit 2
+        Q/K/V packed in one [B, S, 3, H, D] tensor."""
+        return self.bshd | (self.ybshd << 1) | (self.packed << 2)
 
     @property
     def Z(self) -> int:
@@ -147,7 +151,7 @@ def attention_plan(sig: Signature) -> AttnPlan:
     return AttnPlan(B, H, Sq, Skv, D, Dv, kt, scale, MASK_CODES[kind], None if m is None else tuple(m), strides,
                     -math.inf if mv is None else float(np.float32(mv)), int(attrs.get("causal", 0)),
                     int(attrs.get("nan_to_zero", 0)), dt, _out_shape(q, Dv, attrs),
-                    int(attrs.get("qkv_bshd", 0)), int(attrs.get("y_bshd", 0)))
+                    int(attrs.get("qkv_bshd", 0)), int(attrs.get("y_bshd", 0)), int(attrs.get("qkv_packed", 0)))
 
 
 def _out_shape(q, Dv: int, attrs) -> tuple[int, ...]:
@@ -159,8 +163,18 @@ def _arrays(p: AttnPlan, inputs, outputs, what: str):
     ins = list(inputs) + [None] * (4 - len(inputs))
     Q, K, V, M = ins[:4]
     Y = outputs[0]
-    for name, a, n in (("Q", Q, p.Z * p.Sq * p.D), ("K", K, p.Z * p.Skv * p.D), ("V", V, p.Z * p.Skv * p.Dv),
-                       ("Y", Y, p.Z * p.Sq * p.Dv)):
+    if p.packed:  # one [B, S, 3, H, D] tensor: K and V start H * D and 2 * H * D elements after Q
+        n = 3 * p.Z * p.Sq * p.D
+        if Q is None or str(Q.dtype) != p.dtype or not Q.flags.c_contiguous or int(Q.size) != n:
+            raise TuningError(f"{what}: packed Q, K, V must be a C-contiguous {p.dtype} array of {n} elements, "
+                              f"got {None if Q is None else (Q.dtype, Q.shape)}")
+        flat = Q.reshape(-1)
+        Q, K, V = flat, flat[p.H * p.D:], flat[2 * p.H * p.D:]  # views: the kernels read 3 * H * D apart
+        ins_sizes = (("Y", Y, p.Z * p.Sq * p.Dv),)
+    else:
+        ins_sizes = (("Q", Q, p.Z * p.Sq * p.D), ("K", K, p.Z * p.Skv * p.D), ("V", V, p.Z * p.Skv * p.Dv),
+                     ("Y", Y, p.Z * p.Sq * p.Dv))
+    for name, a, n in ins_sizes:
         if a is None or str(a.dtype) != p.dtype or not a.flags.c_contiguous or int(a.size) != n:
             raise TuningError(f"{what}: {name} must be a C-contiguous {p.dtype} array of {n} elements, "
                               f"got {None if a is None else (a.dtype, a.shape)}")

@@ -18,6 +18,12 @@ Transpose an export puts after it; K then never transposed, ``k_transposed=0``),
 shapes through :func:`operands` and say whether they read this layout (``bshd_ok``).
 ``y_bshd=1``: Y is written as ``[B, Sq, H, Dv]``, what the Transpose an export puts after the
 attention makes of it (rule ``attention_y_bshd``); the same lowerings write it.
+``qkv_packed=1`` (with ``qkv_bshd=1``): self-attention whose Q, K and V are one tensor
+``[B, S, 3, H, D]`` given as input Q (K and V absent): the output of one projection GEMM viewed
+with the heads split, so neither the Split of a packed projection (GPT-2's ``c_attn``) nor three
+separate projections (BERT's query/key/value: rule ``attention_qkv_packed_gemms`` concatenates their
+weights) copy anything. The lowerings read Q, K and V at offsets 0, H*D and 2*H*D of each row of
+3*H*D elements.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from graphopt.ops.layer_norm import flag_key, parse_flags
 from graphopt.ops.schema import DOMAIN, OpSchema
 
 NAME = "Attention"
-INPUTS = (("Q", False), ("K", False), ("V", False), ("mask", True))
+INPUTS = (("Q", False), ("K", True), ("V", True), ("mask", True))  # K, V absent exactly with qkv_packed=1
 MASK_KINDS = ("none", "additive", "bool")
 ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "scale": (float, None),  # absent: 1 / sqrt(D)
@@ -46,22 +52,34 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "k_transposed": (int, 0),
     "qkv_bshd": (int, 0),
     "y_bshd": (int, 0),
+    "qkv_packed": (int, 0),
     "num_heads": (int, 0),
     "lowering": (str, None),
     "lowering_params": (str, None),
     "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
 }
-FLAG_ORDER = ("kt", "add", "bool", "mv", "causal", "nz", "scale", "bshd", "ybshd")
+FLAG_ORDER = ("kt", "add", "bool", "mv", "causal", "nz", "scale", "bshd", "ybshd", "pk")
 MIN_OPSET = 13  # Softmax over one axis (opset < 13 coerces to 2-D)
 
 DOC = ("graphopt.Attention: Y = softmax(Q @ K^T * scale [+ mask] [causal mask]) @ V; mask_kind none | additive "
        "| bool (True = attend); k_transposed=1 takes K as [..., D, Skv]; nan_to_zero=1 zeroes fully masked rows; "
-       "qkv_bshd=1 takes Q, K, V as [B, S, H, D]; y_bshd=1 writes Y as [B, Sq, H, Dv].")
+       "qkv_bshd=1 takes Q, K, V as [B, S, H, D]; y_bshd=1 writes Y as [B, Sq, H, Dv]; qkv_packed=1 takes them as one "
+       "[B, S, 3, H, D] tensor (input Q; K and V absent).")
 
 
 def qkv_bshd(sig) -> bool:
     """Whether the signature's Q, K and V are ``[B, S, H, D]`` (``qkv_bshd=1``)."""
     return bool(sig.attr("qkv_bshd", 0))
+
+
+def qkv_packed(sig) -> bool:
+    """Whether the signature's Q, K and V are one ``[B, S, 3, H, D]`` tensor (``qkv_packed=1``)."""
+    return bool(sig.attr("qkv_packed", 0))
+
+
+def unpacked_shape(shape: tuple) -> tuple:
+    """``[B, S, 3, H, D]`` (a packed Q, K, V) -> the ``[B, S, H, D]`` of each of them."""
+    return (shape[0], shape[1], shape[3], shape[4])
 
 
 def swap_heads(shape: tuple) -> tuple:
@@ -85,6 +103,12 @@ def operands(sig, who: str, bshd_ok: bool = False) -> tuple[tuple, tuple, tuple,
         raise TuningError(f"op {sig.op} is not Attention")
     shapes = list(sig.input_shapes) + [None] * (4 - len(sig.input_shapes))
     dtypes = list(sig.dtypes) + [""] * (4 - len(sig.dtypes))
+    if qkv_packed(sig):  # one [B, S, 3, H, D] tensor: Q, K and V each its [B, S, H, D] third
+        p = shapes[0]
+        if p is None or len(p) != 5 or p[2] != 3:
+            raise TuningError(f"{who}: qkv_packed=1 needs Q as [B, S, 3, H, D], got {p}")
+        shapes[:3] = [unpacked_shape(p)] * 3
+        dtypes[1:3] = [dtypes[0]] * 2
     q, k, v, m = shapes[:4]
     if q is None or k is None or v is None:
         raise TuningError(f"{who} needs known Q, K and V shapes")
@@ -117,9 +141,16 @@ def _check(attrs: dict, present: list[bool]) -> str | None:
                 "give a mask exactly when mask_kind is additive or bool")
     if attrs.get("mask_value") is not None and kind != "bool":
         return "mask_value only applies to mask_kind='bool'"
-    for name in ("causal", "nan_to_zero", "k_transposed", "qkv_bshd", "y_bshd"):
+    for name in ("causal", "nan_to_zero", "k_transposed", "qkv_bshd", "y_bshd", "qkv_packed"):
         if attrs.get(name, 0) not in (0, 1):
             return f"{name}={attrs[name]} must be 0 or 1"
+    packed = attrs.get("qkv_packed", 0)
+    if packed and not attrs.get("qkv_bshd", 0):
+        return "qkv_packed=1 reads Q, K, V as [B, S, H, D] parts of one tensor: qkv_bshd must be 1"
+    if packed and (_given(present, 1) or _given(present, 2)):
+        return "qkv_packed=1 takes Q, K and V as one [B, S, 3, H, D] input Q: leave K and V absent"
+    if not packed and not (_given(present, 1) and _given(present, 2)):
+        return "K and V are required (only qkv_packed=1 leaves them absent)"
     if attrs.get("qkv_bshd", 0) and attrs.get("k_transposed", 0):
         return "qkv_bshd=1 takes K as [B, Skv, H, D]: k_transposed must be 0"
     scale = attrs.get("scale")
@@ -140,6 +171,7 @@ def _flags(attrs: dict) -> list[str]:
     flags += ["scale"] if attrs.get("scale") is not None else []
     flags += ["bshd"] if attrs.get("qkv_bshd", 0) else []
     flags += ["ybshd"] if attrs.get("y_bshd", 0) else []
+    flags += ["pk"] if attrs.get("qkv_packed", 0) else []
     return flags
 
 
@@ -172,11 +204,15 @@ def _body(overload: str, opset: int):
     if "add" in flags and "bool" in flags or "mv" in flags and "bool" not in flags:
         raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: at most one of add/bool, "
                         "and mv only with bool")
-    if "bshd" in flags and "kt" in flags:
-        raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: bshd takes K untransposed")
+    if "bshd" in flags and "kt" in flags or "pk" in flags and "bshd" not in flags:
+        raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: bshd takes K untransposed, "
+                        "pk comes with bshd")
     b = Body(opset, dtype)
+    qkv = ("Q", "K", "V")
+    if "pk" in flags:  # one [B, S, 3, H, D] input: its thirds (Gather on axis 2) are Q, K, V as [B, S, H, D]
+        qkv = tuple(b.node("Gather", ["Q", _int_scalar(b, i)], axis=2) for i in range(3))
     # [B, S, H, D] inputs (qkv_bshd=1) become [B, H, S, D] first, as the Transposes the rule removed made them
-    q_in, k_in, v_in = (b.node("Transpose", [t], perm=[0, 2, 1, 3]) if "bshd" in flags else t for t in ("Q", "K", "V"))
+    q_in, k_in, v_in = (b.node("Transpose", [t], perm=[0, 2, 1, 3]) if "bshd" in flags else t for t in qkv)
     # K^T: given as is (k_transposed=1), else the last two axes of a rank-4 [B, H, Skv, D] K swapped
     # (Transpose needs the rank in its perm).
     kt = k_in if "kt" in flags else b.node("Transpose", [k_in], perm=[0, 1, 3, 2])
@@ -208,6 +244,11 @@ def _body(overload: str, opset: int):
 
 def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
     q_in, k_in, v_in, mask = inputs
+    if attrs.get("qkv_packed", 0):
+        packed = np.asarray(q_in)
+        if packed.ndim != 5 or packed.shape[2] != 3:
+            raise RuleError(f"graphopt.Attention reference: qkv_packed=1 needs Q as [B, S, 3, H, D], got {packed.shape}")
+        q_in, k_in, v_in = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q_in, k_in, v_in))
     if attrs.get("qkv_bshd", 0):
         if q.ndim != 4:
@@ -243,8 +284,10 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
 
 def _output_shapes(shapes: list, attrs: dict) -> list:
     """Y is Q's shape with V's last dim: [..., Sq, Dv] (batch dims broadcast); with qkv_bshd=1 Q and V
-    are [B, S, H, D] and Y is [B, H, Sq, Dv]."""
+    are [B, S, H, D] and Y is [B, H, Sq, Dv]; with qkv_packed=1 Q is [B, S, 3, H, D] and stands for all three."""
     q, v = shapes[0], shapes[2]
+    if attrs.get("qkv_packed", 0) and len(q) == 5:
+        q = v = unpacked_shape(q)
     if attrs.get("qkv_bshd", 0) and len(q) == 4 and len(v) == 4:
         q, v = swap_heads(q), swap_heads(v)
     batch = np.broadcast_shapes(tuple(q[:-2]), tuple(v[:-2]))

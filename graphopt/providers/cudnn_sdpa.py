@@ -17,7 +17,8 @@ How each form of the op is lowered:
   sequence lengths, which the op does not carry (its masks are tensors): a key-padding mask runs
   as this bias, exactly, whatever its pattern.
 - ``qkv_bshd=1``: Q, K and V as ``[B, S, H, D]``: the graph's tensors take those strides (cuDNN's
-  SDPA reads any strides with the head dim contiguous), no copy; ``y_bshd=1``: O written with those strides.
+  SDPA reads any strides with the head dim contiguous), no copy; ``y_bshd=1``: O written with those strides;
+  ``qkv_packed=1``: Q, K, V the thirds of one ``[B, S, 3, H, D]`` input, bound at offsets 0, H*D, 2*H*D.
 - ``k_transposed=1``: cuDNN needs the head dim contiguous (stride 1) in K, so K^T ``[.., D, Skv]`` is
   transposed into the workspace first (one copy of K).
 - ``nan_to_zero=1``: with a mask, rows that are fully masked have NaN probabilities in the op; Y's
@@ -71,6 +72,7 @@ class SdpaGeom:
     nan_to_zero: bool
     bshd: bool = False  # Q, K, V given as [B, S, H, D] (qkv_bshd=1): strided tensors, no copy
     ybshd: bool = False  # O written as [B, Sq, H, Dv] (y_bshd=1)
+    packed: bool = False  # Q, K, V the thirds of one [B, S, 3, H, D] input (qkv_packed=1): rows 3 * H * D apart
 
     @property
     def bias_in_workspace(self) -> bool:
@@ -147,7 +149,7 @@ def sdpa_geom(sig: Signature) -> SdpaGeom:
     return SdpaGeom(B, H, Hk, Sq, Skv, D, Dv, dt, float(np.float32(scale)) if scale is not None else 1.0 / math.sqrt(D),
                     bool(attrs.get("causal", 0)), kt, kind, mask4, bias_dims,
                     -math.inf if mv is None else float(np.float32(mv)), bool(attrs.get("nan_to_zero", 0)),
-                    bool(attrs.get("qkv_bshd", 0)), bool(attrs.get("y_bshd", 0)))
+                    bool(attrs.get("qkv_bshd", 0)), bool(attrs.get("y_bshd", 0)), bool(attrs.get("qkv_packed", 0)))
 
 
 def sdpa_reason(sig: Signature) -> str | None:
@@ -167,10 +169,12 @@ def _contig(dims) -> list[int]:
     return strides[::-1]
 
 
-def _bshd(dims) -> list[int]:
-    """Strides of logical [B, H, S, D] dims stored as [B, S, H, D] (qkv_bshd=1)."""
+def _bshd(dims, packed: bool = False) -> list[int]:
+    """Strides of logical [B, H, S, D] dims stored as [B, S, H, D] (qkv_bshd=1), or as one third of a
+    [B, S, 3, H, D] tensor (qkv_packed=1: rows 3 * H * D apart)."""
     b, h, s, d = (int(x) for x in dims)
-    return [s * h * d, d, h * d, 1]
+    row = (3 if packed else 1) * h * d
+    return [s * row, d, row, 1]
 
 
 def sdpa_graph(mod, handle, sig: Signature):
@@ -182,7 +186,8 @@ def sdpa_graph(mod, handle, sig: Signature):
     dims = {"Q": [g.B, g.H, g.Sq, g.D], "K": [g.B, g.Hk, g.Skv, g.D], "V": [g.B, g.Hk, g.Skv, g.Dv]}
     if g.kind != "none":
         dims["bias"] = list(g.bias_dims)
-    t = {n: graph.tensor(name=n, dim=d, stride=_bshd(d) if g.bshd and n != "bias" else _contig(d), data_type=dt)
+    t = {n: graph.tensor(name=n, dim=d, stride=_bshd(d, g.packed) if g.bshd and n != "bias" else _contig(d),
+                         data_type=dt)
          for n, d in dims.items()}
     kw: dict[str, Any] = {}
     if "bias" in t:
@@ -263,6 +268,9 @@ class CudnnSdpa(base.CudnnCandidate):
 
             q, k, v, m = (list(inputs) + [None] * 4)[:4]
             y = outputs[0]
+            if g.packed:  # one [B, S, 3, H, D] tensor: K and V start H * D and 2 * H * D elements in
+                flat = q.reshape(-1)
+                q, k, v = flat, flat[g.H * g.D:], flat[2 * g.H * g.D:]
             if g.kt:  # K^T [.., D, Skv] -> K [.., Skv, D], contiguous
                 kbuf = _region(workspace, k_off, (g.B, g.Hk, g.Skv, g.D))
                 cupy.copyto(kbuf, k.view(cupy.uint16).reshape(g.B, g.Hk, g.D, g.Skv).swapaxes(-1, -2))

@@ -24,6 +24,7 @@ from graphopt.rewrite import casts as _casts  # noqa: F401
 from graphopt.rewrite import constraints as _constraints  # noqa: F401
 from graphopt.rewrite import groupnorm as _groupnorm  # noqa: F401
 from graphopt.rewrite import mlp as _mlp  # noqa: F401
+from graphopt.rewrite import packed_qkv as _packed_qkv  # noqa: F401
 from graphopt.rewrite import rope as _rope  # noqa: F401
 from graphopt.rewrite import transformer as _transformer  # noqa: F401
 from graphopt.rewrite import window as _window  # noqa: F401

@@ -152,6 +152,8 @@ def attention_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
     """graphopt.Attention: softmax(Q K^T * scale [+ mask] [causal]) V; scores and softmax in float32."""
     xp = ctx.xp
     q, k, v, mask = (list(ins) + [None] * 4)[:4]
+    if attrs.get("qkv_packed", 0):  # one [B, S, 3, H, D] tensor: its thirds (views) are Q, K, V
+        q, k, v = q[:, :, 0], q[:, :, 1], q[:, :, 2]
     if attrs.get("qkv_bshd", 0):  # [B, S, H, D] -> [B, H, S, D] (views; the matmuls below copy)
         q, k, v = (xp.swapaxes(t, 1, 2) for t in (q, k, v))
     kt = k if attrs.get("k_transposed", 0) else xp.swapaxes(k, -1, -2)

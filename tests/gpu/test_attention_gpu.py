@@ -80,7 +80,7 @@ def _cases():
 def _run(cand, sig, ins, shape=None):
     prebuild(cand.kernels(sig))
     launch = cand.build(sig, device_arch())
-    dev = [cupy.asarray(a) for a in ins]
+    dev = [None if a is None else cupy.asarray(a) for a in ins]
     shape = shape or ins[0].shape[:-1] + (ins[2].shape[-1],)
     outs = []
     for _ in range(2):
@@ -164,6 +164,41 @@ def test_attention_candidate_reads_bshd(sq, skv, d, dv, kind, mshape, attrs, dty
     given = [np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in ins[:3]] if qkv else ins[:3]
     sig = _sig(given + ins[3:], 0, kind, {**attrs, "qkv_bshd": qkv, "y_bshd": yb})
     got, again = _run(cand, sig, given + ins[3:], shape=(B, sq, H, dv) if yb else (B, H, sq, dv))
+    if yb:
+        got, again = np.swapaxes(got, 1, 2), np.swapaxes(again, 1, 2)
+    _compare(cand.key(), got, again, ref, dtype)
+
+
+def _packed_cases():
+    """qkv_packed=1 (Q, K, V the thirds of one [B, S, 3, H, D] tensor), with Y plain or [B, S, H, D]:
+    every own candidate that reads it, odd and GPT-2 lengths, head dims 16 and 64, the masks above."""
+    for s, d in ((37, 64), (128, 64), (19, 16)):
+        for name, kind, mshape, attrs in MASKS:
+            for dtype in ("float16", "float32"):
+                for yb in (0, 1):
+                    ins = _inputs(s, s, d, d, 0, kind, mshape and mshape(s, s), dtype, 0)
+                    packed = np.stack([np.swapaxes(a, 1, 2) for a in ins[:3]], axis=2)
+                    sig = Signature.make("Attention", [packed.shape, None, None] + [a.shape for a in ins[3:]],
+                                         [dtype, "", ""] + [str(a.dtype) for a in ins[3:]],
+                                         {"mask_kind": kind, **attrs, "qkv_bshd": 1, "qkv_packed": 1, "y_bshd": yb})
+                    for cand in attention_candidates():
+                        if cand.applies(sig, (9, 0)) is None:
+                            yield pytest.param(s, d, kind, mshape, attrs, dtype, yb, cand,
+                                               id=f"{s}-d{d}-{name}-{dtype}-y{yb}-{cand.key()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s,d,kind,mshape,attrs,dtype,yb,cand", list(_packed_cases()))
+def test_attention_candidate_reads_packed_qkv(s, d, kind, mshape, attrs, dtype, yb, cand):
+    ins = _inputs(s, s, d, d, 0, kind, mshape and mshape(s, s), dtype, zlib.crc32(cand.key().encode()) + 7)
+    ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
+                                            {"mask_kind": kind, **attrs})[0].astype(np.float64)
+    packed = np.ascontiguousarray(np.stack([np.swapaxes(a, 1, 2) for a in ins[:3]], axis=2))
+    given = [packed, None, None] + ins[3:]
+    sig = Signature.make("Attention", [None if a is None else a.shape for a in given],
+                         ["" if a is None else str(a.dtype) for a in given],
+                         {"mask_kind": kind, **attrs, "qkv_bshd": 1, "qkv_packed": 1, "y_bshd": yb})
+    got, again = _run(cand, sig, given, shape=(B, s, H, d) if yb else (B, H, s, d))
     if yb:
         got, again = np.swapaxes(got, 1, 2), np.swapaxes(again, 1, 2)
     _compare(cand.key(), got, again, ref, dtype)

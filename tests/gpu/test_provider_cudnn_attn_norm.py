@@ -185,6 +185,31 @@ def test_attention_plans_read_bshd(dtype, form):
     assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
 
 
+PACKED_FORMS = {
+    "gpt2": dict(B=32, H=12, S=128, mask=(32, 1, 128, 128), scale=0.125, nan_to_zero=1, y_bshd=1),
+    "bert_bs1": dict(B=1, H=12, S=128, mask=(1, 1, 1, 128)),
+    "odd_causal": dict(B=2, H=3, S=37, causal=1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", list(PACKED_FORMS))
+def test_attention_plans_read_packed_qkv(dtype, form):
+    """qkv_packed=1: Q, K, V the thirds of one [B, S, 3, H, D] input, bound at offsets 0, H*D, 2*H*D with
+    rows 3 * H * D apart; every plan against the reference."""
+    kw = dict(PACKED_FORMS[form])
+    b, h, s = kw.pop("B"), kw.pop("H"), kw.pop("S")
+    mask = kw.pop("mask", None)
+    if mask is not None:
+        kw["mask_kind"] = "additive"
+    sig = Signature.make("Attention", [(b, s, 3, h, 64), None, None, mask], [dtype, "", "", dtype if mask else ""],
+                         {**kw, "qkv_bshd": 1, "qkv_packed": 1})
+    ok, wrong, unbuilt = _check_plans(cudnn_sdpa.candidates("Attention", sig), sig)
+    assert not wrong, wrong
+    assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_padding_mask_with_fully_masked_rows_and_nan_to_zero(dtype):

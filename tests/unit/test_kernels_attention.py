@@ -13,6 +13,7 @@ import pytest
 from graphopt.kernels.attention import (FlashAttention, attention_candidates, attention_kernel_instances,
                                         attention_plan, flash_mma_smem_bytes, flash_smem_bytes, score_gemm,
                                         value_gemm)
+from graphopt.errors import TuningError
 from graphopt.lowering.contract import Signature
 from graphopt.kernels.check import data_dtype, output_shape, random_inputs
 from graphopt.kernels.registry import all_kernel_instances, candidate_from_key, candidates_for
@@ -214,6 +215,31 @@ def test_qkv_bshd_plan_and_which_families_read_it():
     assert name in ("flash_mma", "flash")
     fp32 = Signature.make("Attention", [(2, 9, 3, 16)] * 3, ["float32"] * 3, {"qkv_bshd": 1})
     assert any(k.startswith("flash:") for k in _applicable(fp32))  # fp32 keeps a GPU kernel
+
+
+def test_qkv_packed_plan_flags_and_views():
+    """qkv_packed=1: one [B, S, 3, H, D] input; the plan has the logical dims and layout bit 2; the kernels'
+    K and V are views of it at H * D and 2 * H * D; cublas_softmax refuses, flash and flash_mma apply."""
+    from graphopt.kernels.attention import _arrays
+
+    sig = Signature.make("Attention", [(2, 128, 3, 12, 64), None, None], ["float16", "", ""],
+                         {"qkv_bshd": 1, "qkv_packed": 1, "y_bshd": 1})
+    p = attention_plan(sig)
+    assert (p.B, p.H, p.Sq, p.Skv, p.D, p.Dv, p.layout_flags, p.out_shape) == (2, 12, 128, 128, 64, 64, 7, (2, 128, 12, 64))
+    keys = _applicable(sig)
+    assert "flash_mma:hd=64,bn=64,stages=2" in keys and "flash:dmax=64,bm=64,warps=4" in keys
+    assert not [k for k in keys if k.startswith("cublas_softmax")]
+    packed = np.zeros((2, 128, 3, 12, 64), np.float16)
+    y = np.zeros((2, 128, 12, 64), np.float16)
+    Q, K, V, M, Y = _arrays(p, [packed, None, None], [y], "test")
+    base = packed.__array_interface__["data"][0]
+    assert [a.__array_interface__["data"][0] - base for a in (Q, K, V)] == [0, 12 * 64 * 2, 2 * 12 * 64 * 2]
+    with pytest.raises(TuningError, match="packed Q, K, V must be"):
+        _arrays(p, [packed[:1], None, None], [y], "test")
+    assert output_shape(sig) == (2, 128, 12, 64)
+    shape = Signature.make("Attention", [(2, 128, 36, 64), None, None], ["float16", "", ""], {"qkv_bshd": 1, "qkv_packed": 1})
+    with pytest.raises(TuningError, match=r"qkv_packed=1 needs Q as \[B, S, 3, H, D\]"):
+        attention_plan(shape)
 
 
 def test_y_bshd_plan_flags_and_refusals():

@@ -290,6 +290,36 @@ def test_attention_qkv_bshd_reasons():
 
 
 @pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("kind,causal,ybshd", [("none", 1, 0), ("additive", 0, 1), ("bool", 0, 0)])
+def test_attention_qkv_packed_reads_the_thirds_of_one_tensor(kind, causal, ybshd, opset):
+    """qkv_packed=1: Q, K, V the thirds of one [B, S, 3, H, D] input (K, V absent) give what the op gives
+    on them as separate [B, S, H, D] inputs; body and reference agree."""
+    rng = _rng("attn_packed", kind, causal, ybshd, opset)
+    q, k, v, mask = _attn_inputs(rng, kind, 0, skv=5, dv=4)
+    qb, kb, vb = (np.swapaxes(t, 1, 2) for t in (q, k, v))
+    packed = np.ascontiguousarray(np.stack([qb, kb, vb], axis=2))  # [B, S, 3, H, D]
+    attrs = {"mask_kind": kind, "causal": causal, "nan_to_zero": 1, "qkv_bshd": 1, "qkv_packed": 1, "y_bshd": ybshd}
+    assert ATTN.overload(attrs, [True, False, False, mask is not None]).endswith("pk")
+    expected = ATTN.reference([np.ascontiguousarray(t) for t in (qb, kb, vb)] + [mask], {**attrs, "qkv_packed": 0})[0]
+    got = ATTN.reference([packed, None, None, mask], attrs)[0]
+    out = (2, 5, 3, 4) if ybshd else (2, 3, 5, 4)
+    assert got.shape == out and np.array_equal(got, expected)
+    assert ATTN.output_shapes([packed.shape, None, None, None if mask is None else mask.shape], attrs) == [out]
+    ordered = [("Q", packed), ("K", None), ("V", None), ("mask", mask)]
+    feeds = {n: a for n, a in ordered if a is not None}
+    model = one_node_model("Attention", ordered, attrs, opset, out)
+    _check(ATTN, model, feeds, ordered, attrs, 1e-5, f"Attention {attrs} opset {opset}", evaluator=opset == 18 and not causal)
+
+
+def test_attention_qkv_packed_reasons():
+    assert "qkv_bshd must be 1" in ATTN.validate({"qkv_packed": 1}, [True, False, False])
+    assert "leave K and V absent" in ATTN.validate({"qkv_packed": 1, "qkv_bshd": 1}, [True] * 3)
+    assert "K and V are required" in ATTN.validate({}, [True, False, False])
+    with pytest.raises(RuleError, match="pk comes with bshd"):
+        ATTN.function("pk", 17)
+
+
+@pytest.mark.parametrize("opset", [13, 18])
 @pytest.mark.parametrize("qkv", [0, 1])
 def test_attention_y_bshd_writes_the_heads_merge_layout(qkv, opset):
     """y_bshd=1: Y is [B, Sq, H, Dv], the op's output with axes 1 and 2 swapped (with or without

@@ -218,6 +218,20 @@ def test_qkv_bshd_binds_strided_tensors_and_no_copy(fake):
     assert ("set_stride", "sdpa", [16 * 4 * 64, 64, 4 * 64, 1]) in log  # O as [B, Sq, H, Dv]
 
 
+def test_qkv_packed_binds_thirds_of_one_tensor(fake):
+    """qkv_packed=1: one [B, S, 3, H, D] input; Q, K and V are cuDNN tensors with rows 3 * H * D apart."""
+    mod, log = fake
+    sig = Signature.make("Attention", [(2, 16, 3, 4, 64), None, None, (2, 1, 1, 16)], ["float16", "", "", "float16"],
+                         {"mask_kind": "additive", "qkv_bshd": 1, "qkv_packed": 1, "y_bshd": 1})
+    g = cudnn_sdpa.sdpa_geom(sig)
+    assert (g.B, g.H, g.Sq, g.Skv, g.D, g.Dv, g.bshd, g.packed) == (2, 4, 16, 16, 64, 64, True, True)
+    cudnn_sdpa.sdpa_graph(mod, "h", sig)
+    tensors = {e[1]: (e[2], e[3]) for e in log if e[0] == "tensor"}
+    row = 3 * 4 * 64
+    assert tensors["Q"] == tensors["K"] == tensors["V"] == ([2, 4, 16, 64], [16 * row, 64, row, 1])
+    assert ("set_stride", "sdpa", [16 * 4 * 64, 64, 4 * 64, 1]) in log  # O as [B, Sq, H, Dv]
+
+
 def test_scale_causal_rank3_and_mqa(fake):
     mod, log = fake
     sig = _attn(q=(6, 7, 32), k=(6, 9, 32), v=(6, 9, 16), scale=0.3, causal=1)

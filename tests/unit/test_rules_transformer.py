@@ -397,7 +397,9 @@ CASES["attention_y_bshd"] = heads_merge_model
 
 
 def test_every_transformer_rule_has_a_test_case():
-    assert sorted(CASES) == TRANSFORMER_RULES
+    packed = {"attention_qkv_packed_gemms", "attention_qkv_packed_split", "shape_of_head_split",
+              "shape_of_projection", "shape_of_split"}  # their cases: test_rules_packed_qkv.py
+    assert sorted(CASES) == sorted(set(TRANSFORMER_RULES) - packed)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
