@@ -83,6 +83,38 @@ def test_attention_device_fallback(dtype, attrs):
     _check("Attention", [q, k, v] + ([mask] if mask is not None else []), attrs, dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("attrs", [{}, {"causal": 1, "y_bshd": 1}, {"mask_kind": "additive"}], ids=["plain", "causal_y", "mask"])
+def test_packed_attention_device_fallback(dtype, attrs):
+    """qkv_packed=1: Q, K, V the thirds of one [B, S, 3, H, D] input, K and V absent."""
+    rng = np.random.default_rng(6)
+    b, s, h, d = 2, 9, 3, 16
+    mask = rng.standard_normal((b, 1, 1, s)) if attrs.get("mask_kind") else None
+    _check("Attention", [rng.standard_normal((b, s, 3, h, d)), None, None] + ([mask] if mask is not None else []),
+           {**attrs, "qkv_bshd": 1, "qkv_packed": 1}, dtype)
+
+
+@pytest.mark.parametrize("name", ["torch/gpt2_torchscript_op14.onnx", "torch/bert_torchscript_op14.onnx"])
+def test_fp16_packed_qkv_transformers_run_on_the_device(fake_cuda, name):
+    """In fp16 the GPT-2 / BERT exports' attention reads its packed projection (qkv_packed=1); through
+    the fake CuPy the optimized model runs with no host step and matches onnxruntime on the original."""
+    import graphopt
+    from graphopt.runtime import Session, to_numpy
+
+    path = str(ROOT / "models" / name)
+    opt, _ = graphopt.optimize(path, gpu="none", precision="fp16")
+    packed = [n for n in opt.graph.node if n.op_type == "Attention"
+              and any(a.name == "qkv_packed" and a.i == 1 for a in n.attribute)]
+    assert packed and not [n for n in opt.graph.node if n.op_type == "Split"]
+    feeds = random_feeds(opt, np.random.default_rng(4))
+    want = ort_run(path, feeds)
+    sess = Session(opt, device="cuda", cuda_graphs=False)
+    got = sess.run(feeds)
+    assert "host" not in " ".join(sess.plan_summary()["notes"])
+    for k, w in want.items():
+        assert rel_err(to_numpy(got[k]).astype(np.float64), w) <= 3e-2, k
+
+
 @pytest.mark.parametrize("name", ["transformer_block.onnx", "torch/gpt2_dynamo_op18.onnx",
                                   "torch/bert_torchscript_op14.onnx"])
 def test_optimized_transformers_never_copy_to_the_host(fake_cuda, monkeypatch, name):
