@@ -137,7 +137,7 @@ def optimize_graph(
     ``shape_profile`` (``--shape-profile`` items or a mapping, see ``graphopt.tune.buckets``) is
     checked against the graph's inputs first, so a bad one fails before any work. ``tune_budget``
     (seconds) caps profiling; a run that hits it is reported as cut short (mode ``partial``)."""
-    from graphopt.passes import dead_code, fold_constants, run_cleanup
+    from graphopt.passes import dead_code, fold_constants, merge_duplicates, run_cleanup
     from graphopt.rewrite import apply_rules, load_rules
     from graphopt.tune.buckets import resolve_profile
     from graphopt.tune.shapes_ahead import ShapesAhead
@@ -175,11 +175,16 @@ def optimize_graph(
         report.timings["rewrite"] = time.perf_counter() - t
         if cleanup and rw.counts and any(rw.counts.values()):
             # Rewrites can leave constants unused (a bias folded into a new one): sweep them; a rule may
-            # also build nodes of constants only (two masks summed): fold them, so a second run is a no-op.
+            # also build nodes of constants only (two masks summed): fold them, and the same node twice
+            # (the Shape of one input that two head splits' shape rules read): merge them, so a second
+            # run is a no-op.
             t = time.perf_counter()
             folded = fold_constants(graph)
             if folded:
                 report.cleanup["fold_constants"] = report.cleanup.get("fold_constants", 0) + folded
+            merged = merge_duplicates(graph)
+            if merged:
+                report.cleanup["merge_duplicates"] = report.cleanup.get("merge_duplicates", 0) + merged
             removed = dead_code(graph)
             if removed:
                 report.cleanup["dead_code"] = report.cleanup.get("dead_code", 0) + removed
