@@ -69,6 +69,9 @@ mkdir -p "$GRAPHOPT_KERNEL_CACHE" "$TUNING"
 [ -f .cubin/cubin.tar.xz ] && [ -z "$(ls -A "$GRAPHOPT_KERNEL_CACHE")" ] && tar xJf .cubin/cubin.tar.xz -C "$GRAPHOPT_KERNEL_CACHE"
 [ -f .tuning/tuning.tar.xz ] && [ -z "$(ls -A "$TUNING")" ] && tar xJf .tuning/tuning.tar.xz -C "$TUNING"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+# the output files' GPU suffix (h200, h100): the lent machine may be either; results of one GPU never merge with another's
+GPU_TAG=${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9]\+' | tr H h)}
+GPU_TAG=${GPU_TAG:-h200}
 python3 -c "import cudnn; print('cudnn frontend', cudnn.__version__, 'backend', cudnn.backend_version())" 2>&1 | tail -1
 echo "device_bench: step $STEP, code at $HEAD_COMMIT, $(date -u +%FT%TZ)"
 
@@ -80,10 +83,10 @@ jobs=all_kernel_instances(); errors=prebuild(jobs)
 print(f'prebuilt {len(jobs)} kernel instances in {time.perf_counter()-t:.1f} s; failures: {errors}')" 2>&1 | tail -3 | tee "$OUT/prebuild.txt"
 }
 
-e2e() {  # e2e MODELS: merge into the working tree's e2e_h200.json, tuning cache in $TUNING
-  [ -f bench/results/e2e_h200.json ] && cp bench/results/e2e_h200.json "$OUT/e2e_h200.json"
+e2e() {  # e2e MODELS: merge into the working tree's e2e_$GPU_TAG.json, tuning cache in $TUNING
+  [ -f "bench/results/e2e_$GPU_TAG.json" ] && cp "bench/results/e2e_$GPU_TAG.json" "$OUT/e2e_$GPU_TAG.json"
   timeout -k 15 "$(left 20)" python3 bench/e2e.py --models "$1" --batches "${BATCHES:-1,32}" --dtypes "${DTYPES:-fp16,fp32}" \
-    --cache-dir "$TUNING" --budget "$(left 45)" --out "$OUT" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_${STEP}_log.txt" | tail -60
+    --cache-dir "$TUNING" --budget "$(left 45)" --out "$OUT" --gpu-name "$GPU_TAG" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_${STEP}_log.txt" | tail -60
   tar cJf "$OUT/tuning.tar.xz" -C "$TUNING" . 2>/dev/null
 }
 
@@ -120,7 +123,7 @@ case "$STEP" in
     prebuild  # inside pytest the session fixture's compile would count against the first test
     cmd="python3 -m pytest -q --tb=${TB:-short} -rfE -p no:cacheprovider ${PYTEST_ARGS:-} ${TESTS:-tests/gpu}"
     { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. $cmd"
-      timeout -k 10 "$(left)" $cmd 2>&1; echo "# exit status $?"; } | tee "$OUT/gpu_tests_h200.txt" | tail -30 ;;
+      timeout -k 10 "$(left)" $cmd 2>&1; echo "# exit status $?"; } | tee "$OUT/gpu_tests_$GPU_TAG.txt" | tail -30 ;;
   capture-check)
     capture_tests
     MODELS=resnet50 BATCHES=32 DTYPES=fp16 e2e resnet50 ;;
@@ -131,7 +134,7 @@ case "$STEP" in
     CAPTURE_LIMIT=$(left 20) capture_tests ;;
   breakdown)  # the tuned plan's device time per step: carry .tuning from a tuned call (choices served from it)
     GRAPHOPT_CACHE_DIR=$TUNING timeout -k 10 "$(left)" python3 bench/plan_breakdown.py --models "${MODELS:-gpt2,bert}" \
-      --batches "${BATCHES:-32,32}" --gpu-args "--gpu auto --precision fp16 --io-fp16" --out "$OUT" ${BREAKDOWN_ARGS:-} 2>&1 \
+      --batches "${BATCHES:-32,32}" --gpu-args "--gpu auto --precision fp16 --io-fp16" --out "$OUT" --gpu-name "$GPU_TAG" ${BREAKDOWN_ARGS:-} 2>&1 \
       | tee "$OUT/plan_breakdown_log.txt" | tail -90 ;;
   explore)
     prebuild
