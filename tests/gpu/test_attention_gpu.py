@@ -169,6 +169,16 @@ def test_attention_candidate_reads_bshd(sq, skv, d, dv, kind, mshape, attrs, dty
     _compare(cand.key(), got, again, ref, dtype)
 
 
+def _packed(ins, kind, attrs, yb):
+    """([B, S, 3, H, D] Q/K/V, None, None, mask...) of ins ([B, H, S, D] Q, K, V and the mask), and its signature."""
+    packed = np.ascontiguousarray(np.stack([np.swapaxes(a, 1, 2) for a in ins[:3]], axis=2))
+    given = [packed, None, None] + ins[3:]
+    sig = Signature.make("Attention", [None if a is None else a.shape for a in given],
+                         ["" if a is None else str(a.dtype) for a in given],
+                         {"mask_kind": kind, **attrs, "qkv_bshd": 1, "qkv_packed": 1, "y_bshd": yb})
+    return given, sig
+
+
 def _packed_cases():
     """qkv_packed=1 (Q, K, V the thirds of one [B, S, 3, H, D] tensor), with Y plain or [B, S, H, D]:
     every own candidate that reads it, odd and GPT-2 lengths, head dims 16 and 64, the masks above."""
@@ -176,11 +186,7 @@ def _packed_cases():
         for name, kind, mshape, attrs in MASKS:
             for dtype in ("float16", "float32"):
                 for yb in (0, 1):
-                    ins = _inputs(s, s, d, d, 0, kind, mshape and mshape(s, s), dtype, 0)
-                    packed = np.stack([np.swapaxes(a, 1, 2) for a in ins[:3]], axis=2)
-                    sig = Signature.make("Attention", [packed.shape, None, None] + [a.shape for a in ins[3:]],
-                                         [dtype, "", ""] + [str(a.dtype) for a in ins[3:]],
-                                         {"mask_kind": kind, **attrs, "qkv_bshd": 1, "qkv_packed": 1, "y_bshd": yb})
+                    _, sig = _packed(_inputs(s, s, d, d, 0, kind, mshape and mshape(s, s), dtype, 0), kind, attrs, yb)
                     for cand in attention_candidates():
                         if cand.applies(sig, (9, 0)) is None:
                             yield pytest.param(s, d, kind, mshape, attrs, dtype, yb, cand,
@@ -193,11 +199,7 @@ def test_attention_candidate_reads_packed_qkv(s, d, kind, mshape, attrs, dtype, 
     ins = _inputs(s, s, d, d, 0, kind, mshape and mshape(s, s), dtype, zlib.crc32(cand.key().encode()) + 7)
     ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
                                             {"mask_kind": kind, **attrs})[0].astype(np.float64)
-    packed = np.ascontiguousarray(np.stack([np.swapaxes(a, 1, 2) for a in ins[:3]], axis=2))
-    given = [packed, None, None] + ins[3:]
-    sig = Signature.make("Attention", [None if a is None else a.shape for a in given],
-                         ["" if a is None else str(a.dtype) for a in given],
-                         {"mask_kind": kind, **attrs, "qkv_bshd": 1, "qkv_packed": 1, "y_bshd": yb})
+    given, sig = _packed(ins, kind, attrs, yb)
     got, again = _run(cand, sig, given, shape=(B, s, H, d) if yb else (B, H, s, d))
     if yb:
         got, again = np.swapaxes(got, 1, 2), np.swapaxes(again, 1, 2)
