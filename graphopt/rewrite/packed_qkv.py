@@ -100,8 +100,8 @@ def int64s(g, *values):
 
 @register_constraint("packed_split", "ttt")
 def packed_split(g, q, k, v):
-    """q, k, v are outputs 0, 1, 2 of one Split of the last axis into three equal parts, each with one
-    consumer and none a graph output."""
+    """q, k, v are outputs 0, 1, 2 of one Split of the last axis of a [B, S, 3 * H * D] tensor into three
+    equal parts, each with one consumer and none a graph output."""
     split = g.producer(q) if q else None
     if split is None or split.op_type != "Split" or split.domain not in ("", "ai.onnx"):
         return f"{q!r} is not the output of a Split"
@@ -110,14 +110,11 @@ def packed_split(g, q, k, v):
     shape = g.shape(split.inputs[0])
     if shape is None or len(shape) != 3:
         return f"the input of Split {split.name!r} is not a known [B, S, 3 * H * D] tensor (shape {shape})"
-    axis = int(split.attr("axis", 0))
-    if axis not in (-1, 2):
-        return f"Split {split.name!r} cuts axis {axis}, not the last one"
-    sizes = _split_sizes(g, split)
-    if sizes is None:
-        return f"the sizes of Split {split.name!r} are not constant"
-    if sizes and len(set(sizes)) != 1:
-        return f"Split {split.name!r} cuts into unequal parts {sizes}"
+    parts = _last_axis_parts(g, split)
+    if isinstance(parts, str):
+        return parts
+    if len(set(parts)) != 1:
+        return f"Split {split.name!r} cuts into unequal parts {parts}"
     for t in (q, k, v):
         if g.is_graph_output(t) or len(g.consumers(t)) != 1:
             return f"{t!r} has other consumers or is a graph output"
