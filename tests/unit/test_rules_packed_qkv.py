@@ -202,3 +202,15 @@ def test_near_miss_is_refused_with_its_reason(rule, build, reason):
     g_all, report_all = _rewrite(model, SHIPPED)
     assert rule not in report_all.counts
     _same_outputs(model, g_all)
+
+
+@pytest.mark.parametrize("name", ["shape_of_split", "shape_of_projection", "shape_of_head_split"])
+def test_the_shape_rules_nested_nodes_are_typed(name):
+    """Every tensor a shape rule makes has the type a whole-model inference gives it (int64 of a known
+    length), so re-optimizing the output adds no value_info and stays byte-identical."""
+    g, _ = _rewrite(CASES[name](), _only(name))
+    made = [n for n in g.nodes() if n.op_type in ("Shape", "Slice", "Gather", "Concat")]
+    assert made
+    for n in made:
+        for t in n.outputs:
+            assert g.dtype(t) == TensorProto.INT64 and g.shape(t) is not None and len(g.shape(t)) == 1, (n.op_type, t)
