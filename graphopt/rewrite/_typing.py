@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import helper, numpy_helper, shape_inference
 
 
 def type_standard_outputs(g, nodes) -> None:
@@ -12,8 +13,6 @@ def type_standard_outputs(g, nodes) -> None:
     replacement, e.g. ``Slice(Shape(x), ...)``) by ONNX's inference of that one node: the types a later
     whole-model inference gives them, so optimizing the output again changes nothing. Why not the
     whole model: that is seconds on a 20k-node export, this is one node. Untyped where ONNX cannot say."""
-    from onnx import helper, numpy_helper, shape_inference
-
     for node in nodes:
         if node.domain not in ("", "ai.onnx") or all(not t or g.value_info_proto(t) is not None for t in node.outputs):
             continue
