@@ -10,6 +10,8 @@
 # OUT/tuning.tar.xz: put them back as .cubin/cubin.tar.xz and .tuning/tuning.tar.xz for the next call,
 # so a tuning cut at the end of one call resumes in the next and a fully tuned model optimizes fast.
 #
+# Output files are named by the GPU the call got (GPU_TAG: h200, h100, ... from nvidia-smi; below, h200):
+# results of different GPUs never merge.
 # Steps, what they write under OUT, and how long they take:
 #   e2e-cnn           bench/e2e.py, MODELS=resnet50,mobilenetv2,efficientnet_b0 (fp16; fp32 for resnet50)
 #   e2e-transformers  bench/e2e.py, MODELS=gpt2,bert,vit_b16 (fp16; fp32 for bert)
