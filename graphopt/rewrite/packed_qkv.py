@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.rewrite.dim_sources import dim_source, same_dim
 from graphopt.rewrite.registry import BuildFailed, NewConstant, register_builder, register_constraint
 
 
@@ -162,9 +163,18 @@ def _heads(g, r):
             h = src[2] // d
     if not (isinstance(h, int) and isinstance(d, int) and h > 0 and d > 0 and h * d == src[2]):
         return f"Reshape {r.name!r} does not split the last axis of [B, S, H * D] into heads ({src} -> {out})"
-    for a, b in zip(src[:2], out[:2]):
-        if isinstance(a, int) and isinstance(b, int) and a != b:
-            return f"Reshape {r.name!r} changes the leading dims ({src} -> {out})"
+    for i, (a, b) in enumerate(zip(src[:2], out[:2])):
+        if isinstance(a, int) and isinstance(b, int):
+            if a != b:
+                return f"Reshape {r.name!r} changes the leading dims ({src} -> {out})"
+            continue
+        # symbolic: the target's entry i must provably be the input's dim i (a copy, or read from it)
+        entry = dim_source(g, r.inputs[1], i) if len(r.inputs) > 1 else None
+        if entry == 0 and not int(r.attr("allowzero", 0)):
+            continue
+        if isinstance(entry, tuple) and entry[1] == i and same_dim(g, entry[0], r.inputs[0], i):
+            continue
+        return f"Reshape {r.name!r}: dim {i} of its target is not provably its input's (from {src} to {out})"
     return (out[0], out[1], h, d)
 
 

@@ -120,6 +120,24 @@ def shape_of_head_split_model(variant="fires"):
     return b.model()
 
 
+def dynamic_head_split_model(variant="fires"):
+    """A dynamic export's head split: the target's B and S read from Shape(x) (or, near miss, from an
+    unrelated tensor y with other symbolic dims)."""
+    b = Builder(17, seed=26)
+    x = b.input("x", ["b", "s", H * D])
+    y = b.input("y", ["c", "t", 5])
+    src = y if variant == "other_tensor" else x
+    shape = b.op("Shape", [src])
+    dims = [b.op("Unsqueeze", [b.op("Gather", [shape, b.const(i, f"i{i}", np.int64)], axis=0), b.const([0], f"a{i}", np.int64)])
+            for i in (0, 1)]
+    target = b.op("Concat", dims + [b.const([H], "h", np.int64), b.const([D], "d", np.int64)], axis=0)
+    r = b.op("Reshape", [x, target])
+    b.output(b.op("Neg", [r]))
+    b.output(b.op("Shape", [r]))
+    b.output(b.op("Neg", [y]))
+    return b.model()
+
+
 CASES = {
     "attention_qkv_packed_split": packed_split_model,
     "attention_qkv_packed_gemms": packed_gemms_model,
@@ -189,6 +207,7 @@ NEAR_MISSES = [
     ("shape_of_split", lambda: shape_of_split_model("slice"), "takes a slice of the shape (start=1)"),
     ("shape_of_projection", lambda: shape_of_projection_model("weight_input"), "is not a constant"),
     ("shape_of_head_split", lambda: shape_of_head_split_model("leading"), "changes the leading dims"),
+    ("shape_of_head_split", lambda: dynamic_head_split_model("other_tensor"), "dim 0 of its target is not provably its input's"),
 ]
 
 
@@ -214,3 +233,14 @@ def test_the_shape_rules_nested_nodes_are_typed(name):
     for n in made:
         for t in n.outputs:
             assert g.dtype(t) == TensorProto.INT64 and g.shape(t) is not None and len(g.shape(t)) == 1, (n.op_type, t)
+
+
+def test_a_dynamic_head_split_reading_its_input_shape_is_proved():
+    model = dynamic_head_split_model()
+    g, report = _rewrite(model, _only("shape_of_head_split"))
+    assert report.counts == {"shape_of_head_split": 1}
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 5, H * D)).astype(np.float32),
+             "y": np.zeros((3, 7, 5), np.float32)}
+    out = attach_functions(to_model(g))
+    for e, a in zip(run_ort(model, feeds), run_ort(out, feeds)):
+        np.testing.assert_array_equal(a, e)

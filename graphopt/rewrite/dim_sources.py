@@ -1,0 +1,112 @@
+"""Where an entry of a shape tensor comes from, and whether two tensors provably share a leading dim.
+
+Dynamic exports compute a Reshape's target at run time (``Concat(Unsqueeze(Gather(Shape(q), 0)), ...)``),
+so ONNX's symbolic inference gives the output fresh dim names (``unk__37``) that say nothing about the
+input's. A rule that must know "the Reshape keeps dims 0 and 1" (the head splits) proves it here by
+following the target's arithmetic back to the ``Shape`` it reads, then from that tensor to the
+Reshape's input through ops that keep their leading dims. Why by hand: onnx's inference and the
+shape-value folding (``passes.shape_values``) need concrete dims; this is symbolic and small.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_DEPTH = 12
+
+
+def dim_source(g, tensor: str, k: int, depth: int = 0):
+    """Entry ``k`` of the 1-D int64 ``tensor``: an int when constant, ``(t, i)`` when it is dim ``i`` of
+    tensor ``t``, else None (unknown)."""
+    if depth > MAX_DEPTH or not tensor:
+        return None
+    value = g.constant_value(tensor)
+    if value is not None:
+        flat = np.asarray(value).reshape(-1)
+        return int(flat[k]) if 0 <= k < flat.size else None
+    node = g.producer(tensor)
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    op = node.op_type
+    if op == "Shape" and not node.has_attr("end"):
+        return (node.inputs[0], int(node.attr("start", 0)) + k) if int(node.attr("start", 0)) >= 0 else None
+    if op in ("Cast", "Identity"):
+        return dim_source(g, node.inputs[0], k, depth + 1)
+    if op == "Unsqueeze" and k == 0:  # a scalar made 1-D
+        shape = g.shape(node.inputs[0])
+        return dim_source(g, node.inputs[0], 0, depth + 1) if shape == () else None
+    if op == "Gather" and int(node.attr("axis", 0)) == 0:
+        idx = g.constant_value(node.inputs[1])
+        if idx is None:
+            return None
+        idx = np.asarray(idx).reshape(-1)
+        if not 0 <= k < idx.size or idx[k] < 0:
+            return None
+        return dim_source(g, node.inputs[0], int(idx[k]), depth + 1)
+    if op == "Concat":
+        offset = 0
+        for part in node.inputs:
+            shape = g.shape(part)
+            if shape is None or len(shape) != 1 or not isinstance(shape[0], int):
+                return None
+            if k < offset + shape[0]:
+                return dim_source(g, part, k - offset, depth + 1)
+            offset += shape[0]
+        return None
+    if op == "Slice" and len(node.inputs) >= 3:
+        starts, axes = g.constant_value(node.inputs[1]), (g.constant_value(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else [0])
+        steps = g.constant_value(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] else [1]
+        if starts is None or axes is None or steps is None:
+            return None
+        start = int(np.asarray(starts).reshape(-1)[0])
+        if list(np.asarray(axes).reshape(-1)) not in ([0], [-1]) or list(np.asarray(steps).reshape(-1)) != [1] or start < 0:
+            return None
+        return dim_source(g, node.inputs[0], start + k, depth + 1)
+    return None
+
+
+def _keeps_leading(g, node, dim: int) -> str | None:
+    """The input of ``node`` whose dim ``dim`` its output keeps, or None: ops that change only the last
+    axis (a Split of it, a matmul-mode projection, a norm over it) or nothing (elementwise of one data
+    input, Cast)."""
+    rank = len(g.shape(node.outputs[0]) or ()) or None
+    if node.domain in ("", "ai.onnx"):
+        if node.op_type in ("Cast", "Identity", "Relu", "Gelu", "Tanh", "Sigmoid", "Erf", "Neg"):
+            return node.inputs[0]
+        if node.op_type == "Split" and rank is not None and int(node.attr("axis", 0)) in (-1, rank - 1) and dim < rank - 1:
+            return node.inputs[0]
+        return None
+    if node.domain == "graphopt" and rank is not None and dim < rank - 1:
+        mode = node.attr("mode", "matmul")
+        if node.op_type == "GemmAct" and (mode.decode() if isinstance(mode, bytes) else mode) == "matmul":
+            return node.inputs[0]
+        if node.op_type in ("LayerNorm", "RMSNorm"):
+            return node.inputs[0]
+    return None
+
+
+def same_dim(g, a: str, b: str, dim: int) -> bool:
+    """Whether dim ``dim`` of tensors a and b is provably the same: equal ints, one tensor, or one made
+    from the other by ops that keep that dim."""
+    sa, sb = g.shape(a), g.shape(b)
+    if sa is not None and sb is not None and dim < min(len(sa), len(sb)):
+        da, db = sa[dim], sb[dim]
+        if isinstance(da, int) and isinstance(db, int):
+            return da == db
+        if isinstance(da, str) and da == db and not da.startswith("unk__"):
+            return True
+    return _reaches(g, a, b, dim) or _reaches(g, b, a, dim)
+
+
+def _reaches(g, a: str, b: str, dim: int) -> bool:
+    """b is a, or a is made from b through ops that keep dim ``dim``."""
+    for _ in range(MAX_DEPTH):
+        if a == b:
+            return True
+        node = g.producer(a)
+        if node is None:
+            return False
+        a = _keeps_leading(g, node, dim)
+        if a is None:
+            return False
+    return False
