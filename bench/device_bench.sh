@@ -4,7 +4,7 @@
 #   bash bench/device_bench.sh STEP OUT          (from the repository root; OUT is the run tool's $OUT)
 #
 # Travels with the working tree (untracked, or named in the run tool's `carry` where ignored): .whl (the
-# nvidia-cudnn-frontend wheel; installed to /tmp/site),
+# nvidia-cudnn-frontend and onnxconverter-common wheels; installed to /tmp/site),
 # .cubin (cubin.tar.xz: compiled kernels of an earlier call) and .tuning (tuning.tar.xz: the tuning
 # cache of an earlier call). Every step writes OUT/cubin.tar.xz and, for the e2e steps,
 # OUT/tuning.tar.xz: put them back as .cubin/cubin.tar.xz and .tuning/tuning.tar.xz for the next call,
@@ -86,6 +86,10 @@ print(f'prebuilt {len(jobs)} kernel instances in {time.perf_counter()-t:.1f} s; 
 }
 
 e2e() {  # e2e MODELS: merge into the working tree's e2e_$GPU_TAG.json, tuning cache in $TUNING
+  # --precision fp16 needs onnxconverter-common (carry its wheel in .whl): without it e2e.py falls back to
+  # a torch fp16 export, a different graph whose rows are not comparable (2026-12-05: GPT-2 13.8 ms)
+  python3 -c "import onnxconverter_common" 2>/dev/null \
+    || echo "device_bench: WARNING onnxconverter-common is not importable: fp16 rows take the torch-fp16-export fallback"
   [ -f "bench/results/e2e_$GPU_TAG.json" ] && cp "bench/results/e2e_$GPU_TAG.json" "$OUT/e2e_$GPU_TAG.json"
   timeout -k 15 "$(left 20)" python3 bench/e2e.py --models "$1" --batches "${BATCHES:-1,32}" --dtypes "${DTYPES:-fp16,fp32}" \
     --cache-dir "$TUNING" --budget "$(left 45)" --out "$OUT" --gpu-name "$GPU_TAG" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_${STEP}_log.txt" | tail -60
