@@ -122,33 +122,11 @@ def packed_split(g, q, k, v):
     return None
 
 
-def _target_tail(g, r) -> tuple | None:
-    """The last two entries of the Reshape's target when they are constants: the target itself, or a
-    Concat whose last inputs are constants (dynamic exports compute B and S at run time)."""
-    if len(r.inputs) < 2 or not r.inputs[1]:
-        return None
-    value = g.constant_value(r.inputs[1])
-    if value is not None:
-        value = np.asarray(value).reshape(-1)
-        return tuple(int(v) for v in value[-2:]) if value.size == 4 else None
-    cat = g.producer(r.inputs[1])
-    if cat is None or cat.op_type != "Concat":
-        return None
-    tail: list[int] = []
-    for t in reversed(list(cat.inputs)):
-        value = g.constant_value(t) if t else None
-        if value is None:
-            break
-        tail = [int(v) for v in np.asarray(value).reshape(-1)] + tail
-        if len(tail) >= 2:
-            return tuple(tail[-2:])
-    return None
-
-
 def _heads(g, r):
     """The [B, S, H, D] dims of the Reshape r's output (H and D ints) when it splits the last axis of
     a [B, S, H * D] tensor into heads, else the reason. H and D come from the inferred shape, or from
-    the constant tail of the target with the input's last dim (a dynamic export's Concat target)."""
+    the target's constant entries 2 and 3 (``dim_source``: a dynamic export's Concat target), or D
+    with the input's last dim."""
     out, src = g.shape(r.outputs[0]), g.shape(r.inputs[0])
     if out is None or len(out) != 4:
         return f"Reshape {r.name!r} does not make a rank-4 [B, S, H, D] tensor (shape {out})"
@@ -156,8 +134,8 @@ def _heads(g, r):
         return f"Reshape {r.name!r} does not read a [B, S, H * D] tensor with a known last dim (shape {src})"
     h, d = out[2], out[3]
     if not (isinstance(h, int) and isinstance(d, int)):
-        tail = _target_tail(g, r)
-        if tail is not None and all(v > 0 for v in tail):
+        tail = [dim_source(g, r.inputs[1], k) for k in (2, 3)] if len(r.inputs) > 1 else [None, None]
+        if all(isinstance(v, int) and v > 0 for v in tail):
             h, d = tail
         elif isinstance(d, int) and d > 0 and src[2] % d == 0:
             h = src[2] // d
