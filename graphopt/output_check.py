@@ -53,11 +53,13 @@ def _blame_user_rule(model: onnx.ModelProto, error: str, rules: Sequence[str | o
     return RuleError(f"the optimized model fails onnx.checker after user rules {names} fired: {error}; fix their 'replace'")
 
 
-_TYPE_ERRORS = ("has unsupported type", "not in allowed types", "TypeInferenceError")
+_TYPE_ERRORS = ("has unsupported type", "not in allowed types", "TypeInferenceError", "has inconsistent type")
 
 
 def _is_type_error(error: str) -> bool:
-    """A type-constraint violation (a bfloat16 Conv at opset 17): onnxruntime refuses such a model too."""
+    """A type-constraint violation (a bfloat16 Conv at opset 17; a LayerNormalization reading float X
+    with a float16 Scale, as torch's export of a ``.half()`` GPT-2 writes): onnxruntime refuses such a
+    model too."""
     # a sparse initializer feeding Add fails onnx's type inference but runs under onnxruntime
     return any(k in error for k in _TYPE_ERRORS) and "sparse_tensor(" not in error
 
@@ -84,7 +86,10 @@ def check_output_model(model: onnx.ModelProto, full: bool = True, original: onnx
             if (full and not _is_type_error(input_error) and _checker_error(original, False) is None
                     and _checker_error(model, False) is None):
                 return f"the input fails onnx's full check too ({input_error}); checked without type inference"
-            raise InvalidModel(f"{source}: the input model fails onnx.checker: {input_error}; fix or re-export the model")
+            hint = ("; or export it in float32 and let --precision fp16 convert it" if "float16" in input_error
+                    and "inconsistent type" in input_error else "")
+            raise InvalidModel(f"{source}: the input model fails onnx.checker: {input_error}; fix or re-export "
+                               f"the model{hint}")
     blamed = _blame_user_rule(model, error, rules)
     if blamed is not None:
         raise blamed

@@ -4,7 +4,9 @@
   naming the input, before anything is allocated (and before any work).
 - ``--rtol nan`` / ``--atol -1``: a usage error (exit 2), for ``optimize --verify`` and ``verify``.
 - A user rule whose replacement builds a node onnx.checker refuses: exit 10 naming the rule and its file.
-- An input model that onnx's checker (and onnxruntime) refuse, a bfloat16 Conv at opset 17: exit 4.
+- An input model that onnx's checker (and onnxruntime) refuse, a bfloat16 Conv at opset 17: exit 4;
+  likewise a LayerNormalization reading float X with float16 Scale and B (torch's export of a
+  ``.half()`` GPT-2 writes them), whose fused node onnxruntime would refuse as well.
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ def _bf16_conv(path: Path) -> Path:
     return path
 
 
+def _mixed_layernorm(path: Path) -> Path:
+    """float X, float16 Scale and B: ONNX binds one T to all three, so the checker and onnxruntime refuse."""
+    inits = [numpy_helper.from_array(np.ones(8, np.float16), "s"), numpy_helper.from_array(np.zeros(8, np.float16), "b")]
+    g = helper.make_graph([helper.make_node("Add", ["x", "x"], ["a"], name="add"),
+                           helper.make_node("LayerNormalization", ["a", "s", "b"], ["y"], name="ln", axis=-1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
 _BAD_RULES = {
     "add_one_input.toml": 'pattern = "Relu(x)"\nreplace = "Add(x)"',
     "flatten_axis.toml": 'pattern = "Relu(x)"\nreplace = "Flatten(x, axis=99)"',
@@ -54,6 +67,7 @@ def test_clear_refusals(tmp_path):
     for name, body in _BAD_RULES.items():
         (root / name).write_text(f'[[rule]]\nname = "{name[:-5]}"\ndoc = "d"\n{body}\n')
     bf16 = _bf16_conv(root / "bf16.onnx")
+    mixed = _mixed_layernorm(root / "mixed.onnx")
     out = str(tmp_path / "o.onnx")
     cases = [
         ("--verify, input declared [2^31, 2^31]", ["optimize", huge, "--verify"], 2, "'x'"),
@@ -66,6 +80,7 @@ def test_clear_refusals(tmp_path):
         *((f"user rule {n}", ["optimize", small, "--rules", root / n], 10, n) for n in _BAD_RULES),
         *((f"user rule {n} with --verify", ["optimize", small, "--rules", root / n, "--verify"], 10, n) for n in _BAD_RULES),
         ("bfloat16 Conv at opset 17", ["optimize", bf16], 4, "onnx.checker"),
+        ("float X with float16 LayerNorm weights", ["optimize", mixed], 4, "--precision fp16"),
     ]
     before = snapshot(root)
     runs = run_many([([str(a) for a in argv] + (["--gpu", "none", "-o", out] if argv[0] == "optimize" else []), root)
