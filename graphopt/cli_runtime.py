@@ -202,8 +202,11 @@ def bench(model, optimized, batches, shapes, dtype, device, repeats, warmup, bud
             if dev == "cuda":
                 graphs = Session(opt_model, device=dev, dtype=rt_dtype)
                 rows.append(rb.time_session("runtime cuda, optimized, CUDA graphs", graphs, feeds, bs, **kw))
-                us, steps = rb.host_overhead_us(eager, feeds)
-                con.print(f"bs {bs}: host overhead {us:.1f} us per node over {steps} nodes (eager, no CUDA graphs)")
+                h = rb.host_time.measure(eager, feeds, idle=False)
+                con.print(f"bs {bs}: host overhead {h.us_per_step:.1f} us per node over {h.steps} nodes (eager, no CUDA graphs)")
+                for b in h.blocking:
+                    con.print(f"  [yellow]waits for the GPU every run:[/] {b['step']} ({b['lowering'] or 'standard op'}); "
+                              "the figure above includes that wait")
             else:
                 rows.append(rb.Timing("runtime, optimized, CUDA graphs", bs, error="n/a: CUDA graphs need device cuda"))
             breakdown = rb.top_ops(eager.profile(feeds, repeats=3), total_ms=eager_row.median_ms)

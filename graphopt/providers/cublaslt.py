@@ -22,6 +22,14 @@ constant B once, when the plan is built; the tuner never lets an activation take
 every run). On the H200 every GemmAct candidate for GPT-2's LM head at bs32 took 2.5-8 ms with B's
 rows odd-length (``bench/NOTES_e2e.md``, 2026-12-05).
 
+``cublaslt_pad`` is for the same odd row length in the *output*: measured on the H200 (2026-12-05),
+``cublaslt_bt`` did not help GPT-2's LM head (3.04 ms against cuBLAS's 2.49 at bs32; 0.129 against
+0.088 ms at bs1): with every operand but Y aligned, the epilogue still writes 412 MB of rows 100,514
+bytes apart. This variant computes Y into a workspace whose rows are padded to the next 16-byte
+multiple (cuBLASLt's D with ``ld`` = N rounded up), then one ``cudaMemcpy2DAsync`` packs the rows
+into the output (one pass over Y, capturable). B as in ``cublaslt_bt`` (or as given when it is
+already stored transposed). torch.compile's inductor pads such matmuls the same way (``pad_mm``).
+
 ``cublaslt_act`` runs an activation cuBLASLt has no epilogue for (the erf ``Gelu`` of BERT's MLP,
 ``SiLU``, ``Clip`` = ReLU6, ``Sigmoid``, ...): the matmul with the BIAS (or DEFAULT) epilogue, then
 graphopt's 16-byte vector activation kernel in place (``epilogue_gemm_vec`` without a bias), where
@@ -38,8 +46,10 @@ are made at build time, so ``launch`` is one ``cublasLtMatmul`` on the current s
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
@@ -52,7 +62,9 @@ OPS = ("GemmAct", "CBR")
 NAME = "cublaslt"
 NAME_BT = "cublaslt_bt"  # GemmAct with B declared colmajor (module docstring)
 NAME_ACT = "cublaslt_act"  # an activation cuBLASLt lacks, as a kernel after the matmul (module docstring)
-VARIANTS = {NAME: "", NAME_BT: "bt", NAME_ACT: "act"}  # family name -> variant
+NAME_PAD = "cublaslt_pad"  # Y computed with padded rows in the workspace, then packed (module docstring)
+VARIANTS = {NAME: "", NAME_BT: "bt", NAME_ACT: "act", NAME_PAD: "pad"}  # family name -> variant
+GEMM_ONLY = (NAME_BT, NAME_PAD)  # variants for GemmAct only
 DTYPES = {"float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F"}
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 # (activation, has bias) -> cublasLtEpilogue_t
@@ -89,6 +101,11 @@ class Problem:
     a_input: int            # which node input is cuBLASLt's A
     b_input: int
     bias_input: int | None
+    ld_d: int = 0           # D's leading dimension when padded (0: m, D packed)
+
+    @property
+    def d_ld(self) -> int:
+        return self.ld_d or self.m
 
 
 def _row_major(dtype: str, M: int, N: int, K: int, trans_a: bool, trans_b: bool, Z: int, sa: int, sb: int,
@@ -136,6 +153,38 @@ def b_transposed_reason(sig: Signature) -> str | None:
     return None
 
 
+def padded_output_reason(sig: Signature) -> str | None:
+    """Why ``cublaslt_pad`` does not apply to ``sig`` (None: it does)."""
+    if sig.op != "GemmAct":
+        return "cublaslt_pad is for GemmAct"
+    try:
+        p = gemm_plan(sig)
+        dt = geo.dtype_of(sig)
+    except TuningError as e:
+        return str(e)
+    size = ITEMSIZE.get(dt)
+    if size is None:
+        return f"dtype {dt} (cuBLASLt here: {', '.join(DTYPES)})"
+    if (p.N * size) % ALIGNMENT == 0:
+        return f"the output's rows are already {ALIGNMENT}-byte multiples (N={p.N})"
+    if (p.K * size) % ALIGNMENT:
+        return f"K={p.K}: the operands' rows of K elements would not be {ALIGNMENT}-byte multiples"
+    if not p.trans_b and len(p.b_shape) != 2:
+        return "B is not one matrix shared by every batch (it would be stored transposed)"
+    return None
+
+
+def padded_ld(n: int, dtype: str) -> int:
+    """``n`` rounded up to whole 16-byte rows of ``dtype``."""
+    per = ALIGNMENT // ITEMSIZE[dtype]
+    return -(-n // per) * per
+
+
+def _b_transposed(sig: Signature, variant: str) -> bool:
+    """Whether the variant stores B transposed (declared colmajor): bt always; pad unless B already is."""
+    return variant == "bt" or (variant == "pad" and not gemm_plan(sig).trans_b)
+
+
 def _rows(sig: Signature) -> int:
     """The output's row length (GemmAct's N, a 1x1 CBR's output channels)."""
     return gemm_plan(sig).N if sig.op == "GemmAct" else geo.conv_geom(sig).M
@@ -170,7 +219,7 @@ def post_activation_reason(sig: Signature) -> str | None:
 
 def variant_reason(sig: Signature, variant: str) -> str | None:
     """Why a variant's own condition fails (``b_transposed_reason`` / ``post_activation_reason``)."""
-    check = {"bt": b_transposed_reason, "act": post_activation_reason}.get(variant)
+    check = {"bt": b_transposed_reason, "act": post_activation_reason, "pad": padded_output_reason}.get(variant)
     return check(sig) if check else None
 
 
@@ -201,8 +250,11 @@ def problem(sig: Signature, variant: str = "") -> Problem:
     if bias and (p.beta != 1.0 or p.alpha != 1.0):
         raise TuningError("alpha or beta other than 1 with a bias (the epilogue's bias is not scaled)")
     M, Z, sa = (p.M * p.Z, 1, 0) if p.fold else (p.M, p.Z, p.a_batch)
-    return _row_major(dt, M, p.N, p.K, p.trans_a, p.trans_b or variant == "bt", Z, sa, p.b_batch if Z > 1 else 0, act,
-                      bias, p.alpha, 0, 1, 2 if bias else None)
+    pr = _row_major(dt, M, p.N, p.K, p.trans_a, p.trans_b or _b_transposed(sig, variant), Z, sa,
+                    p.b_batch if Z > 1 else 0, act, bias, p.alpha, 0, 1, 2 if bias else None)
+    if variant == "pad":
+        pr = replace(pr, ld_d=padded_ld(p.N, dt))
+    return pr
 
 
 def _conv_problem(sig: Signature, dt: str, act: str) -> Problem:
@@ -262,7 +314,7 @@ def _describe(a: lt.Api, pr: Problem, handle) -> _Setup:
         a.set_bias(desc, (1 << 20) | ALIGNMENT)
     la = a.layout(pr.dtype, *pr.a, batch=pr.batch, stride=pr.stride_a)
     lb = a.layout(pr.dtype, *pr.b, batch=pr.batch, stride=pr.stride_b)
-    ld = a.layout(pr.dtype, pr.m, pr.n, pr.m, batch=pr.batch, stride=pr.m * pr.n)
+    ld = a.layout(pr.dtype, pr.m, pr.n, pr.d_ld, batch=pr.batch, stride=pr.d_ld * pr.n)
     pref = a.preference(MAX_WORKSPACE, ALIGNMENT)
     found, seen = [], set()
     for r in a.heuristic(handle, desc, la, lb, ld, ld, pref, REQUEST):
@@ -298,7 +350,9 @@ class CublasLtGemm(Candidate):
         return VARIANTS[self.name]
 
     def layouts(self, sig: Signature) -> tuple[str, ...]:
-        return LAYOUTS_BT if self.variant == "bt" else LAYOUTS.get(sig.op, ())  # what build() declares
+        if self.variant in ("bt", "pad") and sig.op == "GemmAct" and _b_transposed(sig, self.variant):
+            return LAYOUTS_BT  # what build() declares
+        return LAYOUTS.get(sig.op, ())
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         """The own kernel the ``act`` variant launches after the matmul (for prebuilding)."""
@@ -347,25 +401,49 @@ class CublasLtGemm(Candidate):
         # descriptor in a captured CUDA graph. Without a bias the signature's descriptor is shared.
         desc = a.matmul_desc(pr.transa, pr.transb, pr.epilogue) if pr.bias_input is not None else s.desc
         post = _post_activation(sig) if self.variant == "act" else None
+        # pad: D (rows d_ld apart) at the workspace's start, cuBLASLt's own workspace after it
+        esize = ITEMSIZE[geo.dtype_of(sig)]
+        d_bytes = -(-(pr.d_ld * pr.n * pr.batch * esize) // 256) * 256 if pr.ld_d else 0
+        rows, row_bytes = pr.n * pr.batch, pr.m * esize
 
         def launch(inputs, outputs, workspace):
             ins = list(inputs) + [None] * 3
-            ptrs = [_ptr(ins[pr.a_input]), _ptr(ins[pr.b_input]), _ptr(outputs[0])]
+            base = 0 if workspace is None else _ptr(workspace)
+            if d_bytes and not base:
+                raise TuningError(f"{self.key()} needs its workspace ({d_bytes + ws_bytes} bytes)")
+            ptrs = [_ptr(ins[pr.a_input]), _ptr(ins[pr.b_input]), base if d_bytes else _ptr(outputs[0])]
             if pr.bias_input is not None:
                 ptrs.append(_ptr(ins[pr.bias_input]))
                 a.set_bias(desc, ptrs[-1])
             if any(p % ALIGNMENT for p in ptrs):
                 raise TuningError(f"cuBLASLt operands must be {ALIGNMENT}-byte aligned")
-            ws = 0 if workspace is None else _ptr(workspace)
+            ws = base + d_bytes if base and ws_bytes else 0
             status = a.matmul(s.handle, desc, alpha, ptrs[0], la, ptrs[1], lb, beta, ptrs[2], ld, algo,
                               ws, ws_bytes if ws else 0, _stream())
             if status != lt.CUBLAS_STATUS_SUCCESS:
                 raise TuningError(f"cublasLtMatmul failed with status {status} ({self.key()}, {sig.key()})")
+            if d_bytes:
+                _pack_rows(outputs[0], base, pr.d_ld * esize, rows, row_bytes)
             if post is not None:
                 post(outputs[0])
 
-        return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
+        return Lowering(launch=launch, outputs=1, workspace_bytes=d_bytes + ws_bytes, capturable=True, barrier=True,
                         layouts=self.layouts(sig), versions=versions())
+
+
+def _pack_rows(out, src: int, pitch: int, rows: int, row_bytes: int) -> None:
+    """``rows`` rows of ``row_bytes`` bytes, ``pitch`` bytes apart from address ``src``, into the
+    C-contiguous ``out``: one ``cudaMemcpy2DAsync`` on the current stream (a NumPy ``out``: host
+    memory, the emulated library's tests)."""
+    if isinstance(out, np.ndarray):
+        raw = np.frombuffer((ctypes.c_char * (pitch * (rows - 1) + row_bytes)).from_address(src), np.uint8)
+        rows_in = np.lib.stride_tricks.as_strided(raw, (rows, row_bytes), (pitch, 1))
+        out.reshape(-1).view(np.uint8).reshape(rows, row_bytes)[...] = rows_in
+        return
+    import cupy
+
+    cupy.cuda.runtime.memcpy2DAsync(_ptr(out), row_bytes, src, pitch, row_bytes, rows,
+                                    cupy.cuda.runtime.memcpyDeviceToDevice, _stream())
 
 
 def _post_activation(sig: Signature):
@@ -409,7 +487,7 @@ def from_key(op: str, key: str) -> Candidate | None:
     if op not in OPS:
         return None
     name = key.split(":", 1)[0]
-    if name not in VARIANTS or (name == NAME_BT and op != "GemmAct"):
+    if name not in VARIANTS or (name in GEMM_ONLY and op != "GemmAct"):
         return None
     if key == name:
         return CublasLtGemm(name)

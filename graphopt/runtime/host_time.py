@@ -14,6 +14,12 @@ host time; with it the figure is the same at every batch size unless the host it
 Whether the hold lasted is checked (an event recorded after the hold kernel must still be pending
 when the timed run returns); a hold that ended early is doubled and the run timed again.
 
+When the hold cannot outlast a run (``held`` false: some step waited for the device, so the run's
+wall time includes the hold), :func:`blocking_steps` names the steps that wait: each step is timed on
+the host with the GPU held, and a step that takes most of the hold waited for it (a synchronous
+copy, a pageable-memory upload, an allocation that frees, a library call that synchronises). After
+each such step the GPU is held again, so every blocking step of the run is found, not just the first.
+
 Reported per run (``HostTime``): the best and the median wall time, and the thread's CPU time
 (``time.thread_time``) of the same run: wall well above CPU time means the thread waited (blocked
 in the driver, or descheduled), which the wall figure keeps: nothing is subtracted. The headline
@@ -66,6 +72,7 @@ class HostTime:
     idle_wall_us: list = field(default_factory=list)  # the same run with the GPU idle at its start (no hold)
     held: bool = False                               # every timed run had the GPU held throughout
     hold_us: float = 0.0
+    blocking: list = field(default_factory=list)     # steps that waited for the device (when not held)
 
     @property
     def us_per_step(self) -> float:
@@ -82,6 +89,7 @@ class HostTime:
                 "host_cpu_us_per_node": r(min(self.cpu_us) / per) if self.cpu_us else None,
                 "host_idle_gpu_us_per_node": r(min(self.idle_wall_us) / per) if self.idle_wall_us else None,
                 "gpu_held": self.held, "hold_us": r(self.hold_us), "runs": len(self.wall_us),
+                **({"blocking_steps": self.blocking} if self.blocking else {}),
                 "method": "wall time of one Session.run, GPU held by a spin kernel, synchronised outside the timed region"}
 
 
@@ -134,7 +142,46 @@ def measure(sess, feeds: Mapping[str, Any], repeats: int = 20, *, hold: Callable
             res.idle_wall_us.append((time.perf_counter() - t0) * 1e6)
             sess.synchronize()
     res.held, res.hold_us = held_all, hold_us if hold is not None else 0.0
+    if hold is not None and not held_all:
+        res.blocking = blocking_steps(sess, feeds, hold=hold)
     return res
+
+
+BLOCK_HOLD_US = 100_000.0
+
+
+def blocking_steps(sess, feeds: Mapping[str, Any], *, hold: Callable | None = None,
+                   hold_us: float = BLOCK_HOLD_US) -> list[dict]:
+    """The steps of one eager run that wait for the device: ``[{"step", "lowering", "us"}]`` in run
+    order. The GPU is held for ``hold_us`` before the run and again after every step found waiting; a
+    step whose host time exceeds half the hold waited for it (no step's own host work comes near
+    50 ms). Empty off cuda or when nothing waits."""
+    if sess.device != "cuda":
+        return []
+    dev = _device_feeds(sess, feeds)
+    if hold is None:
+        hold = cuda_hold(sess.backend.cupy)
+    sess.run(dev)
+    sess.synchronize()
+    plan = sess.last_plan
+    stream = sess.backend.stream
+    clock = time.perf_counter
+    found: list[dict] = []
+
+    def timed(step, ins):
+        t0 = clock()
+        outs = step.run(ins)
+        us = (clock() - t0) * 1e6
+        if us > hold_us / 2:
+            found.append({"step": step.label, "lowering": step.lowering, "us": round(us, 1)})
+            hold(stream, hold_us)  # the device caught up: hold it again for the next one
+        return outs
+
+    hold(stream, hold_us)
+    with stream:
+        plan.execute(sess._convert_feeds(dev), timed)
+    sess.synchronize()
+    return found
 
 
 def per_op(sess, feeds: Mapping[str, Any], repeats: int = 5, *, hold: Callable | None = None) -> list:

@@ -182,3 +182,47 @@ def test_act_variant_on_a_relu6_pointwise_conv():
     assert cands
     ok, wrong, unbuilt = check_all(cands, sig)
     assert not wrong and ok >= 1, (wrong, unbuilt[:3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("case", ["shared_b", "shared_b_bias_relu", "transposed_b"])
+def test_padded_output_variant_for_rows_of_odd_length(dtype, case):
+    """cublaslt_pad: Y computed with rows padded to 16 bytes in the workspace, then packed by one
+    cudaMemcpy2DAsync (GPT-2's LM head, N = 50257): every algorithm against float64, output poisoned."""
+    sig = {"shared_b": gemm((2, 65, 256), (256, 1001), None, dtype),
+           "shared_b_bias_relu": gemm((2, 65, 256), (256, 1001), (1001,), dtype, activation="Relu"),
+           "transposed_b": gemm((129, 256), (1001, 256), (1001,), dtype, mode="gemm", transB=1)}[case]
+    pad = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_PAD]
+    assert pad, prov.CublasLtGemm(prov.NAME_PAD).applies(sig)
+    ok, wrong, unbuilt = check_all(pad, sig)
+    print(f"{sig.key()}: {len(pad)} cublaslt_pad candidates, {ok} correct, {len(unbuilt)} did not build")
+    assert not wrong, wrong
+    assert ok >= 1, f"no cublaslt_pad candidate ran: {unbuilt[:3]}"
+
+
+@pytest.mark.gpu
+def test_padded_output_variant_captures_its_row_packing():
+    """The pitched copy after the matmul is captured with it: the replay equals the eager run."""
+    sig = gemm((3, 128, 768), (768, 50257 // 7), None, "float16")  # N = 7179: odd rows, as the LM head's
+    low = as_lowering(prov.CublasLtGemm(prov.NAME_PAD).build(sig, "sm_90"))
+    f64, up = host_inputs(sig, seed=4)
+    ref = reference(sig, f64)
+    assert run_lowering(low, sig, up, ref) is None
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        ins = low.conform([cupy.asarray(a) for a in up], cupy)
+        ws = cupy.empty(low.workspace_bytes, dtype=cupy.uint8)
+        eager = cupy.empty(ref.shape, dtype="float16")
+        low.launch(ins, [eager], ws)
+        out = cupy.full(ref.shape, cupy.nan, dtype="float16")
+        ws.fill(255)
+        stream.begin_capture()
+        try:
+            low.launch(ins, [out], ws)
+        finally:
+            graph = stream.end_capture()
+        assert bool(cupy.isnan(out).all())  # captured, not run
+        graph.launch(stream)
+        stream.synchronize()
+    assert cupy.array_equal(out, eager)

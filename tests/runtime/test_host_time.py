@@ -4,6 +4,7 @@ that ended before the run did is lengthened and the run timed again, and the fig
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,15 +28,53 @@ class _Event:
         return self._done
 
 
+class _Stream:
+    def __eq__(self, other):
+        return other == "s"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Plan:
+    """Ten steps; those named in ``waits`` sleep ``wait_s`` while the GPU is held (a step that
+    waits for the device), then the device counts as caught up."""
+
+    def __init__(self, sess, waits=(), wait_s=0.005):
+        self.sess, self.waits, self.wait_s = sess, set(waits), wait_s
+        self.steps = [SimpleNamespace(label=f"Op n{i}", lowering="lw" if i in self.waits else None, run=self._step(i))
+                      for i in range(10)]
+
+    def _step(self, i):
+        def run(ins):
+            if i in self.waits and self.sess.held:
+                time.sleep(self.wait_s)
+                self.sess.held = False
+            return []
+        return run
+
+    def execute(self, feeds, profile=None):
+        for step in self.steps:
+            step.run([]) if profile is None else profile(step, [])
+        return []
+
+
 class _Sess:
     """A session stand-in on "cuda" that logs what the measurement does, in order."""
 
     device = "cuda"
 
-    def __init__(self):
+    def __init__(self, waits=()):
         self.log: list = []
-        self.last_plan = SimpleNamespace(steps=[object()] * 10)
-        self.backend = SimpleNamespace(stream="s", cupy=SimpleNamespace(asarray=lambda v: v))
+        self.held = False
+        self.last_plan = _Plan(self, waits)
+        self.backend = SimpleNamespace(stream=_Stream(), cupy=SimpleNamespace(asarray=lambda v: v))
+
+    def _convert_feeds(self, feeds):
+        return feeds
 
     def run(self, feeds):
         self.log.append("run")
@@ -52,6 +91,7 @@ def _hold(sess, done_pattern):
         assert stream == "s"
         holds.append(us)
         sess.log.append("hold")
+        sess.held = True
         return _Event(sess.log, next(pattern, False))
 
     return hold, holds
@@ -84,6 +124,21 @@ def test_a_hold_that_never_lasts_is_reported():
     hold, _ = _hold(sess, [True] * 100)
     h = host_time.measure(sess, {}, repeats=2, hold=hold, warmup=1, idle=False)
     assert not h.held and not h.to_dict()["gpu_held"] and len(h.wall_us) == 2
+    assert h.blocking == [] and "blocking_steps" not in h.to_dict()  # no step waited: none is named
+
+
+def test_every_step_that_waits_for_the_device_is_named_in_run_order():
+    """The GPT-2 bs1 row of 2026-12-05 had gpu_held false and 2,396 us per node: one step per run
+    waited out the whole hold. The finder holds the GPU again after each waiting step, so the second
+    one is found too, and steps that do not wait are not named."""
+    sess = _Sess(waits=(3, 7))
+    hold, holds = _hold(sess, [])
+    found = host_time.blocking_steps(sess, {}, hold=hold, hold_us=2000.0)
+    assert [b["step"] for b in found] == ["Op n3", "Op n7"] and all(b["lowering"] == "lw" for b in found)
+    assert all(b["us"] > 1000.0 for b in found) and len(holds) == 3  # before the run, after each waiting step
+    assert host_time.blocking_steps(_Sess(), {}, hold=_hold(_Sess(), [])[0], hold_us=2000.0) == []
+    d = host_time.HostTime(steps=10, wall_us=[1.0], cpu_us=[1.0], blocking=found).to_dict()
+    assert d["blocking_steps"] == found
 
 
 def test_the_idle_gpu_figure_is_the_same_run_without_the_hold():

@@ -119,6 +119,56 @@ def test_b_transposed_variant_near_misses_say_why(emulated, sig, why):
     assert prov.from_key("CBR", "cublaslt_bt") is None
 
 
+PADDED = [
+    gemm((8, 64), (64, 33), activation="Relu"),                       # fp16, N odd (GPT-2's LM head: 50257)
+    gemm((3, 7, 64), (64, 9), None, dtype="float32"),                 # batch folded into M, no bias
+    gemm((8, 64), (33, 64), (33,), mode="gemm", transB=1),             # B already stored transposed
+    gemm((2, 4, 5, 32), (32, 15), (1, 15), activation="GeluTanh"),    # B shared by a 2-D batch
+    gemm((3, 5, 32), (32, 15), None, dtype="float32"),                # fp32, N odd
+]
+
+
+@pytest.mark.parametrize("sig", PADDED, ids=lambda s: s.key()[:60])
+def test_padded_output_variant_writes_padded_rows_then_packs_them(emulated, sig):
+    """cublaslt_pad: D's rows padded to 16 bytes in the workspace (ld = N rounded up), then packed
+    into Y; the workspace holds D and cuBLASLt's own workspace after it; same result as the op."""
+    assert prov.padded_output_reason(sig) is None
+    cands = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_PAD]
+    assert cands and cands[0].key() == "cublaslt_pad" and all(prov.from_key("GemmAct", c.key()) == c for c in cands)
+    host, ref = _host_and_reference(sig, 5)
+    dt = np.dtype(sig.dtypes[0])
+    n = ref.shape[-1]
+    ld = prov.padded_ld(n, sig.dtypes[0])
+    assert ld > n and (ld * dt.itemsize) % 16 == 0
+    assert any(e[3] == n and e[5] == ld for e in emulated.log if e[0] == "layout")  # D: n rows (ours), ld padded
+    for cand in (cands[0], cands[-1]):
+        low = cand.build(sig, "sm_90")
+        d_bytes = int(np.prod(ref.shape)) // n * ld * dt.itemsize
+        assert low.workspace_bytes >= d_bytes
+        ins = low.conform([None if h is None else _aligned(h) for h in host], np)
+        out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
+        out[...] = np.nan
+        ws = _aligned(np.full(low.workspace_bytes, 0xFF, np.uint8))  # poisoned: NaN rows if the packing misses
+        low.launch(ins, [out], ws)
+        tol = 1e-5 if dt == np.float32 else 1e-2
+        assert np.linalg.norm(out.astype(np.float64) - ref) <= tol * np.linalg.norm(ref), cand.key()
+        with pytest.raises(Exception, match="workspace"):
+            low.launch(ins, [out], None)
+
+
+@pytest.mark.parametrize("sig, why", [
+    (gemm((8, 64), (64, 32)), "already 16-byte multiples"),            # Y's rows aligned: nothing to gain
+    (gemm((3, 8, 64), (3, 64, 33), None), "not one matrix shared"),     # B per batch, not transposed
+    (gemm((8, 7), (7, 33), None), "K=7"),                               # K rows would be unaligned too
+    (conv((2, 24, 5, 7), (40, 24, 1, 1)), "for GemmAct"),
+])
+def test_padded_output_variant_near_misses_say_why(emulated, sig, why):
+    assert why in (prov.padded_output_reason(sig) or "")
+    assert why in (prov.CublasLtGemm(prov.NAME_PAD).applies(sig) or "")
+    assert not [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_PAD]
+    assert prov.from_key("CBR", "cublaslt_pad") is None
+
+
 def _fake_activation_kernel(calls):
     """Stands in for ``epilogue_gemm_vec`` (no bias, alpha 1): applies the activation code to Y in place."""
     from math import erf
