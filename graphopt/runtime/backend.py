@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from onnx import TensorProto
 
 from graphopt.errors import GraphoptError, TuningError
 from graphopt.kernels import pool as pool_kernels
@@ -22,6 +23,17 @@ from graphopt.lowering.contract import as_lowering
 from graphopt.runtime import ops_custom
 from graphopt.runtime.onnx_ops.registry import CUBLAS_OPS, OPS, OpContext, numpy_matmul
 from graphopt.runtime.compiled import Lowered
+
+
+def _declared_float32(graph, node) -> bool:
+    """Whether the node's first input is declared float32 in the file (or undeclared): its recorded
+    lowering was then chosen for float32. A model already in float16 run with ``dtype="float16"``
+    keeps its tuned choices (plan_breakdown ran the heuristic's until 2026-12-05)."""
+    try:
+        declared = graph.dtype(node.inputs[0]) if node.inputs and node.inputs[0] else None
+    except Exception:  # noqa: BLE001 - no type information: assume the conversion applies
+        return True
+    return declared is None or declared == TensorProto.FLOAT
 
 
 class RuntimeFailure(GraphoptError):
@@ -339,7 +351,7 @@ class CudaBackend(_Backend):
         dtypes = ["" if a is None else np.dtype(a.dtype).name for a in in_arrays]
         sig = signature_of(op, shapes, dtypes, attrs)
         note = None
-        if self.compute_dtype is not None:
+        if self.compute_dtype is not None and _declared_float32(graph, node):
             # a float32 model run in float16: the recorded choice was made for float32 signatures;
             # the heuristic's choice for the dtype that actually runs (profile the model converted with
             # `optimize --precision fp16` for tuned float16 choices)

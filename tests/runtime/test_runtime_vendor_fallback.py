@@ -47,3 +47,22 @@ def test_recorded_cudnn_skip_layernorm_fills_both_outputs_without_cudnn(fake_cud
     assert rel_err(got["Y"].astype(np.float64), want[0]) <= 1e-2
     assert rel_err(got["S"].astype(np.float64), want[1]) <= 1e-3
     assert "cudnn" in notes, notes
+
+
+@pytest.mark.parametrize("file_dtype", [np.float16, np.float32])
+def test_a_float16_run_keeps_a_float16_files_tuned_choice(fake_cuda, file_dtype):
+    """Session(dtype="float16") converts a float32 model, whose recorded lowerings were chosen for
+    float32 signatures: those give way to the heuristic's float16 choice. A model already in float16
+    keeps its tuned choice (bench/plan_breakdown.py opened fp16 models that way and timed the
+    heuristic's lowerings until 2026-12-05)."""
+    from graphopt.runtime import Session
+
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((8, 64)).astype(file_dtype), rng.standard_normal((64, 32)).astype(file_dtype)
+    attrs = {"mode": "matmul", "activation": "none", "lowering": "cublaslt", "lowering_params": "algo=6,tile=18"}
+    model = one_node_model("GemmAct", [("A", a), ("B", b)], attrs, 18, (8, 32))
+    sess = Session(model, device="cuda", cuda_graphs=False, dtype="float16")
+    sess.run({"A": a, "B": b})
+    notes = " ".join(sess.plan_summary()["notes"])
+    # the fake CuPy builds neither: the note names the lowering that was attempted
+    assert ("lowering cublaslt:algo=6,tile=18" in notes) == (file_dtype == np.float16), notes
