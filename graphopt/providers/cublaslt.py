@@ -130,10 +130,10 @@ def _activation(sig: Signature) -> str:
     return act
 
 
-def b_transposed_reason(sig: Signature) -> str | None:
-    """Why ``cublaslt_bt`` does not apply to ``sig`` (None: it does)."""
+def _gemm_operands(sig: Signature, variant: str):
+    """(gemm plan, itemsize) of a GemmAct signature for a GemmAct-only variant, or the reason there is none."""
     if sig.op != "GemmAct":
-        return "cublaslt_bt is for GemmAct"
+        return f"cublaslt_{variant} is for GemmAct"
     try:
         p = gemm_plan(sig)
         dt = geo.dtype_of(sig)
@@ -142,6 +142,15 @@ def b_transposed_reason(sig: Signature) -> str | None:
     size = ITEMSIZE.get(dt)
     if size is None:
         return f"dtype {dt} (cuBLASLt here: {', '.join(DTYPES)})"
+    return p, size
+
+
+def b_transposed_reason(sig: Signature) -> str | None:
+    """Why ``cublaslt_bt`` does not apply to ``sig`` (None: it does)."""
+    got = _gemm_operands(sig, "bt")
+    if isinstance(got, str):
+        return got
+    p, size = got
     if p.trans_b:
         return "B is already stored transposed (transB=1)"
     if len(p.b_shape) != 2:
@@ -155,16 +164,10 @@ def b_transposed_reason(sig: Signature) -> str | None:
 
 def padded_output_reason(sig: Signature) -> str | None:
     """Why ``cublaslt_pad`` does not apply to ``sig`` (None: it does)."""
-    if sig.op != "GemmAct":
-        return "cublaslt_pad is for GemmAct"
-    try:
-        p = gemm_plan(sig)
-        dt = geo.dtype_of(sig)
-    except TuningError as e:
-        return str(e)
-    size = ITEMSIZE.get(dt)
-    if size is None:
-        return f"dtype {dt} (cuBLASLt here: {', '.join(DTYPES)})"
+    got = _gemm_operands(sig, "pad")
+    if isinstance(got, str):
+        return got
+    p, size = got
     if (p.N * size) % ALIGNMENT == 0:
         return f"the output's rows are already {ALIGNMENT}-byte multiples (N={p.N})"
     if (p.K * size) % ALIGNMENT:
