@@ -114,7 +114,7 @@ case "$STEP" in
     timeout -k 10 "$(left)" python3 bench/cbr_layers.py --out "$OUT" --dtypes "${DTYPES:-float16}" --batches "${BATCHES:-1,32}" \
       --budget "$(left 45)" --previous bench/results/cbr_layers_h200.json ${CBR_ARGS:-} 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30 ;;
   gemm)
-    timeout -k 10 "$(left)" python3 bench/gemm_act.py --out "$OUT" --dtypes "${DTYPES:-float16}" --budget "$(left 45)" 2>&1 \
+    timeout -k 10 "$(left)" python3 bench/gemm_act.py --out "$OUT" --dtypes "${DTYPES:-float16}" --budget "$(left 45)" ${GEMM_ARGS:-} 2>&1 \
       | tee "$OUT/gemm_act_log.txt" | tail -25 ;;
   transformer)
     timeout -k 10 "$(left)" python3 bench/transformer_kernels.py --out "$OUT" ${TRANSFORMER_ARGS:-} --budget "$(left 45)" 2>&1 \

@@ -51,6 +51,9 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; shapes past it are skipped and listed")
     ap.add_argument("--rerender", default=None, metavar="JSON",
                     help="no GPU: rewrite a run's per-provider columns, summary and markdown from its rows into --out")
+    ap.add_argument("--only", default=None, help="comma-separated layer names (default: every layer)")
+    ap.add_argument("--tokens", default=None, help="batch sizes to run, comma-separated (default: 1,32)")
+    ap.add_argument("--providers", default=None, help=f"comma-separated subset of {','.join(PROVIDERS)} (default: all)")
     args = ap.parse_args(argv)
     if args.rerender:
         return rerender(args.rerender, args.out)
@@ -79,13 +82,18 @@ def main(argv=None):
         write_json(os.path.join(args.out, "gemm_act_h200.json"), {"header": header, "rows": rows})
         write_atomic(os.path.join(args.out, "gemm_act_h200.md"), markdown(header, rows))
 
-    with TunerChoice() as tuner:
+    layers = [lay for lay in LAYERS if not args.only or lay[0] in args.only.split(",")]
+    tokens = [t for t in TOKENS if not args.tokens or str(t[0]) in args.tokens.split(",")]
+    if not layers or not tokens:
+        ap.error(f"--only / --tokens select nothing (layers: {', '.join(n for n, *_ in LAYERS)}; batches 1, 32)")
+    header["selection"] = {"layers": [n for n, *_ in layers], "tokens": tokens, "providers": args.providers or "all"}
+    with TunerChoice(providers=tuple(args.providers.split(",")) if args.providers else None) as tuner:
         for dtype in args.dtypes.split(","):
             tdt = {"float16": torch.float16, "float32": torch.float32}[dtype]
             peak = header["ceilings"]["fp16_TFLOPs" if dtype == "float16" else "tf32_TFLOPs"] * 1e12
             bw = header["ceilings"]["copy_TBps"] * 1e12
-            for bsz, seq in TOKENS:
-                for name, K, N, act in LAYERS:
+            for bsz, seq in tokens:
+                for name, K, N, act in layers:
                     if budget.left() < 10:
                         skipped.append(f"{name} {bsz}x{seq} {dtype}")
                         continue

@@ -107,9 +107,12 @@ def us(ms: float | None) -> float | None:
 class TunerChoice:
     """The tuner's choice per signature, through its backend, its isolated worker and its timer."""
 
-    def __init__(self, timeout_s: float = 120.0, *, backend=None, runner=None, compute_capability=None, arch=None):
+    def __init__(self, timeout_s: float = 120.0, *, backend=None, runner=None, compute_capability=None, arch=None,
+                 providers: tuple[str, ...] | None = None):
         """The real backend on the present GPU; ``backend`` / ``runner`` / ``compute_capability`` /
-        ``arch`` replace them (CPU tests with fake candidates and an InlineRunner)."""
+        ``arch`` replace them (CPU tests with fake candidates and an InlineRunner); ``providers``
+        (``provider_of`` names) keeps only their candidates (a short device call)."""
+        self.providers = providers
         if backend is None:
             from graphopt.tune.tuner import kernels_backend
 
@@ -134,7 +137,7 @@ class TunerChoice:
         {key: us|None}, provider: {key: provider}, failures: {key: reason}, pruned: {key: reason} (first 20)}."""
         from graphopt.tune.profiler import profile_node
 
-        cands = list(self.backend.candidates_for(sig))
+        cands = [c for c in self.backend.candidates_for(sig) if not self.providers or provider_of(c) in self.providers]
         prov = {c.key(): provider_of(c) for c in cands}
         res = profile_node(sig, cands, timer=self.backend.timer, checker=self.backend.checker,
                            buffers=self.backend.buffers, compute_capability=self.cc, arch=self.arch,
