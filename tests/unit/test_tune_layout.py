@@ -389,10 +389,15 @@ def test_a_weight_layout_is_chosen_for_a_constant_and_never_for_an_activation(b_
     assert plan.choice["mm"] is (bt if b_is_constant else plain)
     assert plan.conversions == []
     assert candidate_key_layouts("cublaslt_bt") == ("", "colmajor")
+    assert candidate_key_layouts("cublaslt_pad") == ("", "colmajor")  # B as cublaslt_bt stores it
+    assert candidate_key_layouts("cublaslt_pad", trans_b=True) == ()  # B already rows K apart: as given
 
 
-def candidate_key_layouts(key):
+def candidate_key_layouts(key, trans_b=False):
     from graphopt.kernels.registry import candidate_from_key, signature_of
 
-    sig = signature_of("GemmAct", [(8, 16), (16, 33)], ["float16", "float16"], {"mode": "matmul"})
+    if trans_b:
+        sig = signature_of("GemmAct", [(8, 16), (33, 16)], ["float16", "float16"], {"mode": "gemm", "transB": 1})
+    else:
+        sig = signature_of("GemmAct", [(8, 16), (16, 33)], ["float16", "float16"], {"mode": "matmul"})
     return candidate_from_key("GemmAct", key).layouts(sig)
