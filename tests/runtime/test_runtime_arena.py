@@ -224,3 +224,17 @@ def test_matmul_and_gemm_steps_are_bound_once_and_write_into_the_arena():
     placed = {key[1] for key in plan.arena_offsets}
     assert placed == {0, 1, 3}, placed  # MatMul, Gemm(transB, alpha, bias), Relu; not beta=2 nor the output
     _check_arena(plan)
+
+
+def test_traced_runs_share_one_scratch_workspace(fake_cuda, monkeypatch):
+    """Each lowering's first (traced) run gets the front of one scratch buffer, grown to the largest
+    request, never a buffer per node: the compiled plan places workspaces in the arena, and per-node
+    buffers kept the sum of all of them allocated for the session's life."""
+    from graphopt.runtime.backend import CudaBackend
+
+    b = CudaBackend.__new__(CudaBackend)
+    b.cupy = fake_cuda
+    small, big, again = b._trace_workspace(4096), b._trace_workspace(1 << 16), b._trace_workspace(100)
+    assert b._trace_workspace(0) is None
+    assert (small.nbytes, big.nbytes, again.nbytes) == (4096, 1 << 16, 100)
+    assert b._scratch.nbytes == 1 << 16 and np.shares_memory(np.asarray(again), np.asarray(b._scratch))
