@@ -60,11 +60,7 @@ def test_row_major_mapping_computes_the_reference_on_an_emulated_library(emulate
     dt = np.dtype(sig.dtypes[0])
     low = prov.candidates(sig.op, sig)[1].build(sig, "sm_90")
     ins = low.conform([None if h is None else _aligned(h) for h in host], np)
-    out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
-    out[...] = np.nan
-    low.launch(ins, [out], None)
-    tol = 1e-5 if dt == np.float32 else 1e-2
-    assert np.linalg.norm(out.astype(np.float64) - ref) <= tol * np.linalg.norm(ref)
+    _launch_matches_reference(low, ins, ref, dt, None, sig.key())
 
 
 def _aligned(a: np.ndarray) -> np.ndarray:
@@ -98,11 +94,26 @@ def test_b_transposed_variant_declares_b_colmajor_and_computes_the_reference(emu
         ins = low.conform([None if h is None else _aligned(h) for h in host], np)
         assert ins[1].swapaxes(-1, -2).flags.c_contiguous and not ins[1].flags.c_contiguous
         assert np.array_equal(ins[1], host[1])  # the same logical matrix, stored transposed
-        out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
-        out[...] = np.nan
-        low.launch(ins, [out], None)
-        tol = 1e-5 if dt == np.float32 else 1e-2
-        assert np.linalg.norm(out.astype(np.float64) - ref) <= tol * np.linalg.norm(ref), cand.key()
+        _launch_matches_reference(low, ins, ref, dt, None, cand.key())
+
+
+def _launch_matches_reference(low, ins, ref, dt, ws, label):
+    """One launch into a NaN-poisoned output, compared normwise with the float64 reference."""
+    out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
+    out[...] = np.nan
+    low.launch(ins, [out], ws)
+    tol = 1e-5 if dt == np.float32 else 1e-2
+    assert np.linalg.norm(out.astype(np.float64) - ref) <= tol * np.linalg.norm(ref), label
+    return out
+
+
+def _refused_with(sig, why, reason, name):
+    """A near miss of variant ``name``: its reason and ``applies`` say ``why``, no candidate is offered,
+    and the key does not parse for a CBR."""
+    assert why in (reason(sig) or "")
+    assert why in (prov.CublasLtGemm(name).applies(sig) or "")
+    assert not [c for c in prov.candidates(sig.op, sig) if c.name == name]
+    assert prov.from_key("CBR", name) is None
 
 
 @pytest.mark.parametrize("sig, why", [
@@ -113,10 +124,7 @@ def test_b_transposed_variant_declares_b_colmajor_and_computes_the_reference(emu
     (conv((2, 24, 5, 7), (40, 24, 1, 1)), "for GemmAct"),
 ])
 def test_b_transposed_variant_near_misses_say_why(emulated, sig, why):
-    assert why in (prov.b_transposed_reason(sig) or "")
-    assert why in (prov.CublasLtGemm(prov.NAME_BT).applies(sig) or "")
-    assert not [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_BT]
-    assert prov.from_key("CBR", "cublaslt_bt") is None
+    _refused_with(sig, why, prov.b_transposed_reason, prov.NAME_BT)
 
 
 PADDED = [
@@ -146,12 +154,8 @@ def test_padded_output_variant_writes_padded_rows_then_packs_them(emulated, sig)
         d_bytes = int(np.prod(ref.shape)) // n * ld * dt.itemsize
         assert low.workspace_bytes >= d_bytes
         ins = low.conform([None if h is None else _aligned(h) for h in host], np)
-        out = low.empty_outputs(len(ins), [ref.shape], dt, np)[0]
-        out[...] = np.nan
         ws = _aligned(np.full(low.workspace_bytes, 0xFF, np.uint8))  # poisoned: NaN rows if the packing misses
-        low.launch(ins, [out], ws)
-        tol = 1e-5 if dt == np.float32 else 1e-2
-        assert np.linalg.norm(out.astype(np.float64) - ref) <= tol * np.linalg.norm(ref), cand.key()
+        out = _launch_matches_reference(low, ins, ref, dt, ws, cand.key())
         with pytest.raises(Exception, match="workspace"):
             low.launch(ins, [out], None)
 
@@ -163,10 +167,7 @@ def test_padded_output_variant_writes_padded_rows_then_packs_them(emulated, sig)
     (conv((2, 24, 5, 7), (40, 24, 1, 1)), "for GemmAct"),
 ])
 def test_padded_output_variant_near_misses_say_why(emulated, sig, why):
-    assert why in (prov.padded_output_reason(sig) or "")
-    assert why in (prov.CublasLtGemm(prov.NAME_PAD).applies(sig) or "")
-    assert not [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_PAD]
-    assert prov.from_key("CBR", "cublaslt_pad") is None
+    _refused_with(sig, why, prov.padded_output_reason, prov.NAME_PAD)
 
 
 def _fake_activation_kernel(calls):
