@@ -147,3 +147,30 @@ def captured_pair_errors(cands, sig: Signature, limit: int = 6) -> list[tuple[st
             if not err <= TOL[dt]:
                 wrong.append((cand.key(), f"node {k} of 2 after a captured replay: normwise relative error {err:.2e}"))
     return wrong
+
+
+def replay_equals_eager(low, up, shape, poison_workspace=False):
+    """``low`` run eagerly, then captured on a non-blocking stream (output NaN-poisoned, not run by
+    the capture) and replayed: the replay equals the eager run. Returns the replayed output. The
+    workspace is always allocated (at least one byte): a launch must not allocate under capture."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        ins = low.conform([cupy.asarray(a) for a in up], cupy)
+        ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8)
+        eager = cupy.empty(shape, dtype="float16")
+        low.launch(ins, [eager], ws)
+        out = cupy.full(shape, cupy.nan, dtype="float16")
+        if poison_workspace:
+            ws.fill(255)
+        stream.begin_capture()
+        try:
+            low.launch(ins, [out], ws)
+        finally:
+            graph = stream.end_capture()
+        assert bool(cupy.isnan(out).all())  # captured, not run
+        graph.launch(stream)
+        stream.synchronize()
+    assert cupy.array_equal(out, eager)
+    return out

@@ -14,7 +14,7 @@ from _harness import require_device  # noqa: E402
 
 require_device()
 
-from _provider_check import check_all, host_inputs, reference, run_lowering  # noqa: E402
+from _provider_check import check_all, host_inputs, reference, replay_equals_eager, run_lowering  # noqa: E402
 
 from graphopt.lowering import Signature, as_lowering  # noqa: E402
 from graphopt.providers import cublaslt as prov  # noqa: E402
@@ -94,30 +94,6 @@ def test_one_by_one_cbr_nhwc(x, w, bias, act, dtype):
     _check(sig)
 
 
-def _replay_equals_eager(low, up, shape, poison_workspace=False):
-    """``low`` run eagerly, then captured on a non-blocking stream (output NaN-poisoned, not run by
-    the capture) and replayed: the replay equals the eager run. Returns the replayed output."""
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        ins = low.conform([cupy.asarray(a) for a in up], cupy)
-        ws = cupy.empty(low.workspace_bytes, dtype=cupy.uint8) if low.workspace_bytes else None
-        eager = cupy.empty(shape, dtype="float16")
-        low.launch(ins, [eager], ws)
-        out = cupy.full(shape, cupy.nan, dtype="float16")
-        if poison_workspace and ws is not None:
-            ws.fill(255)
-        stream.begin_capture()
-        try:
-            low.launch(ins, [out], ws)
-        finally:
-            graph = stream.end_capture()
-        assert bool(cupy.isnan(out).all())  # captured, not run
-        graph.launch(stream)
-        stream.synchronize()
-    assert cupy.array_equal(out, eager)
-    return out
-
-
 @pytest.mark.gpu
 def test_a_matmul_captures_in_a_cuda_graph_and_replays():
     sig = gemm((256, 768), (768, 3072), (3072,), "float16", activation="GeluTanh")
@@ -125,7 +101,7 @@ def test_a_matmul_captures_in_a_cuda_graph_and_replays():
     f64, up = host_inputs(sig, seed=3)
     ref = reference(sig, f64)
     assert run_lowering(low, sig, up, ref) is None  # eager first: descriptors and handle exist before capture
-    out = _replay_equals_eager(low, up, ref.shape)
+    out = replay_equals_eager(low, up, ref.shape)
     got = cupy.asnumpy(out).astype(np.float64)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
 
@@ -218,4 +194,4 @@ def test_padded_output_variant_captures_its_row_packing():
     f64, up = host_inputs(sig, seed=4)
     ref = reference(sig, f64)
     assert run_lowering(low, sig, up, ref) is None
-    _replay_equals_eager(low, up, ref.shape, poison_workspace=True)
+    replay_equals_eager(low, up, ref.shape, poison_workspace=True)

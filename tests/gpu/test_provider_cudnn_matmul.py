@@ -15,7 +15,7 @@ from _harness import require_device  # noqa: E402
 
 require_device()
 
-from _provider_check import check_all, host_inputs, reference, run_lowering  # noqa: E402
+from _provider_check import check_all, host_inputs, reference, replay_equals_eager, run_lowering  # noqa: E402
 
 from graphopt.lowering import Signature, as_lowering  # noqa: E402
 from graphopt.providers import cudnn  # noqa: E402
@@ -86,18 +86,4 @@ def test_a_plan_captures_in_a_cuda_graph_and_replays():
     f64, up = host_inputs(sig, seed=5)
     ref = reference(sig, f64)
     assert run_lowering(low, sig, up, ref) is None
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        ins = [cupy.asarray(a) for a in up]
-        ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8)
-        eager = cupy.empty(ref.shape, dtype="float16")
-        low.launch(ins, [eager], ws)
-        out = cupy.full(ref.shape, cupy.nan, dtype="float16")
-        stream.begin_capture()
-        try:
-            low.launch(ins, [out], ws)
-        finally:
-            graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-    assert cupy.array_equal(out, eager)
+    replay_equals_eager(low, up, ref.shape)
