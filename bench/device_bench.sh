@@ -29,7 +29,7 @@
 #   gemm              bench/gemm_act.py fp16 -> gemm_act_h200.json/.md (14 shapes; ~2-4 min)
 #   transformer       bench/transformer_kernels.py -> transformer_kernels_h200.json/.md (~4-8 min; what does
 #                     not fit is listed as skipped)
-#   cache             bench/cache_speed.py --gpu h200 --profile-warm: torchvision ResNet-50 cold + warm, GPT-2 124M cold,
+#   cache             bench/cache_speed.py --gpu $GPU_TAG --profile-warm: torchvision ResNet-50 cold + warm, GPT-2 124M cold,
 #                     fresh tuning and kernel caches each -> cache_speed_h200.json (~3-6 min; the issue's
 #                     bar is 60 s cold each and 5 s warm)
 #   conformance       bench/conformance.py --device cuda -> conformance_h200.md (~2-5 min)
@@ -47,8 +47,9 @@
 #                     and lowering (~2-4 min)
 #   explore           bench/kernel_explore.py -> kernel_explore_h200.json (~3-4 min)
 #   host              the run-path GPU tests (step replay, graph-output replay, the hold of the host-time
-#                     method) -> gpu_tests_host_h200.txt (~1-2 min), then bench/host_overhead.py on
-#                     HOST_MODELS / HOST_BATCHES (default ResNet-50 bs1 and bs32, GPT-2 bs1; heuristic lowerings)
+#                     method; HOST_TEST_LIMIT=0 skips them) -> gpu_tests_host_h200.txt (~1-2 min), then
+#                     bench/host_overhead.py on HOST_MODELS / HOST_BATCHES (default ResNet-50 bs1 and bs32, GPT-2
+#                     bs1; heuristic lowerings, or HOST_GPU_ARGS="--gpu auto --precision fp16 --io-fp16": the tuned ones)
 #                     -> host_overhead_h200.json/.md (~3-5 min): host us/node with the GPU held, beside the
 #                     idle-GPU figure (the method before 2026-12-05), the thread CPU time and per op
 set -u
@@ -59,9 +60,9 @@ START=$SECONDS
 mkdir -p "$OUT"
 left() { echo $(( LIMIT - (SECONDS - START) - ${1:-30} )); }   # what is left, less a reserve for the tarballs
 
-if ls .whl/*.whl >/dev/null 2>&1; then
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.device_bench_installed ]; then  # once per machine
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 \
-    || echo "device_bench: wheel install failed"
+    && touch /tmp/site/.device_bench_installed || echo "device_bench: wheel install failed"
 fi
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 export GRAPHOPT_KERNEL_CACHE=${GRAPHOPT_KERNEL_CACHE:-/tmp/gk}
@@ -104,7 +105,7 @@ capture_tests() {  # the captured-graph correctness tests -> gpu_tests_capture_h
              -k "captured or declared or traced or step_graphs")
   { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. GRAPHOPT_GPU_NO_PREBUILD=1 ${cmd[*]}"
     GRAPHOPT_GPU_NO_PREBUILD=1 timeout -k 10 ${CAPTURE_LIMIT:-180} "${cmd[@]}" 2>&1; echo "# exit status $?"; } \
-    | tee "$OUT/gpu_tests_capture_h200.txt" | tail -12
+    | tee "$OUT/gpu_tests_capture_$GPU_TAG.txt" | tail -12
 }
 
 case "$STEP" in
@@ -112,7 +113,7 @@ case "$STEP" in
   e2e-transformers) e2e "${MODELS:-gpt2,bert,vit_b16}" ;;
   cbr)
     timeout -k 10 "$(left)" python3 bench/cbr_layers.py --out "$OUT" --dtypes "${DTYPES:-float16}" --batches "${BATCHES:-1,32}" \
-      --budget "$(left 45)" --previous bench/results/cbr_layers_h200.json ${CBR_ARGS:-} 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30 ;;
+      --budget "$(left 45)" --previous bench/results/cbr_layers_$GPU_TAG.json ${CBR_ARGS:-} 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30 ;;
   gemm)
     timeout -k 10 "$(left)" python3 bench/gemm_act.py --out "$OUT" --dtypes "${DTYPES:-float16}" --budget "$(left 45)" ${GEMM_ARGS:-} 2>&1 \
       | tee "$OUT/gemm_act_log.txt" | tail -25 ;;
@@ -120,11 +121,11 @@ case "$STEP" in
     timeout -k 10 "$(left)" python3 bench/transformer_kernels.py --out "$OUT" ${TRANSFORMER_ARGS:-} --budget "$(left 45)" 2>&1 \
       | tee "$OUT/transformer_kernels_log.txt" | tail -40 ;;
   cache)
-    timeout -k 10 "$(left)" python3 bench/cache_speed.py --gpu h200 --limit ${CACHE_LIMIT:-150} --out-dir "$OUT" \
+    timeout -k 10 "$(left)" python3 bench/cache_speed.py --gpu $GPU_TAG --limit ${CACHE_LIMIT:-150} --out-dir "$OUT" \
       ${CACHE_ARGS:---profile-warm} 2>&1 | tee "$OUT/cache_speed_log.txt" | tail -8 ;;
   conformance)
-    timeout -k 10 "$(left)" python3 bench/conformance.py --device cuda --out "$OUT/conformance_h200.md" 2>&1 | tail -15
-    head -8 "$OUT/conformance_h200.md" 2>/dev/null ;;
+    timeout -k 10 "$(left)" python3 bench/conformance.py --device cuda --out "$OUT/conformance_$GPU_TAG.md" 2>&1 | tail -15
+    head -8 "$OUT/conformance_$GPU_TAG.md" 2>/dev/null ;;
   gpu-tests)
     prebuild  # inside pytest the session fixture's compile would count against the first test
     cmd="python3 -m pytest -q --tb=${TB:-short} -rfE -p no:cacheprovider ${PYTEST_ARGS:-} ${TESTS:-tests/gpu}"
@@ -135,7 +136,7 @@ case "$STEP" in
     MODELS=resnet50 BATCHES=32 DTYPES=fp16 e2e resnet50 ;;
   diagnose)  # carry .tuning from a tuned call: the same choices, served from the cache
     GRAPHOPT_CACHE_DIR=$TUNING timeout -k 10 "$(left 60)" python3 bench/diagnose_outputs.py --model "torch:${MODEL:-resnet50}" \
-      --shape "${SHAPE:-input=32x3x224x224}" --precision fp16 --time-limit "$(left 80)" --out "$OUT/diagnose_${MODEL:-resnet50}_h200.json" \
+      --shape "${SHAPE:-input=32x3x224x224}" --precision fp16 --time-limit "$(left 80)" --out "$OUT/diagnose_${MODEL:-resnet50}_$GPU_TAG.json" \
       2>&1 | tee "$OUT/diagnose_log.txt" | tail -80
     CAPTURE_LIMIT=$(left 20) capture_tests ;;
   breakdown)  # the tuned plan's device time per step: carry .tuning from a tuned call (choices served from it)
@@ -149,11 +150,13 @@ case "$STEP" in
   host)
     cmd=(python3 -m pytest -q -s -m gpu --tb=short -rfE -p no:cacheprovider tests/gpu/test_runtime_compiled_gpu.py
          -k "step_graphs or graph_output or host")
-    { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. GRAPHOPT_GPU_NO_PREBUILD=1 ${cmd[*]}"
+    [ "${HOST_TEST_LIMIT:-200}" -gt 0 ] && { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. GRAPHOPT_GPU_NO_PREBUILD=1 ${cmd[*]}"
       GRAPHOPT_GPU_NO_PREBUILD=1 timeout -k 10 ${HOST_TEST_LIMIT:-200} "${cmd[@]}" 2>&1; echo "# exit status $?"; } \
-      | tee "$OUT/gpu_tests_host_h200.txt" | tail -12
-    timeout -k 10 "$(left)" python3 bench/host_overhead.py --out "$OUT" --models "${HOST_MODELS:-resnet50,resnet50,gpt2}" \
-      --batches "${HOST_BATCHES:-1,32,1}" --optimize-timeout 150 2>&1 | tee "$OUT/host_overhead_log.txt" | tail -20 ;;
+      | tee "$OUT/gpu_tests_host_$GPU_TAG.txt" | tail -12
+    # HOST_GPU_ARGS="--gpu auto --precision fp16 --io-fp16": the carried .tuning's choices (default: the heuristic's)
+    GRAPHOPT_CACHE_DIR="$TUNING" timeout -k 10 "$(left)" python3 bench/host_overhead.py --out "$OUT" --models "${HOST_MODELS:-resnet50,resnet50,gpt2}" \
+      --batches "${HOST_BATCHES:-1,32,1}" --optimize-timeout 150 --gpu-name "$GPU_TAG" ${HOST_GPU_ARGS:+--gpu-args "$HOST_GPU_ARGS"} \
+      2>&1 | tee "$OUT/host_overhead_log.txt" | tail -20 ;;
   *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host)"; exit 2 ;;
 esac
 tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null

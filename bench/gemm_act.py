@@ -57,9 +57,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.rerender:
         return rerender(args.rerender, args.out)
-    bad = [d for d in args.dtypes.split(",") if d not in ("float16", "float32")]
+    # fp16 / fp32 too: device_calls.sh shares one DTYPES between the e2e steps (fp16) and this one
+    dtypes = [{"fp16": "float16", "fp32": "float32"}.get(d, d) for d in args.dtypes.split(",")]
+    bad = [d for d in dtypes if d not in ("float16", "float32")]
     if bad:
-        ap.error(f"unknown dtype: {', '.join(bad)} (float16, float32)")
+        ap.error(f"unknown dtype: {', '.join(bad)} (float16 or fp16, float32 or fp32)")
     budget = Budget(args.budget)
 
     import cupy
@@ -88,7 +90,7 @@ def main(argv=None):
         ap.error(f"--only / --tokens select nothing (layers: {', '.join(n for n, *_ in LAYERS)}; batches 1, 32)")
     header["selection"] = {"layers": [n for n, *_ in layers], "tokens": tokens, "providers": args.providers or "all"}
     with TunerChoice(providers=tuple(args.providers.split(",")) if args.providers else None) as tuner:
-        for dtype in args.dtypes.split(","):
+        for dtype in dtypes:
             tdt = {"float16": torch.float16, "float32": torch.float32}[dtype]
             peak = header["ceilings"]["fp16_TFLOPs" if dtype == "float16" else "tf32_TFLOPs"] * 1e12
             bw = header["ceilings"]["copy_TBps"] * 1e12

@@ -36,11 +36,56 @@ def measure(path: Path, feed, repeats: int) -> dict:
 
     sess = Session(path, device="cuda", dtype="float16", cuda_graphs=False)
     h = host_time.measure(sess, feed, repeats=repeats).to_dict()
+    if not h["gpu_held"]:
+        h["waits"] = diagnose_waits(path, feed, sess)
     s = sess.plan_summary()
     by_op = host_time.per_op(sess, feed, max(3, repeats // 3))
     return {**h, "arena_bytes": s.get("arena_bytes"), "arena_live_bytes": s.get("arena_live_bytes"),
             "workspace_bytes": s.get("workspace_bytes"), "peak_bytes": s.get("peak_bytes"), "by_op": by_op,
             "notes": s.get("notes", [])[:20]}
+
+
+def diagnose_waits(path: Path, feed, sess) -> dict:
+    """Where a run that cannot be held waits for the device (GPT-2 bs1, 2026-12-05: one step, the
+    same each run, waited out every hold): the blocking steps again with the garbage collector off
+    (a finalizer that synchronises), with a 20 ms hold (a launch queue that fills blocks at the same
+    step whatever the hold), and in a session without step replay (a recorded step graph's launch),
+    plus the slowest steps of one held run."""
+    import gc
+    import time as _t
+
+    from graphopt.runtime import Session, host_time
+
+    out: dict = {}
+    gc.collect()
+    gc.disable()
+    try:
+        out["gc_off"] = host_time.blocking_steps(sess, feed)
+    finally:
+        gc.enable()
+    out["hold_20ms"] = host_time.blocking_steps(sess, feed, hold_us=20_000.0)
+    plain = Session(path, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
+    m = host_time.measure(plain, feed, repeats=5).to_dict()
+    out["no_step_replay"] = {k: m.get(k) for k in ("host_us_per_node", "gpu_held", "blocking_steps")}
+    hold = host_time.cuda_hold(sess.backend.cupy)
+    dev = {k: sess.backend.cupy.asarray(v) for k, v in feed.items()}
+    sess.run(dev)
+    sess.synchronize()
+    times: list = []
+
+    def timed(step, ins):
+        t0 = _t.perf_counter()
+        outs = step.run(ins)
+        times.append((round((_t.perf_counter() - t0) * 1e6, 1), step.label, step.lowering))
+        return outs
+
+    hold(sess.backend.stream, 300_000.0)
+    with sess.backend.stream:
+        sess.last_plan.execute(sess._convert_feeds(dev), timed)
+    sess.synchronize()
+    out["slowest_steps_held"] = sorted(times, reverse=True)[:8]
+    out["first_steps_held"] = times[:3]
+    return out
 
 
 def markdown(res: dict) -> str:
@@ -66,6 +111,9 @@ def markdown(res: dict) -> str:
             md += ["", f"## {e['model']} bs{e['bs']} optimized: host us per run by op", "",
                    "| op | steps | host us per run | per step |", "|---|---:|---:|---:|"]
             md += [f"| {op} | {n} | {h:.1f} | {h / max(n, 1):.1f} |" for op, n, h in r["by_op"]]
+            if r.get("waits"):
+                md += ["", "Where the run waits for the device (`diagnose_waits`):", "", "```",
+                       json.dumps(r["waits"], indent=1)[:4000], "```"]
     return "\n".join(md) + "\n"
 
 

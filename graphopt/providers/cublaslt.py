@@ -102,6 +102,7 @@ class Problem:
     b_input: int
     bias_input: int | None
     ld_d: int = 0           # D's leading dimension when padded (0: m, D packed)
+    tail: int = 0           # cuBLASLt rows (our Y's columns) after m, left to a second call (pad)
 
     @property
     def d_ld(self) -> int:
@@ -174,6 +175,8 @@ def padded_output_reason(sig: Signature) -> str | None:
         return f"K={p.K}: the operands' rows of K elements would not be {ALIGNMENT}-byte multiples"
     if not p.trans_b and len(p.b_shape) != 2:
         return "B is not one matrix shared by every batch (it would be stored transposed)"
+    if p.N < ALIGNMENT // size:
+        return f"N={p.N} is under one 16-byte row: no aligned part to split off"
     return None
 
 
@@ -185,7 +188,7 @@ def padded_ld(n: int, dtype: str) -> int:
 
 def _b_transposed(sig: Signature, variant: str) -> bool:
     """Whether the variant stores B transposed (declared colmajor): bt always; pad unless B already is."""
-    return variant == "bt" or (variant == "pad" and not gemm_plan(sig).trans_b)
+    return variant == "bt" or (variant in ("pad", "pad_tail") and not gemm_plan(sig).trans_b)
 
 
 def _rows(sig: Signature) -> int:
@@ -221,8 +224,10 @@ def post_activation_reason(sig: Signature) -> str | None:
 
 
 def variant_reason(sig: Signature, variant: str) -> str | None:
-    """Why a variant's own condition fails (``b_transposed_reason`` / ``post_activation_reason``)."""
-    check = {"bt": b_transposed_reason, "act": post_activation_reason, "pad": padded_output_reason}.get(variant)
+    """Why a variant's own condition fails (``b_transposed_reason`` / ``post_activation_reason`` /
+    ``padded_output_reason``; ``pad_tail``, the pad variant's second call, as ``pad``)."""
+    check = {"bt": b_transposed_reason, "act": post_activation_reason, "pad": padded_output_reason,
+             "pad_tail": padded_output_reason}.get(variant)
     return check(sig) if check else None
 
 
@@ -255,9 +260,21 @@ def problem(sig: Signature, variant: str = "") -> Problem:
     M, Z, sa = (p.M * p.Z, 1, 0) if p.fold else (p.M, p.Z, p.a_batch)
     pr = _row_major(dt, M, p.N, p.K, p.trans_a, p.trans_b or _b_transposed(sig, variant), Z, sa,
                     p.b_batch if Z > 1 else 0, act, bias, p.alpha, 0, 1, 2 if bias else None)
-    if variant == "pad":
-        pr = replace(pr, ld_d=padded_ld(p.N, dt))
+    if variant in ("pad", "pad_tail"):
+        pr = _split_rows(pr, p.N, dt, tail=variant == "pad_tail")
     return pr
+
+
+def _split_rows(pr: Problem, n: int, dtype: str, tail: bool) -> Problem:
+    """The pad variant's two calls: cuBLASLt's rows (our Y's ``n`` columns) split into the largest
+    16-byte multiple (``main``: every operand's rows and offsets aligned, so the heuristic offers the
+    TMA kernels, which it withholds for an odd row count) and the rest (``tail``, 1-7 rows of fp16);
+    both write D with the padded leading dimension. cuBLASLt's A is our B stored transposed (K x n,
+    column-major), so a row split is a column offset of A, D and the bias."""
+    per = ALIGNMENT // ITEMSIZE[dtype]
+    main = n // per * per
+    rows = n - main if tail else main
+    return replace(pr, m=rows, a=(pr.a[0], rows, pr.a[2]), ld_d=padded_ld(n, dtype), tail=0 if tail else n - main)
 
 
 def _conv_problem(sig: Signature, dt: str, act: str) -> Problem:
@@ -374,7 +391,8 @@ class CublasLtGemm(Candidate):
 
     def source_hash(self) -> str:
         libs = "cublaslt:" + ",".join(f"{k}={v}" for k, v in versions())
-        return libs + ("+" + source_hash("elementwise.cu") if self.variant == "act" else "")
+        # pad: "+split" since the aligned rows and the tail became two calls (older timings are not served)
+        return libs + {"act": "+" + source_hash("elementwise.cu"), "pad": "+split"}.get(self.variant, "")
 
     def versions(self) -> tuple[tuple[str, str], ...]:
         return versions()
@@ -404,10 +422,13 @@ class CublasLtGemm(Candidate):
         # descriptor in a captured CUDA graph. Without a bias the signature's descriptor is shared.
         desc = a.matmul_desc(pr.transa, pr.transb, pr.epilogue) if pr.bias_input is not None else s.desc
         post = _post_activation(sig) if self.variant == "act" else None
-        # pad: D (rows d_ld apart) at the workspace's start, cuBLASLt's own workspace after it
+        # pad: D (rows d_ld apart) at the workspace's start, cuBLASLt's own workspace after it; the
+        # rows past the aligned part (pr.tail) by a second call with the heuristic's first algorithm
         esize = ITEMSIZE[geo.dtype_of(sig)]
         d_bytes = -(-(pr.d_ld * pr.n * pr.batch * esize) // 256) * 256 if pr.ld_d else 0
-        rows, row_bytes = pr.n * pr.batch, pr.m * esize
+        rows, row_bytes = pr.n * pr.batch, (pr.m + pr.tail) * esize
+        tail = _tail_call(a, sig, pr) if pr.tail else None
+        ws_bytes = max(ws_bytes, tail.ws_bytes if tail else 0)  # the calls run in stream order: one workspace
 
         def launch(inputs, outputs, workspace):
             ins = list(inputs) + [None] * 3
@@ -423,6 +444,8 @@ class CublasLtGemm(Candidate):
             ws = base + d_bytes if base and ws_bytes else 0
             status = a.matmul(s.handle, desc, alpha, ptrs[0], la, ptrs[1], lb, beta, ptrs[2], ld, algo,
                               ws, ws_bytes if ws else 0, _stream())
+            if status == lt.CUBLAS_STATUS_SUCCESS and tail is not None:
+                status = tail.launch(ptrs, alpha, beta, ws, ws_bytes if ws else 0)
             if status != lt.CUBLAS_STATUS_SUCCESS:
                 raise TuningError(f"cublasLtMatmul failed with status {status} ({self.key()}, {sig.key()})")
             if d_bytes:
@@ -432,6 +455,38 @@ class CublasLtGemm(Candidate):
 
         return Lowering(launch=launch, outputs=1, workspace_bytes=d_bytes + ws_bytes, capturable=True, barrier=True,
                         layouts=self.layouts(sig), versions=versions())
+
+
+@dataclass
+class _TailCall:
+    """The pad variant's second cuBLASLt call: the rows after the aligned part, into D beside it."""
+
+    api: Any
+    setup: _Setup
+    desc: Any      # its own descriptor where there is a bias (the bias pointer is offset)
+    algo: Any
+    ws_bytes: int
+    offsets: tuple[int, int, int]  # bytes added to A (our B, transposed), D and the bias pointers
+
+    def launch(self, ptrs: list[int], alpha, beta, ws: int, ws_size: int) -> int:
+        a, s = self.api, self.setup
+        pa, pd = ptrs[0] + self.offsets[0], ptrs[2] + self.offsets[1]
+        if len(ptrs) > 3:
+            a.set_bias(self.desc, ptrs[3] + self.offsets[2])
+        la, lb, ld = s.layouts
+        return a.matmul(s.handle, self.desc, alpha, pa, la, ptrs[1], lb, beta, pd, ld, self.algo, ws, ws_size,
+                        _stream())
+
+
+def _tail_call(a: lt.Api, sig: Signature, main: Problem) -> _TailCall:
+    t = _setup_for(sig, "pad_tail")
+    if not t.algos:
+        raise TuningError(f"cuBLASLt's heuristic offers no algorithm for the last {main.tail} rows of {sig.key()}")
+    _, algo, ws_bytes = t.algos[0]
+    pr = problem(sig, "pad_tail")
+    esize = ITEMSIZE[geo.dtype_of(sig)]
+    desc = a.matmul_desc(pr.transa, pr.transb, pr.epilogue) if pr.bias_input is not None else t.desc
+    return _TailCall(a, t, desc, algo, ws_bytes, (main.m * main.a[2] * esize, main.m * esize, main.m * esize))
 
 
 def _pack_rows(out, src: int, pitch: int, rows: int, row_bytes: int) -> None:

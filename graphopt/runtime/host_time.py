@@ -117,8 +117,11 @@ def measure(sess, feeds: Mapping[str, Any], repeats: int = 20, *, hold: Callable
     res = HostTime(steps=max(1, len(sess.last_plan.steps)))
     hold_us = MIN_HOLD_US
     held_all = hold is not None
-    for _ in range(max(1, repeats)):
-        ev = None
+    runs = max(1, repeats)
+    k = 0
+    while k < runs:
+        k += 1
+        ev, waited = None, False
         for _attempt in range(8):
             sess.synchronize()
             ev = hold(sess.backend.stream, hold_us) if hold is not None else None
@@ -129,9 +132,17 @@ def measure(sess, feeds: Mapping[str, Any], repeats: int = 20, *, hold: Callable
             c1 = time.thread_time()
             if ev is None or not ev.done:
                 break
+            if hold_us >= MAX_HOLD_US:  # even the longest hold ended: some step waits for the device
+                waited = True
+                break
             hold_us = min(MAX_HOLD_US, max(hold_us * 2, 3 * (t1 - t0) * 1e6))  # the hold ended early: longer
         else:
+            waited = True
+        if waited:
+            # a run that waits for the device waits out any hold: no retries, and 3 runs in all
+            # (each costs the hold), so that the measurement stays short; blocking_steps says why
             held_all = False
+            runs = min(runs, max(k, 3))
         sess.synchronize()
         res.wall_us.append((t1 - t0) * 1e6)
         res.cpu_us.append((c1 - c0) * 1e6)

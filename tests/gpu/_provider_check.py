@@ -157,7 +157,7 @@ def replay_equals_eager(low, up, shape, poison_workspace=False):
 
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
-        ins = low.conform([cupy.asarray(a) for a in up], cupy)
+        ins = low.conform([None if a is None else cupy.asarray(a) for a in up], cupy)  # None: no bias
         ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8)
         eager = cupy.empty(shape, dtype="float16")
         low.launch(ins, [eager], ws)

@@ -127,6 +127,18 @@ def test_a_hold_that_never_lasts_is_reported():
     assert h.blocking == [] and "blocking_steps" not in h.to_dict()  # no step waited: none is named
 
 
+def test_a_run_that_waits_out_the_longest_hold_is_not_retried_and_the_repeats_shrink():
+    """GPT-2 bs1 on 2026-12-05: every run waited out the hold, and 20 repeats of 8 attempts at up to
+    0.5 s took 83 s of the e2e budget (torch.compile was then skipped). Once the longest hold ends
+    early, no run is retried and 3 runs are timed in all."""
+    sess = _Sess()
+    hold, holds = _hold(sess, [True] * 1000)
+    h = host_time.measure(sess, {}, repeats=20, hold=hold, warmup=1, idle=False)
+    assert not h.held and len(h.wall_us) == 3
+    timed = [u for u in holds if u != host_time.BLOCK_HOLD_US]  # less the blocking-step finder's
+    assert len(timed) == 10 and timed.count(host_time.MAX_HOLD_US) == 2  # the doubling once, then one try a run
+
+
 def test_every_step_that_waits_for_the_device_is_named_in_run_order():
     """The GPT-2 bs1 row of 2026-12-05 had gpu_held false and 2,396 us per node: one step per run
     waited out the whole hold. The finder holds the GPU again after each waiting step, so the second

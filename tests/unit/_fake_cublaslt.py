@@ -158,6 +158,7 @@ class EmulatedLt(FakeLt):
 
     def cublasLtMatmul(self, handle, desc, alpha, a, la, b, lb, beta, c, lc, d, ld, algo, ws, ws_size, stream):
         assert c.value == d.value and _val(beta) == 0.0
+        self.log.append(("matmul_d", d.value))
         o, A, B, D = self.objs[_val(desc)], self.objs[_val(la)], self.objs[_val(lb)], self.objs[_val(ld)]
         epi = o[E["CUBLASLT_MATMUL_DESC_EPILOGUE"]]
         dt = self._dt(D["dtype"])
@@ -176,8 +177,11 @@ class EmulatedLt(FakeLt):
                 r = np.maximum(r, 0)
             if epi & 32:
                 r = 0.5 * r * (1 + np.tanh(np.sqrt(2 / np.pi) * (r + 0.044715 * r ** 3)))
-            out = (ctypes.c_char * (D["ld"] * D["cols"] * np.dtype(dt).itemsize)).from_address(
+            # exactly the elements D spans (a D at an offset into a padded buffer ends before its end)
+            span = (D["cols"] - 1) * D["ld"] + D["rows"]
+            out = (ctypes.c_char * (span * np.dtype(dt).itemsize)).from_address(
                 d.value + z * D["stride"] * np.dtype(dt).itemsize)
-            view = np.frombuffer(out, dtype=dt).reshape(D["cols"], D["ld"])
-            view[:, :D["rows"]] = r.T.astype(dt)
+            view = np.lib.stride_tricks.as_strided(np.frombuffer(out, dtype=dt), (D["cols"], D["rows"]),
+                                                   (D["ld"] * np.dtype(dt).itemsize, np.dtype(dt).itemsize))
+            view[...] = r.T.astype(dt)
         return 0

@@ -138,8 +138,9 @@ PADDED = [
 
 @pytest.mark.parametrize("sig", PADDED, ids=lambda s: s.key()[:60])
 def test_padded_output_variant_writes_padded_rows_then_packs_them(emulated, sig):
-    """cublaslt_pad: D's rows padded to 16 bytes in the workspace (ld = N rounded up), then packed
-    into Y; the workspace holds D and cuBLASLt's own workspace after it; same result as the op."""
+    """cublaslt_pad: D's rows padded to 16 bytes in the workspace (ld = N rounded up), computed by two
+    calls (the aligned part of N, then the 1-7 rest beside it), then packed into Y; the workspace
+    holds D and cuBLASLt's own workspace after it; same result as the op."""
     assert prov.padded_output_reason(sig) is None
     cands = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_PAD]
     assert cands and cands[0].key() == "cublaslt_pad" and all(prov.from_key("GemmAct", c.key()) == c for c in cands)
@@ -148,22 +149,28 @@ def test_padded_output_variant_writes_padded_rows_then_packs_them(emulated, sig)
     n = ref.shape[-1]
     ld = prov.padded_ld(n, sig.dtypes[0])
     assert ld > n and (ld * dt.itemsize) % 16 == 0
-    assert any(e[3] == n and e[5] == ld for e in emulated.log if e[0] == "layout")  # D: n rows (ours), ld padded
+    main = n // (16 // dt.itemsize) * (16 // dt.itemsize)
     for cand in (cands[0], cands[-1]):
         low = cand.build(sig, "sm_90")
         d_bytes = int(np.prod(ref.shape)) // n * ld * dt.itemsize
         assert low.workspace_bytes >= d_bytes
         ins = low.conform([None if h is None else _aligned(h) for h in host], np)
         ws = _aligned(np.full(low.workspace_bytes, 0xFF, np.uint8))  # poisoned: NaN rows if the packing misses
+        before = len(emulated.log)
         out = _launch_matches_reference(low, ins, ref, dt, ws, cand.key())
+        d_ptrs = [e[1] - ws.ctypes.data for e in emulated.log[before:] if e[0] == "matmul_d"]
+        assert d_ptrs == [0, main * dt.itemsize]  # the rest's D starts after the aligned rows
         with pytest.raises(Exception, match="workspace"):
             low.launch(ins, [out], None)
+    d_layouts = {(e[3], e[5]) for e in emulated.log if e[0] == "layout" and e[5] == ld}
+    assert d_layouts == {(main, ld), (n - main, ld)}  # D: the aligned rows (ours: columns), then the rest
 
 
 @pytest.mark.parametrize("sig, why", [
     (gemm((8, 64), (64, 32)), "already 16-byte multiples"),            # Y's rows aligned: nothing to gain
     (gemm((3, 8, 64), (3, 64, 33), None), "not one matrix shared"),     # B per batch, not transposed
     (gemm((8, 7), (7, 33), None), "K=7"),                               # K rows would be unaligned too
+    (gemm((8, 64), (64, 5), None), "under one 16-byte row"),            # no aligned part to split off
     (conv((2, 24, 5, 7), (40, 24, 1, 1)), "for GemmAct"),
 ])
 def test_padded_output_variant_near_misses_say_why(emulated, sig, why):
