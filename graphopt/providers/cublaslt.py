@@ -29,6 +29,10 @@ bytes apart. This variant computes Y into a workspace whose rows are padded to t
 multiple (cuBLASLt's D with ``ld`` = N rounded up), then one ``cudaMemcpy2DAsync`` packs the rows
 into the output (one pass over Y, capturable). B as in ``cublaslt_bt`` (or as given when it is
 already stored transposed). torch.compile's inductor pads such matmuls the same way (``pad_mm``).
+Measured on the H100 (2026-12-05) the heuristic still offered only its pre-Hopper algorithm 24 for
+the LM head with every operand aligned: it withholds the TMA kernels for an odd row count itself.
+So the variant makes two calls: the largest 16-byte multiple of the rows (50256), then the 1-7 rest
+beside it in D (offset columns of B, D and the bias; the heuristic's first algorithm), one workspace.
 
 ``cublaslt_act`` runs an activation cuBLASLt has no epilogue for (the erf ``Gelu`` of BERT's MLP,
 ``SiLU``, ``Clip`` = ReLU6, ``Sigmoid``, ...): the matmul with the BIAS (or DEFAULT) epilogue, then
