@@ -205,8 +205,12 @@ def bench(model, optimized, batches, shapes, dtype, device, repeats, warmup, bud
                 h = rb.host_time.measure(eager, feeds, idle=False)
                 con.print(f"bs {bs}: host overhead {h.us_per_step:.1f} us per node over {h.steps} nodes (eager, no CUDA graphs)")
                 for b in h.blocking:
-                    con.print(f"  [yellow]waits for the GPU every run:[/] {b['step']} ({b['lowering'] or 'standard op'}); "
-                              "the figure above includes that wait")
+                    if b.get("cause") == rb.host_time.QUEUE:
+                        con.print(f"  launch queue full behind the spin at {b['step']}: that wait is device time, "
+                                  "left out of the figure above (counted at the median step's host time)")
+                    else:
+                        con.print(f"  [yellow]waits for the GPU every run:[/] {b['step']} ({b['lowering'] or 'standard op'}); "
+                                  "the figure above includes that wait")
             else:
                 rows.append(rb.Timing("runtime, optimized, CUDA graphs", bs, error="n/a: CUDA graphs need device cuda"))
             breakdown = rb.top_ops(eager.profile(feeds, repeats=3), total_ms=eager_row.median_ms)

@@ -19,6 +19,14 @@ wall time includes the hold), :func:`blocking_steps` names the steps that wait: 
 the host with the GPU held, and a step that takes most of the hold waited for it (a synchronous
 copy, a pageable-memory upload, an allocation that frees, a library call that synchronises). After
 each such step the GPU is held again, so every blocking step of the run is found, not just the first.
+A second held run tells the causes apart: the device is synchronised and held afresh right before each
+such step, so it runs first behind an empty queue. One that waits again waits for the device itself
+(``SYNC``: host time, the wall figure stands); one that does not waited for room in the launch queue
+that the work enqueued behind the hold had filled (``QUEUE``; on the H200 GPT-2 bs1's 66th replayed
+step graph, whatever the hold's length, 2026-12-05). The queue wait is device time: for such a run
+(``queue_limited``) the headline is the sum of each step's host time in held runs (a hook around
+``step.run``), a waiting step counted at the median step's time, and ``host_us_per_node_wall`` keeps
+the plain figure.
 
 Reported per run (``HostTime``): the best and the median wall time, and the thread's CPU time
 (``time.thread_time``) of the same run: wall well above CPU time means the thread waited (blocked
@@ -73,9 +81,17 @@ class HostTime:
     held: bool = False                               # every timed run had the GPU held throughout
     hold_us: float = 0.0
     blocking: list = field(default_factory=list)     # steps that waited for the device (when not held)
+    queue_excluded_us: float | None = None           # a run's host time less full-queue waits (when not held)
+
+    @property
+    def queue_limited(self) -> bool:
+        """The run filled the launch queue behind the hold and no step waits for the device itself."""
+        return not self.held and self.queue_excluded_us is not None
 
     @property
     def us_per_step(self) -> float:
+        if self.queue_limited:
+            return self.queue_excluded_us / self.steps
         return min(self.wall_us) / self.steps
 
     def to_dict(self) -> dict:
@@ -84,13 +100,19 @@ class HostTime:
         def r(x):
             return None if x is None else round(x, 2)
 
-        return {"steps": self.steps, "host_us_per_node": r(min(self.wall_us) / per),
+        method = "wall time of one Session.run, GPU held by a spin kernel, synchronised outside the timed region"
+        if self.queue_limited:
+            method = (f"the run filled the launch queue behind the hold ({QUEUE}: blocking_steps), so: host time "
+                      "of each step of held runs (a hook around step.run), a step waiting for queue room counted "
+                      "at the median step's time; the plain wall time is host_us_per_node_wall")
+        return {"steps": self.steps, "host_us_per_node": r(self.us_per_step),
+                **({"host_us_per_node_wall": r(min(self.wall_us) / per)} if self.queue_limited else {}),
                 "host_us_per_node_median": r(statistics.median(self.wall_us) / per),
                 "host_cpu_us_per_node": r(min(self.cpu_us) / per) if self.cpu_us else None,
                 "host_idle_gpu_us_per_node": r(min(self.idle_wall_us) / per) if self.idle_wall_us else None,
                 "gpu_held": self.held, "hold_us": r(self.hold_us), "runs": len(self.wall_us),
                 **({"blocking_steps": self.blocking} if self.blocking else {}),
-                "method": "wall time of one Session.run, GPU held by a spin kernel, synchronised outside the timed region"}
+                "method": method}
 
 
 def _device_feeds(sess, feeds: Mapping[str, Any]) -> dict:
@@ -102,7 +124,7 @@ def _device_feeds(sess, feeds: Mapping[str, Any]) -> dict:
 
 
 def measure(sess, feeds: Mapping[str, Any], repeats: int = 20, *, hold: Callable | None = None,
-            warmup: int = 3, idle: bool = True) -> HostTime:
+            warmup: int = 3, idle: bool = True, block_hold_us: float = 100_000.0) -> HostTime:
     """Time ``repeats`` eager runs of ``sess`` (built with ``cuda_graphs=False``) as the module docstring says.
 
     ``warmup`` runs first (trace, then each step's CUDA graph recorded on its second run); ``hold``
@@ -154,37 +176,37 @@ def measure(sess, feeds: Mapping[str, Any], repeats: int = 20, *, hold: Callable
             sess.synchronize()
     res.held, res.hold_us = held_all, hold_us if hold is not None else 0.0
     if hold is not None and not held_all:
-        res.blocking = blocking_steps(sess, feeds, hold=hold)
+        res.queue_excluded_us, res.blocking = queue_excluded_us(sess, feeds, hold=hold, hold_us=block_hold_us)
     return res
 
 
 BLOCK_HOLD_US = 100_000.0
+QUEUE = "launch queue full"  # a step that waits only where the queue behind the hold is full
+SYNC = "waits for the device"  # a step that waits even when it is the first behind a fresh hold
 
 
-def blocking_steps(sess, feeds: Mapping[str, Any], *, hold: Callable | None = None,
-                   hold_us: float = BLOCK_HOLD_US) -> list[dict]:
-    """The steps of one eager run that wait for the device: ``[{"step", "lowering", "us"}]`` in run
-    order. The GPU is held for ``hold_us`` before the run and again after every step found waiting; a
-    step whose host time exceeds half the hold waited for it (no step's own host work comes near
-    50 ms). Empty off cuda or when nothing waits."""
-    if sess.device != "cuda":
-        return []
-    dev = _device_feeds(sess, feeds)
-    if hold is None:
-        hold = cuda_hold(sess.backend.cupy)
-    sess.run(dev)
-    sess.synchronize()
+def _held_step_times(sess, dev: dict, hold: Callable, hold_us: float, drain_before: frozenset = frozenset()):
+    """One eager run behind a ``hold_us`` hold, each ``step.run`` timed on the host: ``[(label,
+    lowering, us)]`` and the indices of the steps that waited (over half the hold; the GPU is held
+    again after each). Before the steps in ``drain_before`` the device is synchronised and held
+    afresh, so such a step is the first work behind an empty queue."""
     plan = sess.last_plan
     stream = sess.backend.stream
     clock = time.perf_counter
-    found: list[dict] = []
+    times: list = []
+    waited: list[int] = []
 
     def timed(step, ins):
+        k = len(times)
+        if k in drain_before:
+            sess.synchronize()
+            hold(stream, hold_us)
         t0 = clock()
         outs = step.run(ins)
         us = (clock() - t0) * 1e6
+        times.append((step.label, step.lowering, us))
         if us > hold_us / 2:
-            found.append({"step": step.label, "lowering": step.lowering, "us": round(us, 1)})
+            waited.append(k)
             hold(stream, hold_us)  # the device caught up: hold it again for the next one
         return outs
 
@@ -192,7 +214,65 @@ def blocking_steps(sess, feeds: Mapping[str, Any], *, hold: Callable | None = No
     with stream:
         plan.execute(sess._convert_feeds(dev), timed)
     sess.synchronize()
-    return found
+    return times, waited
+
+
+def _classified_waits(sess, dev: dict, hold: Callable, hold_us: float) -> tuple[list, list[dict]]:
+    """(step times of a held run, the steps that waited in it, each with its cause): a step that
+    waits again when it runs first behind a fresh hold waits for the device itself (``SYNC``: a
+    synchronous copy or call); one that does not waited only because the work enqueued before it
+    filled the launch queue behind the hold (``QUEUE``: device time, not host time; measured on
+    the H200, 2026-12-05: GPT-2 bs1's 66th replayed step graph, whatever the hold's length)."""
+    times, waited = _held_step_times(sess, dev, hold, hold_us)
+    found: list[dict] = []
+    if waited:
+        again, waited2 = _held_step_times(sess, dev, hold, hold_us, frozenset(waited))
+        for k in waited:
+            label, lowering, us = times[k]
+            found.append({"step": label, "lowering": lowering, "us": round(us, 1),
+                          "cause": SYNC if k in waited2 else QUEUE})
+    return times, found
+
+
+def blocking_steps(sess, feeds: Mapping[str, Any], *, hold: Callable | None = None,
+                   hold_us: float = BLOCK_HOLD_US) -> list[dict]:
+    """The steps of one eager run that wait for the device: ``[{"step", "lowering", "us", "cause"}]``
+    in run order. The GPU is held for ``hold_us`` before the run and again after every step found
+    waiting; a step whose host time exceeds half the hold waited for it (no step's own host work
+    comes near 50 ms); ``cause`` says whether it waits for the device itself or for room in the
+    launch queue (``_classified_waits``). Empty off cuda or when nothing waits."""
+    if sess.device != "cuda":
+        return []
+    dev = _device_feeds(sess, feeds)
+    if hold is None:
+        hold = cuda_hold(sess.backend.cupy)
+    sess.run(dev)
+    sess.synchronize()
+    return _classified_waits(sess, dev, hold, hold_us)[1]
+
+
+def queue_excluded_us(sess, feeds: Mapping[str, Any], *, hold: Callable | None = None, runs: int = 3,
+                      hold_us: float = BLOCK_HOLD_US) -> tuple[float | None, list[dict]]:
+    """(host us of one run without the waits for a full launch queue, the waiting steps): the best of
+    ``runs`` held runs timed step by step, each ``QUEUE`` step counted at the median step's time
+    (its own launch, not the device's backlog). None when some step waits for the device itself:
+    that wait is host time, and the run's wall time stands."""
+    dev = _device_feeds(sess, feeds)
+    if hold is None:
+        hold = cuda_hold(sess.backend.cupy)
+    sess.run(dev)
+    sess.synchronize()
+    best, found = None, []
+    for _ in range(max(1, runs)):
+        times, waits = _classified_waits(sess, dev, hold, hold_us)
+        found = found or waits
+        if any(w["cause"] == SYNC for w in waits):
+            return None, waits
+        queued = {i for i, t in enumerate(times) if t[2] > hold_us / 2}
+        rest = [t[2] for i, t in enumerate(times) if i not in queued]
+        total = sum(rest) + len(queued) * (statistics.median(rest) if rest else 0.0)
+        best = total if best is None else min(best, total)
+    return best, found
 
 
 def per_op(sess, feeds: Mapping[str, Any], repeats: int = 5, *, hold: Callable | None = None) -> list:

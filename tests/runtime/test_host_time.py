@@ -41,18 +41,23 @@ class _Stream:
 
 class _Plan:
     """Ten steps; those named in ``waits`` sleep ``wait_s`` while the GPU is held (a step that
-    waits for the device), then the device counts as caught up."""
+    waits for the device), then the device counts as caught up. With ``queue`` = q, any step
+    behind a hold with q steps enqueued since that hold waits too (a full launch queue)."""
 
-    def __init__(self, sess, waits=(), wait_s=0.005):
-        self.sess, self.waits, self.wait_s = sess, set(waits), wait_s
+    def __init__(self, sess, waits=(), wait_s=0.005, queue=None):
+        self.sess, self.waits, self.wait_s, self.queue = sess, set(waits), wait_s, queue
         self.steps = [SimpleNamespace(label=f"Op n{i}", lowering="lw" if i in self.waits else None, run=self._step(i))
                       for i in range(10)]
 
     def _step(self, i):
         def run(ins):
-            if i in self.waits and self.sess.held:
+            sess = self.sess
+            full = self.queue is not None and sess.enqueued >= self.queue
+            if sess.held and (i in self.waits or full):
                 time.sleep(self.wait_s)
-                self.sess.held = False
+                sess.held, sess.enqueued = False, 0
+            elif sess.held:
+                sess.enqueued += 1
             return []
         return run
 
@@ -67,10 +72,11 @@ class _Sess:
 
     device = "cuda"
 
-    def __init__(self, waits=()):
+    def __init__(self, waits=(), queue=None):
         self.log: list = []
         self.held = False
-        self.last_plan = _Plan(self, waits)
+        self.enqueued = 0  # steps enqueued behind the current hold
+        self.last_plan = _Plan(self, waits, queue=queue)
         self.backend = SimpleNamespace(stream=_Stream(), cupy=SimpleNamespace(asarray=lambda v: v))
 
     def _convert_feeds(self, feeds):
@@ -78,9 +84,12 @@ class _Sess:
 
     def run(self, feeds):
         self.log.append("run")
+        self.last_plan.execute(feeds)
 
     def synchronize(self):
         self.log.append("sync")
+        if self.held and self.log.count("hold") and getattr(self, "drains", False):
+            self.held, self.enqueued = False, 0
 
 
 def _hold(sess, done_pattern):
@@ -91,7 +100,7 @@ def _hold(sess, done_pattern):
         assert stream == "s"
         holds.append(us)
         sess.log.append("hold")
-        sess.held = True
+        sess.held, sess.enqueued = True, 0
         return _Event(sess.log, next(pattern, False))
 
     return hold, holds
@@ -147,10 +156,42 @@ def test_every_step_that_waits_for_the_device_is_named_in_run_order():
     hold, holds = _hold(sess, [])
     found = host_time.blocking_steps(sess, {}, hold=hold, hold_us=2000.0)
     assert [b["step"] for b in found] == ["Op n3", "Op n7"] and all(b["lowering"] == "lw" for b in found)
-    assert all(b["us"] > 1000.0 for b in found) and len(holds) == 3  # before the run, after each waiting step
+    assert all(b["us"] > 1000.0 for b in found) and holds[:3] == [2000.0] * 3  # before the run, after each waiting step
+    assert all(b["cause"] == host_time.SYNC for b in found)  # each waits again as the first step behind a fresh hold
     assert host_time.blocking_steps(_Sess(), {}, hold=_hold(_Sess(), [])[0], hold_us=2000.0) == []
     d = host_time.HostTime(steps=10, wall_us=[1.0], cpu_us=[1.0], blocking=found).to_dict()
     assert d["blocking_steps"] == found
+
+
+def test_a_step_that_waits_only_behind_a_full_launch_queue_is_told_apart():
+    """GPT-2 bs1 on the H200 (2026-12-05): the 66th replayed step graph waited out every hold, 20 ms
+    or 100 ms alike, and not at all without step replay. A step that does not wait when it runs first
+    behind a fresh hold waited for queue room, not for the device."""
+    sess = _Sess(queue=4)
+    sess.drains = True
+    hold, _ = _hold(sess, [])
+    found = host_time.blocking_steps(sess, {}, hold=hold, hold_us=2000.0)
+    assert [b["step"] for b in found] == ["Op n4", "Op n9"] and all(b["cause"] == host_time.QUEUE for b in found)
+
+
+def test_a_queue_limited_run_reports_its_steps_host_time_and_keeps_the_wall_time():
+    sess = _Sess(queue=4)
+    sess.drains = True
+    hold, _ = _hold(sess, [True] * 1000)  # every hold ends before the run returns
+    h = host_time.measure(sess, {}, repeats=3, hold=hold, warmup=1, idle=False, block_hold_us=2000.0)
+    d = h.to_dict()
+    assert h.queue_limited and d["host_us_per_node"] < 100.0 and d["host_us_per_node_wall"] * 10 >= 5000.0  # 5 ms waits excluded
+    assert "launch queue" in d["method"] and [b["cause"] for b in d["blocking_steps"]] == [host_time.QUEUE] * 2
+
+
+def test_a_step_that_waits_for_the_device_itself_keeps_the_wall_time():
+    sess = _Sess(waits=(3,))
+    sess.drains = True
+    hold, _ = _hold(sess, [True] * 1000)
+    h = host_time.measure(sess, {}, repeats=3, hold=hold, warmup=1, idle=False, block_hold_us=2000.0)
+    d = h.to_dict()
+    assert not h.queue_limited and "host_us_per_node_wall" not in d and d["host_us_per_node"] == round(min(h.wall_us) / 10, 2)
+    assert [b["cause"] for b in d["blocking_steps"]] == [host_time.SYNC]
 
 
 def test_the_idle_gpu_figure_is_the_same_run_without_the_hold():
