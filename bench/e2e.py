@@ -517,6 +517,8 @@ def main(argv=None) -> int:
     broken: dict[str, str] = {}  # model -> why it could not be built or exported
     for name, bs, dtype in plan:
         if budget.left() < args.measure_reserve + 10:
+            log(f"{name} bs{bs} {dtype}: skipped: {budget.left():.0f} s left, under --measure-reserve "
+                f"{args.measure_reserve:.0f} + 10 (an older row, if any, stays)")
             doc["runs"][-1].setdefault("skipped_for_time", []).append(f"{name} bs{bs} {dtype}")
             continue
         if name in broken:
