@@ -65,8 +65,9 @@ if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.device_bench_installed ]; 
     && touch /tmp/site/.device_bench_installed || echo "device_bench: wheel install failed"
 fi
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
-# every step re-packs the kernel cache (so that a cut call still returns it): xz's default level took
-# most of a step's ~85 s of overhead on 2026-12-05 (10 s of tests in a 99 s step); threaded level 1 instead
+# every step re-packs the kernel cache (so that a cut call still returns it): on 2026-12-05 a step with
+# 10 s of tests took 99 s, and xz at its default level on ~100 MB of cubins is the likeliest part of
+# that overhead (not timed separately); threaded level 1 instead
 export XZ_OPT=${XZ_OPT:--T0 -1}
 export GRAPHOPT_KERNEL_CACHE=${GRAPHOPT_KERNEL_CACHE:-/tmp/gk}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
