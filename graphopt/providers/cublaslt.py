@@ -228,7 +228,7 @@ class CublasLtGemm(Candidate):
             if status != lt.CUBLAS_STATUS_SUCCESS:
                 raise TuningError(f"cublasLtMatmul failed with status {status} ({self.key()}, {sig.key()})")
             if d_bytes:
-                _packrow_length(outputs[0], base, pr.d_ld * esize, rows, row_bytes)
+                _pack_rows(outputs[0], base, pr.d_ld * esize, rows, row_bytes)
             if post is not None:
                 post(outputs[0])
 
@@ -268,7 +268,7 @@ def _tail_call(a: lt.Api, sig: Signature, main: Problem) -> _TailCall:
     return _TailCall(a, t, desc, algo, ws_bytes, (main.m * main.a[2] * esize, main.m * esize, main.m * esize))
 
 
-def _packrow_length(out, src: int, pitch: int, rows: int, row_bytes: int) -> None:
+def _pack_rows(out, src: int, pitch: int, rows: int, row_bytes: int) -> None:
     """``rows`` rows of ``row_bytes`` bytes, ``pitch`` bytes apart from address ``src``, into the
     C-contiguous ``out``: one ``cudaMemcpy2DAsync`` on the current stream (a NumPy ``out``: host
     memory, the emulated library's tests)."""
