@@ -215,11 +215,11 @@ def problem(sig: Signature, variant: str = "") -> Problem:
     pr = _row_major(dt, M, p.N, p.K, p.trans_a, p.trans_b or b_stored_transposed(sig, variant), Z, sa,
                     p.b_batch if Z > 1 else 0, act, bias, p.alpha, 0, 1, 2 if bias else None)
     if variant in ("pad", "pad_tail"):
-        pr = _splitrow_length(pr, p.N, dt, tail=variant == "pad_tail")
+        pr = _split_rows(pr, p.N, dt, tail=variant == "pad_tail")
     return pr
 
 
-def _splitrow_length(pr: Problem, n: int, dtype: str, tail: bool) -> Problem:
+def _split_rows(pr: Problem, n: int, dtype: str, tail: bool) -> Problem:
     """The pad variant's two calls: cuBLASLt's rows (our Y's ``n`` columns) split into the largest
     16-byte multiple (``main``: every operand's rows and offsets aligned, so the heuristic offers the
     TMA kernels, which it withholds for an odd row count) and the rest (``tail``, 1-7 rows of fp16);
