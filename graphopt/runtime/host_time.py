@@ -217,8 +217,9 @@ def _held_step_times(sess, dev: dict, hold: Callable, hold_us: float, drain_befo
     return times, waited
 
 
-def _classified_waits(sess, dev: dict, hold: Callable, hold_us: float) -> tuple[list, list[dict]]:
-    """(step times of a held run, the steps that waited in it, each with its cause): a step that
+def _classified_waits(sess, dev: dict, hold: Callable, hold_us: float) -> tuple[list, list[int], list[dict]]:
+    """(step times of a held run, the indices of the steps that waited in it, those steps each with
+    its cause): a step that
     waits again when it runs first behind a fresh hold waits for the device itself (``SYNC``: a
     synchronous copy or call); one that does not waited only because the work enqueued before it
     filled the launch queue behind the hold (``QUEUE``: device time, not host time; measured on
@@ -231,7 +232,7 @@ def _classified_waits(sess, dev: dict, hold: Callable, hold_us: float) -> tuple[
             label, lowering, us = times[k]
             found.append({"step": label, "lowering": lowering, "us": round(us, 1),
                           "cause": SYNC if k in waited2 else QUEUE})
-    return times, found
+    return times, waited, found
 
 
 def blocking_steps(sess, feeds: Mapping[str, Any], *, hold: Callable | None = None,
@@ -248,7 +249,7 @@ def blocking_steps(sess, feeds: Mapping[str, Any], *, hold: Callable | None = No
         hold = cuda_hold(sess.backend.cupy)
     sess.run(dev)
     sess.synchronize()
-    return _classified_waits(sess, dev, hold, hold_us)[1]
+    return _classified_waits(sess, dev, hold, hold_us)[2]
 
 
 def queue_excluded_us(sess, feeds: Mapping[str, Any], *, hold: Callable | None = None, runs: int = 3,
@@ -264,11 +265,11 @@ def queue_excluded_us(sess, feeds: Mapping[str, Any], *, hold: Callable | None =
     sess.synchronize()
     best, found = None, []
     for _ in range(max(1, runs)):
-        times, waits = _classified_waits(sess, dev, hold, hold_us)
+        times, waited, waits = _classified_waits(sess, dev, hold, hold_us)
         found = found or waits
         if any(w["cause"] == SYNC for w in waits):
             return None, waits
-        queued = {i for i, t in enumerate(times) if t[2] > hold_us / 2}
+        queued = set(waited)
         rest = [t[2] for i, t in enumerate(times) if i not in queued]
         total = sum(rest) + len(queued) * (statistics.median(rest) if rest else 0.0)
         best = total if best is None else min(best, total)
