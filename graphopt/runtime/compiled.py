@@ -123,20 +123,22 @@ def _pool_direct(step, ins, out, backend):
     return make
 
 
-def _compact(backend, arr) -> bool:
-    """Whether ``arr`` is a dense tensor (C order or a permutation of it, as NHWC) alone in its block:
-    then a view with the same shape and strides at an arena offset holds it. The block may be larger
-    (CuPy's pool rounds sizes up to 512 bytes)."""
+def _compact(arr, block_bytes: int) -> bool:
+    """Whether ``arr`` is a dense tensor (C order or a permutation of it, as NHWC) alone in its block
+    (of ``block_bytes``): then a view with the same shape and strides at an arena offset holds it. The
+    block may be larger (CuPy's pool rounds sizes up to 512 bytes)."""
     nbytes = int(getattr(arr, "nbytes", 0))
     if nbytes <= 0 or any(s < 0 for s in arr.strides):
         return False
     span = arr.itemsize + sum((d - 1) * s for d, s in zip(arr.shape, arr.strides))
-    return span == nbytes and backend.block_bytes(arr) >= nbytes
+    return span == nbytes and block_bytes >= nbytes
 
 
-def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass per concern, in order
-    """Place the plan's own buffers in one arena and rebind its steps (see the module docstring)."""
-    block_of = [backend.block_id(a) for a in arrays]
+def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -> None:  # noqa: C901 - one pass per concern
+    """Place the plan's own buffers in one arena and rebind its steps (see the module docstring).
+    ``arrays``: the traced slots (metadata only once spent); ``blocks`` / ``block_bytes``: each slot's
+    memory-block token and size, as the trace recorded them while the arrays were alive."""
+    block_of = blocks
     fixed_blocks = {block_of[s] for _, s in plan.outputs} | {block_of[s] for s, _ in plan.constants} | \
         {block_of[s] for _, s in plan.inputs}
     last_use: dict[Any, int] = {}
@@ -151,7 +153,7 @@ def compile_plan(plan, arrays: list, backend) -> None:  # noqa: C901 - one pass 
     placed: dict[int, list] = {}  # step index -> [(output index, slot or None, array)]
     for k, step in enumerate(plan.steps):
         lowered = getattr(step.run, "lowered", None)
-        fresh = [s is None or (block_of[s] not in seen and _compact(backend, arrays[s])) for s in step.outputs]
+        fresh = [s is None or (block_of[s] not in seen and _compact(arrays[s], block_bytes[s])) for s in step.outputs]
         for s in step.outputs:
             if s is not None:
                 seen.add(block_of[s])

@@ -9,8 +9,9 @@ from typing import Any
 ALIGN = 512  # CuPy's pool rounds every block to 512 bytes; the peak estimate does too
 
 
-def liveness(plan, arrays: list, backend) -> None:
-    """Free each slot after its last use, and compute the peak of live activation bytes."""
+def liveness(plan, blocks: list, block_bytes: list) -> None:
+    """Free each slot after its last use, and compute the peak of live activation bytes (``blocks``:
+    each slot's memory-block token, views sharing their base's; ``block_bytes``: that block's size)."""
     n = plan.n_slots
     last = [-1] * n
     for k, step in enumerate(plan.steps):
@@ -30,10 +31,10 @@ def liveness(plan, arrays: list, backend) -> None:
     for k, step in enumerate(plan.steps):
         step.free = tuple(frees[k])
     # peak estimate: blocks are shared by views; a block is live while any slot on it is live
-    block_of = [backend.block_id(a) for a in arrays]
+    block_of = blocks
     size_of: dict[Any, int] = {}
-    for a, b in zip(arrays, block_of):
-        size_of[b] = max(size_of.get(b, 0), -(-backend.block_bytes(a) // ALIGN) * ALIGN)
+    for nbytes, b in zip(block_bytes, block_of):
+        size_of[b] = max(size_of.get(b, 0), -(-int(nbytes) // ALIGN) * ALIGN)
     const_blocks = {block_of[s] for s, _ in plan.constants}
     plan.constant_bytes = sum(size_of[b] for b in const_blocks)
     live_slots: dict[Any, int] = {}

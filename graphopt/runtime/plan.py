@@ -10,6 +10,11 @@ Expand's shape, ...; ``onnx_ops.registry.HOST_INPUTS``) are resolved here, never
 inside a run. A step whose host input is a device value (a data-dependent shape) reads it at run
 time: the plan is then ``dynamic``; it is rebuilt on every run and never captured.
 
+During the trace a device tensor read for the last time keeps only its metadata (``_spent``: shape,
+dtype, strides) and its memory-block token and size (recorded while it was alive), so the first
+run's high-water mark is the live activations, not the sum of all of them (until 2026-12-05 the
+trace kept every array until the plan was compiled).
+
 After the trace the plan knows every slot's shape, dtype and last use (``liveness``: each step
 drops the slots it read last; ``peak_bytes`` is that schedule's peak of live bytes), and a reusable
 plan is compiled (``compiled.compile_plan``): the buffers it owns go into one arena placed by
@@ -168,13 +173,14 @@ def trace(graph, backend, feeds: dict[str, Any], *, opset: int, signature: tuple
     tracer.add_feeds(feeds)
     for node in graph.nodes():
         tracer.node(node)
+        tracer.release(node)
     outs = tracer.finish()
     plan = tracer.plan
-    liveness(plan, tracer.arrays, backend)
+    liveness(plan, tracer.blocks, tracer.block_bytes)
     if outer is None and plan.dynamic is None:
         from graphopt.runtime.compiled import compile_plan
 
-        compile_plan(plan, tracer.arrays, backend)
+        compile_plan(plan, tracer.arrays, backend, tracer.blocks, tracer.block_bytes)
     return plan, outs
 
 
@@ -184,19 +190,58 @@ class _Tracer:
     def __init__(self, graph, backend, opset: int, signature: tuple, outer):
         self.graph, self.backend, self.opset, self.outer = graph, backend, opset, outer
         self.env: dict[str, Any] = {}
-        self.arrays: list[Any] = []  # device arrays by slot, during the trace
+        # device arrays by slot; after its last reader is traced a slot keeps only its metadata
+        # (``_spent``), so the trace's high-water mark is the live activations, not their sum
+        self.arrays: list[Any] = []
+        self.blocks: list[int] = []       # per slot: its memory block's token (views share their base's)
+        self.block_bytes: list[int] = []  # per slot: that block's size
+        self._token_of: dict[Any, int] = {}  # backend.block_id of a block some slot still holds -> token
+        self._block_of_token: dict[int, Any] = {}
+        self._holders: dict[int, int] = {}  # token -> slots still holding an array on that block
+        self._readers = _readers(graph)  # tensor name -> nodes not yet traced that read it (+1: graph output)
+        self._kept: set[int] = set()  # feeds and constants: never spent
         self.const_slots: dict[int, int] = {}  # id(host array) -> constant slot
         self.host_keep: list[Any] = []  # keeps host arrays alive so id() keys stay unique
         self.plan = Plan(signature, [], 0, [], [], [])
 
     # -- values -----------------------------------------------------------------------------------
     def new_slot(self, arr) -> int:
+        """A slot for ``arr``. Its block token is the live block's it shares memory with, else a new
+        one: ``backend.block_id`` (a Python id) can repeat once a block is freed, a token never does."""
+        bid = self.backend.block_id(arr)
+        token = self._token_of.get(bid)
+        if token is None:
+            token = self._token_of[bid] = len(self._block_of_token)
+            self._block_of_token[token] = bid
+        self._holders[token] = self._holders.get(token, 0) + 1
         self.arrays.append(arr)
+        self.blocks.append(token)
+        self.block_bytes.append(int(self.backend.block_bytes(arr)))
         return len(self.arrays) - 1
+
+    def release(self, node) -> None:
+        """After ``node`` is traced: every device tensor it read last keeps only its metadata."""
+        for t in _read_names(node):
+            left = self._readers.get(t, 0) - 1
+            self._readers[t] = left
+            v = self.env.get(t)
+            if left <= 0 and isinstance(v, _Dev) and v.slot not in self._kept:
+                self._spend(v.slot)
+
+    def _spend(self, slot: int) -> None:
+        arr = self.arrays[slot]
+        if isinstance(arr, _SpentArray):
+            return
+        self.arrays[slot] = _spent(arr)
+        token = self.blocks[slot]
+        self._holders[token] -= 1
+        if not self._holders[token]:  # no slot holds the block: its id may be reused by a new block
+            self._token_of.pop(self._block_of_token[token], None)
 
     def add_feeds(self, feeds: dict[str, Any]) -> None:
         for name, arr in feeds.items():
             slot = self.new_slot(arr)
+            self._kept.add(slot)
             self.env[name] = _Dev(slot)
             self.plan.inputs.append((name, slot))
 
@@ -215,6 +260,7 @@ class _Tracer:
         if isinstance(val, np.ndarray):
             return _Host(val)
         slot = self.new_slot(val)
+        self._kept.add(slot)
         self.plan.constants.append((slot, val))  # outer device values are fixed for this (eager) trace
         return _Dev(slot)
 
@@ -237,6 +283,7 @@ class _Tracer:
         if slot is None:
             arr = self.backend.upload(v.value, name=t)
             slot = self.new_slot(arr)
+            self._kept.add(slot)
             self.plan.constants.append((slot, arr))
             self.const_slots[key] = slot
             self.host_keep.append(v.value)
@@ -391,6 +438,34 @@ def _shape_of(v, arrays) -> tuple[int, ...]:
     if isinstance(v, _Host):
         return tuple(np.shape(v.value))
     return tuple(arrays[v.slot].shape)
+
+
+class _SpentArray(np.ndarray):
+    """A traced device array after its last use: shape, dtype and strides (what liveness and the
+    compiled plan read) over one element of host memory, never read."""
+
+
+def _spent(arr) -> np.ndarray:
+    dt = np.dtype(arr.dtype)
+    one = np.empty(1, dt)
+    view = np.lib.stride_tricks.as_strided(one, tuple(arr.shape), tuple(arr.strides), writeable=False)
+    return view.view(_SpentArray)
+
+
+def _read_names(node) -> list[str]:
+    """The tensors ``node`` reads: its inputs and, for a node with subgraphs, their outer references."""
+    return [t for t in node.inputs if t] + (_outer_refs(node) if node.subgraphs() else [])
+
+
+def _readers(graph) -> dict[str, int]:
+    """Tensor name -> how many nodes read it, plus one for a graph output (never released)."""
+    count: dict[str, int] = {}
+    for node in graph.nodes():
+        for t in _read_names(node):
+            count[t] = count.get(t, 0) + 1
+    for t in graph.outputs:
+        count[t] = count.get(t, 0) + 1
+    return count
 
 
 def _outer_refs(node) -> list[str]:
