@@ -56,14 +56,16 @@ class CapturedRun:
             raise CaptureFailed(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
         return cls(graph, pool, static, outs, stream)
 
-    def replay(self, feeds: dict[str, Any], stream=None) -> list:
-        """Copy ``feeds`` in, launch the graph on ``stream`` (default: the capture stream), copy the outputs out."""
+    def replay(self, feeds: dict[str, Any], stream=None, copy: bool = True) -> list:
+        """Copy ``feeds`` in, launch the graph on ``stream`` (default: the capture stream), copy the
+        outputs out; ``copy=False`` returns the graph's own output buffers instead (the next replay
+        overwrites them: GPT-2's logits at bs32 are 412 MB, a 0.19 ms copy on the H200)."""
         stream = stream or self.stream
         with stream:
             for name, arr in feeds.items():
                 _copy_into(self.static_inputs[name], arr, stream)
             self.graph.launch(stream)
-            return [_copy_of(o, stream) for o in self.outputs]
+            return [_copy_of(o, stream) for o in self.outputs] if copy else list(self.outputs)
 
 
 def _dense(a) -> bool:

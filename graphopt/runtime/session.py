@@ -99,9 +99,11 @@ class Session:
     """Runs one model; plans are cached per input-shape signature."""
 
     def __init__(self, model_or_path, device: str = "cuda", dtype: str | None = None, *, cuda_graphs: bool = True,
-                 max_graphs: int | None = None, step_graphs: bool = True):
+                 max_graphs: int | None = None, step_graphs: bool = True, copy_outputs: bool = True):
         if max_graphs is not None and (isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1):
             raise UsageError(f"max_graphs {max_graphs!r}: expected a positive integer")
+        if not isinstance(copy_outputs, bool):
+            raise UsageError(f"copy_outputs {copy_outputs!r}: expected True or False")
         if device not in DEVICES:
             raise UsageError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
         if dtype not in DTYPES:
@@ -118,6 +120,9 @@ class Session:
         self.optional_inputs = [t for t in self.graph.inputs if self.graph.is_initializer(t)]
         self.output_names = list(self.graph.outputs)
         self.cuda_graphs = bool(cuda_graphs) and device == "cuda"
+        # False: a CUDA-graph replay returns the graph's own output buffers, valid until this session's
+        # next run of the same input shapes (torch.compile's reduce-overhead contract), not copies of them
+        self.copy_outputs = copy_outputs
         self.last_peak_bytes: int | None = None
         self.last_plan: Plan | None = None
         self.graph_status: str = "off" if not self.cuda_graphs else "not captured yet"
@@ -351,7 +356,7 @@ class Session:
             self.graph_status = "replaying a CUDA graph"
             self.last_plan = plan
             self.last_peak_bytes = plan.peak_bytes
-            return self._cast_out(cap.replay(conv, be.stream))
+            return self._cast_out(cap.replay(conv, be.stream, copy=self.copy_outputs))
 
     def synchronize(self) -> None:
         if self.device == "cuda":

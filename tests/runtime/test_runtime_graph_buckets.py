@@ -39,8 +39,11 @@ class _Recorder:
         cls.captured.append(tuple(a.shape for a in feeds.values()))
         return rec
 
-    def replay(self, feeds, stream=None):
+    copies: list = []
+
+    def replay(self, feeds, stream=None, copy=True):
         self.replays += 1
+        type(self).copies.append(copy)
         return [o.copy() for o in self.plan.execute(feeds)]
 
 
@@ -48,7 +51,7 @@ class _Recorder:
 def recorder(fake_cuda, monkeypatch):
     from graphopt.runtime import session
 
-    _Recorder.captured = []
+    _Recorder.captured, _Recorder.copies = [], []
     monkeypatch.setattr(session, "CapturedRun", _Recorder)
     return _Recorder
 
@@ -131,3 +134,44 @@ def test_compiled_plans_are_kept_for_a_bounded_number_of_shapes_least_recently_u
     sess.run({"x": np.ones((4, 8), np.float32)})
     sess.run({"x": np.ones((2, 8), np.float32)})  # traced again; 5 was the least recently used
     assert [sig[0][1][0] for sig in sess._plans] == [1, 4, 2]
+
+
+def test_static_outputs_are_asked_of_the_replay_only_when_the_session_says_so(recorder):
+    """``copy_outputs=False``: a replay hands back the graph's own output buffers (torch.compile's
+    reduce-overhead contract: valid until the next run); the default copies them."""
+    from graphopt.runtime import Session
+
+    x = np.ones((2, 8), np.float32)
+    for flag in (True, False):
+        sess = Session(_dynamic_model(), device="cuda", copy_outputs=flag)
+        for _ in range(3):
+            sess.run({"x": x})
+        assert sess.graph_status == "replaying a CUDA graph"
+    assert recorder.copies == [True, True, False, False]  # capture on the second run, then replays
+
+
+def test_a_replay_without_copies_returns_the_graphs_own_buffers():
+    from types import SimpleNamespace
+
+    from graphopt.runtime.graphs import CapturedRun
+
+    class _Stream:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    launched = []
+    outs = [np.zeros(3), np.ones(2)]
+    run = CapturedRun(SimpleNamespace(launch=lambda stream: launched.append(stream)), None, {}, outs, _Stream())
+    got = run.replay({}, copy=False)
+    assert len(launched) == 1 and all(g is o for g, o in zip(got, outs))
+
+
+def test_copy_outputs_must_be_a_bool():
+    from graphopt.errors import UsageError
+    from graphopt.runtime import Session
+
+    with pytest.raises(UsageError, match="copy_outputs"):
+        Session(_dynamic_model(), device="numpy", copy_outputs="no")
