@@ -113,8 +113,9 @@ class Lowering:
     - ``workspace_bytes``: scratch device memory ``launch`` needs; the runtime allocates it once per
       node (and counts it), the profiler per candidate. ``workspace`` is None when it is 0.
     - ``capturable``: whether ``launch`` may run under CUDA-graph stream capture.
-    - ``layouts``: the layout of each input then each output (``NCHW``, ``NHWC``, ``rowmajor``; see
-      ``graphopt.lowering.layout``), or ``()`` for "C-contiguous everywhere". The runtime and the
+    - ``layouts``: the layout of each input then each output (``NCHW``, ``NHWC``, ``rowmajor``,
+      ``colmajor`` for a constant, ``rowpad``; see ``graphopt.lowering.layout``), or ``()`` for
+      "C-contiguous everywhere". The runtime and the
       checker hand ``launch`` its inputs in these layouts and allocate its outputs in them.
     - ``versions``: library versions that belong in the tuning-cache key.
     - ``barrier``: whether ``launch`` must be preceded by a stream barrier

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-LAYOUTS = ("NCHW", "NHWC", "rowmajor", "colmajor", "")  # "": any (the lowering reads the strides itself)
+import numpy as np
+
+LAYOUTS = ("NCHW", "NHWC", "rowmajor", "colmajor", "rowpad", "")  # "": any (the lowering reads the strides itself)
+# "rowpad": C order with each row (the last dim) padded to a whole number of 16 bytes: the array is a
+# ``[..., :N]`` view of a C-contiguous ``(..., ld)`` buffer. A GEMM output with rows of odd length
+# (GPT-2's 50257 logits) is written there by cuBLASLt's Hopper kernels, which need 16-byte aligned
+# rows; rows already 16-byte multiples make it plain C order.
+ROW_ALIGN = 16
 # Layouts only a constant input may be declared in: the runtime converts a constant once, when the plan
 # is built, but would convert an activation on every run. "colmajor": the last two dims swapped in
 # memory (``x.swapaxes(-1, -2)`` is C-contiguous), a weight matrix stored transposed.
@@ -30,6 +37,22 @@ def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
     return tuple(inv)
 
 
+def padded_row(n: int, itemsize: int) -> int:
+    """Elements per row of ``n`` elements padded to whole ``ROW_ALIGN`` bytes (the ``rowpad`` pitch)."""
+    per = max(1, ROW_ALIGN // itemsize)
+    return -(-int(n) // per) * per
+
+
+def _rowpad_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
+    """The strides of a ``rowpad`` array of ``shape``: C order over ``shape[:-1] + (padded row,)``."""
+    dims = list(shape[:-1]) + [padded_row(shape[-1], itemsize)]
+    strides, step = [], itemsize
+    for d in reversed(dims):
+        strides.append(step)
+        step *= int(d)
+    return tuple(reversed(strides))
+
+
 def is_layout(x: Any, layout: str) -> bool:
     """Whether ``x``'s strides already are ``layout`` (C-contiguous for NCHW / rowmajor)."""
     if not layout:
@@ -38,6 +61,9 @@ def is_layout(x: Any, layout: str) -> bool:
         return bool(x.transpose(_last_perm(x.ndim)).flags.c_contiguous)
     if layout == "colmajor" and x.ndim >= 2:
         return bool(x.swapaxes(-1, -2).flags.c_contiguous)
+    if layout == "rowpad" and x.ndim >= 1:
+        want = _rowpad_strides(x.shape, x.itemsize)  # a dim of size 1 has no stride to keep
+        return all(d == 1 or int(s) == w for d, s, w in zip(x.shape, x.strides, want))
     return bool(x.flags.c_contiguous)
 
 
@@ -50,6 +76,10 @@ def to_layout(x: Any, layout: str, xp: Any) -> Any:
         return xp.ascontiguousarray(x.transpose(perm)).transpose(_inverse(perm))
     if layout == "colmajor" and x.ndim >= 2:
         return xp.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2)
+    if layout == "rowpad" and x.ndim >= 1:
+        out = empty(x.shape, x.dtype, "rowpad", xp)
+        out[...] = x
+        return out
     return xp.ascontiguousarray(x)
 
 
@@ -61,4 +91,7 @@ def empty(shape: Sequence[int], dtype: Any, layout: str, xp: Any) -> Any:
         return xp.empty(tuple(shape[p] for p in perm), dtype=dtype).transpose(_inverse(perm))
     if layout == "colmajor" and len(shape) >= 2:
         return xp.empty(shape[:-2] + (shape[-1], shape[-2]), dtype=dtype).swapaxes(-1, -2)
+    if layout == "rowpad" and len(shape) >= 1:
+        ld = padded_row(shape[-1], np.dtype(dtype).itemsize)
+        return xp.empty(shape[:-1] + (ld,), dtype=dtype)[..., :shape[-1]]
     return xp.empty(shape, dtype=dtype)

@@ -34,6 +34,12 @@ the LM head with every operand aligned: it withholds the TMA kernels for an odd 
 So the variant makes two calls: the largest 16-byte multiple of the rows (50256), then the 1-7 rest
 beside it in D (offset columns of B, D and the bias; the heuristic's first algorithm), one workspace.
 
+``cublaslt_rowpad`` makes the same two calls straight into Y, which it declares in the ``rowpad``
+layout (``graphopt.lowering.layout``: rows 16-byte aligned, Y a ``[..., :N]`` view of a padded
+buffer), so neither a workspace D nor the packing copy: a consumer that reads C order converts
+(one copy, as the pack was), a graph output goes to the caller strided, as torch.compile's padded
+matmul output does (a CUDA-graph replay's copy-out packs it on the way). Both variants compete.
+
 ``cublaslt_act`` runs an activation cuBLASLt has no epilogue for (the erf ``Gelu`` of BERT's MLP,
 ``SiLU``, ``Clip`` = ReLU6, ``Sigmoid``, ...): the matmul with the BIAS (or DEFAULT) epilogue, then
 graphopt's 16-byte vector activation kernel in place (``epilogue_gemm_vec`` without a bias), where
@@ -59,10 +65,11 @@ from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.gemm_act import vector_epilogue_launcher
 from graphopt.kernels.source import VEC16, instance, source_hash
+from graphopt.lowering import layout
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.providers import cublaslt_lib as lt
 from graphopt.providers.cublaslt_problem import (  # noqa: F401 - re-exported: the provider's API
-    ALIGNMENT, DTYPES, EPILOGUES, ITEMSIZE, LAYOUTS, LAYOUTS_BT, OPS, Problem, b_stored_transposed,
+    ALIGNMENT, DTYPES, EPILOGUES, ITEMSIZE, LAYOUTS, LAYOUTS_BT, OPS, SAME_CALLS, Problem, b_stored_transposed,
     b_transposed_reason, out_elements, padded_ld, padded_output_reason, post_activation_reason, problem,
     row_length, shape_reason, variant_reason)
 
@@ -70,8 +77,10 @@ NAME = "cublaslt"
 NAME_BT = "cublaslt_bt"  # GemmAct with B declared colmajor (module docstring)
 NAME_ACT = "cublaslt_act"  # an activation cuBLASLt lacks, as a kernel after the matmul (module docstring)
 NAME_PAD = "cublaslt_pad"  # Y computed with padded rows in the workspace, then packed (module docstring)
-VARIANTS = {NAME: "", NAME_BT: "bt", NAME_ACT: "act", NAME_PAD: "pad"}  # family name -> variant
-GEMM_ONLY = (NAME_BT, NAME_PAD)  # variants for GemmAct only
+NAME_ROWPAD = "cublaslt_rowpad"  # the same calls, Y declared "rowpad" and written in place (module docstring)
+VARIANTS = {NAME: "", NAME_BT: "bt", NAME_ACT: "act", NAME_PAD: "pad", NAME_ROWPAD: "rowpad"}  # family name -> variant
+GEMM_ONLY = (NAME_BT, NAME_PAD, NAME_ROWPAD)  # variants for GemmAct only
+LAYOUT_ROWPAD = "rowpad"  # cublaslt_rowpad's Y (graphopt.lowering.layout)
 REQUEST = 16  # algorithms asked of the heuristic per signature
 MAX_WORKSPACE = 32 << 20
 
@@ -125,6 +134,7 @@ def _describe(a: lt.Api, pr: Problem, handle) -> _Setup:
 
 
 def _setup_for(sig: Signature, variant: str = "") -> _Setup:
+    variant = SAME_CALLS.get(variant, variant)  # one heuristic list for variants making the same calls
     key = (sig.key(), _device(), variant)
     if key not in _SETUPS:
         a = lt.api()
@@ -149,8 +159,14 @@ class CublasLtGemm(Candidate):
         return VARIANTS[self.name]
 
     def layouts(self, sig: Signature) -> tuple[str, ...]:
-        if self.variant in ("bt", "pad") and sig.op == "GemmAct" and b_stored_transposed(sig, self.variant):
-            return LAYOUTS_BT  # what build() declares
+        """What build() declares. ``rowpad``: Y after the inputs actually passed (2 without a bias, 3
+        with one, whose vector is rowpad already), as for CBR's NHWC Y."""
+        variant = SAME_CALLS.get(self.variant, self.variant)
+        if self.variant == "rowpad":
+            ab = LAYOUTS_BT if b_stored_transposed(sig, variant) else ("", "")
+            return ab + (LAYOUT_ROWPAD, LAYOUT_ROWPAD)
+        if variant in ("bt", "pad") and sig.op == "GemmAct" and b_stored_transposed(sig, variant):
+            return LAYOUTS_BT
         return LAYOUTS.get(sig.op, ())
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
@@ -171,7 +187,7 @@ class CublasLtGemm(Candidate):
     def source_hash(self) -> str:
         libs = "cublaslt:" + ",".join(f"{k}={v}" for k, v in versions())
         # pad: "+split" since the aligned rows and the tail became two calls (older timings are not served)
-        return libs + {"act": "+" + source_hash("elementwise.cu"), "pad": "+split"}.get(self.variant, "")
+        return libs + {"act": "+" + source_hash("elementwise.cu"), "pad": "+split", "rowpad": "+split"}.get(self.variant, "")
 
     def versions(self) -> tuple[tuple[str, str], ...]:
         return versions()
@@ -183,6 +199,7 @@ class CublasLtGemm(Candidate):
         a = lt.api()
         pr = problem(sig, self.variant)
         s = _setup_for(sig, self.variant)
+        in_place = self.variant == "rowpad"  # Y is written where it lies (its rowpad layout): no workspace D
         if not self.params:
             if not s.algos:
                 raise TuningError(f"cuBLASLt's heuristic offers no algorithm for {sig.key()}")
@@ -204,7 +221,7 @@ class CublasLtGemm(Candidate):
         # pad: D (rows d_ld apart) at the workspace's start, cuBLASLt's own workspace after it; the
         # rows past the aligned part (pr.tail) by a second call with the heuristic's first algorithm
         esize = ITEMSIZE[geo.dtype_of(sig)]
-        d_bytes = -(-(pr.d_ld * pr.n * pr.batch * esize) // 256) * 256 if pr.ld_d else 0
+        d_bytes = -(-(pr.d_ld * pr.n * pr.batch * esize) // 256) * 256 if pr.ld_d and not in_place else 0
         rows, row_bytes = pr.n * pr.batch, (pr.m + pr.tail) * esize
         tail = _tail_call(a, sig, pr) if pr.tail else None
         ws_bytes = max(ws_bytes, tail.ws_bytes if tail else 0)  # the calls run in stream order: one workspace
@@ -214,6 +231,9 @@ class CublasLtGemm(Candidate):
             base = 0 if workspace is None else _ptr(workspace)
             if d_bytes and not base:
                 raise TuningError(f"{self.key()} needs its workspace ({d_bytes + ws_bytes} bytes)")
+            if in_place and not layout.is_layout(outputs[0], LAYOUT_ROWPAD):
+                raise TuningError(f"{self.key()} writes Y in the {LAYOUT_ROWPAD} layout it declares (rows "
+                                  f"{pr.d_ld * esize} bytes apart); got strides {tuple(outputs[0].strides)}")
             ptrs = [_ptr(ins[pr.a_input]), _ptr(ins[pr.b_input]), base if d_bytes else _ptr(outputs[0])]
             if pr.bias_input is not None:
                 ptrs.append(_ptr(ins[pr.bias_input]))

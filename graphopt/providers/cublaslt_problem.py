@@ -18,11 +18,14 @@ from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.gemm_act import gemm_plan
 from graphopt.kernels.source import ACT_CODES, VEC16
+from graphopt.lowering import layout
 from graphopt.lowering.contract import Signature
 
 OPS = ("GemmAct", "CBR")
 DTYPES = {"float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F"}
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+# variants that make another variant's calls: rowpad is pad with Y written in place (its "rowpad" layout)
+SAME_CALLS = {"rowpad": "pad"}
 # (activation, has bias) -> cublasLtEpilogue_t
 EPILOGUES = {("none", False): "CUBLASLT_EPILOGUE_DEFAULT", ("none", True): "CUBLASLT_EPILOGUE_BIAS",
              ("Relu", False): "CUBLASLT_EPILOGUE_RELU", ("Relu", True): "CUBLASLT_EPILOGUE_RELU_BIAS",
@@ -135,13 +138,13 @@ def padded_output_reason(sig: Signature) -> str | None:
 
 
 def padded_ld(n: int, dtype: str) -> int:
-    """``n`` rounded up to whole 16-byte rows of ``dtype``."""
-    per = ALIGNMENT // ITEMSIZE[dtype]
-    return -(-n // per) * per
+    """``n`` rounded up to whole 16-byte rows of ``dtype`` (the ``rowpad`` layout's pitch)."""
+    return layout.padded_row(n, ITEMSIZE[dtype])
 
 
 def b_stored_transposed(sig: Signature, variant: str) -> bool:
     """Whether the variant stores B transposed (declared colmajor): bt always; pad unless B already is."""
+    variant = SAME_CALLS.get(variant, variant)
     return variant == "bt" or (variant in ("pad", "pad_tail") and not gemm_plan(sig).trans_b)
 
 
@@ -181,7 +184,7 @@ def variant_reason(sig: Signature, variant: str) -> str | None:
     """Why a variant's own condition fails (``b_transposed_reason`` / ``post_activation_reason`` /
     ``padded_output_reason``; ``pad_tail``, the pad variant's second call, as ``pad``)."""
     check = {"bt": b_transposed_reason, "act": post_activation_reason, "pad": padded_output_reason,
-             "pad_tail": padded_output_reason}.get(variant)
+             "pad_tail": padded_output_reason}.get(SAME_CALLS.get(variant, variant))
     return check(sig) if check else None
 
 
@@ -191,6 +194,7 @@ def problem(sig: Signature, variant: str = "") -> Problem:
     says why there is none."""
     if sig.op not in OPS:
         raise TuningError(f"cuBLASLt candidates here are for {', '.join(OPS)}")
+    variant = SAME_CALLS.get(variant, variant)
     reason = variant_reason(sig, variant)
     if reason:
         raise TuningError(reason)

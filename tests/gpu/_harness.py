@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphopt.lowering.contract import Signature
+from graphopt.lowering.contract import Signature, as_lowering
 from graphopt.kernels.source import device_arch, prebuild
 
 
@@ -48,9 +48,10 @@ def run_and_check(cand, op: str, shapes, dtype: str, attrs: dict, inputs_np, ref
     reason = cand.applies(sig, (9, 0))
     assert reason is None, reason
     prebuild(cand.kernels(sig))
-    launch = cand.build(sig, device_arch())
+    launch = as_lowering(cand.build(sig, device_arch()))
     ins = [None if a is None else cupy.asarray(a) for a in inputs_np]
-    out = cupy.full(ref.shape, cupy.nan, dtype=dtype)
+    out = launch.empty_outputs(len(ins), [ref.shape], dtype, cupy)[0]  # in the layout it declares (rowpad, NHWC)
+    out[...] = cupy.nan
     launch(ins, [out])
     cupy.cuda.get_current_stream().synchronize()
     y = cupy.asnumpy(out).astype(np.float64)

@@ -159,9 +159,10 @@ def replay_equals_eager(low, up, shape, poison_workspace=False):
     with stream:
         ins = low.conform([None if a is None else cupy.asarray(a) for a in up], cupy)  # None: no bias
         ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8)
-        eager = cupy.empty(shape, dtype="float16")
+        eager = low.empty_outputs(len(ins), [shape], "float16", cupy)[0]  # in the layout it declares
         low.launch(ins, [eager], ws)
-        out = cupy.full(shape, cupy.nan, dtype="float16")
+        out = low.empty_outputs(len(ins), [shape], "float16", cupy)[0]
+        out[...] = cupy.nan
         if poison_workspace:
             ws.fill(255)
         stream.begin_capture()

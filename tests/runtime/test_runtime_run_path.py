@@ -49,9 +49,9 @@ def graphs_cuda(monkeypatch):
     _fake_cupy.make()  # later tests get the fake that cannot capture
 
 
-def _computing_lowerings(monkeypatch):
+def _computing_lowerings(monkeypatch, layouts=None):
     """Every custom op "builds" a lowering that computes its device fallback into the given outputs
-    (NHWC in and out for CBR, as cuDNN's; a barrier; capturable; a workspace)."""
+    (NHWC in and out for CBR, as cuDNN's, or ``layouts[op]``; a barrier; capturable; a workspace)."""
     from graphopt.lowering.contract import Lowering
     from graphopt.runtime import backend, ops_custom
     from graphopt.runtime.onnx_ops.registry import OpContext
@@ -69,7 +69,7 @@ def _computing_lowerings(monkeypatch):
                 for out, y in zip(outputs, impl(ctx, inputs, attrs)):
                     out[...] = y
 
-            lays = ("NHWC", "NHWC", "", "NHWC", "NHWC") if op == "CBR" else ()
+            lays = (layouts or {}).get(op, ("NHWC", "NHWC", "", "NHWC", "NHWC") if op == "CBR" else ())
             return Lowering(launch=launch, workspace_bytes=256, barrier=True, capturable=True, layouts=lays), None
 
         monkeypatch.setattr(backend.CudaBackend, "_build", build)
@@ -252,3 +252,46 @@ def test_the_unoptimized_model_runs_the_same_on_the_replaying_path(graphs_cuda):
         got = sess.run(feeds)
     for k, w in want.items():
         assert rel_err(to_numpy(got[k]), w) <= 1e-3
+
+
+def _odd_gemm_model():
+    """x (2, 5, 64) @ W (64, 33) + b: a GemmAct whose rows (33 fp32) are not 16-byte multiples, its
+    output both a graph output and read by Relu and a second GemmAct."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 33)).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array(rng.standard_normal(33).astype(np.float32), "b1")
+    w2 = numpy_helper.from_array(rng.standard_normal((33, 16)).astype(np.float32), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["logits"]),
+             helper.make_node("Relu", ["logits"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 64])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 5, 33]),
+                           helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 5, 16])], [w1, b1, w2])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_row_padded_gemm_output_is_right_as_a_graph_output_and_as_an_input(graphs_cuda, monkeypatch):
+    """cublaslt_rowpad declares Y ``rowpad`` (rows 16-byte aligned, a view of a padded buffer): the
+    runtime allocates it so, hands it to the user as it is, and converts it for a consumer that reads
+    C order; every run's results stay valid."""
+    import graphopt
+    from graphopt.lowering import layout
+    from graphopt.runtime import to_numpy
+
+    src = _odd_gemm_model()
+    opt, _ = graphopt.optimize(src, gpu="none")
+    assert sum(n.op_type == "GemmAct" for n in opt.graph.node) >= 1
+    _computing_lowerings(monkeypatch, {"GemmAct": ("", "", "rowpad", "rowpad")})
+    sess = _session(opt)
+    kept = []
+    for seed in range(4):
+        x = np.random.default_rng(seed).standard_normal((2, 5, 64)).astype(np.float32)
+        want = ort_run(src, {"x": x})
+        got = sess.run({"x": x})
+        for k, w in want.items():
+            assert rel_err(to_numpy(got[k]), w) <= 1e-4, (k, seed)
+            kept.append((got[k], w))
+        assert layout.is_layout(got["logits"], "rowpad") and not got["logits"].flags.c_contiguous
+    for arr, w in kept:
+        assert rel_err(to_numpy(arr), w) <= 1e-4

@@ -177,6 +177,44 @@ def test_padded_output_variant_near_misses_say_why(emulated, sig, why):
     _refused_with(sig, why, prov.padded_output_reason, prov.NAME_PAD)
 
 
+@pytest.mark.parametrize("sig", PADDED, ids=lambda s: s.key()[:60])
+def test_rowpad_variant_writes_y_in_place_in_its_declared_row_padded_layout(emulated, sig):
+    """cublaslt_rowpad: the pad variant's two calls straight into Y, which it declares ``rowpad`` (rows
+    16-byte aligned: a ``[..., :N]`` view of a padded buffer): no workspace D and no packing copy.
+    The output the contract allocates has that layout; a C-contiguous one is refused, saying why."""
+    from graphopt.lowering import layout
+
+    cands = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_ROWPAD]
+    assert cands and cands[0].key() == "cublaslt_rowpad" and all(prov.from_key("GemmAct", c.key()) == c for c in cands)
+    host, ref = _host_and_reference(sig, 7)
+    dt = np.dtype(sig.dtypes[0])
+    n = ref.shape[-1]
+    main = n // (16 // dt.itemsize) * (16 // dt.itemsize)
+    for cand in (cands[0], cands[-1]):
+        low = cand.build(sig, "sm_90")
+        assert low.output_layout(len(host), 0) == "rowpad" and cand.layouts(sig) == low.layouts
+        assert low.workspace_bytes <= 1 << 20  # the library's own workspace only (FakeLt's largest)
+        ins = low.conform([None if h is None else _aligned(h) for h in host], np)
+        before = len(emulated.log)
+        out = _launch_matches_reference(low, ins, ref, dt, _aligned(np.zeros(max(1, low.workspace_bytes), np.uint8)),
+                                        cand.key())
+        assert layout.is_layout(out, "rowpad") and not out.flags.c_contiguous
+        assert out.strides[-2] == prov.padded_ld(n, sig.dtypes[0]) * dt.itemsize
+        d_ptrs = [e[1] - out.ctypes.data for e in emulated.log[before:] if e[0] == "matmul_d"]
+        assert d_ptrs == [0, main * dt.itemsize]  # both calls write Y itself, the rest beside the aligned rows
+        with pytest.raises(Exception, match="rowpad"):
+            low.launch(ins, [np.empty(ref.shape, dt)], None)
+
+
+@pytest.mark.parametrize("sig, why", [
+    (gemm((8, 64), (64, 32)), "already 16-byte multiples"),
+    (gemm((8, 64), (64, 5), None), "under one 16-byte row"),
+    (conv((2, 24, 5, 7), (40, 24, 1, 1)), "for GemmAct"),
+])
+def test_rowpad_variant_near_misses_say_why(emulated, sig, why):
+    _refused_with(sig, why, prov.padded_output_reason, prov.NAME_ROWPAD)
+
+
 def _fake_activation_kernel(calls):
     """Stands in for ``epilogue_gemm_vec`` (no bias, alpha 1): applies the activation code to Y in place."""
     from math import erf

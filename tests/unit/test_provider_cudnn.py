@@ -202,3 +202,19 @@ def test_layout_helpers_keep_values_and_convert_only_when_needed():
     a, b = low.conform([x, x], np)
     assert layout.is_layout(a, "NHWC") and b.flags.c_contiguous
     assert layout.is_layout(low.empty_outputs(2, [(2, 3, 4, 5)], np.float32, np)[0], "NHWC")
+
+
+@pytest.mark.parametrize("dtype, n, ld", [(np.float16, 33, 40), (np.float32, 9, 12), (np.float16, 32, 32)])
+def test_rowpad_layout_pads_each_row_to_16_bytes_and_keeps_values(dtype, n, ld):
+    """``rowpad``: a ``[..., :N]`` view of a C-contiguous ``(..., ld)`` buffer, rows 16-byte aligned
+    (cublaslt_rowpad's Y; GPT-2's 50257 logits); rows already aligned are plain C order."""
+    e = layout.empty((2, 3, n), dtype, "rowpad", np)
+    assert e.shape == (2, 3, n) and e.strides[-2:] == (ld * e.itemsize, e.itemsize) and layout.is_layout(e, "rowpad")
+    assert layout.padded_row(n, np.dtype(dtype).itemsize) == ld
+    x = np.arange(2 * 3 * n, dtype=dtype).reshape(2, 3, n)
+    assert layout.is_layout(x, "rowpad") == (ld == n)  # C order is rowpad only where rows need no padding
+    y = layout.to_layout(x, "rowpad", np)
+    assert np.array_equal(x, y) and layout.is_layout(y, "rowpad") and layout.to_layout(y, "rowpad", np) is y
+    z = layout.to_layout(y, "NCHW", np)
+    assert np.array_equal(z, x) and z.flags.c_contiguous
+    assert layout.is_layout(np.zeros((1, n), dtype), "rowpad") and layout.is_layout(np.zeros(n, dtype), "rowpad")  # a bias
