@@ -206,8 +206,9 @@ def bench(model, optimized, batches, shapes, dtype, device, repeats, warmup, bud
                 con.print(f"bs {bs}: host overhead {h.us_per_step:.1f} us per node over {h.steps} nodes (eager, no CUDA graphs)")
                 for b in h.blocking:
                     if b.get("cause") == rb.host_time.QUEUE:
-                        con.print(f"  launch queue full behind the spin at {b['step']}: that wait is device time, "
-                                  "left out of the figure above (counted at the median step's host time)")
+                        left_out = ("left out of the figure above (counted at the median step's host time)"
+                                    if h.queue_limited else "in the figure above, which another step's wait keeps")
+                        con.print(f"  launch queue full behind the spin at {b['step']}: that wait is device time, {left_out}")
                     else:
                         con.print(f"  [yellow]waits for the GPU every run:[/] {b['step']} ({b['lowering'] or 'standard op'}); "
                                   "the figure above includes that wait")

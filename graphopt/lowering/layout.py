@@ -62,6 +62,8 @@ def is_layout(x: Any, layout: str) -> bool:
     if layout == "colmajor" and x.ndim >= 2:
         return bool(x.swapaxes(-1, -2).flags.c_contiguous)
     if layout == "rowpad" and x.ndim >= 1:
+        if x.size == 0:  # no element to place (as C order: flags.c_contiguous says so for any strides)
+            return True
         want = _rowpad_strides(x.shape, x.itemsize)  # a dim of size 1 has no stride to keep
         return all(d == 1 or int(s) == w for d, s, w in zip(x.shape, x.strides, want))
     return bool(x.flags.c_contiguous)

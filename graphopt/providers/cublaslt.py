@@ -39,6 +39,9 @@ layout (``graphopt.lowering.layout``: rows 16-byte aligned, Y a ``[..., :N]`` vi
 buffer), so neither a workspace D nor the packing copy: a consumer that reads C order converts
 (one copy, as the pack was), a graph output goes to the caller strided, as torch.compile's padded
 matmul output does (a CUDA-graph replay's copy-out packs it on the way). Both variants compete.
+The tuner times each alone: a C-order consumer's conversion of a rowpad Y (as long as pad's pack) is
+not charged to rowpad (GemmAct is not in ``tune/layout_choice``'s ops), so where Y feeds such a
+consumer the two are a near-tie either pick of which costs about the same.
 
 ``cublaslt_act`` runs an activation cuBLASLt has no epilogue for (the erf ``Gelu`` of BERT's MLP,
 ``SiLU``, ``Clip`` = ReLU6, ``Sigmoid``, ...): the matmul with the BIAS (or DEFAULT) epilogue, then

@@ -123,6 +123,14 @@ def _pool_direct(step, ins, out, backend):
     return make
 
 
+def _extent(arr) -> int:
+    """Bytes from an array's first element to one past its last (a strided view, such as a ``rowpad``
+    output, spans more than its ``nbytes``); 0 when it is empty."""
+    if int(getattr(arr, "size", 0)) == 0:
+        return 0
+    return arr.itemsize + sum((d - 1) * abs(s) for d, s in zip(arr.shape, arr.strides))
+
+
 def _compact(arr, block_bytes: int) -> bool:
     """Whether ``arr`` is a dense tensor (C order or a permutation of it, as NHWC) alone in its block
     (of ``block_bytes``): then a view with the same shape and strides at an arena offset holds it. The
@@ -130,8 +138,7 @@ def _compact(arr, block_bytes: int) -> bool:
     nbytes = int(getattr(arr, "nbytes", 0))
     if nbytes <= 0 or any(s < 0 for s in arr.strides):
         return False
-    span = arr.itemsize + sum((d - 1) * s for d, s in zip(arr.shape, arr.strides))
-    return span == nbytes and block_bytes >= nbytes
+    return _extent(arr) == nbytes and block_bytes >= nbytes
 
 
 def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -> None:  # noqa: C901 - one pass per concern
@@ -166,12 +173,13 @@ def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -
         for j, s in enumerate(step.outputs):
             like = arrays[s] if s is not None else lowered.empty_like(j, backend.xp)
             end = last_use[block_of[s]] if s is not None else k
-            intervals.append(Interval(("out", k, j), int(like.nbytes), k, end))
+            # an unnamed output in its declared layout may be strided (rowpad): the view spans its extent
+            intervals.append(Interval(("out", k, j), max(int(like.nbytes), _extent(like)), k, end))
             outs.append((j, s, like))
         if lowered is not None:
             for j in range(len(step.outputs), lowered.n_out):  # outputs the node does not name
                 like = lowered.empty_like(j, backend.xp)
-                intervals.append(Interval(("out", k, j), int(like.nbytes), k, k))
+                intervals.append(Interval(("out", k, j), max(int(like.nbytes), _extent(like)), k, k))
                 outs.append((j, None, like))
             if lowered.workspace_bytes:
                 intervals.append(Interval(("ws", k), int(lowered.workspace_bytes), k, k))

@@ -187,8 +187,8 @@ SYNC = "waits for the device"  # a step that waits even when it is the first beh
 
 def _held_step_times(sess, dev: dict, hold: Callable, hold_us: float, drain_before: frozenset = frozenset()):
     """One eager run behind a ``hold_us`` hold, each ``step.run`` timed on the host: ``[(label,
-    lowering, us)]`` and the indices of the steps that waited (over half the hold; the GPU is held
-    again after each). Before the steps in ``drain_before`` the device is synchronised and held
+    lowering, us)]``, the indices of the steps that waited (over half the hold; the GPU is held
+    again after each) and the whole plan execution's host us (its loop and the hook included). Before the steps in ``drain_before`` the device is synchronised and held
     afresh, so such a step is the first work behind an empty queue."""
     plan = sess.last_plan
     stream = sess.backend.stream
@@ -212,27 +212,29 @@ def _held_step_times(sess, dev: dict, hold: Callable, hold_us: float, drain_befo
 
     hold(stream, hold_us)
     with stream:
+        t0 = clock()
         plan.execute(sess._convert_feeds(dev), timed)
+        run_us = (clock() - t0) * 1e6
     sess.synchronize()
-    return times, waited
+    return times, waited, run_us
 
 
-def _classified_waits(sess, dev: dict, hold: Callable, hold_us: float) -> tuple[list, list[int], list[dict]]:
+def _classified_waits(sess, dev: dict, hold: Callable, hold_us: float) -> tuple[list, list[int], list[dict], float]:
     """(step times of a held run, the indices of the steps that waited in it, those steps each with
-    its cause): a step that
+    its cause, the run's host us): a step that
     waits again when it runs first behind a fresh hold waits for the device itself (``SYNC``: a
     synchronous copy or call); one that does not waited only because the work enqueued before it
     filled the launch queue behind the hold (``QUEUE``: device time, not host time; measured on
     the H200, 2026-12-05: GPT-2 bs1's 66th replayed step graph, whatever the hold's length)."""
-    times, waited = _held_step_times(sess, dev, hold, hold_us)
+    times, waited, run_us = _held_step_times(sess, dev, hold, hold_us)
     found: list[dict] = []
     if waited:
-        again, waited2 = _held_step_times(sess, dev, hold, hold_us, frozenset(waited))
+        _, waited2, _ = _held_step_times(sess, dev, hold, hold_us, frozenset(waited))
         for k in waited:
             label, lowering, us = times[k]
             found.append({"step": label, "lowering": lowering, "us": round(us, 1),
                           "cause": SYNC if k in waited2 else QUEUE})
-    return times, waited, found
+    return times, waited, found, run_us
 
 
 def blocking_steps(sess, feeds: Mapping[str, Any], *, hold: Callable | None = None,
@@ -255,9 +257,12 @@ def blocking_steps(sess, feeds: Mapping[str, Any], *, hold: Callable | None = No
 def queue_excluded_us(sess, feeds: Mapping[str, Any], *, hold: Callable | None = None, runs: int = 3,
                       hold_us: float = BLOCK_HOLD_US) -> tuple[float | None, list[dict]]:
     """(host us of one run without the waits for a full launch queue, the waiting steps): the best of
-    ``runs`` held runs timed step by step, each ``QUEUE`` step counted at the median step's time
-    (its own launch, not the device's backlog). None when some step waits for the device itself:
-    that wait is host time, and the run's wall time stands."""
+    ``runs`` held plan executions (the loop and a ~0.2 us timing hook per step included), less each
+    ``QUEUE`` step's time, which counts at the median step's instead (its own launch, not the
+    device's backlog). ``Session.run``'s per-run work outside the plan (feed checks: a few us a run)
+    is not in it, and a step that waits less than half the hold for a queue slot to free stays in as
+    host time. None when some step waits for the device itself (that wait is host time) or when no
+    run finds a queue wait (nothing explains the wall figure): the run's wall time stands."""
     dev = _device_feeds(sess, feeds)
     if hold is None:
         hold = cuda_hold(sess.backend.cupy)
@@ -265,13 +270,13 @@ def queue_excluded_us(sess, feeds: Mapping[str, Any], *, hold: Callable | None =
     sess.synchronize()
     best, found = None, []
     for _ in range(max(1, runs)):
-        times, waited, waits = _classified_waits(sess, dev, hold, hold_us)
+        times, waited, waits, run_us = _classified_waits(sess, dev, hold, hold_us)
         found = found or waits
-        if any(w["cause"] == SYNC for w in waits):
-            return None, waits
+        if not waited or any(w["cause"] == SYNC for w in waits):
+            return None, waits or found
         queued = set(waited)
         rest = [t[2] for i, t in enumerate(times) if i not in queued]
-        total = sum(rest) + len(queued) * (statistics.median(rest) if rest else 0.0)
+        total = run_us - sum(times[i][2] for i in queued) + len(queued) * (statistics.median(rest) if rest else 0.0)
         best = total if best is None else min(best, total)
     return best, found
 

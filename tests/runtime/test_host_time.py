@@ -134,6 +134,7 @@ def test_a_hold_that_never_lasts_is_reported():
     h = host_time.measure(sess, {}, repeats=2, hold=hold, warmup=1, idle=False)
     assert not h.held and not h.to_dict()["gpu_held"] and len(h.wall_us) == 2
     assert h.blocking == [] and "blocking_steps" not in h.to_dict()  # no step waited: none is named
+    assert not h.queue_limited and "host_us_per_node_wall" not in h.to_dict()  # nothing explains it: the wall stands
 
 
 def test_a_run_that_waits_out_the_longest_hold_is_not_retried_and_the_repeats_shrink():

@@ -269,3 +269,18 @@ def test_the_first_run_holds_only_live_activations_not_their_sum():
         ref = -ref if i % 2 == 0 else np.maximum(ref, 0)
     assert np.array_equal(out, ref) and np.array_equal(sess.run({"x": x})[prev], ref)  # traced and compiled runs
     assert sess.last_plan.peak_bytes <= 3 * x.nbytes
+
+
+def test_an_unnamed_output_gets_arena_bytes_for_its_whole_extent():
+    """An output allocated in its declared layout may be a strided view (``rowpad``: rows 16-byte
+    aligned): its arena interval covers the view's extent, not just its ``nbytes``; a dense array's
+    extent is its ``nbytes``."""
+    from graphopt.lowering import layout
+    from graphopt.runtime.compiled import _compact, _extent
+
+    padded = layout.empty((4, 33), np.float16, "rowpad", np)
+    assert _extent(padded) == (3 * 40 + 33) * 2 > padded.nbytes
+    dense = np.zeros((4, 33), np.float16)
+    assert _extent(dense) == dense.nbytes and _compact(dense, dense.nbytes) and not _compact(padded, 10**6)
+    assert _extent(layout.empty((2, 3, 4, 5), np.float32, "NHWC", np)) == 2 * 3 * 4 * 5 * 4
+    assert _extent(np.zeros((0, 3))) == 0

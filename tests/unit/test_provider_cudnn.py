@@ -218,3 +218,6 @@ def test_rowpad_layout_pads_each_row_to_16_bytes_and_keeps_values(dtype, n, ld):
     z = layout.to_layout(y, "NCHW", np)
     assert np.array_equal(z, x) and z.flags.c_contiguous
     assert layout.is_layout(np.zeros((1, n), dtype), "rowpad") and layout.is_layout(np.zeros(n, dtype), "rowpad")  # a bias
+    for shape in ((3, 0), (0, n), (0,)):  # nothing to place: every empty array is in the layout
+        e = layout.empty(shape, dtype, "rowpad", np)
+        assert layout.is_layout(e, "rowpad") and layout.to_layout(e, "rowpad", np) is e
