@@ -24,9 +24,10 @@ such step, so it runs first behind an empty queue. One that waits again waits fo
 (``SYNC``: host time, the wall figure stands); one that does not waited for room in the launch queue
 that the work enqueued behind the hold had filled (``QUEUE``; on the H200 GPT-2 bs1's 66th replayed
 step graph, whatever the hold's length, 2026-12-05). The queue wait is device time: for such a run
-(``queue_limited``) the headline is the sum of each step's host time in held runs (a hook around
-``step.run``), a waiting step counted at the median step's time, and ``host_us_per_node_wall`` keeps
-the plain figure.
+(``queue_limited``) the headline is a held plan execution's host time (its loop and a ~0.2 us timing
+hook per step included) less the queue waits, each waiting step counted at the median step's time;
+``host_us_per_node_wall`` keeps the plain figure. Where no queue wait is found, or some step waits
+for the device itself, the wall figure stands.
 
 Reported per run (``HostTime``): the best and the median wall time, and the thread's CPU time
 (``time.thread_time``) of the same run: wall well above CPU time means the thread waited (blocked
