@@ -170,39 +170,14 @@ def test_act_variant_on_a_relu6_pointwise_conv():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", [prov.NAME_PAD, prov.NAME_ROWPAD])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("case", ["shared_b", "shared_b_bias_relu", "transposed_b"])
-def test_padded_output_variant_for_rows_of_odd_length(dtype, case):
-    """cublaslt_pad: Y computed with rows padded to 16 bytes in the workspace, then packed by one
-    cudaMemcpy2DAsync (GPT-2's LM head, N = 50257): every algorithm against float64, output poisoned."""
-    sig = {"shared_b": gemm((2, 65, 256), (256, 1001), None, dtype),
-           "shared_b_bias_relu": gemm((2, 65, 256), (256, 1001), (1001,), dtype, activation="Relu"),
-           "transposed_b": gemm((129, 256), (1001, 256), (1001,), dtype, mode="gemm", transB=1)}[case]
-    pad = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_PAD]
-    assert pad, prov.CublasLtGemm(prov.NAME_PAD).applies(sig)
-    ok, wrong, unbuilt = check_all(pad, sig)
-    print(f"{sig.key()}: {len(pad)} cublaslt_pad candidates, {ok} correct, {len(unbuilt)} did not build")
-    assert not wrong, wrong
-    assert ok >= 1, f"no cublaslt_pad candidate ran: {unbuilt[:3]}"
-
-
-@pytest.mark.gpu
-def test_padded_output_variant_captures_its_row_packing():
-    """The pitched copy after the matmul is captured with it: the replay equals the eager run."""
-    sig = gemm((3, 128, 768), (768, 50257 // 7), None, "float16")  # N = 7179: odd rows, as the LM head's
-    low = as_lowering(prov.CublasLtGemm(prov.NAME_PAD).build(sig, "sm_90"))
-    f64, up = host_inputs(sig, seed=4)
-    ref = reference(sig, f64)
-    assert run_lowering(low, sig, up, ref) is None
-    replay_equals_eager(low, up, ref.shape, poison_workspace=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-@pytest.mark.parametrize("case", ["shared_b", "shared_b_bias_relu", "transposed_b"])
-def test_rowpad_variant_for_rows_of_odd_length(dtype, case):
-    """cublaslt_rowpad: the pad variant's two calls written straight into Y in its declared ``rowpad``
-    layout (no workspace D, no packing copy): every algorithm against float64, output poisoned."""
+def test_padded_output_variant_for_rows_of_odd_length(variant, dtype, case):
+    """cublaslt_pad: Y computed with rows padded to 16 bytes in the workspace by two calls (the
+    aligned rows, then the rest), then packed by one cudaMemcpy2DAsync (GPT-2's LM head, N = 50257);
+    cublaslt_rowpad: the same calls straight into Y in its declared ``rowpad`` layout. Every
+    algorithm against float64, output poisoned."""
     import cupy
 
     from graphopt.lowering import layout
@@ -210,23 +185,26 @@ def test_rowpad_variant_for_rows_of_odd_length(dtype, case):
     sig = {"shared_b": gemm((2, 65, 256), (256, 1001), None, dtype),
            "shared_b_bias_relu": gemm((2, 65, 256), (256, 1001), (1001,), dtype, activation="Relu"),
            "transposed_b": gemm((129, 256), (1001, 256), (1001,), dtype, mode="gemm", transB=1)}[case]
-    rowpad = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_ROWPAD]
-    assert rowpad, prov.CublasLtGemm(prov.NAME_ROWPAD).applies(sig)
-    low = as_lowering(rowpad[0].build(sig, "sm_90"))
-    y = low.empty_outputs(len(sig.input_shapes), [(129, 1001) if case == "transposed_b" else (2, 65, 1001)], dtype, cupy)[0]
-    assert layout.is_layout(y, "rowpad") and not y.flags.c_contiguous
-    ok, wrong, unbuilt = check_all(rowpad, sig)
-    print(f"{sig.key()}: {len(rowpad)} cublaslt_rowpad candidates, {ok} correct, {len(unbuilt)} did not build")
+    cands = [c for c in prov.candidates(sig.op, sig) if c.name == variant]
+    assert cands, prov.CublasLtGemm(variant).applies(sig)
+    if variant == prov.NAME_ROWPAD:
+        low = as_lowering(cands[0].build(sig, "sm_90"))
+        y = low.empty_outputs(len(sig.input_shapes), [(129, 1001) if case == "transposed_b" else (2, 65, 1001)],
+                              dtype, cupy)[0]
+        assert layout.is_layout(y, "rowpad") and not y.flags.c_contiguous
+    ok, wrong, unbuilt = check_all(cands, sig)
+    print(f"{sig.key()}: {len(cands)} {variant} candidates, {ok} correct, {len(unbuilt)} did not build")
     assert not wrong, wrong
-    assert ok >= 1, f"no cublaslt_rowpad candidate ran: {unbuilt[:3]}"
+    assert ok >= 1, f"no {variant} candidate ran: {unbuilt[:3]}"
 
 
 @pytest.mark.gpu
-def test_rowpad_variant_captures_in_place():
-    """Both calls captured, writing Y in its rowpad layout: the replay equals the eager run."""
-    sig = gemm((3, 128, 768), (768, 50257 // 7), None, "float16")
-    low = as_lowering(prov.CublasLtGemm(prov.NAME_ROWPAD).build(sig, "sm_90"))
-    f64, up = host_inputs(sig, seed=5)
+@pytest.mark.parametrize("variant", [prov.NAME_PAD, prov.NAME_ROWPAD])
+def test_padded_output_variant_captures_its_row_packing(variant):
+    """Both calls (and pad's pitched copy) are captured: the replay equals the eager run."""
+    sig = gemm((3, 128, 768), (768, 50257 // 7), None, "float16")  # N = 7179: odd rows, as the LM head's
+    low = as_lowering(prov.CublasLtGemm(variant).build(sig, "sm_90"))
+    f64, up = host_inputs(sig, seed=4)
     ref = reference(sig, f64)
     assert run_lowering(low, sig, up, ref) is None
     replay_equals_eager(low, up, ref.shape, poison_workspace=True)
