@@ -220,12 +220,16 @@ class _Tracer:
         return len(self.arrays) - 1
 
     def release(self, node) -> None:
-        """After ``node`` is traced: every device tensor it read last keeps only its metadata."""
+        """After ``node`` is traced: every device tensor it read last, and every output of it that
+        nothing reads (MaxPool's indices, a dead value), keeps only its metadata."""
+        done = []
         for t in _read_names(node):
-            left = self._readers.get(t, 0) - 1
-            self._readers[t] = left
+            self._readers[t] = self._readers.get(t, 0) - 1
+            done.append(t)
+        done += [t for t in node.outputs if t and t not in self._readers]
+        for t in done:
             v = self.env.get(t)
-            if left <= 0 and isinstance(v, _Dev) and v.slot not in self._kept:
+            if self._readers.get(t, 0) <= 0 and isinstance(v, _Dev) and v.slot not in self._kept:
                 self._spend(v.slot)
 
     def _spend(self, slot: int) -> None:
