@@ -128,7 +128,8 @@ def markdown(doc: dict) -> str:
     for r in rows:
         notes = "; ".join(f"{k}: {v}" for k, v in (r.get("errors") or {}).items())
         if r.get("graphopt_static_outputs_ms") is not None:  # copy_outputs=False: torch.compile's output contract
-            notes = "; ".join(x for x in (f"outputs not copied: {_f(r['graphopt_static_outputs_ms'])} ms", notes) if x)
+            paired = f", paired {_f(r['paired_ratio_static_outputs'], 3)}" if r.get("paired_ratio_static_outputs") else ""
+            notes = "; ".join(x for x in (f"outputs not copied: {_f(r['graphopt_static_outputs_ms'])} ms{paired}", notes) if x)
         if r.get("fp16_model") and "precision" not in r["fp16_model"]:
             notes = "; ".join(x for x in (f"fp16 model: {r['fp16_model']}", notes) if x)
         opt = r.get("optimize_s")
