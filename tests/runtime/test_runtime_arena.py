@@ -240,29 +240,36 @@ def test_traced_runs_share_one_scratch_workspace(fake_cuda, monkeypatch):
     assert b._scratch.nbytes == 1 << 16 and np.shares_memory(np.asarray(again), np.asarray(b._scratch))
 
 
+def _first_run_peak(nodes, out_name: str, x: np.ndarray):
+    """(session, output, the first run's peak of traced host memory) of a one-input float model
+    built from ``nodes`` on the numpy device (tracemalloc sees NumPy's allocations)."""
+    import tracemalloc
+
+    from graphopt.runtime import Session
+
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+               [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, list(x.shape))])
+    sess = Session(m, device="numpy")
+    tracemalloc.start()
+    try:
+        out = sess.run({"x": x})[out_name]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return sess, out, peak
+
+
 def test_the_first_run_holds_only_live_activations_not_their_sum():
     """The trace (a session's first run) used to keep every activation until the plan was compiled,
     so the first run peaked near the sum of all activations (the likelier cause of e2e's pool far
     above the plan's peak, BERT bs32 on the H200: 1,144 MB against 36). A slot read for the last time
     keeps only its metadata: 16 chained 1 MB ops peak at a few MB, and the results are unchanged."""
-    import tracemalloc
-
-    from graphopt.runtime import Session
-
     n, prev, nodes = 16, "x", []
     for i in range(n):
         nodes.append(helper.make_node("Neg" if i % 2 == 0 else "Relu", [prev], [f"t{i}"]))
         prev = f"t{i}"
-    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512, 512])],
-               [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [512, 512])])
     x = np.random.default_rng(0).random((512, 512), dtype=np.float32)
-    sess = Session(m, device="numpy")
-    tracemalloc.start()
-    try:
-        out = sess.run({"x": x})[prev]
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    sess, out, peak = _first_run_peak(nodes, prev, x)
     assert peak < 6 * x.nbytes, f"first run peaked at {peak / 2**20:.1f} MB for 1 MB activations"
     ref = x.copy()
     for i in range(n):
@@ -289,24 +296,12 @@ def test_an_unnamed_output_gets_arena_bytes_for_its_whole_extent():
 def test_outputs_nothing_reads_are_dropped_in_the_first_run_too():
     """A value no node reads (a dead branch, MaxPool's indices) keeps only its metadata right after
     its step: 12 dead 1 MB values beside a chain do not add up in the first run."""
-    import tracemalloc
-
-    from graphopt.runtime import Session
-
     nodes, prev = [], "x"
     for i in range(12):
         nodes.append(helper.make_node("Neg", [prev], [f"dead{i}"]))  # read by nobody
         nodes.append(helper.make_node("Relu", [prev], [f"t{i}"]))
         prev = f"t{i}"
-    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512, 512])],
-               [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [512, 512])])
     x = np.random.default_rng(1).random((512, 512), dtype=np.float32) - 0.5
-    sess = Session(m, device="numpy")
-    tracemalloc.start()
-    try:
-        out = sess.run({"x": x})[prev]
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    _, out, peak = _first_run_peak(nodes, prev, x)
     assert peak < 6 * x.nbytes, f"first run peaked at {peak / 2**20:.1f} MB"
     assert np.array_equal(out, np.maximum(x, 0))
