@@ -103,9 +103,9 @@ class HostTime:
 
         method = "wall time of one Session.run, GPU held by a spin kernel, synchronised outside the timed region"
         if self.queue_limited:
-            method = (f"the run filled the launch queue behind the hold ({QUEUE}: blocking_steps), so: host time "
-                      "of each step of held runs (a hook around step.run), a step waiting for queue room counted "
-                      "at the median step's time; the plain wall time is host_us_per_node_wall")
+            method = (f"the run filled the launch queue behind the hold ({QUEUE}: blocking_steps), so: a held "
+                      "plan execution's host time less those waits, each waiting step counted at the median "
+                      "step's time; the plain wall time is host_us_per_node_wall")
         return {"steps": self.steps, "host_us_per_node": r(self.us_per_step),
                 **({"host_us_per_node_wall": r(min(self.wall_us) / per)} if self.queue_limited else {}),
                 "host_us_per_node_median": r(statistics.median(self.wall_us) / per),
@@ -186,11 +186,21 @@ QUEUE = "launch queue full"  # a step that waits only where the queue behind the
 SYNC = "waits for the device"  # a step that waits even when it is the first behind a fresh hold
 
 
+def _warm(sess, feeds: Mapping[str, Any], hold: Callable | None) -> tuple[dict, Callable]:
+    """(the feeds on the device, the hold: ``cuda_hold`` unless given) after one synchronised run,
+    so ``sess.last_plan`` is the compiled plan the held step-by-step runs execute."""
+    dev = _device_feeds(sess, feeds)
+    sess.run(dev)
+    sess.synchronize()
+    return dev, hold if hold is not None else cuda_hold(sess.backend.cupy)
+
+
 def _held_step_times(sess, dev: dict, hold: Callable, hold_us: float, drain_before: frozenset = frozenset()):
     """One eager run behind a ``hold_us`` hold, each ``step.run`` timed on the host: ``[(label,
     lowering, us)]``, the indices of the steps that waited (over half the hold; the GPU is held
-    again after each) and the whole plan execution's host us (its loop and the hook included). Before the steps in ``drain_before`` the device is synchronised and held
-    afresh, so such a step is the first work behind an empty queue."""
+    again after each) and the whole plan execution's host us (its loop and the hook included).
+    Before the steps in ``drain_before`` the device is synchronised and held afresh, so such a step
+    is the first work behind an empty queue."""
     plan = sess.last_plan
     stream = sess.backend.stream
     clock = time.perf_counter
@@ -222,8 +232,8 @@ def _held_step_times(sess, dev: dict, hold: Callable, hold_us: float, drain_befo
 
 def _classified_waits(sess, dev: dict, hold: Callable, hold_us: float) -> tuple[list, list[int], list[dict], float]:
     """(step times of a held run, the indices of the steps that waited in it, those steps each with
-    its cause, the run's host us): a step that
-    waits again when it runs first behind a fresh hold waits for the device itself (``SYNC``: a
+    its cause, the run's host us): a step that waits again when it runs first behind a fresh hold
+    waits for the device itself (``SYNC``: a
     synchronous copy or call); one that does not waited only because the work enqueued before it
     filled the launch queue behind the hold (``QUEUE``: device time, not host time; measured on
     the H200, 2026-12-05: GPT-2 bs1's 66th replayed step graph, whatever the hold's length)."""
@@ -247,11 +257,7 @@ def blocking_steps(sess, feeds: Mapping[str, Any], *, hold: Callable | None = No
     launch queue (``_classified_waits``). Empty off cuda or when nothing waits."""
     if sess.device != "cuda":
         return []
-    dev = _device_feeds(sess, feeds)
-    if hold is None:
-        hold = cuda_hold(sess.backend.cupy)
-    sess.run(dev)
-    sess.synchronize()
+    dev, hold = _warm(sess, feeds, hold)
     return _classified_waits(sess, dev, hold, hold_us)[2]
 
 
@@ -264,11 +270,7 @@ def queue_excluded_us(sess, feeds: Mapping[str, Any], *, hold: Callable | None =
     is not in it, and a step that waits less than half the hold for a queue slot to free stays in as
     host time. None when some step waits for the device itself (that wait is host time) or when no
     run finds a queue wait (nothing explains the wall figure): the run's wall time stands."""
-    dev = _device_feeds(sess, feeds)
-    if hold is None:
-        hold = cuda_hold(sess.backend.cupy)
-    sess.run(dev)
-    sess.synchronize()
+    dev, hold = _warm(sess, feeds, hold)
     best, found = None, []
     for _ in range(max(1, runs)):
         times, waited, waits, run_us = _classified_waits(sess, dev, hold, hold_us)
