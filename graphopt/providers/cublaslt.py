@@ -164,13 +164,10 @@ class CublasLtGemm(Candidate):
     def layouts(self, sig: Signature) -> tuple[str, ...]:
         """What build() declares. ``rowpad``: Y after the inputs actually passed (2 without a bias, 3
         with one, whose vector is rowpad already), as for CBR's NHWC Y."""
-        variant = SAME_CALLS.get(self.variant, self.variant)
-        if self.variant == "rowpad":
-            ab = LAYOUTS_BT if b_stored_transposed(sig, variant) else ("", "")
-            return ab + (LAYOUT_ROWPAD, LAYOUT_ROWPAD)
-        if variant in ("bt", "pad") and sig.op == "GemmAct" and b_stored_transposed(sig, variant):
-            return LAYOUTS_BT
-        return LAYOUTS.get(sig.op, ())
+        if sig.op != "GemmAct" or self.variant not in ("bt", "pad", "rowpad"):
+            return LAYOUTS.get(sig.op, ())
+        ab = LAYOUTS_BT if b_stored_transposed(sig, self.variant) else ()  # (it maps rowpad to pad's calls)
+        return (ab or ("", "")) + (LAYOUT_ROWPAD, LAYOUT_ROWPAD) if self.variant == "rowpad" else ab
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         """The own kernel the ``act`` variant launches after the matmul (for prebuilding)."""
