@@ -80,9 +80,49 @@ def to_layout(x: Any, layout: str, xp: Any) -> Any:
         return xp.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2)
     if layout == "rowpad" and x.ndim >= 1:
         out = empty(x.shape, x.dtype, "rowpad", xp)
-        out[...] = x
+        copy_rows(out, x, xp)
+        return out
+    if row_pitch(x) is not None:  # a rowpad view to C order: one pitched copy, not an indexed kernel
+        out = xp.empty(x.shape, dtype=x.dtype)
+        copy_rows(out, x, xp)
         return out
     return xp.ascontiguousarray(x)
+
+
+def row_pitch(x: Any) -> int | None:
+    """Bytes from one row (the last dim) of ``x`` to the next when each row is contiguous and the outer
+    dims collapse into one run of equally spaced rows (C order, ``rowpad``, any ``[..., :n]`` view of
+    a C-contiguous buffer); None otherwise or when ``x`` holds no element."""
+    if x.ndim == 0 or x.size == 0 or (x.shape[-1] > 1 and x.strides[-1] != x.itemsize):
+        return None
+    pitch = expect = None
+    for d, s in zip(reversed(x.shape[:-1]), reversed(x.strides[:-1])):
+        if d == 1:  # a dim of size 1 has no stride to keep
+            continue
+        if pitch is None:
+            pitch = int(s)
+        elif int(s) != expect:
+            return None
+        expect = int(s) * int(d)
+    row_bytes = x.shape[-1] * x.itemsize
+    if pitch is None:  # a single row
+        return row_bytes
+    return pitch if pitch >= row_bytes else None
+
+
+def copy_rows(dst: Any, src: Any, xp: Any) -> None:
+    """``dst[...] = src`` for two arrays of one shape and dtype whose rows are equally spaced
+    (``row_pitch``). On CuPy that is one ``cudaMemcpy2DAsync`` on the current stream: CuPy's own
+    copy of a strided view is an indexed elementwise kernel, measured ~1 ms for GPT-2's 412 MB of
+    bs32 logits on the H100 against ~0.3 ms for the pitched copy's bandwidth. Anything else
+    (NumPy, other strides): plain assignment."""
+    dp, sp = row_pitch(dst), row_pitch(src)
+    if xp.__name__ != "cupy" or dp is None or sp is None or dst.shape != src.shape or dst.dtype != src.dtype:
+        dst[...] = src
+        return
+    row_bytes, rows = dst.shape[-1] * dst.itemsize, dst.size // dst.shape[-1]
+    xp.cuda.runtime.memcpy2DAsync(dst.data.ptr, dp, src.data.ptr, sp, row_bytes, rows,
+                                  xp.cuda.runtime.memcpyDeviceToDevice, xp.cuda.get_current_stream().ptr)
 
 
 def empty(shape: Sequence[int], dtype: Any, layout: str, xp: Any) -> Any:

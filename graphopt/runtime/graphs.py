@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphopt.lowering.buckets import ATTR, decode
+from graphopt.lowering.layout import to_layout
 
 
 class CaptureFailed(Exception):
@@ -87,10 +88,12 @@ def _copy_into(dst, src, stream) -> None:
 
 
 def _copy_of(a, stream):
-    """A new array equal to ``a`` (a graph output, overwritten by the next replay)."""
-    if not _dense(a):
-        return a.copy()
+    """A new C-order array equal to ``a`` (a graph output, overwritten by the next replay)."""
     import cupy
+
+    if not _dense(a):
+        with stream:  # a rowpad output (GPT-2's logits): one pitched copy, not CuPy's indexed kernel
+            return to_layout(a, "rowmajor", cupy)
 
     out = cupy.empty_like(a)
     cupy.cuda.runtime.memcpyAsync(out.data.ptr, a.data.ptr, a.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)

@@ -44,3 +44,23 @@ def test_declared_layouts_match_the_built_lowering(sig):
         assert tuple(cand.layouts(sig)) == tuple(low.layouts), cand.key()
         checked.append(cand.key())
     assert checked, "no candidate built"
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 7, 50257), (1, 9)])
+def test_rowpad_to_c_order_and_back_by_pitched_copy_on_the_gpu(shape):
+    """``to_layout`` between ``rowpad`` and C order on CuPy (one cudaMemcpy2DAsync each way) keeps
+    every value and writes nothing past a row; outputs poisoned first."""
+    from graphopt.lowering import layout
+
+    rng = cupy.random.default_rng(0)
+    padded = layout.empty(shape, cupy.float16, "rowpad", cupy)
+    padded.base[...] = cupy.nan
+    padded[...] = rng.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+    dense = layout.to_layout(padded, "rowmajor", cupy)
+    assert dense.flags.c_contiguous
+    cupy.testing.assert_array_equal(dense, padded)
+    back = layout.empty(shape, cupy.float16, "rowpad", cupy)
+    back.base[...] = 7
+    layout.copy_rows(back, dense, cupy)
+    cupy.testing.assert_array_equal(back, padded)
+    assert bool(cupy.all(back.base[..., shape[-1]:] == 7))
