@@ -236,7 +236,7 @@ def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -
             # a lowering writing a graph output (or a view of one): new output arrays every run, the
             # rest bound once as for the arena steps
             check = _to_check(step, lowered, arrays, feed_slots)
-            alloc = _output_alloc(lowered, backend.xp)
+            alloc, plan.fresh_bytes[k] = _output_alloc(lowered, backend.xp)
             ins = _lowered_ins(step, lowered, template, n)
             if replay and _replayable(step, lowered):
                 run = FreshStepReplay(_launch_into(lowered, lowered.workspace), alloc, backend.cupy,
@@ -300,14 +300,15 @@ def _replayable(step, lowered) -> bool:
 
 
 def _output_alloc(lowered, xp):
-    """``alloc() -> outputs``: new arrays in the lowering's declared shapes, dtype and layouts
-    (shapes and layouts decided here, once)."""
+    """``(alloc, nbytes)``: ``alloc() -> outputs``, new arrays in the lowering's declared shapes, dtype
+    and layouts (shapes and layouts decided here, once), and the bytes one call allocates."""
     specs = [lowered.empty_like(j, xp) for j in range(lowered.n_out)]
+    nbytes = sum(max(int(a.nbytes), _extent(a)) for a in specs)
     if all(a.flags.c_contiguous for a in specs):
         shapes = [(tuple(a.shape), a.dtype) for a in specs]
         empty = xp.empty
-        return lambda: [empty(shape, dtype) for shape, dtype in shapes]
-    return lambda: [lowered.empty_like(j, xp) for j in range(lowered.n_out)]
+        return (lambda: [empty(shape, dtype) for shape, dtype in shapes]), nbytes
+    return (lambda: [lowered.empty_like(j, xp) for j in range(lowered.n_out)]), nbytes
 
 
 def _fixed_slot(template: list, arr) -> int:

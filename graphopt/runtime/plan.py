@@ -75,6 +75,7 @@ class Plan:
     arena_intervals: list = field(default_factory=list)  # graphopt.runtime.arena.Interval per buffer
     template: list | None = None  # slot values every run starts from (constants, arena views)
     loop: list = field(default_factory=list)  # (step, input slots, output slots, slots to drop) per step
+    fresh_bytes: dict = field(default_factory=dict)  # loop index -> bytes, for lowered steps writing new graph outputs each run
 
     @property
     def capture_reason(self) -> str | None:
@@ -105,31 +106,41 @@ class Plan:
                     vals[slot] = arr
             for slot in step.free:
                 vals[slot] = None
-        return self._outputs(vals)
+        return self.output_values(vals)
 
     def _fast(self, feeds: dict[str, Any], profile: Callable | None) -> list:
         """The compiled loop: slot lists prebuilt (a spare slot stands for every omitted input or
         output), nothing looked up or decided per step."""
+        vals = self.begin(feeds)
+        self.run_loop(vals, self.loop, profile)
+        return self.output_values(vals)
+
+    def begin(self, feeds: dict[str, Any]) -> list:
+        """The compiled loop's slot values before its first step: the template with ``feeds`` in."""
         vals = self.template.copy()
         for name, slot in self.inputs:
             vals[slot] = feeds[name]
+        return vals
+
+    @staticmethod
+    def run_loop(vals: list, loop: list, profile: Callable | None = None) -> None:
+        """Run ``loop`` (``self.loop`` or a part of it: ``graphs.CapturedRun``'s tail) on ``vals``."""
         if profile is None:
-            for step, ins, outs, free in self.loop:
+            for step, ins, outs, free in loop:
                 res = step.run([vals[i] for i in ins])
                 for slot, arr in zip(outs, res):
                     vals[slot] = arr
                 for slot in free:
                     vals[slot] = None
         else:
-            for step, ins, outs, free in self.loop:
+            for step, ins, outs, free in loop:
                 res = profile(step, [vals[i] for i in ins])
                 for slot, arr in zip(outs, res):
                     vals[slot] = arr
                 for slot in free:
                     vals[slot] = None
-        return self._outputs(vals)
 
-    def _outputs(self, vals) -> list:
+    def output_values(self, vals) -> list:
         return [vals[slot] for _, slot in self.outputs]
 
     def summary(self) -> dict:

@@ -6,6 +6,7 @@ custom ops take their CuPy-fallback path; every "device" array is a NumPy array 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import types
 import weakref
@@ -218,7 +219,17 @@ def make(graphs: bool = False):
     cuda.Event = _Event
     cuda.Device = _Device
     cuda.get_current_stream = lambda: _current[-1]
-    cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 1)
+    def memcpy2d(dst, dpitch, src, spitch, width, height, kind, stream):  # host addresses here
+        _count("memcpy2d")
+        for r in range(height):
+            ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
+
+    def memcpy(dst, src, nbytes, kind, stream):
+        _count("memcpy")
+        ctypes.memmove(dst, src, nbytes)
+
+    cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, memcpy2DAsync=memcpy2d, memcpyAsync=memcpy,
+                                         memcpyDeviceToDevice=3)
     cuda.memory = types.SimpleNamespace(OutOfMemoryError=MemoryError)
     cuda.MemoryPool = _Pool
     cuda.using_allocator = lambda alloc=None: contextlib.nullcontext()

@@ -175,3 +175,19 @@ def test_copy_outputs_must_be_a_bool():
 
     with pytest.raises(UsageError, match="copy_outputs"):
         Session(_dynamic_model(), device="numpy", copy_outputs="no")
+
+
+def test_no_tail_below_the_size_bound_or_when_the_last_step_feeds_another():
+    from types import SimpleNamespace
+
+    from graphopt.runtime.graphs import TAIL_MIN_BYTES, fresh_tail
+
+    def plan(fresh, outs_of_last):
+        loop = [(None, (0,), (1,), ()), (None, (1,), outs_of_last, ())]
+        return SimpleNamespace(loop=loop, fresh_bytes=fresh, template=[], outputs=[("y", 2)], n_slots=3)
+
+    assert fresh_tail(plan({1: TAIL_MIN_BYTES}, (2,))) == 1
+    assert fresh_tail(plan({1: TAIL_MIN_BYTES - 1}, (2,))) == 2  # too small to be worth a launch
+    assert fresh_tail(plan({1: TAIL_MIN_BYTES}, (1,))) == 2  # writes a value another step could read
+    assert fresh_tail(plan({}, (2,))) == 2  # not a lowered step writing new arrays
+    assert fresh_tail(plan({0: 1, 1: TAIL_MIN_BYTES}, (2,))) == 1  # step 0 writes slot 1, no graph output

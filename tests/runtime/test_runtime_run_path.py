@@ -295,3 +295,72 @@ def test_a_row_padded_gemm_output_is_right_as_a_graph_output_and_as_an_input(gra
         assert layout.is_layout(got["logits"], "rowpad") and not got["logits"].flags.c_contiguous
     for arr, w in kept:
         assert rel_err(to_numpy(arr), w) <= 1e-4
+
+
+def _final_gemm_model():
+    """x (2, 5, 64) -> GemmAct -> h (a graph output, read by Relu) -> GemmAct (16 -> 33) -> logits:
+    the last step writes only a graph output (GPT-2's LM head)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 16)).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b1")
+    w2 = numpy_helper.from_array(rng.standard_normal((16, 33)).astype(np.float32), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["logits"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 64])],
+                          [helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 5, 16]),
+                           helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 5, 33])], [w1, b1, w2])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_large_final_graph_outputs_are_written_by_an_uncaptured_tail_not_copied(graphs_cuda, monkeypatch, copy):
+    """A plan whose last step is a lowered GEMM writing a graph output of at least TAIL_MIN_BYTES
+    (GPT-2's logits) captures every step but that one; each replay launches it after the graph into
+    new arrays: the values are right, it is never copied, and every run's result stays valid."""
+    import graphopt
+    from graphopt.runtime import Session, graphs, to_numpy
+
+    src = _final_gemm_model()
+    opt, _ = graphopt.optimize(src, gpu="none")
+    assert sum(n.op_type == "GemmAct" for n in opt.graph.node) == 2
+    _computing_lowerings(monkeypatch, {"GemmAct": ("", "", "rowpad", "rowpad")})
+    monkeypatch.setattr(graphs, "TAIL_MIN_BYTES", 2 * 5 * 33 * 4)
+    copied = []
+    real_copy = graphs._copy_of
+    monkeypatch.setattr(graphs, "_copy_of", lambda a, stream: copied.append(a.shape) or real_copy(a, stream))
+    sess = Session(opt, device="cuda", copy_outputs=copy)
+    x = np.random.default_rng(0).standard_normal((2, 5, 64)).astype(np.float32)
+    want = ort_run(src, {"x": x})
+    runs = [sess.run({"x": x}) for _ in range(4)]  # the fake's graph launches do nothing: same feeds
+    assert sess.graph_status == "replaying a CUDA graph"
+    cap = next(iter(sess._graphs.graphs.values()))
+    assert len(cap.tail) == 1 and len(cap.plan.loop) > 1
+    assert [sess.output_names[i] for i in cap.fresh] == ["logits"]
+    assert set(copied) == ({(2, 5, 16)} if copy else set())  # h is the graph's: copied by default
+    for got in runs:
+        for k, w in want.items():
+            assert rel_err(to_numpy(got[k]), w) <= 1e-4, k
+        assert layout_of(got["logits"]) == "rowpad"
+    assert len({id(r["logits"]) for r in runs}) == len(runs)
+
+
+def test_a_tail_is_left_in_the_graph_below_the_size_bound(graphs_cuda, monkeypatch):
+    import graphopt
+    from graphopt.runtime import Session, graphs
+
+    opt, _ = graphopt.optimize(_final_gemm_model(), gpu="none")
+    _computing_lowerings(monkeypatch, {"GemmAct": ("", "", "rowpad", "rowpad")})
+    monkeypatch.setattr(graphs, "TAIL_MIN_BYTES", 2 * 5 * 40 * 4 + 1)  # the padded logits span 2*5*36*4
+    sess = Session(opt, device="cuda")
+    for _ in range(3):
+        sess.run({"x": np.ones((2, 5, 64), np.float32)})
+    cap = next(iter(sess._graphs.graphs.values()))
+    assert cap.tail == [] and cap.fresh == frozenset()
+
+
+def layout_of(arr) -> str:
+    from graphopt.lowering import layout
+
+    return "rowpad" if layout.is_layout(arr, "rowpad") and not arr.flags.c_contiguous else "C"
