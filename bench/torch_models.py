@@ -41,13 +41,32 @@ def _wrap(model, call):
     return Wrapped(model).eval()
 
 
+def _import_torchvision():
+    """torchvision; where its compiled ops do not match the installed torch (a CPU torch beside a
+    CUDA torchvision: "operator torchvision::nms does not exist"), the model code without them (the
+    classification models never call those ops)."""
+    try:
+        import torchvision
+    except RuntimeError as e:
+        if "torchvision::" not in str(e):
+            raise
+        import sys
+        import types
+
+        for mod in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[mod]
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+        import torchvision
+    return torchvision
+
+
 def build_module(name: str, tiny: bool = False):
     """The torch module of ``name`` (eval mode, seeded random weights)."""
     import torch
 
     torch.manual_seed(0)
     if name in ("resnet50", "mobilenetv2", "efficientnet_b0"):
-        import torchvision
+        torchvision = _import_torchvision()
 
         fn = {"resnet50": torchvision.models.resnet50, "mobilenetv2": torchvision.models.mobilenet_v2,
               "efficientnet_b0": torchvision.models.efficientnet_b0}[name]

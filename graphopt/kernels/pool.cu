@@ -68,3 +68,86 @@ __global__ void pool2d(const T* __restrict__ x, T* __restrict__ y, int N, int C,
         *reinterpret_cast<PoolVec<T, VEC>*>(y + (long long)n * syn + (long long)c * syc + (long long)oh * syh + (long long)ow * syw) = out;
     }
 }
+
+// Global pooling (the window is the whole H x W: GlobalAveragePool, GlobalMaxPool, or a pool whose
+// window covers its input). pool2d above gives each output one thread that walks every cell of its
+// window: an EfficientNet-B0 squeeze-excite pool over 1 x 32 x 112 x 112 was 4 threads walking 12,544
+// cells each, and the model's 16 such pools took most of its 5.8 ms at bs1 on the H100
+// (bench/results/e2e_h100.json). Here a block serves (n, a tile of blockDim.x channel groups, a slice of
+// the positions): threadIdx.x walks channel groups (contiguous in NHWC: coalesced vector loads),
+// threadIdx.y strides over the slice's positions, fp32 accumulation, and the block reduces over
+// threadIdx.y in shared memory (blockDim.y a power of two). One slice (gridDim.y == 1): row 0 writes y.
+// Several (average only): row 0 adds the block's sums into acc (fp32 [N, C], zeroed by the host) with
+// atomicAdd, and global_pool_finish writes y = acc * scale. MODE 0: max (a NaN, once seen, stays); 1: average.
+template <typename T, int MODE, int VEC>
+__global__ void global_pool(const T* __restrict__ x, T* __restrict__ y, float* __restrict__ acc, int N, int C,
+                            int H, int W, int sxn, int sxc, int sxh, int sxw, int syn, int syc, int per_slice) {
+    extern __shared__ float red[];  // blockDim.x * blockDim.y * VEC
+    const int CV = C / VEC;
+    const int tiles = (CV + blockDim.x - 1) / blockDim.x;
+    const int n = blockIdx.x / tiles;
+    const int cv = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+    const int HW = H * W;
+    const int p0 = blockIdx.y * per_slice;
+    const int p1 = min(HW, p0 + per_slice);
+    float a[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) a[v] = MODE == 0 ? -__int_as_float(0x7f800000) : 0.0f;  // -inf
+    if (n < N && cv < CV) {
+        const T* xb = x + (long long)n * sxn + (long long)cv * VEC * sxc;
+        for (int p = p0 + threadIdx.y; p < p1; p += blockDim.y) {
+            const int h = p / W, w = p - h * W;
+            const PoolVec<T, VEC> pv = *reinterpret_cast<const PoolVec<T, VEC>*>(xb + (long long)h * sxh + (long long)w * sxw);
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const float f = Num<T>::to_f(pv.v[v]);
+                if (MODE == 0) {
+                    if (f > a[v] || f != f) a[v] = (a[v] != a[v]) ? a[v] : f;
+                } else {
+                    a[v] += f;
+                }
+            }
+        }
+    }
+    const int me = (threadIdx.y * blockDim.x + threadIdx.x) * VEC;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) red[me + v] = a[v];
+    __syncthreads();
+    for (int s = blockDim.y / 2; s > 0; s >>= 1) {
+        if (threadIdx.y < s) {
+            const int other = me + s * blockDim.x * VEC;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const float f = red[other + v];
+                if (MODE == 0) {
+                    const float m = red[me + v];
+                    if (f > m || f != f) red[me + v] = (m != m) ? m : f;
+                } else {
+                    red[me + v] += f;
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.y == 0 && n < N && cv < CV) {
+        const int c = cv * VEC;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const float f = red[me + v];
+            if (gridDim.y == 1) {
+                y[(long long)n * syn + (long long)(c + v) * syc] = Num<T>::from_f(MODE == 0 ? f : f / (float)HW);
+            } else {
+                atomicAdd(acc + (long long)n * C + c + v, f);
+            }
+        }
+    }
+}
+
+template <typename T>
+__global__ void global_pool_finish(const float* __restrict__ acc, T* __restrict__ y, int N, int C, int syn, int syc,
+                                   float scale) {
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < N * C; idx += gridDim.x * blockDim.x) {
+        const int n = idx / C, c = idx - n * C;
+        y[(long long)n * syn + (long long)c * syc] = Num<T>::from_f(acc[idx] * scale);
+    }
+}

@@ -25,9 +25,18 @@ MAX_BLOCKS = 65536
 MAX_ELEMENTS = 2**31 - 1  # the kernel's indices are 32-bit
 
 
+GLOBAL_MODES = {"max": 0, "avg": 1}  # global_pool's modes (no pads: "avg_pad" is "avg")
+TARGET_BLOCKS = 256  # global_pool splits the positions until about this many blocks run (~2 per H100/H200 SM)
+MIN_PER_THREAD = 4  # ... but gives each thread at least this many positions of its slice
+_NULL = np.uint64(0)  # global_pool's acc when nothing is split (a null pointer argument)
+
+
 def instances() -> list[tuple[str, str]]:
     """Every (source, instance) the runtime can launch."""
-    return [(SOURCE, instance("pool2d", dt, m, v)) for dt in CTYPE for m in MODES.values() for v in (1, VECS[dt])]
+    return ([(SOURCE, instance("pool2d", dt, m, v)) for dt in CTYPE for m in MODES.values() for v in (1, VECS[dt])]
+            + [(SOURCE, instance("global_pool", dt, m, v)) for dt in CTYPE for m in GLOBAL_MODES.values()
+               for v in (1, VECS[dt])]
+            + [(SOURCE, instance("global_pool_finish", dt)) for dt in CTYPE])
 
 
 def supports(x: Any, kernel: Sequence[int]) -> bool:
@@ -57,11 +66,10 @@ def pool2d(xp: Any, x: Any, kind: str, kernel: Sequence[int], strides: Sequence[
     item = x.dtype.itemsize
     sx = [int(s) // item for s in x.strides]
     sy = [int(s) // y.dtype.itemsize for s in y.strides]
-    vec = VECS[str(x.dtype)]
-    # channel vectors: channels contiguous in both, every other stride and both pointers 16-byte aligned
-    if not (sx[1] == 1 and sy[1] == 1 and c % vec == 0 and all(s % vec == 0 for s in sx[:1] + sx[2:] + sy[:1] + sy[2:])
-            and x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0):
-        vec = 1
+    if is_global(kind, kernel, strides, dil, pads, (h, w), (oh, ow)):
+        _global_pool(xp, x, y, GLOBAL_MODES["max" if kind == "max" else "avg"], sx, sy)
+        return y
+    vec = _vec(x, y, sx, sy)
     total = n * (c // vec) * oh * ow
     k = get_kernel(SOURCE, instance("pool2d", str(x.dtype), MODES[kind], vec))
     i32 = np.int32
@@ -71,3 +79,63 @@ def pool2d(xp: Any, x: Any, kind: str, kernel: Sequence[int], strides: Sequence[
                               i32(strides[1]), i32(dil[0]), i32(dil[1]), i32(pads[0]), i32(pads[1]), i32(pads[2]),
                               i32(pads[3]), i32(1 if layout == "NHWC" else 0)))
     return y
+
+
+def _channel_vectors(arr, strides: list) -> bool:
+    """Whether ``arr``'s channels are contiguous, a whole number of 16-byte vectors apart everywhere
+    else, and its pointer 16-byte aligned (one vector load or store per ``VECS`` channels)."""
+    vec = VECS[str(arr.dtype)]
+    return (strides[1] == 1 and int(arr.shape[1]) % vec == 0 and all(s % vec == 0 for s in strides[:1] + strides[2:])
+            and arr.data.ptr % 16 == 0)
+
+
+def _vec(x, y, sx: list, sy: list) -> int:
+    """Channels per thread: ``VECS`` when both tensors have channel vectors, else 1."""
+    return VECS[str(x.dtype)] if _channel_vectors(x, sx) and _channel_vectors(y, sy) else 1
+
+
+def is_global(kind: str, kernel, strides, dil, pads, spatial, outs) -> bool:
+    """Whether a pooling is global: one output cell whose window is the whole input, no pads (then
+    "avg" and "avg_pad" agree)."""
+    return (tuple(int(o) for o in outs) == (1, 1) and tuple(int(k) for k in kernel) == tuple(int(d) for d in spatial)
+            and not any(int(p) for p in pads) and all(int(d) == 1 for d in dil) and kind in MODES)
+
+
+def global_geometry(n: int, c: int, hw: int, vec: int, avg: bool, channels_last: bool) -> tuple[int, int, int, int]:
+    """``(tx, ty, tiles, slices)`` of a ``global_pool`` launch: ``tx`` channel groups by ``ty`` rows of
+    positions per block (``tx * ty == THREADS``, both powers of two), ``tiles`` blocks across the
+    channel groups, ``slices`` blocks across the positions (more than one only for an average: the
+    slices' sums meet in an fp32 buffer by atomicAdd). Channels contiguous (NHWC): a warp reads
+    neighbouring channel groups; otherwise (NCHW) one channel per block, its threads on neighbouring
+    positions. Enough blocks to keep the GPU busy at bs1, where one block per (n, channel tile)
+    would leave most SMs idle."""
+    cv = c // vec
+    tx = 1
+    while channels_last and tx < min(cv, 32):
+        tx *= 2
+    ty = THREADS // tx
+    tiles = -(-cv // tx)
+    slices = 1
+    if avg:
+        slices = max(1, min(-(-TARGET_BLOCKS // (n * tiles)), hw // (ty * MIN_PER_THREAD)))
+    return tx, ty, tiles, slices
+
+
+def _global_pool(xp, x, y, mode: int, sx: list, sy: list) -> None:
+    n, c, h, w = (int(d) for d in x.shape)
+    vec = VECS[str(x.dtype)] if _channel_vectors(x, sx) else 1  # y is written one channel at a time
+    tx, ty, tiles, slices = global_geometry(n, c, h * w, vec, mode == GLOBAL_MODES["avg"], sx[1] == 1 and c > 1)
+    per_slice = -(-(h * w) // slices)
+    slices = -(-(h * w) // per_slice)
+    dt = str(x.dtype)
+    i32 = np.int32
+    acc = xp.zeros((n * c,), dtype=np.float32) if slices > 1 else _NULL
+    k = get_kernel(SOURCE, instance("global_pool", dt, mode, vec))
+    k((n * tiles, slices), (tx, ty), (x, y, acc, i32(n), i32(c), i32(h), i32(w), *(i32(s) for s in sx),
+                                     i32(sy[0]), i32(sy[1]), i32(per_slice)),
+      shared_mem=tx * ty * vec * 4)
+    if slices > 1:
+        fin = get_kernel(SOURCE, instance("global_pool_finish", dt))
+        total = n * c
+        fin((min(MAX_BLOCKS, -(-total // THREADS)),), (THREADS,),
+            (acc, y, i32(n), i32(c), i32(sy[0]), i32(sy[1]), np.float32(1.0 / (h * w))))

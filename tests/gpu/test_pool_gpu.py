@@ -1,6 +1,7 @@
 """The runtime's pooling kernel (graphopt.kernels.pool) against the array-module pooling on the host
 (float64), over NCHW and NHWC storage, odd sizes, pads, strides, dilations, ceil mode, count_include_pad,
-1-D windows and the global forms, fp16 and fp32; the output keeps the input's layout; it captures."""
+1-D windows and the global forms (``global_pool``, its positions split across blocks), fp16 and fp32;
+the output keeps the input's layout; it captures."""
 
 from __future__ import annotations
 
@@ -31,6 +32,13 @@ CASES = [  # op, input shape, attributes
     ("GlobalAveragePool", (4, 16, 1, 1), {}),  # H = W = 1: NCHW and NHWC strides coincide
     ("GlobalAveragePool", (3, 5, 1, 13), {}),
     ("GlobalMaxPool", (3, 9, 7, 5), {}),
+    # global_pool's split positions (bs1 squeeze-excite pools of EfficientNet-B0), odd sizes, a window
+    # that covers its input
+    ("GlobalAveragePool", (1, 32, 112, 112), {}),
+    ("GlobalAveragePool", (1, 1152, 7, 7), {}),
+    ("GlobalAveragePool", (2, 13, 37, 29), {}),
+    ("GlobalMaxPool", (1, 40, 56, 56), {}),
+    ("AveragePool", (2, 24, 9, 9), dict(kernel_shape=[9, 9])),
 ]
 
 
@@ -68,26 +76,31 @@ def test_pool_kernel_matches_the_reference(case, layout, dtype):
     np.testing.assert_allclose(cp.asnumpy(got).astype(np.float64), want, rtol=tol, atol=tol, equal_nan=True)
 
 
-def test_pool_kernel_captures_in_a_cuda_graph():
-    x = cp.asarray(np.random.default_rng(0).standard_normal((4, 8, 15, 15)).astype(np.float16))
-    ctx = OpContext(cp, _node("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2])), 17, {}, pool=pool)
+@pytest.mark.parametrize("op, shape, attrs", [("MaxPool", (4, 8, 15, 15), dict(kernel_shape=[3, 3], strides=[2, 2])),
+                                               ("GlobalAveragePool", (1, 32, 112, 112), {})])
+def test_pool_kernel_captures_in_a_cuda_graph(op, shape, attrs):
+    """Captured and replayed (the split global average zeroes its fp32 sums inside the graph: a replay
+    must not add to the capture's)."""
+    x = to_layout(cp.asarray(np.random.default_rng(0).standard_normal(shape).astype(np.float16)), "NHWC", cp)
+    ctx = OpContext(cp, _node(op, attrs), 17, {}, pool=pool)
     s = cp.cuda.Stream(non_blocking=True)
     with s:
-        OPS["MaxPool"](ctx, [x])  # compiled outside the capture
+        OPS[op](ctx, [x])  # compiled outside the capture
         s.begin_capture()
         try:
-            y = OPS["MaxPool"](ctx, [x])[0]
+            y = OPS[op](ctx, [x])[0]
         finally:
             g = s.end_capture()
-        y.fill(0)
-        g.launch(s)
+        for _ in range(2):
+            y.fill(cp.nan)
+            g.launch(s)
         s.synchronize()
-    want = OPS["MaxPool"](OpContext(np, ctx.node, 17, {}), [cp.asnumpy(x).astype(np.float64)])[0]
+    want = OPS[op](OpContext(np, ctx.node, 17, {}), [cp.asnumpy(x).astype(np.float64)])[0]
     np.testing.assert_allclose(cp.asnumpy(y).astype(np.float64), want, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[8]], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}")
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[8], CASES[12], CASES[14]], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}")
 def test_pool_kernel_writes_a_given_output(case, layout):
     """``out=`` (a compiled plan's arena view): the same values as a fresh output, in the given buffer."""
     op, shape, attrs = case
