@@ -17,9 +17,11 @@ from onnx import TensorProto
 
 from graphopt.errors import GraphoptError, TuningError
 from graphopt.kernels import pool as pool_kernels
+from graphopt.kernels import transpose as transpose_kernels
 from graphopt.kernels.heuristic import DEFAULT_LOWERING, heuristic_lowering
 from graphopt.kernels.registry import candidate_from_key, signature_of
 from graphopt.lowering.contract import as_lowering
+from graphopt.lowering.layout import to_layout
 from graphopt.runtime import ops_custom
 from graphopt.runtime.onnx_ops.registry import CUBLAS_OPS, OPS, OpContext, numpy_matmul
 from graphopt.runtime.compiled import Lowered
@@ -53,6 +55,7 @@ class _Backend:
         self.workspace_bytes = 0  # lowering workspaces allocated at plan build (counted in peak memory)
         self.matmul = numpy_matmul
         self.pool = None  # a pooling-kernel module (CUDA only), handed to the standard ops
+        self.to_layout = to_layout  # a compiled step's input conversions (CUDA: the tiled transpose)
 
     @staticmethod
     def error(message: str) -> GraphoptError:
@@ -239,6 +242,7 @@ class CudaBackend(_Backend):
         self.step_graphs = bool(step_graphs) and hasattr(cupy.cuda, "Stream") and hasattr(cupy, "RawModule")
         if hasattr(cupy, "RawModule"):  # a real CuPy (the CPU tests' stand-in has no kernels)
             self.pool = pool_kernels
+            self.to_layout = transpose_kernels.to_layout
 
     def _cupy_matmul(self, a, b):
         return self.cupy.matmul(a, b)

@@ -226,7 +226,7 @@ def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -
                 run = _lowering_run(lowered, out_views, ws)
                 if replay and _replayable(step, lowered):
                     run = StepReplay(run, out_views, backend.cupy, _moving(ins, stable, n, check))
-                run = _converting(run, check, lowered, backend.xp)
+                run = _converting(run, check, lowered, backend)
             else:
                 run = makers[k](views[0][2])
                 if replay and step.capture is None:
@@ -243,7 +243,7 @@ def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -
                                       _moving(ins, stable, n, check))
             else:
                 run = _fresh_run(lowered, alloc, lowered.workspace)
-            run = _converting(run, check, lowered, backend.xp)
+            run = _converting(run, check, lowered, backend)
         elif step.kind == "std" and step.op in RESHAPES and step.outputs and step.outputs[0] is not None:
             shape = tuple(arrays[step.outputs[0]].shape)
             run = _reshape_run(shape)
@@ -348,12 +348,13 @@ def _lowering_run(lowered, outs: list, ws):
     return run
 
 
-def _converting(run, check: tuple, lowered, xp):
+def _converting(run, check: tuple, lowered, backend):
     """``run`` after converting the inputs at ``check`` to the lowering's declared layouts (a copy
-    only for an input not already in it); ``run`` itself when there are none."""
+    only for an input not already in it, by the backend's ``to_layout``); ``run`` itself when there
+    are none."""
     if not check:
         return run
-    to_layout, input_layout = layout.to_layout, lowered.lowering.input_layout
+    xp, to_layout, input_layout = backend.xp, backend.to_layout, lowered.lowering.input_layout
     conv = tuple((i, input_layout(i) or "NCHW") for i in check)
 
     def run_converted(ins):

@@ -64,3 +64,21 @@ def test_rowpad_to_c_order_and_back_by_pitched_copy_on_the_gpu(shape):
     layout.copy_rows(back, dense, cupy)
     cupy.testing.assert_array_equal(back, padded)
     assert bool(cupy.all(back.base[..., shape[-1]:] == 7))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (32, 96, 56, 56), (1, 1280, 7, 7), (3, 33, 1, 65)])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_the_runtime_converts_nchw_and_nhwc_by_the_tiled_transpose(shape, dtype):
+    """``graphopt.kernels.transpose.to_layout`` (the runtime's conversions) each way equals the input,
+    in the asked layout; outputs poisoned first through the pool (a fresh block may hold anything)."""
+    from graphopt.kernels import transpose
+    from graphopt.lowering import layout
+
+    x = cupy.random.default_rng(1).standard_normal(shape, dtype=cupy.float32).astype(dtype)
+    cupy.full(x.size * 2, cupy.nan, dtype=dtype)  # poison what the pool hands out next
+    y = transpose.to_layout(x, "NHWC", cupy)
+    assert layout.is_layout(y, "NHWC")
+    cupy.testing.assert_array_equal(y, x)
+    back = transpose.to_layout(y, "NCHW", cupy)
+    assert back.flags.c_contiguous
+    cupy.testing.assert_array_equal(back, x)
