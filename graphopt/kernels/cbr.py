@@ -1,6 +1,7 @@
 """CBR lowering candidates: y = act(Conv(X, W, B) + R), NCHW in and out.
 
 - ``direct``         (a) direct convolution, one thread per ``opt`` output columns;
+- ``depthwise_nhwc``     a depthwise convolution in NHWC (``cbr_depthwise``), 16 bytes of channels per thread;
 - ``implicit_gemm``  (b) tensor-core implicit GEMM (mma.sync fp16 / tf32), epilogue fused,
                          reading NCHW directly (no layout conversion, so none is counted);
 - ``cublas``         (c) cuBLAS through ``cupy.matmul`` (1x1 stride-1 convs as a batched GEMM on
@@ -17,6 +18,7 @@ Each family lives in its own module (``cbr_direct``, ``cbr_mma``, ``cbr_cublas``
 from __future__ import annotations
 
 from graphopt.kernels.cbr_cublas import CublasConv
+from graphopt.kernels.cbr_depthwise import DepthwiseNhwcConv
 from graphopt.kernels.cbr_direct import DirectConv
 from graphopt.kernels.cbr_mma import ImplicitGemmConv, ImplicitGemmNhwcConv, PointwiseGemmConv
 from graphopt.kernels.mma_tiles import mma_family
@@ -27,6 +29,7 @@ def cbr_candidates() -> list[Candidate]:
     """Every CBR candidate, in a fixed order (applies() prunes per signature)."""
     out: list[Candidate] = [DirectConv("direct", (("opt", o),)) for o in (1, 2, 4)]
     out += [DirectConv("direct_k3", (("opt", o),)) for o in (4, 8)]
+    out.append(DepthwiseNhwcConv("depthwise_nhwc", ()))
     out += mma_family(ImplicitGemmConv, "implicit_gemm", pipelined=False)
     out += mma_family(ImplicitGemmNhwcConv, "implicit_gemm_nhwc")
     out += mma_family(PointwiseGemmConv, "pointwise_gemm")

@@ -16,7 +16,7 @@ The verdict is per dtype because the measurements are:
 - float32 (2026-12-02): our configurations against each other only (the vendors' fp32 plans were not
   in that run), so more of them stay until a run with the providers decides.
 
-Kept without a verdict: families not named in ``MEASURED`` (``direct_k3``, ``cublas*``, the GemmAct
+Kept without a verdict: families not named in ``MEASURED`` (``direct_k3``, ``depthwise_nhwc``, ``cublas*``, the GemmAct
 ``mma_gemm`` family, attention, norms, the providers themselves).
 """
 

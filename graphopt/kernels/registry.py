@@ -149,6 +149,7 @@ def candidate_from_key(op: str, key: str) -> Candidate:
 def all_kernel_instances() -> list[tuple[str, str]]:
     """Every (source, template instance) any candidate can compile, for CI and prebuilding."""
     from graphopt.kernels.mma_tiles import PIPE_DTYPES, PIPE_STAGES, PIPE_TILES, TILE_CONFIGS_BK
+    from graphopt.kernels.cbr_depthwise import instances as depthwise_instances
     from graphopt.kernels.pool import instances as pool_instances
     from graphopt.kernels.source import VEC16, instance
 
@@ -159,6 +160,7 @@ def all_kernel_instances() -> list[tuple[str, str]]:
         for opt in (4, 8):
             for sw in (1, 2):
                 out.append(("direct_conv.cu", instance("direct_conv", dt, opt, 3, sw)))
+        out += depthwise_instances(dt)
         for mode in (0, 1, 2, 3):
             for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
                 for sepi in (0, 1):

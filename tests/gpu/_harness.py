@@ -49,7 +49,8 @@ def run_and_check(cand, op: str, shapes, dtype: str, attrs: dict, inputs_np, ref
     assert reason is None, reason
     prebuild(cand.kernels(sig))
     launch = as_lowering(cand.build(sig, device_arch()))
-    ins = [None if a is None else cupy.asarray(a) for a in inputs_np]
+    # inputs and outputs in the layouts the lowering declares (NHWC, rowpad), as the runtime and the checker hand them
+    ins = launch.conform([None if a is None else cupy.asarray(a) for a in inputs_np], cupy)
     out = launch.empty_outputs(len(ins), [ref.shape], dtype, cupy)[0]  # in the layout it declares (rowpad, NHWC)
     out[...] = cupy.nan
     launch(ins, [out])

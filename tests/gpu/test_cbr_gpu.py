@@ -28,6 +28,11 @@ CASES = {
     "groups3_res_bcast": ((2, 12, 9, 10), (18, 4, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}, True, (1, 18, 1, 1)),
     "depthwise_s2": ((2, 24, 13, 11), (24, 1, 3, 3), {"group": 24, "strides": [2, 2], "pads": [1, 1, 1, 1]}, True, None),
     "depthwise_mult2": ((1, 8, 9, 9), (16, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, True, "full"),
+    # depthwise_nhwc: odd channels (one per thread), 5x5, dilation with unequal strides, 1-D
+    "depthwise_5x5_odd": ((2, 13, 17, 15), (13, 1, 5, 5), {"group": 13, "pads": [2, 2, 2, 2]}, False, None),
+    "depthwise_dil_s21": ((1, 40, 14, 13), (40, 1, 3, 3), {"group": 40, "strides": [2, 1], "dilations": [2, 2],
+                                                           "pads": [2, 1, 2, 1]}, True, None),
+    "depthwise_1d": ((2, 16, 29), (16, 1, 5), {"group": 16, "pads": [2, 2]}, True, None),
     "pointwise_res": ((3, 40, 7, 9), (72, 40, 1, 1), {}, True, "full"),
     "pointwise_s2": ((2, 32, 9, 9), (48, 32, 1, 1), {"strides": [2, 2]}, False, None),
     "stem7x7_s2": ((1, 3, 23, 21), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, True, None),
@@ -123,3 +128,17 @@ def test_cbr_activation(ai, dtype, name, cand):
     inputs, attrs, ref = _data(name, dtype, ai)
     shapes = [xs, ws, (ws[0],), _out_shape(CASES[name])]
     run_and_check(cand, "CBR", shapes, dtype, attrs, inputs, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ai", range(len(ACTS)), ids=lambda i: ACTS[i]["activation"])
+def test_depthwise_nhwc_every_activation(ai, dtype):
+    """``depthwise_nhwc`` fuses no residual, so ``test_cbr_activation``'s residual cases skip it: every
+    activation here on a depthwise layer with dilation and unequal strides."""
+    from graphopt.kernels.cbr_depthwise import DepthwiseNhwcConv
+
+    name = "depthwise_dil_s21"
+    xs, ws, _, _, _ = CASES[name]
+    inputs, attrs, ref = _data(name, dtype, ai)
+    run_and_check(DepthwiseNhwcConv("depthwise_nhwc", ()), "CBR", [xs, ws, (ws[0],), None], dtype, attrs, inputs, ref)
