@@ -74,13 +74,15 @@ __global__ void pool2d(const T* __restrict__ x, T* __restrict__ y, int N, int C,
 // window: an EfficientNet-B0 squeeze-excite pool over 1 x 32 x 112 x 112 was 4 threads walking 12,544
 // cells each, and the model's 16 such pools took most of its 5.8 ms at bs1 on the H100
 // (bench/results/e2e_h100.json). Here a block serves (n, a tile of blockDim.x channel groups, a slice of
-// the positions): threadIdx.x walks channel groups (contiguous in NHWC: coalesced vector loads),
-// threadIdx.y strides over the slice's positions, fp32 accumulation, and the block reduces over
-// threadIdx.y in shared memory (blockDim.y a power of two). One slice (gridDim.y == 1): row 0 writes y.
-// Several (average only): row 0 adds the block's sums into acc (fp32 [N, C], zeroed by the host) with
-// atomicAdd, and global_pool_finish writes y = acc * scale. MODE 0: max (a NaN, once seen, stays); 1: average.
+// the positions): threadIdx.x walks channel groups (NHWC: neighbouring 16-byte vectors, coalesced;
+// NCHW: blockDim.x == 1 and the positions, contiguous, go across the warp), threadIdx.y strides over
+// the slice's positions, fp32 accumulation, and the block reduces over threadIdx.y in shared memory
+// (blockDim.y a power of two). One slice (gridDim.y == 1): row 0 writes y. Several (average only): row 0
+// writes the slice's sums to part[slice][n][c] (fp32) and global_pool_finish adds the slices in order
+// and scales into y: deterministic, unlike atomics, and nothing to zero first.
+// MODE 0: max (a NaN, once seen, stays); 1: average.
 template <typename T, int MODE, int VEC>
-__global__ void global_pool(const T* __restrict__ x, T* __restrict__ y, float* __restrict__ acc, int N, int C,
+__global__ void global_pool(const T* __restrict__ x, T* __restrict__ y, float* __restrict__ part, int N, int C,
                             int H, int W, int sxn, int sxc, int sxh, int sxw, int syn, int syc, int per_slice) {
     extern __shared__ float red[];  // blockDim.x * blockDim.y * VEC
     const int CV = C / VEC;
@@ -137,17 +139,20 @@ __global__ void global_pool(const T* __restrict__ x, T* __restrict__ y, float* _
             if (gridDim.y == 1) {
                 y[(long long)n * syn + (long long)(c + v) * syc] = Num<T>::from_f(MODE == 0 ? f : f / (float)HW);
             } else {
-                atomicAdd(acc + (long long)n * C + c + v, f);
+                part[((long long)blockIdx.y * N + n) * C + c + v] = f;
             }
         }
     }
 }
 
 template <typename T>
-__global__ void global_pool_finish(const float* __restrict__ acc, T* __restrict__ y, int N, int C, int syn, int syc,
-                                   float scale) {
-    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < N * C; idx += gridDim.x * blockDim.x) {
+__global__ void global_pool_finish(const float* __restrict__ part, T* __restrict__ y, int N, int C, int S, int syn,
+                                   int syc, float scale) {
+    const int total = N * C;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
         const int n = idx / C, c = idx - n * C;
-        y[(long long)n * syn + (long long)c * syc] = Num<T>::from_f(acc[idx] * scale);
+        float sum = 0.0f;
+        for (int s = 0; s < S; ++s) sum += part[(long long)s * total + idx];
+        y[(long long)n * syn + (long long)c * syc] = Num<T>::from_f(sum * scale);
     }
 }

@@ -28,7 +28,7 @@ MAX_ELEMENTS = 2**31 - 1  # the kernel's indices are 32-bit
 GLOBAL_MODES = {"max": 0, "avg": 1}  # global_pool's modes (no pads: "avg_pad" is "avg")
 TARGET_BLOCKS = 256  # global_pool splits the positions until about this many blocks run (~2 per H100/H200 SM)
 MIN_PER_THREAD = 4  # ... but gives each thread at least this many positions of its slice
-_NULL = np.uint64(0)  # global_pool's acc when nothing is split (a null pointer argument)
+_NULL = np.uint64(0)  # global_pool's part when nothing is split (a null pointer argument)
 
 
 def instances() -> list[tuple[str, str]]:
@@ -66,7 +66,7 @@ def pool2d(xp: Any, x: Any, kind: str, kernel: Sequence[int], strides: Sequence[
     item = x.dtype.itemsize
     sx = [int(s) // item for s in x.strides]
     sy = [int(s) // y.dtype.itemsize for s in y.strides]
-    if is_global(kind, kernel, strides, dil, pads, (h, w), (oh, ow)):
+    if h * w > 0 and is_global(kind, kernel, strides, dil, pads, (h, w), (oh, ow)):
         _global_pool(xp, x, y, GLOBAL_MODES["max" if kind == "max" else "avg"], sx, sy)
         return y
     vec = _vec(x, y, sx, sy)
@@ -103,17 +103,23 @@ def is_global(kind: str, kernel, strides, dil, pads, spatial, outs) -> bool:
 
 def global_geometry(n: int, c: int, hw: int, vec: int, avg: bool, channels_last: bool) -> tuple[int, int, int, int]:
     """``(tx, ty, tiles, slices)`` of a ``global_pool`` launch: ``tx`` channel groups by ``ty`` rows of
-    positions per block (``tx * ty == THREADS``, both powers of two), ``tiles`` blocks across the
-    channel groups, ``slices`` blocks across the positions (more than one only for an average: the
-    slices' sums meet in an fp32 buffer by atomicAdd). Channels contiguous (NHWC): a warp reads
-    neighbouring channel groups; otherwise (NCHW) one channel per block, its threads on neighbouring
-    positions. Enough blocks to keep the GPU busy at bs1, where one block per (n, channel tile)
-    would leave most SMs idle."""
+    positions per block (both powers of two), ``tiles`` blocks across the channel groups, ``slices``
+    blocks across the positions (more than one only for an average: each slice's sums go to an fp32
+    buffer that ``global_pool_finish`` adds up). Channels contiguous (NHWC): ``tx * ty == THREADS``, a
+    warp on neighbouring channel groups. Otherwise (NCHW) one channel per block, its ``ty`` threads
+    (32 to ``THREADS``, about a quarter of the positions) on neighbouring positions: a 7 x 7 pool does
+    not idle 207 of 256 threads. Enough blocks to keep the GPU busy at bs1, where one block per
+    (n, channel tile) would leave most SMs idle."""
     cv = c // vec
-    tx = 1
-    while channels_last and tx < min(cv, 32):
-        tx *= 2
-    ty = THREADS // tx
+    if channels_last:
+        tx = 1
+        while tx < min(cv, 32):
+            tx *= 2
+        ty = THREADS // tx
+    else:
+        tx, ty = 1, 32
+        while ty < THREADS and ty * 4 < hw:
+            ty *= 2
     tiles = -(-cv // tx)
     slices = 1
     if avg:
@@ -129,13 +135,13 @@ def _global_pool(xp, x, y, mode: int, sx: list, sy: list) -> None:
     slices = -(-(h * w) // per_slice)
     dt = str(x.dtype)
     i32 = np.int32
-    acc = xp.zeros((n * c,), dtype=np.float32) if slices > 1 else _NULL
+    part = xp.empty((slices * n * c,), dtype=np.float32) if slices > 1 else _NULL
     k = get_kernel(SOURCE, instance("global_pool", dt, mode, vec))
-    k((n * tiles, slices), (tx, ty), (x, y, acc, i32(n), i32(c), i32(h), i32(w), *(i32(s) for s in sx),
+    k((n * tiles, slices), (tx, ty), (x, y, part, i32(n), i32(c), i32(h), i32(w), *(i32(s) for s in sx),
                                      i32(sy[0]), i32(sy[1]), i32(per_slice)),
       shared_mem=tx * ty * vec * 4)
     if slices > 1:
         fin = get_kernel(SOURCE, instance("global_pool_finish", dt))
         total = n * c
         fin((min(MAX_BLOCKS, -(-total // THREADS)),), (THREADS,),
-            (acc, y, i32(n), i32(c), i32(sy[0]), i32(sy[1]), np.float32(1.0 / (h * w))))
+            (part, y, i32(n), i32(c), i32(slices), i32(sy[0]), i32(sy[1]), np.float32(1.0 / (h * w))))

@@ -24,6 +24,9 @@ ROW_ALIGN = 16
 # is built, but would convert an activation on every run. "colmajor": the last two dims swapped in
 # memory (``x.swapaxes(-1, -2)`` is C-contiguous), a weight matrix stored transposed.
 WEIGHT_LAYOUTS = frozenset({"colmajor"})
+# Rows narrower than this are copied by the array module, not by one pitched memcpy (a 2-D copy of
+# many short rows moves a few bytes per row; an elementwise kernel does better there).
+MIN_PITCHED_ROW_BYTES = 256
 
 
 def _last_perm(ndim: int) -> tuple[int, ...]:
@@ -115,9 +118,10 @@ def copy_rows(dst: Any, src: Any, xp: Any) -> None:
     (``row_pitch``). On CuPy that is one ``cudaMemcpy2DAsync`` on the current stream: CuPy's own
     copy of a strided view is an indexed elementwise kernel, measured ~1 ms for GPT-2's 412 MB of
     bs32 logits on the H100 against ~0.3 ms for the pitched copy's bandwidth. Anything else
-    (NumPy, other strides): plain assignment."""
+    (NumPy, other strides, rows under ``MIN_PITCHED_ROW_BYTES``): plain assignment."""
     dp, sp = row_pitch(dst), row_pitch(src)
-    if xp.__name__ != "cupy" or dp is None or sp is None or dst.shape != src.shape or dst.dtype != src.dtype:
+    if (xp.__name__ != "cupy" or dp is None or sp is None or dst.shape != src.shape or dst.dtype != src.dtype
+            or dst.shape[-1] * dst.itemsize < MIN_PITCHED_ROW_BYTES):
         dst[...] = src
         return
     row_bytes, rows = dst.shape[-1] * dst.itemsize, dst.size // dst.shape[-1]

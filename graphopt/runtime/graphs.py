@@ -51,7 +51,8 @@ def fresh_tail(plan) -> int:
     while k > 0 and k - 1 in fresh and all(s in writable for s in loop[k - 1][2]):
         k -= 1
         nbytes += fresh[k]
-    return k if nbytes >= TAIL_MIN_BYTES else len(loop)
+    # a plan that would be all tail keeps its graph (an empty graph saves nothing)
+    return k if nbytes >= TAIL_MIN_BYTES and k > 0 else len(loop)
 
 
 class CapturedRun:
@@ -76,18 +77,28 @@ class CapturedRun:
         stream = backend.stream
         pool = cupy.cuda.MemoryPool()
         cut = fresh_tail(plan) if plan.template is not None else None
+        tail = cut is not None and cut < len(plan.loop)
         vals = None
         try:
             with cupy.cuda.using_allocator(pool.malloc), stream:
                 static = {name: cupy.empty_like(arr) for name, arr in feeds.items()}
                 for name, arr in feeds.items():
                     static[name][...] = arr
-                plan.execute(static)  # warm-up: kernels compiled, pool filled
+                if not tail:
+                    plan.execute(static)  # warm-up: kernels compiled, pool filled
+                else:  # the captured part only: the tail's outputs must not be left cached in this pool
+                    warm = plan.begin(static)
+                    plan.run_loop(warm, plan.loop[:cut])
+            if tail:
+                with stream:  # the tail's warm-up, its outputs from the default pool (and returned to it)
+                    plan.run_loop(warm, plan.loop[cut:])
+                warm = None
+            with cupy.cuda.using_allocator(pool.malloc), stream:
                 stream.synchronize()
                 graph = None
                 stream.begin_capture()
                 try:
-                    if cut is None or cut == len(plan.loop):
+                    if not tail:
                         outs = plan.execute(static)
                     else:
                         vals = plan.begin(static)

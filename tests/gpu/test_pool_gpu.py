@@ -63,7 +63,9 @@ def test_pool_kernel_matches_the_reference(case, layout, dtype):
     op, shape, attrs = case
     rng = np.random.default_rng(len(shape) * 7 + shape[1])
     x = rng.standard_normal(shape).astype(dtype)
-    x[(0,) * len(shape)] = np.nan if op == "MaxPool" else x[(0,) * len(shape)]  # NaN propagates through max
+    if op in ("MaxPool", "GlobalMaxPool"):  # NaN propagates through max: first cell, and the last of the last channel
+        x[(0,) * len(shape)] = np.nan
+        x[(-1,) * len(shape)] = np.nan if op == "GlobalMaxPool" else x[(-1,) * len(shape)]
     node = _node(op, attrs)
     want = OPS[op](OpContext(np, node, 17, {}), [x.astype(np.float64)])[0]
     xd = to_layout(cp.asarray(x), layout, cp)
@@ -112,3 +114,27 @@ def test_pool_kernel_writes_a_given_output(case, layout):
     got = pool.pool2d(cp, x, *args, out=out)
     assert got.data.ptr == out.data.ptr and got.shape == want.shape
     assert bool(cp.array_equal(got, want, equal_nan=True))
+
+
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_a_split_global_average_in_a_session_replays_new_feeds(cuda_graphs):
+    """GlobalAveragePool over 1 x 32 x 112 x 112 (its positions split across blocks, two kernels and a
+    buffer of partial sums) inside the runtime: the whole-plan CUDA graph, or eager runs replaying the
+    step's own graph, give each of two alternating feeds' means."""
+    from onnx import TensorProto, helper
+
+    from graphopt.runtime import Session, to_numpy
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["y"])],
+                          "gap", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 112, 112])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 1, 1])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = Session(model, device="cuda", dtype="float16", cuda_graphs=cuda_graphs)
+    rng = np.random.default_rng(5)
+    feeds = [rng.standard_normal((1, 32, 112, 112)).astype(np.float32) for _ in range(2)]
+    want = [np.maximum(f.astype(np.float16).astype(np.float64), 0).mean(axis=(2, 3), keepdims=True) for f in feeds]
+    for i in range(6):
+        got = to_numpy(sess.run({"x": feeds[i % 2]})["y"]).astype(np.float64)
+        np.testing.assert_allclose(got, want[i % 2], rtol=2e-3, atol=2e-3, err_msg=f"run {i}")
+    if cuda_graphs:
+        assert sess.graph_status == "replaying a CUDA graph"

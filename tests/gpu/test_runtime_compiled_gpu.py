@@ -220,3 +220,28 @@ def test_an_uncaptured_tail_gives_the_eager_outputs_and_new_arrays_every_replay(
     fresh = next(c for c in caps if c.tail).fresh
     for i in fresh:
         assert len({kept[r][1][i].data.ptr for r in range(2, 6)}) == 4  # kept results: 4 distinct arrays
+
+
+@pytest.mark.parametrize("name", ["torch/gpt2_dynamo_op18.onnx"])
+def test_an_uncaptured_tail_with_static_outputs_and_dropped_results(optimized, name, monkeypatch):
+    """``copy_outputs=False`` and a caller that drops each result: the tail's own step graph records and
+    replays after the whole graph (the pool hands its output block back), alternating feeds stay right."""
+    from graphopt.runtime import graphs
+    from graphopt.runtime.replay import FreshStepReplay
+
+    monkeypatch.setattr(graphs, "TAIL_MIN_BYTES", 1)
+    model = optimized[name]
+    feeds = [random_feeds(model, np.random.default_rng(seed)) for seed in (1, 2)]
+    plain = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
+    want = [[to_numpy(o) for o in plain.run(f).values()] for f in feeds]
+    sess = Session(model, device="cuda", dtype="float16", copy_outputs=False)
+    dev = [{k: cupy.asarray(v) for k, v in f.items()} for f in feeds]
+    for i in range(8):
+        got = [to_numpy(o) for o in sess.run(dev[i % 2]).values()]
+        for g, w in zip(got, want[i % 2]):
+            assert rel_err(g, w) <= 1e-3, (name, i, rel_err(g, w))
+    cap = next(c for c in sess._graphs.graphs.values() if c)
+    if not cap.tail:
+        pytest.skip(f"{name}: the last step does not write only graph outputs")
+    fresh = [s for s, _, _, _ in cap.tail if isinstance(s.run, FreshStepReplay)]
+    assert fresh and sum(s.run.replayed for s in fresh) > 0, [s.run.stats for s in fresh]

@@ -1,8 +1,8 @@
 """``graphopt.kernels.pool`` sends a global pooling (GlobalAveragePool, GlobalMaxPool, a window that
 covers its input) to ``global_pool``: the launch's geometry (a block per n, channel tile and slice of
-the positions; slices only for an average, their sums meeting in an fp32 buffer that
-``global_pool_finish`` scales into y) checked on the fake CuPy, whose kernels record their launch. The
-kernel's values are tested on the GPU (tests/gpu/test_pool_gpu.py)."""
+the positions; slices only for an average, each slice's sums written to an fp32 buffer that
+``global_pool_finish`` adds up in order and scales into y) checked on the fake CuPy, whose kernels
+record their launch. The kernel's values are tested on the GPU (tests/gpu/test_pool_gpu.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def _global_args(x):
     ((1, 1152, 7, 7), "NHWC", "float16"),
     ((32, 2048, 7, 7), "NHWC", "float16"),  # ResNet-50's head at bs32
     ((2, 13, 37, 29), "NCHW", "float32"),
+    ((32, 1152, 7, 7), "NCHW", "float16"),  # a small window in NCHW: 32 threads a block, not 256
     ((3, 5, 1, 13), "NHWC", "float32"),
 ])
 def test_a_global_average_covers_every_channel_and_position_once(launches, shape, layout, dtype):
@@ -56,21 +57,23 @@ def test_a_global_average_covers_every_channel_and_position_once(launches, shape
     n, c, h, w = shape
     per_slice = int(args[-1])
     tiles = -(-(c // vec) // tx)
-    assert tx * ty == pool.THREADS and tx & (tx - 1) == 0 and ty & (ty - 1) == 0
+    assert tx * ty <= pool.THREADS and tx & (tx - 1) == 0 and ty & (ty - 1) == 0 and ty >= 8
     assert bx == n * tiles and tiles * tx * vec >= c
     assert slices * per_slice >= h * w > (slices - 1) * per_slice  # every position once, no empty slice
     assert shared == tx * ty * vec * 4
     if layout == "NHWC" and c % pool.VECS[dtype] == 0:
         assert vec == pool.VECS[dtype]
     if layout == "NCHW":
-        assert tx == 1  # one channel per block, the threads on neighbouring positions
+        assert tx == 1 and 32 <= ty <= max(32, h * w)  # one channel per block, threads on neighbouring positions
+    else:
+        assert tx * ty == pool.THREADS
     if slices > 1:
         assert per_slice >= ty * pool.MIN_PER_THREAD
         assert bx * slices <= max(pool.TARGET_BLOCKS, bx) + bx
         expr2, grid2, block2, args2, _ = calls[1]
         assert expr2.startswith("global_pool_finish<") and args2[0] is args[2]
-        assert args2[0].shape == (n * c,) and args2[0].dtype == np.float32
-        assert float(args2[-1]) == pytest.approx(1.0 / (h * w))
+        assert args2[0].shape == (slices * n * c,) and args2[0].dtype == np.float32
+        assert int(args2[4]) == slices and float(args2[-1]) == pytest.approx(1.0 / (h * w))
     else:
         assert len(calls) == 1 and int(args[2]) == 0  # no fp32 buffer: a null pointer
 
@@ -106,3 +109,13 @@ def test_every_global_pool_instance_is_prebuilt():
 
     mine = {e for _, e in pool.instances() if e.startswith("global_pool")}
     assert len(mine) == 10 and mine <= {e for _, e in all_kernel_instances()}
+
+
+def test_an_empty_spatial_input_keeps_the_windowed_kernel(launches):
+    """No cell to pool over: the global path is not taken (it would divide the positions by zero slices)."""
+    from graphopt.kernels import pool
+
+    cp, calls = launches
+    x = cp.asarray(np.zeros((2, 3, 0, 4), np.float16))
+    pool.pool2d(cp, x, "avg", [0, 4], [1, 1], [1, 1], [0, 0, 0, 0], [1, 1])
+    assert [c[0].split("<")[0] for c in calls] == ["pool2d"]

@@ -191,3 +191,6 @@ def test_no_tail_below_the_size_bound_or_when_the_last_step_feeds_another():
     assert fresh_tail(plan({1: TAIL_MIN_BYTES}, (1,))) == 2  # writes a value another step could read
     assert fresh_tail(plan({}, (2,))) == 2  # not a lowered step writing new arrays
     assert fresh_tail(plan({0: 1, 1: TAIL_MIN_BYTES}, (2,))) == 1  # step 0 writes slot 1, no graph output
+    whole = SimpleNamespace(loop=[(None, (0,), (2,), ())], fresh_bytes={0: TAIL_MIN_BYTES}, template=[],
+                            outputs=[("y", 2)], n_slots=3)
+    assert fresh_tail(whole) == 1  # a plan that would be all tail keeps its graph

@@ -68,7 +68,8 @@ def _host(a):
 
 @pytest.mark.parametrize("shape", [(3, 5), (2, 3, 33), (1, 1), (7, 50257 % 97)])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
-def test_copy_rows_rowpad_to_c_order_and_back_is_one_pitched_copy(shape, dtype):
+def test_copy_rows_rowpad_to_c_order_and_back_is_one_pitched_copy(shape, dtype, monkeypatch):
+    monkeypatch.setattr(layout, "MIN_PITCHED_ROW_BYTES", 1)
     xp = _FakeCupy()
     rng = np.random.default_rng(0)
     padded = layout.empty(shape, dtype, "rowpad", np)
@@ -108,3 +109,12 @@ def test_to_layout_between_rowpad_and_c_order_keeps_values(target):
     got = layout.to_layout(src, target, np)
     assert layout.is_layout(got, target)
     np.testing.assert_array_equal(got, x)
+
+
+def test_narrow_rows_are_copied_by_the_array_module():
+    xp = _FakeCupy()
+    src = layout.empty((64, 33), np.float16, "rowpad", np)
+    src[...] = 1
+    dst = np.zeros((64, 33), np.float16)
+    layout.copy_rows(_host(dst), _host(src), xp)  # 66-byte rows
+    assert xp.calls == [] and np.all(dst == 1)
