@@ -38,6 +38,13 @@ def optimized():
     return {n: graphopt.optimize(str(ROOT / "models" / n), gpu="none")[0] for n in MODELS}
 
 
+def _two_feeds_and_plain_outputs(model):
+    """Two random feed sets and, for each, the outputs of plain launches (no CUDA graph of any kind)."""
+    feeds = [random_feeds(model, np.random.default_rng(seed)) for seed in (1, 2)]
+    plain = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
+    return feeds, [[to_numpy(o) for o in plain.run(f).values()] for f in feeds]
+
+
 @pytest.mark.parametrize("dt", ["float32", "float16"])
 @pytest.mark.parametrize("sa, sb, ta, tb, alpha", [((5, 7), (7, 3), 0, 0, 1.0), ((7, 5), (3, 7), 1, 1, 0.5),
                                                    ((64, 96), (128, 96), 0, 1, 1.0)])
@@ -127,9 +134,7 @@ def test_graph_output_lowerings_replay_and_earlier_outputs_stay_valid(optimized,
     from graphopt.runtime.replay import FreshStepReplay
 
     model = optimized[name]
-    feeds = [random_feeds(model, np.random.default_rng(seed)) for seed in (1, 2)]
-    plain = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
-    want = [[to_numpy(o) for o in plain.run(f).values()] for f in feeds]
+    feeds, want = _two_feeds_and_plain_outputs(model)
     sess = Session(model, device="cuda", dtype="float16", cuda_graphs=False)
     dev = [{k: cupy.asarray(v) for k, v in f.items()} for f in feeds]
     for i in range(6):  # results dropped: the pool hands the output block back
@@ -204,9 +209,7 @@ def test_an_uncaptured_tail_gives_the_eager_outputs_and_new_arrays_every_replay(
 
     monkeypatch.setattr(graphs, "TAIL_MIN_BYTES", 1)
     model = optimized[name]
-    feeds = [random_feeds(model, np.random.default_rng(seed)) for seed in (1, 2)]
-    plain = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
-    want = [[to_numpy(o) for o in plain.run(f).values()] for f in feeds]
+    feeds, want = _two_feeds_and_plain_outputs(model)
     sess = Session(model, device="cuda", dtype="float16")
     kept = [(i % 2, list(sess.run(feeds[i % 2]).values())) for i in range(6)]
     assert sess.graph_status == "replaying a CUDA graph"
@@ -231,9 +234,7 @@ def test_an_uncaptured_tail_with_static_outputs_and_dropped_results(optimized, n
 
     monkeypatch.setattr(graphs, "TAIL_MIN_BYTES", 1)
     model = optimized[name]
-    feeds = [random_feeds(model, np.random.default_rng(seed)) for seed in (1, 2)]
-    plain = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
-    want = [[to_numpy(o) for o in plain.run(f).values()] for f in feeds]
+    feeds, want = _two_feeds_and_plain_outputs(model)
     sess = Session(model, device="cuda", dtype="float16", copy_outputs=False)
     dev = [{k: cupy.asarray(v) for k, v in f.items()} for f in feeds]
     for i in range(8):

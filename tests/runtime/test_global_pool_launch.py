@@ -6,18 +6,14 @@ record their launch. The kernel's values are tested on the GPU (tests/gpu/test_p
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
-import _fake_cupy
 
 
 @pytest.fixture()
-def launches(monkeypatch):
-    cp, extra = _fake_cupy.make(graphs=True)
-    monkeypatch.setitem(sys.modules, "cupy", cp)
+def launches(fake_cuda, monkeypatch):
+    cp = fake_cuda
     from graphopt.kernels import pool
 
     calls = []

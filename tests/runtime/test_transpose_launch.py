@@ -5,18 +5,14 @@ transpose on the host, so the values are checked too; tests/gpu/test_layout_decl
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
-import _fake_cupy
 
 
 @pytest.fixture()
-def launches(monkeypatch):
-    cp, extra = _fake_cupy.make(graphs=True)
-    monkeypatch.setitem(sys.modules, "cupy", cp)
+def launches(fake_cuda, monkeypatch):
+    cp = fake_cuda
     from graphopt.kernels import transpose
 
     calls = []
