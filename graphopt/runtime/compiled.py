@@ -131,6 +131,11 @@ def _extent(arr) -> int:
     return arr.itemsize + sum((d - 1) * abs(s) for d, s in zip(arr.shape, arr.strides))
 
 
+def _span(arr) -> int:
+    """Bytes an array occupies: its ``nbytes``, or its extent when strided wider (``rowpad``)."""
+    return max(int(arr.nbytes), _extent(arr))
+
+
 def _compact(arr, block_bytes: int) -> bool:
     """Whether ``arr`` is a dense tensor (C order or a permutation of it, as NHWC) alone in its block
     (of ``block_bytes``): then a view with the same shape and strides at an arena offset holds it. The
@@ -174,12 +179,12 @@ def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -
             like = arrays[s] if s is not None else lowered.empty_like(j, backend.xp)
             end = last_use[block_of[s]] if s is not None else k
             # an unnamed output in its declared layout may be strided (rowpad): the view spans its extent
-            intervals.append(Interval(("out", k, j), max(int(like.nbytes), _extent(like)), k, end))
+            intervals.append(Interval(("out", k, j), _span(like), k, end))
             outs.append((j, s, like))
         if lowered is not None:
             for j in range(len(step.outputs), lowered.n_out):  # outputs the node does not name
                 like = lowered.empty_like(j, backend.xp)
-                intervals.append(Interval(("out", k, j), max(int(like.nbytes), _extent(like)), k, k))
+                intervals.append(Interval(("out", k, j), _span(like), k, k))
                 outs.append((j, None, like))
             if lowered.workspace_bytes:
                 intervals.append(Interval(("ws", k), int(lowered.workspace_bytes), k, k))
@@ -303,7 +308,7 @@ def _output_alloc(lowered, xp):
     """``(alloc, nbytes)``: ``alloc() -> outputs``, new arrays in the lowering's declared shapes, dtype
     and layouts (shapes and layouts decided here, once), and the bytes one call allocates."""
     specs = [lowered.empty_like(j, xp) for j in range(lowered.n_out)]
-    nbytes = sum(max(int(a.nbytes), _extent(a)) for a in specs)
+    nbytes = sum(_span(a) for a in specs)
     if all(a.flags.c_contiguous for a in specs):
         shapes = [(tuple(a.shape), a.dtype) for a in specs]
         empty = xp.empty

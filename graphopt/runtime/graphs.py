@@ -61,12 +61,13 @@ class CapturedRun:
     left (the inputs they read are graph buffers), and write new arrays."""
 
     def __init__(self, graph, pool, static_inputs: dict[str, Any], outputs: list, stream,
-                 plan=None, vals: list | None = None, tail: list = ()):
+                 plan=None, vals: list | None = None, tail: list = (), convert=to_layout):
         self.graph = graph
         self.pool = pool
         self.static_inputs = static_inputs
         self.outputs = outputs
         self.stream = stream
+        self.convert = convert  # to_layout for the copies of strided outputs (the backend's: the tiled transpose)
         self.plan, self.vals, self.tail = plan, vals, list(tail)
         written = {s for _, _, outs, _ in self.tail for s in outs}
         self.fresh = frozenset(i for i, (_, s) in enumerate(plan.outputs) if s in written) if plan else frozenset()
@@ -110,8 +111,8 @@ class CapturedRun:
         except Exception as e:  # noqa: BLE001 - report why, the session falls back to eager
             raise CaptureFailed(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
         if vals is None:
-            return cls(graph, pool, static, outs, stream)
-        return cls(graph, pool, static, outs, stream, plan, vals, plan.loop[cut:])
+            return cls(graph, pool, static, outs, stream, convert=backend.to_layout)
+        return cls(graph, pool, static, outs, stream, plan, vals, plan.loop[cut:], backend.to_layout)
 
     def replay(self, feeds: dict[str, Any], stream=None, copy: bool = True) -> list:
         """Copy ``feeds`` in, launch the graph on ``stream`` (default: the capture stream), run the
@@ -123,12 +124,12 @@ class CapturedRun:
                 _copy_into(self.static_inputs[name], arr, stream)
             self.graph.launch(stream)
             if not self.tail:
-                return [_copy_of(o, stream) for o in self.outputs] if copy else list(self.outputs)
+                return [_copy_of(o, stream, self.convert) for o in self.outputs] if copy else list(self.outputs)
             vals = self.vals.copy()
             self.plan.run_loop(vals, self.tail)
             outs = self.plan.output_values(vals)
             fresh = self.fresh
-            return [o if i in fresh or not copy else _copy_of(o, stream) for i, o in enumerate(outs)]
+            return [o if i in fresh or not copy else _copy_of(o, stream, self.convert) for i, o in enumerate(outs)]
 
 
 def _dense(a) -> bool:
@@ -149,13 +150,14 @@ def _copy_into(dst, src, stream) -> None:
         dst[...] = src
 
 
-def _copy_of(a, stream):
-    """A new C-order array equal to ``a`` (a graph output, overwritten by the next replay)."""
+def _copy_of(a, stream, convert=to_layout):
+    """A new C-order array equal to ``a`` (a graph output, overwritten by the next replay); a strided
+    one through ``convert`` (rowpad: one pitched copy; NHWC on a real GPU: the tiled transpose)."""
     import cupy
 
     if not _dense(a):
-        with stream:  # a rowpad output (GPT-2's logits): one pitched copy, not CuPy's indexed kernel
-            return to_layout(a, "rowmajor", cupy)
+        with stream:
+            return convert(a, "rowmajor", cupy)
 
     out = cupy.empty_like(a)
     cupy.cuda.runtime.memcpyAsync(out.data.ptr, a.data.ptr, a.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)

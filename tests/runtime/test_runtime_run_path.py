@@ -329,7 +329,7 @@ def test_large_final_graph_outputs_are_written_by_an_uncaptured_tail_not_copied(
     monkeypatch.setattr(graphs, "TAIL_MIN_BYTES", 2 * 5 * 33 * 4)
     copied = []
     real_copy = graphs._copy_of
-    monkeypatch.setattr(graphs, "_copy_of", lambda a, stream: copied.append(a.shape) or real_copy(a, stream))
+    monkeypatch.setattr(graphs, "_copy_of", lambda a, stream, convert: copied.append(a.shape) or real_copy(a, stream, convert))
     sess = Session(opt, device="cuda", copy_outputs=copy)
     x = np.random.default_rng(0).standard_normal((2, 5, 64)).astype(np.float32)
     want = ort_run(src, {"x": x})
