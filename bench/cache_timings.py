@@ -1,0 +1,87 @@
+"""The best measured time per (signature, family) from a tuning-cache export, as a results table.
+
+Every candidate the tuner profiles is timed on the GPU (CUDA events, median of several runs) and kept
+in the tuning cache with its samples, GPU and versions; this script turns an export of that cache
+(``graphopt cache export FILE.json``) into a table for one op and GPU, the best candidate of each
+family (graphopt's own kernels against each vendor) per signature, so a claim about which source wins
+where rests on a committed file:
+
+    GRAPHOPT_CACHE_DIR=DIR graphopt cache export /tmp/cache.json
+    python3 bench/cache_timings.py /tmp/cache.json --gpu h100 --op CBR --grep group= --out bench/results/X
+
+``--grep`` keeps signatures containing every given substring (``group=`` then drops ``group=1,``
+with ``--exclude``). Writes ``X.json`` and ``X.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def family(entry: dict) -> str:
+    """The source a candidate comes from: the provider for vendor candidates, "own" for graphopt's kernels."""
+    low = str(entry.get("lowering", ""))
+    for vendor in ("cudnn", "cublaslt", "cublas"):
+        if low.startswith(vendor):
+            return vendor
+    return "own"
+
+
+def best_per_family(entries: list[dict], gpu: str, op: str, grep: list[str], exclude: list[str]) -> list[dict]:
+    rows: dict[str, dict] = {}
+    for e in entries:
+        sig = str(e.get("signature", ""))
+        if (e.get("gpu") != gpu or e.get("op") != op or e.get("status") != "ok" or e.get("ms") is None
+                or not all(g in sig for g in grep) or any(x in sig for x in exclude)):
+            continue
+        row = rows.setdefault(sig, {"signature": sig, "best": {}})
+        fam = family(e)
+        if fam not in row["best"] or float(e["ms"]) < row["best"][fam]["ms"]:
+            row["best"][fam] = {"ms": float(e["ms"]), "candidate": e.get("candidate"), "samples": len(e.get("samples") or [])}
+    return [rows[k] for k in sorted(rows)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("export", help="a `graphopt cache export` JSON file")
+    ap.add_argument("--gpu", required=True)
+    ap.add_argument("--op", default="CBR")
+    ap.add_argument("--grep", action="append", default=[], help="keep signatures containing this (repeatable)")
+    ap.add_argument("--exclude", action="append", default=[], help="drop signatures containing this (repeatable)")
+    ap.add_argument("--out", required=True, help="output path without suffix (.json and .md are written)")
+    ap.add_argument("--source", default="", help="where the cache came from (a device call, a date), recorded")
+    args = ap.parse_args(argv)
+    try:
+        data = json.loads(Path(args.export).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"cache_timings: cannot read {args.export}: {exc}", file=sys.stderr)
+        return 2
+    entries = data.get("entries", []) if isinstance(data, dict) else []
+    rows = best_per_family(entries, args.gpu, args.op, args.grep, args.exclude)
+    versions = sorted({(e.get("cuda"), e.get("driver"), e.get("cupy")) for e in entries if e.get("gpu") == args.gpu})
+    out = {"gpu": args.gpu, "op": args.op, "grep": args.grep, "exclude": args.exclude, "source": args.source,
+           "versions (cuda, driver, cupy)": versions, "method": "tuner timings: CUDA events, median of the "
+           "samples, each candidate checked against the float64 reference first", "command": " ".join(
+               ["python3", "bench/cache_timings.py"] + (argv if argv is not None else sys.argv[1:])), "rows": rows}
+    Path(args.out + ".json").write_text(json.dumps(out, indent=1) + "\n")
+    fams = sorted({f for r in rows for f in r["best"]})
+    lines = [f"# Best measured time per source: {args.op} on {args.gpu}", "",
+             f"Source: {args.source or 'a tuning cache (not named)'}; `{out['command']}`. Microseconds, the "
+             "best candidate of each source per signature (CUDA events, median of the tuner's samples).", "",
+             "| signature | " + " | ".join(f"{f} us" for f in fams) + " | fastest |",
+             "|---|" + "---:|" * len(fams) + "---|"]
+    for r in rows:
+        cells = [f"{r['best'][f]['ms'] * 1e3:.1f}" if f in r["best"] else "-" for f in fams]
+        win = min(r["best"], key=lambda f: r["best"][f]["ms"])
+        lines.append(f"| `{r['signature'].split('|')[1]}` {r['signature'].split('|')[3]} | " + " | ".join(cells)
+                     + f" | {win} |")
+    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    print(f"cache_timings: {len(rows)} signatures -> {args.out}.json, .md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

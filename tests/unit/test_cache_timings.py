@@ -1,0 +1,46 @@
+"""bench/cache_timings.py on a made-up cache export: the best candidate per source and signature,
+filters, the .json and .md it writes, and a one-line error for an unreadable export."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("cache_timings", ROOT / "bench" / "cache_timings.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _e(sig, cand, lowering, ms, gpu="h100", status="ok"):
+    return {"signature": f"CBR|{sig}|float16|group={sig[0]},k|NCHW", "candidate": cand, "lowering": lowering, "ms": ms,
+            "gpu": gpu, "op": "CBR", "status": status, "samples": [ms] * 3}
+
+
+def test_best_per_source_and_the_files(tmp_path, capsys):
+    ct = _load()
+    entries = [_e("8x", "direct:opt=1", "direct", 0.02), _e("8x", "direct:opt=2", "direct", 0.01),
+               _e("8x", "cudnn:plan=eng0", "cudnn", 0.03), _e("8x", "cudnn:plan=eng1", "cudnn", 0.5, status="failed"),
+               _e("8x", "direct:opt=4", "direct", 0.001, gpu="h200"), _e("1x", "cublaslt", "cublaslt", 0.2)]
+    export = tmp_path / "cache.json"
+    export.write_text(json.dumps({"entries": entries}))
+    out = tmp_path / "t"
+    assert ct.main([str(export), "--gpu", "h100", "--exclude", "group=1,", "--out", str(out), "--source", "test"]) == 0
+    data = json.loads(Path(str(out) + ".json").read_text())
+    (row,) = data["rows"]
+    assert row["best"]["own"]["candidate"] == "direct:opt=2" and row["best"]["own"]["ms"] == 0.01
+    assert row["best"]["cudnn"]["ms"] == 0.03  # the failed plan is not a timing
+    md = Path(str(out) + ".md").read_text()
+    assert "| own |" in md and "10.0" in md and "30.0" in md
+
+
+def test_an_unreadable_export_is_one_line_and_exit_2(tmp_path, capsys):
+    ct = _load()
+    assert ct.main([str(tmp_path / "missing.json"), "--gpu", "h100", "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "missing.json" in err and "\n" not in err
