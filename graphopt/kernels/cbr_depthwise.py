@@ -22,6 +22,7 @@ from graphopt.lowering.layout import is_layout
 SOURCE = "depthwise_nhwc.cu"
 LAYOUTS = ("NHWC", "NCHW", "", "", "NHWC")  # X, W ([C, 1, KH, KW] as ONNX stores it), B, R (none), Y
 THREADS = 256
+MAX_BLOCKS = 1 << 20  # the kernel strides over the rest (grid-stride loop)
 
 
 def depthwise_reason(sig: Signature) -> str | None:
@@ -79,7 +80,7 @@ class DepthwiseNhwcConv(Candidate):
                 raise TuningError(f"depthwise_nhwc: W must be a C-contiguous [{g.M}, 1, ...] array, got {tuple(Wt.shape)}")
             wide_ok = g.C % vec == 0 and X.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
             kern, v = (wide, vec) if wide_ok else (narrow, 1)
-            blocks = -(-(pixels * (g.C // v)) // THREADS)
+            blocks = min(MAX_BLOCKS, -(-(pixels * (g.C // v)) // THREADS))
             kern((blocks,), (THREADS,), (X, Wt, ptr(B), y) + geom + tail)
 
         return Lowering(launch=launch, layouts=LAYOUTS, capturable=True)
