@@ -20,7 +20,9 @@ from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.lowering.layout import is_layout
 
 SOURCE = "depthwise_nhwc.cu"
-LAYOUTS = ("NHWC", "NCHW", "", "", "NHWC")  # X, W ([C, 1, KH, KW] as ONNX stores it), B, R (none), Y
+# X, W ([C, 1, KH, KW] as ONNX stores it), B, R (never given), Y; the optional B and R slots carry Y's
+# layout, so a node without them reads NHWC for Y too (see Lowering.layouts)
+LAYOUTS = ("NHWC", "NCHW", "NHWC", "NHWC", "NHWC")
 THREADS = 256
 MAX_BLOCKS = 1 << 20  # the kernel strides over the rest (grid-stride loop)
 

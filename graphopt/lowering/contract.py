@@ -116,7 +116,10 @@ class Lowering:
     - ``layouts``: the layout of each input then each output (``NCHW``, ``NHWC``, ``rowmajor``,
       ``colmajor`` for a constant, ``rowpad``; see ``graphopt.lowering.layout``), or ``()`` for
       "C-contiguous everywhere". The runtime and the
-      checker hand ``launch`` its inputs in these layouts and allocate its outputs in them.
+      checker hand ``launch`` its inputs in these layouts and allocate its outputs in them. Outputs
+      are read after the inputs a node actually has, so a slot for an optional trailing input (a
+      CBR's bias and residual, a GemmAct's bias) repeats the first output's layout: a node that omits
+      the input then finds its output's layout there (1-D and absent inputs are the same in any layout).
     - ``versions``: library versions that belong in the tuning-cache key.
     - ``barrier``: whether ``launch`` must be preceded by a stream barrier
       (:mod:`graphopt.lowering.barrier`): its library may start a kernel before the previous one on

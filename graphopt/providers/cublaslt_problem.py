@@ -32,9 +32,9 @@ EPILOGUES = {("none", False): "CUBLASLT_EPILOGUE_DEFAULT", ("none", True): "CUBL
              ("GeluTanh", False): "CUBLASLT_EPILOGUE_GELU", ("GeluTanh", True): "CUBLASLT_EPILOGUE_GELU_BIAS"}
 ACTIVATIONS = ("none", "Relu", "GeluTanh")
 ALIGNMENT = 16  # bytes; the heuristic keeps algorithms that work at this operand alignment, launch checks it
-# X, W, B, R in, Y out. R (never given here) is NHWC too, so that Y's layout is NHWC also where a
-# node has 3 inputs (Lowering.output_layout indexes after the inputs actually passed).
-LAYOUTS = {"GemmAct": (), "CBR": ("NHWC", "", "", "NHWC", "NHWC")}
+# X, W, B, R in, Y out. B (1-D) and R (never given here) say NHWC too, so that Y's layout is NHWC also
+# where a node has 2 or 3 inputs (Lowering.output_layout indexes after the inputs actually passed).
+LAYOUTS = {"GemmAct": (), "CBR": ("NHWC", "", "NHWC", "NHWC", "NHWC")}
 LAYOUTS_BT = ("", "colmajor")  # A as given (C-contiguous), B stored transposed; bias and Y C-contiguous
 
 

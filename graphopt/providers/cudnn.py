@@ -41,8 +41,9 @@ OPS = ("CBR",)
 NAME = "cudnn"
 DTYPES = {"float16": "HALF", "float32": "FLOAT", "bfloat16": "BFLOAT16"}
 ACTIVATIONS = ("none", "Relu", "Clip", "LeakyRelu", "Sigmoid", "SiLU", "Gelu", "GeluTanh")
-# X, W, B, R in, Y out: what the runtime and the checker hand over / allocate
-LAYOUTS = ("NHWC", "NHWC", "", "NHWC", "NHWC")
+# X, W, B, R in, Y out: what the runtime and the checker hand over / allocate; B (1-D: any layout is
+# the same memory) says NHWC so that a node without bias or residual reads Y's layout there too
+LAYOUTS = ("NHWC", "NHWC", "NHWC", "NHWC", "NHWC")
 
 _STATE: dict[str, Any] = {}  # "module", "reason", "handle": per process
 _GRAPHS: dict[str, Any] = {}  # signature key -> _Built (one graph per signature and process)

@@ -17,7 +17,7 @@ from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.geometry import ACT_CODES
 from graphopt.kernels.registry import candidate_from_key
 from graphopt.kernels.source import KERNEL_DIR
-from graphopt.lowering.contract import Signature
+from graphopt.lowering.contract import Lowering, Signature
 from graphopt.lowering.layout import to_layout
 
 
@@ -33,7 +33,9 @@ def test_it_applies_to_depthwise_layers_only_and_says_why_not():
     assert "residual" in cbr_depthwise.depthwise_reason(_sig((2, 8, 9, 9), (8, 1, 3, 3), {"group": 8}, res=(2, 8, 9, 9)))
     cand = next(c for c in cbr_candidates() if c.name == "depthwise_nhwc")
     assert candidate_from_key("CBR", cand.key()) == cand
-    assert cand.layouts(dw) == ("NHWC", "NCHW", "", "", "NHWC")
+    assert cand.layouts(dw) == ("NHWC", "NCHW", "NHWC", "NHWC", "NHWC")
+    low = Lowering(launch=lambda i, o, w: None, layouts=cand.layouts(dw))
+    assert low.output_layout(3, 0) == "NHWC"  # a node with a bias and no residual: Y is NHWC
 
 
 def _params() -> list[str]:

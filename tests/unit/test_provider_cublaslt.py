@@ -228,7 +228,7 @@ def test_a_key_from_elsewhere_is_rebuilt_from_its_configuration(fake):
     sig = conv((2, 24, 5, 7), (40, 24, 1, 1), activation="Relu")
     cand = prov.from_key("CBR", "cublaslt:algo=31,tile=5,stages=3,splitk=1,red=0,swizzle=0,custom=0,inner=2,cluster=1")
     low = cand.build(sig, "sm_90")
-    assert low.workspace_bytes == 777 and low.layouts == ("NHWC", "", "", "NHWC", "NHWC")
+    assert low.workspace_bytes == 777 and low.layouts == ("NHWC", "", "NHWC", "NHWC", "NHWC")
     assert low.output_layout(3, 0) == low.output_layout(4, 0) == "NHWC"  # a CBR node with or without R
     assert ("algo_init", 31, E["CUDA_R_16F"]) in fake.log and ("algo_check",) in fake.log
     assert [e[1:] for e in _calls(fake.log, "algo_set")] == [

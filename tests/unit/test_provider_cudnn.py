@@ -172,7 +172,7 @@ def test_build_declares_workspace_capture_layouts_and_versions(fake, monkeypatch
     low = prov.CudnnConv("cudnn", (("plan", "eng7_k3=0"),)).build(sig, "sm_90")
     assert isinstance(low, Lowering)
     assert low.workspace_bytes == 2000 and low.capturable and low.barrier and low.outputs == 1
-    assert low.layouts == ("NHWC", "NHWC", "", "NHWC", "NHWC")
+    assert low.layouts == ("NHWC", "NHWC", "NHWC", "NHWC", "NHWC")
     assert dict(low.versions) == {"cudnn": "91900", "cudnn_frontend": "1.32.0"}
     assert ("build_plan_at_index", 1) in log
     heur = prov.CudnnConv("cudnn").build(sig, "sm_90")  # the heuristic's first plan, same cached graph

@@ -110,7 +110,7 @@ def test_build_and_launch(fake, monkeypatch):
     sig = _sig(**STEM, res=True)
     low = prov.CudnnPaddedConv("cudnn_cpad", (("plan", "eng9"),)).build(sig, "sm_90")
     assert isinstance(low, Lowering)
-    assert low.layouts == ("NCHW", "NCHW", "", "NHWC", "NHWC")
+    assert low.layouts == ("NCHW", "NCHW", "NHWC", "NHWC", "NHWC")
     assert low.capturable and low.barrier and low.outputs == 1
     assert low.workspace_bytes == prov.workspace_parts(sig, 2000)[2]  # plan eng9's 2000 bytes + the operands
     assert dict(low.versions) == {"cudnn": "91900", "cudnn_frontend": "1.32.0"}

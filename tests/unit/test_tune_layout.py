@@ -343,7 +343,7 @@ def test_vendor_candidates_declare_their_layouts_without_a_gpu():
 
     sig = signature_of("CBR", [(1, 32, 8, 8), (32, 32, 1, 1), (32,), None], ["float16"] * 3 + [""],
                        {"kernel_shape": [1, 1], "activation": "Relu"})
-    assert candidate_from_key("CBR", "cudnn").layouts(sig) == ("NHWC", "NHWC", "", "NHWC", "NHWC")
+    assert candidate_from_key("CBR", "cudnn").layouts(sig) == ("NHWC", "NHWC", "NHWC", "NHWC", "NHWC")
     assert candidate_from_key("CBR", "cublaslt").layouts(sig)[0] == "NHWC"
     assert candidate_from_key("CBR", "direct:opt=1").layouts(sig) == ()  # own kernels: NCHW
 
