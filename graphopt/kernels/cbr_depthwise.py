@@ -78,8 +78,15 @@ class DepthwiseNhwcConv(Candidate):
                 if tuple(a.shape) != shape or str(a.dtype) != dt or not is_layout(a, "NHWC"):
                     raise TuningError(f"depthwise_nhwc: {name} must be an NHWC {dt} array of shape {shape}, "
                                       f"got {a.dtype} {tuple(a.shape)} strides {a.strides}")
-            if tuple(Wt.shape[:2]) != (g.M, 1) or not Wt.flags.c_contiguous:
-                raise TuningError(f"depthwise_nhwc: W must be a C-contiguous [{g.M}, 1, ...] array, got {tuple(Wt.shape)}")
+            w_shape = (g.M, 1) + ((g.KW,) if g.one_d else (g.KH, g.KW))
+            if tuple(Wt.shape) != w_shape or str(Wt.dtype) != dt or not Wt.flags.c_contiguous:
+                raise TuningError(f"depthwise_nhwc: W must be a C-contiguous {dt} array of shape {w_shape}, "
+                                  f"got {Wt.dtype} {tuple(Wt.shape)}")
+            if B is not None and (tuple(B.shape) != (g.M,) or str(B.dtype) != dt or not B.flags.c_contiguous):
+                raise TuningError(f"depthwise_nhwc: B must be a contiguous {dt} array of shape ({g.M},), "
+                                  f"got {B.dtype} {tuple(B.shape)}")
+            if pixels == 0:
+                return  # an empty batch: nothing to write (a grid of no blocks is a launch error)
             wide_ok = g.C % vec == 0 and X.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
             kern, v = (wide, vec) if wide_ok else (narrow, 1)
             blocks = min(MAX_BLOCKS, -(-(pixels * (g.C // v)) // THREADS))

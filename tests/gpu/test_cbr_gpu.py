@@ -33,6 +33,7 @@ CASES = {
     "depthwise_dil_s21": ((1, 40, 14, 13), (40, 1, 3, 3), {"group": 40, "strides": [2, 1], "dilations": [2, 2],
                                                            "pads": [2, 1, 2, 1]}, True, None),
     "depthwise_1d": ((2, 16, 29), (16, 1, 5), {"group": 16, "pads": [2, 2]}, True, None),
+    "depthwise_asym_s2": ((2, 16, 9, 8), (16, 1, 3, 3), {"group": 16, "pads": [0, 2, 2, 1], "strides": [2, 2]}, False, None),
     "pointwise_res": ((3, 40, 7, 9), (72, 40, 1, 1), {}, True, "full"),
     "pointwise_s2": ((2, 32, 9, 9), (48, 32, 1, 1), {"strides": [2, 2]}, False, None),
     "stem7x7_s2": ((1, 3, 23, 21), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, True, None),

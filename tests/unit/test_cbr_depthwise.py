@@ -170,3 +170,24 @@ def test_inputs_outside_its_declared_layouts_are_refused(recorder):
     with pytest.raises(TuningError, match="NHWC"):
         low.launch([x, _dev(np.zeros((24, 1, 3, 3), np.float16)), None, None], [y], None)
     assert recorder == []
+
+
+def test_wrong_weights_or_bias_are_refused_and_an_empty_batch_launches_nothing(recorder):
+    from graphopt.errors import TuningError
+
+    sig = _sig((2, 24, 13, 11), (24, 1, 3, 3), {"group": 24})
+    low = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", ()).build(sig, "sm_90")
+    x = to_layout(np.zeros((2, 24, 13, 11), np.float16), "NHWC", np).view(_Dev)
+    y = to_layout(np.zeros((2, 24, 11, 9), np.float16), "NHWC", np).view(_Dev)
+    w = _dev(np.zeros((24, 1, 3, 3), np.float16))
+    with pytest.raises(TuningError, match="W must be"):
+        low.launch([x, _dev(np.zeros((24, 1, 5, 5), np.float16)), None], [y], None)
+    with pytest.raises(TuningError, match="B must be"):
+        low.launch([x, w, _dev(np.zeros(23, np.float16))], [y], None)
+    assert recorder == []
+    empty = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", ()).build(
+        _sig((0, 24, 13, 11), (24, 1, 3, 3), {"group": 24}), "sm_90")
+    xe = to_layout(np.zeros((0, 24, 13, 11), np.float16), "NHWC", np).view(_Dev)
+    ye = to_layout(np.zeros((0, 24, 11, 9), np.float16), "NHWC", np).view(_Dev)
+    empty.launch([xe, w, None], [ye], None)
+    assert recorder == []

@@ -1,0 +1,215 @@
+"""``depthwise_nhwc.cu`` simulated thread by thread on the CPU, driven by the real launch arguments:
+each thread's index arithmetic, the ``v * KH * KW`` weight stride and the grid-stride loop as the
+kernel writes them, with every vector load and store checked for its alignment and its bounds and
+every output vector written exactly once, against the float64 CBR reference. Complements
+``test_cbr_depthwise.py`` (a vectorised model bound by parameter name); the GPU runs the kernel itself
+(tests/gpu/test_cbr_gpu.py). Small shapes: the simulation is a Python loop per thread."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import types
+
+import numpy as np
+import pytest
+
+from graphopt.kernels import cbr_depthwise
+from graphopt.kernels.source import KERNEL_DIR
+from graphopt.lowering.contract import Signature
+from graphopt.lowering.layout import is_layout
+from graphopt.ops import get_schema
+
+F32 = np.float32
+
+
+class _Dev(np.ndarray):
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+
+def _params() -> list[str]:
+    body = re.search(r"depthwise_nhwc\((.*?)\)\s*\{", (KERNEL_DIR / cbr_depthwise.SOURCE).read_text(), re.S).group(1)
+    return [p.strip().split()[-1].lstrip("*") for p in body.split(",")]
+
+
+def _sigmoid(v):
+    return F32(1) / (F32(1) + F32(math.exp(-float(v))))
+
+
+ACT = {  # common.cuh's apply_act, per code, in fp32
+    0: lambda x, a, b, lo, hi: x,
+    1: lambda x, a, b, lo, hi: max(x, F32(0)),
+    2: lambda x, a, b, lo, hi: min(max(x, lo), hi),
+    3: lambda x, a, b, lo, hi: x if x >= 0 else F32(a * x),
+    4: lambda x, a, b, lo, hi: _sigmoid(x),
+    5: lambda x, a, b, lo, hi: F32(x * _sigmoid(x)),
+    6: lambda x, a, b, lo, hi: F32(x * min(max(x * F32(1 / 6) + F32(0.5), F32(0)), F32(1))),
+    7: lambda x, a, b, lo, hi: F32(x * min(max(F32(a * x + b), F32(0)), F32(1))),
+    8: lambda x, a, b, lo, hi: F32(0.5 * x * (1 + math.erf(x * 0.70710678118654752))),
+    9: lambda x, a, b, lo, hi: F32(0.5 * x * (1 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))),
+    10: lambda x, a, b, lo, hi: min(max(F32(a * x + b), F32(0)), F32(1)),
+    11: lambda x, a, b, lo, hi: F32(x * _sigmoid(F32(1.702) * x)),
+}
+
+
+class _Memory:
+    """The byte ranges handed to the kernel; loads and stores outside them, or misaligned, fail."""
+
+    def __init__(self):
+        self.ranges = []
+
+    def add(self, a):
+        p = a.__array_interface__["data"][0]
+        self.ranges.append((p, p + a.itemsize + sum((d - 1) * s for d, s in zip(a.shape, a.strides))))
+
+    def _check(self, ptr, nbytes, align):
+        assert ptr % align == 0, f"misaligned {nbytes}-byte access at {ptr:#x} (needs {align})"
+        assert any(lo <= ptr and ptr + nbytes <= hi for lo, hi in self.ranges), f"out of bounds at {ptr:#x}"
+
+    def load(self, ptr, dtype, count, align):
+        nbytes = np.dtype(dtype).itemsize * count
+        self._check(ptr, nbytes, align)
+        return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=dtype).copy()
+
+    def store(self, ptr, vals, align):
+        self._check(ptr, vals.nbytes, align)
+        ctypes.memmove(ptr, vals.tobytes(), vals.nbytes)
+
+
+def _simulate(mem, T, VEC, grid, block, a, launches):
+    """One launch of depthwise_nhwc<T, VEC>, thread by thread."""
+    it = np.dtype(T).itemsize
+    X, Wt, Bias, Y = (0 if isinstance(v, np.integer) else v.data.ptr for v in (a["X"], a["Wt"], a["Bias"], a["Y"]))
+    N, C, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, act = (
+        int(a[k]) for k in ("N", "C", "H", "W", "OH", "OW", "KH", "KW", "sh", "sw", "ph", "pw", "dh", "dw", "act"))
+    alpha, beta, lo, hi = (F32(a[k]) for k in ("act_alpha", "act_beta", "lo", "hi"))
+    CV = C // VEC
+    total = N * OH * OW * CV
+    written = np.zeros(total, int)
+    stride = grid[0] * block[0]
+    for start in range(min(stride, total)):
+        for idx in range(start, total, stride):
+            written[idx] += 1
+            cv, rest = idx % CV, idx // CV
+            ow, rest = rest % OW, rest // OW
+            oh, n = rest % OH, rest // OH
+            c = cv * VEC
+            acc = [F32(0)] * VEC
+            for r in range(KH):
+                ih = oh * sh - ph + r * dh
+                if not 0 <= ih < H:
+                    continue
+                for s in range(KW):
+                    iw = ow * sw - pw + s * dw
+                    if not 0 <= iw < W:
+                        continue
+                    xv = mem.load(X + (((n * H + ih) * W + iw) * C + c) * it, T, VEC, it * VEC)
+                    for v in range(VEC):
+                        wv = mem.load(Wt + (c * KH * KW + r * KW + s + v * KH * KW) * it, T, 1, it)[0]
+                        acc[v] = F32(acc[v] + F32(xv[v]) * F32(wv))
+            out = np.empty(VEC, T)
+            for v in range(VEC):
+                b = F32(mem.load(Bias + (c + v) * it, T, 1, it)[0]) if Bias else F32(0)
+                out[v] = ACT[act](F32(acc[v] + b), alpha, beta, lo, hi)
+            mem.store(Y + (((n * OH + oh) * OW + ow) * C + c) * it, out, it * VEC)
+    assert (written == 1).all(), "an output vector not written exactly once"
+    launches.append((VEC, grid[0]))
+
+
+@pytest.fixture()
+def simulated(monkeypatch):
+    mem, launches = _Memory(), []
+
+    def get_kernel(source, expr):
+        m = re.fullmatch(r"depthwise_nhwc<(half_t|float),(\d+)>", expr)
+        T = np.float16 if m.group(1) == "half_t" else np.float32
+        names = _params()
+
+        def run(grid, block, args):
+            assert len(args) == len(names)
+            _simulate(mem, T, int(m.group(2)), grid, block, dict(zip(names, args)), launches)
+
+        return run
+
+    monkeypatch.setattr(cbr_depthwise, "get_kernel", get_kernel)
+    return mem, launches
+
+
+def _placed(mem, a, layout, byte_offset=0):
+    """``a`` stored in ``layout`` at ``byte_offset`` into a larger buffer (an arena view)."""
+    perm = (0,) + tuple(range(2, a.ndim)) + (1,) if layout == "NHWC" and a.ndim >= 3 else tuple(range(a.ndim))
+    phys = np.ascontiguousarray(a.transpose(perm))
+    raw = np.zeros(phys.nbytes + byte_offset + 64, np.uint8)
+    view = raw[byte_offset:byte_offset + phys.nbytes].view(a.dtype).reshape(phys.shape)
+    view[...] = phys
+    out = view.transpose(np.argsort(perm)).view(_Dev)
+    out.keep = raw
+    assert is_layout(out, layout)
+    mem.add(out)
+    return out
+
+
+CASES = [  # x, w, attrs, dtype, options
+    ((2, 16, 9, 8), (16, 1, 3, 3), {"pads": [0, 2, 2, 1], "strides": [2, 2]}, "float16", {}),
+    ((1, 12, 7, 10), (12, 1, 3, 5), {"pads": [2, 0, 1, 3], "strides": [1, 2], "dilations": [2, 1]}, "float32", {}),
+    ((1, 8, 10, 9), (8, 1, 4, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 3]}, "float32", {}),
+    ((2, 16, 13), (16, 1, 4), {"auto_pad": "SAME_LOWER", "strides": [2]}, "float16", {}),
+    ((2, 16, 6, 5), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"bias": False}),
+    ((1, 12, 5, 6), (12, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {}),  # C % 8 != 0: one channel a thread
+    ((2, 1, 5, 6), (1, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float32", {}),
+    ((1, 8, 3, 3), (8, 1, 5, 5), {"pads": [2, 2, 2, 2]}, "float32", {}),  # window larger than the input
+    ((1, 16, 5, 5), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"xoff": 2}),  # misaligned X: narrow
+    ((1, 8, 5, 5), (8, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float32", {"yoff": 4}),  # misaligned Y: narrow
+    ((1, 16, 5, 5), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"xoff": 16, "yoff": 48, "wide": True}),
+    ((2, 16, 9, 8), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"max_blocks": 3}),  # grid-stride loop
+]
+
+
+@pytest.mark.parametrize("xs, ws, attrs, dtype, opts", CASES, ids=lambda v: None)
+def test_the_kernel_simulated_thread_by_thread(simulated, monkeypatch, xs, ws, attrs, dtype, opts):
+    mem, launches = simulated
+    if "max_blocks" in opts:
+        monkeypatch.setattr(cbr_depthwise, "MAX_BLOCKS", opts["max_blocks"])
+    attrs = dict(attrs, group=xs[1], activation="Relu")
+    bias = opts.get("bias", True)
+    sig = Signature.make("CBR", [xs, ws, (ws[0],) if bias else None], [dtype] * 3, attrs)
+    low = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", ()).build(sig, "sm_90")
+    rng = np.random.default_rng(len(xs) * 31 + xs[1])
+    x, w = rng.standard_normal(xs).astype(dtype), (rng.standard_normal(ws) / 3).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype) if bias else None
+    ref = get_schema("CBR").reference([x.astype(np.float64), w.astype(np.float64),
+                                       None if b is None else b.astype(np.float64), None], attrs)[0]
+    X, Wd = _placed(mem, x, "NHWC", opts.get("xoff", 0)), _placed(mem, w, "NCHW")
+    B = None if b is None else _placed(mem, b, "NCHW")
+    y = _placed(mem, np.full(np.shape(ref), np.nan, dtype), "NHWC", opts.get("yoff", 0))
+    low.launch([X, Wd, B], [y], None)
+    (vec, blocks), = launches
+    wide = {"float16": 8, "float32": 4}[dtype]
+    aligned = xs[1] % wide == 0 and opts.get("xoff", 0) % 16 == 0 and opts.get("yoff", 0) % 16 == 0
+    assert vec == (wide if aligned else 1)
+    assert blocks <= opts.get("max_blocks", cbr_depthwise.MAX_BLOCKS)
+    tol = 2e-2 if dtype == "float16" else 1e-5
+    got = np.asarray(y).astype(np.float64)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("act, extra", [("none", {}), ("Clip", {"clip_min": 0.0, "clip_max": 0.6}),
+                                        ("LeakyRelu", {"act_alpha": 0.3}), ("HardSigmoid", {"act_alpha": 0.3, "act_beta": 0.4}),
+                                        ("HardSigmoidMul", {"act_alpha": 0.25, "act_beta": 0.6}), ("SiLU", {}),
+                                        ("Gelu", {}), ("GeluTanh", {}), ("Sigmoid", {}), ("HardSwish", {}),
+                                        ("QuickGelu", {})])
+def test_every_activation_simulated(simulated, act, extra):
+    mem, _ = simulated
+    attrs = dict({"group": 8, "pads": [1, 0, 0, 1], "activation": act}, **extra)
+    sig = Signature.make("CBR", [(1, 8, 5, 4), (8, 1, 3, 3), (8,)], ["float32"] * 3, attrs)
+    low = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", ()).build(sig, "sm_90")
+    rng = np.random.default_rng(3)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((1, 8, 5, 4), (8, 1, 3, 3), (8,)))
+    ref = get_schema("CBR").reference([x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), None], attrs)[0]
+    y = _placed(mem, np.full(np.shape(ref), np.nan, np.float32), "NHWC")
+    low.launch([_placed(mem, x, "NHWC"), _placed(mem, w, "NCHW"), _placed(mem, b, "NCHW")], [y], None)
+    np.testing.assert_allclose(np.asarray(y).astype(np.float64), ref, rtol=1e-5, atol=1e-5)
