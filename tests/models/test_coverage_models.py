@@ -8,7 +8,6 @@ The counting is bench/fusion_coverage.py's, so the committed table and this test
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,15 +15,13 @@ import onnx
 import pytest
 
 import graphopt
+from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("fusion_coverage", ROOT / "bench" / "fusion_coverage.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/fusion_coverage.py")
 
 
 FC = _bench()

@@ -14,7 +14,6 @@ what they claim.
 from __future__ import annotations
 
 import collections
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
+from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -128,10 +128,7 @@ def test_model_file_checks_and_runs(path: Path, rng):
 # ----------------------------------------------------------------------------------------
 
 def load_build_samples():
-    spec = importlib.util.spec_from_file_location("build_samples", MODELS / "build_samples.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("models/build_samples.py")
 
 
 def test_build_samples_deterministic_and_committed(tmp_path):

@@ -8,23 +8,20 @@ and this test cannot disagree on what a fused block is."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import onnx
 import pytest
 
 import graphopt
+from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_BYTES = 5 * 1024 * 1024
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("fusion_counts", ROOT / "bench" / "fusion_counts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/fusion_counts.py")
 
 
 FC = _bench()

@@ -3,22 +3,18 @@ which rows a run makes, when a tuning counts as complete, merging calls, accepta
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name):
     sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"bench/{name}.py", register=True)
 
 
 R = _load("e2e_report")

@@ -3,23 +3,17 @@ candidate of every provider, and each provider's best is reported under its modu
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 from graphopt.lowering.contract import Candidate, Signature
 from graphopt.tune.candidate_run import FakeTimer
 from graphopt.tune.runners import InlineRunner
 from graphopt.tune.tuner import TuningBackend
+from _scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lb():
-    spec = importlib.util.spec_from_file_location("lowering_bench", ROOT / "bench" / "lowering_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/lowering_bench.py")
 
 
 class Own(Candidate):

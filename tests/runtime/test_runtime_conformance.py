@@ -3,19 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from _scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("conformance", ROOT / "bench" / "conformance.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["conformance"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/conformance.py", register=True)  # dataclasses look their module up there
 
 
 def test_every_claimed_op_passes_its_onnx_node_tests(tmp_path):

@@ -3,18 +3,14 @@ filters, the .json and .md it writes, and a one-line error for an unreadable exp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+from _scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("cache_timings", ROOT / "bench" / "cache_timings.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/cache_timings.py")
 
 
 def _e(sig, cand, lowering, ms, gpu="h100", status="ok"):
