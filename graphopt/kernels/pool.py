@@ -5,7 +5,9 @@ The runtime's array-module pooling (window slices and elementwise maxima) costs 
 window cell plus a padded copy, and on an NHWC input every one of those walks strided memory: on the
 H200 ResNet-50's stem MaxPool took 552 us at bs32 fp16 that way (bench/results/plan_breakdown_h200.md).
 This kernel reads each input cell once per window that covers it and writes the output in the
-input's layout, so an NHWC region stays NHWC through its pooling.
+input's layout, so an NHWC region stays NHWC through its pooling. A global pooling (the window is the
+whole input) goes to ``global_pool`` instead: one thread per output would walk the whole window
+alone (``global_geometry`` says how a block, and for an average several, share it).
 """
 
 from __future__ import annotations
