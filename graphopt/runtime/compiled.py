@@ -228,10 +228,11 @@ def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -
                 check = _to_check(step, lowered, arrays, feed_slots)
                 out_views = [v for _, _, v in views]
                 ins = _lowered_ins(step, lowered, template, n)
-                run = _lowering_run(lowered, out_views, ws)
+                # input conversions run inside the step (and so inside its recorded graph: one replay
+                # does the transposes and the launch), so a replay is keyed by the unconverted inputs
+                run = _converting(_lowering_run(lowered, out_views, ws), check, lowered, backend)
                 if replay and _replayable(step, lowered):
-                    run = StepReplay(run, out_views, backend.cupy, _moving(ins, stable, n, check))
-                run = _converting(run, check, lowered, backend)
+                    run = StepReplay(run, out_views, backend.cupy, _moving(ins, stable, n))
             else:
                 run = makers[k](views[0][2])
                 if replay and step.capture is None:
@@ -243,12 +244,12 @@ def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -
             check = _to_check(step, lowered, arrays, feed_slots)
             alloc, plan.fresh_bytes[k] = _output_alloc(lowered, backend.xp)
             ins = _lowered_ins(step, lowered, template, n)
+            convert = _conversion(check, lowered, backend)
             if replay and _replayable(step, lowered):
-                run = FreshStepReplay(_launch_into(lowered, lowered.workspace), alloc, backend.cupy,
-                                      _moving(ins, stable, n, check))
+                run = FreshStepReplay(_launch_into(lowered, lowered.workspace, convert), alloc, backend.cupy,
+                                      _moving(ins, stable, n))
             else:
-                run = _fresh_run(lowered, alloc, lowered.workspace)
-            run = _converting(run, check, lowered, backend)
+                run = _converting(_fresh_run(lowered, alloc, lowered.workspace), check, lowered, backend)
         elif step.kind == "std" and step.op in RESHAPES and step.outputs and step.outputs[0] is not None:
             shape = tuple(arrays[step.outputs[0]].shape)
             run = _reshape_run(shape)
@@ -293,11 +294,11 @@ def _lowered_ins(step, lowered, template: list, n: int) -> tuple:
                  (n if s is None else s) for i, s in enumerate(step.inputs))
 
 
-def _moving(ins: tuple, stable: set, n: int, check: tuple = ()) -> tuple:
+def _moving(ins: tuple, stable: set, n: int) -> tuple:
     """The positions of the inputs whose address may change between runs (a replay's key): those
-    not in ``stable`` and those converted every run (``check``: a new array each time). Slots past
-    the plan's own (``n + 1``) are the constants ``_fixed_slot`` added: they never move."""
-    return tuple(i for i, s in enumerate(ins) if i in check or (s <= n + 1 and s not in stable))
+    not in ``stable``. Slots past the plan's own (``n + 1``) are the constants ``_fixed_slot`` added:
+    they never move. (An input the step converts is keyed by the address it is converted from.)"""
+    return tuple(i for i, s in enumerate(ins) if s <= n + 1 and s not in stable)
 
 
 def _replayable(step, lowered) -> bool:
@@ -333,12 +334,15 @@ def _fresh_run(lowered, alloc, ws):
     return run
 
 
-def _launch_into(lowered, ws):
-    """``run((ins, outs))``: the launch writing ``outs`` (``FreshStepReplay``'s step)."""
+def _launch_into(lowered, ws, convert=None):
+    """``run((ins, outs))``: the launch writing ``outs`` (``FreshStepReplay``'s step), after
+    ``convert(ins)`` (``_conversion``) when the step converts inputs."""
     launch = lowered.launch
+    if convert is None:
+        return lambda a: launch(a[0], a[1], ws)
 
     def run(a):
-        launch(a[0], a[1], ws)
+        launch(convert(a[0]), a[1], ws)
 
     return run
 
@@ -353,21 +357,31 @@ def _lowering_run(lowered, outs: list, ws):
     return run
 
 
-def _converting(run, check: tuple, lowered, backend):
-    """``run`` after converting the inputs at ``check`` to the lowering's declared layouts (a copy
-    only for an input not already in it, by the backend's ``to_layout``); ``run`` itself when there
-    are none."""
+def _conversion(check: tuple, lowered, backend):
+    """``convert(ins) -> list``: the inputs with those at ``check`` put into the lowering's declared
+    layouts (a copy only for an input not already in it, by the backend's ``to_layout``), in a new
+    list (a step replay keeps the list it recorded with: it must still name the unconverted inputs);
+    None when there are none."""
     if not check:
-        return run
+        return None
     xp, to_layout, input_layout = backend.xp, backend.to_layout, lowered.lowering.input_layout
     conv = tuple((i, input_layout(i) or "NCHW") for i in check)
 
-    def run_converted(ins):
+    def convert(ins):
+        ins = list(ins)
         for i, lay in conv:
             ins[i] = to_layout(ins[i], lay, xp)
-        return run(ins)
+        return ins
 
-    return run_converted
+    return convert
+
+
+def _converting(run, check: tuple, lowered, backend):
+    """``run`` after ``_conversion``'s conversions; ``run`` itself when there are none."""
+    convert = _conversion(check, lowered, backend)
+    if convert is None:
+        return run
+    return lambda ins: run(convert(ins))
 
 
 def _direct_run(step, out, xp):

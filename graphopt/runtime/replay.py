@@ -16,11 +16,13 @@ its graphs by those addresses:
 - while the stream is being captured (the whole-plan CUDA graph), and for a step whose recording
   failed, the step launches as before; at most ``MAX_GRAPHS`` address sets are recorded per step.
 
-Only steps that declare themselves capturable and convert no input are wrapped
-(``graphopt.runtime.compiled``): those writing arena buffers (``StepReplay``, keyed by the inputs
-that can move: feeds and pool-allocated tensors; constants and arena views never do) and lowered
-steps writing graph outputs, new arrays every run (``FreshStepReplay``, keyed by the outputs'
-addresses too). ``Session(step_graphs=False)`` turns it off.
+Only steps that declare themselves capturable are wrapped (``graphopt.runtime.compiled``): those
+writing arena buffers (``StepReplay``, keyed by the inputs that can move: feeds and pool-allocated
+tensors; constants and arena views never do) and lowered steps writing graph outputs, new arrays
+every run (``FreshStepReplay``, keyed by the outputs' addresses too). A step that converts an input
+to its lowering's layout records the conversion with the launch (its buffer from the graph's
+private pool), so it is keyed by the address it converts from. ``Session(step_graphs=False)`` turns
+it off.
 """
 
 from __future__ import annotations
