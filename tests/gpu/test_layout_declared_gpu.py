@@ -82,3 +82,18 @@ def test_the_runtime_converts_nchw_and_nhwc_by_the_tiled_transpose(shape, dtype)
     back = transpose.to_layout(y, "NCHW", cupy)
     assert back.flags.c_contiguous
     cupy.testing.assert_array_equal(back, x)
+
+
+def test_the_tiled_transpose_reads_an_offset_nhwc_view():
+    """An NHWC view that does not start at its buffer's start (``x[1:]`` of an NHWC batch, as an arena
+    view or a sliced feed is): the transpose reads from the view's first element."""
+    from graphopt.kernels import transpose
+    from graphopt.lowering import layout
+
+    full = layout.to_layout(cupy.random.default_rng(2).standard_normal((3, 16, 7, 5), dtype=cupy.float32)
+                            .astype(cupy.float16), "NHWC", cupy)
+    view = full[1:]
+    assert layout.is_layout(view, "NHWC") and view.data.ptr != full.data.ptr
+    got = transpose.to_layout(view, "NCHW", cupy)
+    assert got.flags.c_contiguous
+    cupy.testing.assert_array_equal(got, view)
