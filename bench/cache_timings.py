@@ -20,14 +20,18 @@ import json
 import sys
 from pathlib import Path
 
+from lowering_bench import provider_of  # bench/ is the script's directory: on sys.path
+
+from graphopt.kernels.registry import candidate_from_key
+
 
 def family(entry: dict) -> str:
-    """The source a candidate comes from: the provider for vendor candidates, "own" for graphopt's kernels."""
-    low = str(entry.get("lowering", ""))
-    for vendor in ("cudnn", "cublaslt", "cublas"):
-        if low.startswith(vendor):
-            return vendor
-    return "own"
+    """The source a timed candidate comes from, as ``lowering_bench.provider_of`` names it ("own" for
+    graphopt's kernels, else the provider module); its lowering name for a key no longer known."""
+    try:
+        return provider_of(candidate_from_key(str(entry.get("op")), str(entry.get("candidate"))))
+    except Exception:  # noqa: BLE001 - a key from an older graphopt: name it by its lowering
+        return str(entry.get("lowering", "?"))
 
 
 def best_per_family(entries: list[dict], gpu: str, op: str, grep: list[str], exclude: list[str]) -> list[dict]:

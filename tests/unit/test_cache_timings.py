@@ -4,12 +4,14 @@ filters, the .json and .md it writes, and a one-line error for an unreadable exp
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from _scripts import load_script
+from _scripts import ROOT, load_script
 
 
 
 def _load():
+    sys.path.insert(0, str(ROOT / "bench"))  # as when run as a script: its siblings importable
     return load_script("bench/cache_timings.py")
 
 
