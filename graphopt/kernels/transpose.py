@@ -31,14 +31,9 @@ def to_layout(x: Any, layout: str, xp: Any) -> Any:
         n, c, h, w = (int(d) for d in x.shape)
         if layout == "NHWC" and x.flags.c_contiguous:
             return _transposed(x, layouts.empty(x.shape, x.dtype, "NHWC", xp), n, c, h * w)
-        if physical_c_order(layout) and layouts.is_layout(x, "NHWC"):
+        if layout in ("NCHW", "rowmajor") and layouts.is_layout(x, "NHWC"):
             return _transposed(x, xp.empty(x.shape, dtype=x.dtype), n, h * w, c)
     return layouts.to_layout(x, layout, xp)
-
-
-def physical_c_order(layout: str) -> bool:
-    """Whether ``layout`` is stored C-contiguous (what ``to_layout`` makes of any layout it does not name)."""
-    return layout not in ("NHWC", "colmajor", "rowpad", "")
 
 
 def grid(n: int, rows: int, cols: int) -> tuple[int, int, int] | None:
