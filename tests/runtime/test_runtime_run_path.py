@@ -252,21 +252,28 @@ def test_the_unoptimized_model_runs_the_same_on_the_replaying_path(graphs_cuda):
         assert rel_err(to_numpy(got[k]), w) <= 1e-3
 
 
-def _odd_gemm_model():
-    """x (2, 5, 64) @ W (64, 33) + b: a GemmAct whose rows (33 fp32) are not 16-byte multiples, its
-    output both a graph output and read by Relu and a second GemmAct."""
+def _two_gemm_model(first: tuple[str, int], second: tuple[str, int]):
+    """x (2, 5, 64) -> GemmAct -> ``first`` (a graph output, also read by Relu) -> GemmAct -> ``second``
+    (a graph output); each given as (name, width)."""
     from onnx import TensorProto, helper, numpy_helper
 
+    (n1, d1), (n2, d2) = first, second
     rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.standard_normal((64, 33)).astype(np.float32), "w1")
-    b1 = numpy_helper.from_array(rng.standard_normal(33).astype(np.float32), "b1")
-    w2 = numpy_helper.from_array(rng.standard_normal((33, 16)).astype(np.float32), "w2")
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["logits"]),
-             helper.make_node("Relu", ["logits"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["z"])]
+    w1 = numpy_helper.from_array(rng.standard_normal((64, d1)).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array(rng.standard_normal(d1).astype(np.float32), "b1")
+    w2 = numpy_helper.from_array(rng.standard_normal((d1, d2)).astype(np.float32), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], [n1]),
+             helper.make_node("Relu", [n1], ["r"]), helper.make_node("MatMul", ["r", "w2"], [n2])]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 64])],
-                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 5, 33]),
-                           helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 5, 16])], [w1, b1, w2])
+                          [helper.make_tensor_value_info(n1, TensorProto.FLOAT, [2, 5, d1]),
+                           helper.make_tensor_value_info(n2, TensorProto.FLOAT, [2, 5, d2])], [w1, b1, w2])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _odd_gemm_model():
+    """A GemmAct whose rows (33 fp32) are not 16-byte multiples, its output both a graph output and
+    read by Relu and a second GemmAct."""
+    return _two_gemm_model(("logits", 33), ("z", 16))
 
 
 def test_a_row_padded_gemm_output_is_right_as_a_graph_output_and_as_an_input(graphs_cuda, monkeypatch):
@@ -296,20 +303,8 @@ def test_a_row_padded_gemm_output_is_right_as_a_graph_output_and_as_an_input(gra
 
 
 def _final_gemm_model():
-    """x (2, 5, 64) -> GemmAct -> h (a graph output, read by Relu) -> GemmAct (16 -> 33) -> logits:
-    the last step writes only a graph output (GPT-2's LM head)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.standard_normal((64, 16)).astype(np.float32), "w1")
-    b1 = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b1")
-    w2 = numpy_helper.from_array(rng.standard_normal((16, 33)).astype(np.float32), "w2")
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["h"]),
-             helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["logits"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 64])],
-                          [helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 5, 16]),
-                           helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 5, 33])], [w1, b1, w2])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    """The last step writes only a graph output (GPT-2's LM head): h (16, read by Relu) -> logits (33)."""
+    return _two_gemm_model(("h", 16), ("logits", 33))
 
 
 @pytest.mark.parametrize("copy", [True, False])
