@@ -78,7 +78,11 @@ def test_cleanup_reaches_fixpoint_and_keeps_outputs(rng):
     x = rng.standard_normal((2, 3, 6, 5)).astype(np.float32)
     for cond in (True, False):
         feeds = {"x": x, "cond": np.array(cond)}
-        np.testing.assert_allclose(run(out, feeds)[0], run(m, feeds)[0], rtol=1e-5, atol=1e-5)
+        ref = run(m, feeds)[0]
+        # The folds re-associate fp32 sums whose terms are as large as the largest output, so an output
+        # near zero is off by ulps of that scale, not of its own: over 6,000 random inputs the worst
+        # error was 4.0e-7 of max|ref| (a fixed atol=1e-5 failed 0.3% of them); 2e-6 of it is 5x that.
+        np.testing.assert_allclose(run(out, feeds)[0], ref, rtol=1e-5, atol=2e-6 * max(1.0, float(np.abs(ref).max())))
     # idempotent: a second cleanup finds nothing
     assert not any(run_cleanup(load(out)).values())
 
