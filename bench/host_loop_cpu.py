@@ -142,7 +142,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", default=None)
-    ap.add_argument("--models", default="resnet50,gpt2")
+    ap.add_argument("--models", default="resnet50,gpt2",
+                    help=f"names of {sorted(MODELS)} or NAME=PATH.onnx (an export, e.g. from bench/torch_models.py)")
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
     _, calls = install_fakes()
@@ -153,8 +154,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {"label": label, "graphopt": str(Path(graphopt.__file__).resolve().parent), "models": {}}
-    for name in args.models.split(","):
-        res["models"][name] = m = measure(HERE / MODELS[name], args.repeats, calls)
+    for item in args.models.split(","):
+        name, _, path = item.partition("=")
+        res["models"][name] = m = measure(Path(path) if path else HERE / MODELS[name], args.repeats, calls)
         (out / f"host_loop_cpu_{label}.json").write_text(json.dumps(res, indent=1))
         print(f"{label} {name}: {m['steps']} steps, {m['run_us_per_step']:.1f} us/step (whole run, best; "
               f"median {m['run_us_per_step_median']:.1f})", flush=True)

@@ -11,7 +11,9 @@ faulted and poisoned the CUDA context on the H200, so candidates are timed in th
 isolated worker like the own kernels.
 
 Activations cuDNN's pointwise ops express: none, Relu, Clip (as a clipped relu), LeakyRelu,
-Sigmoid, SiLU (swish), Gelu, GeluTanh. HardSwish / HardSigmoidMul are left to the own kernels.
+Sigmoid, SiLU (swish), Gelu, GeluTanh, each one op; and, composed of four ops (``COMPOSED``),
+HardSwish and HardSigmoidMul: ``y * clamp(alpha * y + beta, 0, 1)`` as mul, add, a relu clipped to
+[0, 1] and mul, alpha and beta pass-by-value scalars (:func:`act_constants`) that every launch binds.
 
 Graph construction (:func:`conv_graph`) takes the ``cudnn`` module as an argument, so the CPU tests
 drive it with a fake module that records the calls.
@@ -40,7 +42,9 @@ from graphopt.providers import cudnn_listing
 OPS = ("CBR",)
 NAME = "cudnn"
 DTYPES = {"float16": "HALF", "float32": "FLOAT", "bfloat16": "BFLOAT16"}
-ACTIVATIONS = ("none", "Relu", "Clip", "LeakyRelu", "Sigmoid", "SiLU", "Gelu", "GeluTanh")
+ACTIVATIONS = ("none", "Relu", "Clip", "LeakyRelu", "Sigmoid", "SiLU", "Gelu", "GeluTanh", "HardSwish", "HardSigmoidMul")
+# y * clamp(alpha * y + beta, 0, 1): no single cuDNN pointwise mode, four ops with two scalars
+COMPOSED = ("HardSwish", "HardSigmoidMul")
 # X, W, B, R in, Y out: what the runtime and the checker hand over / allocate; B (1-D: any layout is
 # the same memory) says NHWC so that a node without bias or residual reads Y's layout there too
 LAYOUTS = ("NHWC", "NHWC", "NHWC", "NHWC", "NHWC")
@@ -126,16 +130,53 @@ def conv_graph(mod, handle, sig: Signature):
     if len(shapes) > 3 and shapes[3] is not None:
         t["R"] = graph.tensor(name="R", dim=yd, stride=_nhwc_strides(yd), data_type=dt)
         y = graph.add(a=y, b=t["R"], compute_data_type=f32, name="residual")
-    y = _activation(graph, y, sig, f32)
+    y = _activation(graph, y, sig, f32, t, rank=4)
     y.set_output(True).set_data_type(dt).set_dim(yd).set_stride(_nhwc_strides(yd))
     t["Y"] = y
     return graph, t
 
 
-def _activation(graph, y, sig: Signature, f32):
+def act_constants(sig: Signature) -> dict[str, np.ndarray]:
+    """The pass-by-value scalars of the signature's activation (tensor name -> fp32 host array, read
+    by value each time a plan executes, so a CUDA graph keeps them): ``act_alpha`` and ``act_beta`` of
+    a composed hard sigmoid (HardSwish: 1/6 and 0.5, ONNX's; HardSigmoidMul: the node's, defaults 0.2
+    and 0.5); none for the others."""
+    name = sig.attr("activation", "none")
+    if name not in COMPOSED:
+        return {}
+    if name == "HardSwish":
+        alpha, beta = 1.0 / 6.0, 0.5
+    else:
+        alpha = 0.2 if sig.attr("act_alpha") is None else float(sig.attr("act_alpha"))
+        beta = 0.5 if sig.attr("act_beta") is None else float(sig.attr("act_beta"))
+    return {"act_alpha": np.full((1,), alpha, np.float32), "act_beta": np.full((1,), beta, np.float32)}
+
+
+def bind_constants(t: dict, pack: dict) -> dict:
+    """Add the activation's pass-by-value scalars (``t["constants"]``, see :func:`_activation`) to a
+    variant pack."""
+    for name, value in t.get("constants", {}).items():
+        pack[t[name]] = _HostDl(value)
+    return pack
+
+
+def _activation(graph, y, sig: Signature, f32, t: dict, rank: int):
+    """``y`` through the signature's activation as cuDNN pointwise ops. A composed one adds its
+    scalars to ``t`` (``t[name]``: the graph's tensor, ``t["constants"]``: the values to bind,
+    shaped ``[1] * rank``: one element broadcast over ``y``)."""
     name = sig.attr("activation", "none")
     if name == "none":
         return y
+    if name in COMPOSED:
+        values = act_constants(sig)
+        ones = [1] * rank
+        t["constants"] = {k: v.reshape(ones) for k, v in values.items()}
+        for k in values:
+            t[k] = graph.tensor(name=k, dim=ones, stride=ones, data_type=f32, is_pass_by_value=True)
+        h = graph.mul(a=y, b=t["act_alpha"], compute_data_type=f32, name="act_scale")
+        h = graph.add(a=h, b=t["act_beta"], compute_data_type=f32, name="act_shift")
+        h = graph.relu(input=h, lower_clip=0.0, upper_clip=1.0, compute_data_type=f32, name="act_clamp")
+        return graph.mul(a=y, b=h, compute_data_type=f32, name="act")
     if name == "Relu":
         return graph.relu(input=y, compute_data_type=f32, name="act")
     if name == "Clip":
@@ -396,7 +437,7 @@ class CudnnConv(CudnnCandidate):
         def launch(inputs, outputs, workspace):
             pack = {t[name]: _Dl(a) for name, a in zip(order, inputs) if a is not None and name in t}
             pack[t["Y"]] = _Dl(outputs[0])
-            execute(b, pack, workspace, index)
+            execute(b, bind_constants(t, pack), workspace, index)
 
         return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
                         layouts=LAYOUTS, versions=versions())

@@ -117,7 +117,7 @@ class CudnnPaddedConv(base.CudnnCandidate):
             for name, a in zip(("B", "R"), inputs[2:4]):
                 if a is not None and name in t:
                     pack[t[name]] = base._Dl(a)
-            base.execute(b, pack, workspace[:ws_bytes] if ws_bytes else None, index)
+            base.execute(b, base.bind_constants(t, pack), workspace[:ws_bytes] if ws_bytes else None, index)
 
         return Lowering(launch=launch, outputs=1, workspace_bytes=total, capturable=True, barrier=True,
                         layouts=LAYOUTS, versions=base.versions())

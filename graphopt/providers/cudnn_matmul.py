@@ -96,7 +96,7 @@ def matmul_graph(mod, handle, sig: Signature):
         cs = [sb or cd[1] * cd[2], sr or cd[2], sc or 1]
         t["C"] = graph.tensor(name="C", dim=cd, stride=cs, data_type=dt)
         y = graph.add(a=y, b=t["C"], compute_data_type=f32, name="bias")
-    y = _cudnn._activation(graph, y, sig, f32)
+    y = _cudnn._activation(graph, y, sig, f32, t, rank=3)
     y.set_output(True).set_data_type(dt).set_dim(yd).set_stride(_strides(yd, False))
     t["Y"] = y
     return graph, t
@@ -129,7 +129,7 @@ class CudnnMatmul(_cudnn.CudnnCandidate):
             pack[t["Y"]] = _cudnn._Dl(outputs[0])
             mod.set_stream(handle=handle, stream=cupy.cuda.get_current_stream().ptr)
             ws = workspace if workspace is not None else cupy.empty(1, dtype=cupy.uint8)
-            b.graph.execute_plan_at_index(pack, _cudnn._Dl(ws), index, handle=handle)
+            b.graph.execute_plan_at_index(_cudnn.bind_constants(t, pack), _cudnn._Dl(ws), index, handle=handle)
 
         return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
                         layouts=(), versions=_cudnn.versions())

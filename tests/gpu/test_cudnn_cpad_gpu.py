@@ -30,7 +30,7 @@ GEOMS = [  # (x, w, attrs): ResNet-50's and MobileNetV2's stems at odd sizes, a 
     ((2, 1, 19, 23), (8, 1, 5, 5), {"pads": [2, 1, 2, 1]}),
     ((1, 4, 16, 15), (24, 4, 3, 3), {"pads": [0, 1, 1, 0], "strides": [2, 1]}),
 ]
-ACTS = [("Relu", {}), ("Clip", {"clip_min": 0.0, "clip_max": 6.0}), ("none", {})]
+ACTS = [("Relu", {}), ("Clip", {"clip_min": 0.0, "clip_max": 6.0}), ("none", {}), ("HardSwish", {})]  # MobileNetV3's stem
 
 
 def _sig(x, w, attrs, dtype, act, extra, res):
@@ -64,6 +64,8 @@ def test_every_stem_activation(act, extra):
     x, w, attrs = GEOMS[1]
     ok, wrong, unbuilt = _check_all_plans(_sig(x, w, attrs, "float16", act, extra, False))
     assert not wrong, wrong
+    if act in cudnn.COMPOSED and not ok:  # four pointwise ops: a fact about cuDNN worth recording, not a bug
+        pytest.xfail(f"cuDNN offers no plan for the composed {act}: {unbuilt[:2]}")
     assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
 
 

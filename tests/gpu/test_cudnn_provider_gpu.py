@@ -24,7 +24,8 @@ if prov.unavailable():
 
 MAX_PLANS = 8
 ACTS = [("Relu", {}), ("none", {}), ("Clip", {"clip_min": 0.0, "clip_max": 6.0}), ("LeakyRelu", {"act_alpha": 0.1}),
-        ("Sigmoid", {}), ("SiLU", {}), ("Gelu", {}), ("GeluTanh", {})]
+        ("Sigmoid", {}), ("SiLU", {}), ("Gelu", {}), ("GeluTanh", {}), ("HardSwish", {}),
+        ("HardSigmoidMul", {"act_alpha": 0.25, "act_beta": 0.4})]
 GEOMS = [  # (x, w, attrs)
     ((2, 16, 13, 11), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
     ((1, 24, 17, 17), (40, 24, 1, 1), {}),
@@ -84,13 +85,21 @@ def test_every_activation(act, extra):
     ok, wrong, unbuilt = _check_all_plans(sig)
     print(f"{act}: {ok} plans correct, {len(unbuilt)} did not build")
     assert not wrong, wrong
+    if act in prov.COMPOSED and not ok:  # four pointwise ops: a fact about cuDNN worth recording, not a bug
+        pytest.xfail(f"cuDNN offers no plan for the composed {act}: {unbuilt[:2]}")
     assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
 
 
 @pytest.mark.gpu
-def test_a_plan_captures_in_a_cuda_graph_and_replays():
-    sig = _sig((4, 32, 28, 28), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", "Relu", {}, True)
-    low = as_lowering(prov.CudnnConv("cudnn").build(sig, "sm_90"))
+@pytest.mark.parametrize("act", ["Relu", "HardSwish"])  # HardSwish: its scalars are bound by value
+def test_a_plan_captures_in_a_cuda_graph_and_replays(act):
+    sig = _sig((4, 32, 28, 28), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", act, {}, True)
+    try:
+        low = as_lowering(prov.CudnnConv("cudnn").build(sig, "sm_90"))
+    except Exception as e:  # noqa: BLE001
+        if act in prov.COMPOSED:
+            pytest.xfail(f"cuDNN offers no plan for the composed {act}: {e}")
+        raise
     rng = np.random.default_rng(0)
     host = [rng.standard_normal(s).astype("float16") for s in sig.input_shapes]
     ref = prov  # noqa: F841 - the reference is the eager result of the same lowering

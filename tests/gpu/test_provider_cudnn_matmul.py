@@ -25,7 +25,7 @@ if cudnn.unavailable():
     pytest.skip(cudnn.unavailable(), allow_module_level=True)
 
 MAX_PLANS = 8
-ACTS = ["none", "Relu", "Gelu", "GeluTanh", "SiLU", "Sigmoid", "LeakyRelu", "Clip"]
+ACTS = ["none", "Relu", "Gelu", "GeluTanh", "SiLU", "Sigmoid", "LeakyRelu", "Clip", "HardSwish", "HardSigmoidMul"]
 SIZES = [(1, 768, 3072), (7, 129, 768), (129, 3072, 8), (768, 1, 128), (3072, 768, 129), (768, 3072, 768)]
 
 
@@ -48,7 +48,8 @@ def _check(sig, need_one=True):
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("act", ACTS)
 def test_every_activation(act, dtype):
-    extra = {"act_alpha": 0.1} if act == "LeakyRelu" else {"clip_min": 0.0, "clip_max": 6.0} if act == "Clip" else {}
+    extra = {"LeakyRelu": {"act_alpha": 0.1}, "Clip": {"clip_min": 0.0, "clip_max": 6.0},
+             "HardSigmoidMul": {"act_alpha": 0.25, "act_beta": 0.4}}.get(act, {})
     _check(gemm((37, 200), (200, 72), (72,), dtype, activation=act, **extra))
 
 

@@ -43,8 +43,8 @@ class _Graph:
         self.log, self.plans = log, plans
         log.append(("pygraph", kw))
 
-    def tensor(self, name, dim, stride, data_type):
-        self.log.append(("tensor", name, list(dim), list(stride), data_type))
+    def tensor(self, name, dim, stride, data_type, is_pass_by_value=False):
+        self.log.append(("tensor", name, list(dim), list(stride), data_type) + (("by_value",) if is_pass_by_value else ()))
         return _T(self.log, name)
 
     def _op(self, op, **kw):
@@ -52,7 +52,7 @@ class _Graph:
         return _T(self.log, op)
 
     def __getattr__(self, op):
-        if op in ("conv_fprop", "add", "relu", "leaky_relu", "sigmoid", "swish", "gelu", "gelu_approx_tanh"):
+        if op in ("conv_fprop", "add", "mul", "relu", "leaky_relu", "sigmoid", "swish", "gelu", "gelu_approx_tanh"):
             return lambda **kw: self._op(op, **kw)
         if op in ("validate", "build_operation_graph", "check_support"):
             return lambda *a: self.log.append((op,))
@@ -152,8 +152,109 @@ def test_graph_nhwc_strides_groups_residual_and_asymmetric_pads(fake):
 def test_one_d_conv_and_unsupported_cases():
     sig1 = _sig(x=(2, 8, 17), w=(4, 8, 3), pads=[1, 1])
     assert prov.conv_reason(sig1) is None
-    assert "activation HardSwish" in prov.conv_reason(_sig(activation="HardSwish"))
+    assert "activation QuickGelu" in prov.conv_reason(_sig(activation="QuickGelu"))
     assert "dtype float64" in prov.conv_reason(_sig(dtype="float64"))
+
+
+@pytest.mark.parametrize("act,extra,alpha,beta", [
+    ("HardSwish", {}, 1 / 6, 0.5), ("HardSigmoidMul", {"act_alpha": 0.25, "act_beta": 0.4}, 0.25, 0.4),
+    ("HardSigmoidMul", {}, 0.2, 0.5),
+])
+def test_composed_hard_sigmoids_are_four_pointwise_ops_with_scalars_by_value(fake, act, extra, alpha, beta):
+    mod, log = fake
+    sig = _sig(activation=act, **extra)
+    assert prov.conv_reason(sig) is None
+    _, t = prov.conv_graph(mod, "h", sig)
+    ops = [e[0] for e in log if e[0] in ("add", "mul", "relu")]
+    assert ops == ["add", "mul", "add", "relu", "mul"]  # bias, then y * clamp(alpha * y + beta, 0, 1)
+    scalars = [e for e in log if e[0] == "tensor" and e[-1] == "by_value"]
+    assert [(e[1], e[2]) for e in scalars] == [("act_alpha", [1, 1, 1, 1]), ("act_beta", [1, 1, 1, 1])]
+    clamp = next(e[1] for e in log if e[0] == "relu")
+    assert clamp["lower_clip"] == 0.0 and clamp["upper_clip"] == 1.0
+    assert float(t["constants"]["act_alpha"].ravel()[0]) == pytest.approx(alpha)
+    assert float(t["constants"]["act_beta"].ravel()[0]) == pytest.approx(beta)
+    assert t["constants"]["act_alpha"].dtype == np.float32 and t["constants"]["act_alpha"].shape == (1, 1, 1, 1)
+
+
+class _V:
+    """A value in the evaluating fake graph (a NumPy array), or a pass-by-value scalar by name."""
+
+    def __init__(self, value=None, name=None):
+        self.value, self.name = value, name
+
+
+class _EvalGraph:
+    """A fake cuDNN graph that evaluates the pointwise ops it is given on NumPy arrays (float64), with
+    cuDNN's documented semantics (relu: clamp to [lower_clip, upper_clip], lower 0 by default)."""
+
+    def __init__(self, t: dict):
+        self.t = t  # the tensor dict the graph builder fills: its "constants" are what a launch binds
+
+    def tensor(self, name, dim, stride, data_type, is_pass_by_value=False):
+        assert is_pass_by_value and list(dim) == list(stride)
+        return _V(self.t["constants"][name].astype(np.float64), name)
+
+    def _un(self, f):
+        return lambda input, **kw: _V(f(input.value, kw))
+
+    def __getattr__(self, op):
+        from math import erf, sqrt, tanh, pi
+
+        verf, vtanh = np.vectorize(erf), np.vectorize(tanh)
+        unary = {
+            "relu": lambda x, kw: np.clip(x, kw.get("lower_clip", 0.0), kw.get("upper_clip", np.inf)),
+            "leaky_relu": lambda x, kw: np.where(x >= 0, x, x * kw["negative_slope"]),
+            "sigmoid": lambda x, kw: 1 / (1 + np.exp(-x)), "swish": lambda x, kw: x / (1 + np.exp(-x)),
+            "gelu": lambda x, kw: 0.5 * x * (1 + verf(x / sqrt(2))),
+            "gelu_approx_tanh": lambda x, kw: 0.5 * x * (1 + vtanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3))),
+        }
+        if op in unary:
+            return self._un(unary[op])
+        if op in ("add", "mul"):
+            f = np.add if op == "add" else np.multiply
+            return lambda a, b, **kw: _V(f(a.value, b.value))
+        raise AttributeError(op)
+
+
+@pytest.mark.parametrize("act", [a for a in prov.ACTIVATIONS])
+def test_every_activation_graph_computes_the_reference(act, rng):
+    """The pointwise ops each activation becomes, evaluated with cuDNN's semantics and the scalars the
+    launch binds, give the op's float64 reference (``graphopt.ops.activations``)."""
+    from graphopt.ops.activations import ACTIVATIONS
+
+    extra = {"LeakyRelu": {"act_alpha": 0.15}, "Clip": {"clip_min": -0.5, "clip_max": 6.0},
+             "HardSigmoidMul": {"act_alpha": 0.3, "act_beta": 0.45}}.get(act, {})
+    sig = _sig(activation=act, **extra)
+    y = rng.standard_normal((2, 3, 5, 7)) * 4  # past HardSwish's +-3 knees and ReLU6's 6
+    t: dict = {}
+    out = prov._activation(_EvalGraph(t), _V(y), sig, "f32", t, rank=4)
+    np.testing.assert_allclose(out.value, ACTIVATIONS[act].numpy(y, dict(sig.attrs)), rtol=1e-6, atol=1e-6)
+
+
+def test_clip_without_a_lower_bound_clips_nothing_below(rng):
+    sig = _sig(activation="Clip", clip_max=1.0)
+    y = rng.standard_normal(50) * 3
+    out = prov._activation(_EvalGraph({}), _V(y), sig, "f32", {}, rank=4)
+    np.testing.assert_array_equal(out.value, np.minimum(y, 1.0))
+
+
+def test_launch_binds_the_scalars_by_value(fake, monkeypatch):
+    mod, log = fake
+    sig = _sig(activation="HardSwish")
+    low = prov.CudnnConv("cudnn").build(sig, "sm_90")
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7)),
+                                 empty=lambda n, dtype=None: np.empty(n, np.uint8), uint8=np.uint8)
+    monkeypatch.setitem(__import__("sys").modules, "cupy", cupy)
+    seen = {}
+    graph = prov._GRAPHS[sig.key()].graph
+    monkeypatch.setattr(graph, "execute_plan_at_index", lambda pack, ws, i, handle=None: seen.update(
+        {t.name: e for t, e in pack.items()}), raising=False)
+    x = np.zeros((2, 8, 9, 11), np.float16)
+    low.launch([x, np.zeros((16, 8, 3, 3), np.float16), np.zeros(16, np.float16), None],
+               [np.zeros((2, 16, 9, 11), np.float16)], np.empty(1000, np.uint8))
+    assert {"act_alpha", "act_beta", "X", "W", "B"} <= set(seen)
+    assert isinstance(seen["act_alpha"], prov._HostDl) and isinstance(seen["X"], prov._Dl)
+    assert float(seen["act_alpha"].a.ravel()[0]) == pytest.approx(1 / 6)
 
 
 def test_plans_are_candidates_keyed_by_name_and_parse_back(fake):

@@ -33,7 +33,8 @@ def test_for_stems_only():
     assert "8 input channels" in prov.pad_reason(_sig(x=(2, 8, 9, 9), w=(4, 8, 3, 3)))       # near miss: already 8
     assert "grouped" in prov.pad_reason(_sig(x=(2, 4, 9, 9), w=(4, 1, 3, 3), group=4))
     assert "1-D" in prov.pad_reason(_sig(x=(2, 3, 17), w=(4, 3, 3), pads=[1, 1]))
-    assert "HardSwish" in prov.pad_reason(_sig(**dict(STEM, activation="HardSwish")))
+    assert prov.pad_reason(_sig(**dict(STEM, activation="HardSwish"))) is None               # MobileNetV3's stem
+    assert "QuickGelu" in prov.pad_reason(_sig(**dict(STEM, activation="QuickGelu")))
     assert prov.candidates("CBR", _sig(x=(2, 16, 9, 9), w=(4, 16, 3, 3))) == []
     assert prov.candidates("GemmAct", None) == []
 
