@@ -49,7 +49,7 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
             const float b = Bias ? Num<T>::load(Bias + c + v) : 0.0f;
-            out.v[v] = Num<T>::from_f(apply_act(acc[v] + b, ap));
+            out.v[v] = Num<T>::from_f(apply_act_inline(acc[v] + b, ap));
         }
         *reinterpret_cast<DwVec<T, VEC>*>(Y + (((long long)n * OH + oh) * OW + ow) * C + c) = out;
     }

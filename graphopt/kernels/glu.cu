@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(256) glu_gate(
             float b = Num<T>::to_f(u.v[k]);
             if (bg) a += Num<T>::to_f(bg[col + k]);
             if (bu) b += Num<T>::to_f(bu[col + k]);
-            o.v[k] = Num<T>::from_f(apply_act(a, ap) * b);
+            o.v[k] = Num<T>::from_f(apply_act_inline(a, ap) * b);
         }
         yv[j] = o;
     }

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(WARPS * 32) group_norm(
         const V a = xv[j];
         V o;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) o.v[k] = Num<T>::from_f(apply_act(Num<T>::to_f(a.v[k]) * g + b, ap));
+        for (int k = 0; k < VEC; ++k) o.v[k] = Num<T>::from_f(apply_act_inline(Num<T>::to_f(a.v[k]) * g + b, ap));
         yv[j] = o;
     }
 }
