@@ -16,7 +16,11 @@ For each row, in one process:
      served from the cache (a node whose every candidate was measured and failed counts as profiled).
   3. torch eager (cudnn.benchmark), the graphopt runtime on the optimized model with CUDA graphs and
      without (host time per node), on the unoptimized export, torch.compile(reduce-overhead); peak GPU
-     memory of each; the output's max relative error against torch (and, fp32, onnxruntime CPU).
+     memory of each (torch: ``max_memory_allocated`` over its eager run, weights included; graphopt:
+     what CuPy's default pool grew by from before the session to after its runs, weights included,
+     plus what its CUDA graphs' and step graphs' private pools hold, ``Session.private_pool_bytes``,
+     also given alone as ``private_pool_mb``; rows before 2026-12-05 late evening lack the private
+     pools); the output's max relative error against torch (and, fp32, onnxruntime CPU).
 
 Rows are keyed by (model, bs, dtype) and merged into OUT/e2e_<gpu>.json (a newer row replaces an
 older one; a row skipped for time is not written, so the older one stays); OUT/e2e_<gpu>.md is
@@ -322,7 +326,9 @@ class Runner:
             ms = timed(lambda: sess.run(feed), sess.synchronize, field="graphopt_ms", **timing_kw)
             live["graphopt"] = (lambda: sess.run(feed), sess.synchronize)
             if p is not None:
-                row["peak_mb"] = round((p.total_bytes() - base) / 2**20, 1)
+                private = sess.private_pool_bytes()
+                row["peak_mb"] = round((p.total_bytes() - base + private) / 2**20, 1)
+                row["private_pool_mb"] = round(private / 2**20, 1)
             row["plan_peak_mb"] = round((sess.last_peak_bytes or 0) / 2**20, 1)
             row["graph_status"] = sess.graph_status
             row["plan_notes"] = list(sess.plan_summary().get("notes", []))[:30]

@@ -23,6 +23,7 @@ from typing import Any
 
 from graphopt.lowering.buckets import ATTR, decode
 from graphopt.lowering.layout import to_layout
+from graphopt.runtime.replay import pool_bytes
 
 
 class CaptureFailed(Exception):
@@ -229,6 +230,11 @@ class GraphBook:
     def add(self, sig, captured, dims: dict[str, int]) -> None:
         self.graphs[sig] = captured
         self.bucket[sig] = bucket_of(self.buckets, dims)
+
+    def pool_bytes(self) -> int:
+        """Bytes held by the captured graphs' private memory pools (what their runs allocated while
+        being captured: activations outside the arena, temporaries)."""
+        return sum(pool_bytes(g.pool) for g in self.graphs.values() if g)
 
     def summary(self) -> dict:
         captured = [s for s, g in self.graphs.items() if g is not False]

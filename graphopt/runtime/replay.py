@@ -135,3 +135,16 @@ class FreshStepReplay(StepReplay):
         key = self._key(ins) + tuple(o.data.ptr for o in outs)
         self._step(ins, key, outs, (ins, outs))
         return outs
+
+
+def pool_bytes(pool) -> int:
+    """Bytes a CuPy memory pool holds (in use and cached), 0 for none."""
+    return int(pool.total_bytes()) if pool is not None and hasattr(pool, "total_bytes") else 0
+
+
+def replay_pool_bytes(loop) -> int:
+    """Bytes held by the private memory pools of the step graphs recorded in a compiled ``loop``
+    (``Plan.loop``): the temporaries each recorded step keeps with its graph."""
+    return sum(pool_bytes(pool) for step, *_ in loop if isinstance(step.run, StepReplay)
+               for _, pool in step.run.graphs.values())
+

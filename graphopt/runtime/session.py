@@ -394,6 +394,14 @@ class Session:
                 plan.execute(conv, timed)
         return {k: v / repeats for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
+    def private_pool_bytes(self) -> int:
+        """GPU bytes held by this session's own memory pools: its whole-run CUDA graphs' and its step
+        graphs' (``replay``). Weights, arenas and outputs come from CuPy's default pool and are not
+        counted here: a peak-memory figure taken from the default pool alone misses these."""
+        from graphopt.runtime.replay import replay_pool_bytes
+
+        return self._graphs.pool_bytes() + sum(replay_pool_bytes(p.loop) for p in self._plans.values() if p.loop)
+
     def plan_summary(self) -> dict:
         """The last plan's summary: steps, plan-time folds, peak bytes, CUDA graph status, notes."""
         if self.last_plan is None:

@@ -357,3 +357,39 @@ def layout_of(arr) -> str:
     from graphopt.lowering import layout
 
     return "rowpad" if layout.is_layout(arr, "rowpad") and not arr.flags.c_contiguous else "C"
+
+
+def test_private_pool_bytes_counts_every_recorded_step_graph_and_captured_run(graphs_cuda, monkeypatch):
+    """``Session.private_pool_bytes``: what the step graphs' and whole-run graphs' private pools hold
+    (a peak-memory figure read from CuPy's default pool alone misses them: bench/e2e.py adds it)."""
+    import graphopt
+    from graphopt.runtime import replay
+    from graphopt.runtime.graphs import GraphBook
+
+    class Pool:
+        def __init__(self, n):
+            self.n = n
+
+        def total_bytes(self):
+            return self.n
+
+    def record(self, arg, key):  # as the fixture's, with a pool holding 1000 bytes per recorded graph
+        graph = SimpleNamespace(launch=lambda stream: self.run_step(arg))
+        self.graphs[key] = (graph, Pool(1000))
+        return graph
+
+    monkeypatch.setattr(replay.StepReplay, "_record", record)
+    opt, _ = graphopt.optimize(str(ROOT / "models" / "resnet_style.onnx"), gpu="none")
+    _computing_lowerings(monkeypatch)
+    sess = _session(opt)
+    assert sess.private_pool_bytes() == 0
+    feeds = {k: graphs_cuda.asarray(v) for k, v in random_feeds(opt, np.random.default_rng(0)).items()}
+    for _ in range(3):
+        sess.run(feeds)
+    recorded = sum(len(s.run.graphs) for s in sess.last_plan.steps if isinstance(s.run, replay.StepReplay))
+    assert recorded > 0 and sess.private_pool_bytes() == 1000 * recorded
+    book = GraphBook(sess.graph)
+    book.add(("a",), SimpleNamespace(pool=Pool(5)), {})
+    book.add(("b",), False, {})  # a failed capture holds nothing
+    book.add(("c",), SimpleNamespace(pool=None), {})
+    assert book.pool_bytes() == 5
