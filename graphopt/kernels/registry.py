@@ -106,22 +106,22 @@ def candidates_for(sig: Signature) -> list[Candidate]:
     a reason.
     """
     makers = _makers(sig.op)
-    return _own(sig.op, _data_dtype(sig)) + _providers.provider_candidates(sig.op, sig) + [
-        c for make in makers[1:] for c in make()]
+    dtype = _data_dtype(sig)
+    first = _built_in(sig.op, dtype) if sig.op in _FAMILIES else [
+        c for make in makers[:1] for c in make() if earns_place(c, dtype)]  # a new op's first registered family
+    return first + _providers.provider_candidates(sig.op, sig) + [c for make in makers[1:] for c in make()]
 
 
-_OWN: dict[tuple[str, str], list[Candidate]] = {}  # (op, data dtype) -> the built-in family's earned configs
+_BUILT_IN: dict[tuple[str, str], list[Candidate]] = {}  # (op, data dtype) -> the built-in family's earned configs
 
 
-def _own(op: str, dtype: str) -> list[Candidate]:
+def _built_in(op: str, dtype: str) -> list[Candidate]:
     """The built-in family's configurations that earned their place for ``dtype`` (retired ones:
     ``graphopt.kernels.earned``), listed once per (op, dtype): the family is fixed at import and its
     candidates are frozen, so every signature of a model shares one list (a copy is returned)."""
-    if op not in _FAMILIES:
-        return []
-    own = _OWN.get((op, dtype))
+    own = _BUILT_IN.get((op, dtype))
     if own is None:
-        own = _OWN[(op, dtype)] = [c for c in _FAMILIES[op]() if earns_place(c, dtype)]
+        own = _BUILT_IN[(op, dtype)] = [c for c in _FAMILIES[op]() if earns_place(c, dtype)]
     return list(own)
 
 
