@@ -91,6 +91,11 @@ def _nhwc_strides(dims: list[int]) -> list[int]:
     return [c * h * w, 1, w * c, c]
 
 
+def _nchw_strides(dims: list[int]) -> list[int]:
+    n, c, h, w = dims
+    return [c * h * w, h * w, w, 1]
+
+
 def conv_reason(sig: Signature) -> str | None:
     """Why this CBR signature has no cuDNN graph (before any library call), or None."""
     try:
@@ -108,8 +113,10 @@ def conv_reason(sig: Signature) -> str | None:
     return None
 
 
-def conv_graph(mod, handle, sig: Signature):
-    """The cuDNN frontend graph for a CBR signature and its tensors ``{"X", "W", "B"?, "R"?, "Y"}``."""
+def conv_graph(mod, handle, sig: Signature, layout: str = "NHWC"):
+    """The cuDNN frontend graph for a CBR signature and its tensors ``{"X", "W", "B"?, "R"?, "Y"}``;
+    X, W (KRSC or OIHW), R and Y in ``layout`` ("NHWC" or "NCHW"), through their strides."""
+    strides = _nhwc_strides if layout == "NHWC" else _nchw_strides
     g = geo.conv_geom(sig)
     dt = getattr(mod.data_type, DTYPES[geo.dtype_of(sig)])
     f32 = mod.data_type.FLOAT
@@ -117,8 +124,8 @@ def conv_graph(mod, handle, sig: Signature):
     xd = [g.N, g.C, g.H, g.W]
     wd = [g.M, g.C // g.G, g.KH, g.KW]
     yd = [g.N, g.M, g.OH, g.OW]
-    t = {"X": graph.tensor(name="X", dim=xd, stride=_nhwc_strides(xd), data_type=dt),
-         "W": graph.tensor(name="W", dim=wd, stride=_nhwc_strides(wd), data_type=dt)}
+    t = {"X": graph.tensor(name="X", dim=xd, stride=strides(xd), data_type=dt),
+         "W": graph.tensor(name="W", dim=wd, stride=strides(wd), data_type=dt)}
     post_h = (g.OH - 1) * g.sh + g.dh * (g.KH - 1) + 1 - g.H - g.ph
     post_w = (g.OW - 1) * g.sw + g.dw * (g.KW - 1) + 1 - g.W - g.pw
     y = graph.conv_fprop(image=t["X"], weight=t["W"], pre_padding=[g.ph, g.pw], post_padding=[max(post_h, 0), max(post_w, 0)],
@@ -128,10 +135,10 @@ def conv_graph(mod, handle, sig: Signature):
         t["B"] = graph.tensor(name="B", dim=[1, g.M, 1, 1], stride=[g.M, 1, g.M, g.M], data_type=dt)
         y = graph.add(a=y, b=t["B"], compute_data_type=f32, name="bias")
     if len(shapes) > 3 and shapes[3] is not None:
-        t["R"] = graph.tensor(name="R", dim=yd, stride=_nhwc_strides(yd), data_type=dt)
+        t["R"] = graph.tensor(name="R", dim=yd, stride=strides(yd), data_type=dt)
         y = graph.add(a=y, b=t["R"], compute_data_type=f32, name="residual")
     y = _activation(graph, y, sig, f32, t, rank=4)
-    y.set_output(True).set_data_type(dt).set_dim(yd).set_stride(_nhwc_strides(yd))
+    y.set_output(True).set_data_type(dt).set_dim(yd).set_stride(strides(yd))
     t["Y"] = y
     return graph, t
 
@@ -424,13 +431,17 @@ class CudnnConv(CudnnCandidate):
     def layouts(self, sig: Signature) -> tuple[str, ...]:
         return LAYOUTS  # what build() declares: X, W, R, Y in NHWC
 
+    def graphs(self):
+        """``built(sig, tag="") -> _Built``: the graph of this candidate's layout (``cudnn_nchw``'s: NCHW)."""
+        return _graph_for
+
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         if sig.op not in OPS:
             return f"cuDNN candidates here are for {', '.join(OPS)}"
         return unavailable_reason(compute_capability) or conv_reason(sig)
 
     def build(self, sig: Signature, arch: str) -> Lowering:
-        b, index, ws_bytes = self._plan(sig, _graph_for)
+        b, index, ws_bytes = self._plan(sig, self.graphs())
         t = b.tensors
         order = ["X", "W", "B", "R"]
 
@@ -440,15 +451,17 @@ class CudnnConv(CudnnCandidate):
             execute(b, bind_constants(t, pack), workspace, index)
 
         return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
-                        layouts=LAYOUTS, versions=versions())
+                        layouts=self.layouts(sig), versions=versions())
 
 
-def plan_candidates(cls, name: str, op: str, sig: Signature | None, reason, built) -> list[Candidate]:
-    """``cls(name)`` (the heuristic's plan at load time), plus one per plan cuDNN lists for ``sig``."""
+def plan_candidates(cls, name: str, op: str, sig: Signature | None, reason, built,
+                    limit: int | None = None) -> list[Candidate]:
+    """``cls(name)`` (the heuristic's plan at load time), plus one per plan cuDNN lists for ``sig``
+    (the first ``limit`` of them, heuristics A first, when given)."""
     out: list[Candidate] = [cls(name)]
     if sig is None or reason(sig) is not None:
         return out
-    return out + [cls(name, (("plan", n),)) for n in plan_keys(sig, built)]
+    return out + [cls(name, (("plan", n),)) for n in plan_keys(sig, built)[:limit]]
 
 
 def plan_from_key(cls, name: str, key: str) -> Candidate | None:

@@ -1,0 +1,74 @@
+"""``cudnn_nchw``: CBR as cuDNN's fused graph with every tensor NCHW. CPU side against the fake
+``cudnn`` module of ``test_provider_cudnn``: the graph's strides, its own listing (not the NHWC
+graph's), the plan limit, keys that parse back, and the NCHW layouts the built lowering declares."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_provider_cudnn import _fake_module, _sig  # noqa: E402
+
+from graphopt.kernels import registry  # noqa: E402
+from graphopt.lowering import Lowering  # noqa: E402
+from graphopt.providers import cudnn as base  # noqa: E402
+from graphopt.providers import cudnn_nchw as prov  # noqa: E402
+
+
+@pytest.fixture()
+def fake(monkeypatch):
+    mod, log = _fake_module(plans=tuple(f"eng{i}" for i in range(9)))
+    monkeypatch.setattr(base, "_STATE", {"module": mod, "reason": None})
+    monkeypatch.setattr(base, "_GRAPHS", {})
+    return mod, log
+
+
+def test_the_graph_is_nchw_through_strides(fake):
+    mod, log = fake
+    sig = _sig(x=(2, 8, 9, 11), w=(16, 8, 3, 3), res=True, activation="Relu")
+    prov._nchw_graph(mod, "h", sig)
+    tensors = {e[1]: (e[2], e[3]) for e in log if e[0] == "tensor"}
+    assert tensors["X"] == ([2, 8, 9, 11], [8 * 9 * 11, 9 * 11, 11, 1])
+    assert tensors["W"] == ([16, 8, 3, 3], [72, 9, 3, 1])  # OIHW, as the model has it
+    assert tensors["R"] == ([2, 16, 9, 11], [16 * 9 * 11, 9 * 11, 11, 1])
+    assert ("set_stride", "relu", [16 * 9 * 11, 9 * 11, 11, 1]) in log
+
+
+def test_own_listing_limited_plans_and_keys_that_parse_back(fake):
+    mod, log = fake
+    sig = _sig(activation="Relu")
+    keys = [c.key() for c in prov.candidates("CBR", sig)]
+    assert keys == ["cudnn_nchw"] + [f"cudnn_nchw:plan=eng{i}" for i in range(prov.MAX_PLANS)]
+    nhwc = [c.key() for c in base.candidates("CBR", sig)]
+    assert len(nhwc) == 10  # the NHWC graph keeps every plan
+    assert sum(e[0] == "pygraph" for e in log) == 2  # two graphs, listed separately
+    all_keys = [c.key() for c in registry.candidates_for(sig)]
+    assert set(keys) <= set(all_keys) and set(nhwc) <= set(all_keys)
+    for k in keys:
+        assert registry.candidate_from_key("CBR", k).key() == k
+    assert type(registry.candidate_from_key("CBR", "cudnn:plan=eng1")) is base.CudnnConv
+    assert prov.candidates("GemmAct", sig) == []
+
+
+def test_build_declares_nchw_layouts_and_launches_the_nchw_graph(fake, monkeypatch):
+    mod, log = fake
+    sig = _sig(activation="HardSwish", res=True)
+    cand = prov.CudnnNchwConv("cudnn_nchw", (("plan", "eng2"),))
+    assert cand.layouts(sig) == ("NCHW",) * 5 and cand.applies(sig, (9, 0)) is None
+    low = cand.build(sig, "sm_90")
+    assert isinstance(low, Lowering) and low.layouts == ("NCHW",) * 5 and low.capturable and low.barrier
+    assert low.workspace_bytes == 3000
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7)),
+                                 empty=lambda n, dtype=None: np.empty(n, np.uint8), uint8=np.uint8)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    x = np.zeros((2, 8, 9, 11), np.float16)
+    low.launch([x, np.zeros((16, 8, 3, 3), np.float16), np.zeros(16, np.float16), np.zeros((2, 16, 9, 11), np.float16)],
+               [np.zeros((2, 16, 9, 11), np.float16)], np.empty(3000, np.uint8))
+    executed = [e for e in log if e[0] == "execute"]
+    assert executed and {"X", "W", "B", "R", "act_alpha", "act_beta"} <= set(executed[-1][1])
+    assert base._GRAPHS.keys() == {sig.key() + "|nchw"}  # the NCHW graph, not cudnn's
