@@ -14,7 +14,7 @@ K = C/group*kh*kw. First match wins:
    loses 3-9x to torch there at bs32, while ``direct`` beats it: ``bench/results/cudnn_layers_h200.md``).
 2b. float16 / bfloat16, group 1, K = C*kh*kw >= 64 (MobileNetV2's 3-channel stem, K=27, was the one
    dense layer cuDNN lost at both batch sizes), capability >= 8.0 (or unknown), a graph cuDNN's pointwise ops can
-   express in one op (``graphopt.providers.cudnn.conv_reason``, not its ``COMPOSED`` hard sigmoids,
+   express in one op (``graphopt.providers.cudnn.conv_reason``, not the ``cudnn_pointwise.COMPOSED`` hard sigmoids,
    which only compete when profiled) -> ``cudnn`` with no plan: the cuDNN frontend's
    fused conv+bias+residual+activation graph in NHWC, its own heuristic's first plan chosen when the
    node is loaded. Measured on the H200 (best plan, in a CUDA graph): 2.3x torch eager at bs1 and 1.3x
@@ -185,7 +185,8 @@ def _cbr(sig: Signature, cc: tuple[int, int] | None, providers: bool = True) -> 
         return CBR_DIRECT, DIRECT_PARAMS, "depthwise convolution: direct convolution"
     if (providers and group == 1 and k >= CUDNN_MIN_K and (cc is None or cc >= (8, 0)) and sig.dtypes
             and sig.dtypes[0] in CUDNN_DTYPES):
-        from graphopt.providers.cudnn import COMPOSED, conv_reason
+        from graphopt.providers.cudnn import conv_reason
+        from graphopt.providers.cudnn_pointwise import COMPOSED
 
         # a composed activation (HardSwish, HardSigmoidMul: four pointwise ops) competes when profiled,
         # but is not the unprofiled default until a device run has measured it

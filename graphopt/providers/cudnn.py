@@ -10,10 +10,9 @@ was profiled). Each plan gets its own workspace size: a plan executed with anoth
 faulted and poisoned the CUDA context on the H200, so candidates are timed in the profiler's
 isolated worker like the own kernels.
 
-Activations cuDNN's pointwise ops express: none, Relu, Clip (as a clipped relu), LeakyRelu,
-Sigmoid, SiLU (swish), Gelu, GeluTanh, each one op; and, composed of four ops (``COMPOSED``),
-HardSwish and HardSigmoidMul: ``y * clamp(alpha * y + beta, 0, 1)`` as mul, add, a relu clipped to
-[0, 1] and mul, alpha and beta pass-by-value scalars (:func:`act_constants`) that every launch binds.
+The activation is cuDNN pointwise ops (``graphopt.providers.cudnn_pointwise``, which the matmul and
+the channel-padded graphs share); a composed one's scalars are bound at every launch
+(:func:`bind_constants`).
 
 Graph construction (:func:`conv_graph`) takes the ``cudnn`` module as an argument, so the CPU tests
 drive it with a fake module that records the calls.
@@ -28,7 +27,6 @@ picked and built with its own workspace size (:func:`plan_at`), the keys (:func:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,13 +36,11 @@ from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.providers import cudnn_listing
+from graphopt.providers.cudnn_pointwise import activation, activation_reason
 
 OPS = ("CBR",)
 NAME = "cudnn"
 DTYPES = {"float16": "HALF", "float32": "FLOAT", "bfloat16": "BFLOAT16"}
-ACTIVATIONS = ("none", "Relu", "Clip", "LeakyRelu", "Sigmoid", "SiLU", "Gelu", "GeluTanh", "HardSwish", "HardSigmoidMul")
-# y * clamp(alpha * y + beta, 0, 1): no single cuDNN pointwise mode, four ops with two scalars
-COMPOSED = ("HardSwish", "HardSigmoidMul")
 # X, W, B, R in, Y out: what the runtime and the checker hand over / allocate; B (1-D: any layout is
 # the same memory) says NHWC so that a node without bias or residual reads Y's layout there too
 LAYOUTS = ("NHWC", "NHWC", "NHWC", "NHWC", "NHWC")
@@ -105,9 +101,9 @@ def conv_reason(sig: Signature) -> str | None:
         return str(e)
     if dt not in DTYPES:
         return f"dtype {dt} (cuDNN graphs here: {', '.join(DTYPES)})"
-    act = sig.attr("activation", "none")
-    if act not in ACTIVATIONS:
-        return f"activation {act} has no cuDNN pointwise form here (supported: {', '.join(ACTIVATIONS)})"
+    why = activation_reason(sig)
+    if why:
+        return why
     if g.N * g.C * g.H * g.W >= 2 ** 31 or g.N * g.M * g.OH * g.OW >= 2 ** 31:
         return "tensors over 2**31 elements"
     return None
@@ -137,76 +133,18 @@ def conv_graph(mod, handle, sig: Signature, layout: str = "NHWC"):
     if len(shapes) > 3 and shapes[3] is not None:
         t["R"] = graph.tensor(name="R", dim=yd, stride=strides(yd), data_type=dt)
         y = graph.add(a=y, b=t["R"], compute_data_type=f32, name="residual")
-    y = _activation(graph, y, sig, f32, t, rank=4)
+    y = activation(graph, y, sig, f32, t, rank=4)
     y.set_output(True).set_data_type(dt).set_dim(yd).set_stride(strides(yd))
     t["Y"] = y
     return graph, t
 
 
-def act_constants(sig: Signature) -> dict[str, np.ndarray]:
-    """The pass-by-value scalars of the signature's activation (tensor name -> fp32 host array, read
-    by value each time a plan executes, so a CUDA graph keeps them): ``act_alpha`` and ``act_beta`` of
-    a composed hard sigmoid (HardSwish: 1/6 and 0.5, ONNX's; HardSigmoidMul: the node's, defaults 0.2
-    and 0.5); none for the others."""
-    name = sig.attr("activation", "none")
-    if name not in COMPOSED:
-        return {}
-    if name == "HardSwish":
-        alpha, beta = 1.0 / 6.0, 0.5
-    else:
-        alpha = 0.2 if sig.attr("act_alpha") is None else float(sig.attr("act_alpha"))
-        beta = 0.5 if sig.attr("act_beta") is None else float(sig.attr("act_beta"))
-    return {"act_alpha": np.full((1,), alpha, np.float32), "act_beta": np.full((1,), beta, np.float32)}
-
-
 def bind_constants(t: dict, pack: dict) -> dict:
-    """Add the activation's pass-by-value scalars (``t["constants"]``, see :func:`_activation`) to a
+    """Add the activation's pass-by-value scalars (``t["constants"]``, see ``cudnn_pointwise.activation``) to a
     variant pack."""
     for name, value in t.get("constants", {}).items():
         pack[t[name]] = _HostDl(value)
     return pack
-
-
-def _activation(graph, y, sig: Signature, f32, t: dict, rank: int):
-    """``y`` through the signature's activation as cuDNN pointwise ops. A composed one adds its
-    scalars to ``t`` (``t[name]``: the graph's tensor, ``t["constants"]``: the values to bind,
-    shaped ``[1] * rank``: one element broadcast over ``y``)."""
-    name = sig.attr("activation", "none")
-    if name == "none":
-        return y
-    if name in COMPOSED:
-        values = act_constants(sig)
-        ones = [1] * rank
-        t["constants"] = {k: v.reshape(ones) for k, v in values.items()}
-        for k in values:
-            t[k] = graph.tensor(name=k, dim=ones, stride=ones, data_type=f32, is_pass_by_value=True)
-        h = graph.mul(a=y, b=t["act_alpha"], compute_data_type=f32, name="act_scale")
-        h = graph.add(a=h, b=t["act_beta"], compute_data_type=f32, name="act_shift")
-        h = graph.relu(input=h, lower_clip=0.0, upper_clip=1.0, compute_data_type=f32, name="act_clamp")
-        return graph.mul(a=y, b=h, compute_data_type=f32, name="act")
-    if name == "Relu":
-        return graph.relu(input=y, compute_data_type=f32, name="act")
-    if name == "Clip":
-        lo, hi = sig.attr("clip_min"), sig.attr("clip_max")
-        kw = {}
-        if lo is not None:
-            kw["lower_clip"] = float(lo)
-        if hi is not None:
-            kw["upper_clip"] = float(hi)
-        if lo is None:  # a relu clips below at 0 unless told otherwise
-            kw["lower_clip"] = -math.inf
-        return graph.relu(input=y, compute_data_type=f32, name="act", **kw)
-    if name == "LeakyRelu":
-        return graph.leaky_relu(input=y, negative_slope=float(sig.attr("act_alpha", 0.01)), compute_data_type=f32, name="act")
-    if name == "Sigmoid":
-        return graph.sigmoid(input=y, compute_data_type=f32, name="act")
-    if name == "SiLU":
-        return graph.swish(input=y, compute_data_type=f32, name="act")
-    if name == "Gelu":
-        return graph.gelu(input=y, compute_data_type=f32, name="act")
-    if name == "GeluTanh":
-        return graph.gelu_approx_tanh(input=y, compute_data_type=f32, name="act")
-    raise TuningError(f"activation {name} has no cuDNN form")
 
 
 @dataclass

@@ -6,7 +6,7 @@ module uses).
 A and B are 3-D tensors ``[batch, M, K]`` / ``[batch, K, N]``; Gemm's transA / transB are strides,
 not copies. A ``B`` shared by every batch folds the batch into M. ``C`` broadcasts through
 dimensions of size 1 (a bias ``(N,)``, a row vector, a full matrix). fp32 compute and
-intermediates; activations are those of cuDNN's pointwise ops (``cudnn.ACTIVATIONS``; cuDNN's
+intermediates; activations are those of cuDNN's pointwise ops (``cudnn_pointwise.ACTIVATIONS``; cuDNN's
 ``gelu`` is the exact erf form, ``gelu_approx_tanh`` the tanh one).
 
 Measured on the H200 on 2026-12-04 (``bench/probe_vendor_api.py``: this graph in fp16 with a bias
@@ -24,6 +24,7 @@ from graphopt.kernels import geometry as geo
 from graphopt.kernels.gemm_act import gemm_plan
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.providers import cudnn as _cudnn
+from graphopt.providers.cudnn_pointwise import activation, activation_reason
 
 OPS = ("GemmAct",)
 NAME = "cudnn"
@@ -63,9 +64,9 @@ def matmul_reason(sig: Signature) -> str | None:
         return str(e)
     if dt not in _cudnn.DTYPES:
         return f"dtype {dt} (cuDNN graphs here: {', '.join(_cudnn.DTYPES)})"
-    act = sig.attr("activation", "none")
-    if act not in _cudnn.ACTIVATIONS:
-        return f"activation {act} has no cuDNN pointwise form here (supported: {', '.join(_cudnn.ACTIVATIONS)})"
+    why = activation_reason(sig)
+    if why:
+        return why
     if min(p.M, p.N, p.K) < 1:
         return "empty GEMM"
     if p.alpha != 1.0 or (p.bias is not None and p.beta != 1.0):
@@ -96,7 +97,7 @@ def matmul_graph(mod, handle, sig: Signature):
         cs = [sb or cd[1] * cd[2], sr or cd[2], sc or 1]
         t["C"] = graph.tensor(name="C", dim=cd, stride=cs, data_type=dt)
         y = graph.add(a=y, b=t["C"], compute_data_type=f32, name="bias")
-    y = _cudnn._activation(graph, y, sig, f32, t, rank=3)
+    y = activation(graph, y, sig, f32, t, rank=3)
     y.set_output(True).set_data_type(dt).set_dim(yd).set_stride(_strides(yd, False))
     t["Y"] = y
     return graph, t

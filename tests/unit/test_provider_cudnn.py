@@ -13,6 +13,7 @@ from graphopt.kernels import registry
 from graphopt.lowering import Lowering, Signature
 from graphopt.lowering import layout
 from graphopt.providers import cudnn as prov
+from graphopt.providers import cudnn_pointwise as pointwise
 
 
 class _T:
@@ -216,7 +217,7 @@ class _EvalGraph:
         raise AttributeError(op)
 
 
-@pytest.mark.parametrize("act", [a for a in prov.ACTIVATIONS])
+@pytest.mark.parametrize("act", list(pointwise.ACTIVATIONS))
 def test_every_activation_graph_computes_the_reference(act, rng):
     """The pointwise ops each activation becomes, evaluated with cuDNN's semantics and the scalars the
     launch binds, give the op's float64 reference (``graphopt.ops.activations``)."""
@@ -227,14 +228,14 @@ def test_every_activation_graph_computes_the_reference(act, rng):
     sig = _sig(activation=act, **extra)
     y = rng.standard_normal((2, 3, 5, 7)) * 4  # past HardSwish's +-3 knees and ReLU6's 6
     t: dict = {}
-    out = prov._activation(_EvalGraph(t), _V(y), sig, "f32", t, rank=4)
+    out = pointwise.activation(_EvalGraph(t), _V(y), sig, "f32", t, rank=4)
     np.testing.assert_allclose(out.value, ACTIVATIONS[act].numpy(y, dict(sig.attrs)), rtol=1e-6, atol=1e-6)
 
 
 def test_clip_without_a_lower_bound_clips_nothing_below(rng):
     sig = _sig(activation="Clip", clip_max=1.0)
     y = rng.standard_normal(50) * 3
-    out = prov._activation(_EvalGraph({}), _V(y), sig, "f32", {}, rank=4)
+    out = pointwise.activation(_EvalGraph({}), _V(y), sig, "f32", {}, rank=4)
     np.testing.assert_array_equal(out.value, np.minimum(y, 1.0))
 
 
