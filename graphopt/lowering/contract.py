@@ -64,7 +64,9 @@ class Candidate:
     """One lowering: ``name`` picks the kernel family, ``params`` its configuration.
 
     Subclasses (one per kernel family, in ``graphopt/kernels/<family>.py``) implement ``applies`` and
-    ``build``. ``applies`` returns ``None`` when the candidate can run the signature, otherwise the
+    ``build``; ``key()`` and ``params_str()`` are formatted once from ``name`` and ``params`` (the
+    fields are frozen) and are not meant to be overridden: a family that wants another spelling
+    says so through its ``params``. ``applies`` returns ``None`` when the candidate can run the signature, otherwise the
     reason it cannot (shown in reports). ``build`` compiles for ``arch`` (for example ``"sm_90"``)
     and returns ``launch(inputs, outputs)`` that enqueues the work on the current CUDA stream.
     """

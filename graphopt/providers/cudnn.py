@@ -47,6 +47,13 @@ LAYOUTS = ("NHWC", "NHWC", "NHWC", "NHWC", "NHWC")
 
 _STATE: dict[str, Any] = {}  # "module", "reason", "handle": per process
 _GRAPHS: dict[str, Any] = {}  # signature key -> _Built (one graph per signature and process)
+_REFUSED: dict[str, str] = {}  # signature key -> why cuDNN does not support its graph (per process)
+
+
+class GraphRefused(TuningError):
+    """cuDNN does not support a graph here (its frontend's ``cudnnGraphNotSupportedError``): a fact for
+    this GPU and cuDNN version, remembered for the process (:func:`listed`) and, as an empty plan
+    listing, on disk (:func:`plan_keys`), so a warm run does not build the graph again to learn it."""
 
 
 def _load():
@@ -165,17 +172,26 @@ def listed(sig: Signature, make, tag: str = "") -> _Built:
     Cached per signature (and ``tag``, for a second form of one op's graph) and process: every
     candidate of one signature shares it."""
     key = sig.key() + tag
+    if key in _REFUSED:
+        raise GraphRefused(_REFUSED[key])
     if key not in _GRAPHS:
         mod = _load()
         if mod is None:
             raise TuningError(_STATE["reason"])
-        made = make(mod, _handle(mod), sig)
-        graph, tensors = made[0], made[1]
-        graph.validate()
-        graph.build_operation_graph()
-        graph.create_execution_plans([mod.heur_mode.A, mod.heur_mode.FALLBACK])
-        barred = _deselect_inexact(mod, graph)
-        graph.check_support()
+        try:
+            made = make(mod, _handle(mod), sig)
+            graph, tensors = made[0], made[1]
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([mod.heur_mode.A, mod.heur_mode.FALLBACK])
+            barred = _deselect_inexact(mod, graph)
+            graph.check_support()
+        except Exception as e:
+            unsupported = getattr(mod, "cudnnGraphNotSupportedError", None)
+            if isinstance(unsupported, type) and isinstance(e, unsupported):
+                _REFUSED[key] = f"cuDNN does not support this graph here: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+                raise GraphRefused(_REFUSED[key]) from None
+            raise  # anything else (a construction bug, memory, the driver) is not remembered
         n = graph.get_execution_plan_count()
         offered = [i for i in range(n) if i not in barred]
         _GRAPHS[key] = _Built(graph, tensors, [str(graph.get_plan_name_at_index(i)) for i in offered], set(),
@@ -245,20 +261,23 @@ def lowering_plan(b: _Built, want: str | None, sig: Signature, fresh=None) -> tu
 
 def plan_keys(sig: Signature, built) -> list[str]:
     """The plan names cuDNN lists for ``sig`` here (``built(sig) -> _Built``), or [] where it cannot
-    (no GPU, graph refused); remembered on disk per GPU and cuDNN version (``cudnn_listing``)."""
+    (no GPU, graph refused); remembered on disk per GPU and cuDNN version (``cudnn_listing``), a
+    refusal (:class:`GraphRefused`) as an empty listing, any other failure not at all."""
     if _load() is None:
         return []
 
-    def listing() -> list[str]:
+    def listing() -> list[str] | None:
         try:
             return list(built(sig).names)
-        except Exception:  # noqa: BLE001 - no GPU, or cuDNN rejects the graph: the heuristic candidate says why
+        except GraphRefused:  # cuDNN's verdict for this GPU and version: kept (the heuristic candidate says why)
             return []
+        except Exception:  # noqa: BLE001 - no GPU, or a failure that may pass: listed again next time
+            return None
 
     try:
         device = _device_tag()
     except Exception:  # noqa: BLE001 - no GPU to name: nothing to remember
-        return listing()
+        return listing() or []
     key = f"{getattr(built, '__module__', '')}.{getattr(built, '__qualname__', '')}|{sig.key()}"
     return cudnn_listing.remembered(key, device, versions(), listing)
 

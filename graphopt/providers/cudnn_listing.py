@@ -7,7 +7,9 @@ GPT-2 went there (``bench/results/cache_speed_h200.json``). The names depend onl
 the graph builder, the GPU and the cuDNN versions, so they are kept in one JSON file per
 (cuDNN backend, frontend, GPU) beside the compiled kernels (``GRAPHOPT_KERNEL_CACHE``). A name that
 is no longer offered when a plan is built fails that candidate's build with the reason, as any
-refused plan does. Writes are atomic (a temporary file renamed over the old one); two processes
+refused plan does. A graph cuDNN refuses as unsupported is kept as an empty listing (NCHW fused
+graphs may be refused on every signature: building each again cost 50-100 ms a warm run); a listing
+that failed otherwise is not kept. Writes are atomic (a temporary file renamed over the old one); two processes
 writing at once lose at most one listing, which the next run makes again.
 """
 
@@ -52,24 +54,28 @@ def _save(path: str, listings: dict) -> None:
         pass
 
 
-def remembered(key: str, device: str, versions: tuple[tuple[str, str], ...], listing: Callable[[], list[str]]) -> list[str]:
+def remembered(key: str, device: str, versions: tuple[tuple[str, str], ...],
+               listing: Callable[[], list[str] | None]) -> list[str]:
     """The names ``listing()`` returns for ``key`` on ``device`` with ``versions``: from disk when a
-    run listed them before, else listed now and kept. An empty listing (the graph refused) is not
-    kept: the refusal's reason comes from building it again."""
+    run listed them before, else listed now and kept, an empty list too (cuDNN's verdict: no plan
+    here). ``listing()`` returns None for a failure that is not a verdict: [] is returned and nothing
+    is kept."""
     path = _path(device, versions)
     listings = _load(path)
     names = listings.get(key)
     if isinstance(names, list) and all(isinstance(n, str) for n in names):
         return list(names)
-    names = list(listing())
-    if names:
-        on_disk = {}
-        try:
-            with open(path, encoding="utf-8") as f:
-                on_disk = json.load(f)
-        except (OSError, ValueError):
-            pass
-        merged = {**(on_disk if isinstance(on_disk, dict) else {}), **listings, key: names}
-        _MEMO[path] = merged
-        _save(path, merged)
+    listed_now = listing()
+    if listed_now is None:
+        return []
+    names = list(listed_now)
+    on_disk = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            on_disk = json.load(f)
+    except (OSError, ValueError):
+        pass
+    merged = {**(on_disk if isinstance(on_disk, dict) else {}), **listings, key: names}
+    _MEMO[path] = merged
+    _save(path, merged)
     return names

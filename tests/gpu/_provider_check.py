@@ -175,3 +175,20 @@ def replay_equals_eager(low, up, shape, poison_workspace=False):
         stream.synchronize()
     assert cupy.array_equal(out, eager)
     return out
+
+
+def xfail_if_refused(sig: Signature, built) -> None:
+    """For a cuDNN graph of which no plan ran: xfail when cuDNN refuses it as unsupported
+    (``GraphRefused``: a fact about cuDNN on this GPU), fail otherwise, so that a mistake in building
+    the graph (a wrong keyword, rank or name) cannot pass for a refusal."""
+    import pytest
+
+    from graphopt.providers.cudnn import GraphRefused
+
+    try:
+        b = built(sig)
+    except GraphRefused as e:
+        pytest.xfail(str(e))
+    if not b.names:
+        pytest.xfail("cuDNN builds the graph but offers no plan for it here")
+    pytest.fail(f"cuDNN built the graph and offers {len(b.names)} plans, but none ran")

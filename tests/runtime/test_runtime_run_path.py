@@ -393,3 +393,26 @@ def test_private_pool_bytes_counts_every_recorded_step_graph_and_captured_run(gr
     book.add(("b",), False, {})  # a failed capture holds nothing
     book.add(("c",), SimpleNamespace(pool=None), {})
     assert book.pool_bytes() == 5
+
+
+def test_private_pool_bytes_counts_the_captured_run_once(graphs_cuda, monkeypatch):
+    """With CUDA graphs on, the whole-run graph's private pool is counted, once per captured shape."""
+    import graphopt
+    from graphopt.runtime import Session
+
+    class Pool:
+        def malloc(self, n):
+            raise NotImplementedError
+
+        def total_bytes(self):
+            return 777
+
+    monkeypatch.setattr(graphs_cuda.cuda, "MemoryPool", Pool)
+    opt, _ = graphopt.optimize(str(ROOT / "models" / "resnet_style.onnx"), gpu="none")
+    _computing_lowerings(monkeypatch)
+    sess = Session(opt, device="cuda", cuda_graphs=True)
+    feeds = {k: graphs_cuda.asarray(v) for k, v in random_feeds(opt, np.random.default_rng(0)).items()}
+    for _ in range(4):
+        sess.run(feeds)
+    assert sess.plan_summary()["cuda_graphs"]["captured"] == 1, sess.graph_status
+    assert sess.private_pool_bytes() == 777  # the fixture's step graphs keep no pool

@@ -1,6 +1,6 @@
 """cuDNN plan listings remembered on disk (``graphopt.providers.cudnn_listing``): a warm run names
 every plan without building a cuDNN graph; a new GPU or cuDNN version lists again; an empty listing
-(a refused graph) is never kept; a damaged file is listed over."""
+(a graph cuDNN refused) is kept, a failed one is not; a damaged file is listed over."""
 
 from __future__ import annotations
 
@@ -48,11 +48,18 @@ def test_another_gpu_or_version_lists_again(cache_dir):
     assert calls == [1, 1, 1] and len(os.listdir(cache_dir)) == 3
 
 
-def test_an_empty_listing_is_not_kept(cache_dir):
+def test_an_empty_listing_is_kept_and_a_failed_one_is_not(cache_dir, monkeypatch):
     calls = []
-    assert cl.remembered("k", "gpu", V1, _lister([], calls)) == []
-    assert cl.remembered("k", "gpu", V1, _lister(["a"], calls)) == ["a"]
-    assert calls == [1, 1]
+    assert cl.remembered("k", "gpu", V1, _lister([], calls)) == []  # cuDNN's verdict: no plan here
+    monkeypatch.setattr(cl, "_MEMO", {})  # a fresh process
+    assert cl.remembered("k", "gpu", V1, _lister(["a"], calls)) == [] and calls == [1]
+
+    def failed():
+        calls.append(1)
+        return None
+
+    assert cl.remembered("k2", "gpu", V1, failed) == []  # not a verdict: listed again next time
+    assert cl.remembered("k2", "gpu", V1, _lister(["b"], calls)) == ["b"] and calls == [1, 1, 1]
 
 
 def test_listings_of_several_signatures_accumulate_and_a_damaged_file_is_listed_over(cache_dir, monkeypatch):

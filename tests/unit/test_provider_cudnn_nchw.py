@@ -72,3 +72,49 @@ def test_build_declares_nchw_layouts_and_launches_the_nchw_graph(fake, monkeypat
     executed = [e for e in log if e[0] == "execute"]
     assert executed and {"X", "W", "B", "R", "act_alpha", "act_beta"} <= set(executed[-1][1])
     assert base._GRAPHS.keys() == {sig.key() + "|nchw"}  # the NCHW graph, not cudnn's
+
+
+class _NotSupported(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error, verdict", [(_NotSupported, True), (ValueError, False)])
+def test_a_refused_graph_is_remembered_in_the_process_and_on_disk(monkeypatch, tmp_path, error, verdict):
+    """cuDNN's ``cudnnGraphNotSupportedError`` is a verdict for this GPU and version: the graph is not
+    built again in the process, nor in a fresh one (an empty listing on disk); any other failure is
+    not remembered (it may be a bug or pass)."""
+    from graphopt.providers import cudnn_listing
+
+    mod, log = _fake_module()
+    mod.cudnnGraphNotSupportedError = _NotSupported
+
+    def refusing(**kw):
+        log.append(("pygraph", kw))
+        g = types.SimpleNamespace(tensor=lambda **k: types.SimpleNamespace(set_output=lambda v: None),
+                                  conv_fprop=lambda **k: None)
+
+        def validate():
+            raise error("no engine for this graph")
+        g.validate = validate
+        return g
+
+    mod.pygraph = refusing
+    monkeypatch.setattr(base, "_STATE", {"module": mod, "reason": None})
+    monkeypatch.setattr(base, "_GRAPHS", {})
+    monkeypatch.setattr(base, "_REFUSED", {})
+    monkeypatch.setattr(base, "_device_tag", lambda: "NVIDIA H200 sm_90")
+    monkeypatch.setattr(base, "conv_graph", lambda m, h, sig, layout="NHWC": (m.pygraph(), {}))
+    monkeypatch.setenv("GRAPHOPT_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(cudnn_listing, "_MEMO", {})
+    sig = _sig(activation="Relu")
+    builds = lambda: sum(e[0] == "pygraph" for e in log)  # noqa: E731
+    assert [c.key() for c in prov.candidates("CBR", sig)] == ["cudnn_nchw"]  # the heuristic one says why
+    assert builds() == 1
+    prov.candidates("CBR", sig)
+    assert builds() == (1 if verdict else 2)
+    monkeypatch.setattr(base, "_REFUSED", {})  # a fresh process
+    monkeypatch.setattr(cudnn_listing, "_MEMO", {})
+    prov.candidates("CBR", sig)
+    assert builds() == (1 if verdict else 3)
+    with pytest.raises(base.GraphRefused if verdict else ValueError, match="no engine"):
+        prov.CudnnNchwConv("cudnn_nchw").build(sig, "sm_90")

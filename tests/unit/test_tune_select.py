@@ -342,3 +342,17 @@ def test_sequence_dims_default_to_128():
     assert "'batch'=1 (default), 'seq_len'=128 (default)" in row.reason
     row = select_lowerings(g, "h100", devices=[], shapes={"h": (4, 77, 64)}).rows[0]
     assert row.signature.startswith("GemmAct|4x77x64;") and "default" not in row.reason
+
+
+@pytest.mark.parametrize("mode, profiling, recorded", [
+    ("cached", True, "profiled"), ("cached+heuristic", True, "profiled"), ("profiled", True, "profiled"),
+    ("partial", True, "partial"), ("heuristic", True, "heuristic"),
+    ("cached", False, "cached"), ("cached+heuristic", False, "cached+heuristic"), ("none", False, "none"),
+])
+def test_the_file_records_how_choices_were_made_not_whether_the_cache_was_warm(mode, profiling, recorded):
+    """With the GPU present a warm run (cached, with or without heuristic fallbacks) writes what the
+    cold run wrote (profiled, with the same fallbacks: overall_mode says profiled); without it the
+    cache's entries were imported, and the file says so."""
+    from graphopt.tune.select import file_mode
+
+    assert file_mode(mode, profiling) == recorded
