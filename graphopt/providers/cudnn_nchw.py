@@ -8,7 +8,7 @@ graph with NCHW engines or transposes inside its plan; the timing, conversions i
 is faster, as for any candidate. The same graph as ``cudnn`` (:func:`graphopt.providers.cudnn.conv_graph`,
 same activations and plan keys), listed and built separately (its own plans and workspaces).
 
-Plans: the heuristic's plan at load time plus the first ``MAX_PLANS`` cuDNN offers (heuristics A
+Plans: the heuristic's plan at load time plus the first ``MAX_PLANS`` (3) cuDNN offers (heuristics A
 first), so a cold tuning builds at most that many more plans per CBR signature than before.
 """
 
@@ -22,7 +22,7 @@ from graphopt.providers import cudnn as base
 OPS = ("CBR",)
 NAME = "cudnn_nchw"
 LAYOUTS = ("NCHW", "NCHW", "NCHW", "NCHW", "NCHW")  # X, W (OIHW), B (1-D), R, Y: the model's own layouts
-MAX_PLANS = 6
+MAX_PLANS = 3  # each plan is built, checked and timed in a cold tuning: 4 candidates a CBR signature in all
 
 
 def _nchw_graph(mod, handle, sig: Signature):
