@@ -76,6 +76,6 @@ direct_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restri
         if (ow >= OW) break;
         float v = acc[j] + bv;
         if (R) v += Num<T>::load(R + (long long)n * rs_n + (long long)m * rs_m + (long long)(oh * OW + ow) * rs_p);
-        Y[obase + ow] = Num<T>::from_f(apply_act(v, ap));
+        Y[obase + ow] = Num<T>::from_f(apply_act_inline(v, ap));
     }
 }
