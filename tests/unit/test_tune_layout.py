@@ -346,6 +346,7 @@ def test_vendor_candidates_declare_their_layouts_without_a_gpu():
     assert candidate_from_key("CBR", "cudnn").layouts(sig) == ("NHWC", "NHWC", "NHWC", "NHWC", "NHWC")
     assert candidate_from_key("CBR", "cublaslt").layouts(sig)[0] == "NHWC"
     assert candidate_from_key("CBR", "direct:opt=1").layouts(sig) == ()  # own kernels: NCHW
+    assert candidate_from_key("CBR", "cudnn_nchw:plan=eng1").layouts(sig) == ("NCHW",) * 5
 
 
 def test_each_consumer_in_another_layout_converts_and_a_graph_output_reads_nchw():
