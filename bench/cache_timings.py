@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         cells = [f"{r['best'][f]['ms'] * 1e3:.1f}" if f in r["best"] else "-" for f in fams]
         win = min(r["best"], key=lambda f: r["best"][f]["ms"])
-        lines.append(f"| `{r['signature'].split('|')[1]}` {r['signature'].split('|')[3]} | " + " | ".join(cells)
+        parts = r["signature"].split("|")  # op | shapes | dtypes | attributes | layout
+        dtype = next((d for d in parts[2].split(",") if d), "") if len(parts) > 3 else ""
+        lines.append(f"| `{parts[1]}` {dtype} {parts[3] if len(parts) > 3 else ''} | " + " | ".join(cells)
                      + f" | {win} |")
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print(f"cache_timings: {len(rows)} signatures -> {args.out}.json, .md")
