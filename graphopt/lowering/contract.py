@@ -45,7 +45,12 @@ class Signature:
         return Signature(op, tuple(None if s is None else tuple(int(d) for d in s) for s in shapes), tuple(dtypes), frozen, layout)
 
     def attr(self, name: str, default: Any = None) -> Any:
-        return dict(self.attrs).get(name, default)
+        return self._attr_map.get(name, default)
+
+    @functools.cached_property
+    def _attr_map(self) -> dict[str, Any]:
+        # built once: a warm ResNet-50 selection asked 25,000 attributes (every candidate's applies)
+        return dict(self.attrs)
 
     def key(self) -> str:
         return self._key
