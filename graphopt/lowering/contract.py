@@ -80,7 +80,11 @@ class Candidate:
     params: tuple[tuple[str, Any], ...] = field(default=())
 
     def param(self, key: str, default: Any = None) -> Any:
-        return dict(self.params).get(key, default)
+        return self._param_map.get(key, default)
+
+    @functools.cached_property
+    def _param_map(self) -> dict[str, Any]:
+        return dict(self.params)  # built once (the tile accessors ask six parameters a check)
 
     def params_str(self) -> str:
         return self._strings[1]
