@@ -150,6 +150,9 @@ class Profiler:
         self.device = devs[0]
         self.cache = cache
         self.memo: dict[str, ProfileResult] = {}
+        # signature key -> its candidates as listed for profiling: selection reads their layouts from
+        # here instead of listing again (with cuDNN present a listing is its plans' names and candidates)
+        self.listed: dict[str, list[Candidate]] = {}
         self._profile_kw = dict(timer=timer, checker=checker, buffers=buffers, isolate=isolate,
                                 compute_capability=self.device.compute_capability, arch=self.device.arch,
                                 timeout_s=timeout_s, deadline=Budget(budget_s))
@@ -186,6 +189,7 @@ class Profiler:
 
     def _prepare_timed(self, sig: Signature) -> tuple[list[Candidate], dict[str, CandidateResult]]:
         candidates = list(self.candidates_for(sig))
+        self.listed[sig.key()] = candidates
         known: dict[str, CandidateResult] = {}
         if self.cache is not None:
             hashes = {c.key(): c.source_hash() for c in candidates}

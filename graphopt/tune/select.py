@@ -222,9 +222,12 @@ def _layouts_of(ctx: _Context, sig: Signature, key: str) -> tuple[str, ...]:
     looked up among the run's candidates, else in the registry; ``()`` when it is unknown."""
     cands = ctx.by_key.get(sig.key())
     if cands is None:
+        listed = (getattr(ctx.profile, "listed", None) or {}).get(sig.key())  # the profiler's own listing
         source = ctx.candidates_for or getattr(ctx.profile, "candidates_for", None)
         try:
-            cands = {c.key(): c for c in source(sig)} if source is not None else {}
+            if listed is None and source is not None:
+                listed = source(sig)
+            cands = {c.key(): c for c in listed or ()}
         except Exception:  # noqa: BLE001 - a broken candidate list: look keys up in the registry
             cands = {}
         ctx.by_key[sig.key()] = cands

@@ -257,6 +257,7 @@ def test_profiled_then_served_from_cache(graph, cache):
     assert row.timings[2]["reason"] == "needs a 1x1 stride-1 conv" and row.timings[2]["ms"] is None
     # 6 nodes, 5 distinct signatures (the twin shares cbr_3x3's): the twin is not re-timed
     assert rep.summary == "target h200 present (NVIDIA H200): 5 signatures profiled for 6 nodes"
+    assert cands.calls == 5  # one listing per signature: the layout choice reads the profiler's
     assert len(cache) == 2 * 5  # pruned candidates are not stored
     # second run, fresh profiler: everything is served from the cache, nothing re-timed
     g2 = from_model(build_model())
