@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _git(checkout: Path) -> str:
+def git_commit(checkout: Path) -> str:
+    """The short commit of a checkout ("?" outside git): ``bench/warm_cpu.py`` labels its rows with it too."""
     try:
         return subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
         ap.error("give one --shape per --model")
     doc = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "command": " ".join([sys.executable] + sys.argv),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-           "this": {"checkout": str(ROOT), "git": _git(ROOT)}, "other": {"checkout": str(args.other), "git": _git(args.other)},
+           "this": {"checkout": str(ROOT), "git": git_commit(ROOT)}, "other": {"checkout": str(args.other), "git": git_commit(args.other)},
            "gpu": args.gpu, "models": []}
     with tempfile.TemporaryDirectory(prefix="graphopt-wall-") as tmp:
         for model, shape in zip(args.model, args.shape):

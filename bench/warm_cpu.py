@@ -31,36 +31,17 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE / "bench"))  # as when run as a script: its siblings importable
+from optimize_wall import git_commit  # noqa: E402
 
 CHILD = r'''
-import hashlib, json, sys, time
+import json, sys, time
+sys.path.insert(0, sys.argv[4])  # bench/: this script, for the fake (its tree has no graphopt package)
 t0 = time.perf_counter()
-import graphopt.tune.profiler as P
-import graphopt.tune.tuner as T
+from warm_cpu import install_fake_h200
+install_fake_h200()
 from graphopt.pipeline import optimize_file
-from graphopt.tune.gpus import DeviceInfo
 imports = time.perf_counter() - t0
-H200 = DeviceInfo(0, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0", 140 << 30, 50 << 20, 132)
-T.detect_devices = lambda: [H200]
-T.kernels_backend = lambda: (T.TuningBackend(T.kernel_candidates(), None, None, None, None), "")
-
-
-class KeyedRunner:
-    workers_started = 0
-    broken = None
-
-    def __init__(self, *a, **k):
-        pass
-
-    def run(self, sig, cand):
-        h = int(hashlib.sha256((sig.key() + cand.key()).encode()).hexdigest()[:8], 16)
-        return {"status": "ok", "samples": [0.01 + (h % 1000) / 1e4] * 5, "reason": "", "phases": {}}
-
-    def close(self):
-        pass
-
-
-P.IsolatedRunner = KeyedRunner
 model, out, shapes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 t = time.perf_counter()
 _, rep = optimize_file(model, out, shapes=shapes or None, force=True)
@@ -70,24 +51,51 @@ print(json.dumps({"imports_s": imports, "optimize_s": time.perf_counter() - t, "
 '''
 
 
+class KeyedRunner:
+    """Stands in for the profiler's isolated worker: every candidate passes, in a time fixed by the
+    signature's and the candidate's keys (so a warm run's cache serves exactly what the cold run chose)."""
+
+    workers_started = 0
+    broken = None
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def run(self, sig, cand):
+        import hashlib
+
+        h = int(hashlib.sha256((sig.key() + cand.key()).encode()).hexdigest()[:8], 16)
+        ms = 0.01 + (h % 1000) / 1e4
+        return {"status": "ok", "samples": [ms * (1 + i / 1000) for i in range(5)], "reason": "", "phases": {}}
+
+    def close(self):
+        pass
+
+
+def install_fake_h200(set_attr=setattr) -> None:
+    """Make ``graphopt optimize`` in this process see an H200 and profile through :class:`KeyedRunner`
+    (``set_attr``: ``monkeypatch.setattr`` in a test, so it is undone)."""
+    import graphopt.tune.profiler as profiler
+    import graphopt.tune.tuner as tuner
+    from graphopt.tune.gpus import DeviceInfo
+
+    h200 = DeviceInfo(0, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0", 140 << 30, 50 << 20, 132)
+    set_attr(tuner, "detect_devices", lambda: [h200])
+    set_attr(tuner, "kernels_backend",
+             lambda: (tuner.TuningBackend(tuner.kernel_candidates(), None, None, None, None), ""))
+    set_attr(profiler, "IsolatedRunner", KeyedRunner)
+
+
 def _run(tree: Path, model: str, out: Path, shapes: dict, cache: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "GRAPHOPT_CACHE_DIR": str(cache),
            "GRAPHOPT_KERNEL_CACHE": str(cache / "kernels")}
     # run from the output's folder: ``-c`` puts the working directory first on sys.path, and a run from
     # a checkout would import that checkout's graphopt whatever PYTHONPATH says
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(Path(model).resolve()), str(out), json.dumps(shapes)],
-                          env=env, cwd=str(out.parent), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(Path(model).resolve()), str(out), json.dumps(shapes),
+                           str(HERE / "bench")], env=env, cwd=str(out.parent), capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"warm_cpu: the run with {tree} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _commit(tree: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def measure(tree: Path, model: str, shapes: dict, warm_runs: int) -> dict:
@@ -99,7 +107,7 @@ def measure(tree: Path, model: str, shapes: dict, warm_runs: int) -> dict:
     med = lambda key: round(statistics.median(w[key] for w in warms), 3)  # noqa: E731
     if not Path(cold["graphopt"]).resolve().is_relative_to(tree):
         raise SystemExit(f"warm_cpu: {tree} was asked for, {cold['graphopt']} was imported")
-    return {"tree": str(tree), "commit": _commit(tree), "cold_optimize_s": round(cold["optimize_s"], 3),
+    return {"tree": str(tree), "commit": git_commit(tree), "cold_optimize_s": round(cold["optimize_s"], 3),
             "cold_select_s": round(cold["select_s"], 3), "cold_mode": cold["mode"],
             "warm_optimize_s_median": med("optimize_s"), "warm_select_s_median": med("select_s"),
             "warm_imports_s_median": med("imports_s"), "warm_mode": warms[-1]["mode"], "warm_runs": warm_runs,

@@ -2,51 +2,27 @@
 of ``optimize_file`` write byte-identical models: the file records the choices, not the cache's state.
 
 The GPU is faked at the edges the real run goes through (``detect_devices``, the kernels' backend,
-the isolated runner), with timings derived from the signature and candidate keys, so the cold run
-chooses exactly what the cache then serves; everything between (selection, layouts, metadata,
-writing) is the real code."""
+the isolated runner: ``bench/warm_cpu.install_fake_h200``), with timings derived from the signature
+and candidate keys, so the cold run chooses exactly what the cache then serves; everything between
+(selection, layouts, metadata, writing) is the real code."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
 
-import graphopt.tune.profiler as profiler_mod
-import graphopt.tune.tuner as tuner_mod
+from _scripts import load_script
 from graphopt.pipeline import optimize_file
-from graphopt.tune.gpus import DeviceInfo
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
-H200 = DeviceInfo(0, "NVIDIA H200", "h200", (9, 0), "13.0", "13.0", "14.2.0", 140 << 30, 50 << 20, 132)
-
-
-class KeyedRunner:
-    """Stands in for the isolated worker: every candidate passes, in a time fixed by its keys."""
-
-    workers_started = 0
-    broken = None
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def run(self, sig, cand):
-        h = int(hashlib.sha256((sig.key() + cand.key()).encode()).hexdigest()[:8], 16)
-        ms = 0.01 + (h % 1000) / 1e4
-        return {"status": "ok", "samples": [ms * (1 + i / 1000) for i in range(5)], "reason": "", "phases": {}}
-
-    def close(self):
-        pass
 
 
 @pytest.fixture
 def fake_h200(monkeypatch, tmp_path):
+    """The GPU faked as ``bench/warm_cpu.py`` fakes it (one fake for both), undone after the test."""
     monkeypatch.setenv("GRAPHOPT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(tuner_mod, "detect_devices", lambda: [H200])
-    monkeypatch.setattr(tuner_mod, "kernels_backend",
-                        lambda: (tuner_mod.TuningBackend(tuner_mod.kernel_candidates(), None, None, None, None), ""))
-    monkeypatch.setattr(profiler_mod, "IsolatedRunner", KeyedRunner)
+    load_script("bench/warm_cpu.py").install_fake_h200(monkeypatch.setattr)
 
 
 @pytest.mark.parametrize("model, shapes", [
