@@ -20,7 +20,9 @@ For each row, in one process:
      what CuPy's default pool grew by from before the session to after its runs, weights included,
      plus what its CUDA graphs' and step graphs' private pools hold, ``Session.private_pool_bytes``,
      also given alone as ``private_pool_mb``; rows before 2026-12-05 late evening lack the private
-     pools); the output's max relative error against torch (and, fp32, onnxruntime CPU).
+     pools; ``device_used_mb``, the driver's free memory before the session less after its runs, is a
+     cross-check that also sees library workspaces and loaded kernels); the output's max relative error
+     against torch (and, fp32, onnxruntime CPU).
 
 Rows are keyed by (model, bs, dtype) and merged into OUT/e2e_<gpu>.json (a newer row replaces an
 older one; a row skipped for time is not written, so the older one stays); OUT/e2e_<gpu>.md is
@@ -309,6 +311,11 @@ class Runner:
             x = x_cpu.to(want) if want is not None else x_cpu
             return {"input": x.numpy() if dry else x.to(dev)}
 
+        def device_free() -> int:
+            import cupy
+
+            return int(cupy.cuda.runtime.memGetInfo()[0])
+
         def pool():
             if dry:
                 return None
@@ -321,6 +328,7 @@ class Runner:
         def graphopt_opt():
             p = pool()
             base = p.total_bytes() if p else 0
+            free0 = device_free() if p else 0
             feed = feed_for(opt_path)
             sess = Session(opt_path, device=rt)
             ms = timed(lambda: sess.run(feed), sess.synchronize, field="graphopt_ms", **timing_kw)
@@ -329,6 +337,9 @@ class Runner:
                 private = sess.private_pool_bytes()
                 row["peak_mb"] = round((p.total_bytes() - base + private) / 2**20, 1)
                 row["private_pool_mb"] = round(private / 2**20, 1)
+                # a cross-check from the driver: device memory the session's creation and runs took,
+                # libraries' workspaces and loaded kernels included (what the pools cannot see)
+                row["device_used_mb"] = round((free0 - device_free()) / 2**20, 1)
             row["plan_peak_mb"] = round((sess.last_peak_bytes or 0) / 2**20, 1)
             row["graph_status"] = sess.graph_status
             row["plan_notes"] = list(sess.plan_summary().get("notes", []))[:30]
