@@ -119,18 +119,12 @@ class CudnnMatmul(_cudnn.CudnnCandidate):
 
     def build(self, sig: Signature, arch: str) -> Lowering:
         b, index, ws_bytes = self._plan(sig, _graph_for)
-        mod = _cudnn._load()
-        handle = _cudnn._handle(mod)
         t = b.tensors
 
         def launch(inputs, outputs, workspace):
-            import cupy
-
             pack = {t[name]: _cudnn._Dl(a) for name, a in zip("ABC", inputs) if a is not None and name in t}
             pack[t["Y"]] = _cudnn._Dl(outputs[0])
-            mod.set_stream(handle=handle, stream=cupy.cuda.get_current_stream().ptr)
-            ws = workspace if workspace is not None else cupy.empty(1, dtype=cupy.uint8)
-            b.graph.execute_plan_at_index(_cudnn.bind_constants(t, pack), _cudnn._Dl(ws), index, handle=handle)
+            _cudnn.execute(b, _cudnn.bind_constants(t, pack), workspace, index)
 
         return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
                         layouts=(), versions=_cudnn.versions())
