@@ -1,6 +1,6 @@
 """graphopt's runtime: ``Session(model, device="cuda"|"cpu"|"numpy", dtype=None)``.
 
-See ``session.py`` for the contract, ``plan.py`` for the execution plan (``liveness.py``: what each
+See ``session.py`` for the contract, ``trace.py`` and ``plan.py`` for the execution plan (``liveness.py``: what each
 step drops; ``compiled.py`` and ``arena.py``: the compiled form and its one allocation),
 ``backend.py`` for the devices, ``onnx_ops/`` (the standard ONNX ops, one module per family) and
 ``ops_custom.py`` for the ops, and ``graphs.py`` for CUDA graphs.

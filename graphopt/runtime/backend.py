@@ -129,7 +129,7 @@ class _Backend:
         return run
 
     def if_step(self, graph, node, opset: int, vals, arrays):
-        from graphopt.runtime.plan import _Host, trace
+        from graphopt.runtime.trace import _Host, trace
 
         branches = dict(node.subgraph_items())
         cond = vals[0]

@@ -37,7 +37,8 @@ from graphopt.errors import GraphoptError, InvalidModel, UnsupportedModel, Usage
 from graphopt.runtime import ops_custom
 from graphopt.runtime.onnx_ops.registry import OPS
 from graphopt.runtime.graphs import CapturedRun, CaptureFailed, GraphBook
-from graphopt.runtime.plan import Plan, trace
+from graphopt.runtime.plan import Plan
+from graphopt.runtime.trace import trace
 
 DEVICES = ("cuda", "cpu", "numpy")
 PLAN_CACHE = 16  # input shapes whose compiled plan (and arena) a session keeps
