@@ -34,7 +34,7 @@ import onnx
 
 from graphopt.errors import InvalidGraph, RuleError
 from graphopt.rewrite import registry
-from graphopt.rewrite._loader import op_schema
+from graphopt.rewrite._validate import op_schema
 from graphopt.rewrite._matcher import Binding, Trace, could_match, match_root
 from graphopt.rewrite._rules import Rule, RuleSet
 from graphopt.rewrite._typing import type_standard_outputs
