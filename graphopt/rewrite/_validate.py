@@ -238,25 +238,9 @@ def _validate(raw: dict, env: dict, file: str, line: int, index: int) -> Rule:
     _check_op_call(replace.domain, replace.op, replace.qualname, replace.args, replace.kwargs, tensors, nodes,
                    "replace", replace.text)
 
-    keep_raw = raw.get("keep", [])
-    if not isinstance(keep_raw, list):
-        raise _Issue("keep", "'keep' must be a list of node captures")
-    keep = _substitute_list(keep_raw, env, "keep")
-    for k in keep:
-        if k not in nodes:
-            raise _Issue("keep", f"keep entry {k!r} is not a node capture ('... as {k}') of the pattern")
-        if k == pattern.bind:
-            raise _Issue("keep", f"keep entry {k!r} is the pattern's root, which the replacement always replaces")
-
-    outputs_raw = raw.get("outputs", [])
-    if not isinstance(outputs_raw, list):
-        raise _Issue("outputs", "'outputs' must be a list of node captures")
-    extra = _substitute_list(outputs_raw, env, "outputs")
+    keep = _node_captures(raw, env, "keep", nodes, pattern.bind, "which the replacement always replaces")
+    extra = _node_captures(raw, env, "outputs", nodes, pattern.bind, "whose outputs the new node always takes")
     for k in extra:
-        if k not in nodes:
-            raise _Issue("outputs", f"outputs entry {k!r} is not a node capture ('... as {k}') of the pattern")
-        if k == pattern.bind:
-            raise _Issue("outputs", f"outputs entry {k!r} is the pattern's root, whose outputs the new node always takes")
         if k in keep:
             raise _Issue("outputs", f"{k!r} is both kept and an extra output; a kept node keeps producing its tensor")
     if len(set(extra)) != len(extra):
@@ -273,3 +257,17 @@ def _validate(raw: dict, env: dict, file: str, line: int, index: int) -> Rule:
 
 # ----------------------------------------------------------------------------------------------
 # Files
+
+
+def _node_captures(raw: dict, env: dict, key: str, nodes: set, root: str, why_not_root: str) -> list[str]:
+    """A rule's ``keep`` or ``outputs`` list: node captures of the pattern other than its root."""
+    items = raw.get(key, [])
+    if not isinstance(items, list):
+        raise _Issue(key, f"'{key}' must be a list of node captures")
+    names = _substitute_list(items, env, key)
+    for k in names:
+        if k not in nodes:
+            raise _Issue(key, f"{key} entry {k!r} is not a node capture ('... as {k}') of the pattern")
+        if k == root:
+            raise _Issue(key, f"{key} entry {k!r} is the pattern's root, {why_not_root}")
+    return names
