@@ -21,7 +21,8 @@
 #                     tuning_complete=false and the next call (with .tuning carried) resumes it. Repeat the
 #                     step until every row is tuned (cold ResNet-50 bs32 tuning among own kernels alone took
 #                     89 s on 2026-12-04; with every cuDNN plan more; measuring a row takes 0.5-2 min,
-#                     torch.compile included). MODELS / BATCHES / DTYPES narrow a call.
+#                     torch.compile included). MODELS / BATCHES / DTYPES narrow a call;
+#                     E2E_ARGS="--rows efficientnet_b0:1,mobilenetv2:32" runs those rows, in that order.
 #   cbr               bench/cbr_layers.py fp16 bs1,32 -> cbr_layers_h200.json/.md; ~108 rows, each profiling
 #                     every own config and cuDNN plan: expect 2-3 calls; later calls continue from
 #                     bench/results/cbr_layers_h200.json (copy OUT's back there) with --previous;

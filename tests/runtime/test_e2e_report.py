@@ -109,3 +109,18 @@ def test_e2e_refuses_an_unknown_model_with_exit_2():
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "e2e.py"), "--models", "resnet51"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown model or dtype: resnet51" in proc.stderr
+
+
+def test_rows_option_orders_the_run_and_rejects_a_malformed_row():
+    e2e = _load("e2e")
+    args = e2e.parse(["--rows", "efficientnet_b0:1,mobilenetv2:32,bert:1:fp32"])
+    assert args.row_list == [("efficientnet_b0", 1, "fp16"), ("mobilenetv2", 32, "fp16"), ("bert", 1, "fp32")]
+    assert args.models == ["efficientnet_b0", "mobilenetv2", "bert"] and args.dtypes == ["fp16", "fp32"]
+    assert e2e.parse(["--models", "gpt2"]).row_list is None
+    for bad in ("mobilenetv2", "mobilenetv2:x", "mobilenetv2:0", "nosuch:1", "gpt2:1:fp8"):
+        try:
+            e2e.parse(["--rows", bad])
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError(f"--rows {bad} was accepted")
