@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from graphopt.ir import Graph, Node
+from graphopt.passes._util import Trace, report
 
 _FLOAT_KINDS = (np.float16, np.float32, np.float64)
 
@@ -104,3 +105,28 @@ def channel_vector(value: np.ndarray, channels: int) -> np.ndarray:
 def along_channels(vector: np.ndarray, rank: int) -> np.ndarray:
     """``vector`` reshaped to multiply a Conv weight of ``rank`` along its output channels."""
     return vector.reshape((-1,) + (1,) * (rank - 1))
+
+
+def fold_into_convs(graph: Graph, ops: tuple[str, ...], match: Callable[[Graph, Node], Any], name: str,
+                    trace: Trace) -> int:
+    """The driver of a fold into a Conv: for every standard node of ``ops``, ``match(graph, node)`` gives
+    ``(conv, new_w, new_b)``, a reason it does not fold (reported) or None (not a candidate, silent);
+    a fold whose values overflow the weights' dtype is reported and left. Returns the number of folds."""
+    changes = 0
+    for g, node in graph.find(*ops):  # through the op index, not a walk over every node
+        if node.op_type not in ops or node.domain != "" or node not in g:
+            continue
+        found = match(g, node)
+        if found is None:
+            continue
+        if isinstance(found, str):
+            report(trace, name, node, found)
+            continue
+        conv, new_w, new_b = found
+        reason = overflows(g, conv, new_w, new_b)
+        if reason:
+            report(trace, name, node, reason)
+            continue
+        replace_conv(g, conv, node, new_w, new_b, pass_name=name)
+        changes += 1
+    return changes

@@ -6,8 +6,8 @@ import numpy as np
 
 from graphopt.ir import Graph, Node
 
-from graphopt.passes._conv import along_channels, conv_constants, overflows, replace_conv
-from graphopt.passes._util import Trace, is_used, only_consumer, opset_version, report
+from graphopt.passes._conv import along_channels, conv_constants, fold_into_convs
+from graphopt.passes._util import Trace, is_used, only_consumer, opset_version
 
 NAME = "fold_conv_bn"
 
@@ -61,19 +61,4 @@ def fold_conv_bn(graph: Graph, *, trace: Trace = None) -> int:
     Works for any Conv rank and group count (the BN acts on output channels, W's first axis).
     Returns the number of folds.
     """
-    changes = 0
-    for g, bn in graph.find("BatchNormalization"):  # through the op index, not a walk over every node
-        if bn.op_type != "BatchNormalization" or bn.domain != "" or bn not in g:
-            continue
-        match = _match(g, bn)
-        if isinstance(match, str):
-            report(trace, NAME, bn, match)
-            continue
-        conv, new_w, new_b = match
-        reason = overflows(g, conv, new_w, new_b)
-        if reason:
-            report(trace, NAME, bn, reason)
-            continue
-        replace_conv(g, conv, bn, new_w, new_b, pass_name=NAME)
-        changes += 1
-    return changes
+    return fold_into_convs(graph, ("BatchNormalization",), _match, NAME, trace)

@@ -6,8 +6,8 @@ import numpy as np
 
 from graphopt.ir import Graph, Node
 
-from graphopt.passes._conv import along_channels, channel_vector, conv_constants, per_channel, overflows, replace_conv
-from graphopt.passes._util import Trace, only_consumer, report
+from graphopt.passes._conv import along_channels, channel_vector, conv_constants, fold_into_convs, per_channel
+from graphopt.passes._util import Trace, only_consumer
 
 NAME = "fold_conv_mul_add"
 
@@ -71,21 +71,4 @@ def fold_conv_mul_add(graph: Graph, *, trace: Trace = None) -> int:
     The Conv output must be read only by that node and not be a graph output; W and B constant.
     Returns the number of folds.
     """
-    changes = 0
-    for g, node in graph.find(*_OPS):  # through the op index, not a walk over every node
-        if node.op_type not in _OPS or node.domain != "" or node not in g:
-            continue
-        match = _match(g, node)
-        if match is None:
-            continue
-        if isinstance(match, str):
-            report(trace, NAME, node, match)
-            continue
-        conv, new_w, new_b = match
-        reason = overflows(g, conv, new_w, new_b)
-        if reason:
-            report(trace, NAME, node, reason)
-            continue
-        replace_conv(g, conv, node, new_w, new_b, pass_name=NAME)
-        changes += 1
-    return changes
+    return fold_into_convs(graph, _OPS, _match, NAME, trace)
