@@ -14,14 +14,9 @@ def check_common(sig: Signature) -> str | None:
         return f"op {sig.op} is not CBR"
     if sig.layout != "NCHW":
         return f"layout {sig.layout} (the kernels take NCHW)"
-    try:
-        dt = geo.dtype_of(sig)
-        geo.conv_geom(sig)
-        geo.act_args(sig)
-    except TuningError as exc:
-        return str(exc)
-    if dt not in SUPPORTED_DTYPES:
-        return f"dtype {dt} (supported: {', '.join(SUPPORTED_DTYPES)})"
+    reason = geo.plan_or_reason(sig, geo.conv_geom, SUPPORTED_DTYPES)[1]
+    if reason:
+        return reason
     if len(sig.input_shapes) > 2 and sig.input_shapes[2] is not None:
         g = geo.conv_geom(sig)
         if tuple(sig.input_shapes[2]) != (g.M,):

@@ -62,15 +62,7 @@ class CublasGlu(Candidate):
     """cuBLAS GEMMs (own handle) plus the fused gate kernel; no params."""
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
-        try:
-            glu_plan(sig)
-            dt = geo.dtype_of(sig)
-            geo.act_args(sig)
-        except TuningError as exc:
-            return str(exc)
-        if dt not in SUPPORTED_DTYPES:
-            return f"dtype {dt} (supported: {', '.join(SUPPORTED_DTYPES)})"
-        return None
+        return geo.plan_or_reason(sig, glu_plan, SUPPORTED_DTYPES)[1]
 
     def source_hash(self) -> str:
         return source_hash("glu.cu") + f"+blas{blas.VERSION}"

@@ -120,14 +120,9 @@ def gemm_plan(sig: Signature) -> GemmPlan:
 
 
 def _check(sig: Signature) -> str | None:
-    try:
-        p = gemm_plan(sig)
-        dt = geo.dtype_of(sig)
-        geo.act_args(sig)
-    except TuningError as exc:
-        return str(exc)
-    if dt not in SUPPORTED_DTYPES:
-        return f"dtype {dt} (supported: {', '.join(SUPPORTED_DTYPES)})"
+    p, reason = geo.plan_or_reason(sig, gemm_plan, SUPPORTED_DTYPES)
+    if reason:
+        return reason
     if min(p.M, p.N, p.K) < 1:
         return "empty GEMM"
     return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from graphopt.errors import TuningError
 from graphopt.ops.cbr import conv_output
@@ -194,6 +194,21 @@ def act_args(sig: Signature) -> ActArgs:
     lo = sig.attr("clip_min")
     hi = sig.attr("clip_max")
     return ActArgs(ACT_CODES[name], alpha, beta, -math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
+
+
+def plan_or_reason(sig: Signature, plan_of, dtypes: Sequence[str]) -> tuple[Any, str | None]:
+    """``(plan_of(sig), None)`` when graphopt's own kernels can take ``sig``, else ``(None, why not)``:
+    ``plan_of`` (the op's geometry) raises, the dtypes are mixed or outside ``dtypes``, or the
+    activation has no kernel code."""
+    try:
+        plan = plan_of(sig)
+        dt = dtype_of(sig)
+        act_args(sig)
+    except TuningError as exc:
+        return None, str(exc)
+    if dt not in dtypes:
+        return None, f"dtype {dt} (supported: {', '.join(dtypes)})"
+    return plan, None
 
 
 def dtype_of(sig: Signature) -> str:

@@ -67,14 +67,10 @@ class GroupNormBlocks(Candidate):
         return int(self.param("warps")), int(self.param("vec"))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
-        try:
-            p = group_norm_plan(sig)
-            dt = geo.dtype_of(sig)
-            geo.act_args(sig)
-        except TuningError as exc:
-            return str(exc)
-        if dt not in SUPPORTED_DTYPES:
-            return f"dtype {dt} (supported: {', '.join(SUPPORTED_DTYPES)})"
+        p, reason = geo.plan_or_reason(sig, group_norm_plan, SUPPORTED_DTYPES)
+        if reason:
+            return reason
+        dt = geo.dtype_of(sig)
         w, vec = self._cfg()
         if vec not in (1, VEC16[dt]):
             return f"vec={vec} is neither 1 nor a 16-byte load of {dt} ({VEC16[dt]})"
