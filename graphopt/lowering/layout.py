@@ -29,6 +29,18 @@ WEIGHT_LAYOUTS = frozenset({"colmajor"})
 MIN_PITCHED_ROW_BYTES = 256
 
 
+# Standard ops whose every output element depends only on the inputs' elements at the same (broadcast)
+# index: no axis attribute, no reshape. Computed on consistently permuted operands, they give the
+# permuted result, so the runtime runs them in the memory order of their first channels-last input
+# (``graphopt.runtime.onnx_ops.layout_order``) and the layout choice counts them as keeping it.
+ELEMENTWISE_OPS = frozenset({
+    "Abs", "Add", "Cast", "Ceil", "Clip", "Div", "Dropout", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid",
+    "HardSwish", "Identity", "LeakyRelu", "Log", "Max", "Mean", "Min", "Mish", "Mul", "Neg", "Pow", "PRelu",
+    "Reciprocal", "Relu", "Selu", "Sigmoid", "Softplus", "Softsign", "Sqrt", "Sub", "Sum", "Tanh",
+    "ThresholdedRelu", "Where",
+})
+
+
 def _last_perm(ndim: int) -> tuple[int, ...]:
     return (0,) + tuple(range(2, ndim)) + (1,)
 
@@ -70,6 +82,24 @@ def is_layout(x: Any, layout: str) -> bool:
         want = _rowpad_strides(x.shape, x.itemsize)  # a dim of size 1 has no stride to keep
         return all(d == 1 or int(s) == w for d, s, w in zip(x.shape, x.strides, want))
     return bool(x.flags.c_contiguous)
+
+
+def channels_last_perm(x: Any) -> tuple[int, ...] | None:
+    """The axes order that makes ``x`` C-contiguous when ``x`` is stored channels-last and that differs
+    from C order in memory (rank >= 3, neither one channel nor one position); None otherwise."""
+    if getattr(x, "ndim", 0) < 3 or x.flags.c_contiguous:
+        return None
+    perm = _last_perm(x.ndim)
+    return perm if x.transpose(perm).flags.c_contiguous else None
+
+
+def permuted(a: Any, perm: Sequence[int]) -> Any:
+    """``a`` given leading dims of one up to ``len(perm)`` dims (as broadcasting aligns it), then
+    transposed by ``perm``: an operand as it broadcasts against a tensor viewed in ``perm`` order."""
+    nd = len(perm)
+    if a.ndim < nd:
+        a = a.reshape((1,) * (nd - a.ndim) + tuple(a.shape))
+    return a.transpose(perm)
 
 
 def to_layout(x: Any, layout: str, xp: Any) -> Any:

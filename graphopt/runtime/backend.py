@@ -23,6 +23,7 @@ from graphopt.kernels.registry import candidate_from_key, signature_of
 from graphopt.lowering.contract import as_lowering
 from graphopt.lowering.layout import to_layout
 from graphopt.runtime import ops_custom
+from graphopt.runtime.onnx_ops.layout_order import for_device
 from graphopt.runtime.onnx_ops.registry import CUBLAS_OPS, OPS, OpContext, numpy_matmul
 from graphopt.runtime.compiled import Lowered
 
@@ -112,7 +113,7 @@ class _Backend:
         return None
 
     def std_step(self, node, opset: int, host_vals: dict, dyn_pos: list[int]):
-        fn = OPS[node.op_type]
+        fn = for_device(node.op_type, OPS[node.op_type])
         xp, cd, mm, pool = self.xp, self.compute_dtype, self.matmul, self.pool
         if not dyn_pos:
             ctx = OpContext(xp, node, opset, host_vals, cd, mm, pool)

@@ -397,12 +397,27 @@ def _direct_run(step, out, xp):
 
         return transpose
     fn = getattr(xp, name)
+    perm = layout.channels_last_perm(out)
+    if perm is not None:  # a channels-last buffer: every operand walked in its memory order, as traced
+        return _direct_in_order(fn, step, out, perm)
     if step.op == "Relu":
         zero = out.dtype.type(0)
         return lambda ins: [fn(ins[0], zero, out=out)]
     if arity == 1:
         return lambda ins: [fn(ins[0], out=out)]
     return lambda ins: [fn(ins[0], ins[1], out=out)]
+
+
+def _direct_in_order(fn, step, out, perm):
+    """``_direct_run`` into a channels-last ``out``: the ufunc gets the channels-last views of the
+    operands and of ``out`` (C-contiguous, so one flat loop), not NCHW-ordered strided ones."""
+    target, moved = out.transpose(perm), layout.permuted
+    if step.op == "Relu":
+        zero = out.dtype.type(0)
+        return lambda ins: (fn(moved(ins[0], perm), zero, out=target), [out])[1]
+    if DIRECT[step.op][1] == 1:
+        return lambda ins: (fn(moved(ins[0], perm), out=target), [out])[1]
+    return lambda ins: (fn(moved(ins[0], perm), moved(ins[1], perm), out=target), [out])[1]
 
 
 def _reshape_run(shape: tuple):

@@ -48,7 +48,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from graphopt.lowering.layout import WEIGHT_LAYOUTS
+from graphopt.lowering.layout import ELEMENTWISE_OPS, WEIGHT_LAYOUTS
 from graphopt.tune.signatures import default_dim
 
 NCHW, NHWC = "NCHW", "NHWC"
@@ -63,14 +63,12 @@ CONVERSION_LAUNCH_MS = 0.002
 MAX_SWEEPS = 8
 _EPS = 1e-9
 
-# Standard ops that run in their first activation input's layout and keep it (the runtime's CuPy
-# elementwise ops follow their operands' strides; its pooling kernel keeps the input's layout).
-NEUTRAL_OPS = frozenset({
-    "Abs", "Add", "AveragePool", "BatchNormalization", "Cast", "Ceil", "Clip", "Concat", "Div", "Dropout",
-    "Elu", "Erf", "Exp", "Floor", "Gelu", "GlobalAveragePool", "GlobalMaxPool", "HardSigmoid", "HardSwish",
-    "Identity", "LeakyRelu", "Log", "Max", "MaxPool", "Mean", "Min", "Mish", "Mul", "Neg", "Pow", "PRelu",
-    "Reciprocal", "Relu", "Resize", "Selu", "Sigmoid", "Softplus", "Softsign", "Sqrt", "Sub", "Sum", "Tanh",
-    "ThresholdedRelu", "Upsample", "Where",
+# Standard ops that run in their first activation input's layout and keep it: the elementwise ops
+# through graphopt.runtime.onnx_ops.layout_order (CuPy's own ufuncs write C order, whatever their
+# inputs' strides: until 2026-12-06 an NHWC region's Mul came out NCHW), BatchNormalization likewise,
+# the pooling kernel, Concat and Resize by their implementations.
+NEUTRAL_OPS = ELEMENTWISE_OPS | frozenset({
+    "AveragePool", "BatchNormalization", "Concat", "GlobalAveragePool", "GlobalMaxPool", "MaxPool", "Resize", "Upsample",
 })
 
 

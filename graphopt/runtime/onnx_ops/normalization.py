@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.runtime.onnx_ops.layout_order import in_input_order
 from graphopt.runtime.onnx_ops.registry import for_accumulation, op
 from graphopt.runtime.onnx_ops.windows import pad_constant
 
@@ -18,9 +19,15 @@ def _bn(ctx, ins):
     shape = (1, -1) + (1,) * (x.ndim - 2)
     xa = for_accumulation(ctx, x)
     inv = (1.0 / ctx.xp.sqrt(for_accumulation(ctx, var) + eps)) * for_accumulation(ctx, scale)
-    y = ((xa - for_accumulation(ctx, mean).reshape(shape)) * inv.reshape(shape)
-         + for_accumulation(ctx, bias).reshape(shape))
-    return [y.astype(x.dtype)]
+    dtype = x.dtype
+
+    def normalize(ctx, ins):
+        xa, mean, inv, bias = ins
+        return [((xa - mean) * inv + bias).astype(dtype)]
+
+    # in x's memory order: a channels-last x stays channels-last (graphopt.runtime.onnx_ops.layout_order)
+    return in_input_order(normalize)(ctx, [xa, for_accumulation(ctx, mean).reshape(shape), inv.reshape(shape),
+                                           for_accumulation(ctx, bias).reshape(shape)])
 
 
 @op("LRN")
