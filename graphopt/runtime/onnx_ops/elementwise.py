@@ -12,14 +12,14 @@ from graphopt.runtime.onnx_ops.registry import OPS, op
 
 _UNARY = {
     "Relu": lambda xp, x: xp.maximum(x, x.dtype.type(0)),
-    "Sigmoid": lambda xp, x: (1 / (1 + xp.exp(-x))).astype(x.dtype),
+    "Sigmoid": lambda xp, x: (1 / (1 + xp.exp(-x))).astype(x.dtype, copy=False),
     "Tanh": lambda xp, x: xp.tanh(x),
     "Sqrt": lambda xp, x: xp.sqrt(x),
     "Exp": lambda xp, x: xp.exp(x),
     "Log": lambda xp, x: xp.log(x),
     "Abs": lambda xp, x: xp.abs(x),
     "Neg": lambda xp, x: -x,
-    "Reciprocal": lambda xp, x: (1 / x).astype(x.dtype),
+    "Reciprocal": lambda xp, x: (1 / x).astype(x.dtype, copy=False),
     "Floor": lambda xp, x: xp.floor(x),
     "Ceil": lambda xp, x: xp.ceil(x),
     "IsNaN": lambda xp, x: xp.isnan(x),
@@ -35,8 +35,8 @@ _UNARY = {
     "Atan": lambda xp, x: xp.arctan(x),
     "Sinh": lambda xp, x: xp.sinh(x),
     "Cosh": lambda xp, x: xp.cosh(x),
-    "Softsign": lambda xp, x: (x / (1 + xp.abs(x))).astype(x.dtype),
-    "Softplus": lambda xp, x: xp.logaddexp(x, x.dtype.type(0)).astype(x.dtype),
+    "Softsign": lambda xp, x: (x / (1 + xp.abs(x))).astype(x.dtype, copy=False),
+    "Softplus": lambda xp, x: xp.logaddexp(x, x.dtype.type(0)).astype(x.dtype, copy=False),
 }
 for _name, _f in _UNARY.items():
     OPS[_name] = (lambda f: lambda ctx, ins: [f(ctx.xp, ins[0])])(_f)
@@ -76,14 +76,14 @@ for _name, _f in _BINARY.items():
 def _div(ctx, ins):
     a, b = ins
     if a.dtype.kind in "iu":
-        return [ctx.xp.trunc(a / b).astype(a.dtype)]  # ONNX integer Div truncates toward zero
-    return [(a / b).astype(a.dtype)]
+        return [ctx.xp.trunc(a / b).astype(a.dtype, copy=False)]  # ONNX integer Div truncates toward zero
+    return [(a / b).astype(a.dtype, copy=False)]
 
 
 @op("Pow")
 def _pow(ctx, ins):
     a, b = ins
-    return [ctx.xp.power(a, b.astype(a.dtype)).astype(a.dtype)]
+    return [ctx.xp.power(a, b.astype(a.dtype)).astype(a.dtype, copy=False)]
 
 
 @op("Erf")
@@ -91,7 +91,7 @@ def erf(ctx, ins):
     x = ins[0]
     if ctx.xp is np:
         # NumPy has no erf and SciPy is not a dependency; math.erf is exact (host backend is for testing)
-        return [np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)).astype(x.dtype)]
+        return [np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)).astype(x.dtype, copy=False)]
     import cupyx.scipy.special as sp
 
     return [sp.erf(x)]
@@ -100,7 +100,7 @@ def erf(ctx, ins):
 @op("Where")
 def _where(ctx, ins):
     c, a, b = ins
-    return [ctx.xp.where(c, a, b).astype(a.dtype)]
+    return [ctx.xp.where(c, a, b).astype(a.dtype, copy=False)]
 
 
 def _variadic(f):
@@ -108,7 +108,7 @@ def _variadic(f):
         out = ins[0]
         for x in ins[1:]:
             out = f(ctx.xp, out, x)
-        return [out.astype(ins[0].dtype) if len(ins) > 1 else out]
+        return [out.astype(ins[0].dtype, copy=False) if len(ins) > 1 else out]
 
     return run
 
@@ -116,7 +116,7 @@ def _variadic(f):
 OPS["Sum"] = _variadic(lambda xp, a, b: a + b)
 OPS["Max"] = _variadic(lambda xp, a, b: xp.maximum(a, b))
 OPS["Min"] = _variadic(lambda xp, a, b: xp.minimum(a, b))
-OPS["Mean"] = lambda ctx, ins: [(_variadic(lambda xp, a, b: a + b)(ctx, ins)[0] / len(ins)).astype(ins[0].dtype)]
+OPS["Mean"] = lambda ctx, ins: [(_variadic(lambda xp, a, b: a + b)(ctx, ins)[0] / len(ins)).astype(ins[0].dtype, copy=False)]
 
 
 @op("Cast")
@@ -155,5 +155,5 @@ def _mod(ctx, ins):
     a, b = ins
     xp = ctx.xp
     if ctx.attr("fmod", 0):
-        return [xp.fmod(a, b).astype(a.dtype)]
-    return [xp.mod(a, b).astype(a.dtype)]  # sign of the divisor, as Python and ONNX integer Mod
+        return [xp.fmod(a, b).astype(a.dtype, copy=False)]
+    return [xp.mod(a, b).astype(a.dtype, copy=False)]  # sign of the divisor, as Python and ONNX integer Mod

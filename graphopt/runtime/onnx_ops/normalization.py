@@ -23,7 +23,7 @@ def _bn(ctx, ins):
 
     def normalize(ctx, ins):
         xa, mean, inv, bias = ins
-        return [((xa - mean) * inv + bias).astype(dtype)]
+        return [((xa - mean) * inv + bias).astype(dtype, copy=False)]
 
     # in x's memory order: a channels-last x stays channels-last (graphopt.runtime.onnx_ops.layout_order)
     return in_input_order(normalize)(ctx, [xa, for_accumulation(ctx, mean).reshape(shape), inv.reshape(shape),
@@ -45,7 +45,7 @@ def _lrn(ctx, ins):
     s = sqp[:, 0:C]
     for i in range(1, size):
         s = s + sqp[:, i : i + C]
-    return [(xa / (bias + (alpha / size) * s) ** beta).astype(x.dtype)]
+    return [(xa / (bias + (alpha / size) * s) ** beta).astype(x.dtype, copy=False)]
 
 
 @op("LayerNormalization")
