@@ -63,6 +63,21 @@ class ndarray(np.ndarray):  # noqa: N801 - mirrors cupy.ndarray
         _count("to_host")
         return np.array(self, copy=True).view(np.ndarray)
 
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """As CuPy: an elementwise op allocates its output in C order whatever its inputs' strides
+        (CuPy's ufuncs take no ``order``; NumPy's default keeps the inputs' order). A given ``out``
+        is written and returned."""
+        plain = [x.view(np.ndarray) if isinstance(x, ndarray) else x for x in inputs]
+        given = kwargs.get("out")
+        if given is not None:
+            kwargs["out"] = tuple(o.view(np.ndarray) if isinstance(o, ndarray) else o for o in given)
+        elif method == "__call__":
+            kwargs["order"] = "C"
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        if given is not None:
+            return given[0] if len(given) == 1 else given
+        return _wrap(result)
+
 
 def _wrap(x):
     if isinstance(x, np.ndarray) and not isinstance(x, ndarray):

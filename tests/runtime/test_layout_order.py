@@ -118,3 +118,90 @@ def test_a_direct_step_into_a_channels_last_buffer_computes_in_its_order(op, rng
     (got,) = _direct_run(step, out, np)(ins)
     assert got is out
     np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+def _se_block_model():
+    """X -> Conv+Relu -> Y; Mul(Sigmoid(GlobalAveragePool(Y)), Y) -> Conv -> Z: EfficientNet's
+    squeeze-excite shape, the Mul between two convolutions."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w1 = numpy_helper.from_array(rng.standard_normal((5, 4, 3, 3)).astype(np.float32) * 0.3, "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((3, 5, 1, 1)).astype(np.float32) * 0.3, "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["y"]),
+             helper.make_node("GlobalAveragePool", ["y"], ["g"]),
+             helper.make_node("Sigmoid", ["g"], ["s"]),
+             helper.make_node("Mul", ["s", "y"], ["m"]),
+             helper.make_node("Conv", ["m", "w2"], ["z"])]
+    g = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4, 6, 6])],
+                          [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2, 3, 6, 6])], [w1, w2])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_se_mul_between_nhwc_lowerings_needs_no_conversion(fake_cuda, monkeypatch):
+    """On the fake CuPy (whose ufuncs write C order, as CuPy's) with CBR lowerings that read and write
+    NHWC: the Mul's output stays NHWC, so the only conversion is the graph input's, at the region's
+    edge; the outputs match onnxruntime."""
+    import graphopt
+    from graphopt.lowering.contract import Lowering
+    from graphopt.runtime import Session, backend, ops_custom, to_numpy
+    from graphopt.runtime.onnx_ops.registry import OpContext
+    from _runtime_helpers import ort_run, rel_err
+
+    model = _se_block_model()
+    opt, _ = graphopt.optimize(model, gpu="none")
+    assert [n.op_type for n in opt.graph.node].count("Mul") == 1
+
+    def fake_build(self, op, key, sig):
+        impl, holder = ops_custom.device_impl(op), {}
+
+        def launch(inputs, outputs, workspace):
+            for out, y in zip(outputs, impl(holder["ctx"], inputs, holder["attrs"])):
+                out[...] = y
+
+        low = Lowering(launch=launch, layouts=("NHWC", "", "NHWC", "NHWC", "NHWC"))  # B, R slots: the output's
+        low._built = holder
+        return low, None
+
+    real_custom = backend.CudaBackend.custom_step
+    holders = []
+    real_build = fake_build
+
+    def build(self, op, key, sig):
+        low, why = real_build(self, op, key, sig)
+        holders.append(low._built)
+        return low, why
+
+    def custom(self, graph, node, in_arrays):
+        n0 = len(holders)
+        res = real_custom(self, graph, node, in_arrays)
+        for h in holders[n0:]:
+            h["ctx"] = OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
+            h["attrs"] = ops_custom.op_attrs(node)
+        return res
+
+    monkeypatch.setattr(backend.CudaBackend, "_build", build)
+    monkeypatch.setattr(backend.CudaBackend, "custom_step", custom)
+    monkeypatch.setattr(ops_custom, "lowering_key", lambda node, dims: "fake")
+    from graphopt.lowering import layout
+
+    converted = []
+    real_to_layout = layout.to_layout
+
+    def counting(x, lay, xp):
+        if x is not None and not is_layout(x, lay):
+            converted.append(lay)
+        return real_to_layout(x, lay, xp)
+
+    monkeypatch.setattr(layout, "to_layout", counting)  # the traced run's conversions (Lowering.conform)
+    monkeypatch.setattr(backend, "to_layout", counting)  # the compiled steps' (backend.to_layout)
+    sess = Session(opt, device="cuda", cuda_graphs=False)
+    x = np.random.default_rng(0).standard_normal((2, 4, 6, 6)).astype(np.float32)
+    want = ort_run(model, {"x": x})["z"]
+    for _ in range(3):  # the trace, then the compiled loop
+        converted.clear()
+        got = to_numpy(sess.run({"x": x})["z"])
+        assert rel_err(got, want) <= 1e-4
+        assert converted == ["NHWC"], converted  # the graph input only
