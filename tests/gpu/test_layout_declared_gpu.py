@@ -97,3 +97,28 @@ def test_the_tiled_transpose_reads_an_offset_nhwc_view():
     got = transpose.to_layout(view, "NCHW", cupy)
     assert got.flags.c_contiguous
     cupy.testing.assert_array_equal(got, view)
+
+
+@pytest.mark.parametrize("op", ["Mul", "Add", "Sigmoid", "Clip", "Where"])
+def test_elementwise_ops_keep_a_channels_last_input_on_cupy(op):
+    """CuPy's ufuncs write C order; the runtime's elementwise steps (runtime/onnx_ops/layout_order)
+    hand them channels-last views, so the result stays channels-last and equals the C-order one."""
+    import numpy as np
+
+    from graphopt.lowering.layout import channels_last_perm, to_layout
+    from graphopt.runtime.onnx_ops.layout_order import for_device
+    from graphopt.runtime.onnx_ops.registry import OPS, OpContext
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 40, 7, 9)).astype(np.float16)
+    s = rng.standard_normal((3, 40, 1, 1)).astype(np.float16)
+    node = type("N", (), {"op_type": op, "name": op, "attr": lambda self, k, d=None: d})()
+    host = {1: np.float16(-0.5), 2: np.float16(0.5)} if op == "Clip" else {}
+    ins = {"Mul": [s, x], "Add": [x, s], "Sigmoid": [x], "Clip": [x, None, None], "Where": [x > 0, x, s]}[op]
+    dev = [None if a is None else cupy.asarray(a) for a in ins]
+    last = [None if a is None else (to_layout(a, "NHWC", cupy) if a.shape == x.shape else a) for a in dev]
+    ctx = OpContext(cupy, node, 17, host)
+    (want,) = OPS[op](ctx, dev)
+    (got,) = for_device(op, OPS[op])(ctx, last)
+    assert channels_last_perm(got) == (0, 2, 3, 1), (op, got.strides)
+    np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(want))
