@@ -411,13 +411,14 @@ def _direct_run(step, out, xp):
 def _direct_in_order(fn, step, out, perm):
     """``_direct_run`` into a channels-last ``out``: the ufunc gets the channels-last views of the
     operands and of ``out`` (C-contiguous, so one flat loop), not NCHW-ordered strided ones."""
-    target, moved = out.transpose(perm), layout.permuted
-    if step.op == "Relu":
-        zero = out.dtype.type(0)
-        return lambda ins: (fn(moved(ins[0], perm), zero, out=target), [out])[1]
-    if DIRECT[step.op][1] == 1:
-        return lambda ins: (fn(moved(ins[0], perm), out=target), [out])[1]
-    return lambda ins: (fn(moved(ins[0], perm), moved(ins[1], perm), out=target), [out])[1]
+    target = out.transpose(perm)
+    extra = (out.dtype.type(0),) if step.op == "Relu" else ()  # Relu is maximum(x, 0)
+
+    def run(ins):
+        fn(*(layout.permuted(a, perm) for a in ins), *extra, out=target)
+        return [out]
+
+    return run
 
 
 def _reshape_run(shape: tuple):
