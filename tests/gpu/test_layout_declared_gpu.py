@@ -122,3 +122,27 @@ def test_elementwise_ops_keep_a_channels_last_input_on_cupy(op):
     (got,) = for_device(op, OPS[op])(ctx, last)
     assert channels_last_perm(got) == (0, 2, 3, 1), (op, got.strides)
     np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(want))
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul", "Relu"])
+def test_a_direct_step_into_a_channels_last_arena_buffer_on_cupy(op):
+    """A compiled elementwise step writing into a channels-last buffer (compiled._direct_in_order):
+    the ufunc's ``out`` is that buffer's C-contiguous channels-last view; values as the op's."""
+    import numpy as np
+
+    from graphopt.lowering.layout import empty, to_layout
+    from graphopt.runtime.compiled import _direct_run
+    from graphopt.runtime.onnx_ops.registry import OPS, OpContext
+
+    rng = np.random.default_rng(1)
+    x = to_layout(cupy.asarray(rng.standard_normal((2, 24, 5, 7)).astype(np.float16)), "NHWC", cupy)
+    c = cupy.asarray(rng.standard_normal((1, 24, 1, 1)).astype(np.float16))
+    ins = [x, c] if op != "Relu" else [x]
+    node = type("N", (), {"op_type": op, "name": op, "attr": lambda self, k, d=None: d})()
+    (want,) = OPS[op](OpContext(cupy, node, 17, {}), ins)
+    out = empty((2, 24, 5, 7), np.float16, "NHWC", cupy)
+    out[...] = cupy.nan
+    step = type("S", (), {"op": op, "node": node})()
+    (got,) = _direct_run(step, out, cupy)(ins)
+    assert got is out
+    np.testing.assert_array_equal(cupy.asnumpy(out), cupy.asnumpy(want))
