@@ -45,8 +45,9 @@ def recorded_layouts(model) -> dict[str, str]:
     return out
 
 
-def install_lowerings(layouts: dict[str, str]) -> None:
-    """Every custom op: a lowering declaring its node's recorded layout, computing the device fallback."""
+def install_lowerings(layouts: dict[str, str], patch=setattr) -> None:
+    """Every custom op: a lowering declaring its node's recorded layout, computing the device fallback.
+    ``patch(obj, name, value)`` installs (a test passes ``monkeypatch.setattr``)."""
     from graphopt.lowering.contract import Lowering
     from graphopt.runtime import backend, ops_custom
     from graphopt.runtime.onnx_ops.registry import OpContext
@@ -70,20 +71,17 @@ def install_lowerings(layouts: dict[str, str]) -> None:
         current["node"] = node
         return real_custom(self, graph, node, in_arrays)
 
-    backend.CudaBackend._build = build
-    backend.CudaBackend.custom_step = custom_step
-    ops_custom.lowering_key = lambda node, dims: "recorded"
+    patch(backend.CudaBackend, "_build", build)
+    patch(backend.CudaBackend, "custom_step", custom_step)
+    patch(ops_custom, "lowering_key", lambda node, dims: "recorded")
 
 
-def count_conversions(path: str, shapes: dict[str, list[int]], runs: int = 2) -> list[list[dict]]:
-    """The conversions of each of ``runs`` runs (the first traces, the others run the compiled loop)."""
-    import onnx
-
+def record_conversions(patch=setattr) -> list[dict]:
+    """The list every activation conversion is appended to from now on ({shape, to}): the traced
+    run's (``Lowering.conform`` -> ``layout.to_layout``) and the compiled steps' (``backend.to_layout``)."""
     from graphopt.lowering import layout
-    from graphopt.runtime import Session, backend
+    from graphopt.runtime import backend
 
-    model = onnx.load(path)
-    install_lowerings(recorded_layouts(model))
     seen: list[dict] = []
     real = layout.to_layout
 
@@ -92,8 +90,20 @@ def count_conversions(path: str, shapes: dict[str, list[int]], runs: int = 2) ->
             seen.append({"shape": [int(d) for d in x.shape], "to": lay})
         return real(x, lay, xp)
 
-    layout.to_layout = counting  # the traced run's conversions (Lowering.conform)
-    backend.to_layout = counting  # the compiled steps' (the backend's to_layout)
+    patch(layout, "to_layout", counting)
+    patch(backend, "to_layout", counting)
+    return seen
+
+
+def count_conversions(path: str, shapes: dict[str, list[int]], runs: int = 2) -> list[list[dict]]:
+    """The conversions of each of ``runs`` runs (the first traces, the others run the compiled loop)."""
+    import onnx
+
+    from graphopt.runtime import Session
+
+    model = onnx.load(path)
+    install_lowerings(recorded_layouts(model))
+    seen = record_conversions()
     sess = Session(model, device="cuda", cuda_graphs=False)
     rng = np.random.default_rng(0)
     feeds = {}
@@ -105,7 +115,6 @@ def count_conversions(path: str, shapes: dict[str, list[int]], runs: int = 2) ->
         seen.clear()
         sess.run(feeds)
         per_run.append(list(seen))
-    layout.to_layout = real
     return per_run
 
 

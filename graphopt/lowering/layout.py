@@ -45,7 +45,7 @@ def _last_perm(ndim: int) -> tuple[int, ...]:
     return (0,) + tuple(range(2, ndim)) + (1,)
 
 
-def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
+def inverse_perm(perm: Sequence[int]) -> tuple[int, ...]:
     inv = [0] * len(perm)
     for i, p in enumerate(perm):
         inv[p] = i
@@ -108,7 +108,7 @@ def to_layout(x: Any, layout: str, xp: Any) -> Any:
         return x
     if layout == "NHWC" and x.ndim >= 3:
         perm = _last_perm(x.ndim)
-        return xp.ascontiguousarray(x.transpose(perm)).transpose(_inverse(perm))
+        return xp.ascontiguousarray(x.transpose(perm)).transpose(inverse_perm(perm))
     if layout == "colmajor" and x.ndim >= 2:
         return xp.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2)
     if layout == "rowpad" and x.ndim >= 1:
@@ -164,7 +164,7 @@ def empty(shape: Sequence[int], dtype: Any, layout: str, xp: Any) -> Any:
     shape = tuple(int(d) for d in shape)
     if layout == "NHWC" and len(shape) >= 3:
         perm = _last_perm(len(shape))
-        return xp.empty(tuple(shape[p] for p in perm), dtype=dtype).transpose(_inverse(perm))
+        return xp.empty(tuple(shape[p] for p in perm), dtype=dtype).transpose(inverse_perm(perm))
     if layout == "colmajor" and len(shape) >= 2:
         return xp.empty(shape[:-2] + (shape[-1], shape[-2]), dtype=dtype).swapaxes(-1, -2)
     if layout == "rowpad" and len(shape) >= 1:

@@ -142,61 +142,19 @@ def _se_block_model():
 
 def test_an_se_mul_between_nhwc_lowerings_needs_no_conversion(fake_cuda, monkeypatch):
     """On the fake CuPy (whose ufuncs write C order, as CuPy's) with CBR lowerings that read and write
-    NHWC: the Mul's output stays NHWC, so the only conversion is the graph input's, at the region's
-    edge; the outputs match onnxruntime."""
+    NHWC (bench/conversions_cpu.py's, installed through monkeypatch): the Mul's output stays NHWC, so
+    the only conversion is the graph input's, at the region's edge; the outputs match onnxruntime."""
     import graphopt
-    from graphopt.lowering.contract import Lowering
-    from graphopt.runtime import Session, backend, ops_custom, to_numpy
-    from graphopt.runtime.onnx_ops.registry import OpContext
+    from graphopt.runtime import Session, to_numpy
     from _runtime_helpers import ort_run, rel_err
+    from _scripts import load_script
 
+    bench = load_script("bench/conversions_cpu.py")
     model = _se_block_model()
     opt, _ = graphopt.optimize(model, gpu="none")
     assert [n.op_type for n in opt.graph.node].count("Mul") == 1
-
-    def fake_build(self, op, key, sig):
-        impl, holder = ops_custom.device_impl(op), {}
-
-        def launch(inputs, outputs, workspace):
-            for out, y in zip(outputs, impl(holder["ctx"], inputs, holder["attrs"])):
-                out[...] = y
-
-        low = Lowering(launch=launch, layouts=("NHWC", "", "NHWC", "NHWC", "NHWC"))  # B, R slots: the output's
-        low._built = holder
-        return low, None
-
-    real_custom = backend.CudaBackend.custom_step
-    holders = []
-    real_build = fake_build
-
-    def build(self, op, key, sig):
-        low, why = real_build(self, op, key, sig)
-        holders.append(low._built)
-        return low, why
-
-    def custom(self, graph, node, in_arrays):
-        n0 = len(holders)
-        res = real_custom(self, graph, node, in_arrays)
-        for h in holders[n0:]:
-            h["ctx"] = OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
-            h["attrs"] = ops_custom.op_attrs(node)
-        return res
-
-    monkeypatch.setattr(backend.CudaBackend, "_build", build)
-    monkeypatch.setattr(backend.CudaBackend, "custom_step", custom)
-    monkeypatch.setattr(ops_custom, "lowering_key", lambda node, dims: "fake")
-    from graphopt.lowering import layout
-
-    converted = []
-    real_to_layout = layout.to_layout
-
-    def counting(x, lay, xp):
-        if x is not None and not is_layout(x, lay):
-            converted.append(lay)
-        return real_to_layout(x, lay, xp)
-
-    monkeypatch.setattr(layout, "to_layout", counting)  # the traced run's conversions (Lowering.conform)
-    monkeypatch.setattr(backend, "to_layout", counting)  # the compiled steps' (backend.to_layout)
+    bench.install_lowerings({n.name: "NHWC" for n in opt.graph.node if n.op_type == "CBR"}, patch=monkeypatch.setattr)
+    converted = bench.record_conversions(patch=monkeypatch.setattr)
     sess = Session(opt, device="cuda", cuda_graphs=False)
     x = np.random.default_rng(0).standard_normal((2, 4, 6, 6)).astype(np.float32)
     want = ort_run(model, {"x": x})["z"]
@@ -204,4 +162,4 @@ def test_an_se_mul_between_nhwc_lowerings_needs_no_conversion(fake_cuda, monkeyp
         converted.clear()
         got = to_numpy(sess.run({"x": x})["z"])
         assert rel_err(got, want) <= 1e-4
-        assert converted == ["NHWC"], converted  # the graph input only
+        assert converted == [{"shape": [2, 4, 6, 6], "to": "NHWC"}], converted  # the graph input only

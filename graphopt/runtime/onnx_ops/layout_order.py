@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from graphopt.lowering.layout import ELEMENTWISE_OPS, channels_last_perm, permuted
+from graphopt.lowering.layout import ELEMENTWISE_OPS, channels_last_perm, inverse_perm, permuted
 from graphopt.runtime.onnx_ops.registry import OpFn
 
 
@@ -46,7 +46,7 @@ def in_input_order(fn: OpFn) -> OpFn:
         nd = len(perm)
         if any(x is not None and getattr(x, "ndim", 0) > nd for x in ins):
             return fn(ctx, ins)  # an operand of higher rank broadcasts it: run as it is
-        inverse = tuple(perm.index(i) for i in range(nd))
+        inverse = inverse_perm(perm)
         moved = [None if x is None else permuted(x, perm) for x in ins]
         return [o if o is None or getattr(o, "ndim", 0) != nd else o.transpose(inverse) for o in fn(ctx, moved)]
 
