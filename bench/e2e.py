@@ -39,7 +39,6 @@ import copy
 import gc
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -57,107 +56,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from e2e_report import (FIELDS, FP16_RTOL, FP32_MODELS, FP32_RTOL, acceptance, load_doc, markdown,  # noqa: E402
-                        merge_rows, row_plan, tuning_status, write_atomic)
+                        merge_rows, row_plan, tuning_status)
+from lowering_bench import Budget, write_atomic  # noqa: E402
+from runtime_bench import err, gpu_name, rel_err, timed, versions  # noqa: E402
 from torch_models import MODELS, build_module, example_input, export, input_shape  # noqa: E402
 
 
 def log(msg: str) -> None:
     print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def err(e: BaseException) -> str:
-    text = str(e).splitlines()[0][:300] if str(e) else ""
-    return f"{type(e).__name__}: {text}"
-
-
-class Budget:
-    def __init__(self, seconds: float):
-        self.end = time.perf_counter() + seconds
-
-    def left(self) -> float:
-        return self.end - time.perf_counter()
-
-
-# ------------------------------------------------------------------------------------ environment
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for mod in ("torch", "torchvision", "transformers", "cupy", "onnx", "onnxruntime", "numpy", "cudnn"):
-        try:
-            m = __import__(mod)
-            out[mod] = str(getattr(m, "__version__", "?"))
-            if mod == "cudnn":
-                out["cudnn_backend"] = str(m.backend_version())
-        except Exception as e:  # noqa: BLE001
-            out[mod] = f"unavailable ({type(e).__name__})"
-    try:
-        import torch
-
-        out["torch_cudnn"] = str(torch.backends.cudnn.version())
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        import graphopt
-
-        out["graphopt"] = graphopt.__version__
-    except Exception:  # noqa: BLE001
-        pass
-    out["git"] = os.environ.get("HEAD_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    return out
-
-
-def gpu_name(dry: bool) -> str:
-    if dry:
-        return "none (dry run on the CPU)"
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0)
-    except Exception as e:  # noqa: BLE001
-        return f"unknown ({type(e).__name__})"
-
-
-# ------------------------------------------------------------------------------------ measuring
-def timed(fn, sync, warmup: int, repeats: int, budget_s: float, event=None, walls: dict | None = None,
-          field: str = "") -> float:
-    """Median ms of ``fn`` after ``warmup`` runs (at most ``budget_s`` seconds of repeats).
-
-    With ``event`` (``torch.cuda.Event``): CUDA events recorded on the caller's current stream before
-    and after each call, the span every peer's work is ordered into (torch runs there; a graphopt
-    session orders its own stream after it and back), host time before the first launch included.
-    The host wall time of ``fn`` + ``sync`` is kept too, in ``walls[field]``. Without ``event`` (the
-    CPU dry run): the wall time."""
-    for _ in range(warmup):
-        fn()
-        sync()
-    times, wall = [], []
-    start = time.perf_counter()
-    while len(times) < repeats:
-        t0 = time.perf_counter()
-        if event is not None:
-            a, b = event(enable_timing=True), event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            sync()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            fn()
-            sync()
-        wall.append(time.perf_counter() - t0)
-        if event is None:
-            times.append(wall[-1])
-        if time.perf_counter() - start > budget_s:
-            break
-    if walls is not None and field:
-        walls[field] = round(float(np.median(wall) * 1e3), 4)
-    return float(np.median(times) * 1e3)
-
-
-def rel_err(out, ref) -> float:
-    out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
-    return float(np.abs(out - ref).max() / (np.abs(ref).max() + 1e-12))
 
 
 def optimize(src: Path, dst: Path, name: str, bs: int, fp16: bool, args, timeout_s: float) -> dict:
@@ -450,37 +356,6 @@ class Runner:
         gc.collect()
         if not dry:
             torch.cuda.empty_cache()
-
-
-# ------------------------------------------------ what the runtime benchmarks beside this one share
-def runtime_bench_parser(doc: str, batches: str, repeats: int, repeats_help: str | None = None):
-    """The options of ``host_overhead.py`` and ``plan_breakdown.py``: models and batches (built and
-    exported as here), repeats, graphopt optimize's lowering options, the output folder and GPU name."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="resnet50,gpt2")
-    ap.add_argument("--batches", default=batches)
-    ap.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
-    ap.add_argument("--gpu-args", default="--gpu none", help="graphopt optimize's lowering options")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--gpu-name", default="h200")
-    return ap
-
-
-def runtime_bench_meta() -> dict:
-    """Date, command line, GPU and the torch, CuPy and cuDNN versions of a runtime benchmark's run."""
-    import cupy
-    import torch
-
-    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
-            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cupy": cupy.__version__}
-    try:
-        import cudnn
-
-        meta["cudnn_frontend"] = getattr(cudnn, "__version__", "?")
-        meta["cudnn"] = str(cudnn.backend_version())
-    except Exception as e:  # noqa: BLE001
-        meta["cudnn_frontend"] = f"absent: {e}"
-    return meta
 
 
 # ------------------------------------------------------------------------------------ main

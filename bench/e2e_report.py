@@ -5,10 +5,9 @@ of several calls into one file, issue 15's acceptance checks and the markdown ta
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from lowering_bench import write_atomic
 from torch_models import MODELS
 
 FP32_MODELS = ("resnet50", "bert")
@@ -147,14 +146,6 @@ def markdown(doc: dict) -> str:
     for c in doc.get("acceptance", []):
         lines.append(f"| {c['check']} | {_f(c['value'], 3)} | {'-' if c['pass'] is None else ('yes' if c['pass'] else 'NO')} |")
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def load_doc(path: Path) -> dict:

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import e2e  # noqa: E402  (bench/e2e.py: the same models and exports)
+import torch_models  # noqa: E402  (the models and exports of bench/e2e.py)
+from runtime_bench import runtime_bench_meta, runtime_bench_parser  # noqa: E402
 
 
 def measure(path: Path, feed, repeats: int) -> dict:
@@ -118,26 +119,26 @@ def markdown(res: dict) -> str:
 
 
 def main() -> int:
-    ap = e2e.runtime_bench_parser(__doc__, batches="1,1", repeats=30)
+    ap = runtime_bench_parser(__doc__, batches="1,1", repeats=30)
     ap.add_argument("--optimize-timeout", type=float, default=240.0)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    res = {"meta": e2e.runtime_bench_meta(), "models": []}
+    res = {"meta": runtime_bench_meta(), "models": []}
     for name, bs in zip(args.models.split(","), [int(b) for b in args.batches.split(",")]):
         entry: dict = {"model": name, "bs": bs}
         res["models"].append(entry)
         try:
             work = Path(tempfile.mkdtemp(prefix=f"ho_{name}_"))
             src = work / f"{name}.onnx"
-            e2e.export(name, e2e.build_module(name), src)
+            torch_models.export(name, torch_models.build_module(name), src)
             opt = work / f"{name}.opt.onnx"
-            shape = e2e.input_shape(name, bs)
+            shape = torch_models.input_shape(name, bs)
             t0 = time.perf_counter()
             r = subprocess.run([sys.executable, "-m", "graphopt.cli", "optimize", str(src), "-o", str(opt),
                                 *args.gpu_args.split(), "--shape", shape, "-q"], capture_output=True, text=True,
                                timeout=args.optimize_timeout)
             entry.update(optimize_s=time.perf_counter() - t0, optimize_rc=r.returncode, optimize_err=r.stderr[-400:])
-            x = e2e.example_input(name, bs).cuda()
+            x = torch_models.example_input(name, bs).cuda()
             feed = {"input": x}  # example_input: float32 images or int64 token ids, as the exports take
             if r.returncode:
                 raise RuntimeError(f"graphopt optimize exit {r.returncode}: {r.stderr[-300:]}")

@@ -18,7 +18,7 @@ import json
 import math
 import os
 import platform
-import tempfile
+from pathlib import Path
 import time
 
 
@@ -210,14 +210,12 @@ class Budget:
         return self.end - time.perf_counter()
 
 
-def write_atomic(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=d)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+def write_atomic(path, text: str) -> None:
+    """``text`` to ``path`` atomically with normal permissions (graphopt's own writer), its folder made."""
+    from graphopt.files import atomic_write
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(Path(path), [text.encode()])
 
 
 def write_json(path: str, doc: dict) -> None:

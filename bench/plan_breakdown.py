@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import e2e  # noqa: E402  (bench/e2e.py: the same models and exports)
+import torch_models  # noqa: E402  (the models and exports of bench/e2e.py)
+from runtime_bench import runtime_bench_meta, runtime_bench_parser  # noqa: E402
 
 
 def lowering_of(step) -> str:
@@ -90,7 +91,7 @@ def breakdown(sess, feed, repeats: int) -> dict:
 
 
 def main() -> int:
-    ap = e2e.runtime_bench_parser(__doc__, batches="32,1", repeats=20, repeats_help="graph replays per step")
+    ap = runtime_bench_parser(__doc__, batches="32,1", repeats=20, repeats_help="graph replays per step")
     ap.add_argument("--variants", default="optimized,unoptimized", help="which models to break down")
     args = ap.parse_args()
     import torch
@@ -98,22 +99,22 @@ def main() -> int:
     from graphopt.runtime import Session
 
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = e2e.runtime_bench_meta()
+    meta = runtime_bench_meta()
     res = {"meta": meta, "models": []}
     out_json = args.out / f"plan_breakdown_{args.gpu_name}.json"
     for name, bs in zip(args.models.split(","), [int(b) for b in args.batches.split(",")]):
         work = Path(tempfile.mkdtemp(prefix=f"pb_{name}_"))
         src = work / f"{name}.onnx"
-        module = e2e.build_module(name)
-        e2e.export(name, module, src)
+        module = torch_models.build_module(name)
+        torch_models.export(name, module, src)
         opt = work / f"{name}.opt.onnx"
-        shape = e2e.input_shape(name, bs)
+        shape = torch_models.input_shape(name, bs)
         t0 = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "graphopt.cli", "optimize", str(src), "-o", str(opt),
                             *args.gpu_args.split(), "--shape", shape, "-q"], capture_output=True, text=True)
         entry = {"model": name, "bs": bs, "optimize_s": time.perf_counter() - t0, "optimize_rc": r.returncode,
                  "optimize_err": r.stderr[-400:]}
-        x = e2e.example_input(name, bs).cuda()
+        x = torch_models.example_input(name, bs).cuda()
         feed = {"input": x}  # example_input: float32 images or int64 token ids, as the exports take
         for label, path in [(lb, pa) for lb, pa in (("optimized", opt), ("unoptimized", src))
                             if lb in args.variants.split(",")]:
