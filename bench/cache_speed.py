@@ -43,6 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # report this checkout's graphopt version, as the runs use it
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from lowering_bench import write_atomic  # noqa: E402
 MODELS = ("resnet50", "gpt2")
 SEQ = 128
 BARS = {"resnet50": {"cold_s": 60.0, "warm_s": 5.0}, "gpt2": {"cold_s": 60.0}}
@@ -60,8 +62,7 @@ def _versions() -> dict:
 
 def _export(name: str, folder: Path) -> Path:
     """torchvision ResNet-50 / transformers GPT-2 124M, random weights, dynamic batch (bench/e2e.py)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from e2e import build_module, export
+    from torch_models import build_module, export
 
     path = folder / f"{name}.onnx"
     if not path.exists():
@@ -234,10 +235,7 @@ def keep_cache(src: Path, dest: Path) -> str:
 def _write(path: Path | None, result: dict) -> None:
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(result, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from diagnose_outputs import log, max_rel, model_file, parse_shape  # noqa: E402
+from lowering_bench import write_atomic  # noqa: E402
 
 def wrap(plan, cupy, where: str) -> int:
     """Put a barrier (a one-byte memset node, or an empty kernel for ``kernel_*``) before or after the
@@ -122,9 +123,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def save():
-        tmp = args.out.with_suffix(".partial")
-        tmp.write_text(json.dumps(doc, indent=1, default=str))
-        os.replace(tmp, args.out)
+        write_atomic(args.out, json.dumps(doc, indent=1, default=str))
 
     path = str(model_file(args.model)[0])
     name, dims = parse_shape(args.shape)

@@ -35,6 +35,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from lowering_bench import write_atomic  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -195,9 +197,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def save():
-        tmp = args.out.with_suffix(".partial")
-        tmp.write_text(json.dumps(doc, indent=1, default=str))
-        os.replace(tmp, args.out)
+        write_atomic(args.out, json.dumps(doc, indent=1, default=str))
 
     args.model, doc["export"] = model_file(args.model)
     name, dims = parse_shape(args.shape)

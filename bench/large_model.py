@@ -26,6 +26,8 @@ from onnx import TensorProto, helper
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "bench"))
+from lowering_bench import write_atomic  # noqa: E402
 
 
 def build(folder: Path, layers: int, dim: int) -> tuple[Path, int]:
@@ -113,11 +115,7 @@ def main() -> int:
         md.append(f"| `graphopt {' '.join(a if '/' not in a else Path(a).name for a in r['argv'])}` | {r['rc']} | "
                   f"{r['seconds']} | {r['peak_rss_mib']} MiB | {r['peak_over_weights']}x |")
     for name, text in (("large_model.json", json.dumps(doc, indent=1) + "\n"), ("large_model.md", "\n".join(md) + "\n")):
-        fd, tmp_path = tempfile.mkstemp(dir=RESULTS, prefix=f".{name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp_path, 0o644)
-        os.replace(tmp_path, RESULTS / name)
+        write_atomic(RESULTS / name, text)
     print("\n".join(md))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

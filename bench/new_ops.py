@@ -30,6 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
+from lowering_bench import write_atomic  # noqa: E402
 
 ROTATE_BYTES = 128 << 20
 TOL = {"float16": 2e-2, "float32": 1e-4}
@@ -144,12 +145,8 @@ def _finite(v):
 
 
 def _write(out_dir, doc):
-    os.makedirs(out_dir, exist_ok=True)
     for name, text in (("new_ops_h200.json", json.dumps(_finite(doc), indent=1, default=str)), ("new_ops_h200.md", _markdown(doc))):
-        tmp = os.path.join(out_dir, name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, os.path.join(out_dir, name))
+        write_atomic(os.path.join(out_dir, name), text)
 
 
 def _us(v):

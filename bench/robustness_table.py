@@ -31,6 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "robustness.md"
+sys.path.insert(0, str(ROOT / "bench"))
+from lowering_bench import write_atomic  # noqa: E402
 
 # test file -> category label (issue 6 part numbers; 7-9 from issue 21)
 CATEGORIES = {
@@ -221,14 +223,7 @@ def main() -> int:
     if args.print:
         print(text)
         return rc
-    fd, tmp = tempfile.mkstemp(dir=OUT.parent, prefix=".robustness-", suffix=".md")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, OUT)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(OUT, text)
     print(f"wrote {OUT.relative_to(ROOT)} (pytest exit code {rc})")
     return rc
 
