@@ -24,7 +24,10 @@ SOURCE = "depthwise_nhwc.cu"
 # layout, so a node without them reads NHWC for Y too (see Lowering.layouts)
 LAYOUTS = ("NHWC", "NCHW", "NHWC", "NHWC", "NHWC")
 THREADS = 256
-MAX_BLOCKS = 1 << 20  # the kernel strides over the rest (grid-stride loop)
+TILE_VECS = 32  # channel vectors a block owns at most (256 channels of fp16): a warp reads 512 bytes of a pixel
+MAX_BLOCKS = 4096  # along the pixels (about 4 waves of 8 blocks an SM on an H200); the kernel strides over the rest
+SHARED_LIMIT = 48 * 1024  # a block's weight tile in shared memory, without the opt-in to more
+UNROLLED = ((3, 3), (5, 5))  # windows with their own kernel instance, the taps unrolled; others: KH, KW at run time
 
 
 def depthwise_reason(sig: Signature) -> str | None:
@@ -37,17 +40,31 @@ def depthwise_reason(sig: Signature) -> str | None:
         return f"not a depthwise convolution (groups {g.G}, channels {g.C}, outputs {g.M})"
     if len(sig.input_shapes) > 3 and sig.input_shapes[3] is not None:
         return "a residual input (depthwise_nhwc fuses none)"
+    if g.KH * g.KW * 16 > SHARED_LIMIT:
+        return f"a {g.KH}x{g.KW} window: one channel vector's weights exceed {SHARED_LIMIT // 1024} KiB of shared memory"
     return None
 
 
-def instances(dt: str) -> list[tuple[str, str]]:
-    """The kernel instances of one dtype: channel vectors of 16 bytes, and one channel per thread."""
-    return [(SOURCE, instance("depthwise_nhwc", dt, v)) for v in (VEC16[dt], 1)]
+def window(g) -> tuple[int, int]:
+    """The (KH, KW) template arguments of ``g``'s instance: its window where one is unrolled, else (0, 0)."""
+    return (g.KH, g.KW) if (g.KH, g.KW) in UNROLLED else (0, 0)
+
+
+def instances(dt: str, windows=UNROLLED + ((0, 0),)) -> list[tuple[str, str]]:
+    """Kernel instances of one dtype: per window, channel vectors of 16 bytes and one channel a thread."""
+    return [(SOURCE, instance("depthwise_nhwc", dt, v, kh, kw)) for kh, kw in windows for v in (VEC16[dt], 1)]
+
+
+def tile(g, vec: int, itemsize: int) -> tuple[int, int]:
+    """(channel vectors a block owns, shared-memory bytes of its weights) for ``g`` at ``vec`` channels a thread."""
+    tcv = max(1, min(g.C // vec, TILE_VECS, SHARED_LIMIT // (g.KH * g.KW * vec * itemsize)))
+    return tcv, g.KH * g.KW * tcv * vec * itemsize
 
 
 @dataclass(frozen=True)
 class DepthwiseNhwcConv(Candidate):
-    """A depthwise convolution in NHWC: one thread per 16 bytes of channels of one output pixel."""
+    """A depthwise convolution in NHWC: a block per tile of channels (its weights in shared memory), a
+    thread per 16 bytes of channels of one output pixel at a time."""
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         return depthwise_reason(sig)
@@ -59,12 +76,13 @@ class DepthwiseNhwcConv(Candidate):
         return source_hash(SOURCE)
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return instances(geo.dtype_of(sig))
+        return instances(geo.dtype_of(sig), (window(geo.conv_geom(sig)),))
 
     def build(self, sig: Signature, arch: str) -> Lowering:
         g, dt = applied(self, sig)
         vec = VEC16[dt]
-        wide, narrow = (get_kernel(src, expr) for src, expr in instances(dt))
+        wide, narrow = (get_kernel(src, expr) for src, expr in instances(dt, (window(g),)))
+        itemsize = np.dtype(dt).itemsize
         act = geo.act_args(sig)
         i32, f32 = np.int32, np.float32
         geom = tuple(i32(v) for v in (g.N, g.C, g.H, g.W, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw))
@@ -89,8 +107,9 @@ class DepthwiseNhwcConv(Candidate):
                 return  # an empty batch: nothing to write (a grid of no blocks is a launch error)
             wide_ok = g.C % vec == 0 and X.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
             kern, v = (wide, vec) if wide_ok else (narrow, 1)
-            blocks = min(MAX_BLOCKS, -(-(pixels * (g.C // v)) // THREADS))
-            kern((blocks,), (THREADS,), (X, Wt, ptr(B), y) + geom + tail)
+            tcv, smem = tile(g, v, itemsize)
+            grid = (min(MAX_BLOCKS, -(-pixels // (THREADS // tcv))), -(-(g.C // v) // tcv))
+            kern(grid, (THREADS,), (X, Wt, ptr(B), y) + geom + (i32(tcv),) + tail, shared_mem=smem)
 
         return Lowering(launch=launch, layouts=LAYOUTS, capturable=True)
 

@@ -1,56 +1,81 @@
 // CBR lowering: depthwise convolution (groups == C == M) in NHWC, fp32 accumulation, bias and
-// activation fused. One thread computes VEC consecutive channels of one output pixel: threads walk
-// the output in memory order (channels fastest), so each window tap is one coalesced 16-byte load of X
-// per thread and the store one 16-byte store of Y (VEC == 1: any channel count). The weights stay in
-// their ONNX order [C][1][KH][KW] (read through the read-only cache). In NHWC a MobileNet or
-// EfficientNet block needs no layout conversion around its depthwise layer, where graphopt's NCHW
-// `direct_k3` made the tuner alternate layouts (33 conversions in MobileNetV2 at bs32) and cuDNN's
-// NHWC depthwise plans were 11x slower (bench/NOTES_e2e.md).
+// activation fused. In NHWC a MobileNet or EfficientNet block needs no layout conversion around its
+// depthwise layer, where graphopt's NCHW `direct_k3` made the tuner alternate layouts (33 conversions
+// in MobileNetV2 at bs32) and cuDNN's NHWC depthwise plans were 11x slower (bench/NOTES_e2e.md).
+//
+// A block owns a tile of TCV channel vectors (VEC consecutive channels each, 16 bytes when VEC > 1)
+// and walks output pixels: thread (tx, ty) = (threadIdx.x % TCV, threadIdx.x / TCV) computes channel
+// vector tx of pixels ty, ty + PY, ... (PY = blockDim.x / TCV; grid-stride over blockIdx.x), so a
+// warp's loads of X are consecutive 16-byte vectors of one or a few neighbouring pixels. The block
+// first copies its tile's weights from their ONNX order [C][1][KH][KW] into shared memory as
+// [tap][channel], so every tap's weights for a thread's VEC channels are one 16-byte shared load
+// (broadcast across ty). KH_ and KW_ fixed at compile time (3x3, 5x5) unroll the window so every
+// tap's loads are in flight together: with the window a runtime loop, a thread waited on each tap's
+// loads in turn, which made small layers latency-bound (7 us for a 3x3 and 15 us for a 5x5 layer at
+// bs1 on the H100 whatever its size, against 3-5 us for cuDNN; bench/NOTES_e2e.md). KH_ == 0: the
+// window comes from KH, KW at run time (any size).
 template <typename T, int VEC>
 struct __align__(sizeof(T) * VEC) DwVec {
     T v[VEC];
 };
 
-template <typename T, int VEC>
+template <typename T, int VEC, int KH_, int KW_>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict__ Bias, T* __restrict__ Y,
                int N, int C, int H, int W, int OH, int OW, int KH, int KW, int sh, int sw, int ph, int pw,
-               int dh, int dw, int act, float act_alpha, float act_beta, float lo, float hi)
+               int dh, int dw, int TCV, int act, float act_alpha, float act_beta, float lo, float hi)
 {
+    extern __shared__ __align__(16) unsigned char dw_smem[];
+    T* sw_ = reinterpret_cast<T*>(dw_smem);  // [KH * KW][TCV * VEC]
+    if (KH_ > 0) { KH = KH_; KW = KW_; }
+    const int KK = KH * KW;
     const int CV = C / VEC;
-    const long long total = (long long)N * OH * OW * CV;
+    const int TCW = TCV * VEC;                 // channels of a full tile
+    const int c0 = blockIdx.y * TCW;           // this tile's first channel
+    const int tile_c = min(TCW, C - c0);
+    for (int i = threadIdx.x; i < tile_c * KK; i += blockDim.x) {  // consecutive i: consecutive weights
+        const int ch = i / KK, tap = i - ch * KK;
+        sw_[tap * TCW + ch] = Wt[(long long)(c0 + ch) * KK + tap];
+    }
+    __syncthreads();
+    const int PY = blockDim.x / TCV;
+    const int tx = threadIdx.x % TCV, ty = threadIdx.x / TCV;
+    const int cv = blockIdx.y * TCV + tx;
+    if (ty >= PY || cv >= CV) return;          // the block's spare threads; no barrier follows
+    const int c = cv * VEC;
     ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
-        const int cv = (int)(idx % CV);
-        long long rest = idx / CV;
-        const int ow = (int)(rest % OW); rest /= OW;
+    float bias[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) bias[v] = Bias ? Num<T>::load(Bias + c + v) : 0.0f;
+    const T* wtile = sw_ + tx * VEC;
+    const long long pixels = (long long)N * OH * OW;
+    for (long long p = (long long)blockIdx.x * PY + ty; p < pixels; p += (long long)gridDim.x * PY) {
+        const int ow = (int)(p % OW);
+        const long long rest = p / OW;
         const int oh = (int)(rest % OH);
         const int n = (int)(rest / OH);
-        const int c = cv * VEC;
         float acc[VEC];
 #pragma unroll
         for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
         const int ih0 = oh * sh - ph, iw0 = ow * sw - pw;
-        for (int r = 0; r < KH; ++r) {
+        const T* xn = X + (long long)n * H * W * C + c;
+#pragma unroll
+        for (int r = 0; r < (KH_ > 0 ? KH_ : KH); ++r) {
             const int ih = ih0 + r * dh;
             if ((unsigned)ih >= (unsigned)H) continue;
-            for (int s = 0; s < KW; ++s) {
+#pragma unroll
+            for (int s = 0; s < (KW_ > 0 ? KW_ : KW); ++s) {
                 const int iw = iw0 + s * dw;
                 if ((unsigned)iw >= (unsigned)W) continue;
-                const DwVec<T, VEC> xv = *reinterpret_cast<const DwVec<T, VEC>*>(
-                    X + (((long long)n * H + ih) * W + iw) * C + c);
-                const T* wp = Wt + (long long)c * KH * KW + r * KW + s;
+                const DwVec<T, VEC> xv = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C);
+                const DwVec<T, VEC> wv = *reinterpret_cast<const DwVec<T, VEC>*>(wtile + (r * KW + s) * TCW);
 #pragma unroll
-                for (int v = 0; v < VEC; ++v) acc[v] += Num<T>::to_f(xv.v[v]) * Num<T>::load(wp + v * KH * KW);
+                for (int v = 0; v < VEC; ++v) acc[v] += Num<T>::to_f(xv.v[v]) * Num<T>::to_f(wv.v[v]);
             }
         }
         DwVec<T, VEC> out;
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            const float b = Bias ? Num<T>::load(Bias + c + v) : 0.0f;
-            out.v[v] = Num<T>::from_f(apply_act_inline(acc[v] + b, ap));
-        }
+        for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(apply_act_inline(acc[v] + bias[v], ap));
         *reinterpret_cast<DwVec<T, VEC>*>(Y + (((long long)n * OH + oh) * OW + ow) * C + c) = out;
     }
 }

@@ -34,6 +34,9 @@ CASES = {
                                                            "pads": [2, 1, 2, 1]}, True, None),
     "depthwise_1d": ((2, 16, 29), (16, 1, 5), {"group": 16, "pads": [2, 2]}, True, None),
     "depthwise_asym_s2": ((2, 16, 9, 8), (16, 1, 3, 3), {"group": 16, "pads": [0, 2, 2, 1], "strides": [2, 2]}, False, None),
+    # depthwise_nhwc: channel tiles (the last partial), the 5x5 instance with stride 2, a 7x7 window (no unrolled instance)
+    "depthwise_tiles_5x5_s2": ((2, 264, 9, 7), (264, 1, 5, 5), {"group": 264, "pads": [2, 2, 2, 2], "strides": [2, 2]}, True, None),
+    "depthwise_7x7": ((1, 48, 11, 10), (48, 1, 7, 7), {"group": 48, "pads": [3, 3, 3, 3]}, True, None),
     "pointwise_res": ((3, 40, 7, 9), (72, 40, 1, 1), {}, True, "full"),
     "pointwise_s2": ((2, 32, 9, 9), (48, 32, 1, 1), {"strides": [2, 2]}, False, None),
     "stem7x7_s2": ((1, 3, 23, 21), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, True, None),

@@ -1,7 +1,8 @@
-"""``depthwise_nhwc.cu`` simulated thread by thread on the CPU, driven by the real launch arguments:
-each thread's index arithmetic, the ``v * KH * KW`` weight stride and the grid-stride loop as the
-kernel writes them, with every vector load and store checked for its alignment and its bounds and
-every output vector written exactly once, against the float64 CBR reference. Complements
+"""``depthwise_nhwc.cu`` simulated block by block and thread by thread on the CPU, driven by the real
+launch arguments: the weight tile's staging into shared memory, each thread's index arithmetic and
+the grid-stride loop as the kernel writes them, with every vector load and store checked for its
+alignment and its bounds (shared loads against the tile the block staged), every output vector
+written exactly once, against the float64 CBR reference. Complements
 ``test_cbr_depthwise.py`` (a vectorised model bound by parameter name); the GPU runs the kernel itself
 (tests/gpu/test_cbr_gpu.py). Small shapes: the simulation is a Python loop per thread."""
 
@@ -79,44 +80,61 @@ class _Memory:
         ctypes.memmove(ptr, vals.tobytes(), vals.nbytes)
 
 
-def _simulate(mem, T, VEC, grid, block, a, launches):
-    """One launch of depthwise_nhwc<T, VEC>, thread by thread."""
+def _simulate(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches):
+    """One launch of depthwise_nhwc<T, VEC, KH_, KW_>, block by block and thread by thread."""
     it = np.dtype(T).itemsize
     X, Wt, Bias, Y = (0 if isinstance(v, np.integer) else v.data.ptr for v in (a["X"], a["Wt"], a["Bias"], a["Y"]))
-    N, C, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, act = (
-        int(a[k]) for k in ("N", "C", "H", "W", "OH", "OW", "KH", "KW", "sh", "sw", "ph", "pw", "dh", "dw", "act"))
+    N, C, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, TCV, act = (
+        int(a[k]) for k in ("N", "C", "H", "W", "OH", "OW", "KH", "KW", "sh", "sw", "ph", "pw", "dh", "dw", "TCV", "act"))
     alpha, beta, lo, hi = (F32(a[k]) for k in ("act_alpha", "act_beta", "lo", "hi"))
-    CV = C // VEC
-    total = N * OH * OW * CV
-    written = np.zeros(total, int)
-    stride = grid[0] * block[0]
-    for start in range(min(stride, total)):
-        for idx in range(start, total, stride):
-            written[idx] += 1
-            cv, rest = idx % CV, idx // CV
-            ow, rest = rest % OW, rest // OW
-            oh, n = rest % OH, rest // OH
-            c = cv * VEC
-            acc = [F32(0)] * VEC
-            for r in range(KH):
-                ih = oh * sh - ph + r * dh
-                if not 0 <= ih < H:
+    if KH_ > 0:
+        assert (KH_, KW_) == (KH, KW), "an unrolled instance launched for another window"
+    KK, CV, TCW = KH * KW, C // VEC, TCV * VEC
+    PY = block[0] // TCV
+    assert shared_mem == KK * TCW * it, "the shared memory is not the weight tile's size"
+    pixels = N * OH * OW
+    written = np.zeros((pixels, CV), int)
+    for by in range(grid[1]):
+        c0 = by * TCW
+        tile_c = min(TCW, C - c0)
+        smem = np.full(KK * TCW, np.nan, T)  # what the block never wrote reads NaN
+        for i in range(tile_c * KK):  # the staging loop: every thread's share, in index order
+            ch, tap = divmod(i, KK)
+            smem[tap * TCW + ch] = mem.load(Wt + ((c0 + ch) * KK + tap) * it, T, 1, it)[0]
+        for bx in range(grid[0]):
+            for t in range(block[0]):
+                tx, ty = t % TCV, t // TCV
+                cv = by * TCV + tx
+                if ty >= PY or cv >= CV:
                     continue
-                for s in range(KW):
-                    iw = ow * sw - pw + s * dw
-                    if not 0 <= iw < W:
-                        continue
-                    xv = mem.load(X + (((n * H + ih) * W + iw) * C + c) * it, T, VEC, it * VEC)
+                c = cv * VEC
+                bias = [F32(mem.load(Bias + (c + v) * it, T, 1, it)[0]) if Bias else F32(0) for v in range(VEC)]
+                for pix in range(bx * PY + ty, pixels, grid[0] * PY):
+                    written[pix, cv] += 1
+                    ow, rest = pix % OW, pix // OW
+                    oh, n = rest % OH, rest // OH
+                    acc = [F32(0)] * VEC
+                    for r in range(KH):
+                        ih = oh * sh - ph + r * dh
+                        if not 0 <= ih < H:
+                            continue
+                        for s in range(KW):
+                            iw = ow * sw - pw + s * dw
+                            if not 0 <= iw < W:
+                                continue
+                            xv = mem.load(X + ((n * H * W + ih * W + iw) * C + c) * it, T, VEC, it * VEC)
+                            off = (r * KW + s) * TCW + tx * VEC
+                            assert off * it % (it * VEC) == 0 and off + VEC <= smem.size, "a misaligned or outside shared load"
+                            wv = smem[off:off + VEC]
+                            assert not np.isnan(wv).any(), "a shared weight the block did not stage"
+                            for v in range(VEC):
+                                acc[v] = F32(acc[v] + F32(xv[v]) * F32(wv[v]))
+                    out = np.empty(VEC, T)
                     for v in range(VEC):
-                        wv = mem.load(Wt + (c * KH * KW + r * KW + s + v * KH * KW) * it, T, 1, it)[0]
-                        acc[v] = F32(acc[v] + F32(xv[v]) * F32(wv))
-            out = np.empty(VEC, T)
-            for v in range(VEC):
-                b = F32(mem.load(Bias + (c + v) * it, T, 1, it)[0]) if Bias else F32(0)
-                out[v] = ACT[act](F32(acc[v] + b), alpha, beta, lo, hi)
-            mem.store(Y + (((n * OH + oh) * OW + ow) * C + c) * it, out, it * VEC)
+                        out[v] = ACT[act](F32(acc[v] + bias[v]), alpha, beta, lo, hi)
+                    mem.store(Y + (((n * OH + oh) * OW + ow) * C + c) * it, out, it * VEC)
     assert (written == 1).all(), "an output vector not written exactly once"
-    launches.append((VEC, grid[0]))
+    launches.append((VEC, grid[0], (KH_, KW_), TCV))
 
 
 @pytest.fixture()
@@ -124,13 +142,14 @@ def simulated(monkeypatch):
     mem, launches = _Memory(), []
 
     def get_kernel(source, expr):
-        m = re.fullmatch(r"depthwise_nhwc<(half_t|float),(\d+)>", expr)
+        m = re.fullmatch(r"depthwise_nhwc<(half_t|float),(\d+),(\d+),(\d+)>", expr)
         T = np.float16 if m.group(1) == "half_t" else np.float32
         names = _params()
 
-        def run(grid, block, args):
+        def run(grid, block, args, shared_mem=0):
             assert len(args) == len(names)
-            _simulate(mem, T, int(m.group(2)), grid, block, dict(zip(names, args)), launches)
+            _simulate(mem, T, int(m.group(2)), int(m.group(3)), int(m.group(4)), grid, block,
+                      dict(zip(names, args)), shared_mem, launches)
 
         return run
 
@@ -165,6 +184,9 @@ CASES = [  # x, w, attrs, dtype, options
     ((1, 8, 5, 5), (8, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float32", {"yoff": 4}),  # misaligned Y: narrow
     ((1, 16, 5, 5), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"xoff": 16, "yoff": 48, "wide": True}),
     ((2, 16, 9, 8), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"max_blocks": 3}),  # grid-stride loop
+    ((1, 264, 3, 2), (264, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {}),  # two channel tiles, the last of one vector
+    ((1, 256, 2, 3), (256, 1, 3, 3), {"pads": [1, 0, 1, 1]}, "float16", {"shared_limit": 2048}),  # tiles cut to fit
+    ((1, 24, 4, 5), (24, 1, 2, 3), {"pads": [1, 1, 0, 1]}, "float32", {}),  # a window with no unrolled instance
 ]
 
 
@@ -173,6 +195,8 @@ def test_the_kernel_simulated_thread_by_thread(simulated, monkeypatch, xs, ws, a
     mem, launches = simulated
     if "max_blocks" in opts:
         monkeypatch.setattr(cbr_depthwise, "MAX_BLOCKS", opts["max_blocks"])
+    if "shared_limit" in opts:
+        monkeypatch.setattr(cbr_depthwise, "SHARED_LIMIT", opts["shared_limit"])
     attrs = dict(attrs, group=xs[1], activation="Relu")
     bias = opts.get("bias", True)
     sig = Signature.make("CBR", [xs, ws, (ws[0],) if bias else None], [dtype] * 3, attrs)
@@ -186,11 +210,14 @@ def test_the_kernel_simulated_thread_by_thread(simulated, monkeypatch, xs, ws, a
     B = None if b is None else _placed(mem, b, "NCHW")
     y = _placed(mem, np.full(np.shape(ref), np.nan, dtype), "NHWC", opts.get("yoff", 0))
     low.launch([X, Wd, B], [y], None)
-    (vec, blocks), = launches
+    (vec, blocks, win, tcv), = launches
     wide = {"float16": 8, "float32": 4}[dtype]
     aligned = xs[1] % wide == 0 and opts.get("xoff", 0) % 16 == 0 and opts.get("yoff", 0) % 16 == 0
     assert vec == (wide if aligned else 1)
     assert blocks <= opts.get("max_blocks", cbr_depthwise.MAX_BLOCKS)
+    assert win == (ws[2:] if tuple(ws[2:]) in cbr_depthwise.UNROLLED else (0, 0))
+    assert tcv * vec * np.dtype(dtype).itemsize * math.prod(ws[2:]) <= cbr_depthwise.SHARED_LIMIT
+    assert tcv == min(xs[1] // vec, cbr_depthwise.TILE_VECS) or "shared_limit" in opts
     tol = 2e-2 if dtype == "float16" else 1e-5
     got = np.asarray(y).astype(np.float64)
     assert np.isfinite(got).all()
