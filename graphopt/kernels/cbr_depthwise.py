@@ -105,7 +105,7 @@ class DepthwiseNhwcConv(Candidate):
                                   f"got {B.dtype} {tuple(B.shape)}")
             if pixels == 0:
                 return  # an empty batch: nothing to write (a grid of no blocks is a launch error)
-            wide_ok = g.C % vec == 0 and X.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
+            wide_ok = g.C % vec == 0 and all(a.data.ptr % 16 == 0 for a in (X, Wt, y))  # W: the tile staging's vector loads
             kern, v = (wide, vec) if wide_ok else (narrow, 1)
             tcv, smem = tile(g, v, itemsize)
             grid = (min(MAX_BLOCKS, -(-pixels // (THREADS // tcv))), -(-(g.C // v) // tcv))

@@ -10,10 +10,11 @@
 // first copies its tile's weights from their ONNX order [C][1][KH][KW] into shared memory as
 // [tap][channel], so every tap's weights for a thread's VEC channels are one 16-byte shared load
 // (broadcast across ty). KH_ and KW_ fixed at compile time (3x3, 5x5) unroll the window so every
-// tap's loads are in flight together: with the window a runtime loop, a thread waited on each tap's
-// loads in turn, which made small layers latency-bound (7 us for a 3x3 and 15 us for a 5x5 layer at
-// bs1 on the H100 whatever its size, against 3-5 us for cuDNN; bench/NOTES_e2e.md). KH_ == 0: the
-// window comes from KH, KW at run time (any size).
+// tap's loads are in flight together. Small layers are latency-bound: a chain of dependent memory
+// round trips per thread sets their time (the first version, a runtime window loop with scalar
+// weight loads: 7 us for every 3x3 and 15 us for every 5x5 layer at bs1 on the H100 whatever its size,
+// against 3-5 us for cuDNN; see the staging below for the second). KH_ == 0: the window comes from
+// KH, KW at run time (any size).
 template <typename T, int VEC>
 struct __align__(sizeof(T) * VEC) DwVec {
     T v[VEC];
@@ -33,9 +34,33 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
     const int TCW = TCV * VEC;                 // channels of a full tile
     const int c0 = blockIdx.y * TCW;           // this tile's first channel
     const int tile_c = min(TCW, C - c0);
-    for (int i = threadIdx.x; i < tile_c * KK; i += blockDim.x) {  // consecutive i: consecutive weights
-        const int ch = i / KK, tap = i - ch * KK;
-        sw_[tap * TCW + ch] = Wt[(long long)(c0 + ch) * KK + tap];
+    // The tile's weights are contiguous in Wt: tile_c * KK elements from c0 * KK, a whole number of VEC
+    // vectors aligned to VEC elements (C and c0 are multiples of VEC). Each thread loads up to STAGE
+    // vectors before it stores any, so the block waits for about one memory round trip here; one load
+    // and its store per iteration (the first tiled version) chained 9 round trips for a 3x3 tile of 256
+    // channels and 25 for a 5x5 one, 5-13 us at bs1 on the H200 (bench/NOTES_e2e.md).
+    {
+        constexpr int STAGE = 4;
+        const DwVec<T, VEC>* wsrc = reinterpret_cast<const DwVec<T, VEC>*>(Wt + (long long)c0 * KK);
+        const int nvec = tile_c * KK / VEC;
+        for (int j0 = threadIdx.x; j0 < nvec; j0 += STAGE * blockDim.x) {
+            DwVec<T, VEC> w[STAGE];
+#pragma unroll
+            for (int b = 0; b < STAGE; ++b) {
+                const int j = j0 + b * blockDim.x;
+                if (j < nvec) w[b] = wsrc[j];
+            }
+#pragma unroll
+            for (int b = 0; b < STAGE; ++b) {
+                const int j = j0 + b * blockDim.x;
+                if (j >= nvec) break;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const int i = j * VEC + v, ch = i / KK, tap = i - ch * KK;
+                    sw_[tap * TCW + ch] = w[b].v[v];
+                }
+            }
+        }
     }
     __syncthreads();
     const int PY = blockDim.x / TCV;

@@ -98,9 +98,12 @@ def _simulate(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches):
         c0 = by * TCW
         tile_c = min(TCW, C - c0)
         smem = np.full(KK * TCW, np.nan, T)  # what the block never wrote reads NaN
-        for i in range(tile_c * KK):  # the staging loop: every thread's share, in index order
-            ch, tap = divmod(i, KK)
-            smem[tap * TCW + ch] = mem.load(Wt + ((c0 + ch) * KK + tap) * it, T, 1, it)[0]
+        assert tile_c * KK % VEC == 0 and c0 * KK % VEC == 0, "the tile is not a whole number of vectors"
+        for j in range(tile_c * KK // VEC):  # the staging loop: vector loads from the tile's first weight
+            w = mem.load(Wt + (c0 * KK + j * VEC) * it, T, VEC, it * VEC)
+            for v in range(VEC):
+                ch, tap = divmod(j * VEC + v, KK)
+                smem[tap * TCW + ch] = w[v]
         for bx in range(grid[0]):
             for t in range(block[0]):
                 tx, ty = t % TCV, t // TCV
@@ -183,6 +186,7 @@ CASES = [  # x, w, attrs, dtype, options
     ((1, 16, 5, 5), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"xoff": 2}),  # misaligned X: narrow
     ((1, 8, 5, 5), (8, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float32", {"yoff": 4}),  # misaligned Y: narrow
     ((1, 16, 5, 5), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"xoff": 16, "yoff": 48, "wide": True}),
+    ((1, 16, 5, 5), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"woff": 2}),  # misaligned W: narrow
     ((2, 16, 9, 8), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"max_blocks": 3}),  # grid-stride loop
     ((1, 264, 3, 2), (264, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {}),  # two channel tiles, the last of one vector
     ((1, 256, 2, 3), (256, 1, 3, 3), {"pads": [1, 0, 1, 1]}, "float16", {"shared_limit": 2048}),  # tiles cut to fit
@@ -206,13 +210,13 @@ def test_the_kernel_simulated_thread_by_thread(simulated, monkeypatch, xs, ws, a
     b = rng.standard_normal(ws[0]).astype(dtype) if bias else None
     ref = get_schema("CBR").reference([x.astype(np.float64), w.astype(np.float64),
                                        None if b is None else b.astype(np.float64), None], attrs)[0]
-    X, Wd = _placed(mem, x, "NHWC", opts.get("xoff", 0)), _placed(mem, w, "NCHW")
+    X, Wd = _placed(mem, x, "NHWC", opts.get("xoff", 0)), _placed(mem, w, "NCHW", opts.get("woff", 0))
     B = None if b is None else _placed(mem, b, "NCHW")
     y = _placed(mem, np.full(np.shape(ref), np.nan, dtype), "NHWC", opts.get("yoff", 0))
     low.launch([X, Wd, B], [y], None)
     (vec, blocks, win, tcv), = launches
     wide = {"float16": 8, "float32": 4}[dtype]
-    aligned = xs[1] % wide == 0 and opts.get("xoff", 0) % 16 == 0 and opts.get("yoff", 0) % 16 == 0
+    aligned = xs[1] % wide == 0 and all(opts.get(k, 0) % 16 == 0 for k in ("xoff", "yoff", "woff"))
     assert vec == (wide if aligned else 1)
     assert blocks <= opts.get("max_blocks", cbr_depthwise.MAX_BLOCKS)
     assert win == (ws[2:] if tuple(ws[2:]) in cbr_depthwise.UNROLLED else (0, 0))
