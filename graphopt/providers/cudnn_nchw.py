@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Signature
 from graphopt.providers import cudnn as base
 
@@ -23,6 +24,21 @@ OPS = ("CBR",)
 NAME = "cudnn_nchw"
 LAYOUTS = ("NCHW", "NCHW", "NCHW", "NCHW", "NCHW")  # X, W (OIHW), B (1-D), R, Y: the model's own layouts
 MAX_PLANS = 3  # each plan is built, checked and timed in a cold tuning: 4 candidates a CBR signature in all
+
+
+def nchw_reason(sig: Signature) -> str | None:
+    """Why ``sig`` has no NCHW cuDNN graph: ``cudnn``'s reasons, and one position in and out (NCHW is
+    then NHWC's memory, so ``cudnn`` covers the node in either layout; and on the H200 at bs32, 51 of
+    the 56 NCHW plans of such signatures, EfficientNet-B0's squeeze-excite 1x1 convolutions, left 81-96%
+    of their outputs unwritten where the NHWC graph was right; the numeric gate refused them, after a
+    build and a check each; at bs1 they were right)."""
+    reason = base.conv_reason(sig)
+    if reason:
+        return reason
+    g = geo.conv_geom(sig)
+    if g.H * g.W == 1 and g.OH * g.OW == 1:
+        return "one spatial position: NCHW and NHWC are the same memory, and the cudnn candidate takes it"
+    return None
 
 
 def _nchw_graph(mod, handle, sig: Signature):
@@ -43,13 +59,16 @@ class CudnnNchwConv(base.CudnnConv):
     def graphs(self):
         return _graph_for
 
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        return super().applies(sig, compute_capability) or nchw_reason(sig)
+
 
 def candidates(op: str, sig: Signature | None = None) -> list[Candidate]:
     """The heuristic candidate, plus one per plan (the first ``MAX_PLANS``) when ``sig`` is given and
     cuDNN can list them here."""
     if op not in OPS:
         return []
-    return base.plan_candidates(CudnnNchwConv, NAME, op, sig, base.conv_reason, _graph_for, limit=MAX_PLANS)
+    return base.plan_candidates(CudnnNchwConv, NAME, op, sig, nchw_reason, _graph_for, limit=MAX_PLANS)
 
 
 def from_key(op: str, key: str) -> Candidate | None:

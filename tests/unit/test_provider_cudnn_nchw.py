@@ -118,3 +118,20 @@ def test_a_refused_graph_is_remembered_in_the_process_and_on_disk(monkeypatch, t
     assert builds() == (1 if verdict else 3)
     with pytest.raises(base.GraphRefused if verdict else ValueError, match="no engine"):
         prov.CudnnNchwConv("cudnn_nchw").build(sig, "sm_90")
+
+
+def test_one_spatial_position_is_left_to_the_nhwc_graph(fake):
+    """A 1x1 input and output (a squeeze-excite 1x1 convolution): NCHW is NHWC's memory, and cuDNN's
+    NCHW engines wrote wrong answers there on the H200 at bs32; the NHWC candidate keeps every plan.
+    Near misses: one position in but not out (a padded 1x1 input), or out but not in (a 3x3 window)."""
+    mod, log = fake
+    se = _sig(x=(32, 240, 1, 1), w=(10, 240, 1, 1), activation="SiLU", pads=[0, 0, 0, 0])
+    cand = prov.CudnnNchwConv("cudnn_nchw")
+    assert "one spatial position" in cand.applies(se, (9, 0))
+    assert [c.key() for c in prov.candidates("CBR", se)] == ["cudnn_nchw"]  # nothing listed, nothing built
+    assert not any(e[0] == "pygraph" for e in log)
+    assert base.CudnnConv("cudnn").applies(se, (9, 0)) is None and len(base.candidates("CBR", se)) == 10
+    padded = _sig(x=(2, 8, 1, 1), w=(16, 8, 1, 1), activation="Relu", pads=[1, 1, 1, 1])
+    window = _sig(x=(2, 8, 3, 3), w=(16, 8, 3, 3), activation="Relu", pads=[0, 0, 0, 0])
+    for sig in (padded, window):
+        assert cand.applies(sig, (9, 0)) is None and len(prov.candidates("CBR", sig)) == 1 + prov.MAX_PLANS
