@@ -17,8 +17,26 @@ def _spin_kernel():
 
 
 def _clone(a):
-    """A fresh copy of a CuPy array (``copy``) or a torch tensor (``clone``)."""
-    return a.clone() if hasattr(a, "clone") else a.copy(order="K")  # keeps an NHWC layout
+    """A fresh copy of a CuPy (or NumPy) array or a torch tensor with ``a``'s strides, so every rotated
+    set is in the layout the lowering declares. ``copy(order="K")`` keeps a permuted layout (NHWC) but
+    packs a view with gaps: a ``rowpad`` output (rows padded to 16 bytes) came back dense, and
+    ``cublaslt_rowpad`` refused every rotated set of GPT-2's bs1 lm_head on the H200 ("timing raised";
+    at bs32 one set covers the 128 MiB, so nothing was copied)."""
+    if hasattr(a, "clone"):
+        return a.clone()
+    c = a.copy(order="K")
+    if c.strides == a.strides or a.size == 0 or min(a.strides) < 0:
+        return c
+    import numpy as np
+
+    if isinstance(a, np.ndarray):
+        xp = np
+    else:
+        import cupy as xp
+    span = a.itemsize + sum((d - 1) * s for d, s in zip(a.shape, a.strides))  # bytes from the first to the last element
+    out = xp.lib.stride_tricks.as_strided(xp.empty(-(-span // a.itemsize), dtype=a.dtype), a.shape, a.strides)
+    out[...] = a
+    return out
 
 
 def _nbytes(arrays) -> int:
