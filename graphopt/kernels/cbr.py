@@ -2,6 +2,8 @@
 
 - ``direct``         (a) direct convolution, one thread per ``opt`` output columns;
 - ``depthwise_nhwc``     a depthwise convolution in NHWC (``cbr_depthwise``), 16 bytes of channels per thread;
+- ``stem``               a convolution of at most 4 input channels (image stems; ``cbr_stem``): NCHW in, NHWC
+                         or NCHW out, ``mv`` output channels a thread, every weight in shared memory;
 - ``implicit_gemm``  (b) tensor-core implicit GEMM (mma.sync fp16 / tf32), epilogue fused,
                          reading NCHW directly (no layout conversion, so none is counted);
 - ``cublas``         (c) cuBLAS through ``cupy.matmul`` (1x1 stride-1 convs as a batched GEMM on
@@ -21,6 +23,7 @@ from graphopt.kernels.cbr_cublas import CublasConv
 from graphopt.kernels.cbr_depthwise import DepthwiseNhwcConv
 from graphopt.kernels.cbr_direct import DirectConv
 from graphopt.kernels.cbr_mma import ImplicitGemmConv, ImplicitGemmNhwcConv, PointwiseGemmConv
+from graphopt.kernels.cbr_stem import stem_candidates
 from graphopt.kernels.mma_tiles import mma_family
 from graphopt.lowering.contract import Candidate
 
@@ -30,6 +33,7 @@ def cbr_candidates() -> list[Candidate]:
     out: list[Candidate] = [DirectConv("direct", (("opt", o),)) for o in (1, 2, 4)]
     out += [DirectConv("direct_k3", (("opt", o),)) for o in (4, 8)]
     out.append(DepthwiseNhwcConv("depthwise_nhwc", ()))
+    out += stem_candidates()
     out += mma_family(ImplicitGemmConv, "implicit_gemm", pipelined=False)
     out += mma_family(ImplicitGemmNhwcConv, "implicit_gemm_nhwc")
     out += mma_family(PointwiseGemmConv, "pointwise_gemm")

@@ -165,6 +165,7 @@ def all_kernel_instances() -> list[tuple[str, str]]:
     """Every (source, template instance) any candidate can compile, for CI and prebuilding."""
     from graphopt.kernels.mma_tiles import PIPE_DTYPES, PIPE_STAGES, PIPE_TILES, TILE_CONFIGS_BK
     from graphopt.kernels.cbr_depthwise import instances as depthwise_instances
+    from graphopt.kernels.cbr_stem import instances as stem_instances
     from graphopt.kernels.pool import instances as pool_instances
     from graphopt.kernels.source import VEC16, instance
 
@@ -176,6 +177,7 @@ def all_kernel_instances() -> list[tuple[str, str]]:
             for sw in (1, 2):
                 out.append(("direct_conv.cu", instance("direct_conv", dt, opt, 3, sw)))
         out += depthwise_instances(dt)
+        out += stem_instances(dt)
         for mode in (0, 1, 2, 3):
             for bm, bn, wm, wn, bk in TILE_CONFIGS_BK:
                 for sepi in (0, 1):

@@ -23,7 +23,7 @@ from graphopt.errors import TuningError
 
 KERNEL_DIR = Path(__file__).resolve().parent
 PRELUDE = "common.cuh"
-SOURCES = ("direct_conv.cu", "depthwise_nhwc.cu", "mma_gemm.cu", "elementwise.cu", "norm.cu", "attention.cu", "pool.cu", "rope.cu",
+SOURCES = ("direct_conv.cu", "depthwise_nhwc.cu", "stem_conv.cu", "mma_gemm.cu", "elementwise.cu", "norm.cu", "attention.cu", "pool.cu", "rope.cu",
            "group_norm.cu", "glu.cu")
 OPTIONS = ("-std=c++17",)
 
@@ -82,7 +82,7 @@ def _int(v: Any) -> int:
 
 def instance(template: str, dtype: str, *ints: int) -> str:
     """``template<ctype, i0, i1, ...>`` from validated parts, e.g. ``mma_gemm<half_t,2,128,...>``."""
-    if template not in ("direct_conv", "depthwise_nhwc", "mma_gemm", "epilogue_nchw", "epilogue_gemm", "epilogue_gemm_vec", "im2col", "nchw_to_nhwc", "weight_to_rsc",
+    if template not in ("direct_conv", "depthwise_nhwc", "stem_conv", "mma_gemm", "epilogue_nchw", "epilogue_gemm", "epilogue_gemm_vec", "im2col", "nchw_to_nhwc", "weight_to_rsc",
                         "pad_channels_nhwc",
                         "norm_rows", "attn_softmax", "flash_attn", "flash_mma", "pool2d", "global_pool", "global_pool_finish", "rope", "rope_vec", "group_norm",
                         "glu_gate"):

@@ -37,6 +37,10 @@ CASES = {
     # depthwise_nhwc: channel tiles (the last partial), the 5x5 instance with stride 2, a 7x7 window (no unrolled instance)
     "depthwise_tiles_5x5_s2": ((2, 264, 9, 7), (264, 1, 5, 5), {"group": 264, "pads": [2, 2, 2, 2], "strides": [2, 2]}, True, None),
     "depthwise_7x7": ((1, 48, 11, 10), (48, 1, 7, 7), {"group": 48, "pads": [3, 3, 3, 3]}, True, None),
+    # stem: RGB 3x3 stride 2 with 32 outputs (every mv), one input channel with dilation, 1-D, a 7x7 stem (stem7x7_s2 below)
+    "stem_rgb_3x3_s2": ((2, 3, 17, 15), (32, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, True, None),
+    "stem_gray_dil": ((1, 1, 12, 13), (16, 1, 3, 3), {"dilations": [2, 1], "pads": [0, 2, 1, 0]}, False, None),
+    "stem_1d": ((2, 4, 31), (24, 4, 5), {"strides": [2], "pads": [2, 2]}, True, None),
     "pointwise_res": ((3, 40, 7, 9), (72, 40, 1, 1), {}, True, "full"),
     "pointwise_s2": ((2, 32, 9, 9), (48, 32, 1, 1), {"strides": [2, 2]}, False, None),
     "stem7x7_s2": ((1, 3, 23, 21), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, True, None),
@@ -146,3 +150,18 @@ def test_depthwise_nhwc_every_activation(ai, dtype):
     xs, ws, _, _, _ = CASES[name]
     inputs, attrs, ref = _data(name, dtype, ai)
     run_and_check(DepthwiseNhwcConv("depthwise_nhwc", ()), "CBR", [xs, ws, (ws[0],), None], dtype, attrs, inputs, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("y", ("nhwc", "nchw"))
+@pytest.mark.parametrize("ai", range(len(ACTS)), ids=lambda i: ACTS[i]["activation"])
+def test_stem_every_activation(ai, y, dtype):
+    """The ``stem`` family fuses no residual either: every activation on the RGB 3x3 stride-2 case,
+    both layouts of Y."""
+    from graphopt.kernels.cbr_stem import StemConv
+
+    name = "stem_rgb_3x3_s2"
+    xs, ws, _, _, _ = CASES[name]
+    inputs, attrs, ref = _data(name, dtype, ai)
+    run_and_check(StemConv("stem", (("mv", 16), ("y", y))), "CBR", [xs, ws, (ws[0],), None], dtype, attrs, inputs, ref)

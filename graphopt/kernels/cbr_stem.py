@@ -1,0 +1,117 @@
+"""CBR's ``stem`` family: a convolution with few input channels (C <= 4, groups 1, no residual), an
+image stem, on the CUDA cores (``stem_conv.cu``): X read in NCHW, Y written NHWC (``y=nhwc``, 16-byte
+stores) or NCHW (``y=nchw``), a thread per ``mv`` output channels of one pixel, every weight in shared
+memory. A stem's reduction (C*KH*KW = 27 for a 3x3 RGB stem) is too short for a tensor-core tile:
+MobileNetV2's stem at bs32 took 88 us on the H200 through implicit GEMM, and cuDNN offered a single
+550 us plan for its Clip form (bench/NOTES_e2e.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from graphopt.errors import TuningError
+from graphopt.kernels import geometry as geo
+from graphopt.kernels.cbr_common import applied, check_common
+from graphopt.kernels.mma_args import ptr
+from graphopt.kernels.source import get_kernel, instance, source_hash
+from graphopt.lowering.contract import Candidate, Lowering, Signature
+from graphopt.lowering.layout import is_layout
+
+SOURCE = "stem_conv.cu"
+MAX_CHANNELS = 4  # input channels (RGB, RGBA)
+CHANNELS_PER_THREAD = (8, 16, 32)  # the ``mv`` parameter: output channels a thread accumulates
+Y_LAYOUTS = ("nhwc", "nchw")
+SHARED_LIMIT = 48 * 1024  # the staged fp32 weights and bias, without the opt-in to more
+THREADS = 256
+MAX_BLOCKS = 132 * 8  # about one wave of 8 blocks an SM on an H100/H200; a grid-stride loop does the rest
+
+
+def stem_reason(sig: Signature, mv: int = CHANNELS_PER_THREAD[0]) -> str | None:
+    """Why the ``stem`` family (``mv`` channels a thread) does not take ``sig`` (None: it does)."""
+    reason = check_common(sig)
+    if reason:
+        return reason
+    g = geo.conv_geom(sig)
+    if g.G != 1:
+        return f"a grouped convolution (groups {g.G})"
+    if g.C > MAX_CHANNELS:
+        return f"{g.C} input channels (the stem kernel takes at most {MAX_CHANNELS})"
+    if len(sig.input_shapes) > 3 and sig.input_shapes[3] is not None:
+        return "a residual input (the stem kernel fuses none)"
+    if g.M % mv:
+        return f"{g.M} output channels are not a multiple of {mv} (channels a thread)"
+    if shared_bytes(g) > SHARED_LIMIT:
+        return f"{g.M} x {g.C * g.KH * g.KW} weights exceed {SHARED_LIMIT // 1024} KiB of shared memory as fp32"
+    return None
+
+
+def shared_bytes(g) -> int:
+    return 4 * (g.C * g.KH * g.KW * g.M + g.M)
+
+
+def instances(dt: str, mvs: Sequence[int] = CHANNELS_PER_THREAD) -> list[tuple[str, str]]:
+    return [(SOURCE, instance("stem_conv", dt, mv)) for mv in mvs]
+
+
+@dataclass(frozen=True)
+class StemConv(Candidate):
+    """params: ``mv`` (output channels a thread), ``y`` (``nhwc`` or ``nchw``, the layout of Y)."""
+
+    def _mv(self) -> int:
+        return int(self.param("mv", CHANNELS_PER_THREAD[0]))
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        return stem_reason(sig, self._mv())
+
+    def layouts(self, sig: Signature) -> tuple[str, ...]:
+        y = self.param("y", "nhwc").upper()
+        return ("NCHW", "NCHW", y, y, y)  # X (the graph input's layout), W (OIHW); B and R slots carry Y's
+
+    def source_hash(self) -> str:
+        return source_hash(SOURCE)
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        return instances(geo.dtype_of(sig), (self._mv(),))
+
+    def build(self, sig: Signature, arch: str) -> Lowering:
+        g, dt = applied(self, sig)
+        mv, y_layout = self._mv(), self.param("y", "nhwc").upper()
+        kern = get_kernel(*instances(dt, (mv,))[0])
+        act = geo.act_args(sig)
+        i32, f32 = np.int32, np.float32
+        geom = tuple(i32(v) for v in (g.N, g.C, g.H, g.W, g.M, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw))
+        tail = (i32(y_layout == "NHWC"), i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+        threads = g.N * g.OH * g.OW * (g.M // mv)
+        layouts = self.layouts(sig)
+        x_shape = (g.N, g.C) + ((g.W,) if g.one_d else (g.H, g.W))
+
+        def launch(inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any = None) -> None:
+            X, Wt, B = (list(inputs) + [None, None])[:3]
+            y = outputs[0]
+            for name, a, shape, lay in (("X", X, x_shape, "NCHW"), ("Y", y, g.out_shape, y_layout)):
+                if tuple(a.shape) != shape or str(a.dtype) != dt or not is_layout(a, lay):
+                    raise TuningError(f"stem: {name} must be an {lay} {dt} array of shape {shape}, "
+                                      f"got {a.dtype} {tuple(a.shape)} strides {a.strides}")
+            if y_layout == "NHWC" and y.data.ptr % 16:
+                raise TuningError("stem: an NHWC Y must start on a 16-byte boundary (its vector stores)")
+            w_shape = (g.M, g.C) + ((g.KW,) if g.one_d else (g.KH, g.KW))
+            if tuple(Wt.shape) != w_shape or str(Wt.dtype) != dt or not Wt.flags.c_contiguous:
+                raise TuningError(f"stem: W must be a C-contiguous {dt} array of shape {w_shape}, got {Wt.dtype} {tuple(Wt.shape)}")
+            if B is not None and (tuple(B.shape) != (g.M,) or str(B.dtype) != dt or not B.flags.c_contiguous):
+                raise TuningError(f"stem: B must be a contiguous {dt} array of shape ({g.M},), got {B.dtype} {tuple(B.shape)}")
+            if threads == 0:
+                return  # an empty batch: nothing to write (a grid of no blocks is a launch error)
+            blocks = min(MAX_BLOCKS, -(-threads // THREADS))
+            kern((blocks,), (THREADS,), (X, Wt, ptr(B), y) + geom + tail, shared_mem=shared_bytes(g))
+
+        return Lowering(launch=launch, layouts=layouts, capturable=True)
+
+
+def stem_candidates() -> list[StemConv]:
+    return [StemConv("stem", (("mv", mv), ("y", y))) for mv in CHANNELS_PER_THREAD for y in Y_LAYOUTS]
+
+
+__all__ = ["StemConv", "stem_candidates", "stem_reason"]

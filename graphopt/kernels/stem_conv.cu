@@ -1,0 +1,95 @@
+// CBR lowering for convolutions with few input channels (C <= 4, groups 1): the image stems of CNNs
+// (3 channels in, 3x3 or 7x7, stride 2). fp32 accumulation, bias and activation fused, X read in NCHW
+// (the graph input's own layout), Y written NHWC (Y_NHWC = 1: 16-byte stores of MV channels) or NCHW.
+//
+// Why: a stem's K = C*KH*KW is 27 (3x3) to 147 (7x7), too short for a tensor-core tile and an odd
+// row for a GEMM, so implicit GEMM and cuDNN ran MobileNetV2's 3x3 stem at bs32 in 88 us on the H200
+// where its bytes need ~8 us and its 0.35 GFMA ~10 us on the CUDA cores; cuDNN offered one 550 us plan
+// for its Clip form (bench/NOTES_e2e.md). Here a thread computes MV output channels of one pixel: it
+// reads the pixel's C*KH*KW inputs once and takes every weight from shared memory, where the block
+// staged all M x K of them as fp32 [k][m] (a warp's threads share their channel group, so each weight
+// read is one broadcast 16-byte load). Threads walk pixels fastest, so a warp's input reads are
+// neighbouring columns.
+template <typename T, int MV>
+struct __align__(sizeof(T) * MV < 16 ? sizeof(T) * MV : 16) StemOut {
+    T v[MV];
+};
+
+template <typename T, int MV>
+__global__ void __launch_bounds__(256)
+stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict__ Bias, T* __restrict__ Y,
+          int N, int C, int H, int W, int M, int OH, int OW, int KH, int KW, int sh, int sw, int ph, int pw,
+          int dh, int dw, int y_nhwc, int act, float act_alpha, float act_beta, float lo, float hi)
+{
+    extern __shared__ __align__(16) float stem_smem[];  // [K][M] weights, then [M] bias
+    const int K = C * KH * KW;
+    {   // stage: Wt is [M][K] (OIHW); up to 8 loads in flight per thread before their stores
+        constexpr int STAGE = 8;
+        const int total = M * K;
+        for (int i0 = threadIdx.x; i0 < total; i0 += STAGE * blockDim.x) {
+            float w[STAGE];
+#pragma unroll
+            for (int b = 0; b < STAGE; ++b) {
+                const int i = i0 + b * blockDim.x;
+                w[b] = i < total ? Num<T>::load(Wt + i) : 0.0f;
+            }
+#pragma unroll
+            for (int b = 0; b < STAGE; ++b) {
+                const int i = i0 + b * blockDim.x;
+                if (i < total) {
+                    const int m = i / K, k = i - m * K;
+                    stem_smem[k * M + m] = w[b];
+                }
+            }
+        }
+        for (int m = threadIdx.x; m < M; m += blockDim.x) stem_smem[K * M + m] = Bias ? Num<T>::load(Bias + m) : 0.0f;
+    }
+    __syncthreads();
+    ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
+    const long long pixels = (long long)N * OH * OW;
+    const long long total = pixels * (M / MV);
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const long long p = idx % pixels;
+        const int m0 = (int)(idx / pixels) * MV;
+        const int ow = (int)(p % OW);
+        const long long rest = p / OW;
+        const int oh = (int)(rest % OH);
+        const int n = (int)(rest / OH);
+        float acc[MV];
+#pragma unroll
+        for (int j = 0; j < MV; ++j) acc[j] = stem_smem[K * M + m0 + j];
+        const int ih0 = oh * sh - ph, iw0 = ow * sw - pw;
+        int k = 0;
+        for (int c = 0; c < C; ++c) {
+            const T* xc = X + ((long long)n * C + c) * H * W;
+            for (int r = 0; r < KH; ++r) {
+                const int ih = ih0 + r * dh;
+                const bool row_in = (unsigned)ih < (unsigned)H;
+#pragma unroll 4
+                for (int s = 0; s < KW; ++s, ++k) {
+                    const int iw = iw0 + s * dw;
+                    if (!row_in || (unsigned)iw >= (unsigned)W) continue;
+                    const float x = Num<T>::load(xc + (long long)ih * W + iw);
+                    const float4* wk = reinterpret_cast<const float4*>(stem_smem + k * M + m0);
+#pragma unroll
+                    for (int j = 0; j < MV / 4; ++j) {
+                        const float4 w4 = wk[j];
+                        acc[4 * j] += x * w4.x; acc[4 * j + 1] += x * w4.y;
+                        acc[4 * j + 2] += x * w4.z; acc[4 * j + 3] += x * w4.w;
+                    }
+                }
+            }
+        }
+        if (y_nhwc) {
+            StemOut<T, MV> out;
+#pragma unroll
+            for (int j = 0; j < MV; ++j) out.v[j] = Num<T>::from_f(apply_act_inline(acc[j], ap));
+            *reinterpret_cast<StemOut<T, MV>*>(Y + p * M + m0) = out;
+        } else {
+            T* yp = Y + ((long long)n * M + m0) * OH * OW + (long long)oh * OW + ow;
+#pragma unroll
+            for (int j = 0; j < MV; ++j) yp[(long long)j * OH * OW] = Num<T>::from_f(apply_act_inline(acc[j], ap));
+        }
+    }
+}
