@@ -402,3 +402,29 @@ def candidate_key_layouts(key, trans_b=False):
     else:
         sig = signature_of("GemmAct", [(8, 16), (16, 33)], ["float16", "float16"], {"mode": "matmul"})
     return candidate_from_key("GemmAct", key).layouts(sig)
+
+
+class StemLikeCand(LayoutCand):
+    """A fake lowering that reads X in NCHW and writes Y in NHWC (as the ``stem`` family's ``y=nhwc``)."""
+
+    def layouts(self, sig):
+        return ("NCHW", "NCHW", "NHWC", "NHWC", "NHWC") if self.name == "stem" else super().layouts(sig)
+
+
+def test_a_node_that_reads_nchw_and_writes_nhwc_removes_the_input_conversion():
+    """The chain's first conv with a stem-like option (NCHW in, NHWC out, a little slower than cuDNN's
+    NHWC plan): taking it saves the graph input's conversion, so the whole graph has none. Near miss:
+    slower than cuDNN by more than that conversion, cuDNN stays and the input is converted."""
+    for extra, want, conversions in ((0.5, "stem", 0), (1.5, "cudnn", 1)):
+        graph = fused(chain_model())
+        c1 = cbr_nodes(graph)[0]
+
+        def make(sig, extra=extra):
+            cands = [StemLikeCand("cudnn", (("ms", 0.010),)), StemLikeCand("direct", (("ms", 0.050),))]
+            if sig.attr("group", 1) == 1 and sig.input_shapes[0] == (1, 32, 28, 28) and sig.attr("kernel_shape") == (1, 1):
+                cands.append(StemLikeCand("stem", (("ms", 0.010 + extra * CONV),)))
+            return cands
+
+        rep = profiled(graph, make)
+        assert c1.attr("lowering") == want and c1.attr(LAYOUT_ATTR) == NHWC
+        assert len(rep.conversions) == conversions, edges(rep)
