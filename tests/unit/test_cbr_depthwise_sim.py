@@ -31,9 +31,32 @@ class _Dev(np.ndarray):
         return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
 
 
-def _params() -> list[str]:
-    body = re.search(r"depthwise_nhwc\((.*?)\)\s*\{", (KERNEL_DIR / cbr_depthwise.SOURCE).read_text(), re.S).group(1)
+def kernel_params(source: str, kernel: str) -> list[str]:
+    """The parameter names of ``kernel`` in ``source``, in order (a launch's arguments bind to them)."""
+    body = re.search(kernel + r"\((.*?)\)\s*\{", (KERNEL_DIR / source).read_text(), re.S).group(1)
     return [p.strip().split()[-1].lstrip("*") for p in body.split(",")]
+
+
+def install_simulator(monkeypatch, module, kernel: str, simulate):
+    """``module.get_kernel`` replaced by one whose ``kernel<T, i0, i1, ...>`` launches run
+    ``simulate(mem, T, i0, i1, ..., grid, block, args_by_name, shared_mem, launches)`` on the CPU.
+    Returns (the memory checker, the launches list)."""
+    mem, launches = _Memory(), []
+    names = kernel_params(module.SOURCE, kernel)
+
+    def get_kernel(source, expr):
+        m = re.fullmatch(kernel + r"<(half_t|float)((?:,\d+)*)>", expr)
+        T = np.float16 if m.group(1) == "half_t" else np.float32
+        ints = [int(v) for v in m.group(2).split(",")[1:]]
+
+        def run(grid, block, args, shared_mem=0):
+            assert len(args) == len(names)
+            simulate(mem, T, *ints, grid, block, dict(zip(names, args)), shared_mem, launches)
+
+        return run
+
+    monkeypatch.setattr(module, "get_kernel", get_kernel)
+    return mem, launches
 
 
 def _sigmoid(v):
@@ -142,22 +165,7 @@ def _simulate(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches):
 
 @pytest.fixture()
 def simulated(monkeypatch):
-    mem, launches = _Memory(), []
-
-    def get_kernel(source, expr):
-        m = re.fullmatch(r"depthwise_nhwc<(half_t|float),(\d+),(\d+),(\d+)>", expr)
-        T = np.float16 if m.group(1) == "half_t" else np.float32
-        names = _params()
-
-        def run(grid, block, args, shared_mem=0):
-            assert len(args) == len(names)
-            _simulate(mem, T, int(m.group(2)), int(m.group(3)), int(m.group(4)), grid, block,
-                      dict(zip(names, args)), shared_mem, launches)
-
-        return run
-
-    monkeypatch.setattr(cbr_depthwise, "get_kernel", get_kernel)
-    return mem, launches
+    return install_simulator(monkeypatch, cbr_depthwise, "depthwise_nhwc", _simulate)
 
 
 def _placed(mem, a, layout, byte_offset=0):

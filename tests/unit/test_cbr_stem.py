@@ -6,7 +6,6 @@ against the float64 CBR reference. The GPU runs the kernel itself (tests/gpu/tes
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -14,24 +13,18 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_cbr_depthwise_sim import ACT, F32, _Memory, _placed  # noqa: E402
+from test_cbr_depthwise_sim import ACT, F32, _Memory, _placed, install_simulator  # noqa: E402
 
 from graphopt.errors import TuningError  # noqa: E402
 from graphopt.kernels import cbr_stem  # noqa: E402
 from graphopt.kernels.cbr import cbr_candidates  # noqa: E402
 from graphopt.kernels.registry import candidate_from_key  # noqa: E402
-from graphopt.kernels.source import KERNEL_DIR  # noqa: E402
 from graphopt.lowering.contract import Signature  # noqa: E402
 from graphopt.ops import get_schema  # noqa: E402
 
 
 def _sig(xs, ws, attrs, dtype="float16", bias=True, res=None):
     return Signature.make("CBR", [xs, ws, (ws[0],) if bias else None, res], [dtype] * 4, attrs)
-
-
-def _params() -> list[str]:
-    body = re.search(r"stem_conv\((.*?)\)\s*\{", (KERNEL_DIR / cbr_stem.SOURCE).read_text(), re.S).group(1)
-    return [p.strip().split()[-1].lstrip("*") for p in body.split(",")]
 
 
 def test_it_applies_to_few_input_channels_only_and_says_why_not():
@@ -126,21 +119,7 @@ def _simulate(mem, T, MV, grid, block, a, shared_mem, launches):
 
 @pytest.fixture()
 def simulated(monkeypatch):
-    mem, launches = _Memory(), []
-
-    def get_kernel(source, expr):
-        m = re.fullmatch(r"stem_conv<(half_t|float),(\d+)>", expr)
-        T = np.float16 if m.group(1) == "half_t" else np.float32
-        names = _params()
-
-        def run(grid, block, args, shared_mem=0):
-            assert len(args) == len(names)
-            _simulate(mem, T, int(m.group(2)), grid, block, dict(zip(names, args)), shared_mem, launches)
-
-        return run
-
-    monkeypatch.setattr(cbr_stem, "get_kernel", get_kernel)
-    return mem, launches
+    return install_simulator(monkeypatch, cbr_stem, "stem_conv", _simulate)
 
 
 CASES = [  # x, w, attrs, dtype, options
