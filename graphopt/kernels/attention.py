@@ -46,7 +46,7 @@ from graphopt.lowering.contract import Candidate, Signature
 from graphopt.ops.attention import operands as attention_operands
 from graphopt.ops.attention import swap_heads
 from graphopt.kernels.mma_args import ptr
-from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
+from graphopt.kernels.source import SHARED_DEFAULT_BYTES, VEC16, get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
 MASK_CODES = {"none": 0, "additive": 1, "bool": 2}
@@ -301,7 +301,7 @@ class FlashAttention(_AttentionKernels, Candidate):
             return f"dmax={smaller[0]} already holds head dim {hd}"
         if p.Z > GRID_Y_MAX:
             return f"{p.Z} batch x heads > {GRID_Y_MAX} (grid y)"
-        limit = 227 * 1024 if compute_capability >= (9, 0) else 163 * 1024 if compute_capability >= (8, 0) else 48 * 1024
+        limit = 227 * 1024 if compute_capability >= (9, 0) else 163 * 1024 if compute_capability >= (8, 0) else SHARED_DEFAULT_BYTES
         if flash_smem_bytes(dmax, bm) > limit:
             return f"{flash_smem_bytes(dmax, bm)} bytes of shared memory > {limit} on sm {compute_capability}"
         return None

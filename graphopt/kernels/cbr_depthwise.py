@@ -15,7 +15,7 @@ from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.cbr_common import applied, check_common
 from graphopt.kernels.mma_args import ptr
-from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
+from graphopt.kernels.source import SHARED_DEFAULT_BYTES, VEC16, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.lowering.layout import is_layout
 
@@ -26,7 +26,7 @@ LAYOUTS = ("NHWC", "NCHW", "NHWC", "NHWC", "NHWC")
 THREADS = 256
 TILE_VECS = 32  # channel vectors a block owns at most (256 channels of fp16): a warp reads 512 bytes of a pixel
 MAX_BLOCKS = 4096  # along the pixels (about 4 waves of 8 blocks an SM on an H200); the kernel strides over the rest
-SHARED_LIMIT = 48 * 1024  # a block's weight tile in shared memory, without the opt-in to more
+SHARED_LIMIT = SHARED_DEFAULT_BYTES  # a block's weight tile in shared memory
 UNROLLED = ((3, 3), (5, 5))  # windows with their own kernel instance, the taps unrolled; others: KH, KW at run time
 
 

@@ -16,7 +16,7 @@ from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.cbr_common import applied, check_common
 from graphopt.kernels.mma_args import ptr
-from graphopt.kernels.source import get_kernel, instance, source_hash
+from graphopt.kernels.source import SHARED_DEFAULT_BYTES, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.lowering.layout import is_layout
 
@@ -24,7 +24,7 @@ SOURCE = "stem_conv.cu"
 MAX_CHANNELS = 4  # input channels (RGB, RGBA)
 CHANNELS_PER_THREAD = (8, 16, 32)  # the ``mv`` parameter: output channels a thread accumulates
 Y_LAYOUTS = ("nhwc", "nchw")
-SHARED_LIMIT = 48 * 1024  # the staged fp32 weights and bias, without the opt-in to more
+SHARED_LIMIT = SHARED_DEFAULT_BYTES  # the staged fp32 weights and bias
 THREADS = 256
 MAX_BLOCKS = 132 * 8  # about one wave of 8 blocks an SM on an H100/H200; a grid-stride loop does the rest
 

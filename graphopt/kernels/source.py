@@ -29,6 +29,8 @@ OPTIONS = ("-std=c++17",)
 
 # numpy dtype name -> C storage type used in the kernels (fp16 is stored as raw 16-bit words).
 CTYPE = {"float32": "float", "float16": "half_t"}
+# Dynamic shared memory a launch gets without opting in to more (cudaFuncAttributeMaxDynamicSharedMemorySize).
+SHARED_DEFAULT_BYTES = 48 * 1024
 # Elements of each kernel dtype in one 16-byte load (the vector width every vectorized kernel uses).
 VEC16 = {"float16": 8, "float32": 4}
 
