@@ -27,6 +27,7 @@ THREADS = 256
 TILE_VECS = 32  # channel vectors a block owns at most (256 channels of fp16): a warp reads 512 bytes of a pixel
 MAX_BLOCKS = 4096  # along the pixels (about 4 waves of 8 blocks an SM on an H200); the kernel strides over the rest
 SHARED_LIMIT = SHARED_DEFAULT_BYTES  # a block's weight tile in shared memory
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which counts channel tiles
 UNROLLED = ((3, 3), (5, 5))  # windows with their own kernel instance, the taps unrolled; others: KH, KW at run time
 
 
@@ -42,6 +43,9 @@ def depthwise_reason(sig: Signature) -> str | None:
         return "a residual input (depthwise_nhwc fuses none)"
     if g.KH * g.KW * 16 > SHARED_LIMIT:
         return f"a {g.KH}x{g.KW} window: one channel vector's weights exceed {SHARED_LIMIT // 1024} KiB of shared memory"
+    worst_tiles = -(-g.C // tile(g, 1, 4)[0])  # one channel a thread, fp32: the most channel tiles
+    if worst_tiles > MAX_GRID_Y:
+        return f"{g.C} channels: {worst_tiles} channel tiles exceed the grid's {MAX_GRID_Y} rows"
     return None
 
 

@@ -73,10 +73,10 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
 #pragma unroll
     for (int v = 0; v < VEC; ++v) bias[v] = Bias ? Num<T>::load(Bias + c + v) : 0.0f;
     const T* wtile = sw_ + tx * VEC;
-    const long long pixels = (long long)N * OH * OW;
-    for (long long p = (long long)blockIdx.x * PY + ty; p < pixels; p += (long long)gridDim.x * PY) {
+    const unsigned pixels = (unsigned)N * OH * OW;  // under 2^31: the launcher's geometry caps every tensor
+    for (unsigned p = blockIdx.x * PY + ty; p < pixels; p += gridDim.x * PY) {
         const int ow = (int)(p % OW);
-        const long long rest = p / OW;
+        const unsigned rest = p / OW;
         const int oh = (int)(rest % OH);
         const int n = (int)(rest / OH);
         float acc[VEC];
@@ -101,6 +101,6 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
         DwVec<T, VEC> out;
 #pragma unroll
         for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(apply_act_inline(acc[v] + bias[v], ap));
-        *reinterpret_cast<DwVec<T, VEC>*>(Y + (((long long)n * OH + oh) * OW + ow) * C + c) = out;
+        *reinterpret_cast<DwVec<T, VEC>*>(Y + (long long)p * C + c) = out;
     }
 }

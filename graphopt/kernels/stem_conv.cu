@@ -9,7 +9,9 @@
 // reads the pixel's C*KH*KW inputs once and takes every weight from shared memory, where the block
 // staged all M x K of them as fp32 [k][m] (a warp's threads share their channel group, so each weight
 // read is one broadcast 16-byte load). Threads walk pixels fastest, so a warp's input reads are
-// neighbouring columns.
+// neighbouring columns. With Y in NHWC the channel group varies fastest instead, so a warp's stores
+// are one contiguous run (its input loads broadcasts). Index arithmetic is 32-bit: the launcher's
+// geometry keeps every tensor under 2^31 elements.
 template <typename T, int MV>
 struct __align__(sizeof(T) * MV < 16 ? sizeof(T) * MV : 16) StemOut {
     T v[MV];
@@ -46,14 +48,13 @@ stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict
     }
     __syncthreads();
     ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
-    const long long pixels = (long long)N * OH * OW;
-    const long long total = pixels * (M / MV);
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
-        const long long p = idx % pixels;
-        const int m0 = (int)(idx / pixels) * MV;
+    const unsigned pixels = (unsigned)N * OH * OW, groups = M / MV;
+    const unsigned total = pixels * groups;
+    for (unsigned idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
+        const unsigned p = y_nhwc ? idx / groups : idx % pixels;
+        const int m0 = (int)(y_nhwc ? idx % groups : idx / pixels) * MV;
         const int ow = (int)(p % OW);
-        const long long rest = p / OW;
+        const unsigned rest = p / OW;
         const int oh = (int)(rest % OH);
         const int n = (int)(rest / OH);
         float acc[MV];
@@ -85,7 +86,7 @@ stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict
             StemOut<T, MV> out;
 #pragma unroll
             for (int j = 0; j < MV; ++j) out.v[j] = Num<T>::from_f(apply_act_inline(acc[j], ap));
-            *reinterpret_cast<StemOut<T, MV>*>(Y + p * M + m0) = out;
+            *reinterpret_cast<StemOut<T, MV>*>(Y + (long long)p * M + m0) = out;
         } else {
             T* yp = Y + ((long long)n * M + m0) * OH * OW + (long long)oh * OW + ow;
 #pragma unroll

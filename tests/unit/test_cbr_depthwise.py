@@ -26,6 +26,9 @@ def test_it_applies_to_depthwise_layers_only_and_says_why_not():
     assert "depthwise" in cbr_depthwise.depthwise_reason(_sig((2, 8, 9, 9), (16, 1, 3, 3), {"group": 8}))  # multiplier 2
     assert "depthwise" in cbr_depthwise.depthwise_reason(_sig((2, 8, 9, 9), (8, 8, 3, 3), {}))
     assert "residual" in cbr_depthwise.depthwise_reason(_sig((2, 8, 9, 9), (8, 1, 3, 3), {"group": 8}, res=(2, 8, 9, 9)))
+    many = 32 * cbr_depthwise.MAX_GRID_Y + 1  # one channel a thread, 32 a tile: one tile past the grid's rows
+    assert "channel tiles" in cbr_depthwise.depthwise_reason(_sig((1, many, 1, 1), (many, 1, 1, 1), {"group": many}))
+    assert cbr_depthwise.depthwise_reason(_sig((1, many - 1, 1, 1), (many - 1, 1, 1, 1), {"group": many - 1})) is None
     cand = next(c for c in cbr_candidates() if c.name == "depthwise_nhwc")
     assert candidate_from_key("CBR", cand.key()) == cand
     assert cand.layouts(dw) == ("NHWC", "NCHW", "NHWC", "NHWC", "NHWC")

@@ -89,7 +89,8 @@ def _simulate(mem, T, MV, grid, block, a, shared_mem, launches):
     for start in range(min(stride, total)):
         for idx in range(start, total, stride):
             written[idx] += 1
-            p, m0 = idx % pixels, (idx // pixels) * MV
+            groups = M // MV  # Y NHWC: the channel group fastest (contiguous stores); NCHW: the pixel
+            p, m0 = (idx // groups, (idx % groups) * MV) if y_nhwc else (idx % pixels, (idx // pixels) * MV)
             ow, rest = p % OW, p // OW
             oh, n = rest % OH, rest // OH
             acc = [smem[K * M + m0 + j] for j in range(MV)]
