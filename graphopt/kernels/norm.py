@@ -120,8 +120,6 @@ class NormRows(Candidate):
         return [("norm.cu", instance("norm_rows", geo.dtype_of(sig), vec, w, it, MODES[sig.op], rpc))]
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
-        import cupy
-
         reason = self.applies(sig)
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
