@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from lowering_bench import provider_of  # bench/ is the script's directory: on sys.path
@@ -34,11 +35,15 @@ def family(entry: dict) -> str:
         return str(entry.get("lowering", "?"))
 
 
-def best_per_family(entries: list[dict], gpu: str, op: str, grep: list[str], exclude: list[str]) -> list[dict]:
+def best_per_family(entries: list[dict], gpu: str, op: str, grep: list[str], exclude: list[str],
+                    since: float = 0.0) -> list[dict]:
+    """Per signature, each family's fastest ``ok`` timing; ``since`` (epoch seconds) keeps only timings
+    made then or later (a cache also holds older kernel versions' timings)."""
     rows: dict[str, dict] = {}
     for e in entries:
         sig = str(e.get("signature", ""))
         if (e.get("gpu") != gpu or e.get("op") != op or e.get("status") != "ok" or e.get("ms") is None
+                or float(e.get("created") or 0.0) < since
                 or not all(g in sig for g in grep) or any(x in sig for x in exclude)):
             continue
         row = rows.setdefault(sig, {"signature": sig, "best": {}})
@@ -57,23 +62,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exclude", action="append", default=[], help="drop signatures containing this (repeatable)")
     ap.add_argument("--out", required=True, help="output path without suffix (.json and .md are written)")
     ap.add_argument("--source", default="", help="where the cache came from (a device call, a date), recorded")
+    ap.add_argument("--since", default="", help="keep timings made at or after this UTC time (ISO, e.g. 2026-12-06T02:40)")
     args = ap.parse_args(argv)
+    try:
+        since = datetime.fromisoformat(args.since).replace(tzinfo=timezone.utc).timestamp() if args.since else 0.0
+    except ValueError:
+        print(f"cache_timings: --since {args.since!r} is not an ISO date/time (e.g. 2026-12-06T02:40)", file=sys.stderr)
+        return 2
     try:
         data = json.loads(Path(args.export).read_text())
     except (OSError, ValueError) as exc:
         print(f"cache_timings: cannot read {args.export}: {exc}", file=sys.stderr)
         return 2
     entries = data.get("entries", []) if isinstance(data, dict) else []
-    rows = best_per_family(entries, args.gpu, args.op, args.grep, args.exclude)
+    rows = best_per_family(entries, args.gpu, args.op, args.grep, args.exclude, since)
     versions = sorted({(e.get("cuda"), e.get("driver"), e.get("cupy")) for e in entries if e.get("gpu") == args.gpu})
-    out = {"gpu": args.gpu, "op": args.op, "grep": args.grep, "exclude": args.exclude, "source": args.source,
+    out = {"gpu": args.gpu, "op": args.op, "grep": args.grep, "exclude": args.exclude, "source": args.source, "since": args.since,
            "versions (cuda, driver, cupy)": versions, "method": "tuner timings: CUDA events, median of the "
            "samples, each candidate checked against the float64 reference first", "command": " ".join(
                ["python3", "bench/cache_timings.py"] + (argv if argv is not None else sys.argv[1:])), "rows": rows}
     Path(args.out + ".json").write_text(json.dumps(out, indent=1) + "\n")
     fams = sorted({f for r in rows for f in r["best"]})
     lines = [f"# Best measured time per source: {args.op} on {args.gpu}", "",
-             f"Source: {args.source or 'a tuning cache (not named)'}; `{out['command']}`. Microseconds, the "
+             f"Source: {args.source or 'a tuning cache (not named)'}"
+             + (f" (timings made since {args.since} UTC)" if args.since else "") + f"; `{out['command']}`. Microseconds, the "
              "best candidate of each source per signature (CUDA events, median of the tuner's samples).", "",
              "| signature | " + " | ".join(f"{f} us" for f in fams) + " | fastest |",
              "|---|" + "---:|" * len(fams) + "---|"]

@@ -42,3 +42,24 @@ def test_an_unreadable_export_is_one_line_and_exit_2(tmp_path, capsys):
     assert ct.main([str(tmp_path / "missing.json"), "--gpu", "h100", "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err.strip()
     assert "missing.json" in err and "\n" not in err
+
+
+def test_since_keeps_only_the_newer_timings_and_a_bad_date_is_exit_2(tmp_path, capsys):
+    """A cache also holds an older kernel version's timings: ``--since`` leaves them out (the older,
+    faster ``direct`` entry here), and says so in the table; a malformed date is one line, exit 2."""
+    from datetime import datetime, timezone
+
+    ct = _load()
+    day = datetime(2026, 12, 6, tzinfo=timezone.utc).timestamp()
+    old, new = _e("8x", "direct:opt=1", "direct", 0.001), _e("8x", "direct:opt=2", "direct", 0.01)
+    old["created"], new["created"] = day - 60, day + 60
+    export = tmp_path / "cache.json"
+    export.write_text(json.dumps({"entries": [old, new]}))
+    out = tmp_path / "t"
+    assert ct.main([str(export), "--gpu", "h100", "--since", "2026-12-06", "--out", str(out)]) == 0
+    (row,) = json.loads(Path(str(out) + ".json").read_text())["rows"]
+    assert row["best"]["own"]["candidate"] == "direct:opt=2"
+    assert "since 2026-12-06 UTC" in Path(str(out) + ".md").read_text()
+    assert ct.main([str(export), "--gpu", "h100", "--since", "yesterday", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--since" in err and "\n" not in err
