@@ -41,9 +41,9 @@ def depthwise_reason(sig: Signature) -> str | None:
         return f"not a depthwise convolution (groups {g.G}, channels {g.C}, outputs {g.M})"
     if len(sig.input_shapes) > 3 and sig.input_shapes[3] is not None:
         return "a residual input (depthwise_nhwc fuses none)"
-    if g.KH * g.KW * 16 > SHARED_LIMIT:
+    if g.KH * g.KW * 8 * 4 > SHARED_LIMIT:  # the widest channel vector (8 fp16) as fp32
         return f"a {g.KH}x{g.KW} window: one channel vector's weights exceed {SHARED_LIMIT // 1024} KiB of shared memory"
-    worst_tiles = -(-g.C // tile(g, 1, 4)[0])  # one channel a thread, fp32: the most channel tiles
+    worst_tiles = -(-g.C // tile(g, 1)[0])  # one channel a thread: the most channel tiles
     if worst_tiles > MAX_GRID_Y:
         return f"{g.C} channels: {worst_tiles} channel tiles exceed the grid's {MAX_GRID_Y} rows"
     return None
@@ -59,10 +59,10 @@ def instances(dt: str, windows=UNROLLED + ((0, 0),)) -> list[tuple[str, str]]:
     return [(SOURCE, instance("depthwise_nhwc", dt, v, kh, kw)) for kh, kw in windows for v in (VEC16[dt], 1)]
 
 
-def tile(g, vec: int, itemsize: int) -> tuple[int, int]:
-    """(channel vectors a block owns, shared-memory bytes of its weights) for ``g`` at ``vec`` channels a thread."""
-    tcv = max(1, min(g.C // vec, TILE_VECS, SHARED_LIMIT // (g.KH * g.KW * vec * itemsize)))
-    return tcv, g.KH * g.KW * tcv * vec * itemsize
+def tile(g, vec: int) -> tuple[int, int]:
+    """(channel vectors a block owns, shared-memory bytes of its weights, fp32) for ``g`` at ``vec`` channels a thread."""
+    tcv = max(1, min(g.C // vec, TILE_VECS, SHARED_LIMIT // (g.KH * g.KW * vec * 4)))
+    return tcv, g.KH * g.KW * tcv * vec * 4
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,6 @@ class DepthwiseNhwcConv(Candidate):
         g, dt = applied(self, sig)
         vec = VEC16[dt]
         wide, narrow = (get_kernel(src, expr) for src, expr in instances(dt, (window(g),)))
-        itemsize = np.dtype(dt).itemsize
         act = geo.act_args(sig)
         i32, f32 = np.int32, np.float32
         geom = tuple(i32(v) for v in (g.N, g.C, g.H, g.W, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw))
@@ -111,7 +110,7 @@ class DepthwiseNhwcConv(Candidate):
                 return  # an empty batch: nothing to write (a grid of no blocks is a launch error)
             wide_ok = g.C % vec == 0 and all(a.data.ptr % 16 == 0 for a in (X, Wt, y))  # W: the tile staging's vector loads
             kern, v = (wide, vec) if wide_ok else (narrow, 1)
-            tcv, smem = tile(g, v, itemsize)
+            tcv, smem = tile(g, v)
             grid = (min(MAX_BLOCKS, -(-pixels // (THREADS // tcv))), -(-(g.C // v) // tcv))
             kern(grid, (THREADS,), (X, Wt, ptr(B), y) + geom + (i32(tcv),) + tail, shared_mem=smem)
 

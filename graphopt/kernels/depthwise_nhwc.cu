@@ -7,9 +7,11 @@
 // and walks output pixels: thread (tx, ty) = (threadIdx.x % TCV, threadIdx.x / TCV) computes channel
 // vector tx of pixels ty, ty + PY, ... (PY = blockDim.x / TCV; grid-stride over blockIdx.x), so a
 // warp's loads of X are consecutive 16-byte vectors of one or a few neighbouring pixels. The block
-// first copies its tile's weights from their ONNX order [C][1][KH][KW] into shared memory as
-// [tap][channel], so every tap's weights for a thread's VEC channels are one 16-byte shared load
-// (broadcast across ty). KH_ and KW_ fixed at compile time (3x3, 5x5) unroll the window so every
+// first copies its tile's weights from their ONNX order [C][1][KH][KW] into shared memory as fp32
+// [tap][channel], so every tap's weights for a thread's VEC channels are 16-byte shared loads
+// (broadcast across ty) that need no conversion: converting them at every use was 72 of a 3x3
+// fp16 output vector's ~200 instructions, and at bs32 the kernel is instruction-bound as much as
+// memory-bound (bench/NOTES_kernels.md). KH_ and KW_ fixed at compile time (3x3, 5x5) unroll the window so every
 // tap's loads are in flight together. Small layers are latency-bound: a chain of dependent memory
 // round trips per thread sets their time (the first version, a runtime window loop with scalar
 // weight loads: 7 us for every 3x3 and 15 us for every 5x5 layer at bs1 on the H100 whatever its size,
@@ -27,7 +29,7 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
                int dh, int dw, int TCV, int act, float act_alpha, float act_beta, float lo, float hi)
 {
     extern __shared__ __align__(16) unsigned char dw_smem[];
-    T* sw_ = reinterpret_cast<T*>(dw_smem);  // [KH * KW][TCV * VEC]
+    float* sw_ = reinterpret_cast<float*>(dw_smem);  // [KH * KW][TCV * VEC], converted to fp32 once here
     if (KH_ > 0) { KH = KH_; KW = KW_; }
     const int KK = KH * KW;
     const int CV = C / VEC;
@@ -57,7 +59,7 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
                     const int i = j * VEC + v, ch = i / KK, tap = i - ch * KK;
-                    sw_[tap * TCW + ch] = w[b].v[v];
+                    sw_[tap * TCW + ch] = Num<T>::to_f(w[b].v[v]);
                 }
             }
         }
@@ -72,7 +74,7 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
     float bias[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) bias[v] = Bias ? Num<T>::load(Bias + c + v) : 0.0f;
-    const T* wtile = sw_ + tx * VEC;
+    const float* wtile = sw_ + tx * VEC;
     const unsigned pixels = (unsigned)N * OH * OW;  // under 2^31: the launcher's geometry caps every tensor
     for (unsigned p = blockIdx.x * PY + ty; p < pixels; p += gridDim.x * PY) {
         const int ow = (int)(p % OW);
@@ -93,9 +95,20 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
                 const int iw = iw0 + s * dw;
                 if ((unsigned)iw >= (unsigned)W) continue;
                 const DwVec<T, VEC> xv = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C);
-                const DwVec<T, VEC> wv = *reinterpret_cast<const DwVec<T, VEC>*>(wtile + (r * KW + s) * TCW);
+                const float* wp = wtile + (r * KW + s) * TCW;
+                float wv[VEC];
+                if constexpr (VEC % 4 == 0) {  // 16-byte shared loads (TCW and tx * VEC are multiples of 4)
 #pragma unroll
-                for (int v = 0; v < VEC; ++v) acc[v] += Num<T>::to_f(xv.v[v]) * Num<T>::to_f(wv.v[v]);
+                    for (int q = 0; q < VEC / 4; ++q) {
+                        const float4 f = reinterpret_cast<const float4*>(wp)[q];
+                        wv[4 * q] = f.x; wv[4 * q + 1] = f.y; wv[4 * q + 2] = f.z; wv[4 * q + 3] = f.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) wv[v] = wp[v];
+                }
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) acc[v] += Num<T>::to_f(xv.v[v]) * wv[v];
             }
         }
         DwVec<T, VEC> out;

@@ -114,19 +114,19 @@ def _simulate(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches):
         assert (KH_, KW_) == (KH, KW), "an unrolled instance launched for another window"
     KK, CV, TCW = KH * KW, C // VEC, TCV * VEC
     PY = block[0] // TCV
-    assert shared_mem == KK * TCW * it, "the shared memory is not the weight tile's size"
+    assert shared_mem == KK * TCW * 4, "the shared memory is not the weight tile's size (fp32)"
     pixels = N * OH * OW
     written = np.zeros((pixels, CV), int)
     for by in range(grid[1]):
         c0 = by * TCW
         tile_c = min(TCW, C - c0)
-        smem = np.full(KK * TCW, np.nan, T)  # what the block never wrote reads NaN
+        smem = np.full(KK * TCW, np.nan, np.float32)  # fp32; what the block never wrote reads NaN
         assert tile_c * KK % VEC == 0 and c0 * KK % VEC == 0, "the tile is not a whole number of vectors"
         for j in range(tile_c * KK // VEC):  # the staging loop: vector loads from the tile's first weight
             w = mem.load(Wt + (c0 * KK + j * VEC) * it, T, VEC, it * VEC)
             for v in range(VEC):
                 ch, tap = divmod(j * VEC + v, KK)
-                smem[tap * TCW + ch] = w[v]
+                smem[tap * TCW + ch] = F32(w[v])
         for bx in range(grid[0]):
             for t in range(block[0]):
                 tx, ty = t % TCV, t // TCV
@@ -150,7 +150,7 @@ def _simulate(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches):
                                 continue
                             xv = mem.load(X + ((n * H * W + ih * W + iw) * C + c) * it, T, VEC, it * VEC)
                             off = (r * KW + s) * TCW + tx * VEC
-                            assert off * it % (it * VEC) == 0 and off + VEC <= smem.size, "a misaligned or outside shared load"
+                            assert off % min(VEC, 4) == 0 and off + VEC <= smem.size, "a misaligned or outside shared load"
                             wv = smem[off:off + VEC]
                             assert not np.isnan(wv).any(), "a shared weight the block did not stage"
                             for v in range(VEC):
@@ -228,7 +228,7 @@ def test_the_kernel_simulated_thread_by_thread(simulated, monkeypatch, xs, ws, a
     assert vec == (wide if aligned else 1)
     assert blocks <= opts.get("max_blocks", cbr_depthwise.MAX_BLOCKS)
     assert win == (ws[2:] if tuple(ws[2:]) in cbr_depthwise.UNROLLED else (0, 0))
-    assert tcv * vec * np.dtype(dtype).itemsize * math.prod(ws[2:]) <= cbr_depthwise.SHARED_LIMIT
+    assert tcv * vec * 4 * math.prod(ws[2:]) <= cbr_depthwise.SHARED_LIMIT  # the tile is fp32
     assert tcv == min(xs[1] // vec, cbr_depthwise.TILE_VECS) or "shared_limit" in opts
     tol = 2e-2 if dtype == "float16" else 1e-5
     got = np.asarray(y).astype(np.float64)
