@@ -29,6 +29,7 @@ MAX_BLOCKS = 4096  # along the pixels (about 4 waves of 8 blocks an SM on an H20
 SHARED_LIMIT = SHARED_DEFAULT_BYTES  # a block's weight tile in shared memory
 MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which counts channel tiles
 UNROLLED = ((3, 3), (5, 5))  # windows with their own kernel instance, the taps unrolled; others: KH, KW at run time
+ROW_GROUPS = (4,)  # ``rows``: vertically adjacent outputs a thread computes (unrolled windows, vertical stride 1)
 
 
 def depthwise_reason(sig: Signature) -> str | None:
@@ -54,9 +55,14 @@ def window(g) -> tuple[int, int]:
     return (g.KH, g.KW) if (g.KH, g.KW) in UNROLLED else (0, 0)
 
 
-def instances(dt: str, windows=UNROLLED + ((0, 0),)) -> list[tuple[str, str]]:
-    """Kernel instances of one dtype: per window, channel vectors of 16 bytes and one channel a thread."""
-    return [(SOURCE, instance("depthwise_nhwc", dt, v, kh, kw)) for kh, kw in windows for v in (VEC16[dt], 1)]
+def instances(dt: str, windows=None, rows: int | None = None) -> list[tuple[str, str]]:
+    """Kernel instances of one dtype: per window and row group, channel vectors of 16 bytes and one
+    channel a thread. Default: every instance any signature can take."""
+    if windows is None:
+        combos = [(kh, kw, 1) for kh, kw in UNROLLED + ((0, 0),)] + [(kh, kw, r) for kh, kw in UNROLLED for r in ROW_GROUPS]
+    else:
+        combos = [(kh, kw, rows or 1) for kh, kw in windows]
+    return [(SOURCE, instance("depthwise_nhwc", dt, v, kh, kw, r)) for kh, kw, r in combos for v in (VEC16[dt], 1)]
 
 
 def tile(g, vec: int) -> tuple[int, int]:
@@ -68,10 +74,22 @@ def tile(g, vec: int) -> tuple[int, int]:
 @dataclass(frozen=True)
 class DepthwiseNhwcConv(Candidate):
     """A depthwise convolution in NHWC: a block per tile of channels (its weights in shared memory), a
-    thread per 16 bytes of channels of one output pixel at a time."""
+    thread per 16 bytes of channels of one output pixel at a time, or of ``rows`` vertically adjacent
+    ones (params ``rows``; none: 1)."""
+
+    def _rows(self) -> int:
+        return int(self.param("rows", 1))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
-        return depthwise_reason(sig)
+        reason = depthwise_reason(sig)
+        if reason or self._rows() == 1:
+            return reason
+        g = geo.conv_geom(sig)
+        if window(g) == (0, 0):
+            return f"a {g.KH}x{g.KW} window (row groups need an unrolled one: {', '.join(f'{a}x{b}' for a, b in UNROLLED)})"
+        if g.sh != 1 or g.dh != 1:
+            return f"vertical stride {g.sh} / dilation {g.dh} (row groups share input rows only at 1 / 1)"
+        return None
 
     def layouts(self, sig: Signature) -> tuple[str, ...]:
         return LAYOUTS
@@ -80,17 +98,19 @@ class DepthwiseNhwcConv(Candidate):
         return source_hash(SOURCE)
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return instances(geo.dtype_of(sig), (window(geo.conv_geom(sig)),))
+        return instances(geo.dtype_of(sig), (window(geo.conv_geom(sig)),), self._rows())
 
     def build(self, sig: Signature, arch: str) -> Lowering:
         g, dt = applied(self, sig)
         vec = VEC16[dt]
-        wide, narrow = (get_kernel(src, expr) for src, expr in instances(dt, (window(g),)))
+        rows = self._rows()
+        wide, narrow = (get_kernel(src, expr) for src, expr in instances(dt, (window(g),), rows))
         act = geo.act_args(sig)
         i32, f32 = np.int32, np.float32
         geom = tuple(i32(v) for v in (g.N, g.C, g.H, g.W, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw))
         tail = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
         pixels = g.N * g.OH * g.OW
+        groups = g.N * -(-g.OH // rows) * g.OW  # what the kernel's threads walk: rows output rows each
 
         def launch(inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any = None) -> None:
             X, Wt, B = (list(inputs) + [None, None])[:3]
@@ -111,7 +131,7 @@ class DepthwiseNhwcConv(Candidate):
             wide_ok = g.C % vec == 0 and all(a.data.ptr % 16 == 0 for a in (X, Wt, y))  # W: the tile staging's vector loads
             kern, v = (wide, vec) if wide_ok else (narrow, 1)
             tcv, smem = tile(g, v)
-            grid = (min(MAX_BLOCKS, -(-pixels // (THREADS // tcv))), -(-(g.C // v) // tcv))
+            grid = (min(MAX_BLOCKS, -(-groups // (THREADS // tcv))), -(-(g.C // v) // tcv))
             kern(grid, (THREADS,), (X, Wt, ptr(B), y) + geom + (i32(tcv),) + tail, shared_mem=smem)
 
         return Lowering(launch=launch, layouts=LAYOUTS, capturable=True)

@@ -11,18 +11,39 @@
 // [tap][channel], so every tap's weights for a thread's VEC channels are 16-byte shared loads
 // (broadcast across ty) that need no conversion: converting them at every use was 72 of a 3x3
 // fp16 output vector's ~200 instructions, and at bs32 the kernel is instruction-bound as much as
-// memory-bound (bench/NOTES_kernels.md). KH_ and KW_ fixed at compile time (3x3, 5x5) unroll the window so every
-// tap's loads are in flight together. Small layers are latency-bound: a chain of dependent memory
+// memory-bound (bench/NOTES_kernels.md). KH_ and KW_ fixed at compile time (3x3, 5x5) unroll the
+// window so every tap's loads are in flight together. Small layers are latency-bound: a chain of dependent memory
 // round trips per thread sets their time (the first version, a runtime window loop with scalar
 // weight loads: 7 us for every 3x3 and 15 us for every 5x5 layer at bs1 on the H100 whatever its size,
 // against 3-5 us for cuDNN; see the staging below for the second). KH_ == 0: the window comes from
 // KH, KW at run time (any size).
+//
+// RY > 1 (unrolled windows, vertical stride and dilation 1): a thread computes RY vertically adjacent
+// outputs of its channel vector. Their windows share all but one input row each, so it reads the
+// RY + KH - 1 input rows of its column once and converts each input vector once, where one output
+// at a time read KH rows per output (the rows above and below coming from L2, read by other blocks).
 template <typename T, int VEC>
 struct __align__(sizeof(T) * VEC) DwVec {
     T v[VEC];
 };
 
-template <typename T, int VEC, int KH_, int KW_>
+// A tap's fp32 weights for a thread's VEC channels from the shared tile: 16-byte loads where VEC allows
+// (TCW and tx * VEC are then multiples of 4).
+template <int VEC>
+__device__ __forceinline__ void tap_weights(const float* wp, float (&wv)[VEC]) {
+    if constexpr (VEC % 4 == 0) {
+#pragma unroll
+        for (int q = 0; q < VEC / 4; ++q) {
+            const float4 f = reinterpret_cast<const float4*>(wp)[q];
+            wv[4 * q] = f.x; wv[4 * q + 1] = f.y; wv[4 * q + 2] = f.z; wv[4 * q + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) wv[v] = wp[v];
+    }
+}
+
+template <typename T, int VEC, int KH_, int KW_, int RY>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict__ Bias, T* __restrict__ Y,
                int N, int C, int H, int W, int OH, int OW, int KH, int KW, int sh, int sw, int ph, int pw,
@@ -75,45 +96,71 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
 #pragma unroll
     for (int v = 0; v < VEC; ++v) bias[v] = Bias ? Num<T>::load(Bias + c + v) : 0.0f;
     const float* wtile = sw_ + tx * VEC;
-    const unsigned pixels = (unsigned)N * OH * OW;  // under 2^31: the launcher's geometry caps every tensor
-    for (unsigned p = blockIdx.x * PY + ty; p < pixels; p += gridDim.x * PY) {
+    const int OHG = (OH + RY - 1) / RY;  // groups of RY output rows
+    const unsigned groups = (unsigned)N * OHG * OW;  // under 2^31: the launcher's geometry caps every tensor
+    for (unsigned p = blockIdx.x * PY + ty; p < groups; p += gridDim.x * PY) {
         const int ow = (int)(p % OW);
         const unsigned rest = p / OW;
-        const int oh = (int)(rest % OH);
-        const int n = (int)(rest / OH);
-        float acc[VEC];
+        const int oh0 = (int)(rest % OHG) * RY;
+        const int n = (int)(rest / OHG);
+        float acc[RY][VEC];
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
-        const int ih0 = oh * sh - ph, iw0 = ow * sw - pw;
+        for (int i = 0; i < RY; ++i)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) acc[i][v] = 0.0f;
+        const int iw0 = ow * sw - pw;
         const T* xn = X + (long long)n * H * W * C + c;
+        if constexpr (RY == 1) {
+            const int ih0 = oh0 * sh - ph;
 #pragma unroll
-        for (int r = 0; r < (KH_ > 0 ? KH_ : KH); ++r) {
-            const int ih = ih0 + r * dh;
-            if ((unsigned)ih >= (unsigned)H) continue;
+            for (int r = 0; r < (KH_ > 0 ? KH_ : KH); ++r) {
+                const int ih = ih0 + r * dh;
+                if ((unsigned)ih >= (unsigned)H) continue;
 #pragma unroll
-            for (int s = 0; s < (KW_ > 0 ? KW_ : KW); ++s) {
-                const int iw = iw0 + s * dw;
-                if ((unsigned)iw >= (unsigned)W) continue;
-                const DwVec<T, VEC> xv = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C);
-                const float* wp = wtile + (r * KW + s) * TCW;
-                float wv[VEC];
-                if constexpr (VEC % 4 == 0) {  // 16-byte shared loads (TCW and tx * VEC are multiples of 4)
+                for (int s = 0; s < (KW_ > 0 ? KW_ : KW); ++s) {
+                    const int iw = iw0 + s * dw;
+                    if ((unsigned)iw >= (unsigned)W) continue;
+                    const DwVec<T, VEC> xv = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C);
+                    float wv[VEC];
+                    tap_weights<VEC>(wtile + (r * KW + s) * TCW, wv);
 #pragma unroll
-                    for (int q = 0; q < VEC / 4; ++q) {
-                        const float4 f = reinterpret_cast<const float4*>(wp)[q];
-                        wv[4 * q] = f.x; wv[4 * q + 1] = f.y; wv[4 * q + 2] = f.z; wv[4 * q + 3] = f.w;
-                    }
-                } else {
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) wv[v] = wp[v];
+                    for (int v = 0; v < VEC; ++v) acc[0][v] += Num<T>::to_f(xv.v[v]) * wv[v];
                 }
+            }
+        } else {  // sh == dh == 1 (the launcher's condition): input row t serves output i with tap row t - i
+            static_assert(RY == 1 || KH_ > 0, "row groups need an unrolled window");
+            const int ih0 = oh0 - ph;
 #pragma unroll
-                for (int v = 0; v < VEC; ++v) acc[v] += Num<T>::to_f(xv.v[v]) * wv[v];
+            for (int t = 0; t < RY + KH_ - 1; ++t) {
+                const int ih = ih0 + t;
+                if ((unsigned)ih >= (unsigned)H) continue;
+#pragma unroll
+                for (int s = 0; s < KW_; ++s) {
+                    const int iw = iw0 + s * dw;
+                    if ((unsigned)iw >= (unsigned)W) continue;
+                    const DwVec<T, VEC> xv = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C);
+                    float xf[VEC];
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) xf[v] = Num<T>::to_f(xv.v[v]);
+#pragma unroll
+                    for (int i = 0; i < RY; ++i) {
+                        const int r = t - i;
+                        if (r < 0 || r >= KH_) continue;  // resolved at compile time
+                        float wv[VEC];
+                        tap_weights<VEC>(wtile + (r * KW_ + s) * TCW, wv);
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) acc[i][v] += xf[v] * wv[v];
+                    }
+                }
             }
         }
-        DwVec<T, VEC> out;
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(apply_act_inline(acc[v] + bias[v], ap));
-        *reinterpret_cast<DwVec<T, VEC>*>(Y + (long long)p * C + c) = out;
+        for (int i = 0; i < RY; ++i) {
+            if (oh0 + i >= OH) break;
+            DwVec<T, VEC> out;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(apply_act_inline(acc[i][v] + bias[v], ap));
+            *reinterpret_cast<DwVec<T, VEC>*>(Y + (((long long)n * OH + oh0 + i) * OW + ow) * C + c) = out;
+        }
     }
 }

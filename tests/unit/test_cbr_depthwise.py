@@ -87,3 +87,16 @@ def test_wrong_weights_or_bias_are_refused_and_an_empty_batch_launches_nothing(r
     ye = to_layout(np.zeros((0, 24, 11, 9), np.float16), "NHWC", np).view(_Dev)
     empty.launch([xe, w, None], [ye], None)
     assert recorder == []
+
+
+def test_row_groups_apply_to_unrolled_windows_at_vertical_stride_one_only():
+    rows = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", (("rows", 4),))
+    assert rows.key() == "depthwise_nhwc:rows=4" and candidate_from_key("CBR", rows.key()) == rows
+    assert rows in cbr_candidates()
+    ok = _sig((2, 24, 13, 11), (24, 1, 3, 3), {"group": 24, "strides": [1, 2], "dilations": [1, 2], "pads": [1, 2, 1, 2]})
+    assert rows.applies(ok) is None
+    assert "vertical stride 2" in rows.applies(_sig((2, 24, 13, 11), (24, 1, 3, 3), {"group": 24, "strides": [2, 1]}))
+    assert "dilation 2" in rows.applies(_sig((2, 24, 13, 11), (24, 1, 3, 3), {"group": 24, "dilations": [2, 1]}))
+    assert "unrolled" in rows.applies(_sig((2, 24, 13, 11), (24, 1, 7, 7), {"group": 24}))
+    assert "depthwise" in rows.applies(_sig((2, 8, 9, 9), (8, 8, 3, 3), {}))
+    assert rows.kernels(ok) == [("depthwise_nhwc.cu", "depthwise_nhwc<half_t,8,3,3,4>"), ("depthwise_nhwc.cu", "depthwise_nhwc<half_t,1,3,3,4>")]

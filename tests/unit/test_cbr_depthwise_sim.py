@@ -103,8 +103,8 @@ class _Memory:
         ctypes.memmove(ptr, vals.tobytes(), vals.nbytes)
 
 
-def _simulate(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches):
-    """One launch of depthwise_nhwc<T, VEC, KH_, KW_>, block by block and thread by thread."""
+def _simulate(mem, T, VEC, KH_, KW_, RY, grid, block, a, shared_mem, launches):
+    """One launch of depthwise_nhwc<T, VEC, KH_, KW_, RY>, block by block and thread by thread."""
     it = np.dtype(T).itemsize
     X, Wt, Bias, Y = (0 if isinstance(v, np.integer) else v.data.ptr for v in (a["X"], a["Wt"], a["Bias"], a["Y"]))
     N, C, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, TCV, act = (
@@ -112,11 +112,14 @@ def _simulate(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches):
     alpha, beta, lo, hi = (F32(a[k]) for k in ("act_alpha", "act_beta", "lo", "hi"))
     if KH_ > 0:
         assert (KH_, KW_) == (KH, KW), "an unrolled instance launched for another window"
+    if RY > 1:
+        assert KH_ > 0 and sh == 1 and dh == 1, "row groups launched without an unrolled window or at vertical stride > 1"
     KK, CV, TCW = KH * KW, C // VEC, TCV * VEC
     PY = block[0] // TCV
     assert shared_mem == KK * TCW * 4, "the shared memory is not the weight tile's size (fp32)"
-    pixels = N * OH * OW
-    written = np.zeros((pixels, CV), int)
+    OHG = -(-OH // RY)
+    groups = N * OHG * OW
+    written = np.zeros((N * OH * OW, CV), int)
     for by in range(grid[1]):
         c0 = by * TCW
         tile_c = min(TCW, C - c0)
@@ -135,13 +138,23 @@ def _simulate(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches):
                     continue
                 c = cv * VEC
                 bias = [F32(mem.load(Bias + (c + v) * it, T, 1, it)[0]) if Bias else F32(0) for v in range(VEC)]
-                for pix in range(bx * PY + ty, pixels, grid[0] * PY):
-                    written[pix, cv] += 1
-                    ow, rest = pix % OW, pix // OW
-                    oh, n = rest % OH, rest // OH
-                    acc = [F32(0)] * VEC
-                    for r in range(KH):
-                        ih = oh * sh - ph + r * dh
+
+                def weights(r, s):
+                    off = (r * KW + s) * TCW + tx * VEC
+                    assert off % min(VEC, 4) == 0 and off + VEC <= smem.size, "a misaligned or outside shared load"
+                    wv = smem[off:off + VEC]
+                    assert not np.isnan(wv).any(), "a shared weight the block did not stage"
+                    return wv
+
+                for grp in range(bx * PY + ty, groups, grid[0] * PY):
+                    ow, rest = grp % OW, grp // OW
+                    oh0, n = (rest % OHG) * RY, rest // OHG
+                    acc = [[F32(0)] * VEC for _ in range(RY)]
+                    # (input row, tap row, output row) in the kernel's order: RY == 1 walks the taps, RY > 1
+                    # the input rows of the column (each loaded once), each feeding the outputs it reaches
+                    steps = ([(oh0 * sh - ph + r * dh, r, 0) for r in range(KH)] if RY == 1 else
+                             [(oh0 - ph + t, t - i, i) for t in range(RY + KH - 1) for i in range(RY) if 0 <= t - i < KH])
+                    for ih, r, i in steps:
                         if not 0 <= ih < H:
                             continue
                         for s in range(KW):
@@ -149,16 +162,16 @@ def _simulate(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches):
                             if not 0 <= iw < W:
                                 continue
                             xv = mem.load(X + ((n * H * W + ih * W + iw) * C + c) * it, T, VEC, it * VEC)
-                            off = (r * KW + s) * TCW + tx * VEC
-                            assert off % min(VEC, 4) == 0 and off + VEC <= smem.size, "a misaligned or outside shared load"
-                            wv = smem[off:off + VEC]
-                            assert not np.isnan(wv).any(), "a shared weight the block did not stage"
+                            wv = weights(r, s)
                             for v in range(VEC):
-                                acc[v] = F32(acc[v] + F32(xv[v]) * F32(wv[v]))
-                    out = np.empty(VEC, T)
-                    for v in range(VEC):
-                        out[v] = ACT[act](F32(acc[v] + bias[v]), alpha, beta, lo, hi)
-                    mem.store(Y + (((n * OH + oh) * OW + ow) * C + c) * it, out, it * VEC)
+                                acc[i][v] = F32(acc[i][v] + F32(xv[v]) * F32(wv[v]))
+                    for i in range(RY):
+                        oh = oh0 + i
+                        if oh >= OH:
+                            break
+                        written[(n * OH + oh) * OW + ow, cv] += 1
+                        out = np.array([ACT[act](F32(acc[i][v] + bias[v]), alpha, beta, lo, hi) for v in range(VEC)], T)
+                        mem.store(Y + (((n * OH + oh) * OW + ow) * C + c) * it, out, it * VEC)
     assert (written == 1).all(), "an output vector not written exactly once"
     launches.append((VEC, grid[0], (KH_, KW_), TCV))
 
@@ -199,6 +212,10 @@ CASES = [  # x, w, attrs, dtype, options
     ((1, 264, 3, 2), (264, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {}),  # two channel tiles, the last of one vector
     ((1, 256, 2, 3), (256, 1, 3, 3), {"pads": [1, 0, 1, 1]}, "float16", {"shared_limit": 2048}),  # tiles cut to fit
     ((1, 24, 4, 5), (24, 1, 2, 3), {"pads": [1, 1, 0, 1]}, "float32", {}),  # a window with no unrolled instance
+    # row groups: OH not a multiple of 4, horizontal stride and dilation, 5x5, the last tile partial
+    ((2, 16, 9, 7), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"rows": 4}),
+    ((1, 264, 6, 5), (264, 1, 5, 5), {"pads": [2, 1, 2, 3], "strides": [1, 2], "dilations": [1, 2]}, "float16", {"rows": 4}),
+    ((1, 12, 7, 6), (12, 1, 3, 3), {"pads": [0, 1, 2, 1]}, "float32", {"rows": 4, "max_blocks": 1}),
 ]
 
 
@@ -212,7 +229,8 @@ def test_the_kernel_simulated_thread_by_thread(simulated, monkeypatch, xs, ws, a
     attrs = dict(attrs, group=xs[1], activation="Relu")
     bias = opts.get("bias", True)
     sig = Signature.make("CBR", [xs, ws, (ws[0],) if bias else None], [dtype] * 3, attrs)
-    low = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", ()).build(sig, "sm_90")
+    params = (("rows", opts["rows"]),) if "rows" in opts else ()
+    low = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", params).build(sig, "sm_90")
     rng = np.random.default_rng(len(xs) * 31 + xs[1])
     x, w = rng.standard_normal(xs).astype(dtype), (rng.standard_normal(ws) / 3).astype(dtype)
     b = rng.standard_normal(ws[0]).astype(dtype) if bias else None
