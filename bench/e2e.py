@@ -57,8 +57,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from e2e_report import (FIELDS, FP16_RTOL, FP32_MODELS, FP32_RTOL, acceptance, load_doc, markdown,  # noqa: E402
-                        merge_rows, row_plan, tuning_status)
+from e2e_report import (FIELDS, FP16_RTOL, FP32_MODELS, FP32_RTOL, acceptance, fused_nodes_ms, load_doc,  # noqa: E402
+                        markdown, merge_rows, row_plan, tuning_status)
 from lowering_bench import Budget, write_atomic  # noqa: E402
 from runtime_bench import err, gpu_name, rel_err, timed, versions  # noqa: E402
 from torch_models import MODELS, build_module, example_input, export, input_shape  # noqa: E402
@@ -157,6 +157,9 @@ class Runner:
         row["tuning_time"] = res["report"].get("tuning_time") or {}  # where the tuning's seconds went
         row["lowering_counts"] = dict(sorted(Counter(r.get("lowering") for r in res["report"].get("lowerings", [])).items()))
         row["lowerings"] = "heuristic (--gpu none: nothing profiled)" if args.heuristic else "tuned (--gpu auto)"
+        nodes_ms, untimed = fused_nodes_ms(res["report"])
+        if not untimed:  # every fused node's tuned time known: what the custom ops cost one by one
+            row["fused_nodes_ms"] = round(nodes_ms, 4)
         log(f"{name} bs{bs} {dtype}: optimized in {res['seconds']:.1f} s; tuning complete: {complete}; {summary['node_modes']}")
         self.measure(row, opt_path, budget)
         return row

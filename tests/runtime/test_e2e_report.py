@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,3 +126,16 @@ def test_rows_option_orders_the_run_and_rejects_a_malformed_row():
             assert e.code == 2
         else:
             raise AssertionError(f"--rows {bad} was accepted")
+
+
+def test_fused_nodes_ms_sums_the_chosen_candidates_and_counts_the_untimed():
+    rep = {"lowerings": [
+        {"lowering": "cudnn", "params": "plan=eng4", "timings": [{"candidate": "cudnn:plan=eng4", "ms": 0.25},
+                                                                 {"candidate": "cudnn", "ms": 0.1}]},
+        {"lowering": "rows", "params": "", "timings": [{"candidate": "rows", "ms": 0.5}]},
+        {"lowering": "direct", "params": "opt=1", "timings": []},  # heuristic: nothing timed
+    ]}
+    total, missing = R.fused_nodes_ms(rep)
+    assert total == pytest.approx(0.75) and missing == 1
+    row = {"model": "m", "bs": 1, "dtype": "fp16", "fused_nodes_ms": 0.75}
+    assert "fused nodes alone: 0.750 ms" in R.markdown({"rows": [row], "acceptance": []})
