@@ -21,7 +21,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lowering_bench import provider_of  # bench/ is the script's directory: on sys.path
+from lowering_bench import provider_of, write_atomic  # bench/ is the script's directory: on sys.path
 
 from graphopt.kernels.registry import candidate_from_key
 
@@ -36,9 +36,11 @@ def family(entry: dict) -> str:
 
 
 def best_per_family(entries: list[dict], gpu: str, op: str, grep: list[str], exclude: list[str],
-                    since: float = 0.0) -> list[dict]:
-    """Per signature, each family's fastest ``ok`` timing; ``since`` (epoch seconds) keeps only timings
-    made then or later (a cache also holds older kernel versions' timings)."""
+                    since: float = 0.0, by: str = "source") -> list[dict]:
+    """Per signature, each family's fastest ``ok`` timing; a family is the candidate's source (``own``,
+    ``cudnn``, ...) or, with ``by="lowering"``, its lowering (``direct_k3``, ``depthwise_nhwc``, ...).
+    ``since`` (epoch seconds) keeps only timings made then or later (a cache also holds older kernel
+    versions' timings)."""
     rows: dict[str, dict] = {}
     for e in entries:
         sig = str(e.get("signature", ""))
@@ -47,7 +49,7 @@ def best_per_family(entries: list[dict], gpu: str, op: str, grep: list[str], exc
                 or not all(g in sig for g in grep) or any(x in sig for x in exclude)):
             continue
         row = rows.setdefault(sig, {"signature": sig, "best": {}})
-        fam = family(e)
+        fam = family(e) if by == "source" else str(e.get("lowering", "?"))
         if fam not in row["best"] or float(e["ms"]) < row["best"][fam]["ms"]:
             row["best"][fam] = {"ms": float(e["ms"]), "candidate": e.get("candidate"), "samples": len(e.get("samples") or [])}
     return [rows[k] for k in sorted(rows)]
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exclude", action="append", default=[], help="drop signatures containing this (repeatable)")
     ap.add_argument("--out", required=True, help="output path without suffix (.json and .md are written)")
     ap.add_argument("--source", default="", help="where the cache came from (a device call, a date), recorded")
+    ap.add_argument("--by", choices=("source", "lowering"), default="source",
+                    help="group candidates by their source (own kernels, each provider) or by lowering")
     ap.add_argument("--since", default="", help="keep timings made at or after this UTC time (ISO, e.g. 2026-12-06T02:40)")
     args = ap.parse_args(argv)
     try:
@@ -75,18 +79,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cache_timings: cannot read {args.export}: {exc}", file=sys.stderr)
         return 2
     entries = data.get("entries", []) if isinstance(data, dict) else []
-    rows = best_per_family(entries, args.gpu, args.op, args.grep, args.exclude, since)
+    rows = best_per_family(entries, args.gpu, args.op, args.grep, args.exclude, since, args.by)
     versions = sorted({(e.get("cuda"), e.get("driver"), e.get("cupy")) for e in entries if e.get("gpu") == args.gpu})
-    out = {"gpu": args.gpu, "op": args.op, "grep": args.grep, "exclude": args.exclude, "source": args.source, "since": args.since,
+    out = {"gpu": args.gpu, "op": args.op, "grep": args.grep, "exclude": args.exclude, "source": args.source, "since": args.since, "by": args.by,
            "versions (cuda, driver, cupy)": versions, "method": "tuner timings: CUDA events, median of the "
            "samples, each candidate checked against the float64 reference first", "command": " ".join(
                ["python3", "bench/cache_timings.py"] + (argv if argv is not None else sys.argv[1:])), "rows": rows}
-    Path(args.out + ".json").write_text(json.dumps(out, indent=1) + "\n")
+    write_atomic(args.out + ".json", json.dumps(out, indent=1) + "\n")
     fams = sorted({f for r in rows for f in r["best"]})
-    lines = [f"# Best measured time per source: {args.op} on {args.gpu}", "",
+    lines = [f"# Best measured time per {args.by}: {args.op} on {args.gpu}", "",
              f"Source: {args.source or 'a tuning cache (not named)'}"
              + (f" (timings made since {args.since} UTC)" if args.since else "") + f"; `{out['command']}`. Microseconds, the "
-             "best candidate of each source per signature (CUDA events, median of the tuner's samples).", "",
+             f"best candidate of each {args.by} per signature (CUDA events, median of the tuner's samples).", "",
              "| signature | " + " | ".join(f"{f} us" for f in fams) + " | fastest |",
              "|---|" + "---:|" * len(fams) + "---|"]
     for r in rows:
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = next((d for d in parts[2].split(",") if d), "") if len(parts) > 3 else ""
         lines.append(f"| `{parts[1]}` {dtype} {parts[3] if len(parts) > 3 else ''} | " + " | ".join(cells)
                      + f" | {win} |")
-    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    write_atomic(args.out + ".md", "\n".join(lines) + "\n")
     print(f"cache_timings: {len(rows)} signatures -> {args.out}.json, .md")
     return 0
 

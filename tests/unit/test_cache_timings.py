@@ -63,3 +63,16 @@ def test_since_keeps_only_the_newer_timings_and_a_bad_date_is_exit_2(tmp_path, c
     assert ct.main([str(export), "--gpu", "h100", "--since", "yesterday", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert "--since" in err and "\n" not in err
+
+
+def test_by_lowering_splits_own_kernels(tmp_path):
+    ct = _load()
+    entries = [_e("8x", "direct:opt=1", "direct", 0.02), _e("8x", "direct_k3:opt=4", "direct_k3", 0.01),
+               _e("8x", "cudnn:plan=eng0", "cudnn", 0.03)]
+    export = tmp_path / "cache.json"
+    export.write_text(json.dumps({"entries": entries}))
+    out = tmp_path / "t"
+    assert ct.main([str(export), "--gpu", "h100", "--by", "lowering", "--out", str(out)]) == 0
+    (row,) = json.loads(Path(str(out) + ".json").read_text())["rows"]
+    assert {k: v["ms"] for k, v in row["best"].items()} == {"direct": 0.02, "direct_k3": 0.01, "cudnn": 0.03}
+    assert "per lowering" in Path(str(out) + ".md").read_text()
