@@ -5,6 +5,7 @@ from __future__ import annotations
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Signature
+from graphopt.lowering.layout import is_layout
 
 SUPPORTED_DTYPES = ("float16", "float32")
 
@@ -51,6 +52,22 @@ def applied(cand: Candidate, sig: Signature) -> tuple[geo.ConvGeom, str]:
     if reason:
         raise TuningError(f"candidate {cand.key()} does not apply: {reason}")
     return geo.conv_geom(sig), geo.dtype_of(sig)
+
+
+def check_operands(who: str, g: geo.ConvGeom, dt: str, X, Wt, B, y, x_layout: str, y_layout: str) -> None:
+    """A launch's operands as a lowering that declares layouts takes them: X and Y of the geometry's
+    shapes in ``x_layout`` / ``y_layout``, W ``[M, C / G, KH, KW]`` and B ``[M]`` C-contiguous, all ``dt``;
+    ``TuningError`` naming ``who`` and the operand otherwise."""
+    x_shape = (g.N, g.C) + ((g.W,) if g.one_d else (g.H, g.W))
+    for name, a, shape, lay in (("X", X, x_shape, x_layout), ("Y", y, g.out_shape, y_layout)):
+        if tuple(a.shape) != shape or str(a.dtype) != dt or not is_layout(a, lay):
+            raise TuningError(f"{who}: {name} must be an {lay} {dt} array of shape {shape}, "
+                              f"got {a.dtype} {tuple(a.shape)} strides {a.strides}")
+    w_shape = (g.M, g.C // g.G) + ((g.KW,) if g.one_d else (g.KH, g.KW))
+    if tuple(Wt.shape) != w_shape or str(Wt.dtype) != dt or not Wt.flags.c_contiguous:
+        raise TuningError(f"{who}: W must be a C-contiguous {dt} array of shape {w_shape}, got {Wt.dtype} {tuple(Wt.shape)}")
+    if B is not None and (tuple(B.shape) != (g.M,) or str(B.dtype) != dt or not B.flags.c_contiguous):
+        raise TuningError(f"{who}: B must be a contiguous {dt} array of shape ({g.M},), got {B.dtype} {tuple(B.shape)}")
 
 
 def check_out(outputs, g: geo.ConvGeom, dt: str):

@@ -11,13 +11,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.cbr_common import applied, check_common
+from graphopt.kernels.cbr_common import applied, check_common, check_operands
 from graphopt.kernels.mma_args import ptr
 from graphopt.kernels.source import SHARED_DEFAULT_BYTES, VEC16, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
-from graphopt.lowering.layout import is_layout
 
 SOURCE = "depthwise_nhwc.cu"
 # X, W ([C, 1, KH, KW] as ONNX stores it), B, R (never given), Y; the optional B and R slots carry Y's
@@ -115,17 +113,7 @@ class DepthwiseNhwcConv(Candidate):
         def launch(inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any = None) -> None:
             X, Wt, B = (list(inputs) + [None, None])[:3]
             y = outputs[0]
-            for name, a, shape in (("X", X, (g.N, g.C) + ((g.W,) if g.one_d else (g.H, g.W))), ("Y", y, g.out_shape)):
-                if tuple(a.shape) != shape or str(a.dtype) != dt or not is_layout(a, "NHWC"):
-                    raise TuningError(f"depthwise_nhwc: {name} must be an NHWC {dt} array of shape {shape}, "
-                                      f"got {a.dtype} {tuple(a.shape)} strides {a.strides}")
-            w_shape = (g.M, 1) + ((g.KW,) if g.one_d else (g.KH, g.KW))
-            if tuple(Wt.shape) != w_shape or str(Wt.dtype) != dt or not Wt.flags.c_contiguous:
-                raise TuningError(f"depthwise_nhwc: W must be a C-contiguous {dt} array of shape {w_shape}, "
-                                  f"got {Wt.dtype} {tuple(Wt.shape)}")
-            if B is not None and (tuple(B.shape) != (g.M,) or str(B.dtype) != dt or not B.flags.c_contiguous):
-                raise TuningError(f"depthwise_nhwc: B must be a contiguous {dt} array of shape ({g.M},), "
-                                  f"got {B.dtype} {tuple(B.shape)}")
+            check_operands("depthwise_nhwc", g, dt, X, Wt, B, y, "NHWC", "NHWC")
             if pixels == 0:
                 return  # an empty batch: nothing to write (a grid of no blocks is a launch error)
             wide_ok = g.C % vec == 0 and all(a.data.ptr % 16 == 0 for a in (X, Wt, y))  # W: the tile staging's vector loads

@@ -14,11 +14,10 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.cbr_common import applied, check_common
+from graphopt.kernels.cbr_common import applied, check_common, check_operands
 from graphopt.kernels.mma_args import ptr
 from graphopt.kernels.source import SHARED_DEFAULT_BYTES, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
-from graphopt.lowering.layout import is_layout
 
 SOURCE = "stem_conv.cu"
 MAX_CHANNELS = 4  # input channels (RGB, RGBA)
@@ -86,22 +85,13 @@ class StemConv(Candidate):
         tail = (i32(y_layout == "NHWC"), i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
         threads = g.N * g.OH * g.OW * (g.M // mv)
         layouts = self.layouts(sig)
-        x_shape = (g.N, g.C) + ((g.W,) if g.one_d else (g.H, g.W))
 
         def launch(inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any = None) -> None:
             X, Wt, B = (list(inputs) + [None, None])[:3]
             y = outputs[0]
-            for name, a, shape, lay in (("X", X, x_shape, "NCHW"), ("Y", y, g.out_shape, y_layout)):
-                if tuple(a.shape) != shape or str(a.dtype) != dt or not is_layout(a, lay):
-                    raise TuningError(f"stem: {name} must be an {lay} {dt} array of shape {shape}, "
-                                      f"got {a.dtype} {tuple(a.shape)} strides {a.strides}")
+            check_operands("stem", g, dt, X, Wt, B, y, "NCHW", y_layout)
             if y_layout == "NHWC" and y.data.ptr % 16:
                 raise TuningError("stem: an NHWC Y must start on a 16-byte boundary (its vector stores)")
-            w_shape = (g.M, g.C) + ((g.KW,) if g.one_d else (g.KH, g.KW))
-            if tuple(Wt.shape) != w_shape or str(Wt.dtype) != dt or not Wt.flags.c_contiguous:
-                raise TuningError(f"stem: W must be a C-contiguous {dt} array of shape {w_shape}, got {Wt.dtype} {tuple(Wt.shape)}")
-            if B is not None and (tuple(B.shape) != (g.M,) or str(B.dtype) != dt or not B.flags.c_contiguous):
-                raise TuningError(f"stem: B must be a contiguous {dt} array of shape ({g.M},), got {B.dtype} {tuple(B.shape)}")
             if threads == 0:
                 return  # an empty batch: nothing to write (a grid of no blocks is a launch error)
             blocks = min(MAX_BLOCKS, -(-threads // THREADS))
