@@ -16,7 +16,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from e2e_report import fused_nodes_ms  # bench/ is the script's directory: on sys.path
+from e2e_report import chosen_ms, fused_nodes_ms  # bench/ is the script's directory: on sys.path
 from lowering_bench import write_atomic
 
 
@@ -24,10 +24,9 @@ def summarize(report: dict) -> dict:
     total, missing = fused_nodes_ms(report)
     by: dict[str, float] = defaultdict(float)
     for r in report.get("lowerings") or []:
-        chosen = r.get("lowering", "") + (f":{r['params']}" if r.get("params") else "")
-        ms = next((t.get("ms") for t in r.get("timings") or [] if t.get("candidate") == chosen and t.get("ms")), None)
+        ms = chosen_ms(r)
         if ms is not None:
-            by[r.get("lowering", "?")] += float(ms)
+            by[r.get("lowering", "?")] += ms
     return {"fused_nodes": len(report.get("lowerings") or []), "fused_nodes_ms": round(total, 4), "untimed_nodes": missing,
             "ms_by_lowering": {k: round(v, 4) for k, v in sorted(by.items())}, "mode": report.get("mode"),
             "layout_summary": report.get("layout_summary")}
