@@ -45,19 +45,10 @@ if str(ROOT) not in sys.path:  # report this checkout's graphopt version, as the
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from lowering_bench import write_atomic  # noqa: E402
+from runtime_bench import versions  # noqa: E402
 MODELS = ("resnet50", "gpt2")
 SEQ = 128
 BARS = {"resnet50": {"cold_s": 60.0, "warm_s": 5.0}, "gpt2": {"cold_s": 60.0}}
-
-
-def _versions() -> dict:
-    out = {"python": platform.python_version()}
-    for mod in ("graphopt", "onnx", "onnxruntime", "numpy", "cupy"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - cupy is absent on a CPU machine
-            out[mod] = None
-    return out
 
 
 def _export(name: str, folder: Path) -> Path:
@@ -263,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         (None if dry else ROOT / "bench" / "results" / f"cache_speed_{args.gpu}.json"))
     result: dict = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpu": args.gpu,
-        "machine": platform.node(), "versions": _versions(), "dry_run": dry, "bars": BARS,
+        "machine": platform.node(), "versions": versions(), "dry_run": dry, "bars": BARS,
         "method": ("cold: fresh empty GRAPHOPT_CACHE_DIR and GRAPHOPT_KERNEL_CACHE, nothing prebuilt, wall time of "
                    "the whole command (Python start-up, compiles, plan builds, profiling included); warm: the same "
                    "command again with those caches"),

@@ -331,7 +331,7 @@ def summarize(rows) -> dict:
 
 def markdown(header, rows) -> str:
     lines = [f"# CBR layers on {header['gpu']} ({header['date']})", "",
-             f"Command: `{header['command']}`; CuPy {header['cupy']}, torch {header['torch']}, cuDNN {header['cudnn']}, "
+             f"Command: `{header['command']}`; CuPy {header['cupy']}, torch {header['torch']}, cuDNN {header.get('torch_cudnn', header.get('cudnn'))}, "
              f"driver {header['driver']}, NVRTC {header['nvrtc']}; providers {header.get('providers')}.", "",
              f"Ceilings measured in this run: copy {header['ceilings']['copy_TBps']:.2f} TB/s, fp16 GEMM "
              f"{header['ceilings']['fp16_TFLOPs']:.0f} TFLOP/s, tf32 GEMM {header['ceilings']['tf32_TFLOPs']:.0f} TFLOP/s. "

@@ -17,14 +17,14 @@ import datetime
 import json
 import math
 import os
-import platform
 from pathlib import Path
 import time
 
 
 def env_header(command: str) -> dict:
     import cupy
-    import torch
+
+    from runtime_bench import versions
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
     head = {
@@ -36,11 +36,7 @@ def env_header(command: str) -> dict:
         "driver": cupy.cuda.runtime.driverGetVersion(),
         "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
         "nvrtc": ".".join(map(str, cupy.cuda.nvrtc.getVersion())),
-        "cupy": cupy.__version__,
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "python": platform.python_version(),
-        "git": os.environ.get("HEAD_COMMIT", ""),
+        **versions(),  # runtime_bench.versions: the one list of library versions and the commit
         "command": command,
         "timing": "graphopt.kernels.timing.cuda_event_timer, median of reps: a capturable lowering inside a CUDA "
                   "graph (graph_timer), others and torch with CUDA events per launch after a spin-kernel prefill "

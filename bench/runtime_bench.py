@@ -26,6 +26,10 @@ def err(e: BaseException) -> str:
 
 # ------------------------------------------------------------------------------------ environment
 def versions() -> dict:
+    """The library versions and the code's commit that every result file records (e2e, host_overhead,
+    plan_breakdown, cache_speed, and lowering_bench.env_header for the per-kernel benchmarks): one list,
+    so no result file names a version another one leaves out. "cudnn" is the frontend package,
+    "cudnn_backend" its library, "torch_cudnn" torch's; a module that does not import says why."""
     out = {"python": platform.python_version()}
     for mod in ("torch", "torchvision", "transformers", "cupy", "onnx", "onnxruntime", "numpy", "cudnn"):
         try:
