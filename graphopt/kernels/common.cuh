@@ -53,42 +53,6 @@ struct ActParams {
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-// The rarer activations live in one out-of-line function: a GEMM epilogue applies the activation
-// to every accumulator of a fully unrolled tile, and inlining the whole switch (erff, tanhf, ...)
-// into each of them multiplied code size and compile time. The kind is uniform per launch.
-__device__ __noinline__ float apply_act_slow(float x, int kind, float alpha, float beta, float lo, float hi) {
-    ActParams a; a.kind = kind; a.alpha = alpha; a.beta = beta; a.lo = lo; a.hi = hi;
-    switch (a.kind) {
-        case ACT_RELU: return fmaxf(x, 0.0f);
-        case ACT_CLIP: return fminf(fmaxf(x, a.lo), a.hi);
-        case ACT_LEAKYRELU: return x >= 0.0f ? x : a.alpha * x;
-        case ACT_SIGMOID: return sigmoid_f(x);
-        case ACT_SILU: return x * sigmoid_f(x);
-        case ACT_HARDSWISH: return x * fminf(fmaxf(x * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f);
-        case ACT_HARDSIGMOIDMUL: return x * fminf(fmaxf(a.alpha * x + a.beta, 0.0f), 1.0f);
-        case ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-        case ACT_GELUTANH: {
-            float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-            return 0.5f * x * (1.0f + tanhf(u));
-        }
-        case ACT_HARDSIGMOID: return fminf(fmaxf(a.alpha * x + a.beta, 0.0f), 1.0f);
-        case ACT_QUICKGELU: return x * sigmoid_f(1.70200002193450928f * x);  // 1.702 as float32 (CLIP)
-        default: return x;
-    }
-}
-
-// The cheap piecewise-linear activations are inlined (a first measurement showed Clip / ReLU6
-// through the out-of-line call costing up to ~37% on memory-bound 1x1 layers); only the
-// transcendental ones (Sigmoid, SiLU, Gelu, GeluTanh) pay for the call.
-__device__ __forceinline__ float apply_act(float x, const ActParams& a) {
-    if (a.kind == ACT_NONE) return x;
-    if (a.kind == ACT_RELU) return fmaxf(x, 0.0f);
-    if (a.kind == ACT_CLIP) return fminf(fmaxf(x, a.lo), a.hi);
-    if (a.kind == ACT_LEAKYRELU) return x >= 0.0f ? x : a.alpha * x;
-    if (a.kind == ACT_HARDSWISH) return x * fminf(fmaxf(x * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f);
-    return apply_act_slow(x, a.kind, a.alpha, a.beta, a.lo, a.hi);
-}
-
 // Everything inlined: for loops that apply the activation once per element in a rolled loop (the
 // staged epilogue), where code size is no concern and the call would cost more than erff itself.
 __device__ __forceinline__ float apply_act_inline(float x, const ActParams& a) {
@@ -109,6 +73,27 @@ __device__ __forceinline__ float apply_act_inline(float x, const ActParams& a) {
         case ACT_QUICKGELU: return x * sigmoid_f(1.70200002193450928f * x);  // 1.702 as float32 (CLIP)
         default: return x;
     }
+}
+
+// The rarer activations live in one out-of-line function: a GEMM epilogue applies the activation
+// to every accumulator of a fully unrolled tile, and inlining the whole switch (erff, tanhf, ...)
+// into each of them multiplied code size and compile time. The kind is uniform per launch.
+// It is apply_act_inline's switch called out of line: one body, so the two forms cannot disagree.
+__device__ __noinline__ float apply_act_slow(float x, int kind, float alpha, float beta, float lo, float hi) {
+    ActParams a; a.kind = kind; a.alpha = alpha; a.beta = beta; a.lo = lo; a.hi = hi;
+    return apply_act_inline(x, a);
+}
+
+// The cheap piecewise-linear activations are inlined (a first measurement showed Clip / ReLU6
+// through the out-of-line call costing up to ~37% on memory-bound 1x1 layers); only the
+// transcendental ones (Sigmoid, SiLU, Gelu, GeluTanh) pay for the call.
+__device__ __forceinline__ float apply_act(float x, const ActParams& a) {
+    if (a.kind == ACT_NONE) return x;
+    if (a.kind == ACT_RELU) return fmaxf(x, 0.0f);
+    if (a.kind == ACT_CLIP) return fminf(fmaxf(x, a.lo), a.hi);
+    if (a.kind == ACT_LEAKYRELU) return x >= 0.0f ? x : a.alpha * x;
+    if (a.kind == ACT_HARDSWISH) return x * fminf(fmaxf(x * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f);
+    return apply_act_slow(x, a.kind, a.alpha, a.beta, a.lo, a.hi);
 }
 
 // Loads that bypass L1 (data written by other CTAs of the same launch, split-K partials).
