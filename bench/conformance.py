@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-UNCLAIMED_TYPES = ("string", "bfloat16", "float8", "int4", "uint4", "float4", "complex", "seq", "optional", "sparse")
+UNCLAIMED_TYPES = ("string", "bfloat16", "float8", "int4", "uint4", "int2", "uint2", "float4", "complex", "seq", "optional", "sparse")
 
 # Variants of claimed ops the runtime does not claim, with the reason (case-name substring -> reason).
 EXCLUDED: dict[str, str] = {
