@@ -24,6 +24,7 @@ MAX_CHANNELS = 4  # input channels (RGB, RGBA)
 CHANNELS_PER_THREAD = (8, 16, 32)  # the ``mv`` parameter: output channels a thread accumulates
 Y_LAYOUTS = ("nhwc", "nchw")
 SHARED_LIMIT = SHARED_DEFAULT_BYTES  # the staged fp32 weights and bias
+UNROLLED = (3, 7)  # square windows with their own instance, taps unrolled (the 3x3 and 7x7 stems); others at run time
 THREADS = 256
 MAX_BLOCKS = 8192  # many waves (3-5 blocks an SM are resident), so the last one's raggedness costs little; then grid-stride
 
@@ -51,8 +52,14 @@ def shared_bytes(g) -> int:
     return 4 * (g.C * g.KH * g.KW * g.M + g.M)
 
 
-def instances(dt: str, mvs: Sequence[int] = CHANNELS_PER_THREAD) -> list[tuple[str, str]]:
-    return [(SOURCE, instance("stem_conv", dt, mv)) for mv in mvs]
+def window(g) -> int:
+    """The kernel instance's compile-time window: KH when the window is square and in ``UNROLLED``, else 0."""
+    return g.KH if g.KH == g.KW and g.KH in UNROLLED else 0
+
+
+def instances(dt: str, mvs: Sequence[int] = CHANNELS_PER_THREAD,
+              windows: Sequence[int] = UNROLLED + (0,)) -> list[tuple[str, str]]:
+    return [(SOURCE, instance("stem_conv", dt, mv, ks)) for mv in mvs for ks in windows]
 
 
 @dataclass(frozen=True)
@@ -73,12 +80,12 @@ class StemConv(Candidate):
         return source_hash(SOURCE)
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return instances(geo.dtype_of(sig), (self._mv(),))
+        return instances(geo.dtype_of(sig), (self._mv(),), (window(geo.conv_geom(sig)),))
 
     def build(self, sig: Signature, arch: str) -> Lowering:
         g, dt = applied(self, sig)
         mv, y_layout = self._mv(), self.param("y", "nhwc").upper()
-        kern = get_kernel(*instances(dt, (mv,))[0])
+        kern = get_kernel(*instances(dt, (mv,), (window(g),))[0])
         act = geo.act_args(sig)
         i32, f32 = np.int32, np.float32
         geom = tuple(i32(v) for v in (g.N, g.C, g.H, g.W, g.M, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw))

@@ -64,16 +64,17 @@ def test_what_its_launch_refuses(monkeypatch):
         low.launch([_placed(mem, np.zeros((2, 3, 9, 8), np.float16), "NHWC"), w, None], [y], None)
     assert launches == []
     low.launch([x, w, None], [y], None)
-    assert launches == ["stem_conv<half_t,8>"]
+    assert launches == ["stem_conv<half_t,8,3>"]  # a 3x3 window: its unrolled instance
 
 
-def _simulate(mem, T, MV, grid, block, a, shared_mem, launches):
-    """One launch of stem_conv<T, MV>, block by block and thread by thread."""
+def _simulate(mem, T, MV, KS, grid, block, a, shared_mem, launches):
+    """One launch of stem_conv<T, MV, KS>, block by block and thread by thread."""
     it = np.dtype(T).itemsize
     X, Wt, Bias, Y = (0 if isinstance(v, np.integer) else v.data.ptr for v in (a["X"], a["Wt"], a["Bias"], a["Y"]))
     N, C, H, W, M, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, y_nhwc, act = (int(a[k]) for k in (
         "N", "C", "H", "W", "M", "OH", "OW", "KH", "KW", "sh", "sw", "ph", "pw", "dh", "dw", "y_nhwc", "act"))
     alpha, beta, lo, hi = (F32(a[k]) for k in ("act_alpha", "act_beta", "lo", "hi"))
+    assert KS == (KH if KH == KW and KH in cbr_stem.UNROLLED else 0), "the wrong window instance"
     K = C * KH * KW
     assert shared_mem == 4 * (K * M + M), "the shared memory is not the staged weights' and bias' size"
     smem = np.full(K * M + M, np.nan, np.float32)  # what no thread staged reads NaN
@@ -115,7 +116,7 @@ def _simulate(mem, T, MV, grid, block, a, shared_mem, launches):
                 for j in range(MV):
                     mem.store(Y + (((n * M + m0 + j) * OH + oh) * OW + ow) * it, out[j:j + 1], it)
     assert (written == 1).all(), "an output not written exactly once"
-    launches.append((MV, grid[0]))
+    launches.append((MV, grid[0]))  # (KS checked above)
 
 
 @pytest.fixture()
