@@ -22,6 +22,9 @@ from graphopt.lowering.contract import Candidate, Lowering, Signature
 SOURCE = "stem_conv.cu"
 MAX_CHANNELS = 4  # input channels (RGB, RGBA)
 CHANNELS_PER_THREAD = (8, 16, 32)  # the ``mv`` parameter: output channels a thread accumulates
+# the ``px`` parameter: adjacent pixels a thread computes, each shared-memory weight load used px
+# times (stem_conv.cu's PX); px = 1 (no parameter) for every ``mv``, more where the registers allow
+PIXELS_PER_THREAD = {8: (1, 4), 16: (1, 4), 32: (1, 2)}
 Y_LAYOUTS = ("nhwc", "nchw")
 SHARED_LIMIT = SHARED_DEFAULT_BYTES  # the staged fp32 weights and bias
 UNROLLED = (3, 7)  # square windows with their own instance, taps unrolled (the 3x3 and 7x7 stems); others at run time
@@ -57,17 +60,23 @@ def window(g) -> int:
     return g.KH if g.KH == g.KW and g.KH in UNROLLED else 0
 
 
-def instances(dt: str, mvs: Sequence[int] = CHANNELS_PER_THREAD,
-              windows: Sequence[int] = UNROLLED + (0,)) -> list[tuple[str, str]]:
-    return [(SOURCE, instance("stem_conv", dt, mv, ks)) for mv in mvs for ks in windows]
+def instances(dt: str, mvs: Sequence[int] = CHANNELS_PER_THREAD, windows: Sequence[int] = UNROLLED + (0,),
+              pxs: Sequence[int] | None = None) -> list[tuple[str, str]]:
+    """``stem_conv<T, MV, KS, PX>`` for each ``mv``, window and pixel count (default: every ``px`` of that ``mv``)."""
+    return [(SOURCE, instance("stem_conv", dt, mv, ks, px)) for mv in mvs for ks in windows
+            for px in (pxs if pxs is not None else PIXELS_PER_THREAD[mv])]
 
 
 @dataclass(frozen=True)
 class StemConv(Candidate):
-    """params: ``mv`` (output channels a thread), ``y`` (``nhwc`` or ``nchw``, the layout of Y)."""
+    """params: ``mv`` (output channels a thread), ``px`` (adjacent pixels a thread; absent: 1),
+    ``y`` (``nhwc`` or ``nchw``, the layout of Y)."""
 
     def _mv(self) -> int:
         return int(self.param("mv", CHANNELS_PER_THREAD[0]))
+
+    def _px(self) -> int:
+        return int(self.param("px", 1))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         return stem_reason(sig, self._mv())
@@ -80,17 +89,17 @@ class StemConv(Candidate):
         return source_hash(SOURCE)
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return instances(geo.dtype_of(sig), (self._mv(),), (window(geo.conv_geom(sig)),))
+        return instances(geo.dtype_of(sig), (self._mv(),), (window(geo.conv_geom(sig)),), (self._px(),))
 
     def build(self, sig: Signature, arch: str) -> Lowering:
         g, dt = applied(self, sig)
-        mv, y_layout = self._mv(), self.param("y", "nhwc").upper()
-        kern = get_kernel(*instances(dt, (mv,), (window(g),))[0])
+        mv, px, y_layout = self._mv(), self._px(), self.param("y", "nhwc").upper()
+        kern = get_kernel(*instances(dt, (mv,), (window(g),), (px,))[0])
         act = geo.act_args(sig)
         i32, f32 = np.int32, np.float32
         geom = tuple(i32(v) for v in (g.N, g.C, g.H, g.W, g.M, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw))
         tail = (i32(y_layout == "NHWC"), i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
-        threads = g.N * g.OH * g.OW * (g.M // mv)
+        threads = g.N * g.OH * -(-g.OW // px) * (g.M // mv)  # a thread per (pixel slot, channel group)
         layouts = self.layouts(sig)
 
         def launch(inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any = None) -> None:
@@ -108,7 +117,8 @@ class StemConv(Candidate):
 
 
 def stem_candidates() -> list[StemConv]:
-    return [StemConv("stem", (("mv", mv), ("y", y))) for mv in CHANNELS_PER_THREAD for y in Y_LAYOUTS]
+    return [StemConv("stem", (("mv", mv),) + ((("px", px),) if px > 1 else ()) + (("y", y),))
+            for mv in CHANNELS_PER_THREAD for px in PIXELS_PER_THREAD[mv] for y in Y_LAYOUTS]
 
 
 __all__ = ["StemConv", "stem_candidates", "stem_reason"]

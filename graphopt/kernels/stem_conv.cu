@@ -14,13 +14,18 @@
 // geometry keeps every tensor under 2^31 elements. KS > 0: a KS x KS window known at compile time, its
 // taps unrolled, so a thread issues all of a channel's input loads before its first FMA (the first
 // version, KH and KW at run time and a branch per tap, ran MobileNetV2's bs32 stem in 58-97 us on the
-// H100 against ~25 us of FMAs and shared loads: latency-bound); KS = 0: any window, at run time.
+// H100; unrolled, 55.4 us: not latency but shared memory bound, see PX); KS = 0: any window, at run time.
+// PX: horizontally adjacent output pixels a thread computes, each weight it loads from shared memory
+// used PX times. Shared memory delivers 128 B a clock to an SM's registers, broadcast or not, and
+// every output needs its K weights delivered: with PX = 1 MobileNetV2's bs32 stem moves 1.4 GB that
+// way, a ~47 us floor on the H100 that the measured 55 us sits on (bench/NOTES_e2e.md); PX = 4 cuts
+// it to a quarter.
 template <typename T, int MV>
 struct __align__(sizeof(T) * MV < 16 ? sizeof(T) * MV : 16) StemOut {
     T v[MV];
 };
 
-template <typename T, int MV, int KS>
+template <typename T, int MV, int KS, int PX>
 __global__ void __launch_bounds__(256)
 stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict__ Bias, T* __restrict__ Y,
           int N, int C, int H, int W, int M, int OH, int OW, int KH, int KW, int sh, int sw, int ph, int pw,
@@ -51,19 +56,22 @@ stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict
     }
     __syncthreads();
     ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
-    const unsigned pixels = (unsigned)N * OH * OW, groups = M / MV;
-    const unsigned total = pixels * groups;
+    const int OWG = (OW + PX - 1) / PX;  // pixel slots per output row: PX adjacent pixels each
+    const unsigned slots = (unsigned)N * OH * OWG, groups = M / MV;
+    const unsigned total = slots * groups;
     for (unsigned idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
-        const unsigned p = y_nhwc ? idx / groups : idx % pixels;
-        const int m0 = (int)(y_nhwc ? idx % groups : idx / pixels) * MV;
-        const int ow = (int)(p % OW);
-        const unsigned rest = p / OW;
+        const unsigned q = y_nhwc ? idx / groups : idx % slots;
+        const int m0 = (int)(y_nhwc ? idx % groups : idx / slots) * MV;
+        const int ow0 = (int)(q % OWG) * PX;
+        const unsigned rest = q / OWG;
         const int oh = (int)(rest % OH);
         const int n = (int)(rest / OH);
-        float acc[MV];
+        float acc[PX][MV];
 #pragma unroll
-        for (int j = 0; j < MV; ++j) acc[j] = stem_smem[K * M + m0 + j];
-        const int ih0 = oh * sh - ph, iw0 = ow * sw - pw;
+        for (int i = 0; i < PX; ++i)
+#pragma unroll
+            for (int j = 0; j < MV; ++j) acc[i][j] = stem_smem[K * M + m0 + j];
+        const int ih0 = oh * sh - ph, iw0 = ow0 * sw - pw;
         const int kh = KS > 0 ? KS : KH, kw = KS > 0 ? KS : KW;
         int k = 0;
         for (int c = 0; c < C; ++c) {
@@ -74,28 +82,41 @@ stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict
                 const bool row_in = (unsigned)ih < (unsigned)H;
 #pragma unroll
                 for (int s = 0; s < kw; ++s, ++k) {
-                    const int iw = iw0 + s * dw;
-                    // outside the image: a zero input (no branch, so the unrolled loads issue together)
-                    const float x = row_in && (unsigned)iw < (unsigned)W ? Num<T>::load(xc + ih * W + iw) : 0.0f;
+                    // outside the image (or past the row's last pixel slot): a zero input, no branch
+                    float x[PX];
+#pragma unroll
+                    for (int i = 0; i < PX; ++i) {
+                        const int iw = iw0 + i * sw + s * dw;
+                        x[i] = row_in && (unsigned)iw < (unsigned)W ? Num<T>::load(xc + ih * W + iw) : 0.0f;
+                    }
                     const float4* wk = reinterpret_cast<const float4*>(stem_smem + k * M + m0);
 #pragma unroll
                     for (int j = 0; j < MV / 4; ++j) {
-                        const float4 w4 = wk[j];
-                        acc[4 * j] += x * w4.x; acc[4 * j + 1] += x * w4.y;
-                        acc[4 * j + 2] += x * w4.z; acc[4 * j + 3] += x * w4.w;
+                        const float4 w4 = wk[j];  // one shared load, PX pixels' FMAs
+#pragma unroll
+                        for (int i = 0; i < PX; ++i) {
+                            acc[i][4 * j] += x[i] * w4.x; acc[i][4 * j + 1] += x[i] * w4.y;
+                            acc[i][4 * j + 2] += x[i] * w4.z; acc[i][4 * j + 3] += x[i] * w4.w;
+                        }
                     }
                 }
             }
         }
-        if (y_nhwc) {
-            StemOut<T, MV> out;
 #pragma unroll
-            for (int j = 0; j < MV; ++j) out.v[j] = Num<T>::from_f(apply_act_inline(acc[j], ap));
-            *reinterpret_cast<StemOut<T, MV>*>(Y + (long long)p * M + m0) = out;
-        } else {
-            T* yp = Y + ((long long)n * M + m0) * OH * OW + (long long)oh * OW + ow;
+        for (int i = 0; i < PX; ++i) {
+            const int ow = ow0 + i;
+            if (ow >= OW) break;  // the row's last slot may hold fewer than PX pixels
+            const unsigned p = ((unsigned)n * OH + oh) * OW + ow;
+            if (y_nhwc) {
+                StemOut<T, MV> out;
 #pragma unroll
-            for (int j = 0; j < MV; ++j) yp[(long long)j * OH * OW] = Num<T>::from_f(apply_act_inline(acc[j], ap));
+                for (int j = 0; j < MV; ++j) out.v[j] = Num<T>::from_f(apply_act_inline(acc[i][j], ap));
+                *reinterpret_cast<StemOut<T, MV>*>(Y + (long long)p * M + m0) = out;
+            } else {
+                T* yp = Y + ((long long)n * M + m0) * OH * OW + (long long)oh * OW + ow;
+#pragma unroll
+                for (int j = 0; j < MV; ++j) yp[(long long)j * OH * OW] = Num<T>::from_f(apply_act_inline(acc[i][j], ap));
+            }
         }
     }
 }

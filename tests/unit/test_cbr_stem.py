@@ -36,12 +36,13 @@ def test_it_applies_to_few_input_channels_only_and_says_why_not():
     assert "multiple of 16" in cbr_stem.stem_reason(_sig((2, 3, 9, 9), (24, 3, 3, 3), {}), 16)
     assert "shared memory" in cbr_stem.stem_reason(_sig((1, 4, 64, 64), (256, 4, 7, 7), {}))  # 50 KB of fp32 weights
     cands = [c for c in cbr_candidates() if c.name == "stem"]
-    assert {c.key() for c in cands} == {f"stem:mv={m},y={y}" for m in (8, 16, 32) for y in ("nhwc", "nchw")}
+    assert {c.key() for c in cands} == ({f"stem:mv={m},y={y}" for m in (8, 16, 32) for y in ("nhwc", "nchw")}
+                                        | {f"stem:mv={m},px={p},y={y}" for m, p in ((8, 4), (16, 4), (32, 2)) for y in ("nhwc", "nchw")})
     for c in cands:
         assert candidate_from_key("CBR", c.key()) == c
         y = dict(c.params)["y"].upper()
         assert c.layouts(stem) == ("NCHW", "NCHW", y, y, y)
-    assert [c.applies(_sig((2, 3, 9, 9), (24, 3, 3, 3), {})) is None for c in cands] == [True, True, False, False, False, False]
+    assert [c.applies(_sig((2, 3, 9, 9), (24, 3, 3, 3), {})) is None for c in cands] == [True] * 4 + [False] * 8  # mv=8 only
 
 
 def test_what_its_launch_refuses(monkeypatch):
@@ -64,11 +65,11 @@ def test_what_its_launch_refuses(monkeypatch):
         low.launch([_placed(mem, np.zeros((2, 3, 9, 8), np.float16), "NHWC"), w, None], [y], None)
     assert launches == []
     low.launch([x, w, None], [y], None)
-    assert launches == ["stem_conv<half_t,8,3>"]  # a 3x3 window: its unrolled instance
+    assert launches == ["stem_conv<half_t,8,3,1>"]  # a 3x3 window: its unrolled instance
 
 
-def _simulate(mem, T, MV, KS, grid, block, a, shared_mem, launches):
-    """One launch of stem_conv<T, MV, KS>, block by block and thread by thread."""
+def _simulate(mem, T, MV, KS, PX, grid, block, a, shared_mem, launches):
+    """One launch of stem_conv<T, MV, KS, PX>, block by block and thread by thread."""
     it = np.dtype(T).itemsize
     X, Wt, Bias, Y = (0 if isinstance(v, np.integer) else v.data.ptr for v in (a["X"], a["Wt"], a["Bias"], a["Y"]))
     N, C, H, W, M, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, y_nhwc, act = (int(a[k]) for k in (
@@ -83,38 +84,45 @@ def _simulate(mem, T, MV, KS, grid, block, a, shared_mem, launches):
         smem[k * M + m] = F32(mem.load(Wt + i * it, T, 1, it)[0])
     for m in range(M):
         smem[K * M + m] = F32(mem.load(Bias + m * it, T, 1, it)[0]) if Bias else F32(0)
-    pixels = N * OH * OW
-    total = pixels * (M // MV)
-    written = np.zeros(total, int)
+    OWG = -(-OW // PX)  # pixel slots per output row
+    slots = N * OH * OWG
+    total = slots * (M // MV)
+    written = np.zeros(N * OH * OW * (M // MV), int)  # per (pixel, channel group)
     stride = grid[0] * block[0]
     for start in range(min(stride, total)):
         for idx in range(start, total, stride):
-            written[idx] += 1
-            groups = M // MV  # Y NHWC: the channel group fastest (contiguous stores); NCHW: the pixel
-            p, m0 = (idx // groups, (idx % groups) * MV) if y_nhwc else (idx % pixels, (idx // pixels) * MV)
-            ow, rest = p % OW, p // OW
+            groups = M // MV  # Y NHWC: the channel group fastest (contiguous stores); NCHW: the pixel slot
+            q, m0 = (idx // groups, (idx % groups) * MV) if y_nhwc else (idx % slots, (idx // slots) * MV)
+            ow0, rest = (q % OWG) * PX, q // OWG
             oh, n = rest % OH, rest // OH
-            acc = [smem[K * M + m0 + j] for j in range(MV)]
+            acc = [[smem[K * M + m0 + j] for j in range(MV)] for _ in range(PX)]
             k = 0
             for c in range(C):
                 for r in range(KH):
                     ih = oh * sh - ph + r * dh
                     for s in range(KW):
-                        iw = ow * sw - pw + s * dw
-                        if 0 <= ih < H and 0 <= iw < W:
-                            x = F32(mem.load(X + (((n * C + c) * H + ih) * W + iw) * it, T, 1, it)[0])
-                            off = k * M + m0
-                            assert off % 4 == 0 and off + MV <= K * M, "a misaligned or outside float4 shared load"
-                            wk = smem[off:off + MV]
-                            assert not np.isnan(wk).any(), "a weight the block did not stage"
-                            acc = [F32(acc[j] + x * wk[j]) for j in range(MV)]
+                        off = k * M + m0
+                        assert off % 4 == 0 and off + MV <= K * M, "a misaligned or outside float4 shared load"
+                        wk = smem[off:off + MV]
+                        assert not np.isnan(wk).any(), "a weight the block did not stage"
+                        for i in range(PX):
+                            iw = (ow0 + i) * sw - pw + s * dw
+                            if 0 <= ih < H and 0 <= iw < W:  # (the kernel reads a zero there: the same sums)
+                                x = F32(mem.load(X + (((n * C + c) * H + ih) * W + iw) * it, T, 1, it)[0])
+                                acc[i] = [F32(acc[i][j] + x * wk[j]) for j in range(MV)]
                         k += 1
-            out = np.array([ACT[act](F32(v), alpha, beta, lo, hi) for v in acc], T)
-            if y_nhwc:
-                mem.store(Y + (p * M + m0) * it, out, min(16, it * MV))
-            else:
-                for j in range(MV):
-                    mem.store(Y + (((n * M + m0 + j) * OH + oh) * OW + ow) * it, out[j:j + 1], it)
+            for i in range(PX):
+                ow = ow0 + i
+                if ow >= OW:
+                    break
+                p = (n * OH + oh) * OW + ow
+                written[p * groups + m0 // MV] += 1
+                out = np.array([ACT[act](F32(v), alpha, beta, lo, hi) for v in acc[i]], T)
+                if y_nhwc:
+                    mem.store(Y + (p * M + m0) * it, out, min(16, it * MV))
+                else:
+                    for j in range(MV):
+                        mem.store(Y + (((n * M + m0 + j) * OH + oh) * OW + ow) * it, out[j:j + 1], it)
     assert (written == 1).all(), "an output not written exactly once"
     launches.append((MV, grid[0]))  # (KS checked above)
 
@@ -132,6 +140,13 @@ CASES = [  # x, w, attrs, dtype, options
     ((1, 1, 7, 6), (32, 1, 3, 3), {"pads": [0, 2, 1, 0], "dilations": [2, 1]}, "float32", {"mv": 32, "y": "nchw", "bias": False}),
     ((2, 4, 13), (16, 4, 5), {"pads": [2, 1], "strides": [2]}, "float16", {"mv": 8, "y": "nhwc"}),  # 1-D
     ((3, 3, 5, 5), (16, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"mv": 8, "y": "nhwc", "max_blocks": 1}),  # grid-stride
+    # px: OW = 5 and 6 leave a last slot short of px pixels; NHWC and NCHW; a 7x7 and a run-time window
+    ((2, 3, 9, 10), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2], "activation": "Clip", "clip_min": 0.0, "clip_max": 0.5},
+     "float16", {"mv": 16, "px": 4, "y": "nchw"}),
+    ((2, 3, 9, 12), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2], "activation": "SiLU"}, "float16", {"mv": 8, "px": 4, "y": "nhwc"}),
+    ((1, 3, 11, 10), (32, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}, "float32", {"mv": 32, "px": 2, "y": "nhwc"}),
+    ((1, 2, 7, 9), (16, 2, 2, 3), {"pads": [0, 1, 1, 0], "dilations": [2, 1]}, "float32",
+     {"mv": 16, "px": 4, "y": "nchw", "bias": False, "max_blocks": 1}),
 ]
 
 
@@ -142,7 +157,7 @@ def test_the_kernel_simulated_thread_by_thread(simulated, monkeypatch, xs, ws, a
         monkeypatch.setattr(cbr_stem, "MAX_BLOCKS", opts["max_blocks"])
     bias = opts.get("bias", True)
     sig = _sig(xs, ws, attrs, dtype, bias)
-    cand = cbr_stem.StemConv("stem", (("mv", opts["mv"]), ("y", opts["y"])))
+    cand = cbr_stem.StemConv("stem", (("mv", opts["mv"]),) + ((("px", opts["px"]),) if "px" in opts else ()) + (("y", opts["y"]),))
     assert cand.applies(sig) is None
     low = cand.build(sig, "sm_90")
     rng = np.random.default_rng(len(xs) * 7 + ws[0])
