@@ -156,13 +156,14 @@ def test_depthwise_nhwc_every_activation(ai, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("y", ("nhwc", "nchw"))
+@pytest.mark.parametrize("px", (1, 4))
 @pytest.mark.parametrize("ai", range(len(ACTS)), ids=lambda i: ACTS[i]["activation"])
-def test_stem_every_activation(ai, y, dtype):
-    """The ``stem`` family fuses no residual either: every activation on the RGB 3x3 stride-2 case,
-    both layouts of Y."""
+def test_stem_every_activation(ai, px, y, dtype):
+    """The ``stem`` family fuses no residual either: every activation on the RGB 3x3 stride-2 case
+    (OW 8: two slots of 4 pixels), both layouts of Y, one pixel and four a thread."""
     from graphopt.kernels.cbr_stem import StemConv
 
     name = "stem_rgb_3x3_s2"
     xs, ws, _, _, _ = CASES[name]
     inputs, attrs, ref = _data(name, dtype, ai)
-    run_and_check(StemConv("stem", (("mv", 16), ("y", y))), "CBR", [xs, ws, (ws[0],), None], dtype, attrs, inputs, ref)
+    run_and_check(StemConv("stem", (("mv", 16),) + ((("px", px),) if px > 1 else ()) + (("y", y),)), "CBR", [xs, ws, (ws[0],), None], dtype, attrs, inputs, ref)
