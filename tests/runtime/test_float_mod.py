@@ -1,7 +1,7 @@
 """Float Mod (fmod=0) is built from ``fmod`` so that every array module gives NumPy's answer at the
-edges: CuPy's own ``mod`` failed ONNX's edge-case tests on the H100 (infinite divisors, signed
-zeros; bench/results/conformance_h100.md), which the NumPy runtime and the fake CuPy, both NumPy
-underneath, could not show."""
+edges: CuPy's own ``mod`` failed ONNX's edge-case tests on the H100 (signed zeros, infinite
+and zero divisors, NaN; bench/results/conformance_h100_9c52c8a.md), which the NumPy runtime and the
+fake CuPy, both NumPy underneath, could not show."""
 
 from __future__ import annotations
 

@@ -162,10 +162,11 @@ def _mod(ctx, ins):
 
 
 def _float_mod(xp, a, b):
-    """Float Mod with the divisor's sign, edge cases as NumPy's ``mod`` (ONNX's reference): CuPy's
-    ``mod`` differs at infinite divisors and signed zeros (on the H100, ``mod(-3, inf)`` and
-    ``mod(0, -2)`` failed ONNX's fmod=0 edge-case tests), so it is built from ``fmod`` as NumPy builds
-    it: a nonzero remainder of the other sign moves by one divisor, a zero one takes the divisor's sign."""
+    """Float Mod with the divisor's sign, edge cases as NumPy's ``mod`` (ONNX's reference): with CuPy's
+    ``mod`` the runtime failed ONNX's three fmod=0 edge-case tests on the H100 (signed zeros, infinite
+    and zero divisors, NaN; which elements differed was not recorded), so it is built from ``fmod`` as
+    NumPy builds it: a nonzero remainder of the other sign moves by one divisor, a zero one takes the
+    divisor's sign."""
     r = xp.fmod(a, b)
     moved = (r != 0) & ((r < 0) != (b < 0))
     return xp.where(r == 0, xp.copysign(xp.zeros_like(r), b), xp.where(moved, r + b, r))
