@@ -15,78 +15,15 @@ from graphopt.lowering import layout
 from graphopt.providers import cudnn as prov
 from graphopt.providers import cudnn_pointwise as pointwise
 
-
-class _T:
-    """A fake cuDNN tensor: records what was set on it."""
-
-    def __init__(self, log, name, **kw):
-        self.log, self.name, self.kw = log, name, kw
-
-    def set_output(self, v):
-        self.log.append(("set_output", self.name, v))
-        return self
-
-    def set_data_type(self, dt):
-        self.log.append(("set_data_type", self.name, dt))
-        return self
-
-    def set_dim(self, d):
-        self.log.append(("set_dim", self.name, list(d)))
-        return self
-
-    def set_stride(self, s):
-        self.log.append(("set_stride", self.name, list(s)))
-        return self
+from _fake_cudnn import FakeGraph, fake_module
 
 
-class _Graph:
-    def __init__(self, log, plans, **kw):
-        self.log, self.plans = log, plans
-        log.append(("pygraph", kw))
-
-    def tensor(self, name, dim, stride, data_type, is_pass_by_value=False):
-        self.log.append(("tensor", name, list(dim), list(stride), data_type) + (("by_value",) if is_pass_by_value else ()))
-        return _T(self.log, name)
-
-    def _op(self, op, **kw):
-        self.log.append((op, {k: (v.name if isinstance(v, _T) else v) for k, v in kw.items()}))
-        return _T(self.log, op)
-
-    def __getattr__(self, op):
-        if op in ("conv_fprop", "add", "mul", "relu", "leaky_relu", "sigmoid", "swish", "gelu", "gelu_approx_tanh"):
-            return lambda **kw: self._op(op, **kw)
-        if op in ("validate", "build_operation_graph", "check_support"):
-            return lambda *a: self.log.append((op,))
-        raise AttributeError(op)
-
-    def create_execution_plans(self, modes):
-        self.log.append(("create_execution_plans", modes))
-
-    def get_execution_plan_count(self):
-        return len(self.plans)
-
-    def get_plan_name_at_index(self, i):
-        return self.plans[i]
-
-    def build_plan_at_index(self, i):
-        self.log.append(("build_plan_at_index", i))
-
-    def get_workspace_size_plan_at_index(self, i):
-        return 1000 * (i + 1)
-
-    def execute_plan_at_index(self, pack, ws, i, handle=None):
-        self.log.append(("execute", sorted(t.name for t in pack), i))
+class _Graph(FakeGraph):
+    NAMED_BY_OP = True  # the tests read the pointwise chain's tensors by operation
 
 
 def _fake_module(plans=("eng0_k2=1", "eng7_k3=0")):
-    log: list = []
-    mod = types.SimpleNamespace(
-        data_type=types.SimpleNamespace(HALF="HALF", FLOAT="FLOAT", BFLOAT16="BF16"),
-        heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"),
-        pygraph=lambda **kw: _Graph(log, list(plans), **kw),
-        create_handle=lambda: "handle", set_stream=lambda handle, stream: log.append(("set_stream", stream)),
-        backend_version=lambda: 91900, __version__="1.32.0")
-    return mod, log
+    return fake_module(plans, graph=_Graph)  # (tests/unit/_fake_cudnn.py)
 
 
 @pytest.fixture()
@@ -168,7 +105,7 @@ def test_composed_hard_sigmoids_are_four_pointwise_ops_with_scalars_by_value(fak
     _, t = prov.conv_graph(mod, "h", sig)
     ops = [e[0] for e in log if e[0] in ("add", "mul", "relu")]
     assert ops == ["add", "mul", "add", "relu", "mul"]  # bias, then y * clamp(alpha * y + beta, 0, 1)
-    scalars = [e for e in log if e[0] == "tensor" and e[-1] == "by_value"]
+    scalars = [e for e in log if e[0] == "tensor" and e[5]]  # passed by value
     assert [(e[1], e[2]) for e in scalars] == [("act_alpha", [1, 1, 1, 1]), ("act_beta", [1, 1, 1, 1])]
     clamp = next(e[1] for e in log if e[0] == "relu")
     assert clamp["lower_clip"] == 0.0 and clamp["upper_clip"] == 1.0

@@ -20,81 +20,13 @@ from graphopt.lowering import Lowering, Signature
 from graphopt.providers import cudnn as prov
 from graphopt.providers import cudnn_norm, cudnn_sdpa
 
+from _fake_cudnn import fake_module
+
 PLANS = ("eng3_k5=1", "sdpa_fwd_prefill_sm90[TILE_M=128, TILE_N=64]")
 
 
-class _T:
-    """A fake cuDNN tensor: records what was set on it."""
-
-    def __init__(self, log, name):
-        self.log, self.name = log, name
-
-    def __getattr__(self, what):
-        if what.startswith("set_"):
-            return lambda *a: (self.log.append((what, self.name) + tuple(list(v) if isinstance(v, (list, tuple)) else v
-                                                                             for v in a)), self)[1]
-        raise AttributeError(what)
-
-
-class _Graph:
-    OUTPUTS = {"sdpa": 2, "layernorm": 3, "rmsnorm": 2}
-
-    def __init__(self, log, plans, refuse_inference=False, **kw):
-        self.log, self.plans, self.refuse, self.phase = log, plans, refuse_inference, None
-        log.append(("pygraph", kw))
-
-    def tensor(self, name, dim, stride, data_type, is_pass_by_value=False):
-        self.log.append(("tensor", name, list(dim), list(stride), data_type, is_pass_by_value))
-        return _T(self.log, name)
-
-    def __getattr__(self, op):
-        if op in ("validate", "build_operation_graph", "check_support"):
-            return lambda *a: self.log.append((op,))
-        if op.startswith("_") or op in ("plans",):
-            raise AttributeError(op)
-
-        def call(**kw):
-            self.log.append((op, {k: (v.name if isinstance(v, _T) else v) for k, v in kw.items()}))
-            self.phase = kw.get("norm_forward_phase", self.phase)
-            n = self.OUTPUTS.get(op, 1)
-            outs = [_T(self.log, kw.get("name", op))] + [_T(self.log, f"{kw.get('name', op)}:{i}") for i in range(1, n)]
-            return tuple(outs) if n > 1 else outs[0]
-
-        return call
-
-    def create_execution_plans(self, modes):
-        self.log.append(("create_execution_plans", modes))
-
-    def get_execution_plan_count(self):
-        return 0 if self.refuse and self.phase == "INFERENCE" else len(self.plans)
-
-    def get_plan_name_at_index(self, i):
-        return self.plans[i]
-
-    def build_plan_at_index(self, i):
-        self.log.append(("build_plan_at_index", i))
-
-    def get_workspace_size_plan_at_index(self, i):
-        return 1000 * (i + 1)
-
-    def execute_plan_at_index(self, pack, ws, i, handle=None):
-        bound = {}
-        for t, a in pack.items():
-            bound[t.name] = np.array(a) if isinstance(a, np.ndarray) else np.array(a.a)
-        self.log.append(("execute", sorted(bound), i))
-        self.bound = bound
-
-
 def _fake_cudnn(plans=PLANS, refuse_inference=False):
-    log: list = []
-    mod = types.SimpleNamespace(
-        data_type=types.SimpleNamespace(HALF="HALF", FLOAT="FLOAT", BFLOAT16="BF16"),
-        heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"),
-        norm_forward_phase=types.SimpleNamespace(INFERENCE="INFERENCE", TRAINING="TRAINING"),
-        pygraph=lambda **kw: _Graph(log, list(plans), refuse_inference, **kw),
-        create_handle=lambda: "handle", set_stream=lambda handle, stream: log.append(("set_stream", stream)),
-        backend_version=lambda: 91900, __version__="1.32.0")
-    return mod, log
+    return fake_module(plans, refuse_inference)  # (tests/unit/_fake_cudnn.py)
 
 
 class _Kernel:

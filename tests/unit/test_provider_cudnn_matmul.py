@@ -14,69 +14,18 @@ from graphopt.lowering import Lowering, Signature
 from graphopt.providers import cudnn
 from graphopt.providers import cudnn_matmul as prov
 
-
-class _T:
-    def __init__(self, log, name):
-        self.log, self.name = log, name
-
-    def __getattr__(self, attr):
-        if attr.startswith("set_"):
-            def setter(v):
-                self.log.append((attr, self.name, list(v) if isinstance(v, (list, tuple)) else v))
-                return self
-            return setter
-        raise AttributeError(attr)
+from _fake_cudnn import FakeGraph, fake_module
 
 
-class _Graph:
+class _Graph(FakeGraph):
     OPS = ("matmul", "add", "relu", "leaky_relu", "sigmoid", "swish", "gelu", "gelu_approx_tanh")
-
-    def __init__(self, log, plans, **kw):
-        self.log, self.plans = log, plans
-        log.append(("pygraph", kw))
-
-    def tensor(self, name, dim, stride, data_type):
-        self.log.append(("tensor", name, list(dim), list(stride), data_type))
-        return _T(self.log, name)
-
-    def __getattr__(self, op):
-        if op in self.OPS:
-            def call(**kw):
-                self.log.append((op, {k: (v.name if isinstance(v, _T) else v) for k, v in kw.items()}))
-                return _T(self.log, op)
-            return call
-        if op in ("validate", "build_operation_graph", "check_support"):
-            return lambda *a: self.log.append((op,))
-        raise AttributeError(op)
-
-    def create_execution_plans(self, modes):
-        self.log.append(("create_execution_plans", modes))
-
-    def get_execution_plan_count(self):
-        return len(self.plans)
-
-    def get_plan_name_at_index(self, i):
-        return self.plans[i]
-
-    def build_plan_at_index(self, i):
-        self.log.append(("build_plan_at_index", i))
-
-    def get_workspace_size_plan_at_index(self, i):
-        return 512 * (i + 1)
-
-    def execute_plan_at_index(self, pack, ws, i, handle=None):
-        self.log.append(("execute", sorted(t.name for t in pack), i))
+    WORKSPACE_UNIT = 512
+    NAMED_BY_OP = True
 
 
 @pytest.fixture()
 def fake(monkeypatch):
-    log: list = []
-    mod = types.SimpleNamespace(
-        data_type=types.SimpleNamespace(HALF="HALF", FLOAT="FLOAT", BFLOAT16="BF16"),
-        heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"),
-        pygraph=lambda **kw: _Graph(log, ["eng7_k24=24", "eng4_k24=23"], **kw),
-        create_handle=lambda: "handle", set_stream=lambda handle, stream: log.append(("set_stream", stream)),
-        backend_version=lambda: 91900, __version__="1.32.0")
+    mod, log = fake_module(["eng7_k24=24", "eng4_k24=23"], graph=_Graph)
     monkeypatch.setattr(cudnn, "_STATE", {"module": mod, "reason": None})
     monkeypatch.setattr(cudnn, "_GRAPHS", {})  # graphs are cached in cudnn.listed, one home for every cuDNN op
     return mod, log
