@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.runtime.onnx_ops.registry import host_ints, op
+from graphopt.runtime.onnx_ops.registry import host_ints, on_host, op
 
 
 @op("Slice", host=(1, 2, 3, 4))
@@ -41,7 +41,7 @@ def _gather_operands(ctx, ins):
     host (shape arithmetic), anything else runs on the backend's array module."""
     x, ind = ins
     axis = ctx.attr("axis", 0) % x.ndim
-    xp = np if isinstance(x, np.ndarray) and isinstance(ind, np.ndarray) else ctx.xp
+    xp = np if on_host(ctx.xp, x) and on_host(ctx.xp, ind) else ctx.xp
     ind = xp.asarray(ind).astype(np.int64)
     return xp, xp.asarray(x), xp.where(ind < 0, ind + x.shape[axis], ind), axis
 

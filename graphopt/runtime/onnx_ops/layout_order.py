@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 
 from graphopt.lowering.layout import ELEMENTWISE_OPS, channels_last_perm, inverse_perm, permuted
-from graphopt.runtime.onnx_ops.registry import OpFn
+from graphopt.runtime.onnx_ops.registry import OpFn, on_host
 
 
 def deciding_perm(xp: Any, ins: list) -> tuple[int, ...] | None:
     """The channels-last axes order of the first activation input of ``ins`` (rank >= 3, a device
     array, its layout not ambiguous), or None when that input is in C order or there is none."""
     for x in ins:
-        if x is None or getattr(x, "ndim", 0) < 3 or (xp is not np and type(x) is np.ndarray):
+        if x is None or getattr(x, "ndim", 0) < 3 or (xp is not np and on_host(xp, x)):
             continue  # omitted, too small to have a layout, or a constant on the host
         if x.flags.c_contiguous:  # (no view made: this runs for every elementwise step of every run)
             if x.shape[1] == 1 or all(d == 1 for d in x.shape[2:]):

@@ -79,6 +79,17 @@ def for_accumulation(ctx, x):
     return x.astype(np.float32) if x.dtype == np.float16 else x
 
 
+def on_host(xp, x) -> bool:
+    """Whether ``x`` is a host (NumPy) value on a backend whose arrays are ``xp``'s: any NumPy array
+    with the NumPy backend; with a device backend, a NumPy array that is not the device's own array
+    type (CuPy's arrays are no NumPy arrays; the CPU tests' fake CuPy's are a NumPy subclass, so
+    ``isinstance(x, np.ndarray)`` alone took its device arrays for host values)."""
+    if not isinstance(x, np.ndarray):
+        return False
+    device_type = getattr(xp, "ndarray", None)
+    return xp is np or device_type is None or not isinstance(x, device_type)
+
+
 def host_ints(a) -> list[int]:
     """A plan-time host value (shape, axes, pads...) as a list of Python ints."""
     return [int(v) for v in np.asarray(a).reshape(-1)]

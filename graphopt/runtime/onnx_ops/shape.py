@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.lowering.layout import empty as layout_empty, is_layout
-from graphopt.runtime.onnx_ops.registry import host_ints, op
+from graphopt.runtime.onnx_ops.registry import host_ints, on_host, op
 from graphopt.runtime.onnx_ops.windows import pad_constant
 
 
@@ -53,7 +53,7 @@ def _transpose(ctx, ins):
 def _concat(ctx, ins):
     axis = ctx.attr("axis")
     parts = [x for x in ins if x is not None]
-    xp = np if all(isinstance(p, np.ndarray) for p in parts) else ctx.xp  # host values stay on the host
+    xp = np if all(on_host(ctx.xp, p) for p in parts) else ctx.xp  # host values stay on the host
     parts = [xp.asarray(p) for p in parts]
     first = parts[0]
     if first.ndim >= 3 and is_layout(first, "NHWC") and not is_layout(first, "NCHW"):
