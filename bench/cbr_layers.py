@@ -13,7 +13,7 @@ PyTorch eager conv+bias(+residual)+activation with cudnn.benchmark=True, in NCHW
 (``torch_eager_us``) and channels_last (``torch_channels_last_us``), is timed with the same timer.
 floor_us = max(FLOPs / fp16-or-tf32 GEMM peak, minimum bytes / copy bandwidth), both measured here.
 
-Rows are written after every layer to OUT/cbr_layers_h200.json and .md; layers past --budget seconds
+Rows are written after every layer to OUT/cbr_layers_<gpu-name>.json and .md; layers past --budget seconds
 are listed as skipped. ``--previous FILE`` starts from an earlier run's rows (same format) and
 skips the (layer, bs, dtype) rows it already has, so several device calls complete one table.
 """
@@ -143,7 +143,7 @@ def _attrs(k, s, p, g, act):
     return a
 
 
-def report_kernels(out_dir: str):
+def report_kernels(out_dir: str, gpu_name: str):
     """Registers, local memory (spills) and shared memory of every compiled instance."""
     from graphopt.kernels.registry import all_kernel_instances
     from graphopt.kernels.source import get_kernel, prebuild
@@ -159,7 +159,7 @@ def report_kernels(out_dir: str):
         rep[expr] = {"regs": k.num_regs, "local_bytes": k.local_size_bytes, "static_smem": k.shared_size_bytes, "max_threads": k.max_threads_per_block}
         print(f"{expr:45s} regs {k.num_regs:4d} local {k.local_size_bytes:5d} smem {k.shared_size_bytes:6d} maxthr {k.max_threads_per_block}")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "cbr_layers_h200.kernels.json"), "w") as f:
+    with open(os.path.join(out_dir, f"cbr_layers_{gpu_name}.kernels.json"), "w") as f:
         json.dump({"prebuild_errors": errors, "kernels": rep}, f, indent=1)
 
 
@@ -190,7 +190,8 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float16")
     ap.add_argument("--reps", type=int, default=20, help="torch timings")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; layers past it are skipped and listed")
-    ap.add_argument("--previous", default=None, help="an earlier run's cbr_layers_h200.json: keep its rows, skip them")
+    ap.add_argument("--previous", default=None, help="an earlier run's cbr_layers_<gpu>.json: keep its rows, skip them")
+    ap.add_argument("--gpu-name", default="h200", help="suffix of the output files (h200, h100): one GPU's rows never merge with another's")
     ap.add_argument("--quick", action="store_true", help="a few layers only (smoke test)")
     ap.add_argument("--only", default=None, help="these layers only (names, comma-separated, e.g. r50.stem,mv2.stem); "
                                                   "with --previous their earlier rows are replaced, the others kept")
@@ -204,7 +205,7 @@ def main(argv=None):
     if unknown:  # refused before minutes of device set-up
         ap.error(f"--only: unknown layer(s) {', '.join(sorted(unknown))}")
     if args.report_kernels:
-        return report_kernels(args.out)
+        return report_kernels(args.out, args.gpu_name)
     budget = Budget(args.budget)
 
     import cupy
@@ -238,8 +239,8 @@ def main(argv=None):
         header["summary"] = summarize(rows)
         header["skipped_for_time"] = skipped
         header["elapsed_s"] = round(args.budget - budget.left(), 1)
-        write_json(os.path.join(args.out, "cbr_layers_h200.json"), {"header": header, "rows": rows})
-        write_atomic(os.path.join(args.out, "cbr_layers_h200.md"), markdown(header, rows))
+        write_json(os.path.join(args.out, f"cbr_layers_{args.gpu_name}.json"), {"header": header, "rows": rows})
+        write_atomic(os.path.join(args.out, f"cbr_layers_{args.gpu_name}.md"), markdown(header, rows))
 
     with TunerChoice() as tuner:
         for dtype in args.dtypes.split(","):

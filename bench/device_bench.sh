@@ -118,12 +118,12 @@ case "$STEP" in
   e2e-transformers) e2e "${MODELS:-gpt2,bert,vit_b16}" ;;
   cbr)
     timeout -k 10 "$(left)" python3 bench/cbr_layers.py --out "$OUT" --dtypes "${DTYPES:-float16}" --batches "${BATCHES:-1,32}" \
-      --budget "$(left 45)" --previous bench/results/cbr_layers_$GPU_TAG.json ${CBR_ARGS:-} 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30 ;;
+      --budget "$(left 45)" --previous bench/results/cbr_layers_$GPU_TAG.json --gpu-name "$GPU_TAG" ${CBR_ARGS:-} 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30 ;;
   gemm)
-    timeout -k 10 "$(left)" python3 bench/gemm_act.py --out "$OUT" --dtypes "${DTYPES:-float16}" --budget "$(left 45)" ${GEMM_ARGS:-} 2>&1 \
+    timeout -k 10 "$(left)" python3 bench/gemm_act.py --out "$OUT" --dtypes "${DTYPES:-float16}" --budget "$(left 45)" --gpu-name "$GPU_TAG" ${GEMM_ARGS:-} 2>&1 \
       | tee "$OUT/gemm_act_log.txt" | tail -25 ;;
   transformer)
-    timeout -k 10 "$(left)" python3 bench/transformer_kernels.py --out "$OUT" ${TRANSFORMER_ARGS:-} --budget "$(left 45)" 2>&1 \
+    timeout -k 10 "$(left)" python3 bench/transformer_kernels.py --out "$OUT" ${TRANSFORMER_ARGS:-} --budget "$(left 45)" --gpu-name "$GPU_TAG" 2>&1 \
       | tee "$OUT/transformer_kernels_log.txt" | tail -40 ;;
   cache)
     timeout -k 10 "$(left)" python3 bench/cache_speed.py --gpu $GPU_TAG --limit ${CACHE_LIMIT:-150} --out-dir "$OUT" \

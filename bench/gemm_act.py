@@ -8,7 +8,7 @@ as the exports have it). Every candidate of graphopt.kernels.registry (own kerne
 cuDNN when their providers offer GemmAct) is profiled by the tuner's own backend
 (bench/lowering_bench.TunerChoice); ``graphopt_us`` is the fastest correct one, ``<provider>_best_us``
 each provider's best. torch eager (matmul, + bias, activation; TF32 off for fp32) is timed with the
-same timer. Rows are written after every shape to OUT/gemm_act_h200.json and .md.
+same timer. Rows are written after every shape to OUT/gemm_act_<gpu-name>.json and .md.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20, help="torch timings")
     ap.add_argument("--dtypes", default="float16")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; shapes past it are skipped and listed")
+    ap.add_argument("--gpu-name", default="h200", help="suffix of the output files (h200, h100): one GPU's rows never merge with another's")
     ap.add_argument("--rerender", default=None, metavar="JSON",
                     help="no GPU: rewrite a run's per-provider columns, summary and markdown from its rows into --out")
     ap.add_argument("--only", default=None, help="comma-separated layer names (default: every layer)")
@@ -56,7 +57,7 @@ def main(argv=None):
     ap.add_argument("--providers", default=None, help=f"comma-separated subset of {','.join(PROVIDERS)} (default: all)")
     args = ap.parse_args(argv)
     if args.rerender:
-        return rerender(args.rerender, args.out)
+        return rerender(args.rerender, args.out, args.gpu_name)
     # fp16 / fp32 too: device_calls.sh shares one DTYPES between the e2e steps (fp16) and this one
     dtypes = [{"fp16": "float16", "fp32": "float32"}.get(d, d) for d in args.dtypes.split(",")]
     bad = [d for d in dtypes if d not in ("float16", "float32")]
@@ -81,8 +82,8 @@ def main(argv=None):
     def save():
         header["summary"] = summarize(rows)
         header["skipped_for_time"] = skipped
-        write_json(os.path.join(args.out, "gemm_act_h200.json"), {"header": header, "rows": rows})
-        write_atomic(os.path.join(args.out, "gemm_act_h200.md"), markdown(header, rows))
+        write_json(os.path.join(args.out, f"gemm_act_{args.gpu_name}.json"), {"header": header, "rows": rows})
+        write_atomic(os.path.join(args.out, f"gemm_act_{args.gpu_name}.md"), markdown(header, rows))
 
     layers = [lay for lay in LAYERS if not args.only or lay[0] in args.only.split(",")]
     tokens = [t for t in TOKENS if not args.tokens or str(t[0]) in args.tokens.split(",")]
@@ -144,7 +145,7 @@ def provider_columns(best: dict) -> dict:
     return {f"{pv}_best_us": (best.get(pv) or {}).get("us") for pv in PROVIDERS}
 
 
-def rerender(path: str, out_dir: str) -> int:
+def rerender(path: str, out_dir: str, gpu_name: str = "h200") -> int:
     """A run's file again with this script's provider columns and summary (from its own rows)."""
     with open(path) as f:
         doc = json.load(f)
@@ -154,8 +155,8 @@ def rerender(path: str, out_dir: str) -> int:
             r.pop("cudnn_best_us", None)  # the label before cuDNN's GemmAct plans were named by their module
             r.update(provider_columns(r["best_by_provider"]))
     header["summary"] = summarize(rows)
-    write_json(os.path.join(out_dir, "gemm_act_h200.json"), {"header": header, "rows": rows})
-    write_atomic(os.path.join(out_dir, "gemm_act_h200.md"), markdown(header, rows))
+    write_json(os.path.join(out_dir, f"gemm_act_{gpu_name}.json"), {"header": header, "rows": rows})
+    write_atomic(os.path.join(out_dir, f"gemm_act_{gpu_name}.md"), markdown(header, rows))
     return 0
 
 

@@ -70,12 +70,13 @@ def main(argv=None):
     ap.add_argument("--tables", default="memory,attention",
                     help="which tables: memory (norms, bias+GELU, softmax), attention, or both")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; what is past it is skipped and listed")
+    ap.add_argument("--gpu-name", default="h200", help="suffix of the output files (h200, h100): one GPU's rows never merge with another's")
     ap.add_argument("--merge", nargs=2, metavar=("MEMORY_JSON", "ATTENTION_JSON"),
                     help="no GPU: write one results file from two runs' files (the memory table of the first, the "
                          "attention table of the second), each run's header kept under 'runs'")
     args = ap.parse_args(argv)
     if args.merge:
-        return merge(args.out, *args.merge)
+        return merge(args.out, *args.merge, gpu_name=args.gpu_name)
     budget = Budget(args.budget)
 
     import cupy
@@ -143,7 +144,7 @@ def main(argv=None):
               f"({best})  torch {t_us:8.1f} us {row['torch_of_copy']:.2f}", flush=True)
 
     def save():
-        _write(args.out, header, mem_rows, attn_rows, skipped, copy)
+        _write(args.out, header, mem_rows, attn_rows, skipped, copy, args.gpu_name)
 
     def attention_row(s, d, causal, dtype):
         bsz, h = max(1, ATTN_TOKENS // s), 16
@@ -282,7 +283,7 @@ def main(argv=None):
     print(json.dumps(header["summary"], indent=1))
 
 
-def _write(out_dir, header, mem_rows, attn_rows, skipped, copy):
+def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
     big = [r for r in mem_rows if r["bytes"] >= 8e6]
     header["summary"] = {
         "memory_bound_at_least_80pct_of_copy_(>=8MB)": f"{sum(r['fraction_of_copy'] >= 0.8 for r in big)} of {len(big)}",
@@ -292,7 +293,7 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy):
         "attention_at_least_as_fast_as_sdpa": f"{sum((r['vs_sdpa'] or 0) >= 1.0 for r in attn_rows)} of {len(attn_rows)}",
     }
     header["skipped_for_time"] = skipped
-    write_json(os.path.join(out_dir, "transformer_kernels_h200.json"),
+    write_json(os.path.join(out_dir, f"transformer_kernels_{gpu_name}.json"),
                {"header": header, "memory_bound": mem_rows, "attention": attn_rows})
     lines = [f"# Transformer kernels on {header['gpu']} ({header['date']})", "",
              f"Command: `{header['command']}`; CuPy {header['cupy']}, torch {header['torch']}; providers "
@@ -315,10 +316,10 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy):
                      f"{json.dumps(r['best_by_provider'])} | {r['chosen']} |")
     if skipped:
         lines += ["", "Skipped for the time budget: " + ", ".join(skipped)]
-    write_atomic(os.path.join(out_dir, "transformer_kernels_h200.md"), "\n".join(lines) + "\n")
+    write_atomic(os.path.join(out_dir, f"transformer_kernels_{gpu_name}.md"), "\n".join(lines) + "\n")
 
 
-def merge(out_dir: str, memory_json: str, attention_json: str) -> None:
+def merge(out_dir: str, memory_json: str, attention_json: str, gpu_name: str = "h200") -> None:
     """One file from two device calls: a call's time limit fits one table, not both."""
     with open(memory_json) as f:
         mem = json.load(f)
@@ -328,7 +329,7 @@ def merge(out_dir: str, memory_json: str, attention_json: str) -> None:
     header["runs"] = {"memory_bound": mem["header"], "attention": attn["header"]}
     header["command"] = f"{mem['header']['command']} (memory table); {attn['header']['command']} (attention table)"
     skipped = mem["header"].get("skipped_for_time", []) + attn["header"].get("skipped_for_time", [])
-    _write(out_dir, header, mem["memory_bound"], attn["attention"], skipped, mem["header"]["ceilings"]["copy_TBps"])
+    _write(out_dir, header, mem["memory_bound"], attn["attention"], skipped, mem["header"]["ceilings"]["copy_TBps"], gpu_name)
 
 
 def choice_cands(choice: dict) -> dict:

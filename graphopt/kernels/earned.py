@@ -70,15 +70,26 @@ EARNED_FP32 = frozenset({
 })
 
 
+#: Configurations of families kept without a verdict that lost everywhere they were measured: the
+#: stem's pixels-per-thread forms (``px`` > 1), on the H100 on 2026-12-06 (749f99a, MobileNetV2's stem
+#: at bs1 and bs32 fp16, every stem configuration profiled by the tuner): never faster than ``px`` = 1 of
+#: the same ``mv`` (bs32: 81.5 against 81.1 us at mv 8, 141-148 against 56 at mv 16, 118-124 against 54
+#: at mv 32; bs1 2-3x slower). bench/NOTES_kernels.md, "The stem with pixels per thread".
+RETIRED = frozenset(f"stem:mv={mv},px={px},y={y}" for mv, px in ((8, 4), (16, 4), (32, 2)) for y in ("nhwc", "nchw"))
+
+
 #: dtype -> the measured configurations that earned their place (other dtypes: no verdict).
 EARNED = {"float16": EARNED_FP16, "float32": EARNED_FP32}
 
 
 def earns_place(cand: Candidate, dtype: str) -> bool:
-    """False for a configuration the measurement of ``dtype`` covered and found never within 5% of the fastest."""
+    """False for a configuration the measurement of ``dtype`` covered and found never within 5% of the fastest,
+    and for a ``RETIRED`` one."""
+    if cand.key() in RETIRED:
+        return False
     if cand.name not in MEASURED or dtype not in EARNED:
         return True
     return cand.key() in EARNED[dtype]
 
 
-__all__ = ["EARNED", "EARNED_FP16", "EARNED_FP32", "MEASURED", "earns_place"]
+__all__ = ["EARNED", "EARNED_FP16", "EARNED_FP32", "MEASURED", "RETIRED", "earns_place"]

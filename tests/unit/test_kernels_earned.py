@@ -53,3 +53,16 @@ def test_a_retired_configuration_is_still_a_valid_lowering():
     assert cand.key() == key and not earns_place(cand, "float16") and not earns_place(cand, "float32")
     name, params, _ = heuristic_lowering("CBR", _sig(), (9, 0))
     assert candidate_from_key("CBR", f"{name}:{params}" if params else name)
+
+
+def test_the_stems_pixels_per_thread_forms_are_retired_for_every_dtype_but_still_build():
+    """px > 1 lost to px = 1 on every stem row the H100 measured (RETIRED); the tuner offers px = 1 only."""
+    from graphopt.kernels.earned import RETIRED
+    stem = signature_of("CBR", [(32, 3, 224, 224), (32, 3, 3, 3), (32,), None], ["float16"] * 3 + [""],
+                        {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2], "activation": "Clip"})
+    offered = {c.key() for c in candidates_for(stem) if c.name == "stem"}
+    assert offered == {f"stem:mv={m},y={y}" for m in (8, 16, 32) for y in ("nhwc", "nchw")}
+    assert RETIRED and RETIRED <= {c.key() for c in cbr_candidates()}
+    for key in RETIRED:
+        cand = candidate_from_key("CBR", key)
+        assert not earns_place(cand, "float16") and not earns_place(cand, "float32") and cand.applies(stem) is None
