@@ -10,8 +10,8 @@ Run on the GPU:  python3 bench/transformer_kernels.py --out bench/results   (add
   ``epilogue_gemm_vec`` where N is a whole number of 16-byte vectors, as at every size here, else
   ``epilogue_gemm``; the scalar one's time beside it) on an (M, N) activation with a bias of N, erf
   and tanh forms, against torch eager.
-- softmax: ``attn_softmax`` (the cuBLAS attention lowering's middle kernel, every ``warps`` and
-  ``vec`` its candidates offer; the fastest is the row's) in place over rows of Skv scores, against
+- softmax: ``attn_softmax`` / ``attn_softmax_rows`` (the cuBLAS attention lowering's middle kernel,
+  every configuration its candidates offer, ``softmax_configs``; the fastest is the row's) in place over rows of Skv scores, against
   ``torch.softmax``.
 - Attention at sequence lengths 128, 512, 2048, 4096, head dims 64 and 128, causal and not, fp16
   (and fp32 with --attn-dtypes): the tuner's choice, SDPA (``is_causal`` alike) and the unfused torch
@@ -84,7 +84,8 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
-    from graphopt.kernels.attention import attention_kernel_instances
+    from graphopt.kernels.attention import (attention_kernel_instances, softmax_configs, softmax_grid, softmax_instance,
+                                            softmax_reason)
     from graphopt.kernels.registry import signature_of
     from graphopt.kernels.norm import norm_kernel_instances
     from graphopt.kernels.source import VEC16, get_kernel, instance, prebuild
@@ -251,13 +252,15 @@ def main(argv=None):
                     ref = cupy.asarray(torch.softmax(ts0.float(), -1))
                 stream.synchronize()
                 cands = {}
-                for w, vec in [(w, v) for v in (1, VEC16[dtype]) for w in (1, 2, 4, 8)]:
-                    if skv % vec or (w > 1 and (w // 2) * 32 >= skv // vec):  # as CublasSoftmaxAttention.applies
+                for config in softmax_configs(dtype):  # as cublas_softmax offers them
+                    params = dict(config)
+                    if softmax_reason(params, dtype, skv):
                         continue
-                    kern = get_kernel("attention.cu", instance("attn_softmax", dtype, w, 0, vec))
+                    kern = get_kernel("attention.cu", softmax_instance(dtype, 0, params))
+                    grid, block = softmax_grid(rows, params)
 
-                    def launch(ins, outs, kern=kern, w=w):
-                        kern((min(rows, 132 * 64),), (w * 32,), (outs[0], np.int64(rows), np.int32(rows), np.int32(skv),
+                    def launch(ins, outs, kern=kern, grid=grid, block=block):
+                        kern(grid, block, (outs[0], np.int64(rows), np.int32(rows), np.int32(skv),
                              np.int32(1), np.uint64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0),
                              np.float32(-np.inf), np.int32(0), np.int32(0)))
                     work = s0.copy()
@@ -265,7 +268,8 @@ def main(argv=None):
                     err = float(cupy.linalg.norm(work.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
                     # In place: after the first repetition the rows are probabilities; the traffic is the same.
                     us = median(cuda_event_timer(launch, [], [s0.copy()], warmup=3, reps=args.reps)) * 1e3
-                    cands[f"attn_softmax:warps={w}" + (f",vec={vec}" if vec > 1 else "")] = (us, None) if err <= tol else (math.inf, f"normwise error {err:.2e}")
+                    name_ = "attn_softmax:" + ",".join(f"{k}={v}" for k, v in config)
+                    cands[name_] = (us, None) if err <= tol else (math.inf, f"normwise error {err:.2e}")
                 t_us = torch_us(lambda a: torch.softmax(a, -1), [ts0], torch.empty_like(ts0))
                 record("softmax", name, dtype, (rows, skv), 2 * rows * skv * esz, cands, t_us)
                 cupy.get_default_memory_pool().free_all_blocks()

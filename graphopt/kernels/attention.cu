@@ -5,7 +5,7 @@
 //   on the scores between two cuBLAS batched GEMMs (graphopt/kernels/attention.py, ``cublas_softmax``).
 //   One row per CTA of WARPS warps, VEC scores per load: pass 1 keeps a running (max, sum of exp)
 //   per thread (online softmax, ms_push), one block reduction combines them, pass 2 writes
-//   exp(x - max) / sum.
+//   exp(x - max) / sum. attn_softmax_rows: the same for short rows, LANES lanes a row, many rows a CTA.
 // - flash_attn: one fused kernel (``flash``), online softmax over key tiles of 32 held in shared
 //   memory, fp32 everywhere in registers (SIMT: no tensor cores yet). A CTA of WARPS warps takes BM
 //   query rows of one (b, h); each warp owns BM / WARPS rows. Per key tile, lane j computes the score
@@ -119,6 +119,70 @@ __global__ void __launch_bounds__(WARPS * 32) attn_softmax(
         const float nan = __int_as_float(0x7fc00000);
         const float inv = 1.0f / s;
         for (int jv = threadIdx.x; jv < nv; jv += WARPS * 32) {
+            const V a = pr[jv];
+            V o;
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                float p;
+                if (empty) {
+                    p = nan_to_zero ? 0.0f : nan;
+                } else {
+                    const float x = masked_score<T, MASK>(Num<T>::to_f(a.v[k]), mask, b, h, i, jv * VEC + k);
+                    p = x == ATTN_NEG_INF ? 0.0f : expf(x - m) * inv;
+                }
+                o.v[k] = Num<T>::from_f(p);
+            }
+            pr[jv] = o;
+        }
+    }
+}
+
+// Short rows: LANES (8, 16 or 32) lanes a row, 256 / LANES rows a CTA, the (max, sum) pairs combined by
+// shuffles inside each aligned group of LANES lanes (no shared memory, no barrier). attn_softmax gives
+// a row a whole CTA, so a row of 128 scores ran one warp's latency chain per CTA: 48 us for BERT-base's
+// 25 MB of bs32 scores on the H100, 0.17 of copy bandwidth (bench/results/transformer_kernels_h100.md).
+// Every lane of a warp runs the same trips (a group past the last row loads and stores nothing but
+// joins the shuffles), so the full-mask shuffles are defined.
+template <typename T, int LANES, int MASK, int VEC>
+__global__ void __launch_bounds__(256) attn_softmax_rows(
+    T* __restrict__ P, long long rows, int Sq, int Skv, int H, ATTN_MASK_ARGS, int nan_to_zero)
+{
+    typedef SoftmaxVec<T, VEC> V;
+    const AttnMask mask = make_mask(mptr, msb, msh, msi, msj, mvalue, causal);
+    const int nv = Skv / VEC;
+    const int lane = threadIdx.x % LANES;
+    const long long per_cta = 256 / LANES;
+    const long long warp_row0 = (threadIdx.x & ~31) / LANES;  // the first row of this warp's groups within the CTA
+    for (long long base = (long long)blockIdx.x * per_cta; base < rows; base += (long long)gridDim.x * per_cta) {
+        if (base + warp_row0 >= rows) continue;  // the whole warp is past the end (warp-uniform)
+        const long long row = base + threadIdx.x / LANES;
+        const bool live = row < rows;
+        int i = 0, h = 0, b = 0;
+        if (live) {
+            i = (int)(row % Sq);
+            const long long z = row / Sq;
+            h = (int)(z % H); b = (int)(z / H);
+        }
+        V* pr = reinterpret_cast<V*>(P + (live ? row : 0) * Skv);
+        float m = ATTN_NEG_INF, s = 0.0f;
+        if (live) {
+            for (int jv = lane; jv < nv; jv += LANES) {
+                const V a = pr[jv];
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    ms_push(m, s, masked_score<T, MASK>(Num<T>::to_f(a.v[k]), mask, b, h, i, jv * VEC + k));
+            }
+        }
+#pragma unroll
+        for (int o = LANES / 2; o > 0; o >>= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            ms_combine(m, s, m2, s2);
+        }
+        if (!live) continue;
+        const bool empty = m == ATTN_NEG_INF;
+        const float nan = __int_as_float(0x7fc00000);
+        const float inv = 1.0f / s;
+        for (int jv = lane; jv < nv; jv += LANES) {
             const V a = pr[jv];
             V o;
 #pragma unroll

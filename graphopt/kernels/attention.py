@@ -1,10 +1,10 @@
 """Attention lowering candidates (``graphopt.Attention``), two families (``attention.cu``):
 
-- ``cublas_softmax`` (params ``warps``, and ``vec`` for 16-byte loads of the scores where the key
-  count allows): scores ``S = scale * Q . K^T`` by one cuBLAS strided-batched
+- ``cublas_softmax`` (params ``warps``, or ``lanes`` for short rows, and ``vec`` for 16-byte loads
+  of the scores where the key count allows; ``softmax_configs``): scores ``S = scale * Q . K^T`` by one cuBLAS strided-batched
   GEMM (graphopt's own handle, so CUDA-graph capture works: graphopt/kernels/blas.py), then one
   fused mask / causal / softmax / nan_to_zero kernel in place on S (``attn_softmax``, one row per
-  CTA of ``warps`` warps), then ``Y = P . V`` by a second batched GEMM. The scores are stored in the
+  CTA of ``warps`` warps; ``attn_softmax_rows``, ``lanes`` lanes a row), then ``Y = P . V`` by a second batched GEMM. The scores are stored in the
   data's dtype (fp16 for fp16 models; the GEMMs and the softmax accumulate in fp32).
 - ``flash`` (params ``dmax``, ``bm``, ``warps``): one fused kernel with an online softmax over key
   tiles held in shared memory, never writing the scores (``flash_attn``). SIMT fp32 arithmetic (no
@@ -51,6 +51,8 @@ from graphopt.kernels.source import SHARED_DEFAULT_BYTES, VEC16, get_kernel, ins
 SUPPORTED_DTYPES = ("float16", "float32")
 MASK_CODES = {"none": 0, "additive": 1, "bool": 2}
 SOFTMAX_WARPS = (1, 2, 4, 8)
+SOFTMAX_LANES = (8, 16, 32)  # attn_softmax_rows: lanes a row (256 / lanes rows a CTA)
+SOFTMAX_LANES_MAX_LOADS = 8  # loads a lane beyond which a short-row configuration does not apply
 FLASH_DMAX = (32, 64, 128)
 FLASH_TILES = ((16, 4), (32, 4), (64, 4), (64, 8))  # (bm query rows per CTA, warps)
 KEY_TILE = 32
@@ -225,25 +227,68 @@ class _AttentionKernels:
         return attention_plan(sig), get_kernel("attention.cu", self._instance(sig))
 
 
+def softmax_configs(dtype: str) -> list[tuple[tuple[str, Any], ...]]:
+    """The in-place softmax kernel's configurations (``cublas_softmax``'s params): a row per CTA of
+    ``warps`` warps (``attn_softmax``), or ``lanes`` lanes a row and 256 / lanes rows a CTA
+    (``attn_softmax_rows``, for short rows); ``vec`` scores per load (16 bytes; absent: 1)."""
+    vecs = sorted({VEC16[dtype]} if dtype in VEC16 else set(), reverse=True)
+    out: list[tuple[tuple[str, Any], ...]] = [(("warps", w),) for w in SOFTMAX_WARPS]
+    out += [(("warps", w), ("vec", v)) for v in vecs for w in SOFTMAX_WARPS]
+    out += [(("lanes", n),) + ((("vec", v),) if v > 1 else ()) for v in vecs + [1] for n in SOFTMAX_LANES]
+    return out
+
+
+def softmax_reason(params: dict, dtype: str, skv: int) -> str | None:
+    """Why the softmax configuration ``params`` does not take rows of ``skv`` scores (None: it does)."""
+    vec = int(params.get("vec", 1))
+    if vec > 1 and vec != VEC16.get(dtype):
+        return f"vec={vec} is not a 16-byte load of {dtype}"
+    if skv % vec:
+        return f"{skv} keys are not a multiple of vec={vec}"
+    loads = skv // vec
+    if "lanes" in params:
+        n = int(params["lanes"])
+        if n > SOFTMAX_LANES[0] and (n // 2) >= loads:
+            return f"{n // 2} lanes already cover a row of {skv} keys"
+        if loads > n * SOFTMAX_LANES_MAX_LOADS:
+            return f"a row of {skv} keys is {loads // n} loads a lane for lanes={n} (a CTA a row suits it)"
+        return None
+    w = int(params["warps"])
+    if w > 1 and (w // 2) * 32 >= loads:
+        return f"{w // 2} warps already cover a row of {skv} keys"
+    return None
+
+
+def softmax_instance(dtype: str, mask: int, params: dict) -> str:
+    vec = int(params.get("vec", 1))
+    if "lanes" in params:
+        return instance("attn_softmax_rows", dtype, int(params["lanes"]), mask, vec)
+    return instance("attn_softmax", dtype, int(params["warps"]), mask, vec)
+
+
+def softmax_grid(rows: int, params: dict) -> tuple[tuple[int], tuple[int]]:
+    """(grid, block) of the softmax kernel over ``rows`` rows; rows past the grid loop inside it."""
+    if "lanes" in params:
+        per_cta = 256 // int(params["lanes"])
+        return (max(1, min(-(-rows // per_cta), GRID_ROWS_MAX)),), (256,)
+    return (max(1, min(rows, GRID_ROWS_MAX)),), (int(params["warps"]) * 32,)
+
+
 @dataclass(frozen=True)
 class CublasSoftmaxAttention(_AttentionKernels, Candidate):
-    """cuBLAS batched GEMM, the fused mask/softmax kernel in place, cuBLAS batched GEMM; params warps
-    and vec (scores per load: 16 bytes, or 1 when absent from the key)."""
+    """cuBLAS batched GEMM, the fused mask/softmax kernel in place, cuBLAS batched GEMM; params: the
+    softmax configuration (``softmax_configs``)."""
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         try:
             p = attention_plan(sig)
         except TuningError as exc:
             return str(exc)
-        w, vec = int(self.param("warps")), int(self.param("vec", 1))
         if p.layout_flags:
             return "qkv_bshd / y_bshd: the batched GEMMs take one stride per batch of (b, h), not [B, S, H, D]"
-        if vec > 1 and vec != VEC16.get(p.dtype):
-            return f"vec={vec} is not a 16-byte load of {p.dtype}"
-        if p.Skv % vec:
-            return f"{p.Skv} keys are not a multiple of vec={vec}"
-        if w > 1 and (w // 2) * 32 >= p.Skv // vec:
-            return f"{w // 2} warps already cover a row of {p.Skv} keys"
+        reason = softmax_reason(dict(self.params), p.dtype, p.Skv)
+        if reason:
+            return reason
         if max(p.Sq, p.Skv, p.D, p.Dv) > 2**31 - 1 or p.Z > 2**31 - 1:
             return "dims over 2**31 (cuBLAS int dims)"
         return None
@@ -253,15 +298,14 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
 
     def _instance(self, sig: Signature) -> str:
         p = attention_plan(sig)
-        return instance("attn_softmax", p.dtype, int(self.param("warps")), p.mask, int(self.param("vec", 1)))
+        return softmax_instance(p.dtype, p.mask, dict(self.params))
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
 
         p, kern = self._prologue(sig)
-        w = int(self.param("warps"))
         rows = p.Z * p.Sq
-        grid, block = (max(1, min(rows, GRID_ROWS_MAX)),), (w * 32,)
+        grid, block = softmax_grid(rows, dict(self.params))
         # The scores buffer is allocated once, at build time, so a captured CUDA graph reuses it.
         scores = cupy.empty(p.Z * p.Sq * p.Skv, dtype=p.dtype)
         s_gemm, y_gemm = score_gemm(p), value_gemm(p)
@@ -328,9 +372,8 @@ class FlashAttention(_AttentionKernels, Candidate):
 
 
 def attention_candidates() -> list[Candidate]:
-    out: list[Candidate] = [CublasSoftmaxAttention("cublas_softmax", (("warps", w),)) for w in SOFTMAX_WARPS]
-    out += [CublasSoftmaxAttention("cublas_softmax", (("warps", w), ("vec", v)))
-            for v in sorted(set(VEC16.values()), reverse=True) for w in SOFTMAX_WARPS]
+    configs = {c: None for dt in SUPPORTED_DTYPES for c in softmax_configs(dt)}  # ordered, each once
+    out: list[Candidate] = [CublasSoftmaxAttention("cublas_softmax", c) for c in configs]
     for dmax in FLASH_DMAX:
         for bm, w in FLASH_TILES:
             out.append(FlashAttention("flash", (("dmax", dmax), ("bm", bm), ("warps", w))))
@@ -346,9 +389,8 @@ def attention_kernel_instances() -> list[tuple[str, str]]:
     out = []
     for dt in SUPPORTED_DTYPES:
         for mask in MASK_CODES.values():
-            for w in SOFTMAX_WARPS:
-                for vec in (1, VEC16[dt]):
-                    out.append(("attention.cu", instance("attn_softmax", dt, w, mask, vec)))
+            for c in softmax_configs(dt):
+                out.append(("attention.cu", softmax_instance(dt, mask, dict(c))))
             for dmax in FLASH_DMAX:
                 for bm, w in FLASH_TILES:
                     out.append(("attention.cu", instance("flash_attn", dt, dmax, bm, w, mask)))

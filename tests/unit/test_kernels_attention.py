@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from graphopt.kernels.attention import (FlashAttention, attention_candidates, attention_kernel_instances,
-                                        attention_plan, flash_mma_smem_bytes, flash_smem_bytes, score_gemm,
-                                        value_gemm)
+from graphopt.kernels.attention import (GRID_ROWS_MAX, SOFTMAX_LANES, FlashAttention, attention_candidates,
+                                        attention_kernel_instances, attention_plan, flash_mma_smem_bytes,
+                                        flash_smem_bytes, score_gemm, softmax_grid, value_gemm)
 from graphopt.errors import TuningError
 from graphopt.lowering.contract import Signature
 from graphopt.kernels.check import data_dtype, output_shape, random_inputs
@@ -67,13 +67,13 @@ def _applicable(sig, cc=(9, 0)):
 
 def test_configs_that_apply():
     assert _applicable(_sig(Skv=7, D=16)) == [
-        "cublas_softmax:warps=1", "flash:dmax=32,bm=16,warps=4", "flash:dmax=32,bm=32,warps=4",
+        "cublas_softmax:warps=1", "cublas_softmax:lanes=8", "flash:dmax=32,bm=16,warps=4", "flash:dmax=32,bm=32,warps=4",
         "flash:dmax=32,bm=64,warps=4", "flash:dmax=32,bm=64,warps=8"]
     keys = _applicable(_sig(Skv=2048, D=128))
     assert keys[:8] == [f"cublas_softmax:warps={w}" for w in (1, 2, 4, 8)] + [
         f"cublas_softmax:warps={w},vec=4" for w in (1, 2, 4, 8)]
     assert all("dmax=128" in k for k in keys[8:]) and len(keys) == 12
-    assert _applicable(_sig(D=256)) == ["cublas_softmax:warps=1"]  # no flash config holds head dim 256
+    assert _applicable(_sig(D=256)) == ["cublas_softmax:warps=1", "cublas_softmax:lanes=8"]  # no flash config holds head dim 256
     reasons = {c.key(): c.applies(_sig(Skv=100, D=64), (9, 0)) for c in attention_candidates()}
     assert reasons["cublas_softmax:warps=8"] == "4 warps already cover a row of 100 keys"
     assert reasons["cublas_softmax:warps=1,vec=4"] is None  # 25 loads of 4 fp32 scores
@@ -81,6 +81,11 @@ def test_configs_that_apply():
     assert reasons["cublas_softmax:warps=1,vec=8"] == "vec=8 is not a 16-byte load of float32"
     assert candidate_from_key("Attention", "cublas_softmax:warps=1,vec=8").applies(
         _sig(Skv=100, D=64, dtype="float16"), (9, 0)) == "100 keys are not a multiple of vec=8"
+    assert reasons["cublas_softmax:lanes=32,vec=4"] is None  # 25 loads: 16 lanes do not cover them
+    assert reasons["cublas_softmax:lanes=16,vec=4"] is None and reasons["cublas_softmax:lanes=8,vec=4"] is None
+    assert candidate_from_key("Attention", "cublas_softmax:lanes=32,vec=8").applies(
+        _sig(Skv=128, D=64, dtype="float16"), (9, 0)) == "16 lanes already cover a row of 128 keys"
+    assert reasons["cublas_softmax:lanes=8"] == "a row of 100 keys is 12 loads a lane for lanes=8 (a CTA a row suits it)"
     assert reasons["flash:dmax=32,bm=16,warps=4"] == "head dim 64 > dmax=32"
     assert reasons["flash:dmax=128,bm=16,warps=4"] == "dmax=64 already holds head dim 64"
     big = FlashAttention("flash", (("dmax", 128), ("bm", 64), ("warps", 4)))
@@ -125,6 +130,31 @@ def test_keys_round_trip_and_instances_are_registered():
             for c in candidates_for(s):
                 if c.applies(s, (9, 0)) is None:
                     assert set(c.kernels(s)) <= every
+
+
+@pytest.mark.parametrize("lanes", SOFTMAX_LANES)
+@pytest.mark.parametrize("rows,nv", [(1, 3), (7, 16), (33, 1), (1000, 9), (GRID_ROWS_MAX * 32 + 5, 2)])
+def test_short_row_softmax_visits_every_score_once(lanes, rows, nv):
+    """attn_softmax_rows' loops run on the CPU: every (row, load) is taken by exactly one thread, and the
+    warps that skip a trip are exactly those whose groups are all past the last row (warp-uniform)."""
+    grid, block = softmax_grid(rows, {"lanes": lanes})
+    assert block == (256,) and 1 <= grid[0] <= GRID_ROWS_MAX
+    per_cta = 256 // lanes
+    seen = np.zeros((rows, nv), np.int64)
+    t = np.arange(256)
+    lane, group, warp_row0 = t % lanes, t // lanes, (t & ~31) // lanes
+    for bx in range(grid[0]):
+        for base in range(bx * per_cta, rows, grid[0] * per_cta):
+            active = base + warp_row0 < rows  # the kernel's `continue` for a warp past the end
+            for w in range(8):
+                assert active[w * 32:(w + 1) * 32].all() or not active[w * 32:(w + 1) * 32].any()
+            row = base + group
+            live = active & (row < rows)
+            for jv0 in range(lanes):
+                sel = live & (lane == jv0)
+                for jv in range(jv0, nv, lanes):
+                    np.add.at(seen, (row[sel], jv), 1)
+    assert (seen == 1).all()
 
 
 def test_checker_inputs_for_a_bool_mask():
