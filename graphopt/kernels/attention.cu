@@ -201,6 +201,21 @@ __global__ void __launch_bounds__(256) attn_softmax_rows(
     }
 }
 
+// cublas_softmax over [B, S, H, D] operands (qkv_bshd / y_bshd / qkv_packed): the pointer arrays of its
+// two cublasGemmBatchedEx calls, ptrs[k * Z + z] = base_k + off[k * Z + z] elements for k = Q, K, V, Y,
+// rewritten on the stream before each call (capturable; the bases may change between runs). The
+// offsets are computed once on the host (graphopt/kernels/attention.py, batch_offsets).
+template <typename T>
+__global__ void attn_batch_ptrs(unsigned long long* __restrict__ ptrs, const long long* __restrict__ off, int Z,
+                                unsigned long long q, unsigned long long k, unsigned long long v, unsigned long long y)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= 4 * Z) return;
+    const int which = i / Z;
+    const unsigned long long base = which == 0 ? q : which == 1 ? k : which == 2 ? v : y;
+    ptrs[i] = base + (unsigned long long)(off[i] * (long long)sizeof(T));
+}
+
 // Where the (b, h) slice of Q, K, V and Y starts and how far apart its rows are: contiguous
 // [Z][S][D] (K^T [Z][D][Skv] starts at the same place), or [B][S][H][D] (rows H * D apart): bit 0 of
 // bshd for Q, K and V (graphopt.Attention's qkv_bshd), bit 1 for Y (y_bshd). Bit 2 (qkv_packed, with

@@ -23,9 +23,10 @@ C-contiguous and sharing the leading dims (no broadcast of K/V over heads). With
 and V are ``[B, S, H, D]`` (rank 4): ``flash`` and ``flash_mma`` read the heads' rows ``H * D`` apart
 (``attn_rows`` in the kernel source), and with ``y_bshd=1`` write Y as ``[B, Sq, H, Dv]``; with
 ``qkv_packed=1`` Q, K and V are the thirds of one ``[B, S, 3, H, D]`` input (rows ``3 * H * D``
-apart; ``launch`` passes views of it at offsets 0, H*D and 2*H*D);
-``cublas_softmax`` does not apply (its strided-batched GEMMs
-take one stride per (b, h) batch). The mask broadcasts to
+apart; ``launch`` passes views of it at offsets 0, H*D and 2*H*D); ``cublas_softmax`` reads these
+layouts through pointer-array batched GEMMs (``cublasGemmBatchedEx``; one stride per (b, h) batch
+cannot reach a head's rows), the pointers written on the stream by ``attn_batch_ptrs`` from
+:func:`batch_offsets` before each call. The mask broadcasts to
 ``[B, H, Sq, Skv]`` (right-aligned, rank <= 4): additive masks have the data's dtype, bool masks
 are NumPy/CuPy bool (one byte).
 
@@ -206,6 +207,39 @@ def value_gemm(p: AttnPlan) -> dict:
                 stride_c=p.Sq * p.Dv)
 
 
+def row_strides(p: AttnPlan) -> tuple[int, int, int, int]:
+    """Elements between consecutive rows of one (b, h) slice of Q, K, V and Y (``attn_rows`` in
+    attention.cu is the kernels' copy of this and of :func:`batch_offsets`)."""
+    hp = (3 if p.packed else 1) * p.H if p.bshd else 1  # heads a row holds
+    return (hp * p.D, hp * p.D, hp * p.Dv, p.H * p.Dv if p.ybshd else p.Dv)
+
+
+def batch_offsets(p: AttnPlan) -> np.ndarray:
+    """[4, Z] int64: where the (b, h) slice of Q, K, V and Y starts, in elements from each operand's
+    base (for ``qkv_packed`` K's and V's bases are Q's plus H * D and 2 * H * D), z = b * H + h."""
+    z = np.arange(p.Z, dtype=np.int64)
+    b, h = z // p.H, z % p.H
+    rq, rk, rv, ry = row_strides(p)
+    if p.bshd:
+        q, k, v = b * p.Sq * rq + h * p.D, b * p.Skv * rk + h * p.D, b * p.Skv * rv + h * p.Dv
+    else:
+        q, k, v = z * p.Sq * p.D, z * p.Skv * p.D, z * p.Skv * p.Dv
+    y = b * p.Sq * ry + h * p.Dv if p.ybshd else z * p.Sq * p.Dv
+    return np.stack([q, k, v, y])
+
+
+def score_gemm_ptrs(p: AttnPlan) -> dict:
+    """``blas.bound_gemm_batched`` arguments of ``S[z] = scale * Q[z] . K^T[z]`` over [B, S, H, D] operands."""
+    rq, rk, _, _ = row_strides(p)
+    return dict(M=p.Sq, N=p.Skv, K=p.D, lda=rq, ldb=rk, ldc=p.Skv, batch=p.Z, trans_b=True, alpha=p.scale)
+
+
+def value_gemm_ptrs(p: AttnPlan) -> dict:
+    """``blas.bound_gemm_batched`` arguments of ``Y[z] = P[z] . V[z]`` over [B, S, H, D] operands."""
+    _, _, rv, ry = row_strides(p)
+    return dict(M=p.Sq, N=p.Dv, K=p.Skv, lda=p.Skv, ldb=rv, ldc=ry, batch=p.Z)
+
+
 class _AttentionKernels:
     """What the attention families share: their kernels live in ``attention.cu``, one template
     instance per signature (``_instance``), and ``build`` starts the same way (``_prologue``)."""
@@ -284,8 +318,8 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
             p = attention_plan(sig)
         except TuningError as exc:
             return str(exc)
-        if p.layout_flags:
-            return "qkv_bshd / y_bshd: the batched GEMMs take one stride per batch of (b, h), not [B, S, H, D]"
+        if p.layout_flags and p.kt:
+            return "k_transposed with qkv_bshd"
         reason = softmax_reason(dict(self.params), p.dtype, p.Skv)
         if reason:
             return reason
@@ -300,6 +334,11 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
         p = attention_plan(sig)
         return softmax_instance(p.dtype, p.mask, dict(self.params))
 
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        p = attention_plan(sig)
+        extra = [("attention.cu", instance("attn_batch_ptrs", p.dtype))] if p.layout_flags else []
+        return [("attention.cu", self._instance(sig))] + extra
+
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
 
@@ -308,15 +347,43 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
         grid, block = softmax_grid(rows, dict(self.params))
         # The scores buffer is allocated once, at build time, so a captured CUDA graph reuses it.
         scores = cupy.empty(p.Z * p.Sq * p.Skv, dtype=p.dtype)
-        s_gemm, y_gemm = score_gemm(p), value_gemm(p)
+
+        def softmax(M):
+            kern(grid, block, (scores, np.int64(rows), np.int32(p.Sq), np.int32(p.Skv), np.int32(p.H))
+                 + _mask_args(p, M) + (np.int32(p.nan_to_zero),))
+
+        if not p.layout_flags:
+            s_gemm, y_gemm = score_gemm(p), value_gemm(p)
+
+            def launch(inputs, outputs):
+                Q, K, V, M, Y = _arrays(p, inputs, outputs, self.key())
+                blas.gemm(Q, K, scores, **s_gemm)
+                softmax(M)
+                blas.gemm(scores, V, Y, **y_gemm)
+
+            return launch
+
+        # [B, S, H, D] operands: pointer-array batched GEMMs (one stride per batch cannot reach the
+        # heads), their Q / K / V / Y pointers written on the stream by attn_batch_ptrs before each call
+        s_gemm = blas.bound_gemm_batched(p.dtype, **score_gemm_ptrs(p))
+        y_gemm = blas.bound_gemm_batched(p.dtype, **value_gemm_ptrs(p))
+        offsets = cupy.asarray(batch_offsets(p).reshape(-1))
+        ptrs = cupy.empty(4 * p.Z, dtype=cupy.uint64)  # Q, K, V, Y pointers, Z each
+        s_ptrs = cupy.asarray(np.int64(scores.data.ptr) + np.arange(p.Z, dtype=np.int64) * (p.Sq * p.Skv * scores.itemsize)).astype(cupy.uint64)
+        fill = get_kernel("attention.cu", instance("attn_batch_ptrs", p.dtype))
+        fill_grid = (-(-4 * p.Z // 256),)
+        at = [ptrs.data.ptr + i * p.Z * 8 for i in range(4)]  # the device addresses of the four arrays
+        u64 = np.uint64
 
         def launch(inputs, outputs):
             Q, K, V, M, Y = _arrays(p, inputs, outputs, self.key())
-            blas.gemm(Q, K, scores, **s_gemm)
-            kern(grid, block, (scores, np.int64(rows), np.int32(p.Sq), np.int32(p.Skv), np.int32(p.H))
-                 + _mask_args(p, M) + (np.int32(p.nan_to_zero),))
-            blas.gemm(scores, V, Y, **y_gemm)
+            fill(fill_grid, (256,), (ptrs, offsets, np.int32(p.Z), u64(Q.data.ptr), u64(K.data.ptr), u64(V.data.ptr),
+                                     u64(Y.data.ptr)))
+            s_gemm(at[0], at[1], s_ptrs.data.ptr)
+            softmax(M)
+            y_gemm(s_ptrs.data.ptr, at[2], at[3])
 
+        launch.keep = (scores, offsets, ptrs, s_ptrs)
         return launch
 
 
@@ -386,7 +453,7 @@ def attention_candidates() -> list[Candidate]:
 
 def attention_kernel_instances() -> list[tuple[str, str]]:
     """Every (source, instance) a candidate can compile: both dtypes, every mask kind."""
-    out = []
+    out = [("attention.cu", instance("attn_batch_ptrs", dt)) for dt in SUPPORTED_DTYPES]
     for dt in SUPPORTED_DTYPES:
         for mask in MASK_CODES.values():
             for c in softmax_configs(dt):

@@ -5,7 +5,8 @@ Why by hand: CuPy refuses every cuBLAS call while a stream is being captured (``
 fine when it is given a stream and a workspace of its own (measured on the H200, see
 ../shared/design.md). No maintained Python package exposes that; this module is the few calls it
 takes: one handle per device, ``cublasSetStream_v2`` / ``cublasSetWorkspace_v2`` before each call,
-and ``cublasGemmStridedBatchedEx`` with fp32 accumulation.
+and ``cublasGemmStridedBatchedEx`` (``cublasGemmBatchedEx`` for matrices at arbitrary places) with fp32
+accumulation.
 
 Arrays are row-major (C order); :func:`gemm` maps them onto cuBLAS's column-major convention by
 computing ``C^T = op(B)^T op(A)^T``. :func:`matmul` is ``numpy.matmul`` on top of it (batch
@@ -165,6 +166,45 @@ def bound_gemm(dtype: str, M: int, N: int, K: int, *, trans_a: bool = False, tra
             raise TuningError(f"cublasGemmStridedBatchedEx failed with status {st} (M={M} N={N} K={K} batch={batch})")
 
     run.keep = (al, be)  # the scalars cuBLAS reads live as long as the function
+    return run
+
+
+def bound_gemm_batched(dtype: str, M: int, N: int, K: int, *, lda: int, ldb: int, ldc: int, batch: int,
+                       trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0):
+    """``C[z] = alpha * op(A[z]) . op(B[z])`` for ``batch`` matrices anywhere in memory:
+    ``run(a_ptrs, b_ptrs, c_ptrs)`` takes the device addresses of three device arrays of ``batch``
+    pointers each (``cublasGemmBatchedEx``). Row-major like :func:`bound_gemm`, with each operand's
+    row stride in elements (``lda``: of A as stored, [M][K] or [K][M] with ``trans_a``), so that a
+    head's rows of a [B, S, H, D] tensor (``H * D`` apart) are read in place."""
+    import cupy
+    import numpy as np
+
+    lib = library()
+    handle, ws = _handle()
+    ctype = _CUDA_R_16F if dtype == "float16" else _CUDA_R_32F
+    al = np.array([alpha], dtype=np.float32)
+    be = np.array([0.0], dtype=np.float32)
+    al_p, be_p = al.ctypes.data, be.ctypes.data
+    # Column-major view as in bound_gemm: C^T (N x M) = op_x(X) (N x K) . op_y(Y) (K x M), X from B, Y from A;
+    # a row-major operand's row stride is its column-major leading dimension.
+    opx, opy = (_OP_T if trans_b else _OP_N), (_OP_T if trans_a else _OP_N)
+    set_stream, set_ws, call = lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmBatchedEx
+    ws_p, ws_n = ctypes.c_void_p(ws.data.ptr), ctypes.c_size_t(ws.nbytes)
+    current = cupy.cuda.get_current_stream
+    void = ctypes.c_void_p
+
+    def run(a_ptrs: int, b_ptrs: int, c_ptrs: int) -> None:
+        st = set_stream(handle, void(current().ptr))
+        if st == 0:
+            st = set_ws(handle, ws_p, ws_n)
+        if st != 0:
+            raise TuningError(f"cuBLAS stream/workspace setup failed with status {st}")
+        st = call(handle, opx, opy, N, M, K, al_p, void(b_ptrs), ctype, ldb, void(a_ptrs), ctype, lda, be_p,
+                  void(c_ptrs), ctype, ldc, batch, _COMPUTE_32F, _GEMM_DEFAULT)
+        if st != 0:
+            raise TuningError(f"cublasGemmBatchedEx failed with status {st} (M={M} N={N} K={K} batch={batch})")
+
+    run.keep = (al, be)
     return run
 
 

@@ -249,3 +249,40 @@ def test_cublas_softmax_captures_and_replays():
         stream.synchronize()
     ref = get_schema("Attention").reference([a.astype(np.float64) for a in ins], dict(sig.attrs))[0]
     _compare(cand.key(), cupy.asnumpy(y).astype(np.float64), cupy.asnumpy(y).astype(np.float64), ref, "float16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_cublas_softmax_over_bshd_captures_and_follows_moved_inputs(dtype):
+    """The [B, S, H, D] path writes its GEMMs' pointer arrays on the stream (attn_batch_ptrs): a captured
+    replay is right, and an eager launch on inputs at other addresses reads those, not the old ones."""
+    ins = _inputs(37, 37, 64, 64, 0, "additive", (B, 1, 1, 37), dtype, 13)
+    given = [np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in ins[:3]] + ins[3:]
+    sig = _sig(given, 0, "additive", {"qkv_bshd": 1, "y_bshd": 1, "causal": 1})
+    cand = next(c for c in attention_candidates() if c.name == "cublas_softmax" and c.applies(sig, (9, 0)) is None)
+    prebuild(cand.kernels(sig))
+    launch = cand.build(sig, device_arch())
+    dev = [cupy.asarray(a) for a in given]
+    y = cupy.zeros((B, 37, H, 64), dtype=dtype)
+    ref = np.swapaxes(get_schema("Attention").reference([a.astype(np.float64) for a in ins], dict(sig.attrs) | {"qkv_bshd": 0, "y_bshd": 0})[0], 1, 2)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        launch(dev, [y])
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            launch(dev, [y])
+        finally:
+            graph = stream.end_capture()
+        y.fill(cupy.nan)
+        graph.launch(stream)
+        stream.synchronize()
+        got = cupy.asnumpy(y).astype(np.float64)
+        moved = [cupy.asarray(a) for a in given]  # new allocations, same values
+        for a in dev[:3]:
+            a.fill(cupy.nan)  # the old inputs poisoned: a stale pointer shows as NaN
+        y2 = cupy.full((B, 37, H, 64), cupy.nan, dtype=dtype)
+        launch(moved, [y2])
+        stream.synchronize()
+    _compare(cand.key(), got, got, ref, dtype)
+    _compare(cand.key(), cupy.asnumpy(y2).astype(np.float64), got, ref, dtype)

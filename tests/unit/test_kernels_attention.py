@@ -10,9 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from graphopt.kernels.attention import (GRID_ROWS_MAX, SOFTMAX_LANES, FlashAttention, attention_candidates,
-                                        attention_kernel_instances, attention_plan, flash_mma_smem_bytes,
-                                        flash_smem_bytes, score_gemm, softmax_grid, value_gemm)
+from graphopt.kernels.attention import (GRID_ROWS_MAX, SOFTMAX_LANES, CublasSoftmaxAttention, FlashAttention,
+                                        attention_candidates, attention_kernel_instances, attention_plan,
+                                        batch_offsets, flash_mma_smem_bytes, flash_smem_bytes, score_gemm,
+                                        score_gemm_ptrs, softmax_grid, value_gemm, value_gemm_ptrs)
 from graphopt.errors import TuningError
 from graphopt.lowering.contract import Signature
 from graphopt.kernels.check import data_dtype, output_shape, random_inputs
@@ -239,17 +240,20 @@ def test_qkv_bshd_plan_and_which_families_read_it():
     assert p.out_shape == (2, 12, 128, 64)
     keys = _applicable(sig)
     assert "flash_mma:hd=64,bn=64,stages=2" in keys and "flash:dmax=64,bm=64,warps=4" in keys
-    assert not [k for k in keys if k.startswith("cublas_softmax")]
-    assert "qkv_bshd" in CublasSoftmaxAttention("cublas_softmax", (("warps", 4),)).applies(sig, (9, 0))
+    assert "cublas_softmax:warps=4" in keys  # pointer-array batched GEMMs read [B, S, H, D]
+    cand = CublasSoftmaxAttention("cublas_softmax", (("warps", 4),))
+    assert ("attention.cu", "attn_batch_ptrs<half_t>") in cand.kernels(sig)
+    assert cand.kernels(_sig(D=64, dtype="float16")) == [("attention.cu", "attn_softmax<half_t,4,0,1>")]
     name, _, _ = heuristic_lowering("Attention", sig, (9, 0), providers=False)
-    assert name in ("flash_mma", "flash")
+    assert name == "cublas_softmax"  # 128 keys: the heuristic's short-key choice reads [B, S, H, D] now
     fp32 = Signature.make("Attention", [(2, 9, 3, 16)] * 3, ["float32"] * 3, {"qkv_bshd": 1})
     assert any(k.startswith("flash:") for k in _applicable(fp32))  # fp32 keeps a GPU kernel
+    assert "cublas_softmax:warps=1" in _applicable(fp32)
 
 
 def test_qkv_packed_plan_flags_and_views():
     """qkv_packed=1: one [B, S, 3, H, D] input; the plan has the logical dims and layout bit 2; the kernels'
-    K and V are views of it at H * D and 2 * H * D; cublas_softmax refuses, flash and flash_mma apply."""
+    K and V are views of it at H * D and 2 * H * D; cublas_softmax, flash and flash_mma apply."""
     from graphopt.kernels.attention import _arrays
 
     sig = Signature.make("Attention", [(2, 128, 3, 12, 64), None, None], ["float16", "", ""],
@@ -258,7 +262,7 @@ def test_qkv_packed_plan_flags_and_views():
     assert (p.B, p.H, p.Sq, p.Skv, p.D, p.Dv, p.layout_flags, p.out_shape) == (2, 12, 128, 128, 64, 64, 7, (2, 128, 12, 64))
     keys = _applicable(sig)
     assert "flash_mma:hd=64,bn=64,stages=2" in keys and "flash:dmax=64,bm=64,warps=4" in keys
-    assert not [k for k in keys if k.startswith("cublas_softmax")]
+    assert "cublas_softmax:warps=1,vec=8" in keys
     packed = np.zeros((2, 128, 3, 12, 64), np.float16)
     y = np.zeros((2, 128, 12, 64), np.float16)
     Q, K, V, M, Y = _arrays(p, [packed, None, None], [y], "test")
@@ -279,6 +283,74 @@ def test_y_bshd_plan_flags_and_refusals():
     only_y = attention_plan(Signature.make("Attention", [(2, 12, 128, 64)] * 3, ["float16"] * 3, {"y_bshd": 1}))
     assert (only_y.layout_flags, only_y.out_shape) == (2, (2, 128, 12, 64))
     keys = _applicable(sig)
-    assert "flash_mma:hd=64,bn=64,stages=2" in keys and not [k for k in keys if k.startswith("cublas_softmax")]
+    assert "flash_mma:hd=64,bn=64,stages=2" in keys and "cublas_softmax:warps=1" in keys
     rank3 = Signature.make("Attention", [(2, 128, 64)] * 3, ["float32"] * 3, {"y_bshd": 1})
     assert all("y_bshd=1 needs rank-4" in c.applies(rank3, (9, 0)) for c in attention_candidates())
+
+
+def _emulate_ptrs(sig, inputs):
+    """cublas_softmax over [B, S, H, D] operands on the CPU: cublasGemmBatchedEx's row-major reading of
+    flat buffers at the pointers attn_batch_ptrs writes (batch_offsets) with the row strides passed as
+    leading dimensions (score_gemm_ptrs / value_gemm_ptrs), then the softmax as _emulate computes it."""
+    p = attention_plan(sig)
+    off = batch_offsets(p)
+    if p.packed:
+        flat = np.asarray(inputs[0], np.float64).reshape(-1)
+        q, k, v = flat, flat[p.H * p.D:], flat[2 * p.H * p.D:]
+    else:
+        q, k, v = (np.asarray(x, np.float64).reshape(-1) for x in inputs[:3])
+
+    def gemm(a, a_off, b, b_off, c, c_off, M, N, K, lda, ldb, ldc, batch, trans_b=False, alpha=1.0):
+        for z in range(batch):
+            A = np.lib.stride_tricks.as_strided(a[a_off[z]:], (M, K), (lda * 8, 8))
+            Bm = np.lib.stride_tricks.as_strided(b[b_off[z]:], (N, K) if trans_b else (K, N), (ldb * 8, 8))
+            C = np.lib.stride_tricks.as_strided(c[c_off[z]:], (M, N), (ldc * 8, 8), writeable=True)
+            C[...] = alpha * A @ (Bm.T if trans_b else Bm)
+
+    s_off = np.arange(p.Z) * p.Sq * p.Skv
+    scores = np.full(p.Z * p.Sq * p.Skv, np.nan)
+    gemm(q, off[0], k, off[1], scores, s_off, **score_gemm_ptrs(p))
+    s = scores.reshape(p.B, p.H, p.Sq, p.Skv)
+    b, h, i, j = np.meshgrid(*(np.arange(n) for n in (p.B, p.H, p.Sq, p.Skv)), indexing="ij")
+    if p.mask:
+        o = b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]
+        flat_m = np.asarray(inputs[3]).reshape(-1)[o]
+        s = s + flat_m if p.mask == 1 else np.where(flat_m, s, s + p.mask_value)
+    if p.causal:
+        s = np.where(j > i, -np.inf, s)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    prob = (e / e.sum(axis=-1, keepdims=True)).reshape(-1)
+    y = np.full(int(np.prod(p.out_shape)), np.nan)  # poisoned: every element must be written
+    gemm(prob, s_off, v, off[2], y, off[3], **value_gemm_ptrs(p))
+    return y.reshape(p.out_shape)
+
+
+@pytest.mark.parametrize("attrs,packed", [({"qkv_bshd": 1}, False), ({"qkv_bshd": 1, "y_bshd": 1}, False),
+                                          ({"y_bshd": 1}, False), ({"qkv_bshd": 1, "qkv_packed": 1, "y_bshd": 1}, True),
+                                          ({"qkv_bshd": 1, "causal": 1, "mask_kind": "additive"}, False)])
+def test_pointer_array_gemms_against_the_reference(attrs, packed):
+    """The integers of cublas_softmax's [B, S, H, D] path (offsets, leading dims, batch order) against the
+    NumPy reference, odd sizes (B 2, S 5 / 7 keys, H 3, D 6)."""
+    B, Sq, Skv, H, D = 2, 5, 7, 3, 6
+    rng = np.random.default_rng(11)
+    bshd = attrs.get("qkv_bshd", 0)
+    if packed:
+        Sq = Skv
+        shapes = [(B, Sq, 3, H, D), None, None]
+    elif bshd:
+        shapes = [(B, Sq, H, D), (B, Skv, H, D), (B, Skv, H, D)]
+    else:
+        shapes = [(B, H, Sq, D), (B, H, Skv, D), (B, H, Skv, D)]
+    mask = attrs.get("mask_kind")
+    sig = Signature.make("Attention", shapes + ([(B, 1, Sq, Skv)] if mask else []),
+                         ["float32", "" if packed else "float32", "" if packed else "float32"] + (["float32"] if mask else []),
+                         attrs)
+    ins = [rng.standard_normal(s) for s in shapes if s is not None] + ([None, None] if packed else [])
+    if mask:
+        ins.append(rng.standard_normal((B, 1, Sq, Skv)))
+    cand = CublasSoftmaxAttention("cublas_softmax", (("warps", 1),))
+    assert cand.applies(sig, (9, 0)) is None
+    ref = get_schema("Attention").reference(ins + [None] * (4 - len(ins)), dict(sig.attrs))[0]
+    got = _emulate_ptrs(sig, ins)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)

@@ -526,8 +526,6 @@ NEAR_MISSES = [
     ("attention_qkv_bshd", lambda: head_split_model("second_consumer"), "has 2 consumers"),
     ("shape_of_transpose", lambda: shape_of_transpose_model("slice"), "takes a slice of the shape (start=1)"),
     ("attention_y_bshd", lambda: heads_merge_model("perm"), "has perm [0, 2, 3, 1], expected [0, 2, 1, 3]"),
-    ("attention_y_bshd", lambda: heads_merge_model("fp32"), "is float, not float16/bfloat16"),
-    ("attention_qkv_bshd", lambda: head_split_model("fp32"), "is float, not float16/bfloat16"),
     ("groupnorm", lambda: groupnorm_model(variant="in_scale"), "is not 3 1s"),
 ]
 
@@ -565,6 +563,19 @@ def test_head_split_transposes_go_into_the_attention():
     assert (node.attr("qkv_bshd"), node.attr("k_transposed"), node.attr("scale"), node.attr("nan_to_zero")) == (1, 0, 0.5, 1)
     assert node.inputs[:3] == ["q", "k", "v"]
     assert [n.op_type for n in g.nodes()] == ["Attention", "Neg"]
+
+
+def test_the_layout_rules_take_fp32_too():
+    """Every Attention family reads [B, S, H, D] in fp32 as well (cublas_softmax through pointer-array
+    batched GEMMs), so fp32 models lose their head Transposes like half-precision ones."""
+    for model, rule, attr in ((head_split_model("fp32"), "attention_qkv_bshd", "qkv_bshd"),
+                              (heads_merge_model("fp32"), "attention_y_bshd", "y_bshd")):
+        g, report = _rewrite(model, _only(rule))
+        assert report.counts == {rule: 1}
+        (match,) = report.matches
+        assert g.node(match.node).attr(attr) == 1
+        assert "Transpose" not in [n.op_type for n in g.nodes()]
+        _same_outputs(model, g)
 
 
 def test_shape_of_a_transpose_is_the_permuted_shape_and_the_transpose_stays():
