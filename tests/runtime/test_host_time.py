@@ -44,8 +44,8 @@ class _Plan:
     waits for the device), then the device counts as caught up. With ``queue`` = q, any step
     behind a hold with q steps enqueued since that hold waits too (a full launch queue)."""
 
-    def __init__(self, sess, waits=(), wait_s=0.005, queue=None):
-        self.sess, self.waits, self.wait_s, self.queue = sess, set(waits), wait_s, queue
+    def __init__(self, sess, waits=(), wait_s=0.005, queue=None, pace_s=0.0008):
+        self.sess, self.waits, self.wait_s, self.queue, self.pace_s = sess, set(waits), wait_s, queue, pace_s
         self.steps = [SimpleNamespace(label=f"Op n{i}", lowering="lw" if i in self.waits else None, run=self._step(i))
                       for i in range(10)]
 
@@ -53,9 +53,13 @@ class _Plan:
         def run(ins):
             sess = self.sess
             full = self.queue is not None and sess.enqueued >= self.queue
+            paced = getattr(sess, "paced", False)
             if sess.held and (i in self.waits or full):
                 time.sleep(self.wait_s)
-                sess.held, sess.enqueued = False, 0
+                # paced: the hold ended but the work behind it still fills the queue
+                sess.held, sess.enqueued = False, (self.queue if paced and i not in self.waits else 0)
+            elif full and paced:
+                time.sleep(self.pace_s)  # a slot frees after one launch's device time: a wait under the threshold
             elif sess.held:
                 sess.enqueued += 1
             return []
@@ -88,7 +92,7 @@ class _Sess:
 
     def synchronize(self):
         self.log.append("sync")
-        if self.held and self.log.count("hold") and getattr(self, "drains", False):
+        if (self.held or self.enqueued) and self.log.count("hold") and getattr(self, "drains", False):
             self.held, self.enqueued = False, 0
 
 
@@ -100,6 +104,9 @@ def _hold(sess, done_pattern):
         assert stream == "s"
         holds.append(us)
         sess.log.append("hold")
+        queue = sess.last_plan.queue
+        if getattr(sess, "paced", False) and not sess.held and queue is not None and sess.enqueued >= queue:
+            return _Event(sess.log, next(pattern, False))  # behind a full queue: it holds nothing yet
         sess.held, sess.enqueued = True, 0
         return _Event(sess.log, next(pattern, False))
 
@@ -183,6 +190,20 @@ def test_a_queue_limited_run_reports_its_steps_host_time_and_keeps_the_wall_time
     d = h.to_dict()
     assert h.queue_limited and d["host_us_per_node"] < 100.0 and d["host_us_per_node_wall"] * 10 >= 5000.0  # 5 ms waits excluded
     assert "launch queue" in d["method"] and [b["cause"] for b in d["blocking_steps"]] == [host_time.QUEUE] * 2
+
+
+def test_the_steps_after_a_queue_wait_are_not_paced_by_the_queue_the_hold_filled():
+    """After a queue wait the hold is over but the queue is still full, and a hold enqueued behind it
+    holds nothing until that work ran: every later launch waits for a slot, each under the detection
+    threshold (BERT fp32 bs32 on the H100, 2026-12-06). The measurement drains the device before it
+    holds again, and leaves the drain out of the run's host time."""
+    sess = _Sess(queue=4)
+    sess.drains = sess.paced = True
+    hold, _ = _hold(sess, [True] * 1000)
+    h = host_time.measure(sess, {}, repeats=3, hold=hold, warmup=1, idle=False, block_hold_us=2000.0)
+    d = h.to_dict()
+    assert h.queue_limited and d["host_us_per_node"] < 60.0  # five paced steps would add 400 us a step
+    assert [b["step"] for b in d["blocking_steps"]] == ["Op n4", "Op n9"]
 
 
 def test_a_step_that_waits_for_the_device_itself_keeps_the_wall_time():
