@@ -53,7 +53,7 @@ SUPPORTED_DTYPES = ("float16", "float32")
 MASK_CODES = {"none": 0, "additive": 1, "bool": 2}
 SOFTMAX_WARPS = (1, 2, 4, 8)
 SOFTMAX_LANES = (8, 16, 32)  # attn_softmax_rows: lanes a row (256 / lanes rows a CTA)
-SOFTMAX_LANES_MAX_LOADS = 8  # loads a lane beyond which a short-row configuration does not apply
+SOFTMAX_LANES_MAX_LOADS = 8  # loads a lane (held in registers) beyond which a short-row configuration does not apply
 FLASH_DMAX = (32, 64, 128)
 FLASH_TILES = ((16, 4), (32, 4), (64, 4), (64, 8))  # (bm query rows per CTA, warps)
 KEY_TILE = 32
@@ -295,8 +295,8 @@ def softmax_reason(params: dict, dtype: str, skv: int) -> str | None:
 
 def softmax_instance(dtype: str, mask: int, params: dict) -> str:
     vec = int(params.get("vec", 1))
-    if "lanes" in params:
-        return instance("attn_softmax_rows", dtype, int(params["lanes"]), mask, vec)
+    if "lanes" in params:  # the kernel keeps a lane's loads in registers: at most SOFTMAX_LANES_MAX_LOADS
+        return instance("attn_softmax_rows", dtype, int(params["lanes"]), mask, vec, SOFTMAX_LANES_MAX_LOADS)
     return instance("attn_softmax", dtype, int(params["warps"]), mask, vec)
 
 
