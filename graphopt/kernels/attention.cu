@@ -92,6 +92,16 @@ struct __align__(sizeof(T) * VEC) SoftmaxVec {
     T v[VEC];
 };
 
+// One output probability of a row whose running (max, sum) is (m, 1 / inv): NaN (or 0 with
+// nan_to_zero) for a row with nothing attended, 0 for a masked score. Both softmax kernels' pass 2.
+template <typename T, int MASK>
+__device__ __forceinline__ float softmax_prob(T raw, const AttnMask& mask, int b, int h, int i, int j, float m,
+                                              float inv, bool empty, int nan_to_zero) {
+    if (empty) return nan_to_zero ? 0.0f : __int_as_float(0x7fc00000);
+    const float x = masked_score<T, MASK>(Num<T>::to_f(raw), mask, b, h, i, j);
+    return x == ATTN_NEG_INF ? 0.0f : expf(x - m) * inv;
+}
+
 // In place on P = the scaled scores, [Z = B*H][Sq][Skv] contiguous. VEC scores per load (16 bytes
 // when VEC > 1: the host guarantees Skv % VEC == 0 and a 16-byte aligned P).
 template <typename T, int WARPS, int MASK, int VEC>
@@ -116,22 +126,13 @@ __global__ void __launch_bounds__(WARPS * 32) attn_softmax(
         }
         block_max_sum<WARPS>(m, s, sh);
         const bool empty = m == ATTN_NEG_INF;
-        const float nan = __int_as_float(0x7fc00000);
         const float inv = 1.0f / s;
         for (int jv = threadIdx.x; jv < nv; jv += WARPS * 32) {
             const V a = pr[jv];
             V o;
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-                float p;
-                if (empty) {
-                    p = nan_to_zero ? 0.0f : nan;
-                } else {
-                    const float x = masked_score<T, MASK>(Num<T>::to_f(a.v[k]), mask, b, h, i, jv * VEC + k);
-                    p = x == ATTN_NEG_INF ? 0.0f : expf(x - m) * inv;
-                }
-                o.v[k] = Num<T>::from_f(p);
-            }
+            for (int k = 0; k < VEC; ++k)
+                o.v[k] = Num<T>::from_f(softmax_prob<T, MASK>(a.v[k], mask, b, h, i, jv * VEC + k, m, inv, empty, nan_to_zero));
             pr[jv] = o;
         }
     }
@@ -191,7 +192,6 @@ __global__ void __launch_bounds__(256) attn_softmax_rows(
         }
         if (!live) continue;
         const bool empty = m == ATTN_NEG_INF;
-        const float nan = __int_as_float(0x7fc00000);
         const float inv = 1.0f / s;
 #pragma unroll
         for (int t = 0; t < LOADS; ++t) {
@@ -199,16 +199,9 @@ __global__ void __launch_bounds__(256) attn_softmax_rows(
             if (jv < nv) {
                 V o;
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) {
-                    float p;
-                    if (empty) {
-                        p = nan_to_zero ? 0.0f : nan;
-                    } else {
-                        const float x = masked_score<T, MASK>(Num<T>::to_f(buf[t].v[k]), mask, b, h, i, jv * VEC + k);
-                        p = x == ATTN_NEG_INF ? 0.0f : expf(x - m) * inv;
-                    }
-                    o.v[k] = Num<T>::from_f(p);
-                }
+                for (int k = 0; k < VEC; ++k)
+                    o.v[k] = Num<T>::from_f(softmax_prob<T, MASK>(buf[t].v[k], mask, b, h, i, jv * VEC + k, m, inv, empty,
+                                                                  nan_to_zero));
                 pr[jv] = o;
             }
         }

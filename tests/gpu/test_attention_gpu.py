@@ -226,6 +226,21 @@ def test_fully_masked_rows(nz, dtype):
             _compare(cand.key(), got, again, ref, dtype)
 
 
+def _capture_and_replay(launch, dev, y, stream):
+    """One eager launch (handle, workspace and kernels exist before the capture), one captured, then
+    the graph replayed into ``y`` poisoned with NaN; on ``stream``, synchronised."""
+    launch(dev, [y])
+    stream.synchronize()
+    stream.begin_capture()
+    try:
+        launch(dev, [y])
+    finally:
+        graph = stream.end_capture()
+    y.fill(cupy.nan)
+    graph.launch(stream)
+    stream.synchronize()
+
+
 @pytest.mark.gpu
 def test_cublas_softmax_captures_and_replays():
     ins = _inputs(33, 33, 64, 64, 1, "additive", (B, 1, 1, 33), "float16", 11)
@@ -237,16 +252,7 @@ def test_cublas_softmax_captures_and_replays():
     y = cupy.zeros((B, H, 33, 64), dtype="float16")
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
-        launch(dev, [y])  # handle, workspace and kernel exist before the capture
-        stream.synchronize()
-        stream.begin_capture()
-        try:
-            launch(dev, [y])
-        finally:
-            graph = stream.end_capture()
-        y.fill(cupy.nan)
-        graph.launch(stream)
-        stream.synchronize()
+        _capture_and_replay(launch, dev, y, stream)
     ref = get_schema("Attention").reference([a.astype(np.float64) for a in ins], dict(sig.attrs))[0]
     _compare(cand.key(), cupy.asnumpy(y).astype(np.float64), cupy.asnumpy(y).astype(np.float64), ref, "float16")
 
@@ -267,16 +273,7 @@ def test_cublas_softmax_over_bshd_captures_and_follows_moved_inputs(dtype):
     ref = np.swapaxes(get_schema("Attention").reference([a.astype(np.float64) for a in ins], dict(sig.attrs) | {"qkv_bshd": 0, "y_bshd": 0})[0], 1, 2)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
-        launch(dev, [y])
-        stream.synchronize()
-        stream.begin_capture()
-        try:
-            launch(dev, [y])
-        finally:
-            graph = stream.end_capture()
-        y.fill(cupy.nan)
-        graph.launch(stream)
-        stream.synchronize()
+        _capture_and_replay(launch, dev, y, stream)
         got = cupy.asnumpy(y).astype(np.float64)
         moved = [cupy.asarray(a) for a in given]  # new allocations, same values
         for a in dev[:3]:

@@ -187,11 +187,19 @@ def _emulate(sig, inputs):
         return out
 
     q, k, v = (np.asarray(x, np.float64).reshape(-1) for x in inputs[:3])
-    s = gemm(q, k, **score_gemm(p)).reshape(p.B, p.H, p.Sq, p.Skv)
+    s = gemm(q, k, **score_gemm(p))
+    y = gemm(_softmax_kernel(p, s, inputs[3] if len(inputs) > 3 else None), v, **value_gemm(p))
+    return y.reshape(p.out_shape)
+
+
+def _softmax_kernel(p, scores, mask):
+    """The fused softmax kernel on flat [Z][Sq][Skv] scores: the mask gathered through the plan's
+    strides, causal, then the row softmax (NaN or 0 for a row with nothing attended); flat again."""
+    s = scores.reshape(p.B, p.H, p.Sq, p.Skv)
     b, h, i, j = np.meshgrid(*(np.arange(n) for n in (p.B, p.H, p.Sq, p.Skv)), indexing="ij")
     if p.mask:
         off = b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]
-        flat = np.asarray(inputs[3]).reshape(-1)[off]
+        flat = np.asarray(mask).reshape(-1)[off]
         s = s + flat if p.mask == 1 else np.where(flat, s, s + p.mask_value)
     if p.causal:
         s = np.where(j > i, -np.inf, s)
@@ -200,8 +208,7 @@ def _emulate(sig, inputs):
     e = np.where(np.isneginf(s), 0.0, np.exp(s - np.where(empty, 0, m)))
     with np.errstate(invalid="ignore"):
         prob = np.where(empty, 0.0 if p.nan_to_zero else np.nan, e / e.sum(axis=-1, keepdims=True))
-    y = gemm(prob.reshape(-1), v, **value_gemm(p))
-    return y.reshape(p.out_shape)
+    return prob.reshape(-1)
 
 
 CASES = [  # (B, H, Sq, Skv, D, Dv, kt, mask shape, kind, attrs)
@@ -296,7 +303,7 @@ def test_y_bshd_plan_flags_and_refusals():
 def _emulate_ptrs(sig, inputs):
     """cublas_softmax over [B, S, H, D] operands on the CPU: cublasGemmBatchedEx's row-major reading of
     flat buffers at the pointers attn_batch_ptrs writes (batch_offsets) with the row strides passed as
-    leading dimensions (score_gemm_ptrs / value_gemm_ptrs), then the softmax as _emulate computes it."""
+    leading dimensions (score_gemm_ptrs / value_gemm_ptrs), the softmax between them."""
     p = attention_plan(sig)
     off = batch_offsets(p)
     if p.packed:
@@ -315,16 +322,7 @@ def _emulate_ptrs(sig, inputs):
     s_off = np.arange(p.Z) * p.Sq * p.Skv
     scores = np.full(p.Z * p.Sq * p.Skv, np.nan)
     gemm(q, off[0], k, off[1], scores, s_off, **score_gemm_ptrs(p))
-    s = scores.reshape(p.B, p.H, p.Sq, p.Skv)
-    b, h, i, j = np.meshgrid(*(np.arange(n) for n in (p.B, p.H, p.Sq, p.Skv)), indexing="ij")
-    if p.mask:
-        o = b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2] + j * p.mask_strides[3]
-        flat_m = np.asarray(inputs[3]).reshape(-1)[o]
-        s = s + flat_m if p.mask == 1 else np.where(flat_m, s, s + p.mask_value)
-    if p.causal:
-        s = np.where(j > i, -np.inf, s)
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
-    prob = (e / e.sum(axis=-1, keepdims=True)).reshape(-1)
+    prob = _softmax_kernel(p, scores, inputs[3] if len(inputs) > 3 else None)
     y = np.full(int(np.prod(p.out_shape)), np.nan)  # poisoned: every element must be written
     gemm(prob, s_off, v, off[2], y, off[3], **value_gemm_ptrs(p))
     return y.reshape(p.out_shape)
