@@ -1,11 +1,12 @@
 """Attention lowering candidates (``graphopt.Attention``), two families (``attention.cu``):
 
 - ``cublas_softmax`` (params ``warps``, or ``lanes`` for short rows, and ``vec`` for 16-byte loads
-  of the scores where the key count allows; ``softmax_configs``): scores ``S = scale * Q . K^T`` by one cuBLAS strided-batched
-  GEMM (graphopt's own handle, so CUDA-graph capture works: graphopt/kernels/blas.py), then one
-  fused mask / causal / softmax / nan_to_zero kernel in place on S (``attn_softmax``, one row per
-  CTA of ``warps`` warps; ``attn_softmax_rows``, ``lanes`` lanes a row), then ``Y = P . V`` by a second batched GEMM. The scores are stored in the
-  data's dtype (fp16 for fp16 models; the GEMMs and the softmax accumulate in fp32).
+  of the scores where the key count allows; ``softmax_configs``): scores ``S = scale * Q . K^T`` by
+  one cuBLAS batched GEMM (graphopt's own handle, so CUDA-graph capture works:
+  graphopt/kernels/blas.py), then one fused mask / causal / softmax / nan_to_zero kernel in place on
+  S (``attn_softmax``, one row per CTA of ``warps`` warps; ``attn_softmax_rows``, ``lanes`` lanes a
+  row), then ``Y = P . V`` by a second batched GEMM. The scores are stored in the data's dtype (fp16
+  for fp16 models; the GEMMs and the softmax accumulate in fp32).
 - ``flash`` (params ``dmax``, ``bm``, ``warps``): one fused kernel with an online softmax over key
   tiles held in shared memory, never writing the scores (``flash_attn``). SIMT fp32 arithmetic (no
   tensor cores); ``dmax`` is the head-dim capacity (the smallest of 32/64/128 that holds D and
@@ -369,7 +370,7 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
         y_gemm = blas.bound_gemm_batched(p.dtype, **value_gemm_ptrs(p))
         offsets = cupy.asarray(batch_offsets(p).reshape(-1))
         ptrs = cupy.empty(4 * p.Z, dtype=cupy.uint64)  # Q, K, V, Y pointers, Z each
-        s_ptrs = cupy.asarray(np.int64(scores.data.ptr) + np.arange(p.Z, dtype=np.int64) * (p.Sq * p.Skv * scores.itemsize)).astype(cupy.uint64)
+        s_ptrs = cupy.asarray(scores.data.ptr + np.arange(p.Z, dtype=np.uint64) * np.uint64(p.Sq * p.Skv * scores.itemsize))
         fill = get_kernel("attention.cu", instance("attn_batch_ptrs", p.dtype))
         fill_grid = (-(-4 * p.Z // 256),)
         at = [ptrs.data.ptr + i * p.Z * 8 for i in range(4)]  # the device addresses of the four arrays
@@ -383,7 +384,6 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
             softmax(M)
             y_gemm(s_ptrs.data.ptr, at[2], at[3])
 
-        launch.keep = (scores, offsets, ptrs, s_ptrs)
         return launch
 
 

@@ -127,6 +127,32 @@ def gemm(a, b, c, M: int, N: int, K: int, *, trans_a: bool = False, trans_b: boo
                stride_c=stride_c, alpha=alpha, a_offset=a_offset, b_offset=b_offset, c_offset=c_offset)(a, b, c)
 
 
+def _bound_call(dtype: str, alpha: float):
+    """What every bound call shares: (the library, the handle, the cuBLAS data type, alpha and beta as
+    fp32 host scalars (cuBLAS reads them at each call: the caller keeps the arrays alive), ``bind()``:
+    the handle on the current CuPy stream with graphopt's workspace)."""
+    import cupy
+    import numpy as np
+
+    lib = library()
+    handle, ws = _handle()
+    ctype = _CUDA_R_16F if dtype == "float16" else _CUDA_R_32F
+    scalars = (np.array([alpha], dtype=np.float32), np.array([0.0], dtype=np.float32))
+    set_stream, set_ws = lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2
+    ws_p, ws_n = ctypes.c_void_p(ws.data.ptr), ctypes.c_size_t(ws.nbytes)
+    current = cupy.cuda.get_current_stream
+    void = ctypes.c_void_p
+
+    def bind() -> None:
+        st = set_stream(handle, void(current().ptr))
+        if st == 0:
+            st = set_ws(handle, ws_p, ws_n)
+        if st != 0:
+            raise TuningError(f"cuBLAS stream/workspace setup failed with status {st}")
+
+    return lib, handle, ctype, scalars, bind
+
+
 def bound_gemm(dtype: str, M: int, N: int, K: int, *, trans_a: bool = False, trans_b: bool = False,
                batch: int = 1, stride_a: int = 0, stride_b: int = 0, stride_c: int = 0, alpha: float = 1.0,
                a_offset: int = 0, b_offset: int = 0, c_offset: int = 0):
@@ -134,38 +160,25 @@ def bound_gemm(dtype: str, M: int, N: int, K: int, *, trans_a: bool = False, tra
 
     The runtime's compiled plans bind each MatMul / Gemm step once and call ``run`` per run (the
     arrays must have the dtype and shapes given here; nothing is checked per call)."""
-    import cupy
-    import numpy as np
-
-    lib = library()
-    handle, ws = _handle()
-    ctype = _CUDA_R_16F if dtype == "float16" else _CUDA_R_32F
+    lib, handle, ctype, scalars, bind = _bound_call(dtype, alpha)
     esz = 2 if dtype == "float16" else 4
-    al = np.array([alpha], dtype=np.float32)
-    be = np.array([0.0], dtype=np.float32)
-    al_p, be_p = al.ctypes.data, be.ctypes.data
+    al_p, be_p = scalars[0].ctypes.data, scalars[1].ctypes.data
     # Column-major view: C^T (N x M) = op_x(X) (N x K) . op_y(Y) (K x M), X from B, Y from A.
     opx, ldx = (_OP_T, K) if trans_b else (_OP_N, N)
     opy, ldy = (_OP_T, M) if trans_a else (_OP_N, K)
     ao, bo, co = a_offset * esz, b_offset * esz, c_offset * esz
-    set_stream, set_ws, call = lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmStridedBatchedEx
-    ws_p, ws_n = ctypes.c_void_p(ws.data.ptr), ctypes.c_size_t(ws.nbytes)
-    current = cupy.cuda.get_current_stream
+    call = lib.cublasGemmStridedBatchedEx
     void = ctypes.c_void_p
 
     def run(a, b, c) -> None:
-        st = set_stream(handle, void(current().ptr))
-        if st == 0:
-            st = set_ws(handle, ws_p, ws_n)
-        if st != 0:
-            raise TuningError(f"cuBLAS stream/workspace setup failed with status {st}")
+        bind()
         st = call(handle, opx, opy, N, M, K, al_p, void(b.data.ptr + bo), ctype, ldx, stride_b,
                   void(a.data.ptr + ao), ctype, ldy, stride_a, be_p, void(c.data.ptr + co), ctype, N, stride_c,
                   batch, _COMPUTE_32F, _GEMM_DEFAULT)
         if st != 0:
             raise TuningError(f"cublasGemmStridedBatchedEx failed with status {st} (M={M} N={N} K={K} batch={batch})")
 
-    run.keep = (al, be)  # the scalars cuBLAS reads live as long as the function
+    run.keep = scalars  # the scalars cuBLAS reads live as long as the function
     return run
 
 
@@ -176,35 +189,22 @@ def bound_gemm_batched(dtype: str, M: int, N: int, K: int, *, lda: int, ldb: int
     pointers each (``cublasGemmBatchedEx``). Row-major like :func:`bound_gemm`, with each operand's
     row stride in elements (``lda``: of A as stored, [M][K] or [K][M] with ``trans_a``), so that a
     head's rows of a [B, S, H, D] tensor (``H * D`` apart) are read in place."""
-    import cupy
-    import numpy as np
-
-    lib = library()
-    handle, ws = _handle()
-    ctype = _CUDA_R_16F if dtype == "float16" else _CUDA_R_32F
-    al = np.array([alpha], dtype=np.float32)
-    be = np.array([0.0], dtype=np.float32)
-    al_p, be_p = al.ctypes.data, be.ctypes.data
-    # Column-major view as in bound_gemm: C^T (N x M) = op_x(X) (N x K) . op_y(Y) (K x M), X from B, Y from A;
-    # a row-major operand's row stride is its column-major leading dimension.
+    lib, handle, ctype, scalars, bind = _bound_call(dtype, alpha)
+    al_p, be_p = scalars[0].ctypes.data, scalars[1].ctypes.data
+    # Column-major view as in bound_gemm, X from B, Y from A; a row-major operand's row stride is its
+    # column-major leading dimension.
     opx, opy = (_OP_T if trans_b else _OP_N), (_OP_T if trans_a else _OP_N)
-    set_stream, set_ws, call = lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmBatchedEx
-    ws_p, ws_n = ctypes.c_void_p(ws.data.ptr), ctypes.c_size_t(ws.nbytes)
-    current = cupy.cuda.get_current_stream
+    call = lib.cublasGemmBatchedEx
     void = ctypes.c_void_p
 
     def run(a_ptrs: int, b_ptrs: int, c_ptrs: int) -> None:
-        st = set_stream(handle, void(current().ptr))
-        if st == 0:
-            st = set_ws(handle, ws_p, ws_n)
-        if st != 0:
-            raise TuningError(f"cuBLAS stream/workspace setup failed with status {st}")
+        bind()
         st = call(handle, opx, opy, N, M, K, al_p, void(b_ptrs), ctype, ldb, void(a_ptrs), ctype, lda, be_p,
                   void(c_ptrs), ctype, ldc, batch, _COMPUTE_32F, _GEMM_DEFAULT)
         if st != 0:
             raise TuningError(f"cublasGemmBatchedEx failed with status {st} (M={M} N={N} K={K} batch={batch})")
 
-    run.keep = (al, be)
+    run.keep = scalars
     return run
 
 
