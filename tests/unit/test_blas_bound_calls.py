@@ -33,7 +33,7 @@ class _Lib:
 
 @pytest.fixture
 def lib(monkeypatch):
-    import cupy
+    cupy = pytest.importorskip("cupy")
 
     fake = _Lib()
     monkeypatch.setattr(blas, "library", lambda: fake)
