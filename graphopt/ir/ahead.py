@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Iterator
 import onnx
 
 from graphopt.ir.external import has_lazy
-from graphopt.ir.large import WEIGHTLESS_ABOVE
+from graphopt.ir.large import WEIGHTLESS_ABOVE, initializer_bytes
 from graphopt.ir.shapes import infer
 
 #: ``result`` when no child answered: infer in this process instead.
@@ -55,7 +55,7 @@ def worth_forking(model: onnx.ModelProto) -> bool:
     holds 5 MB): a larger one is inferred from its weightless copy, and building that copy (or
     serializing hundreds of MB) in a child beside the parent's own copies would raise peak memory,
     which the large-model path is there to bound (bench/results/large_model.md)."""
-    return not has_lazy(model) and sum(len(t.raw_data) for t in model.graph.initializer) < WEIGHTLESS_ABOVE
+    return not has_lazy(model) and initializer_bytes(model) < WEIGHTLESS_ABOVE
 
 
 def _run_child(compute: Callable[[], "bytes | Iterable[bytes]"], fd: int) -> None:

@@ -265,8 +265,9 @@ def _node_to_proto(node: Node, synth: set[str], p: onnx.NodeProto) -> None:
             _graph_to_proto(value, synth, a.g)
 
 
-def _graph_to_proto(g: Graph, synth: set[str], gp: onnx.GraphProto) -> None:
-    """Fill the (new, empty) ``gp`` with ``g``, in place: no node or subgraph is built twice."""
+def _graph_to_proto(g: Graph, synth: set[str], gp: onnx.GraphProto, initializer_map=None) -> None:
+    """Fill the (new, empty) ``gp`` with ``g``, in place: no node or subgraph is built twice.
+    ``initializer_map``: what each initializer becomes (default: itself)."""
     gp.SetInParent()  # present even when empty (an empty subgraph is still written, as a copied one was)
     if g._extra is not None:
         gp.CopyFrom(g._extra)
@@ -275,7 +276,7 @@ def _graph_to_proto(g: Graph, synth: set[str], gp: onnx.GraphProto) -> None:
     node_protos = gp.node
     for n in _topological_nodes(g):
         _node_to_proto(n, synth, node_protos.add())
-    gp.initializer.extend(g._inits.values())
+    gp.initializer.extend(g._inits.values() if initializer_map is None else map(initializer_map, g._inits.values()))
     gp.sparse_initializer.extend(g._sparse_inits)
     for t in g._inputs:
         gp.input.append(g._io_info.get(t) or onnx.ValueInfoProto(name=t))
@@ -287,8 +288,10 @@ def _graph_to_proto(g: Graph, synth: set[str], gp: onnx.GraphProto) -> None:
     gp.value_info.extend(vi for name, vi in g._value_info.items() if name in live or name in g._consumers)
 
 
-def to_model(g: Graph) -> onnx.ModelProto:
-    """The ModelProto for the root graph ``g`` (nodes written in topological order)."""
+def to_model(g: Graph, initializer_map=None) -> onnx.ModelProto:
+    """The ModelProto for the root graph ``g`` (nodes written in topological order). ``initializer_map``:
+    what each of the root graph's initializers becomes in it (``graphopt.ir.large.WeightlessInitializers``:
+    a weightless model for shape inference, no weight copied)."""
     if g.parent is not None:
         raise InvalidGraph(f"to_model() needs the root graph, not subgraph {g.name!r}")
     m = onnx.ModelProto()
@@ -311,5 +314,5 @@ def to_model(g: Graph) -> onnx.ModelProto:
         m.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
     m.functions.extend(g.functions)
     synth = g._synth_names
-    _graph_to_proto(g, synth, m.graph)
+    _graph_to_proto(g, synth, m.graph, initializer_map)
     return m

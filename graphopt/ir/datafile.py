@@ -15,7 +15,7 @@ import onnx
 from graphopt.errors import WriteFailed
 from graphopt.files import Staged
 from graphopt.ir.external import is_external, is_lazy, iter_tensors, lazy_location, stream_lazy
-from graphopt.ir.large import materialize, without_initializers
+from graphopt.ir.large import fixed_itemsize, materialize, raw_length, without_initializers
 
 PROTOBUF_LIMIT = 2**31 - 1
 
@@ -29,7 +29,7 @@ def stage_model(staged: Staged, model: onnx.ModelProto, dest: Path, data_path: P
     """Stage ``model`` at ``dest`` (and its weights at ``data_path`` when they go external).
     ``serialized``: ``serialize(model)``, already made by the caller (only a model without lazy
     references has it), used when the model goes in one file."""
-    total = sum(len(t.raw_data) for t in iter_tensors(model.graph))
+    total = sum(raw_length(t) for t in iter_tensors(model.graph))
     total += sum(lazy_location(t)[2] for t in model.graph.initializer if is_lazy(t))
     use_external = external_data if external_data is not None else total > size_threshold
     if not use_external:
@@ -111,12 +111,11 @@ def _data_length(t: onnx.TensorProto) -> int | None:
     """Bytes the tensor's data takes as raw_data, without touching the data (None: not movable)."""
     if t.data_type == onnx.TensorProto.STRING or not t.dims and not t.HasField("raw_data"):
         return None
-    try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except Exception:
-        return len(t.raw_data) if t.HasField("raw_data") else None
-    if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
-        return len(t.raw_data) if t.HasField("raw_data") else None
+    if t.HasField("raw_data"):
+        return raw_length(t)
+    itemsize = fixed_itemsize(t.data_type)
+    if itemsize is None:
+        return None
     count = 1
     for d in t.dims:
         count *= d

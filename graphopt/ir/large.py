@@ -29,12 +29,51 @@ KEEP_INLINE_BYTES = 2**20
 _PLACEHOLDER = "graphopt-weights.placeholder"
 
 
+#: Data types whose raw_data is not (element count) x itemsize bytes: strings and the 4-bit packed types.
+_PACKED = {onnx.TensorProto.STRING, onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
+_FP4 = getattr(onnx.TensorProto, "FLOAT4E2M1", None)
+if _FP4 is not None:
+    _PACKED.add(_FP4)
+
+
+def fixed_itemsize(data_type: int) -> int | None:
+    """Bytes per element of a fixed-size ONNX data type; None for strings, 4-bit types and unknown ones."""
+    if data_type in _PACKED:
+        return None
+    try:
+        return int(onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize)
+    except Exception:  # noqa: BLE001 - a type this onnx cannot map: measure the bytes instead
+        return None
+
+
+def raw_length(t: onnx.TensorProto) -> int:
+    """``len(t.raw_data)`` without reading raw_data where the dims tell it: upb hands out a fresh copy
+    of a bytes field on every read (GPT-2 124M: 650 MB copied each time a size was asked, 0.2-1 s,
+    six times per optimize). For fixed-size types the length is the element count times the itemsize:
+    ``load_model`` refuses a tensor whose raw_data disagrees with its dims (``check_tensor``), and the
+    tensors graphopt makes come from ``numpy_helper``. Other types are measured."""
+    if not t.HasField("raw_data"):
+        return 0
+    size = fixed_itemsize(t.data_type)
+    if size is None:
+        return len(t.raw_data)
+    count = 1
+    for d in t.dims:
+        count *= d
+    return count * size
+
+
 def _data_bytes(t: onnx.TensorProto) -> int:
     """Bytes of data one tensor holds (raw, or 8 per typed value; an external reference counts 0).
     Not ``ByteSize()``: upb encodes a message to size it."""
     if t.HasField("raw_data"):
-        return len(t.raw_data)
+        return raw_length(t)
     return 8 * (len(t.float_data) + len(t.int32_data) + len(t.int64_data) + len(t.double_data) + len(t.uint64_data))
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of raw data the main graph's initializers hold (external references count 0)."""
+    return sum(raw_length(t) for t in model.graph.initializer)
 
 
 def tensor_bytes(model: onnx.ModelProto) -> int:
@@ -53,11 +92,11 @@ def size_bound(model: onnx.ModelProto) -> int:
     Raises ``EncodeError`` only when the structure alone is over protobuf's limit. A model with
     little weight data is sized exactly (encoding it costs less than copying its structure)."""
     inits = model.graph.initializer
-    if sum(len(t.raw_data) for t in inits) < WEIGHTLESS_ABOVE:
+    if initializer_bytes(model) < WEIGHTLESS_ABOVE:
         return model.ByteSize()
     total = without_initializers(model).ByteSize()
     for t in inits:
-        total += 64 + len(t.name) + len(t.doc_string) + 11 * len(t.dims) + len(t.raw_data)
+        total += 64 + len(t.name) + len(t.doc_string) + 11 * len(t.dims) + raw_length(t)
         total += 10 * (len(t.float_data) + len(t.int32_data) + len(t.int64_data) + len(t.double_data) + len(t.uint64_data))
         total += sum(len(v) + 6 for v in t.string_data)
         total += sum(len(e.key) + len(e.value) + 12 for e in t.external_data)
@@ -97,7 +136,7 @@ def small_bytes(model: onnx.ModelProto, limit: int | None = None) -> bytes | Non
     limit = LARGE_MODEL_BYTES if limit is None else limit
     if has_lazy(model):
         return None
-    if sum(len(t.raw_data) for t in model.graph.initializer) >= WEIGHTLESS_ABOVE:
+    if initializer_bytes(model) >= WEIGHTLESS_ABOVE:
         return None if is_large(model, limit) else model.SerializeToString(deterministic=True)
     try:  # size_bound is exact (ByteSize) on this branch: the encoding's length is that size
         data = model.SerializeToString(deterministic=True)
@@ -152,15 +191,25 @@ def weightless(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """(a copy of ``model`` whose top-level initializers reference a placeholder file instead of
     holding data, the placeholder's size). Built field by field: no weight is copied."""
     out = without_initializers(model)
-    g = out.graph
-    offset = 0
-    for t in model.graph.initializer:
+    stubs = WeightlessInitializers()
+    out.graph.initializer.extend(stubs(t) for t in model.graph.initializer)
+    return out, stubs.offset
+
+
+class WeightlessInitializers:
+    """``stub(t)``: ``t`` itself when it is small (shape constants feed data propagation), else a
+    reference into the placeholder file at the next offset (``offset``: the placeholder's size so far).
+    What ``weightless`` does to each initializer, for ``graphopt.ir.convert.to_model``'s
+    ``initializer_map`` too, so that the IR goes to a weightless model without copying a weight."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def __call__(self, t: onnx.TensorProto) -> onnx.TensorProto:
         if t.data_location == onnx.TensorProto.EXTERNAL or _data_bytes(t) >= KEEP_INLINE_BYTES:
-            stub, offset = _weightless_tensor(t, offset)
-            g.initializer.append(stub)
-        else:
-            g.initializer.append(t)
-    return out, offset
+            stub, self.offset = _weightless_tensor(t, self.offset)
+            return stub
+        return t
 
 
 def check_weightless(model: onnx.ModelProto, full: bool) -> None:

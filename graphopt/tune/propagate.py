@@ -44,7 +44,7 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
     from graphopt.passes import run_cleanup
 
     try:
-        model = _concrete_model(graph, dims, default, inputs)
+        model = _concrete_model(graph, dims, default, inputs, weightless=True)  # inference and _fold_breaks read no weight
         inits = {t.name for t in model.graph.initializer}
         inferred = infer(model)
         only = set(wanted) or None
@@ -66,13 +66,16 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
 
 
 def _concrete_model(graph, dims: Mapping[str, int], default: Callable[[str | None], int],
-                    inputs: Mapping[str, list[int]] | None) -> onnx.ModelProto:
+                    inputs: Mapping[str, list[int]] | None, weightless: bool = False) -> onnx.ModelProto:
     """``graph`` as a model with its function bodies, every graph input at concrete dims, no value_info
-    (symbolic entries would only be kept, not refined) and output shapes left to inference."""
+    (symbolic entries would only be kept, not refined) and output shapes left to inference.
+    ``weightless``: large weights as placeholders (``graphopt.ir.shapes.inference_model``), for a copy
+    that is only inferred, never evaluated."""
     from graphopt.ir import to_model
+    from graphopt.ir.shapes import inference_model
     from graphopt.ops import attach_functions
 
-    model = attach_functions(to_model(graph))
+    model = attach_functions(inference_model(graph) if weightless else to_model(graph))
     inits = {t.name for t in model.graph.initializer}
     for vi in model.graph.input:
         if vi.name in inits or not vi.type.HasField("tensor_type"):

@@ -121,11 +121,10 @@ def infer_missing_shapes(graph, nodes=None) -> int:
     if not missing or not hasattr(graph, "merge_value_info"):
         return 0
     try:
-        from graphopt.ir import to_model
-        from graphopt.ir.shapes import infer
+        from graphopt.ir.shapes import infer, inference_model
         from graphopt.ops import attach_functions
 
-        inferred = infer(attach_functions(to_model(graph))).graph  # (a big model: on its weightless copy)
+        inferred = infer(attach_functions(inference_model(graph))).graph  # (a big model: built weightless)
     except Exception:  # noqa: BLE001 - an aid, never a reason to fail
         return 0
     return int(graph.merge_value_info(inferred.value_info))
