@@ -39,7 +39,8 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
     constant subgraphs). With ``wanted``, only those tensors are looked up and returned. Without
     ``last_resort``, the cleanup passes are not run on the copy (what ``_fold_breaks`` leaves unknown
     stays so). Best effort: {} when inference fails."""
-    from graphopt.ir import from_model, refine_shapes, to_model
+    from graphopt.ir import from_model, refine_shapes
+    from graphopt.ir.shapes import inference_model
     from graphopt.ops import attach_functions
     from graphopt.passes import run_cleanup
 
@@ -58,7 +59,7 @@ def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | Non
             # fold what data propagation cannot follow; the passes that make a tensor read another
             # one's value instead (a wanted name would vanish) stay off
             run_cleanup(g, refine=True, max_rounds=16, disable=TENSOR_REMOVING_PASSES)
-            folded = attach_functions(to_model(g))
+            folded = attach_functions(inference_model(g))  # only inferred
             out = _static(infer(folded), only)
     except Exception:  # noqa: BLE001 - an aid, never a reason to fail
         return {}
