@@ -84,8 +84,8 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
-    from graphopt.kernels.attention import (attention_kernel_instances, softmax_configs, softmax_grid, softmax_instance,
-                                            softmax_reason)
+    from graphopt.kernels.attention import attention_kernel_instances
+    from graphopt.kernels.attention_cublas import softmax_configs, softmax_grid, softmax_instance, softmax_reason
     from graphopt.kernels.registry import signature_of
     from graphopt.kernels.norm import norm_kernel_instances
     from graphopt.kernels.source import VEC16, get_kernel, instance, prebuild

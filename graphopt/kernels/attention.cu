@@ -2,7 +2,7 @@
 //
 // Two lowerings share the masking code (mask_value_at):
 // - attn_softmax: the fused scale-free mask / causal / softmax / nan_to_zero kernel that runs in place
-//   on the scores between two cuBLAS batched GEMMs (graphopt/kernels/attention.py, ``cublas_softmax``).
+//   on the scores between two cuBLAS batched GEMMs (graphopt/kernels/attention_cublas.py, ``cublas_softmax``).
 //   One row per CTA of WARPS warps, VEC scores per load: pass 1 keeps a running (max, sum of exp)
 //   per thread (online softmax, ms_push), one block reduction combines them, pass 2 writes
 //   exp(x - max) / sum. attn_softmax_rows: the same for short rows, LANES lanes a row, many rows a CTA.
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(256) attn_softmax_rows(
 // cublas_softmax over [B, S, H, D] operands (qkv_bshd / y_bshd / qkv_packed): the pointer arrays of its
 // two cublasGemmBatchedEx calls, ptrs[k * Z + z] = base_k + off[k * Z + z] elements for k = Q, K, V, Y,
 // rewritten on the stream before each call (capturable; the bases may change between runs). The
-// offsets are computed once on the host (graphopt/kernels/attention.py, batch_offsets).
+// offsets are computed once on the host (graphopt/kernels/attention_cublas.py, batch_offsets).
 template <typename T>
 __global__ void attn_batch_ptrs(unsigned long long* __restrict__ ptrs, const long long* __restrict__ off, int Z,
                                 unsigned long long q, unsigned long long k, unsigned long long v, unsigned long long y)

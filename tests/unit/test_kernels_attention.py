@@ -10,11 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from graphopt.kernels.attention import (GRID_ROWS_MAX, SOFTMAX_LANES, SOFTMAX_LANES_MAX_LOADS,
-                                        CublasSoftmaxAttention, FlashAttention, attention_candidates,
-                                        attention_kernel_instances, attention_plan, batch_offsets,
-                                        flash_mma_smem_bytes, flash_smem_bytes, score_gemm, score_gemm_ptrs,
-                                        softmax_grid, softmax_reason, value_gemm, value_gemm_ptrs)
+from graphopt.kernels.attention import (FlashAttention, attention_candidates, attention_kernel_instances,
+                                        flash_mma_smem_bytes, flash_smem_bytes)
+from graphopt.kernels.attention_cublas import (GRID_ROWS_MAX, SOFTMAX_LANES, SOFTMAX_LANES_MAX_LOADS,
+                                               CublasSoftmaxAttention, batch_offsets, score_gemm, score_gemm_ptrs,
+                                               softmax_grid, softmax_reason, value_gemm, value_gemm_ptrs)
+from graphopt.kernels.attention_plan import _arrays, attention_plan
 from graphopt.errors import TuningError
 from graphopt.lowering.contract import Signature
 from graphopt.kernels.check import data_dtype, output_shape, random_inputs
@@ -242,7 +243,6 @@ def test_cublas_lowering_integers_against_the_reference(case):
 def test_qkv_bshd_plan_and_which_families_read_it():
     """qkv_bshd=1: the plan has the logical dims and bshd=1; flash and flash_mma read the layout
     (strides in the kernel), cublas_softmax says why not; the heuristic picks a kernel, not the fallback."""
-    from graphopt.kernels.attention import CublasSoftmaxAttention
     from graphopt.kernels.heuristic import heuristic_lowering
 
     sig = Signature.make("Attention", [(2, 128, 12, 64)] * 3 + [(2, 1, 128, 128)], ["float16"] * 4,
@@ -266,8 +266,6 @@ def test_qkv_bshd_plan_and_which_families_read_it():
 def test_qkv_packed_plan_flags_and_views():
     """qkv_packed=1: one [B, S, 3, H, D] input; the plan has the logical dims and layout bit 2; the kernels'
     K and V are views of it at H * D and 2 * H * D; cublas_softmax, flash and flash_mma apply."""
-    from graphopt.kernels.attention import _arrays
-
     sig = Signature.make("Attention", [(2, 128, 3, 12, 64), None, None], ["float16", "", ""],
                          {"qkv_bshd": 1, "qkv_packed": 1, "y_bshd": 1})
     p = attention_plan(sig)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphopt.kernels import attention, cbr_mma, gemm_act, geometry, mma_tiles
+from graphopt.kernels import attention, attention_cublas, attention_plan, cbr_mma, gemm_act, geometry, mma_tiles
 from graphopt.kernels.registry import signature_of
 
 DATA = Path(__file__).parent / "data" / "launch_args.json"
@@ -70,7 +70,7 @@ def _describe(value, names: dict[int, str]):
 def _record(cand, sig, inputs: dict[str, np.ndarray], monkeypatch) -> list:
     log: list = []
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
-    for mod in (mma_tiles, cbr_mma, gemm_act, attention):  # every module that compiles a kernel these candidates launch
+    for mod in (mma_tiles, cbr_mma, gemm_act, attention_plan, attention_cublas):  # every module that compiles a kernel these candidates launch
         monkeypatch.setattr(mod, "get_kernel", lambda src, expr, arch=None: _Kernel(log, expr))
     launch = cand.build(sig, "sm_90")
     launch = getattr(launch, "launch", launch)
