@@ -176,3 +176,18 @@ def test_activation_of_refuses_unknown_and_gate_activation():
     assert out == {"activation": "HardSigmoidMul", "act_alpha": pytest.approx(0.25), "act_beta": pytest.approx(0.4)}
     g, node = _act_node("Sigmoid")
     assert BUILDERS["gate_activation"].fn(g, node) == {"activation": "SiLU"}
+
+
+def test_half_precision():
+    """No shipped rule asks it since the attention layout rules apply in fp32 too; user rules may."""
+    from onnx import TensorProto
+
+    b = Builder()
+    h = b.input("h", [2, 3], TensorProto.FLOAT16)
+    bf = b.input("bf", [2, 3], TensorProto.BFLOAT16)
+    f = b.input("f", [2, 3])
+    for x in (h, bf, f):
+        b.output(b.op("Identity", [x]))
+    g = from_model(b.model())
+    assert C["half_precision"].fn(g, h) is None and C["half_precision"].fn(g, bf) is None
+    assert "is float, not float16/bfloat16" in C["half_precision"].fn(g, f)
