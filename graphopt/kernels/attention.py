@@ -36,7 +36,8 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels.attention_cublas import CublasSoftmaxAttention, softmax_configs, softmax_instance
-from graphopt.kernels.attention_plan import MASK_CODES, SUPPORTED_DTYPES, _AttentionKernels, _arrays, _mask_args, attention_plan
+from graphopt.kernels.attention_plan import (MASK_CODES, SUPPORTED_DTYPES, _AttentionKernels, _arrays, _mask_args,
+                                             attention_plan)
 from graphopt.kernels.source import SHARED_DEFAULT_BYTES, instance
 from graphopt.lowering.contract import Candidate, Signature
 

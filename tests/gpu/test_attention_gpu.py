@@ -270,7 +270,8 @@ def test_cublas_softmax_over_bshd_captures_and_follows_moved_inputs(dtype):
     launch = cand.build(sig, device_arch())
     dev = [cupy.asarray(a) for a in given]
     y = cupy.zeros((B, 37, H, 64), dtype=dtype)
-    ref = np.swapaxes(get_schema("Attention").reference([a.astype(np.float64) for a in ins], dict(sig.attrs) | {"qkv_bshd": 0, "y_bshd": 0})[0], 1, 2)
+    plain = dict(sig.attrs) | {"qkv_bshd": 0, "y_bshd": 0}  # the reference on the [B, H, S, D] inputs
+    ref = np.swapaxes(get_schema("Attention").reference([a.astype(np.float64) for a in ins], plain)[0], 1, 2)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         _capture_and_replay(launch, dev, y, stream)

@@ -70,7 +70,8 @@ def _describe(value, names: dict[int, str]):
 def _record(cand, sig, inputs: dict[str, np.ndarray], monkeypatch) -> list:
     log: list = []
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
-    for mod in (mma_tiles, cbr_mma, gemm_act, attention_plan, attention_cublas):  # every module that compiles a kernel these candidates launch
+    # every module that compiles a kernel these candidates launch
+    for mod in (mma_tiles, cbr_mma, gemm_act, attention_plan, attention_cublas):
         monkeypatch.setattr(mod, "get_kernel", lambda src, expr, arch=None: _Kernel(log, expr))
     launch = cand.build(sig, "sm_90")
     launch = getattr(launch, "launch", launch)
