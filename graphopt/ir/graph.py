@@ -98,7 +98,7 @@ class Graph:
             return True
         if self._topo_valid and dst._pos < src._pos:
             return False
-        return _networkx().has_path(self.nx, src.name, dst.name)
+        return traverse.reaches(self, src.name, dst.name)
 
     @property
     def root(self) -> "Graph":

@@ -1,6 +1,6 @@
 """Read-only walks over a ``Graph`` (its methods of the same names call these): the topological order
 from the producer/consumer indexes, the depth-first walk through subgraphs, op lookups across
-scopes, outer-scope references, and the ``networkx`` view for what networkx does best."""
+scopes, outer-scope references, reachability, and the ``networkx`` view for what networkx does best."""
 
 from __future__ import annotations
 
@@ -30,6 +30,48 @@ def dependency_graph(graph: Graph) -> nx.MultiDiGraph:
         (graph._producer[t], user, t) for t, users in graph._consumers.items() if t in graph._producer for user in users
     )
     return g
+
+
+def reaches(graph: Graph, src: str, dst: str) -> bool:
+    """Whether producer -> consumer edges (those of ``dependency_graph``: explicit inputs and the outer
+    tensors a node's subgraphs read) lead from node ``src`` to node ``dst``: a breadth-first search
+    from both ends that grows the smaller frontier, as networkx's ``has_path`` does, but over the IR's
+    own indexes. Why not networkx: ``Graph.nx`` had to be built for it (20k nodes of the GPT-2 export,
+    a MultiDiGraph with an edge per tensor use) only for the rewrite engine's cycle checks."""
+    if src == dst:
+        return True
+    nodes, consumers, producer, implicit = graph._nodes, graph._consumers, graph._producer, graph._implicit
+
+    def successors(name: str) -> Iterator[str]:
+        for t in nodes[name].outputs:
+            if t:
+                yield from consumers.get(t, ())
+
+    def predecessors(name: str) -> Iterator[str]:
+        for t in (*nodes[name].inputs, *implicit.get(name, ())):
+            p = producer.get(t) if t else None
+            if p is not None:
+                yield p
+
+    seen_fwd, seen_bwd = {src}, {dst}
+    front_fwd, front_bwd = [src], [dst]
+    while front_fwd and front_bwd:
+        forward = len(front_fwd) <= len(front_bwd)
+        front, seen, other, step = ((front_fwd, seen_fwd, seen_bwd, successors) if forward
+                                    else (front_bwd, seen_bwd, seen_fwd, predecessors))
+        grown: list[str] = []
+        for name in front:
+            for m in step(name):
+                if m in other:
+                    return True
+                if m not in seen:
+                    seen.add(m)
+                    grown.append(m)
+        if forward:
+            front_fwd = grown
+        else:
+            front_bwd = grown
+    return False
 
 
 def topological_order(graph: Graph) -> list[str] | None:

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphopt.ir import Graph, from_model, refine_shapes, to_model
+from graphopt.ir import Graph, from_model, refine_shapes, to_model, traverse
 from graphopt.ir.external import iter_graphs, iter_sparse, iter_tensors, scan_tensors
 from graphopt.ir.large import is_large, small_bytes, tensor_bytes
 from graphopt.ir.shapes import infer
@@ -41,6 +41,31 @@ def test_topological_order_is_networkx_lexicographical_sort_by_position(seed):
     pos = {name: node._pos for name, node in g._nodes.items()}
     expected = list(nx.lexicographical_topological_sort(g.nx, key=lambda n: pos[n]))
     assert g.topological_order() == expected
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_reachability_is_networkx_has_path(seed):
+    """``traverse.reaches`` (the rewrite engine's cycle checks) answers as ``networkx.has_path`` on the
+    dependency graph, for every pair of a random graph and after edges that go against the order."""
+    g = _random_graph(seed, n=40)
+    names = list(g._nodes)
+    for a in names:
+        for b in names:
+            assert traverse.reaches(g, a, b) == nx.has_path(g.nx, a, b), (a, b)
+
+
+def test_reachability_follows_the_outer_tensors_a_subgraph_reads():
+    inner = helper.make_graph([helper.make_node("Identity", ["a"], ["o"])], "then", [],
+                              [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1])])
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"], name="producer"),
+         helper.make_node("If", ["c"], ["y"], name="if", then_branch=inner, else_branch=inner)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+              helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]))
+    g = from_model(m)
+    assert traverse.reaches(g, "producer", "if") and not traverse.reaches(g, "if", "producer")
+    assert nx.has_path(g.nx, "producer", "if")
 
 
 def test_topological_order_is_none_on_a_cycle():
