@@ -273,7 +273,7 @@ def _attention(sig: Signature, cc: tuple[int, int] | None, providers: bool = Tru
     (``bench/transformer_kernels.py``, seq 128-4096, hd 64/128, causal or not): within 6% of torch SDPA,
     where ``flash_mma`` reaches 0.25-0.34x of it. Otherwise (and where cuDNN is missing at run time,
     ``providers=False``): short keys (< 512): the scores fit one softmax pass (``cublas_softmax``:
-    cuBLAS GEMMs around one fused softmax kernel); longer: the tensor-core flash kernel (``flash_mma``,
+    cuBLAS GEMMs around one fused softmax kernel, configured by ``_softmax_keys``); longer: the tensor-core flash kernel (``flash_mma``,
     two stages), else the CUDA-core ``flash``."""
     q = sig.input_shapes[0] if sig.input_shapes else None
     v = logical_qkv(sig.input_shapes[2], sig) if len(sig.input_shapes) > 2 else None
@@ -284,7 +284,7 @@ def _attention(sig: Signature, cc: tuple[int, int] | None, providers: bool = Tru
         measured = skv >= ATTN_CUDNN_MIN_KEYS and q[-1] in ATTN_CUDNN_HEAD_DIMS
         if sdpa_reason(sig) is None and (measured or sig.dtypes[0] == "bfloat16"):
             return ATTN_CUDNN, "", f"half-precision attention over {skv} keys: cuDNN's fused SDPA, its heuristic's plan"
-    soft = [f"cublas_softmax:warps={w}" for w in (4, 8, 2, 1)]
+    soft = _softmax_keys(sig)
     flash_mma = [f"flash_mma:hd={hd},bn={bn},stages=2" for hd in (16, 32, 64, 128) for bn in (64, 128)]
     flash = [f"flash:dmax={d},bm={bm},warps={w}" for d in (32, 64, 128) for bm, w in ((64, 4), (32, 4), (16, 4))]
     order = soft + flash_mma + flash if skv < 512 else flash_mma + soft + flash
@@ -293,6 +293,38 @@ def _attention(sig: Signature, cc: tuple[int, int] | None, providers: bool = Tru
         return DEFAULT_LOWERING, "", "no attention kernel takes this shape or dtype: the runtime's device fallback"
     name, _, params = key.partition(":")
     return name, params, f"attention over {skv} keys: {name}"
+
+
+#: CTAs that keep every SM of an H100 / H200 (132) busy twice over: what the short-row softmax's
+#: lanes a row are chosen to reach.
+SOFTMAX_FILL_CTAS = 2 * 132
+
+
+def _softmax_keys(sig: Signature) -> list[str]:
+    """``cublas_softmax`` configurations in the order the heuristic tries them (the first that applies
+    wins): short-row groups of lanes with 16-byte loads, the fewest lanes a row whose grid still fills
+    the GPU (``SOFTMAX_FILL_CTAS``) first; then a CTA a row; the same without 16-byte loads. Measured on
+    the H100 (2026-12-06, BERT-base fp32 at 128 keys, the tuning cache of bench/results/
+    e2e_h100_bert_fp32_e7bf785_log.txt's call): at bs32 (49,152 rows) ``lanes=8,vec=4`` took 94.6 us
+    against 215.9 for ``warps=4``, the first choice before; at bs1 (1,536 rows) ``lanes=32,vec=4`` 15.9
+    against 18.8. The fp16 memory table agrees (``lanes=8,vec=8`` for BERT-base's bs32 scores)."""
+    from graphopt.errors import TuningError
+    from graphopt.kernels.attention_cublas import SOFTMAX_LANES
+    from graphopt.kernels.source import VEC16
+    from graphopt.ops.attention import operands
+
+    try:
+        q, _, _, _, dtypes = operands(sig, "heuristic", bshd_ok=True)
+        rows, vec = math.prod(q[:-1]), VEC16.get(dtypes[0], 1)
+    except TuningError:
+        rows, vec = 0, 1
+    first = next((n for n in SOFTMAX_LANES if rows * n >= 256 * SOFTMAX_FILL_CTAS), SOFTMAX_LANES[-1])
+    lanes = sorted(SOFTMAX_LANES, key=lambda n: (n < first, n if n >= first else -n))  # first, wider, then narrower
+    vecs = [f",vec={vec}"] if vec > 1 else []
+    keys = [f"cublas_softmax:lanes={n}{v}" for v in vecs for n in lanes]
+    keys += [f"cublas_softmax:warps={w}{v}" for v in vecs for w in (1, 2, 4, 8)]
+    keys += [f"cublas_softmax:lanes={n}" for n in lanes]
+    return keys + [f"cublas_softmax:warps={w}" for w in (4, 8, 2, 1)]
 
 
 def _first_or_default(sig: Signature, cc, keys, why: str) -> tuple[str, str, str]:

@@ -101,6 +101,15 @@ def test_norm_and_attention_rules_name_applicable_kernels():
     assert heuristic_lowering("Attention", short, (9, 0))[0] == "cublas_softmax"  # not measured below 128 keys
     f32 = Signature.make("Attention", [(2, 12, 128, 64)] * 3 + [None], ["float32"] * 3 + [""], {})
     assert heuristic_lowering("Attention", f32, (9, 0))[0] != "cudnn"
+    # the short-row softmax, its lanes a row sized to fill the GPU (the H100's BERT-base fp32 choices)
+    bert32 = Signature.make("Attention", [(32, 128, 3, 12, 64), None, None], ["float32", "", ""],
+                            {"qkv_bshd": 1, "qkv_packed": 1})
+    bert1 = Signature.make("Attention", [(1, 128, 3, 12, 64), None, None], ["float32", "", ""],
+                           {"qkv_bshd": 1, "qkv_packed": 1})
+    assert heuristic_lowering("Attention", bert32, (9, 0))[:2] == ("cublas_softmax", "lanes=8,vec=4")
+    assert heuristic_lowering("Attention", bert1, (9, 0))[:2] == ("cublas_softmax", "lanes=32,vec=4")
+    odd = Signature.make("Attention", [(2, 3, 5, 16), (2, 3, 7, 16), (2, 3, 7, 16)], ["float32"] * 3, {})
+    assert heuristic_lowering("Attention", odd, (9, 0))[:2] == ("cublas_softmax", "lanes=8")  # 7 keys: no 16-byte loads
     bf16 = Signature.make("Attention", [(2, 12, 7, 40)] * 3 + [None], ["bfloat16"] * 3 + [""], {})
     assert heuristic_lowering("Attention", bf16, (9, 0))[0] == "cudnn"  # no own bf16 kernel
     # norms keep the own rows kernel (it beats torch); cuDNN's norm only competes when profiled
