@@ -8,6 +8,7 @@ file (a lazy reference, ``graphopt.ir.external``) is copied from there chunk by 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import onnx
@@ -114,12 +115,7 @@ def _data_length(t: onnx.TensorProto) -> int | None:
     if t.HasField("raw_data"):
         return raw_length(t)
     itemsize = fixed_itemsize(t.data_type)
-    if itemsize is None:
-        return None
-    count = 1
-    for d in t.dims:
-        count *= d
-    return count * itemsize
+    return None if itemsize is None else math.prod(t.dims) * itemsize
 
 
 def _raw_bytes(t: onnx.TensorProto) -> bytes:

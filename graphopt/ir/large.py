@@ -9,6 +9,7 @@ exist as a regular file), and inference and checks run on that. Nothing here cop
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -55,12 +56,7 @@ def raw_length(t: onnx.TensorProto) -> int:
     if not t.HasField("raw_data"):
         return 0
     size = fixed_itemsize(t.data_type)
-    if size is None:
-        return len(t.raw_data)
-    count = 1
-    for d in t.dims:
-        count *= d
-    return count * size
+    return len(t.raw_data) if size is None else math.prod(t.dims) * size
 
 
 def _data_bytes(t: onnx.TensorProto) -> int:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from graphopt.errors import TuningError
-from graphopt.kernels.attention_cublas import CublasSoftmaxAttention, softmax_configs, softmax_instance
+from graphopt.kernels.attention_cublas import CublasSoftmaxAttention, batch_ptrs_instance, softmax_configs, softmax_instance
 from graphopt.kernels.attention_plan import (MASK_CODES, SUPPORTED_DTYPES, _AttentionKernels, _arrays, _mask_args,
                                              attention_plan)
 from graphopt.kernels.source import SHARED_DEFAULT_BYTES, instance
@@ -113,7 +113,7 @@ def attention_candidates() -> list[Candidate]:
 
 def attention_kernel_instances() -> list[tuple[str, str]]:
     """Every (source, instance) a candidate can compile: both dtypes, every mask kind."""
-    out = [("attention.cu", instance("attn_batch_ptrs", dt)) for dt in SUPPORTED_DTYPES]
+    out = [("attention.cu", batch_ptrs_instance(dt)) for dt in SUPPORTED_DTYPES]
     for dt in SUPPORTED_DTYPES:
         for mask in MASK_CODES.values():
             for c in softmax_configs(dt):

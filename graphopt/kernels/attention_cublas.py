@@ -28,13 +28,13 @@ GRID_ROWS_MAX = 132 * 64  # softmax CTAs; rows beyond this loop inside the kerne
 
 
 def score_gemm(p: AttnPlan) -> dict:
-    """``blas.gemm`` arguments of ``S[z] = scale * Q[z] . K^T[z]`` ([Sq][Skv] per (b, h))."""
+    """``blas.bound_gemm`` arguments of ``S[z] = scale * Q[z] . K^T[z]`` ([Sq][Skv] per (b, h))."""
     return dict(M=p.Sq, N=p.Skv, K=p.D, trans_b=not p.kt, batch=p.Z, stride_a=p.Sq * p.D, stride_b=p.Skv * p.D,
                 stride_c=p.Sq * p.Skv, alpha=p.scale)
 
 
 def value_gemm(p: AttnPlan) -> dict:
-    """``blas.gemm`` arguments of ``Y[z] = P[z] . V[z]``."""
+    """``blas.bound_gemm`` arguments of ``Y[z] = P[z] . V[z]``."""
     return dict(M=p.Sq, N=p.Dv, K=p.Skv, batch=p.Z, stride_a=p.Sq * p.Skv, stride_b=p.Skv * p.Dv,
                 stride_c=p.Sq * p.Dv)
 
@@ -58,6 +58,11 @@ def batch_offsets(p: AttnPlan) -> np.ndarray:
         q, k, v = z * p.Sq * p.D, z * p.Skv * p.D, z * p.Skv * p.Dv
     y = b * p.Sq * ry + h * p.Dv if p.ybshd else z * p.Sq * p.Dv
     return np.stack([q, k, v, y])
+
+
+def batch_ptrs_instance(dtype: str) -> str:
+    """The kernel that writes the pointer arrays (``attn_batch_ptrs`` in attention.cu)."""
+    return instance("attn_batch_ptrs", dtype)
 
 
 def score_gemm_ptrs(p: AttnPlan) -> dict:
@@ -147,7 +152,7 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         p = attention_plan(sig)
-        extra = [("attention.cu", instance("attn_batch_ptrs", p.dtype))] if p.layout_flags else []
+        extra = [("attention.cu", batch_ptrs_instance(p.dtype))] if p.layout_flags else []
         return [("attention.cu", self._instance(sig))] + extra
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
@@ -163,14 +168,15 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
             kern(grid, block, (scores, np.int64(rows), np.int32(p.Sq), np.int32(p.Skv), np.int32(p.H))
                  + _mask_args(p, M) + (np.int32(p.nan_to_zero),))
 
-        if not p.layout_flags:
-            s_gemm, y_gemm = score_gemm(p), value_gemm(p)
+        if not p.layout_flags:  # the GEMMs bound once (_arrays checks each launch's dtypes and sizes)
+            s_gemm = blas.bound_gemm(p.dtype, **score_gemm(p))
+            y_gemm = blas.bound_gemm(p.dtype, **value_gemm(p))
 
             def launch(inputs, outputs):
                 Q, K, V, M, Y = _arrays(p, inputs, outputs, self.key())
-                blas.gemm(Q, K, scores, **s_gemm)
+                s_gemm(Q, K, scores)
                 softmax(M)
-                blas.gemm(scores, V, Y, **y_gemm)
+                y_gemm(scores, V, Y)
 
             return launch
 
@@ -181,7 +187,7 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
         offsets = cupy.asarray(batch_offsets(p).reshape(-1))
         ptrs = cupy.empty(4 * p.Z, dtype=cupy.uint64)  # Q, K, V, Y pointers, Z each
         s_ptrs = cupy.asarray(scores.data.ptr + np.arange(p.Z, dtype=np.uint64) * np.uint64(p.Sq * p.Skv * scores.itemsize))
-        fill = get_kernel("attention.cu", instance("attn_batch_ptrs", p.dtype))
+        fill = get_kernel("attention.cu", batch_ptrs_instance(p.dtype))
         fill_grid = (-(-4 * p.Z // 256),)
         at = [ptrs.data.ptr + i * p.Z * 8 for i in range(4)]  # the device addresses of the four arrays
         u64 = np.uint64

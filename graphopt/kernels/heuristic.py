@@ -273,8 +273,8 @@ def _attention(sig: Signature, cc: tuple[int, int] | None, providers: bool = Tru
     (``bench/transformer_kernels.py``, seq 128-4096, hd 64/128, causal or not): within 6% of torch SDPA,
     where ``flash_mma`` reaches 0.25-0.34x of it. Otherwise (and where cuDNN is missing at run time,
     ``providers=False``): short keys (< 512): the scores fit one softmax pass (``cublas_softmax``:
-    cuBLAS GEMMs around one fused softmax kernel, configured by ``_softmax_keys``); longer: the tensor-core flash kernel (``flash_mma``,
-    two stages), else the CUDA-core ``flash``."""
+    cuBLAS GEMMs around one fused softmax kernel, configured by ``_softmax_keys``); longer: the
+    tensor-core flash kernel (``flash_mma``, two stages), else the CUDA-core ``flash``."""
     q = sig.input_shapes[0] if sig.input_shapes else None
     v = logical_qkv(sig.input_shapes[2], sig) if len(sig.input_shapes) > 2 else None
     skv = v[-2] if v is not None and len(v) >= 2 else 0
