@@ -31,6 +31,7 @@ import argparse
 import datetime as dt
 import io
 import json
+import lzma
 import os
 import platform
 import signal
@@ -289,8 +290,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep_cache:
                 rec["kept_cache"] = keep_cache(work / "tuning", Path(args.keep_cache))
             if out is not None and (work / "cold.json").exists():  # every candidate's result, for the notes
+                # xz-compressed (2-5 MB of JSON a model, a tenth of that packed: the working tree the device
+                # call sends is limited to 64 MiB), named by the GPU like every result
                 out.parent.mkdir(parents=True, exist_ok=True)
-                (out.parent / f"cache_speed_{name}_cold_report.json").write_bytes((work / "cold.json").read_bytes())
+                (out.parent / f"cache_speed_{args.gpu}_{name}_cold_report.json.xz").write_bytes(
+                    lzma.compress((work / "cold.json").read_bytes()))
             if not result.get("model"):
                 result.update({"model": name, "cold_s": rec.get("cold_s"), "warm_s": rec.get("warm_s")})
             ok = ok and rec.get("cold_exit") == 0 and rec.get("warm_exit") == 0 and (
