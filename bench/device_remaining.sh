@@ -2,12 +2,12 @@
 # The device calls the open issues still need on the H200 (bench/NOTES_e2e.md, 2026-12-06 afternoon),
 # one per run-tool call (each within its 600 s limit), in priority order:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..5; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..6; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..5)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..6)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -31,5 +31,12 @@ case "$N" in
     TESTS="tests/gpu/test_[n-z]*.py" bash bench/device_calls.sh "$OUT/b" gpu-tests:560 ;;
   5)  # issue 20: the CBR layer table again (stems, depthwise_nhwc), continuing from the committed rows
     bash bench/device_calls.sh "$OUT" cbr:560 ;;
-  *) echo "device_remaining.sh: N must be 0..5" >&2; exit 2 ;;
+  6)  # the cublasGemmBatchedEx signature fix (a segfault on BERT fp32 bs32): the runtime-path tests whole (one
+      # failed in call 4's cut run), the [B, S, H, D] attention tests, the BERT fp32 bs32 row, the runtime tests
+    GRAPHOPT_GPU_NO_PREBUILD=1 TESTS="tests/gpu/test_runtime_compiled_gpu.py" bash bench/device_calls.sh "$OUT/r" gpu-tests:120
+    GRAPHOPT_GPU_NO_PREBUILD=1 TESTS="tests/gpu/test_attention_gpu.py" PYTEST_ARGS="-k bshd" bash bench/device_calls.sh "$OUT/a" gpu-tests:60
+    PYTHONFAULTHANDLER=1 MODELS=bert DTYPES=fp32 E2E_ARGS="--rows bert:32:fp32 --measure-reserve 45" \
+      bash bench/device_calls.sh "$OUT/e" e2e-cnn:110
+    GRAPHOPT_GPU_NO_PREBUILD=1 TESTS="tests/gpu/test_runtime_gpu.py tests/gpu/test_t*.py" bash bench/device_calls.sh "$OUT/g" gpu-tests:100 ;;
+  *) echo "device_remaining.sh: N must be 0..6" >&2; exit 2 ;;
 esac

@@ -33,6 +33,23 @@ _GEMM_DEFAULT = -1
 _WORKSPACE_BYTES = 32 << 20
 
 _lock = threading.Lock()
+# The argument types of every libcublas function this module calls, declared before the first call:
+# ctypes passes an undeclared Python int as a 32-bit C int, silently dropping the upper half of a host
+# pointer (cublasGemmBatchedEx went undeclared until 2026-12-06: alpha's address truncated, a segfault in
+# libcublas on BERT fp32 once the heap had grown, or a wrong scale read from whatever lay there).
+_P, _I, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+SIGNATURES: dict[str, list] = {
+    "cublasCreate_v2": [ctypes.POINTER(ctypes.c_void_p)],
+    "cublasSetStream_v2": [_P, _P],
+    "cublasSetWorkspace_v2": [_P, _P, ctypes.c_size_t],
+    # handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb, strideB, beta,
+    # C, Ctype, ldc, strideC, batchCount, computeType, algo
+    "cublasGemmStridedBatchedEx": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _I64, _P, _I, _I, _I64,
+                                   _P, _P, _I, _I, _I64, _I, _I, _I],
+    # handle, transa, transb, m, n, k, alpha, Aarray, Atype, lda, Barray, Btype, ldb, beta,
+    # Carray, Ctype, ldc, batchCount, computeType, algo
+    "cublasGemmBatchedEx": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _I, _I],
+}
 _lib = None
 _handles: dict[int, tuple[ctypes.c_void_p, object]] = {}
 
@@ -72,7 +89,9 @@ def library():
         for name in _candidates():
             try:
                 lib = ctypes.CDLL(name)
-                lib.cublasGemmStridedBatchedEx  # noqa: B018 (the symbol must exist)
+                for fn, args in SIGNATURES.items():  # every function called, declared before any call
+                    getattr(lib, fn).argtypes = args  # (an AttributeError: a symbol missing)
+                    getattr(lib, fn).restype = ctypes.c_int
                 _lib = lib
                 break
             except (OSError, AttributeError) as exc:
@@ -80,15 +99,6 @@ def library():
         if _lib is None:
             raise TuningError("cuBLAS library not found (install the nvidia-cublas pip package or set CUDA_PATH): "
                               + "; ".join(errors[:3]))
-        _lib.cublasCreate_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        _lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        _lib.cublasSetWorkspace_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-        _lib.cublasGemmStridedBatchedEx.argtypes = [
-            ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-            ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-            ctypes.c_int, ctypes.c_int, ctypes.c_int]
     return _lib
 
 

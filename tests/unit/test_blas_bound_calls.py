@@ -80,3 +80,49 @@ def test_a_failing_status_names_the_call(lib):
         blas.bound_gemm_batched("float16", 2, 2, 2, lda=2, ldb=2, ldc=2, batch=1)(1, 2, 3)
     with pytest.raises(TuningError, match="cublasGemmStridedBatchedEx failed with status 13"):
         blas.bound_gemm("float16", 2, 2, 2)(*(SimpleNamespace(data=SimpleNamespace(ptr=8)),) * 3)
+
+
+def test_every_cublas_function_called_has_a_declared_signature():
+    """ctypes hands an undeclared Python int to C as a 32-bit int: a host pointer (alpha, beta) loses its
+    upper half. Every ``lib.cublas*`` the module calls is in SIGNATURES, its pointers pointer-sized."""
+    import inspect
+    import re
+
+    called = set(re.findall(r"\.(cublas[A-Za-z_0-9]+)\b", inspect.getsource(blas)))  # lib.cublas...
+    assert {"cublasGemmBatchedEx", "cublasGemmStridedBatchedEx"} <= called
+    assert called <= set(blas.SIGNATURES), sorted(called - set(blas.SIGNATURES))
+    for name in ("cublasGemmStridedBatchedEx", "cublasGemmBatchedEx"):
+        args = blas.SIGNATURES[name]
+        pointers = [6, 7, 11, 15, 16] if "Strided" in name else [6, 7, 10, 13, 14]  # alpha, A, B, beta, C
+        assert all(args[i] is ctypes.c_void_p for i in [0] + pointers), name
+        assert len(args) == (23 if "Strided" in name else 20), name
+
+
+def test_the_library_declares_every_signature_before_handing_it_out(monkeypatch):
+    """library() declares argtypes and restype of every function in SIGNATURES on the loaded library."""
+    declared: dict = {}
+
+    class _Fn:
+        def __init__(self, name):
+            self.name = name
+
+        def __setattr__(self, key, value):
+            if key in ("argtypes", "restype"):
+                declared.setdefault(self.__dict__["name"], {})[key] = value
+            object.__setattr__(self, key, value)
+
+    class _Dll:
+        def __init__(self, name):
+            self.fns = {}
+
+        def __getattr__(self, fn):
+            if not fn.startswith("cublas"):
+                raise AttributeError(fn)
+            return self.fns.setdefault(fn, _Fn(fn))
+
+    monkeypatch.setattr(blas, "_lib", None)
+    monkeypatch.setattr(blas.ctypes, "CDLL", _Dll)
+    lib = blas.library()
+    assert isinstance(lib, _Dll)
+    assert set(declared) == set(blas.SIGNATURES)
+    assert all(d["argtypes"] == blas.SIGNATURES[n] and d["restype"] is ctypes.c_int for n, d in declared.items())
