@@ -142,11 +142,9 @@ __global__ void __launch_bounds__(WARPS * 32) attn_softmax(
 // shuffles inside each aligned group of LANES lanes (no shared memory, no barrier). attn_softmax gives
 // a row a whole CTA, so a row of 128 scores ran one warp's latency chain per CTA: 48 us for BERT-base's
 // 25 MB of bs32 scores on the H100, 0.17 of copy bandwidth (bench/results/transformer_kernels_h100.md).
-// A lane's at most LOADS vectors stay in registers between the passes (the host guarantees
-// Skv / VEC <= LANES * LOADS), so each score is read once; the row's (b, h, i) use 32-bit division
-// where the row count allows. Every lane of a warp runs the same trips (a group past the last row
-// loads and stores nothing but joins the shuffles), so the full-mask shuffles are defined.
-template <typename T, int LANES, int MASK, int VEC, int LOADS>
+// Every lane of a warp runs the same trips (a group past the last row loads and stores nothing but
+// joins the shuffles), so the full-mask shuffles are defined.
+template <typename T, int LANES, int MASK, int VEC>
 __global__ void __launch_bounds__(256) attn_softmax_rows(
     T* __restrict__ P, long long rows, int Sq, int Skv, int H, ATTN_MASK_ARGS, int nan_to_zero)
 {
@@ -156,33 +154,24 @@ __global__ void __launch_bounds__(256) attn_softmax_rows(
     const int lane = threadIdx.x % LANES;
     const long long per_cta = 256 / LANES;
     const long long warp_row0 = (threadIdx.x & ~31) / LANES;  // the first row of this warp's groups within the CTA
-    const bool small = rows <= 0x7fffffffLL;
     for (long long base = (long long)blockIdx.x * per_cta; base < rows; base += (long long)gridDim.x * per_cta) {
         if (base + warp_row0 >= rows) continue;  // the whole warp is past the end (warp-uniform)
         const long long row = base + threadIdx.x / LANES;
         const bool live = row < rows;
         int i = 0, h = 0, b = 0;
-        if (live && (MASK != 0 || mask.causal)) {  // only masks and causal read (b, h, i)
-            if (small) {
-                const int r = (int)row, z = r / Sq;
-                i = r - z * Sq; h = z % H; b = z / H;
-            } else {
-                i = (int)(row % Sq);
-                const long long z = row / Sq;
-                h = (int)(z % H); b = (int)(z / H);
-            }
+        if (live) {
+            i = (int)(row % Sq);
+            const long long z = row / Sq;
+            h = (int)(z % H); b = (int)(z / H);
         }
         V* pr = reinterpret_cast<V*>(P + (live ? row : 0) * Skv);
-        V buf[LOADS];
         float m = ATTN_NEG_INF, s = 0.0f;
-#pragma unroll
-        for (int t = 0; t < LOADS; ++t) {
-            const int jv = lane + t * LANES;
-            if (live && jv < nv) {
-                buf[t] = pr[jv];
+        if (live) {
+            for (int jv = lane; jv < nv; jv += LANES) {
+                const V a = pr[jv];
 #pragma unroll
                 for (int k = 0; k < VEC; ++k)
-                    ms_push(m, s, masked_score<T, MASK>(Num<T>::to_f(buf[t].v[k]), mask, b, h, i, jv * VEC + k));
+                    ms_push(m, s, masked_score<T, MASK>(Num<T>::to_f(a.v[k]), mask, b, h, i, jv * VEC + k));
             }
         }
 #pragma unroll
@@ -193,17 +182,13 @@ __global__ void __launch_bounds__(256) attn_softmax_rows(
         if (!live) continue;
         const bool empty = m == ATTN_NEG_INF;
         const float inv = 1.0f / s;
+        for (int jv = lane; jv < nv; jv += LANES) {  // the row re-read (on the H100 a version holding a
+            const V a = pr[jv];                        // lane's loads in registers was slower: NOTES_kernels)
+            V o;
 #pragma unroll
-        for (int t = 0; t < LOADS; ++t) {
-            const int jv = lane + t * LANES;
-            if (jv < nv) {
-                V o;
-#pragma unroll
-                for (int k = 0; k < VEC; ++k)
-                    o.v[k] = Num<T>::from_f(softmax_prob<T, MASK>(buf[t].v[k], mask, b, h, i, jv * VEC + k, m, inv, empty,
-                                                                  nan_to_zero));
-                pr[jv] = o;
-            }
+            for (int k = 0; k < VEC; ++k)
+                o.v[k] = Num<T>::from_f(softmax_prob<T, MASK>(a.v[k], mask, b, h, i, jv * VEC + k, m, inv, empty, nan_to_zero));
+            pr[jv] = o;
         }
     }
 }

@@ -23,7 +23,7 @@ from graphopt.lowering.contract import Candidate, Signature
 
 SOFTMAX_WARPS = (1, 2, 4, 8)
 SOFTMAX_LANES = (8, 16, 32)  # attn_softmax_rows: lanes a row (256 / lanes rows a CTA)
-SOFTMAX_LANES_MAX_LOADS = 8  # loads a lane (held in registers) beyond which a short-row configuration does not apply
+SOFTMAX_LANES_MAX_LOADS = 8  # loads a lane beyond which a short-row configuration does not apply
 GRID_ROWS_MAX = 132 * 64  # softmax CTAs; rows beyond this loop inside the kernel
 
 
@@ -111,8 +111,8 @@ def softmax_reason(params: dict, dtype: str, skv: int) -> str | None:
 
 def softmax_instance(dtype: str, mask: int, params: dict) -> str:
     vec = int(params.get("vec", 1))
-    if "lanes" in params:  # the kernel keeps a lane's loads in registers: at most SOFTMAX_LANES_MAX_LOADS
-        return instance("attn_softmax_rows", dtype, int(params["lanes"]), mask, vec, SOFTMAX_LANES_MAX_LOADS)
+    if "lanes" in params:
+        return instance("attn_softmax_rows", dtype, int(params["lanes"]), mask, vec)
     return instance("attn_softmax", dtype, int(params["warps"]), mask, vec)
 
 

@@ -138,9 +138,9 @@ def test_keys_round_trip_and_instances_are_registered():
 @pytest.mark.parametrize("lanes", SOFTMAX_LANES)
 @pytest.mark.parametrize("rows,nv", [(1, 3), (7, 16), (33, 1), (1000, 9), (GRID_ROWS_MAX * 32 + 5, 2)])
 def test_short_row_softmax_visits_every_score_once(lanes, rows, nv):
-    """attn_softmax_rows' loops run on the CPU: every (row, load) is taken by exactly one thread (a lane's
-    loads in its SOFTMAX_LANES_MAX_LOADS register slots, which the configuration's reason guarantees
-    suffice), and the warps that skip a trip are exactly those whose groups are all past the last row."""
+    """attn_softmax_rows' loops run on the CPU: every (row, load) is taken by exactly one thread, and the
+    warps that skip a trip are exactly those whose groups are all past the last row (warp-uniform); a row
+    longer than SOFTMAX_LANES_MAX_LOADS loads a lane goes to the CTA-a-row kernel."""
     assert softmax_reason({"lanes": lanes}, "float32", lanes * SOFTMAX_LANES_MAX_LOADS + 1) is not None
     grid, block = softmax_grid(rows, {"lanes": lanes})
     assert block == (256,) and 1 <= grid[0] <= GRID_ROWS_MAX
@@ -157,10 +157,8 @@ def test_short_row_softmax_visits_every_score_once(lanes, rows, nv):
             live = active & (row < rows)
             for jv0 in range(lanes):
                 sel = live & (lane == jv0)
-                for t in range(SOFTMAX_LANES_MAX_LOADS):  # the kernel's register slots
-                    jv = jv0 + t * lanes
-                    if jv < nv:
-                        np.add.at(seen, (row[sel], jv), 1)
+                for jv in range(jv0, nv, lanes):
+                    np.add.at(seen, (row[sel], jv), 1)
     assert (seen == 1).all()
 
 
