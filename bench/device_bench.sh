@@ -65,7 +65,7 @@ if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.device_bench_installed ]; 
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 \
     && touch /tmp/site/.device_bench_installed || echo "device_bench: wheel install failed"
 fi
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # a crash in a library prints the Python stack (2026-12-06: a libcublas segfault said nothing else)
 # every step re-packs the kernel cache (so that a cut call still returns it): on 2026-12-05 a step with
 # 10 s of tests took 99 s, and xz at its default level on ~100 MB of cubins is the likeliest part of
 # that overhead (not timed separately); threaded level 1 instead

@@ -2,21 +2,23 @@
 # The device calls the open issues still need on the H200 (bench/NOTES_e2e.md, 2026-12-06 afternoon),
 # one per run-tool call (each within its 600 s limit), in priority order:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..6; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..5; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..6)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..5)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
-  0)  # the 2026-12-06 changes no GPU ran yet: their GPU tests, the memory-bound table (register-held short-row
-      # softmax, the bias+GELU epilogue), cold/warm tuning after the big-model work
-    TESTS="tests/gpu/test_attention_gpu.py tests/gpu/test_gemm_act_gpu.py tests/gpu/test_provider_cublaslt.py tests/gpu/test_blas_capture.py" \
+  0)  # the change no GPU ran yet (attn_softmax_held, the cublas_softmax:lanes=,vec=,loads= candidates): its GPU
+      # tests (the held rows, fully masked rows, [B, S, H, D]), then the memory table (softmax rows) and
+      # the BERT fp32 bs32 row whose attention takes it
+    T=tests/gpu/test_attention_gpu.py  # node ids: device_bench.sh word-splits TESTS (a -k expression would break)
+    TESTS="$T::test_held_softmax $T::test_fully_masked_rows $T::test_attention_candidate_reads_bshd" \
       bash bench/device_calls.sh "$OUT/t" gpu-tests:150
-    TRANSFORMER_ARGS="--tables memory --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:190
-    CACHE_LIMIT=150 bash bench/device_calls.sh "$OUT/k" cache:200 ;;
+    TRANSFORMER_ARGS="--tables memory --dtypes float16,float32" bash bench/device_calls.sh "$OUT/m" transformer:230
+    MODELS=bert DTYPES=fp32 E2E_ARGS="--rows bert:32:fp32 --measure-reserve 45" bash bench/device_calls.sh "$OUT/e" e2e-cnn:180 ;;
   1)  # issue 15: MobileNetV2 bs1's torch.compile peer and the fp32 rows (ResNet-50, BERT at bs1 and bs32)
     MODELS=mobilenetv2,resnet50,bert DTYPES=fp16,fp32 \
     E2E_ARGS="--rows mobilenetv2:1,resnet50:1:fp32,resnet50:32:fp32,bert:1:fp32,bert:32:fp32 --measure-reserve 45" \
@@ -31,11 +33,5 @@ case "$N" in
     TESTS="tests/gpu/test_[n-z]*.py" bash bench/device_calls.sh "$OUT/b" gpu-tests:560 ;;
   5)  # issue 20: the CBR layer table again (stems, depthwise_nhwc), continuing from the committed rows
     bash bench/device_calls.sh "$OUT" cbr:560 ;;
-  6)  # the cublasGemmBatchedEx signature fix (a segfault on BERT fp32 bs32) and the short-row softmax back to its
-      # two-pass form: the runtime-path tests (one failed in call 5's cut run) and the attention tests whole,
-      # then the BERT fp32 bs32 row (the pointer-array GEMMs that crashed)
-    TESTS="tests/gpu/test_runtime_compiled_gpu.py tests/gpu/test_attention_gpu.py" bash bench/device_calls.sh "$OUT/r" gpu-tests:170
-    PYTHONFAULTHANDLER=1 MODELS=bert DTYPES=fp32 E2E_ARGS="--rows bert:32:fp32 --measure-reserve 45" \
-      bash bench/device_calls.sh "$OUT/e" e2e-cnn:110 ;;
-  *) echo "device_remaining.sh: N must be 0..6" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..5" >&2; exit 2 ;;
 esac

@@ -134,6 +134,35 @@ def test_vector_softmax(name, kind, mshape, attrs, dtype, cand):
     _compare(cand.key(), got, again, ref, dtype)
 
 
+HELD_KEYS = {"float16": (64, 128, 512, 2048), "float32": (32, 128, 1024)}  # lanes x loads x 16-byte vectors
+
+
+def _held_softmax_cases():
+    """``cublas_softmax:lanes=,vec=,loads=`` (``attn_softmax_held``) takes rows of exactly lanes * loads
+    vectors, which the sweep's lengths never are: rows of 8 to 256 vectors, 33 queries, every mask
+    (the padding mask empties no row; causal with it and nan_to_zero does not either), both dtypes."""
+    for dtype, lengths in HELD_KEYS.items():
+        for skv in lengths:
+            for name, kind, mshape, attrs in MASKS:
+                ins = _inputs(33, skv, 64, 64, 0, kind, mshape and mshape(33, skv), dtype, 0)
+                sig = _sig(ins, 0, kind, attrs)
+                for cand in attention_candidates():
+                    if cand.param("loads") and cand.applies(sig, (9, 0)) is None:
+                        yield pytest.param(skv, name, kind, mshape, attrs, dtype, cand,
+                                           id=f"{skv}-{name}-{dtype}-{cand.key()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skv,name,kind,mshape,attrs,dtype,cand", list(_held_softmax_cases()))
+def test_held_softmax(skv, name, kind, mshape, attrs, dtype, cand):
+    ins = _inputs(33, skv, 64, 64, 0, kind, mshape and mshape(33, skv), dtype, zlib.crc32(cand.key().encode()))
+    sig = _sig(ins, 0, kind, attrs)
+    ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
+                                            dict(sig.attrs))[0].astype(np.float64)
+    got, again = _run(cand, sig, ins)
+    _compare(cand.key(), got, again, ref, dtype)
+
+
 LAYOUTS_BSHD = {"qkv": (1, 0), "y": (0, 1), "qkv_y": (1, 1)}  # (qkv_bshd, y_bshd)
 
 
@@ -207,11 +236,12 @@ def test_attention_candidate_reads_packed_qkv(s, d, kind, mshape, attrs, dtype, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("skv", [40, 128])  # 128: the held-row softmax applies too
 @pytest.mark.parametrize("nz", [0, 1])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_fully_masked_rows(nz, dtype):
+def test_fully_masked_rows(nz, dtype, skv):
     """Batch item 1 masks every key: NaN rows (as ONNX Softmax), or zeros with nan_to_zero."""
-    sq, skv, d = 9, 40, 64
+    sq, d = 9, 64
     ins = _inputs(sq, skv, d, d, 0, "none", None, dtype, 5)
     m = np.ones((B, 1, 1, skv), dtype=bool)
     m[1] = False

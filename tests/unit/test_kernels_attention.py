@@ -353,3 +353,74 @@ def test_pointer_array_gemms_against_the_reference(attrs, packed):
     got = _emulate_ptrs(sig, ins)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_held_softmax_configs_take_rows_of_exactly_lanes_times_loads_vectors():
+    fp16 = _sig(Skv=128, D=64, dtype="float16")  # 16 vectors of 8
+    held = [k for k in _applicable(fp16) if "loads=" in k]
+    assert held == ["cublas_softmax:lanes=8,vec=8,loads=2", "cublas_softmax:lanes=16,vec=8,loads=1"]
+    fp32 = _sig(Skv=128, D=64)  # 32 vectors of 4
+    assert [k for k in _applicable(fp32) if "loads=" in k] == [
+        "cublas_softmax:lanes=8,vec=4,loads=4", "cublas_softmax:lanes=16,vec=4,loads=2",
+        "cublas_softmax:lanes=32,vec=4,loads=1"]
+    cand = candidate_from_key("Attention", "cublas_softmax:lanes=8,vec=8,loads=2")
+    assert cand.applies(_sig(Skv=136, D=64, dtype="float16"), (9, 0)) == \
+        "a row of 136 keys is not lanes=8 x loads=2 16-byte vectors"
+    assert cand.applies(_sig(Skv=128, D=64), (9, 0)) == "vec=8 is not a 16-byte load of float32"
+    assert cand.kernels(_sig(Skv=128, D=64, dtype="float16", mask=(2, 1, 1, 128), kind="additive")) == [
+        ("attention.cu", "attn_softmax_held<half_t,8,1,8,2>")]
+    assert softmax_grid(1000, {"lanes": 8, "vec": 8, "loads": 2}) == ((32,), (256,))
+
+
+def _held_softmax_row(row, lanes, loads, vec, nan_to_zero):
+    """attn_softmax_held on one row, step by step as the kernel runs it: lane l's scores are
+    (l + t * lanes) * vec + k; a max per lane (fmaxf: NaN ignored, its flag kept), the group's max and
+    flag by shuffles, one exp a score, the group's sum, then the scaled store."""
+    idx = [[(lane + t * lanes) * vec + k for t in range(loads) for k in range(vec)] for lane in range(lanes)]
+    m = np.fmax.reduce([np.fmax.reduce(row[ix]) for ix in idx])
+    nan_seen = any(np.isnan(row[ix]).any() for ix in idx)
+    empty = m == -np.inf
+    out = np.empty_like(row)
+    with np.errstate(divide="ignore", invalid="ignore"):  # exp(inf - inf) and 1 / 0, as in CUDA
+        e = {j: 0.0 if empty or row[j] == -np.inf else np.exp(row[j] - m) for ix in idx for j in ix}
+        s = np.float64(sum(sum(e[j] for j in ix) for ix in idx))
+        inv = np.nan if nan_seen else 1.0 / s
+        for ix in idx:
+            for j in ix:
+                out[j] = (0.0 if nan_to_zero else np.nan) if empty else e[j] * inv
+    return out
+
+
+@pytest.mark.parametrize("lanes,loads,vec", [(8, 2, 8), (16, 1, 8), (32, 8, 4), (8, 4, 4)])
+@pytest.mark.parametrize("case", ["random", "masked", "empty", "nan", "posinf"])
+@pytest.mark.parametrize("nz", [0, 1])
+def test_held_softmax_row_against_the_reference(lanes, loads, vec, case, nz):
+    """Every score is taken exactly once, and the held kernel's order of operations gives the
+    reference's row softmax: masked scores 0, a NaN or a +inf score makes the row NaN, a row with
+    nothing attended NaN (0 with nan_to_zero)."""
+    n = lanes * loads * vec
+    rng = np.random.default_rng(n + len(case))
+    row = rng.standard_normal(n) * 4
+    if case in ("masked", "nan", "posinf"):
+        row[rng.random(n) < 0.4] = -np.inf
+    if case == "empty":
+        row[:] = -np.inf
+    if case == "nan":
+        row[n // 3] = np.nan
+    if case == "posinf":
+        row[n // 2] = np.inf
+    seen = np.zeros(n, int)
+    for lane in range(lanes):
+        for t in range(loads):
+            seen[(lane + t * lanes) * vec:(lane + t * lanes) * vec + vec] += 1
+    assert (seen == 1).all()
+    got = _held_softmax_row(row, lanes, loads, vec, nz)
+    with np.errstate(invalid="ignore"):
+        m = row.max()  # NaN if any score is
+        if m == -np.inf:
+            ref = np.full(n, 0.0 if nz else np.nan)
+        else:
+            e = np.where(row == -np.inf, 0.0, np.exp(row - m))
+            ref = e / e.sum()
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(ref), rtol=1e-12, atol=0)
