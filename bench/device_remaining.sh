@@ -11,7 +11,7 @@ N=${1:?usage: device_remaining.sh N OUT (N = 0..5)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
-  0)  # the change no GPU ran yet (attn_softmax_held, the cublas_softmax:lanes=,vec=,loads= candidates): its GPU
+  0)  # the change no GPU ran yet (the held-row softmax: cublas_softmax:lanes=,vec=,loads= candidates): its GPU
       # tests (the held rows, fully masked rows, [B, S, H, D]), then the memory table (softmax rows) and
       # the BERT fp32 bs32 row whose attention takes it
     T=tests/gpu/test_attention_gpu.py  # node ids: device_bench.sh word-splits TESTS (a -k expression would break)

@@ -138,74 +138,106 @@ __global__ void __launch_bounds__(WARPS * 32) attn_softmax(
     }
 }
 
-// Short rows: LANES (8, 16 or 32) lanes a row, 256 / LANES rows a CTA, the (max, sum) pairs combined by
+// One short row, a lane's vectors strided (jv = lane, lane + LANES, ...): pass 1 keeps a running
+// (max, sum of exp) (ms_push), the group combines them, pass 2 re-reads and writes the probabilities.
+template <typename T, int LANES, int MASK, int VEC>
+__device__ __forceinline__ void softmax_row_strided(SoftmaxVec<T, VEC>* pr, int nv, int lane, bool live,
+                                                    const AttnMask& mask, int b, int h, int i, int nan_to_zero) {
+    float m = ATTN_NEG_INF, s = 0.0f;
+    if (live) {
+        for (int jv = lane; jv < nv; jv += LANES) {
+            const SoftmaxVec<T, VEC> a = pr[jv];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                ms_push(m, s, masked_score<T, MASK>(Num<T>::to_f(a.v[k]), mask, b, h, i, jv * VEC + k));
+        }
+    }
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ms_combine(m, s, m2, s2);
+    }
+    if (!live) return;
+    const bool empty = m == ATTN_NEG_INF;
+    const float inv = 1.0f / s;
+    for (int jv = lane; jv < nv; jv += LANES) {  // the row re-read (on the H100 a version holding a
+        const SoftmaxVec<T, VEC> a = pr[jv];     // lane's loads in fixed register slots was slower)
+        SoftmaxVec<T, VEC> o;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+            o.v[k] = Num<T>::from_f(softmax_prob<T, MASK>(a.v[k], mask, b, h, i, jv * VEC + k, m, inv, empty, nan_to_zero));
+        pr[jv] = o;
+    }
+}
+
+// One short row of exactly LANES * LOADS vectors, held in registers: a lane issues its LOADS loads
+// before any arithmetic (the strided loop waits on each load before the next), takes the row's max
+// (shuffles), then exp(x - max) once per score, kept for the sum (shuffles) and the scaled store: one
+// exp a score (the strided form takes up to three) and no re-read. torch's warp softmax works this way
+// (16.1 us on BERT-base's bs32 scores on the H100 against the strided form's 24.0). A NaN score makes
+// its row NaN, as the reference's max does; a row with nothing attended gives NaN, or 0 with nan_to_zero.
+template <typename T, int LANES, int MASK, int VEC, int LOADS>
+__device__ __forceinline__ void softmax_row_held(SoftmaxVec<T, VEC>* pr, int lane, bool live, const AttnMask& mask,
+                                                 int b, int h, int i, int nan_to_zero) {
+    SoftmaxVec<T, VEC> raw[LOADS];
+    if (live) {
+#pragma unroll
+        for (int t = 0; t < LOADS; ++t) raw[t] = pr[lane + t * LANES];
+    }
+    float x[LOADS * VEC];
+    float m = ATTN_NEG_INF;
+    bool nan_seen = false;
+#pragma unroll
+    for (int t = 0; t < LOADS; ++t) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const float v = live ? masked_score<T, MASK>(Num<T>::to_f(raw[t].v[k]), mask, b, h, i, (lane + t * LANES) * VEC + k)
+                                 : ATTN_NEG_INF;
+            x[t * VEC + k] = v;
+            nan_seen |= v != v;
+            m = fmaxf(m, v);
+        }
+    }
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) {
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        nan_seen |= __shfl_xor_sync(0xffffffffu, (int)nan_seen, o) != 0;
+    }
+    const bool empty = m == ATTN_NEG_INF;
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < LOADS * VEC; ++j) {
+        const float e = (empty || x[j] == ATTN_NEG_INF) ? 0.0f : expf(x[j] - m);  // +inf: exp(nan), NaN
+        x[j] = e;
+        s += e;
+    }
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (!live) return;
+    const float nan = __int_as_float(0x7fc00000);
+    const float inv = nan_seen ? nan : 1.0f / s;
+#pragma unroll
+    for (int t = 0; t < LOADS; ++t) {
+        SoftmaxVec<T, VEC> o;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+            o.v[k] = Num<T>::from_f(empty ? (nan_to_zero ? 0.0f : nan) : x[t * VEC + k] * inv);
+        pr[lane + t * LANES] = o;
+    }
+}
+
+// Short rows: LANES (8, 16 or 32) lanes a row, 256 / LANES rows a CTA, the row's reductions done by
 // shuffles inside each aligned group of LANES lanes (no shared memory, no barrier). attn_softmax gives
 // a row a whole CTA, so a row of 128 scores ran one warp's latency chain per CTA: 48 us for BERT-base's
 // 25 MB of bs32 scores on the H100, 0.17 of copy bandwidth (bench/results/transformer_kernels_h100.md).
 // Every lane of a warp runs the same trips (a group past the last row loads and stores nothing but
-// joins the shuffles), so the full-mask shuffles are defined.
-template <typename T, int LANES, int MASK, int VEC>
+// joins the shuffles), so the full-mask shuffles are defined. LOADS == 0: any row length, a lane's
+// vectors strided (softmax_row_strided); LOADS > 0: rows of exactly LANES * LOADS vectors held in
+// registers (softmax_row_held; the host guarantees Skv == LANES * LOADS * VEC).
+template <typename T, int LANES, int MASK, int VEC, int LOADS>
 __global__ void __launch_bounds__(256) attn_softmax_rows(
     T* __restrict__ P, long long rows, int Sq, int Skv, int H, ATTN_MASK_ARGS, int nan_to_zero)
 {
-    typedef SoftmaxVec<T, VEC> V;
-    const AttnMask mask = make_mask(mptr, msb, msh, msi, msj, mvalue, causal);
-    const int nv = Skv / VEC;
-    const int lane = threadIdx.x % LANES;
-    const long long per_cta = 256 / LANES;
-    const long long warp_row0 = (threadIdx.x & ~31) / LANES;  // the first row of this warp's groups within the CTA
-    for (long long base = (long long)blockIdx.x * per_cta; base < rows; base += (long long)gridDim.x * per_cta) {
-        if (base + warp_row0 >= rows) continue;  // the whole warp is past the end (warp-uniform)
-        const long long row = base + threadIdx.x / LANES;
-        const bool live = row < rows;
-        int i = 0, h = 0, b = 0;
-        if (live) {
-            i = (int)(row % Sq);
-            const long long z = row / Sq;
-            h = (int)(z % H); b = (int)(z / H);
-        }
-        V* pr = reinterpret_cast<V*>(P + (live ? row : 0) * Skv);
-        float m = ATTN_NEG_INF, s = 0.0f;
-        if (live) {
-            for (int jv = lane; jv < nv; jv += LANES) {
-                const V a = pr[jv];
-#pragma unroll
-                for (int k = 0; k < VEC; ++k)
-                    ms_push(m, s, masked_score<T, MASK>(Num<T>::to_f(a.v[k]), mask, b, h, i, jv * VEC + k));
-            }
-        }
-#pragma unroll
-        for (int o = LANES / 2; o > 0; o >>= 1) {
-            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-            ms_combine(m, s, m2, s2);
-        }
-        if (!live) continue;
-        const bool empty = m == ATTN_NEG_INF;
-        const float inv = 1.0f / s;
-        for (int jv = lane; jv < nv; jv += LANES) {  // the row re-read (on the H100 a version holding a
-            const V a = pr[jv];                        // lane's loads in registers was slower: NOTES_kernels)
-            V o;
-#pragma unroll
-            for (int k = 0; k < VEC; ++k)
-                o.v[k] = Num<T>::from_f(softmax_prob<T, MASK>(a.v[k], mask, b, h, i, jv * VEC + k, m, inv, empty, nan_to_zero));
-            pr[jv] = o;
-        }
-    }
-}
-
-// Short rows held in registers: as attn_softmax_rows (LANES lanes a row, 256 / LANES rows a CTA), for
-// rows of exactly LANES * LOADS vectors (the host guarantees Skv == LANES * LOADS * VEC). A lane issues
-// its LOADS loads before any arithmetic (attn_softmax_rows' strided loop waits on each load before the
-// next), takes the row's max (shuffles), then exp(x - max) once per score, kept in registers for the
-// sum (shuffles) and the scaled store: one exp a score (the online (max, sum) pass and the re-read pass
-// took up to three) and no re-read. torch's warp softmax works this way (16.1 us on BERT-base's bs32
-// scores on the H100 against attn_softmax_rows' 24.0). A NaN score makes its row NaN, as the
-// reference's max does; a row with nothing attended gives NaN, or 0 with nan_to_zero.
-template <typename T, int LANES, int MASK, int VEC, int LOADS>
-__global__ void __launch_bounds__(256) attn_softmax_held(
-    T* __restrict__ P, long long rows, int Sq, int Skv, int H, ATTN_MASK_ARGS, int nan_to_zero)
-{
-    typedef SoftmaxVec<T, VEC> V;
     const AttnMask mask = make_mask(mptr, msb, msh, msi, msj, mvalue, causal);
     const int lane = threadIdx.x % LANES;
     const long long per_cta = 256 / LANES;
@@ -220,53 +252,11 @@ __global__ void __launch_bounds__(256) attn_softmax_held(
             const long long z = row / Sq;
             h = (int)(z % H); b = (int)(z / H);
         }
-        V* pr = reinterpret_cast<V*>(P + (live ? row : 0) * Skv);
-        V raw[LOADS];
-        if (live) {
-#pragma unroll
-            for (int t = 0; t < LOADS; ++t) raw[t] = pr[lane + t * LANES];
-        }
-        float x[LOADS * VEC];
-        float m = ATTN_NEG_INF;
-        bool nan_seen = false;
-#pragma unroll
-        for (int t = 0; t < LOADS; ++t) {
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-                const float v = live ? masked_score<T, MASK>(Num<T>::to_f(raw[t].v[k]), mask, b, h, i,
-                                                             (lane + t * LANES) * VEC + k)
-                                     : ATTN_NEG_INF;
-                x[t * VEC + k] = v;
-                nan_seen |= v != v;
-                m = fmaxf(m, v);
-            }
-        }
-#pragma unroll
-        for (int o = LANES / 2; o > 0; o >>= 1) {
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            nan_seen |= __shfl_xor_sync(0xffffffffu, (int)nan_seen, o) != 0;
-        }
-        const bool empty = m == ATTN_NEG_INF;
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < LOADS * VEC; ++j) {
-            const float e = (empty || x[j] == ATTN_NEG_INF) ? 0.0f : expf(x[j] - m);  // +inf: exp(nan), NaN
-            x[j] = e;
-            s += e;
-        }
-#pragma unroll
-        for (int o = LANES / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (!live) continue;
-        const float nan = __int_as_float(0x7fc00000);
-        const float inv = nan_seen ? nan : 1.0f / s;
-#pragma unroll
-        for (int t = 0; t < LOADS; ++t) {
-            V o;
-#pragma unroll
-            for (int k = 0; k < VEC; ++k)
-                o.v[k] = Num<T>::from_f(empty ? (nan_to_zero ? 0.0f : nan) : x[t * VEC + k] * inv);
-            pr[lane + t * LANES] = o;
-        }
+        SoftmaxVec<T, VEC>* pr = reinterpret_cast<SoftmaxVec<T, VEC>*>(P + (live ? row : 0) * Skv);
+        if (LOADS == 0)
+            softmax_row_strided<T, LANES, MASK, VEC>(pr, Skv / VEC, lane, live, mask, b, h, i, nan_to_zero);
+        else
+            softmax_row_held<T, LANES, MASK, VEC, (LOADS > 0 ? LOADS : 1)>(pr, lane, live, mask, b, h, i, nan_to_zero);
     }
 }
 

@@ -1,8 +1,7 @@
 """The ``cublas_softmax`` Attention family: scores ``S = scale * Q . K^T`` by one cuBLAS batched GEMM
 (graphopt's own handle, so CUDA-graph capture works: ``graphopt.kernels.blas``), one fused mask / causal /
 softmax / nan_to_zero kernel in place on S (``attn_softmax``: a row per CTA of ``warps`` warps;
-``attn_softmax_rows``: ``lanes`` lanes a row, for short rows; ``attn_softmax_held``: the same with a
-row's scores held in registers), then ``Y = P . V`` by a second batched
+``attn_softmax_rows``: ``lanes`` lanes a row, for short rows, with ``loads`` a row held in registers), then ``Y = P . V`` by a second batched
 GEMM. Contiguous ``[B, H, S, D]`` operands go through strided-batched GEMMs; ``[B, S, H, D]`` ones
 (``qkv_bshd`` / ``y_bshd`` / ``qkv_packed``) through pointer-array batched GEMMs, their pointers written
 on the stream by ``attn_batch_ptrs`` from ``batch_offsets`` before each call (one stride per (b, h)
@@ -25,7 +24,7 @@ from graphopt.lowering.contract import Candidate, Signature
 SOFTMAX_WARPS = (1, 2, 4, 8)
 SOFTMAX_LANES = (8, 16, 32)  # attn_softmax_rows: lanes a row (256 / lanes rows a CTA)
 SOFTMAX_LANES_MAX_LOADS = 8  # loads a lane beyond which a short-row configuration does not apply
-SOFTMAX_HELD_LOADS = (1, 2, 4, 8)  # attn_softmax_held: a lane's loads, exactly (rows of lanes * loads vectors)
+SOFTMAX_HELD_LOADS = (1, 2, 4, 8)  # attn_softmax_rows' held form: a lane's loads, exactly (rows of lanes * loads vectors)
 GRID_ROWS_MAX = 132 * 64  # softmax CTAs; rows beyond this loop inside the kernel
 
 
@@ -83,7 +82,7 @@ def softmax_configs(dtype: str) -> list[tuple[tuple[str, Any], ...]]:
     """The in-place softmax kernel's configurations (``cublas_softmax``'s params): a row per CTA of
     ``warps`` warps (``attn_softmax``), or ``lanes`` lanes a row and 256 / lanes rows a CTA
     (``attn_softmax_rows``, for short rows); ``vec`` scores per load (16 bytes; absent: 1); with
-    ``loads``, a row of exactly lanes * loads 16-byte vectors held in registers (``attn_softmax_held``)."""
+    ``loads``, a row of exactly lanes * loads 16-byte vectors held in registers."""
     vecs = sorted({VEC16[dtype]} if dtype in VEC16 else set(), reverse=True)
     out: list[tuple[tuple[str, Any], ...]] = [(("warps", w),) for w in SOFTMAX_WARPS]
     out += [(("warps", w), ("vec", v)) for v in vecs for w in SOFTMAX_WARPS]
@@ -120,10 +119,8 @@ def softmax_reason(params: dict, dtype: str, skv: int) -> str | None:
 
 def softmax_instance(dtype: str, mask: int, params: dict) -> str:
     vec = int(params.get("vec", 1))
-    if "loads" in params:
-        return instance("attn_softmax_held", dtype, int(params["lanes"]), mask, vec, int(params["loads"]))
-    if "lanes" in params:
-        return instance("attn_softmax_rows", dtype, int(params["lanes"]), mask, vec)
+    if "lanes" in params:  # loads: rows held in registers (0: any length, strided)
+        return instance("attn_softmax_rows", dtype, int(params["lanes"]), mask, vec, int(params.get("loads", 0)))
     return instance("attn_softmax", dtype, int(params["warps"]), mask, vec)
 
 

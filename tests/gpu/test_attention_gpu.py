@@ -138,7 +138,7 @@ HELD_KEYS = {"float16": (64, 128, 512, 2048), "float32": (32, 128, 1024)}  # lan
 
 
 def _held_softmax_cases():
-    """``cublas_softmax:lanes=,vec=,loads=`` (``attn_softmax_held``) takes rows of exactly lanes * loads
+    """``cublas_softmax:lanes=,vec=,loads=`` (``attn_softmax_rows`` held in registers) takes rows of exactly lanes * loads
     vectors, which the sweep's lengths never are: rows of 8 to 256 vectors, 33 queries, every mask
     (the padding mask empties no row; causal with it and nan_to_zero does not either), both dtypes."""
     for dtype, lengths in HELD_KEYS.items():

@@ -368,12 +368,12 @@ def test_held_softmax_configs_take_rows_of_exactly_lanes_times_loads_vectors():
         "a row of 136 keys is not lanes=8 x loads=2 16-byte vectors"
     assert cand.applies(_sig(Skv=128, D=64), (9, 0)) == "vec=8 is not a 16-byte load of float32"
     assert cand.kernels(_sig(Skv=128, D=64, dtype="float16", mask=(2, 1, 1, 128), kind="additive")) == [
-        ("attention.cu", "attn_softmax_held<half_t,8,1,8,2>")]
+        ("attention.cu", "attn_softmax_rows<half_t,8,1,8,2>")]
     assert softmax_grid(1000, {"lanes": 8, "vec": 8, "loads": 2}) == ((32,), (256,))
 
 
 def _held_softmax_row(row, lanes, loads, vec, nan_to_zero):
-    """attn_softmax_held on one row, step by step as the kernel runs it: lane l's scores are
+    """attn_softmax_rows' held form (softmax_row_held) on one row, step by step as the kernel runs it: lane l's scores are
     (l + t * lanes) * vec + k; a max per lane (fmaxf: NaN ignored, its flag kept), the group's max and
     flag by shuffles, one exp a score, the group's sum, then the scaled store."""
     idx = [[(lane + t * lanes) * vec + k for t in range(loads) for k in range(vec)] for lane in range(lanes)]
