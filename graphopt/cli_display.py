@@ -78,9 +78,15 @@ def summary_table(report) -> Table:
 
 
 def tuning_time_line(tt: dict) -> str:
-    """``412 candidates: build 90.1 s, time 40.2 s, check 12.0 s, ...`` (the largest phases first)."""
+    """``412 candidates: build 90.1 s, time 40.2 s, check 12.0 s, ...`` (the largest phases first, summed
+    over workers), then the profiling's wall time and its slowest signature."""
     phases = sorted(tt.get("phases_s", {}).items(), key=lambda kv: -kv[1])
-    return f"{tt['candidates_run']} candidates: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases if v >= 0.05)
+    line = f"{tt['candidates_run']} candidates: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases if v >= 0.05)
+    slow = tt.get("slowest_signatures")
+    if slow:
+        line += (f"; {tt['profile_wall_s']:.1f} s wall, the slowest signature {slow[0]['seconds']:.1f} s "
+                 f"({slow[0]['op']}, {slow[0]['candidates']} candidates)")
+    return line
 
 
 def target_mode(report) -> str:

@@ -209,13 +209,19 @@ class Profiler:
             self.cache.put_many(records_for(self.device.fingerprint(), sig.key(), sig.op, fresh))
         self.memo[sig.key()] = result
 
+    def _profile_one(self, sig: Signature, candidates, known, runner) -> ProfileResult:
+        """``profile_node`` on ``runner``, its wall time recorded (``TuningTime.signature``)."""
+        t0 = time.perf_counter()
+        result = profile_node(sig, candidates, known=known, runner=runner, **self._profile_kw)
+        self.clock.signature(sig.op, t0, time.perf_counter() - t0, sum(1 for c in candidates if c.key() not in known))
+        return result
+
     def __call__(self, sig: Signature) -> ProfileResult:
         key = sig.key()
         if key not in self.memo:
             candidates, known = self._prepare(sig)
             runner = next((r for r in self._runners if not r.broken), self._runners[0])  # skip a retired GPU
-            result = profile_node(sig, candidates, known=known, runner=runner, **self._profile_kw)
-            self._store(sig, result)
+            self._store(sig, self._profile_one(sig, candidates, known, runner))
         return self.memo[key]
 
     def profile_many(self, sigs: Sequence[Signature], advance: Callable[[str], None] | None = None) -> None:
@@ -250,7 +256,7 @@ class Profiler:
         if len(self._runners) == 1 or len(todo) < 2:
             for sig, (candidates, known) in zip(todo, prepared):
                 runner = next((r for r in self._runners if not r.broken), self._runners[0])
-                self._store(sig, profile_node(sig, candidates, known=known, runner=runner, **self._profile_kw))
+                self._store(sig, self._profile_one(sig, candidates, known, runner))
                 if advance:
                     advance(sig.op)
             return
@@ -266,7 +272,7 @@ class Profiler:
             while True:
                 runner = free.get()
                 try:
-                    result = profile_node(sig, candidates, known=known, runner=runner, **self._profile_kw)
+                    result = self._profile_one(sig, candidates, known, runner)
                 except BaseException:
                     free.put(runner)  # a bug, not a candidate's failure: let the other threads finish
                     raise

@@ -14,7 +14,11 @@ class TuningTime:
     after each failure), ``build`` / ``check`` / ``time`` (in the worker, per candidate), ``other``
     (messaging and bookkeeping: a candidate's wall time less its phases). ``by_lowering`` splits the
     per-candidate seconds by lowering name, ``runs`` counts candidates run, ``workers`` workers
-    started. Reported as ``tuning_time`` in the report, so a slow tuning says why."""
+    started. ``signature`` records each signature's wall time on its worker (start from the first,
+    seconds, candidates), so the slowest signatures and the tail of a parallel tuning show. Reported as
+    ``tuning_time`` in the report, so a slow tuning says why."""
+
+    SLOWEST = 8  # signatures listed in the report
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -24,6 +28,7 @@ class TuningTime:
         self.lowering_phases: dict[str, dict[str, float]] = {}
         self.runs = 0
         self.workers = 0
+        self.signatures: list[tuple[float, float, str, int]] = []  # (start, seconds, op, candidates)
 
     def add(self, phase: str, seconds: float) -> None:
         with self._lock:
@@ -40,9 +45,24 @@ class TuningTime:
                 split[k] = split.get(k, 0.0) + float(v)
             self.phases["other"] = self.phases.get("other", 0.0) + max(0.0, wall - sum(float(v) for v in phases.values()))
 
+    def signature(self, op: str, start: float, seconds: float, candidates: int) -> None:
+        """One signature profiled: ``start`` in ``time.perf_counter`` seconds, its wall ``seconds``."""
+        with self._lock:
+            self.signatures.append((start, seconds, op, candidates))
+
+    def _signatures_dict(self) -> dict:
+        if not self.signatures:
+            return {}
+        t0 = min(s for s, _, _, _ in self.signatures)
+        end = max(s + d for s, d, _, _ in self.signatures)
+        slowest = sorted(self.signatures, key=lambda r: (-r[1], r[0]))[:self.SLOWEST]
+        return {"profile_wall_s": round(end - t0, 3),
+                "slowest_signatures": [{"op": op, "seconds": round(d, 3), "start_s": round(s - t0, 3),
+                                        "candidates": n} for s, d, op, n in slowest]}
+
     def to_dict(self) -> dict:
         with self._lock:
-            return {"phases_s": {k: round(v, 3) for k, v in sorted(self.phases.items())},
+            return {**self._signatures_dict(), "phases_s": {k: round(v, 3) for k, v in sorted(self.phases.items())},
                     "by_lowering_s": {k: round(v, 3) for k, v in sorted(self.by_lowering.items())},
                     "runs_by_lowering": dict(sorted(self.runs_by_lowering.items())),
                     "lowering_phases_s": {k: {p: round(v, 3) for p, v in sorted(d.items())}
