@@ -84,8 +84,9 @@ def tuning_time_line(tt: dict) -> str:
     line = f"{tt['candidates_run']} candidates: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases if v >= 0.05)
     slow = tt.get("slowest_signatures")
     if slow:
+        which = " ".join(x for x in (slow[0]["op"], slow[0].get("shape", "")) if x)
         line += (f"; {tt['profile_wall_s']:.1f} s wall, the slowest signature {slow[0]['seconds']:.1f} s "
-                 f"({slow[0]['op']}, {slow[0]['candidates']} candidates)")
+                 f"({which}, {slow[0]['candidates']} candidates)")
     return line
 
 

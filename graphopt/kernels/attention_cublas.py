@@ -1,8 +1,8 @@
 """The ``cublas_softmax`` Attention family: scores ``S = scale * Q . K^T`` by one cuBLAS batched GEMM
 (graphopt's own handle, so CUDA-graph capture works: ``graphopt.kernels.blas``), one fused mask / causal /
 softmax / nan_to_zero kernel in place on S (``attn_softmax``: a row per CTA of ``warps`` warps;
-``attn_softmax_rows``: ``lanes`` lanes a row, for short rows, with ``loads`` a row held in registers), then ``Y = P . V`` by a second batched
-GEMM. Contiguous ``[B, H, S, D]`` operands go through strided-batched GEMMs; ``[B, S, H, D]`` ones
+``attn_softmax_rows``: ``lanes`` lanes a row, for short rows, with ``loads`` a row held in registers),
+then ``Y = P . V`` by a second batched GEMM. Contiguous ``[B, H, S, D]`` operands go through strided-batched GEMMs; ``[B, S, H, D]`` ones
 (``qkv_bshd`` / ``y_bshd`` / ``qkv_packed``) through pointer-array batched GEMMs, their pointers written
 on the stream by ``attn_batch_ptrs`` from ``batch_offsets`` before each call (one stride per (b, h)
 batch cannot reach a head's rows). The scores are stored in the data's dtype; the GEMMs and the softmax

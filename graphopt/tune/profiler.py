@@ -213,7 +213,9 @@ class Profiler:
         """``profile_node`` on ``runner``, its wall time recorded (``TuningTime.signature``)."""
         t0 = time.perf_counter()
         result = profile_node(sig, candidates, known=known, runner=runner, **self._profile_kw)
-        self.clock.signature(sig.op, t0, time.perf_counter() - t0, sum(1 for c in candidates if c.key() not in known))
+        shape = "x".join(map(str, sig.input_shapes[0] or ())) if sig.input_shapes else ""
+        self.clock.signature(sig.op, t0, time.perf_counter() - t0, sum(1 for c in candidates if c.key() not in known),
+                             shape)
         return result
 
     def __call__(self, sig: Signature) -> ProfileResult:

@@ -28,7 +28,7 @@ class TuningTime:
         self.lowering_phases: dict[str, dict[str, float]] = {}
         self.runs = 0
         self.workers = 0
-        self.signatures: list[tuple[float, float, str, int]] = []  # (start, seconds, op, candidates)
+        self.signatures: list[tuple[float, float, str, int, str]] = []  # (start, seconds, op, candidates, shape)
 
     def add(self, phase: str, seconds: float) -> None:
         with self._lock:
@@ -45,20 +45,21 @@ class TuningTime:
                 split[k] = split.get(k, 0.0) + float(v)
             self.phases["other"] = self.phases.get("other", 0.0) + max(0.0, wall - sum(float(v) for v in phases.values()))
 
-    def signature(self, op: str, start: float, seconds: float, candidates: int) -> None:
-        """One signature profiled: ``start`` in ``time.perf_counter`` seconds, its wall ``seconds``."""
+    def signature(self, op: str, start: float, seconds: float, candidates: int, shape: str = "") -> None:
+        """One signature profiled: ``start`` in ``time.perf_counter`` seconds, its wall ``seconds``,
+        ``shape`` its first input's (``32x64x56x56``: which node it is)."""
         with self._lock:
-            self.signatures.append((start, seconds, op, candidates))
+            self.signatures.append((start, seconds, op, candidates, shape))
 
     def _signatures_dict(self) -> dict:
         if not self.signatures:
             return {}
-        t0 = min(s for s, _, _, _ in self.signatures)
-        end = max(s + d for s, d, _, _ in self.signatures)
+        t0 = min(r[0] for r in self.signatures)
+        end = max(r[0] + r[1] for r in self.signatures)
         slowest = sorted(self.signatures, key=lambda r: (-r[1], r[0]))[:self.SLOWEST]
         return {"profile_wall_s": round(end - t0, 3),
-                "slowest_signatures": [{"op": op, "seconds": round(d, 3), "start_s": round(s - t0, 3),
-                                        "candidates": n} for s, d, op, n in slowest]}
+                "slowest_signatures": [{"op": op, "shape": shape, "seconds": round(d, 3), "start_s": round(s - t0, 3),
+                                        "candidates": n} for s, d, op, n, shape in slowest]}
 
     def to_dict(self) -> dict:
         with self._lock:

@@ -560,7 +560,7 @@ def test_workers_sharing_a_gpu_take_turns_on_it(tmp_path):
         assert not any(u[2] < t[3] and t[2] < u[3] for u in others), ("a timing overlapped", t)
     assert tt["workers_started"] == 3 and "wait" in tt["phases_s"]
     slow = tt["slowest_signatures"]  # each signature's wall time on its worker, the slowest first
-    assert len(slow) == 8 and all(r["op"] == "CBR" and r["candidates"] == 2 for r in slow)
+    assert len(slow) == 8 and all(r["op"] == "CBR" and r["candidates"] == 2 and r["shape"] for r in slow)
     assert [r["seconds"] for r in slow] == sorted((r["seconds"] for r in slow), reverse=True)
     assert all(0 <= r["start_s"] and r["start_s"] + r["seconds"] <= tt["profile_wall_s"] + 1e-3 for r in slow)
 
@@ -571,11 +571,12 @@ def test_tuning_time_lists_the_slowest_signatures_with_their_start():
     tt = TuningTime()
     assert "slowest_signatures" not in tt.to_dict()
     for i, (start, secs) in enumerate([(100.0, 2.0), (100.5, 9.0), (101.0, 2.0), (103.0, 0.5)]):
-        tt.signature("CBR" if i % 2 else "GemmAct", start, secs, 10 + i)
+        tt.signature("CBR" if i % 2 else "GemmAct", start, secs, 10 + i, f"{i}x8")
     d = tt.to_dict()
     assert d["profile_wall_s"] == 9.5
-    assert [(r["op"], r["seconds"], r["start_s"], r["candidates"]) for r in d["slowest_signatures"]] == [
-        ("CBR", 9.0, 0.5, 11), ("GemmAct", 2.0, 0.0, 10), ("GemmAct", 2.0, 1.0, 12), ("CBR", 0.5, 3.0, 13)]
+    assert [(r["op"], r["shape"], r["seconds"], r["start_s"], r["candidates"]) for r in d["slowest_signatures"]] == [
+        ("CBR", "1x8", 9.0, 0.5, 11), ("GemmAct", "0x8", 2.0, 0.0, 10), ("GemmAct", "2x8", 2.0, 1.0, 12),
+        ("CBR", "3x8", 0.5, 3.0, 13)]
 
 
 def test_the_cli_line_names_the_wall_time_and_the_slowest_signature():
@@ -585,3 +586,5 @@ def test_the_cli_line_names_the_wall_time_and_the_slowest_signature():
     assert tuning_time_line(tt) == "12 candidates: build 3.0 s, time 1.2 s"
     tt.update(profile_wall_s=4.5, slowest_signatures=[{"op": "CBR", "seconds": 2.5, "start_s": 0.0, "candidates": 9}])
     assert tuning_time_line(tt).endswith("; 4.5 s wall, the slowest signature 2.5 s (CBR, 9 candidates)")
+    tt["slowest_signatures"][0]["shape"] = "32x64x56x56"
+    assert tuning_time_line(tt).endswith("the slowest signature 2.5 s (CBR 32x64x56x56, 9 candidates)")
