@@ -83,6 +83,16 @@ GPU_TAG=${GPU_TAG:-h200}
 python3 -c "import cudnn; print('cudnn frontend', cudnn.__version__, 'backend', cudnn.backend_version())" 2>&1 | tail -1
 echo "device_bench: step $STEP, code at $HEAD_COMMIT, $(date -u +%FT%TZ)"
 
+exit_of() {  # exit_of NAME STATUS: a bench script's failure said plainly (its output goes through tee / tail,
+  # which hid a segfault's status 139 on 2026-12-06), and kept in OUT/exit_status.txt
+  [ "$2" = 0 ] && return 0
+  local why=""
+  [ "$2" = 124 ] && why=" (its time limit)"
+  [ "$2" -gt 128 ] && [ "$2" != 137 ] && why=" (signal $(( $2 - 128 )): PYTHONFAULTHANDLER printed the Python stack in its log)"
+  [ "$2" = 137 ] && why=" (killed: its time limit's -k, or memory)"
+  echo "device_bench: $1 exited with status $2$why" | tee -a "$OUT/exit_status.txt"
+}
+
 prebuild() {  # every own kernel instance compiled in parallel into $GRAPHOPT_KERNEL_CACHE (its own limit)
   timeout ${PREBUILD_LIMIT:-240} python3 -c "
 import time; t=time.perf_counter()
@@ -98,7 +108,7 @@ e2e() {  # e2e MODELS: merge into the working tree's e2e_$GPU_TAG.json, tuning c
     || echo "device_bench: WARNING onnxconverter-common is not importable: fp16 rows take the torch-fp16-export fallback"
   [ -f "bench/results/e2e_$GPU_TAG.json" ] && cp "bench/results/e2e_$GPU_TAG.json" "$OUT/e2e_$GPU_TAG.json"
   timeout -k 15 "$(left 20)" python3 bench/e2e.py --models "$1" --batches "${BATCHES:-1,32}" --dtypes "${DTYPES:-fp16,fp32}" \
-    --cache-dir "$TUNING" --budget "$(left 45)" --out "$OUT" --gpu-name "$GPU_TAG" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_${STEP}_log.txt" | tail -60
+    --cache-dir "$TUNING" --budget "$(left 45)" --out "$OUT" --gpu-name "$GPU_TAG" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_${STEP}_log.txt" | tail -60; exit_of bench/e2e.py "${PIPESTATUS[0]}"
   tar cJf "$OUT/tuning.tar.xz" -C "$TUNING" . 2>/dev/null
 }
 
@@ -118,18 +128,18 @@ case "$STEP" in
   e2e-transformers) e2e "${MODELS:-gpt2,bert,vit_b16}" ;;
   cbr)
     timeout -k 10 "$(left)" python3 bench/cbr_layers.py --out "$OUT" --dtypes "${DTYPES:-float16}" --batches "${BATCHES:-1,32}" \
-      --budget "$(left 45)" --previous bench/results/cbr_layers_$GPU_TAG.json --gpu-name "$GPU_TAG" ${CBR_ARGS:-} 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30 ;;
+      --budget "$(left 45)" --previous bench/results/cbr_layers_$GPU_TAG.json --gpu-name "$GPU_TAG" ${CBR_ARGS:-} 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30; exit_of bench/cbr_layers.py "${PIPESTATUS[0]}" ;;
   gemm)
     timeout -k 10 "$(left)" python3 bench/gemm_act.py --out "$OUT" --dtypes "${DTYPES:-float16}" --budget "$(left 45)" --gpu-name "$GPU_TAG" ${GEMM_ARGS:-} 2>&1 \
-      | tee "$OUT/gemm_act_log.txt" | tail -25 ;;
+      | tee "$OUT/gemm_act_log.txt" | tail -25; exit_of bench/gemm_act.py "${PIPESTATUS[0]}" ;;
   transformer)
     timeout -k 10 "$(left)" python3 bench/transformer_kernels.py --out "$OUT" ${TRANSFORMER_ARGS:-} --budget "$(left 45)" --gpu-name "$GPU_TAG" 2>&1 \
-      | tee "$OUT/transformer_kernels_log.txt" | tail -40 ;;
+      | tee "$OUT/transformer_kernels_log.txt" | tail -40; exit_of bench/transformer_kernels.py "${PIPESTATUS[0]}" ;;
   cache)
     timeout -k 10 "$(left)" python3 bench/cache_speed.py --gpu $GPU_TAG --limit ${CACHE_LIMIT:-150} --out-dir "$OUT" \
-      ${CACHE_ARGS:---profile-warm} 2>&1 | tee "$OUT/cache_speed_log.txt" | tail -8 ;;
+      ${CACHE_ARGS:---profile-warm} 2>&1 | tee "$OUT/cache_speed_log.txt" | tail -8; exit_of bench/cache_speed.py "${PIPESTATUS[0]}" ;;
   conformance)
-    timeout -k 10 "$(left)" python3 bench/conformance.py --device cuda --out "$OUT/conformance_$GPU_TAG.md" 2>&1 | tail -15
+    timeout -k 10 "$(left)" python3 bench/conformance.py --device cuda --out "$OUT/conformance_$GPU_TAG.md" 2>&1 | tail -15; exit_of bench/conformance.py "${PIPESTATUS[0]}"
     head -8 "$OUT/conformance_$GPU_TAG.md" 2>/dev/null ;;
   gpu-tests)
     prebuild  # inside pytest the session fixture's compile would count against the first test
@@ -142,12 +152,12 @@ case "$STEP" in
   diagnose)  # carry .tuning from a tuned call: the same choices, served from the cache
     GRAPHOPT_CACHE_DIR=$TUNING timeout -k 10 "$(left 60)" python3 bench/diagnose_outputs.py --model "torch:${MODEL:-resnet50}" \
       --shape "${SHAPE:-input=32x3x224x224}" --precision fp16 --time-limit "$(left 80)" --out "$OUT/diagnose_${MODEL:-resnet50}_$GPU_TAG.json" \
-      2>&1 | tee "$OUT/diagnose_log.txt" | tail -80
+      2>&1 | tee "$OUT/diagnose_log.txt" | tail -80; exit_of bench/diagnose_outputs.py "${PIPESTATUS[0]}"
     CAPTURE_LIMIT=$(left 20) capture_tests ;;
   breakdown)  # the tuned plan's device time per step: carry .tuning from a tuned call (choices served from it)
     GRAPHOPT_CACHE_DIR=$TUNING timeout -k 10 "$(left)" python3 bench/plan_breakdown.py --models "${MODELS:-gpt2,bert}" \
       --batches "${BATCHES:-32,32}" --gpu-args "--gpu auto --precision fp16 --io-fp16" --out "$OUT" --gpu-name "$GPU_TAG" ${BREAKDOWN_ARGS:-} 2>&1 \
-      | tee "$OUT/plan_breakdown_log.txt" | tail -90 ;;
+      | tee "$OUT/plan_breakdown_log.txt" | tail -90; exit_of bench/plan_breakdown.py "${PIPESTATUS[0]}" ;;
   explore)
     prebuild
     timeout -k 10 "$(left)" python3 bench/kernel_explore.py --out "$OUT" ${EXPLORE_ARGS:-} > "$OUT/kernel_explore_log.txt" 2>&1
@@ -161,7 +171,7 @@ case "$STEP" in
     # HOST_GPU_ARGS="--gpu auto --precision fp16 --io-fp16": the carried .tuning's choices (default: the heuristic's)
     GRAPHOPT_CACHE_DIR="$TUNING" timeout -k 10 "$(left)" python3 bench/host_overhead.py --out "$OUT" --models "${HOST_MODELS:-resnet50,resnet50,gpt2}" \
       --batches "${HOST_BATCHES:-1,32,1}" --optimize-timeout 150 --gpu-name "$GPU_TAG" ${HOST_GPU_ARGS:+--gpu-args "$HOST_GPU_ARGS"} \
-      2>&1 | tee "$OUT/host_overhead_log.txt" | tail -20 ;;
+      2>&1 | tee "$OUT/host_overhead_log.txt" | tail -20; exit_of bench/host_overhead.py "${PIPESTATUS[0]}" ;;
   *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host)"; exit 2 ;;
 esac
 tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null

@@ -1,0 +1,38 @@
+"""The device scripts under bench/ on the CPU: each parses (a syntax error costs a device call), and
+device_bench.sh's ``exit_of`` says a bench script's failure plainly (a status hidden behind ``tee`` /
+``tail`` once hid a segfault)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.sh")))
+def test_script_parses(script):
+    r = subprocess.run(["bash", "-n", str(BENCH / script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_exit_of_names_the_script_and_the_reason(tmp_path):
+    text = (BENCH / "device_bench.sh").read_text()
+    fn = re.search(r"^exit_of\(\) \{.*?^\}", text, re.S | re.M).group(0)
+    body = fn + f"""
+'{sys.executable}' -c "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)" 2>&1 | tail -1; exit_of crash.py "${{PIPESTATUS[0]}}"
+timeout 1 sleep 5 | tail -1; exit_of slow.py "${{PIPESTATUS[0]}}"
+true | tail -1; exit_of fine.py "${{PIPESTATUS[0]}}"
+"""
+    r = subprocess.run(["bash", "-c", body], capture_output=True, text=True, env={**os.environ, "OUT": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    lines = (tmp_path / "exit_status.txt").read_text().splitlines()
+    assert lines == ["device_bench: crash.py exited with status 139 (signal 11: PYTHONFAULTHANDLER printed the "
+                     "Python stack in its log)", "device_bench: slow.py exited with status 124 (its time limit)"]
