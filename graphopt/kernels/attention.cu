@@ -103,8 +103,20 @@ __device__ __forceinline__ float softmax_prob(T raw, const AttnMask& mask, int b
 }
 
 // In place on P = the scaled scores, [Z = B*H][Sq][Skv] contiguous. VEC scores per load (16 bytes
-// when VEC > 1: the host guarantees Skv % VEC == 0 and a 16-byte aligned P).
-template <typename T, int WARPS, int MASK, int VEC>
+// when VEC > 1: the host guarantees Skv % VEC == 0 and a 16-byte aligned P). LOADS > 0: rows of exactly
+// WARPS * 32 * LOADS vectors held in registers (held_load / held_exp / held_store, defined below).
+template <typename T, int MASK, int VEC, int LOADS>
+__device__ __forceinline__ float held_load(const SoftmaxVec<T, VEC>* pr, int first, int stride, bool live,
+                                           const AttnMask& mask, int b, int h, int i, float (&x)[LOADS * VEC]);
+template <int N>
+__device__ __forceinline__ float held_exp(float (&x)[N], float m);
+template <typename T, int VEC, int LOADS>
+__device__ __forceinline__ void held_store(SoftmaxVec<T, VEC>* pr, int first, int stride, const float (&x)[LOADS * VEC],
+                                           float m, float s, int nan_to_zero);
+template <int WARPS, bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* sh);
+
+template <typename T, int WARPS, int MASK, int VEC, int LOADS>
 __global__ void __launch_bounds__(WARPS * 32) attn_softmax(
     T* __restrict__ P, long long rows, int Sq, int Skv, int H, ATTN_MASK_ARGS, int nan_to_zero)
 {
@@ -117,6 +129,14 @@ __global__ void __launch_bounds__(WARPS * 32) attn_softmax(
         const long long z = row / Sq;
         const int h = (int)(z % H), b = (int)(z / H);
         V* pr = reinterpret_cast<V*>(P + row * Skv);
+        if (LOADS > 0) {
+            constexpr int L = LOADS > 0 ? LOADS : 1;
+            float x[L * VEC];
+            const float m = block_reduce<WARPS, true>(held_load<T, MASK, VEC, L>(pr, threadIdx.x, WARPS * 32, true, mask, b, h, i, x), sh);
+            const float s = block_reduce<WARPS, false>(held_exp(x, m), sh);
+            held_store<T, VEC, L>(pr, threadIdx.x, WARPS * 32, x, m, s, nan_to_zero);
+            continue;
+        }
         float m = ATTN_NEG_INF, s = 0.0f;
         for (int jv = threadIdx.x; jv < nv; jv += WARPS * 32) {
             const V a = pr[jv];
@@ -170,60 +190,103 @@ __device__ __forceinline__ void softmax_row_strided(SoftmaxVec<T, VEC>* pr, int 
     }
 }
 
-// One short row of exactly LANES * LOADS vectors, held in registers: a lane issues its LOADS loads
-// before any arithmetic (the strided loop waits on each load before the next), takes the row's max
-// (shuffles), then exp(x - max) once per score, kept for the sum (shuffles) and the scaled store: one
-// exp a score (the strided form takes up to three) and no re-read. torch's warp softmax works this way
-// (16.1 us on BERT-base's bs32 scores on the H100 against the strided form's 24.0). A NaN score makes
-// its row NaN, as the reference's max does; a row with nothing attended gives NaN, or 0 with nan_to_zero.
-template <typename T, int LANES, int MASK, int VEC, int LOADS>
-__device__ __forceinline__ void softmax_row_held(SoftmaxVec<T, VEC>* pr, int lane, bool live, const AttnMask& mask,
-                                                 int b, int h, int i, int nan_to_zero) {
+// Rows held in registers (LOADS > 0 in both softmax kernels), torch's warp-softmax order: a thread
+// issues its LOADS loads of the row before any arithmetic (the strided loops wait on each load before
+// the next), the row max is reduced, then exp(x - max) once per score, kept for the sum's reduction and
+// the scaled store: one exp a score (the strided forms take up to three) and no re-read. NaN-propagating
+// max (nan_max): a NaN score makes its row NaN, as the reference's max does; a +inf score too
+// (exp(inf - inf)); a row with nothing attended gives NaN, or 0 with nan_to_zero. torch takes 16.1 us
+// on BERT-base's bs32 scores on the H100, the strided short-row form 24.0.
+__device__ __forceinline__ float nan_max(float a, float b) {
+    return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
+// A thread's LOADS vectors of a row (vector first + t * stride), all loaded first, as masked scores in
+// x; returns their max (NaN if one is NaN, -inf for none attended or a thread past the rows).
+template <typename T, int MASK, int VEC, int LOADS>
+__device__ __forceinline__ float held_load(const SoftmaxVec<T, VEC>* pr, int first, int stride, bool live,
+                                           const AttnMask& mask, int b, int h, int i, float (&x)[LOADS * VEC]) {
     SoftmaxVec<T, VEC> raw[LOADS];
     if (live) {
 #pragma unroll
-        for (int t = 0; t < LOADS; ++t) raw[t] = pr[lane + t * LANES];
+        for (int t = 0; t < LOADS; ++t) raw[t] = pr[first + t * stride];
     }
-    float x[LOADS * VEC];
     float m = ATTN_NEG_INF;
-    bool nan_seen = false;
 #pragma unroll
     for (int t = 0; t < LOADS; ++t) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-            const float v = live ? masked_score<T, MASK>(Num<T>::to_f(raw[t].v[k]), mask, b, h, i, (lane + t * LANES) * VEC + k)
+            const float v = live ? masked_score<T, MASK>(Num<T>::to_f(raw[t].v[k]), mask, b, h, i, (first + t * stride) * VEC + k)
                                  : ATTN_NEG_INF;
             x[t * VEC + k] = v;
-            nan_seen |= v != v;
-            m = fmaxf(m, v);
+            m = nan_max(m, v);
         }
     }
-#pragma unroll
-    for (int o = LANES / 2; o > 0; o >>= 1) {
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        nan_seen |= __shfl_xor_sync(0xffffffffu, (int)nan_seen, o) != 0;
-    }
-    const bool empty = m == ATTN_NEG_INF;
+    return m;
+}
+
+// x = exp(x - m) in place (0 for a masked score or a row with nothing attended); returns their sum.
+template <int N>
+__device__ __forceinline__ float held_exp(float (&x)[N], float m) {
     float s = 0.0f;
 #pragma unroll
-    for (int j = 0; j < LOADS * VEC; ++j) {
-        const float e = (empty || x[j] == ATTN_NEG_INF) ? 0.0f : expf(x[j] - m);  // +inf: exp(nan), NaN
-        x[j] = e;
-        s += e;
+    for (int j = 0; j < N; ++j) {
+        x[j] = (m == ATTN_NEG_INF || x[j] == ATTN_NEG_INF) ? 0.0f : expf(x[j] - m);
+        s += x[j];
     }
-#pragma unroll
-    for (int o = LANES / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (!live) return;
-    const float nan = __int_as_float(0x7fc00000);
-    const float inv = nan_seen ? nan : 1.0f / s;
+    return s;
+}
+
+// The probabilities x / s stored where held_load read them (NaN, or 0 with nan_to_zero, for a row with
+// nothing attended: m == -inf).
+template <typename T, int VEC, int LOADS>
+__device__ __forceinline__ void held_store(SoftmaxVec<T, VEC>* pr, int first, int stride, const float (&x)[LOADS * VEC],
+                                           float m, float s, int nan_to_zero) {
+    const bool empty = m == ATTN_NEG_INF;
+    const float inv = 1.0f / s, nan = __int_as_float(0x7fc00000);
 #pragma unroll
     for (int t = 0; t < LOADS; ++t) {
         SoftmaxVec<T, VEC> o;
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
             o.v[k] = Num<T>::from_f(empty ? (nan_to_zero ? 0.0f : nan) : x[t * VEC + k] * inv);
-        pr[lane + t * LANES] = o;
+        pr[first + t * stride] = o;
     }
+}
+
+// max (nan_max) or sum over each aligned group of LANES lanes
+template <int LANES, bool MAX>
+__device__ __forceinline__ float group_reduce(float v) {
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? nan_max(v, w) : v + w;
+    }
+    return v;
+}
+
+// max (nan_max) or sum over a CTA of WARPS warps, every thread gets it (sh: WARPS floats, reused by the
+// next call once every thread has read it)
+template <int WARPS, bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* sh) {
+    v = group_reduce<32, MAX>(v);
+    if (WARPS == 1) return v;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // the previous reduction's readers are done with sh
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < WARPS ? sh[lane] : (MAX ? ATTN_NEG_INF : 0.0f);
+    return group_reduce<32, MAX>(v);
+}
+
+// One short row of exactly LANES * LOADS vectors held in registers, its reductions inside the group.
+template <typename T, int LANES, int MASK, int VEC, int LOADS>
+__device__ __forceinline__ void softmax_row_held(SoftmaxVec<T, VEC>* pr, int lane, bool live, const AttnMask& mask,
+                                                 int b, int h, int i, int nan_to_zero) {
+    float x[LOADS * VEC];
+    const float m = group_reduce<LANES, true>(held_load<T, MASK, VEC, LOADS>(pr, lane, LANES, live, mask, b, h, i, x));
+    const float s = group_reduce<LANES, false>(held_exp(x, m));
+    if (live) held_store<T, VEC, LOADS>(pr, lane, LANES, x, m, s, nan_to_zero);
 }
 
 // Short rows: LANES (8, 16 or 32) lanes a row, 256 / LANES rows a CTA, the row's reductions done by

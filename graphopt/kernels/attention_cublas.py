@@ -1,8 +1,8 @@
 """The ``cublas_softmax`` Attention family: scores ``S = scale * Q . K^T`` by one cuBLAS batched GEMM
 (graphopt's own handle, so CUDA-graph capture works: ``graphopt.kernels.blas``), one fused mask / causal /
 softmax / nan_to_zero kernel in place on S (``attn_softmax``: a row per CTA of ``warps`` warps;
-``attn_softmax_rows``: ``lanes`` lanes a row, for short rows, with ``loads`` a row held in registers),
-then ``Y = P . V`` by a second batched GEMM. Contiguous ``[B, H, S, D]`` operands go through strided-batched GEMMs; ``[B, S, H, D]`` ones
+``attn_softmax_rows``: ``lanes`` lanes a row, for short rows; either with ``loads``: a row held in
+registers), then ``Y = P . V`` by a second batched GEMM. Contiguous ``[B, H, S, D]`` operands go through strided-batched GEMMs; ``[B, S, H, D]`` ones
 (``qkv_bshd`` / ``y_bshd`` / ``qkv_packed``) through pointer-array batched GEMMs, their pointers written
 on the stream by ``attn_batch_ptrs`` from ``batch_offsets`` before each call (one stride per (b, h)
 batch cannot reach a head's rows). The scores are stored in the data's dtype; the GEMMs and the softmax
@@ -24,7 +24,7 @@ from graphopt.lowering.contract import Candidate, Signature
 SOFTMAX_WARPS = (1, 2, 4, 8)
 SOFTMAX_LANES = (8, 16, 32)  # attn_softmax_rows: lanes a row (256 / lanes rows a CTA)
 SOFTMAX_LANES_MAX_LOADS = 8  # loads a lane beyond which a short-row configuration does not apply
-SOFTMAX_HELD_LOADS = (1, 2, 4, 8)  # attn_softmax_rows' held form: a lane's loads, exactly (rows of lanes * loads vectors)
+SOFTMAX_HELD_LOADS = (1, 2, 4, 8)  # the held forms: a thread's loads, exactly (rows of lanes or threads x loads vectors)
 GRID_ROWS_MAX = 132 * 64  # softmax CTAs; rows beyond this loop inside the kernel
 
 
@@ -82,12 +82,13 @@ def softmax_configs(dtype: str) -> list[tuple[tuple[str, Any], ...]]:
     """The in-place softmax kernel's configurations (``cublas_softmax``'s params): a row per CTA of
     ``warps`` warps (``attn_softmax``), or ``lanes`` lanes a row and 256 / lanes rows a CTA
     (``attn_softmax_rows``, for short rows); ``vec`` scores per load (16 bytes; absent: 1); with
-    ``loads``, a row of exactly lanes * loads 16-byte vectors held in registers."""
+    ``loads``, a row of exactly lanes * loads (or warps * 32 * loads) 16-byte vectors held in registers."""
     vecs = sorted({VEC16[dtype]} if dtype in VEC16 else set(), reverse=True)
     out: list[tuple[tuple[str, Any], ...]] = [(("warps", w),) for w in SOFTMAX_WARPS]
     out += [(("warps", w), ("vec", v)) for v in vecs for w in SOFTMAX_WARPS]
     out += [(("lanes", n),) + ((("vec", v),) if v > 1 else ()) for v in vecs + [1] for n in SOFTMAX_LANES]
     out += [(("lanes", n), ("vec", v), ("loads", k)) for v in vecs for n in SOFTMAX_LANES for k in SOFTMAX_HELD_LOADS]
+    out += [(("warps", w), ("vec", v), ("loads", k)) for v in vecs for w in SOFTMAX_WARPS for k in SOFTMAX_HELD_LOADS]
     return out
 
 
@@ -99,10 +100,12 @@ def softmax_reason(params: dict, dtype: str, skv: int) -> str | None:
     if skv % vec:
         return f"{skv} keys are not a multiple of vec={vec}"
     loads = skv // vec
-    if "loads" in params:
-        n, k = int(params["lanes"]), int(params["loads"])
-        if vec == 1 or loads != n * k:
-            return f"a row of {skv} keys is not lanes={n} x loads={k} 16-byte vectors"
+    if "loads" in params:  # held in registers: exactly one load of each vector per thread and trip
+        k = int(params["loads"])
+        width, what = (int(params["lanes"]), f"lanes={params['lanes']}") if "lanes" in params else \
+            (32 * int(params["warps"]), f"warps={params['warps']} (x 32 threads)")
+        if vec == 1 or loads != width * k:
+            return f"a row of {skv} keys is not {what} x loads={k} 16-byte vectors"
         return None
     if "lanes" in params:
         n = int(params["lanes"])
@@ -119,9 +122,10 @@ def softmax_reason(params: dict, dtype: str, skv: int) -> str | None:
 
 def softmax_instance(dtype: str, mask: int, params: dict) -> str:
     vec = int(params.get("vec", 1))
-    if "lanes" in params:  # loads: rows held in registers (0: any length, strided)
-        return instance("attn_softmax_rows", dtype, int(params["lanes"]), mask, vec, int(params.get("loads", 0)))
-    return instance("attn_softmax", dtype, int(params["warps"]), mask, vec)
+    loads = int(params.get("loads", 0))  # rows held in registers (0: any length, strided)
+    if "lanes" in params:
+        return instance("attn_softmax_rows", dtype, int(params["lanes"]), mask, vec, loads)
+    return instance("attn_softmax", dtype, int(params["warps"]), mask, vec, loads)
 
 
 def softmax_grid(rows: int, params: dict) -> tuple[tuple[int], tuple[int]]:

@@ -134,13 +134,14 @@ def test_vector_softmax(name, kind, mshape, attrs, dtype, cand):
     _compare(cand.key(), got, again, ref, dtype)
 
 
-HELD_KEYS = {"float16": (64, 128, 512, 2048), "float32": (32, 128, 1024)}  # lanes x loads x 16-byte vectors
+HELD_KEYS = {"float16": (64, 128, 512, 2048, 4096), "float32": (32, 128, 1024)}  # (lanes or threads) x loads x 16-byte vectors
 
 
 def _held_softmax_cases():
-    """``cublas_softmax:lanes=,vec=,loads=`` (``attn_softmax_rows`` held in registers) takes rows of exactly lanes * loads
-    vectors, which the sweep's lengths never are: rows of 8 to 256 vectors, 33 queries, every mask
-    (the padding mask empties no row; causal with it and nan_to_zero does not either), both dtypes."""
+    """``cublas_softmax:lanes=,vec=,loads=`` and ``warps=,vec=,loads=`` (rows held in registers) take rows of
+    exactly lanes (or 32 x warps) x loads vectors, which the sweep's lengths never are: rows of 8 to 512
+    vectors, 33 queries, every mask (the padding mask empties no row; causal with it and nan_to_zero
+    does not either), both dtypes."""
     for dtype, lengths in HELD_KEYS.items():
         for skv in lengths:
             for name, kind, mshape, attrs in MASKS:

@@ -75,7 +75,8 @@ def test_configs_that_apply():
     keys = _applicable(_sig(Skv=2048, D=128))
     assert keys[:8] == [f"cublas_softmax:warps={w}" for w in (1, 2, 4, 8)] + [
         f"cublas_softmax:warps={w},vec=4" for w in (1, 2, 4, 8)]
-    assert all("dmax=128" in k for k in keys[8:]) and len(keys) == 12
+    assert keys[8:11] == [f"cublas_softmax:warps={w},vec=4,loads={k}" for w, k in ((2, 8), (4, 4), (8, 2))]  # 512 vectors
+    assert all("dmax=128" in k for k in keys[11:]) and len(keys) == 15
     assert _applicable(_sig(D=256)) == ["cublas_softmax:warps=1", "cublas_softmax:lanes=8"]  # no flash config holds head dim 256
     reasons = {c.key(): c.applies(_sig(Skv=100, D=64), (9, 0)) for c in attention_candidates()}
     assert reasons["cublas_softmax:warps=8"] == "4 warps already cover a row of 100 keys"
@@ -120,9 +121,9 @@ def test_keys_round_trip_and_instances_are_registered():
         assert candidate_from_key("Attention", cand.key()) == cand
     sig = _sig(D=64, dtype="float16", mask=(2, 1, 1, 7), kind="additive")
     assert candidate_from_key("Attention", "cublas_softmax:warps=4").kernels(sig) == [
-        ("attention.cu", "attn_softmax<half_t,4,1,1>")]
+        ("attention.cu", "attn_softmax<half_t,4,1,1,0>")]
     assert candidate_from_key("Attention", "cublas_softmax:warps=4,vec=8").kernels(sig) == [
-        ("attention.cu", "attn_softmax<half_t,4,1,8>")]
+        ("attention.cu", "attn_softmax<half_t,4,1,8,0>")]
     assert candidate_from_key("Attention", "flash:dmax=64,bm=32,warps=4").kernels(
         _sig(D=64, mask=(5, 7), kind="bool")) == [("attention.cu", "flash_attn<float,64,32,4,2>")]
     every = set(all_kernel_instances())
@@ -253,7 +254,7 @@ def test_qkv_bshd_plan_and_which_families_read_it():
     assert "cublas_softmax:warps=4" in keys  # pointer-array batched GEMMs read [B, S, H, D]
     cand = CublasSoftmaxAttention("cublas_softmax", (("warps", 4),))
     assert ("attention.cu", "attn_batch_ptrs<half_t>") in cand.kernels(sig)
-    assert cand.kernels(_sig(D=64, dtype="float16")) == [("attention.cu", "attn_softmax<half_t,4,0,1>")]
+    assert cand.kernels(_sig(D=64, dtype="float16")) == [("attention.cu", "attn_softmax<half_t,4,0,1,0>")]
     name, _, _ = heuristic_lowering("Attention", sig, (9, 0), providers=False)
     assert name == "cublas_softmax"  # 128 keys: the heuristic's short-key choice reads [B, S, H, D] now
     fp32 = Signature.make("Attention", [(2, 9, 3, 16)] * 3, ["float32"] * 3, {"qkv_bshd": 1})
@@ -362,7 +363,11 @@ def test_held_softmax_configs_take_rows_of_exactly_lanes_times_loads_vectors():
     fp32 = _sig(Skv=128, D=64)  # 32 vectors of 4
     assert [k for k in _applicable(fp32) if "loads=" in k] == [
         "cublas_softmax:lanes=8,vec=4,loads=4", "cublas_softmax:lanes=16,vec=4,loads=2",
-        "cublas_softmax:lanes=32,vec=4,loads=1"]
+        "cublas_softmax:lanes=32,vec=4,loads=1", "cublas_softmax:warps=1,vec=4,loads=1"]
+    assert candidate_from_key("Attention", "cublas_softmax:warps=2,vec=4,loads=1").applies(fp32, (9, 0)) == \
+        "a row of 128 keys is not warps=2 (x 32 threads) x loads=1 16-byte vectors"
+    assert candidate_from_key("Attention", "cublas_softmax:warps=4,vec=8,loads=2").kernels(
+        _sig(Skv=2048, D=64, dtype="float16")) == [("attention.cu", "attn_softmax<half_t,4,0,8,2>")]
     cand = candidate_from_key("Attention", "cublas_softmax:lanes=8,vec=8,loads=2")
     assert cand.applies(_sig(Skv=136, D=64, dtype="float16"), (9, 0)) == \
         "a row of 136 keys is not lanes=8 x loads=2 16-byte vectors"
@@ -372,49 +377,56 @@ def test_held_softmax_configs_take_rows_of_exactly_lanes_times_loads_vectors():
     assert softmax_grid(1000, {"lanes": 8, "vec": 8, "loads": 2}) == ((32,), (256,))
 
 
-def _held_softmax_row(row, lanes, loads, vec, nan_to_zero):
-    """attn_softmax_rows' held form (softmax_row_held) on one row, step by step as the kernel runs it: lane l's scores are
-    (l + t * lanes) * vec + k; a max per lane (fmaxf: NaN ignored, its flag kept), the group's max and
-    flag by shuffles, one exp a score, the group's sum, then the scaled store."""
-    idx = [[(lane + t * lanes) * vec + k for t in range(loads) for k in range(vec)] for lane in range(lanes)]
-    m = np.fmax.reduce([np.fmax.reduce(row[ix]) for ix in idx])
-    nan_seen = any(np.isnan(row[ix]).any() for ix in idx)
-    empty = m == -np.inf
+def _held_softmax_row(row, width, loads, vec, nan_to_zero):
+    """The held softmax forms on one row, step by step as the kernels run them (held_load, held_exp,
+    held_store): thread l of ``width`` (a group's lanes, or a CTA's threads) holds scores
+    (l + t * width) * vec + k; a NaN-propagating max per thread, then over the threads, one exp a
+    score, the sum over the threads, then the scaled store."""
+    def nan_max(a, b):
+        return np.nan if np.isnan(a) or np.isnan(b) else max(a, b)
+
+    idx = [[(lane + t * width) * vec + k for t in range(loads) for k in range(vec)] for lane in range(width)]
+    m = -np.inf
+    for ix in idx:
+        mt = -np.inf
+        for j in ix:
+            mt = nan_max(mt, row[j])
+        m = nan_max(m, mt)
     out = np.empty_like(row)
     with np.errstate(divide="ignore", invalid="ignore"):  # exp(inf - inf) and 1 / 0, as in CUDA
-        e = {j: 0.0 if empty or row[j] == -np.inf else np.exp(row[j] - m) for ix in idx for j in ix}
+        e = {j: 0.0 if m == -np.inf or row[j] == -np.inf else np.exp(row[j] - m) for ix in idx for j in ix}
         s = np.float64(sum(sum(e[j] for j in ix) for ix in idx))
-        inv = np.nan if nan_seen else 1.0 / s
+        inv = 1.0 / s
         for ix in idx:
             for j in ix:
-                out[j] = (0.0 if nan_to_zero else np.nan) if empty else e[j] * inv
+                out[j] = (0.0 if nan_to_zero else np.nan) if m == -np.inf else e[j] * inv
     return out
 
 
-@pytest.mark.parametrize("lanes,loads,vec", [(8, 2, 8), (16, 1, 8), (32, 8, 4), (8, 4, 4)])
-@pytest.mark.parametrize("case", ["random", "masked", "empty", "nan", "posinf"])
+@pytest.mark.parametrize("width,loads,vec", [(8, 2, 8), (16, 1, 8), (32, 8, 4), (8, 4, 4), (64, 2, 8), (256, 1, 4)])
+@pytest.mark.parametrize("case", ["random", "masked", "empty", "nan", "posinf", "empty_but_nan"])
 @pytest.mark.parametrize("nz", [0, 1])
-def test_held_softmax_row_against_the_reference(lanes, loads, vec, case, nz):
-    """Every score is taken exactly once, and the held kernel's order of operations gives the
-    reference's row softmax: masked scores 0, a NaN or a +inf score makes the row NaN, a row with
-    nothing attended NaN (0 with nan_to_zero)."""
-    n = lanes * loads * vec
+def test_held_softmax_row_against_the_reference(width, loads, vec, case, nz):
+    """Every score is taken exactly once, and the held forms' order of operations gives the reference's
+    row softmax: masked scores 0, a NaN or a +inf score makes the row NaN (also where every other score
+    is masked), a row with nothing attended NaN (0 with nan_to_zero). ``width``: lanes, or 32 x warps."""
+    n = width * loads * vec
     rng = np.random.default_rng(n + len(case))
     row = rng.standard_normal(n) * 4
     if case in ("masked", "nan", "posinf"):
         row[rng.random(n) < 0.4] = -np.inf
-    if case == "empty":
+    if case in ("empty", "empty_but_nan"):
         row[:] = -np.inf
-    if case == "nan":
+    if case in ("nan", "empty_but_nan"):
         row[n // 3] = np.nan
     if case == "posinf":
         row[n // 2] = np.inf
     seen = np.zeros(n, int)
-    for lane in range(lanes):
+    for lane in range(width):
         for t in range(loads):
-            seen[(lane + t * lanes) * vec:(lane + t * lanes) * vec + vec] += 1
+            seen[(lane + t * width) * vec:(lane + t * width) * vec + vec] += 1
     assert (seen == 1).all()
-    got = _held_softmax_row(row, lanes, loads, vec, nz)
+    got = _held_softmax_row(row, width, loads, vec, nz)
     with np.errstate(invalid="ignore"):
         m = row.max()  # NaN if any score is
         if m == -np.inf:
