@@ -256,3 +256,17 @@ def test_the_providers_package_imports_first():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-500:]
     assert "cublaslt" in done.stdout and "cudnn" in done.stdout
+
+
+def test_every_cublaslt_function_called_has_a_declared_signature():
+    """As for libcublas (test_blas_bound_calls): an undeclared ctypes call hands a Python int to C as a
+    32-bit int. Every ``cublasLt*`` function the binding names is in its signature table."""
+    import inspect
+    import re
+
+    from graphopt.providers import cublaslt_lib
+
+    names = set(re.findall(r"\b(cublasLt[A-Z]\w*)\b", inspect.getsource(cublaslt_lib)))
+    functions = {n for n in names if not n.endswith("_t")} - {"cublasLtGetVersion"}  # (declared on its own: no args)
+    assert {"cublasLtMatmul", "cublasLtMatmulAlgoGetHeuristic"} <= functions
+    assert functions <= set(cublaslt_lib._SIGNATURES), sorted(functions - set(cublaslt_lib._SIGNATURES))
