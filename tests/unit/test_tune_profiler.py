@@ -562,7 +562,8 @@ def test_workers_sharing_a_gpu_take_turns_on_it(tmp_path):
     slow = tt["slowest_signatures"]  # each signature's wall time on its worker, the slowest first
     assert len(slow) == 8 and all(r["op"] == "CBR" and r["candidates"] == 2 and r["shape"] for r in slow)
     assert [r["seconds"] for r in slow] == sorted((r["seconds"] for r in slow), reverse=True)
-    assert all(0 <= r["start_s"] and r["start_s"] + r["seconds"] <= tt["profile_wall_s"] + 1e-3 for r in slow)
+    # each of the three figures is rounded to 1 ms: their sums may differ by up to 1.5 ms
+    assert all(0 <= r["start_s"] and r["start_s"] + r["seconds"] <= tt["profile_wall_s"] + 2e-3 for r in slow)
 
 
 def test_tuning_time_lists_the_slowest_signatures_with_their_start():
