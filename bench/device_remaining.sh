@@ -2,12 +2,12 @@
 # The device calls the open issues still need on the H200 (bench/NOTES_e2e.md, 2026-12-06 afternoon),
 # one per run-tool call (each within its 600 s limit), in priority order:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..5; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..6; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..5)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..6)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -34,5 +34,12 @@ case "$N" in
     TESTS="tests/gpu/test_[n-z]*.py" bash bench/device_calls.sh "$OUT/b" gpu-tests:560 ;;
   5)  # issue 20: the CBR layer table again (stems, depthwise_nhwc), continuing from the committed rows
     bash bench/device_calls.sh "$OUT" cbr:560 ;;
-  *) echo "device_remaining.sh: N must be 0..5" >&2; exit 2 ;;
+  6)  # issue 20's cold bar: cold ResNet-50 as it is (the report's slowest_signatures show the tail), then with
+      # CUDA's eager module loading (the cuDNN plans' first executions, 59 ms each, are mostly module loads
+      # inside the GPU turn: NOTES_e2e); each with fresh caches
+    CACHE_LIMIT=150 CACHE_ARGS="--models resnet50" bash bench/device_calls.sh "$OUT/l" cache:190
+    mkdir -p /tmp/device_calls/eager
+    CUDA_MODULE_LOADING=EAGER CACHE_LIMIT=150 CACHE_ARGS="--models resnet50 --out /tmp/device_calls/eager/cache_speed_eager.json" \
+      bash bench/device_calls.sh "$OUT/e" cache:190 ;;
+  *) echo "device_remaining.sh: N must be 0..6" >&2; exit 2 ;;
 esac
