@@ -52,6 +52,10 @@ SEQ = 128
 BARS = {"resnet50": {"cold_s": 60.0, "warm_s": 5.0}, "gpt2": {"cold_s": 60.0}}
 
 
+# environment that changes what is measured, recorded with the result (CUDA_MODULE_LOADING=EAGER: every
+# kernel module loaded when a library loads instead of at its first launch)
+ENV_RECORDED = ("CUDA_MODULE_LOADING", "GRAPHOPT_TUNE_WORKERS", "CUDA_VISIBLE_DEVICES")
+
 def _export(name: str, folder: Path) -> Path:
     """torchvision ResNet-50 / transformers GPT-2 124M, random weights, dynamic batch (bench/e2e.py)."""
     from torch_models import build_module, export
@@ -256,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpu": args.gpu,
         "machine": platform.node(), "versions": versions(), "dry_run": dry, "bars": BARS,
+        "env": {k: os.environ[k] for k in ENV_RECORDED if k in os.environ},
         "method": ("cold: fresh empty GRAPHOPT_CACHE_DIR and GRAPHOPT_KERNEL_CACHE, nothing prebuilt, wall time of "
                    "the whole command (Python start-up, compiles, plan builds, profiling included); warm: the same "
                    "command again with those caches"),
