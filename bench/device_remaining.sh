@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The device calls the open issues still need on the H200 (bench/NOTES_e2e.md, 2026-12-06 afternoon),
-# one per run-tool call (each within its 600 s limit), in priority order:
+# The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-06), one
+# per run-tool call (each within its 600 s limit), in priority order: 0 and 6 on whatever GPU comes (the
+# unmeasured changes and the cold-tuning experiment), 1-5 on the H200 (its acceptance rows):
 #
 #   bash bench/device_remaining.sh N "$OUT"        (N = 0..6; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
