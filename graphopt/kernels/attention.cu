@@ -45,8 +45,12 @@ __device__ __forceinline__ float masked_score(float x, const AttnMask& m, int b,
     return reinterpret_cast<const unsigned char*>(m.ptr)[off] ? x : x + m.value;
 }
 
-// Running (max, sum of exp(x - max)) pairs: combine b into a.
+#define ATTN_NAN (__int_as_float(0x7fc00000))
+
+// Running (max, sum of exp(x - max)) pairs: combine b into a. A NaN max (a NaN score seen) makes the
+// pair NaN for good, as a NaN score makes the reference's row max NaN (fmaxf alone would drop it).
 __device__ __forceinline__ void ms_combine(float& m, float& s, float m2, float s2) {
+    if (m != m || m2 != m2) { m = s = ATTN_NAN; return; }
     const float mx = fmaxf(m, m2);
     if (mx == ATTN_NEG_INF) return;  // both empty
     s = (m == ATTN_NEG_INF ? 0.0f : s * expf(m - mx)) + (m2 == ATTN_NEG_INF ? 0.0f : s2 * expf(m2 - mx));
@@ -76,10 +80,12 @@ __device__ __forceinline__ void block_max_sum(float& m, float& s, float* sh) {
 
 // One score into a thread's running (max, sum): ms_combine(m, s, x, 1) with one exp per score
 // instead of two (the second only when the max grows). Same results for every input: a -inf score
-// adds nothing, a NaN score poisons the sum unless nothing was seen yet, and a +inf score gives
-// exp(inf - inf) = NaN (hence the expf(x - x), 1 for finite x), as ms_combine does.
+// adds nothing, a NaN score makes the pair NaN for good (also as the first score seen), and a +inf
+// score gives exp(inf - inf) = NaN (hence the expf(x - x), 1 for finite x), as ms_combine does.
 __device__ __forceinline__ void ms_push(float& m, float& s, float x) {
-    if (x > m) {
+    if (x != x) {
+        m = s = ATTN_NAN;
+    } else if (x > m) {
         s = (m == ATTN_NEG_INF ? 0.0f : s * expf(m - x)) + expf(x - x);
         m = x;
     } else if (m != ATTN_NEG_INF && x != ATTN_NEG_INF) {
@@ -92,14 +98,19 @@ struct __align__(sizeof(T) * VEC) SoftmaxVec {
     T v[VEC];
 };
 
-// One output probability of a row whose running (max, sum) is (m, 1 / inv): NaN (or 0 with
-// nan_to_zero) for a row with nothing attended, 0 for a masked score. Both softmax kernels' pass 2.
+// One output probability of a row whose running (max, sum) is (m, 1 / inv), as the reference computes
+// it: NaN for a row with nothing attended and for every score of a row whose sum is NaN (a NaN or +inf
+// score), 0 for a masked score otherwise; nan_to_zero turns every NaN probability into 0 (the
+// reference's elementwise IsNaN / Where). The strided forms' pass 2.
 template <typename T, int MASK>
 __device__ __forceinline__ float softmax_prob(T raw, const AttnMask& mask, int b, int h, int i, int j, float m,
                                               float inv, bool empty, int nan_to_zero) {
-    if (empty) return nan_to_zero ? 0.0f : __int_as_float(0x7fc00000);
-    const float x = masked_score<T, MASK>(Num<T>::to_f(raw), mask, b, h, i, j);
-    return x == ATTN_NEG_INF ? 0.0f : expf(x - m) * inv;
+    float p = ATTN_NAN;
+    if (!empty && inv == inv) {
+        const float x = masked_score<T, MASK>(Num<T>::to_f(raw), mask, b, h, i, j);
+        p = x == ATTN_NEG_INF ? 0.0f : expf(x - m) * inv;
+    }
+    return (nan_to_zero && p != p) ? 0.0f : p;
 }
 
 // In place on P = the scaled scores, [Z = B*H][Sq][Skv] contiguous. VEC scores per load (16 bytes
@@ -198,7 +209,7 @@ __device__ __forceinline__ void softmax_row_strided(SoftmaxVec<T, VEC>* pr, int 
 // (exp(inf - inf)); a row with nothing attended gives NaN, or 0 with nan_to_zero. torch takes 16.1 us
 // on BERT-base's bs32 scores on the H100, the strided short-row form 24.0.
 __device__ __forceinline__ float nan_max(float a, float b) {
-    return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+    return (a != a || b != b) ? ATTN_NAN : fmaxf(a, b);
 }
 
 // A thread's LOADS vectors of a row (vector first + t * stride), all loaded first, as masked scores in
@@ -237,19 +248,22 @@ __device__ __forceinline__ float held_exp(float (&x)[N], float m) {
     return s;
 }
 
-// The probabilities x / s stored where held_load read them (NaN, or 0 with nan_to_zero, for a row with
-// nothing attended: m == -inf).
+// The probabilities x / s stored where held_load read them: NaN for a row with nothing attended
+// (m == -inf) and, through s, for every score of a row with a NaN or +inf score; nan_to_zero turns every
+// NaN probability into 0 (the reference's elementwise IsNaN / Where).
 template <typename T, int VEC, int LOADS>
 __device__ __forceinline__ void held_store(SoftmaxVec<T, VEC>* pr, int first, int stride, const float (&x)[LOADS * VEC],
                                            float m, float s, int nan_to_zero) {
     const bool empty = m == ATTN_NEG_INF;
-    const float inv = 1.0f / s, nan = __int_as_float(0x7fc00000);
+    const float inv = 1.0f / s;
 #pragma unroll
     for (int t = 0; t < LOADS; ++t) {
         SoftmaxVec<T, VEC> o;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k)
-            o.v[k] = Num<T>::from_f(empty ? (nan_to_zero ? 0.0f : nan) : x[t * VEC + k] * inv);
+        for (int k = 0; k < VEC; ++k) {
+            const float p = empty ? ATTN_NAN : x[t * VEC + k] * inv;
+            o.v[k] = Num<T>::from_f((nan_to_zero && p != p) ? 0.0f : p);
+        }
         pr[first + t * stride] = o;
     }
 }
@@ -448,7 +462,7 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attn(
             }
         }
     }
-    const float nan = __int_as_float(0x7fc00000);
+    const float nan = ATTN_NAN;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int i = row0 + warp * R + r;
@@ -700,7 +714,7 @@ __global__ void __launch_bounds__(128) flash_mma(
         }
         if (STAGES == 2) __syncthreads();  // every warp is done with buffer buf before it is refilled
     }
-    const float nan = __int_as_float(0x7fc00000);
+    const float nan = ATTN_NAN;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = rows_of[r];

@@ -194,7 +194,8 @@ def _emulate(sig, inputs):
 
 def _softmax_kernel(p, scores, mask):
     """The fused softmax kernel on flat [Z][Sq][Skv] scores: the mask gathered through the plan's
-    strides, causal, then the row softmax (NaN or 0 for a row with nothing attended); flat again."""
+    strides, causal, then the row softmax (NaN for a row with nothing attended, every NaN 0 with
+    nan_to_zero; the order of operations inside a row: the *_softmax_row tests below); flat again."""
     s = scores.reshape(p.B, p.H, p.Sq, p.Skv)
     b, h, i, j = np.meshgrid(*(np.arange(n) for n in (p.B, p.H, p.Sq, p.Skv)), indexing="ij")
     if p.mask:
@@ -207,8 +208,8 @@ def _softmax_kernel(p, scores, mask):
     empty = np.isneginf(m)
     e = np.where(np.isneginf(s), 0.0, np.exp(s - np.where(empty, 0, m)))
     with np.errstate(invalid="ignore"):
-        prob = np.where(empty, 0.0 if p.nan_to_zero else np.nan, e / e.sum(axis=-1, keepdims=True))
-    return prob.reshape(-1)
+        prob = np.where(empty, np.nan, e / e.sum(axis=-1, keepdims=True))
+    return (np.where(np.isnan(prob), 0.0, prob) if p.nan_to_zero else prob).reshape(-1)
 
 
 CASES = [  # (B, H, Sq, Skv, D, Dv, kt, mask shape, kind, attrs)
@@ -377,21 +378,22 @@ def test_held_softmax_configs_take_rows_of_exactly_lanes_times_loads_vectors():
     assert softmax_grid(1000, {"lanes": 8, "vec": 8, "loads": 2}) == ((32,), (256,))
 
 
+def _nan_max(a, b):
+    return np.nan if np.isnan(a) or np.isnan(b) else max(a, b)
+
+
 def _held_softmax_row(row, width, loads, vec, nan_to_zero):
     """The held softmax forms on one row, step by step as the kernels run them (held_load, held_exp,
     held_store): thread l of ``width`` (a group's lanes, or a CTA's threads) holds scores
     (l + t * width) * vec + k; a NaN-propagating max per thread, then over the threads, one exp a
-    score, the sum over the threads, then the scaled store."""
-    def nan_max(a, b):
-        return np.nan if np.isnan(a) or np.isnan(b) else max(a, b)
-
+    score, the sum over the threads, then the scaled store, every NaN made 0 with nan_to_zero."""
     idx = [[(lane + t * width) * vec + k for t in range(loads) for k in range(vec)] for lane in range(width)]
     m = -np.inf
     for ix in idx:
         mt = -np.inf
         for j in ix:
-            mt = nan_max(mt, row[j])
-        m = nan_max(m, mt)
+            mt = _nan_max(mt, row[j])
+        m = _nan_max(m, mt)
     out = np.empty_like(row)
     with np.errstate(divide="ignore", invalid="ignore"):  # exp(inf - inf) and 1 / 0, as in CUDA
         e = {j: 0.0 if m == -np.inf or row[j] == -np.inf else np.exp(row[j] - m) for ix in idx for j in ix}
@@ -399,18 +401,75 @@ def _held_softmax_row(row, width, loads, vec, nan_to_zero):
         inv = 1.0 / s
         for ix in idx:
             for j in ix:
-                out[j] = (0.0 if nan_to_zero else np.nan) if m == -np.inf else e[j] * inv
+                p = np.nan if m == -np.inf else e[j] * inv
+                out[j] = 0.0 if nan_to_zero and np.isnan(p) else p
     return out
 
 
-@pytest.mark.parametrize("width,loads,vec", [(8, 2, 8), (16, 1, 8), (32, 8, 4), (8, 4, 4), (64, 2, 8), (256, 1, 4)])
-@pytest.mark.parametrize("case", ["random", "masked", "empty", "nan", "posinf", "empty_but_nan"])
-@pytest.mark.parametrize("nz", [0, 1])
-def test_held_softmax_row_against_the_reference(width, loads, vec, case, nz):
-    """Every score is taken exactly once, and the held forms' order of operations gives the reference's
-    row softmax: masked scores 0, a NaN or a +inf score makes the row NaN (also where every other score
-    is masked), a row with nothing attended NaN (0 with nan_to_zero). ``width``: lanes, or 32 x warps."""
-    n = width * loads * vec
+def _ms_push(m, s, x):  # attention.cu's ms_push
+    with np.errstate(invalid="ignore"):
+        if np.isnan(x):
+            return np.nan, np.nan
+        if x > m:
+            return x, (0.0 if m == -np.inf else s * np.exp(m - x)) + np.exp(x - x)
+        if m != -np.inf and x != -np.inf:
+            return m, s + np.exp(x - m)
+        return m, s
+
+
+def _ms_combine(m, s, m2, s2):  # attention.cu's ms_combine
+    with np.errstate(invalid="ignore"):
+        if np.isnan(m) or np.isnan(m2):
+            return np.nan, np.nan
+        mx = max(m, m2)
+        if mx == -np.inf:
+            return m, s
+        return mx, (0.0 if m == -np.inf else s * np.exp(m - mx)) + (0.0 if m2 == -np.inf else s2 * np.exp(m2 - mx))
+
+
+def _strided_softmax_row(row, lanes, vec, nan_to_zero):
+    """attn_softmax_rows' strided form on one row (softmax_row_strided; attn_softmax's loops are the same
+    with a CTA's threads): lane l pushes the scores of vectors l, l + lanes, ... into its running
+    (max, sum), the butterfly of shuffles combines the pairs, pass 2 writes softmax_prob."""
+    nv = len(row) // vec
+    pairs = []
+    for lane in range(lanes):
+        m, s = -np.inf, 0.0
+        for jv in range(lane, nv, lanes):
+            for k in range(vec):
+                m, s = _ms_push(m, s, row[jv * vec + k])
+        pairs.append((m, s))
+    o = lanes // 2
+    while o:
+        pairs = [_ms_combine(*pairs[lane], *pairs[lane ^ o]) for lane in range(lanes)]
+        o //= 2
+    out = np.empty_like(row)
+    for lane, (m, s) in enumerate(pairs):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = 1.0 / np.float64(s)
+            for jv in range(lane, nv, lanes):
+                for k in range(vec):
+                    x = row[jv * vec + k]
+                    p = np.nan
+                    if m != -np.inf and not np.isnan(inv):
+                        p = 0.0 if x == -np.inf else np.exp(x - m) * inv
+                    out[jv * vec + k] = 0.0 if nan_to_zero and np.isnan(p) else p
+    return out
+
+
+def _reference_row(row, nan_to_zero):
+    """graphopt.ops.attention's reference on one row of scores: max, exp, sum, and nan_to_zero's
+    elementwise IsNaN / Where."""
+    with np.errstate(invalid="ignore"):
+        e = np.exp(row - row.max())
+        p = e / e.sum()
+    return np.where(np.isnan(p), 0.0, p) if nan_to_zero else p
+
+
+ROW_CASES = ["random", "masked", "empty", "nan", "nan_first", "posinf", "empty_but_nan"]
+
+
+def _row(n, case):
     rng = np.random.default_rng(n + len(case))
     row = rng.standard_normal(n) * 4
     if case in ("masked", "nan", "posinf"):
@@ -419,20 +478,42 @@ def test_held_softmax_row_against_the_reference(width, loads, vec, case, nz):
         row[:] = -np.inf
     if case in ("nan", "empty_but_nan"):
         row[n // 3] = np.nan
+    if case == "nan_first":  # the first score lane 0 sees
+        row[0] = np.nan
     if case == "posinf":
         row[n // 2] = np.inf
+    return row
+
+
+def _same(got, ref):
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), (got, ref)
+    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(ref), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("width,loads,vec", [(8, 2, 8), (16, 1, 8), (32, 8, 4), (8, 4, 4), (64, 2, 8), (256, 1, 4)])
+@pytest.mark.parametrize("case", ROW_CASES)
+@pytest.mark.parametrize("nz", [0, 1])
+def test_held_softmax_row_against_the_reference(width, loads, vec, case, nz):
+    """Every score is taken exactly once, and the held forms' order of operations gives the reference's
+    row softmax: masked scores 0, a NaN or a +inf score makes the row NaN (also where every other score
+    is masked), a row with nothing attended NaN, and nan_to_zero makes every NaN 0. ``width``: lanes, or
+    32 x warps."""
+    n = width * loads * vec
     seen = np.zeros(n, int)
     for lane in range(width):
         for t in range(loads):
             seen[(lane + t * width) * vec:(lane + t * width) * vec + vec] += 1
     assert (seen == 1).all()
-    got = _held_softmax_row(row, width, loads, vec, nz)
-    with np.errstate(invalid="ignore"):
-        m = row.max()  # NaN if any score is
-        if m == -np.inf:
-            ref = np.full(n, 0.0 if nz else np.nan)
-        else:
-            e = np.where(row == -np.inf, 0.0, np.exp(row - m))
-            ref = e / e.sum()
-    assert np.array_equal(np.isnan(got), np.isnan(ref))
-    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(ref), rtol=1e-12, atol=0)
+    row = _row(n, case)
+    _same(_held_softmax_row(row, width, loads, vec, nz), _reference_row(row, nz))
+
+
+@pytest.mark.parametrize("lanes,vec,n", [(8, 8, 128), (32, 4, 100), (16, 1, 37), (32, 8, 520)])
+@pytest.mark.parametrize("case", ROW_CASES)
+@pytest.mark.parametrize("nz", [0, 1])
+def test_strided_softmax_row_against_the_reference(lanes, vec, n, case, nz):
+    """The strided forms' online (max, sum) pass, the shuffle butterfly and pass 2 give the reference's
+    row softmax for the same rows as the held forms: the NaN a lane sees first and a +inf row included
+    (a first NaN used to be dropped, and a +inf row's masked scores came out 0)."""
+    row = _row(n, case)
+    _same(_strided_softmax_row(row, lanes, vec, nz), _reference_row(row, nz))
