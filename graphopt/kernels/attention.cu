@@ -467,7 +467,9 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attn(
     for (int r = 0; r < R; ++r) {
         const int i = row0 + warp * R + r;
         if (i >= Sq) break;
-        const bool empty = mrow[r] == ATTN_NEG_INF;
+        // nothing attended, or a NaN sum (a NaN or +inf score): the reference's probabilities are NaN,
+        // 0 with nan_to_zero, as the cublas_softmax forms give them
+        const bool empty = mrow[r] == ATTN_NEG_INF || lrow[r] != lrow[r];
         const float inv = empty ? 0.0f : 1.0f / lrow[r];
         T* yr = Y + ar.yz + (long long)i * ar.ys;
 #pragma unroll
@@ -719,7 +721,7 @@ __global__ void __launch_bounds__(128) flash_mma(
     for (int r = 0; r < 2; ++r) {
         const int i = rows_of[r];
         if (i >= Sq) continue;
-        const bool empty = lrow[r] == 0.0f;
+        const bool empty = lrow[r] == 0.0f || lrow[r] != lrow[r];  // as flash_attn: a NaN sum too
         const float inv = empty ? 0.0f : 1.0f / lrow[r];
         half_t* yr = Y + ar.yz + (long long)i * ar.ys;
 #pragma unroll

@@ -257,6 +257,28 @@ def test_fully_masked_rows(nz, dtype, skv):
             _compare(cand.key(), got, again, ref, dtype)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("skv", [40, 128])
+@pytest.mark.parametrize("nz", [0, 1])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_nan_and_inf_scores_give_the_references_rows(nz, dtype, skv):
+    """A NaN query (every score of its row NaN) and a +inf additive mask entry (batch item 1: one +inf
+    score a row) make those rows' probabilities NaN, 0 with nan_to_zero (the reference's elementwise
+    IsNaN / Where): every candidate agrees, whichever the tuner picks."""
+    sq, d = 9, 64
+    ins = _inputs(sq, skv, d, d, 0, "additive", (B, 1, 1, skv), dtype, 11)
+    ins[0][0, 0, 2, 5] = np.nan
+    ins[3][...] = 0
+    ins[3][1, 0, 0, 3] = np.inf
+    sig = _sig(ins, 0, "additive", {"nan_to_zero": nz})
+    ref = get_schema("Attention").reference([a.astype(np.float64) for a in ins], dict(sig.attrs))[0].astype(np.float64)
+    assert np.isnan(ref[0, 0, 2]).all() != bool(nz) and np.isnan(ref[1]).all() != bool(nz)
+    for cand in attention_candidates():
+        if cand.applies(sig, (9, 0)) is None:
+            got, again = _run(cand, sig, ins)
+            _compare(cand.key(), got, again, ref, dtype)
+
+
 def _capture_and_replay(launch, dev, y, stream):
     """One eager launch (handle, workspace and kernels exist before the capture), one captured, then
     the graph replayed into ``y`` poisoned with NaN; on ``stream``, synchronised."""
