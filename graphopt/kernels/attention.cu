@@ -113,62 +113,6 @@ __device__ __forceinline__ float softmax_prob(T raw, const AttnMask& mask, int b
     return (nan_to_zero && p != p) ? 0.0f : p;
 }
 
-// In place on P = the scaled scores, [Z = B*H][Sq][Skv] contiguous. VEC scores per load (16 bytes
-// when VEC > 1: the host guarantees Skv % VEC == 0 and a 16-byte aligned P). LOADS > 0: rows of exactly
-// WARPS * 32 * LOADS vectors held in registers (held_load / held_exp / held_store, defined below).
-template <typename T, int MASK, int VEC, int LOADS>
-__device__ __forceinline__ float held_load(const SoftmaxVec<T, VEC>* pr, int first, int stride, bool live,
-                                           const AttnMask& mask, int b, int h, int i, float (&x)[LOADS * VEC]);
-template <int N>
-__device__ __forceinline__ float held_exp(float (&x)[N], float m);
-template <typename T, int VEC, int LOADS>
-__device__ __forceinline__ void held_store(SoftmaxVec<T, VEC>* pr, int first, int stride, const float (&x)[LOADS * VEC],
-                                           float m, float s, int nan_to_zero);
-template <int WARPS, bool MAX>
-__device__ __forceinline__ float block_reduce(float v, float* sh);
-
-template <typename T, int WARPS, int MASK, int VEC, int LOADS>
-__global__ void __launch_bounds__(WARPS * 32) attn_softmax(
-    T* __restrict__ P, long long rows, int Sq, int Skv, int H, ATTN_MASK_ARGS, int nan_to_zero)
-{
-    typedef SoftmaxVec<T, VEC> V;
-    const AttnMask mask = make_mask(mptr, msb, msh, msi, msj, mvalue, causal);
-    __shared__ float sh[64];
-    const int nv = Skv / VEC;
-    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-        const int i = (int)(row % Sq);
-        const long long z = row / Sq;
-        const int h = (int)(z % H), b = (int)(z / H);
-        V* pr = reinterpret_cast<V*>(P + row * Skv);
-        if (LOADS > 0) {
-            constexpr int L = LOADS > 0 ? LOADS : 1;
-            float x[L * VEC];
-            const float m = block_reduce<WARPS, true>(held_load<T, MASK, VEC, L>(pr, threadIdx.x, WARPS * 32, true, mask, b, h, i, x), sh);
-            const float s = block_reduce<WARPS, false>(held_exp(x, m), sh);
-            held_store<T, VEC, L>(pr, threadIdx.x, WARPS * 32, x, m, s, nan_to_zero);
-            continue;
-        }
-        float m = ATTN_NEG_INF, s = 0.0f;
-        for (int jv = threadIdx.x; jv < nv; jv += WARPS * 32) {
-            const V a = pr[jv];
-#pragma unroll
-            for (int k = 0; k < VEC; ++k)
-                ms_push(m, s, masked_score<T, MASK>(Num<T>::to_f(a.v[k]), mask, b, h, i, jv * VEC + k));
-        }
-        block_max_sum<WARPS>(m, s, sh);
-        const bool empty = m == ATTN_NEG_INF;
-        const float inv = 1.0f / s;
-        for (int jv = threadIdx.x; jv < nv; jv += WARPS * 32) {
-            const V a = pr[jv];
-            V o;
-#pragma unroll
-            for (int k = 0; k < VEC; ++k)
-                o.v[k] = Num<T>::from_f(softmax_prob<T, MASK>(a.v[k], mask, b, h, i, jv * VEC + k, m, inv, empty, nan_to_zero));
-            pr[jv] = o;
-        }
-    }
-}
-
 // One short row, a lane's vectors strided (jv = lane, lane + LANES, ...): pass 1 keeps a running
 // (max, sum of exp) (ms_push), the group combines them, pass 2 re-reads and writes the probabilities.
 template <typename T, int LANES, int MASK, int VEC>
@@ -291,6 +235,51 @@ __device__ __forceinline__ float block_reduce(float v, float* sh) {
     __syncthreads();
     v = lane < WARPS ? sh[lane] : (MAX ? ATTN_NEG_INF : 0.0f);
     return group_reduce<32, MAX>(v);
+}
+
+// In place on P = the scaled scores, [Z = B*H][Sq][Skv] contiguous. VEC scores per load (16 bytes
+// when VEC > 1: the host guarantees Skv % VEC == 0 and a 16-byte aligned P). LOADS > 0: rows of exactly
+// WARPS * 32 * LOADS vectors held in registers (held_load / held_exp / held_store, block_reduce).
+template <typename T, int WARPS, int MASK, int VEC, int LOADS>
+__global__ void __launch_bounds__(WARPS * 32) attn_softmax(
+    T* __restrict__ P, long long rows, int Sq, int Skv, int H, ATTN_MASK_ARGS, int nan_to_zero)
+{
+    typedef SoftmaxVec<T, VEC> V;
+    const AttnMask mask = make_mask(mptr, msb, msh, msi, msj, mvalue, causal);
+    __shared__ float sh[64];
+    const int nv = Skv / VEC;
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const int i = (int)(row % Sq);
+        const long long z = row / Sq;
+        const int h = (int)(z % H), b = (int)(z / H);
+        V* pr = reinterpret_cast<V*>(P + row * Skv);
+        if (LOADS > 0) {
+            constexpr int L = LOADS > 0 ? LOADS : 1;
+            float x[L * VEC];
+            const float m = block_reduce<WARPS, true>(held_load<T, MASK, VEC, L>(pr, threadIdx.x, WARPS * 32, true, mask, b, h, i, x), sh);
+            const float s = block_reduce<WARPS, false>(held_exp(x, m), sh);
+            held_store<T, VEC, L>(pr, threadIdx.x, WARPS * 32, x, m, s, nan_to_zero);
+            continue;
+        }
+        float m = ATTN_NEG_INF, s = 0.0f;
+        for (int jv = threadIdx.x; jv < nv; jv += WARPS * 32) {
+            const V a = pr[jv];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                ms_push(m, s, masked_score<T, MASK>(Num<T>::to_f(a.v[k]), mask, b, h, i, jv * VEC + k));
+        }
+        block_max_sum<WARPS>(m, s, sh);
+        const bool empty = m == ATTN_NEG_INF;
+        const float inv = 1.0f / s;
+        for (int jv = threadIdx.x; jv < nv; jv += WARPS * 32) {
+            const V a = pr[jv];
+            V o;
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                o.v[k] = Num<T>::from_f(softmax_prob<T, MASK>(a.v[k], mask, b, h, i, jv * VEC + k, m, inv, empty, nan_to_zero));
+            pr[jv] = o;
+        }
+    }
 }
 
 // One short row of exactly LANES * LOADS vectors held in registers, its reductions inside the group.
