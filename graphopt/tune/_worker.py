@@ -12,8 +12,8 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
-from graphopt.tune.candidate_run import describe_exc, run_one
-from graphopt.tune.results import ERROR, OK, WORKER_FAILED
+from graphopt.tune.candidate_run import describe_exc, run_batch, run_one, survives
+from graphopt.tune.results import ERROR, WORKER_FAILED
 
 
 def main(argv: list[str]) -> int:
@@ -49,17 +49,44 @@ def worker_loop(recv, send, timer, checker, buffers, arch) -> None:
         if task is None:
             return
         sig, cand = task
+        if isinstance(cand, list):
+            if not _batch(send, sig, cand, timer, checker, buffers, arch):
+                return
+            continue
         try:
             reply = run_one(sig, cand, timer, checker, buffers, arch)
         except BaseException as exc:  # noqa: BLE001 - report, then die
             reply = {"status": ERROR, "reason": f"worker error {describe_exc(exc)}"}
+        reply["alive"] = survives(reply)
         try:
             send.send(reply)
         except Exception:  # noqa: BLE001 - e.g. an unpicklable sample; report it plainly
             send.send({"status": ERROR, "reason": "worker could not send its result: " + traceback.format_exc(limit=1)})
             return
-        if reply["status"] != OK:
+        if not reply["alive"]:
             return
+
+
+def _batch(send, sig, cands, timer, checker, buffers, arch) -> bool:
+    """Runs one batch; whether the worker may go on (every candidate ran and passed)."""
+    state = {"at": 0}
+
+    def progress(i: int) -> None:
+        state["at"] = i
+        send.send({"progress": i})
+
+    try:
+        replies = run_batch(sig, cands, timer, checker, buffers, arch, progress)
+    except BaseException as exc:  # noqa: BLE001 - report against the candidate in progress, then die
+        replies = {state["at"]: {"status": ERROR, "reason": f"worker error {describe_exc(exc)}"}}
+    alive = len(replies) == len(cands) and all(survives(r) for r in replies.values())
+    try:
+        send.send({"replies": replies, "alive": alive})
+    except Exception:  # noqa: BLE001 - e.g. an unpicklable sample; report it plainly
+        send.send({"replies": {state["at"]: {"status": ERROR, "reason": "worker could not send its result: "
+                                             + traceback.format_exc(limit=1)}}, "alive": False})
+        return False
+    return alive
 
 
 if __name__ == "__main__":

@@ -118,6 +118,108 @@ class _Laps:
 def run_one(sig, cand, timer, checker, buffers, arch) -> dict:
     """Build, check and time one candidate; never raises (runs in the worker or inline). The reply's
     ``phases`` gives the seconds each step took (build, check, time, wait), for :class:`TuningTime`."""
+    laps, reply, launch, prepared = _build_and_check(sig, cand, checker, buffers, arch)
+    if reply is None:
+        with _gpu_turn(laps.phases):  # the GPU alone
+            laps.restart()
+            reply = _time(launch, timer, prepared, laps.lap)
+    reply["phases"] = laps.phases
+    return reply
+
+
+BATCH_BYTES = 1 << 30  # device memory a batch's checked candidates may hold (buffers, workspaces) before they are timed
+
+
+def run_batch(sig, cands, timer, checker, buffers, arch, progress: Callable[[int], None]) -> dict[int, dict]:
+    """Build and check ``cands`` one after another (each check in a shared GPU turn), then time the
+    ones that passed in one exclusive turn: a worker sharing its GPU with others takes the GPU alone
+    once per batch rather than once per candidate. Replaying the H100's cold ResNet-50 on the CPU
+    (``bench/tuning_schedule_cpu.py``) took 46 s one candidate a turn, 36 s eight a turn: a timing
+    waits for every check in progress to end, and eight workers' checks rarely all end at once.
+
+    ``progress(i)`` is called before candidate ``i`` is checked and before it is timed (the worker
+    sends it to the parent, which then knows whom a crash or a hang belongs to). Returns the replies
+    by index. After the first failure that the process does not survive (``survives``) nothing more
+    runs and the candidates checked but not yet timed get no reply (the caller runs them again in a
+    fresh process, as the failure may have spoiled this one's CUDA context). Checked candidates are
+    timed early once they hold ``BATCH_BYTES``."""
+    replies: dict[int, dict] = {}
+    pending: list[tuple[int, Any, Any, tuple]] = []
+    held = 0
+
+    def flush() -> None:
+        nonlocal held
+        if not pending:
+            return
+        waited: dict[str, float] = {}
+        with _gpu_turn(waited):  # the GPU alone, once for the whole batch
+            for i, laps, launch, prepared in pending:
+                progress(i)
+                laps.restart()
+                reply = _time(launch, timer, prepared, laps.lap)
+                reply["phases"] = laps.phases
+                replies[i] = reply
+        for i, laps, _, _ in pending:  # the turn's wait, shared out
+            if "wait" in waited:
+                laps.phases["wait"] = laps.phases.get("wait", 0.0) + waited["wait"] / len(pending)
+        pending.clear()
+        held = 0
+
+    for i, cand in enumerate(cands):
+        progress(i)
+        laps, reply, launch, prepared = _build_and_check(sig, cand, checker, buffers, arch)
+        if reply is not None:
+            reply["phases"] = laps.phases
+            replies[i] = reply
+            if survives(reply):
+                continue
+            return replies
+        pending.append((i, laps, launch, prepared))
+        held += _device_bytes(launch, prepared)
+        if held >= BATCH_BYTES:
+            flush()
+    flush()
+    return replies
+
+
+def survives(reply: dict) -> bool:
+    """Whether the worker may go on after ``reply``: a pass, or a build that failed while the CUDA
+    context stayed usable (cuDNN refusing a graph is a host-side answer; a cold ResNet-50 on the
+    H100 restarted a worker for each of its four). Any other failure ran the candidate's kernels,
+    which may have left the context unusable, so the next candidate gets a fresh process."""
+    if reply["status"] == OK:
+        return True
+    return reply["status"] == BUILD_FAILED and _context_usable()
+
+
+def _context_usable() -> bool:
+    """No CUDA error is pending in this process: CUDA was never touched (CuPy not imported, or no
+    device to touch), or a device sync passes."""
+    import sys
+
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return True
+    try:
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            return True
+    except Exception:  # noqa: BLE001 - no driver or no device: no context to spoil
+        return True
+    try:
+        cupy.cuda.runtime.deviceSynchronize()
+        cupy.cuda.runtime.getLastError()  # raises on a sticky error
+    except Exception:  # noqa: BLE001 - any error: not usable
+        return False
+    return True
+
+
+def _device_bytes(launch, prepared: tuple) -> int:
+    arrays = [a for group in prepared for a in group if a is not None]
+    return sum(int(getattr(a, "nbytes", 0)) for a in arrays) + int(getattr(launch, "workspace_bytes", 0) or 0)
+
+
+def _build_and_check(sig, cand, checker, buffers, arch) -> tuple["_Laps", dict | None, Any, tuple]:
+    """(laps, a failure reply or None, the built lowering, its timing buffers)."""
     laps = _Laps()
     try:
         launch = as_lowering(cand.build(sig, arch))
@@ -125,18 +227,12 @@ def run_one(sig, cand, timer, checker, buffers, arch) -> dict:
         if isinstance(exc, KeyboardInterrupt):
             raise
         laps.lap("build")
-        reply = {"status": OOM if _is_oom(exc) else BUILD_FAILED, "reason": f"build failed: {describe_exc(exc)}"}
-    else:
-        laps.lap("build")
-        with _gpu_turn(laps.phases, shared=True):  # checks overlap one another, never a timing
-            laps.restart()  # the wait for the GPU is its own phase
-            reply, prepared = _check(sig, launch, checker, buffers, laps.lap)
-        if reply is None:
-            with _gpu_turn(laps.phases):  # the GPU alone
-                laps.restart()
-                reply = _time(launch, timer, prepared, laps.lap)
-    reply["phases"] = laps.phases
-    return reply
+        return laps, {"status": OOM if _is_oom(exc) else BUILD_FAILED, "reason": f"build failed: {describe_exc(exc)}"}, None, ()
+    laps.lap("build")
+    with _gpu_turn(laps.phases, shared=True):  # checks overlap one another, never a timing
+        laps.restart()  # the wait for the GPU is its own phase
+        reply, prepared = _check(sig, launch, checker, buffers, laps.lap)
+    return laps, reply, launch, prepared
 
 
 def _check(sig, launch, checker, buffers, lap) -> tuple[dict | None, tuple]:
@@ -178,4 +274,5 @@ def _time(launch, timer, prepared: tuple, lap) -> dict:
     return {"status": OK, "samples": samples, "reason": ""}
 
 
-__all__ = ["GPU_LOCK_ENV", "Checker", "FakeTimer", "Timer", "describe_exc", "no_buffers", "run_one"]
+__all__ = ["BATCH_BYTES", "GPU_LOCK_ENV", "Checker", "FakeTimer", "Timer", "describe_exc", "no_buffers", "run_batch",
+           "run_one", "survives"]

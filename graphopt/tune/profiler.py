@@ -91,19 +91,7 @@ def profile_node(
     if own_runner:
         runner = IsolatedRunner(timer, checker, buffers, arch, timeout_s=timeout_s) if isolate else InlineRunner(timer, checker, buffers, arch)
     try:
-        for idx, cand in todo:
-            spent = deadline() if deadline is not None else None
-            t0 = time.perf_counter()
-            reply = {"status": SKIPPED, "reason": spent} if spent else runner.run(sig, cand)
-            if clock is not None and not spent:
-                clock.add_run(cand.name, time.perf_counter() - t0, reply.get("phases", {}))
-            samples = tuple(reply.get("samples", ()))
-            status = reply["status"]
-            slots[idx] = CandidateResult(
-                candidate=cand.key(), lowering=cand.name, params=cand.params_str(), source_hash=cand.source_hash(),
-                status=status, ms=statistics.median(samples) if status == OK else math.inf,
-                samples=samples, reason=reply.get("reason", ""),
-            )
+        _run_todo(sig, todo, slots, runner, deadline, clock)
     finally:
         if own_runner:
             runner.close()
@@ -113,6 +101,42 @@ def profile_node(
     if memo is not None:
         memo[key] = result
     return result
+
+
+def _run_todo(sig, todo, slots, runner, deadline, clock) -> None:
+    """Runs ``todo`` ((slot, candidate) pairs) on ``runner`` in its batches (``batch_size``), filling
+    ``slots``; a candidate that a batch left unrun (another failed first) goes into the next batch.
+    ``deadline()`` is asked before each batch: once it gives a reason, the rest are ``skipped``."""
+    size = max(1, int(getattr(runner, "batch_size", 1)))
+    queue = list(todo)
+    while queue:
+        spent = deadline() if deadline is not None else None
+        if spent:
+            batch, replies = queue, [{"status": SKIPPED, "reason": spent} for _ in queue]
+            queue = []
+        else:
+            batch, queue = queue[:size], queue[size:]
+            t0 = time.perf_counter()
+            replies = runner.run_batch(sig, [c for _, c in batch]) if len(batch) > 1 else [runner.run(sig, batch[0][1])]
+            wall = time.perf_counter() - t0
+            ran = [r for r in replies if r is not None]
+            own = [sum(r.get("phases", {}).values()) for r in ran]
+            overhead = max(0.0, wall - sum(own)) / max(1, len(ran))  # the batch's messaging, shared out
+            if clock is not None:
+                for (_, cand), r in zip(batch, replies):
+                    if r is not None:
+                        clock.add_run(cand.name, sum(r.get("phases", {}).values()) + overhead, r.get("phases", {}))
+            queue = [item for item, r in zip(batch, replies) if r is None] + queue
+        for (idx, cand), reply in zip(batch, replies):
+            if reply is None:
+                continue
+            samples = tuple(reply.get("samples", ()))
+            status = reply["status"]
+            slots[idx] = CandidateResult(
+                candidate=cand.key(), lowering=cand.name, params=cand.params_str(), source_hash=cand.source_hash(),
+                status=status, ms=statistics.median(samples) if status == OK else math.inf,
+                samples=samples, reason=reply.get("reason", ""),
+            )
 
 
 class Profiler:

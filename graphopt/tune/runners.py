@@ -20,6 +20,7 @@ from graphopt.tune.candidate_run import GPU_LOCK_ENV, describe_exc, no_buffers, 
 from graphopt.tune.results import CRASHED, ERROR, OK, TIMEOUT, WORKER_FAILED
 
 DEFAULT_TIMEOUT_S = 120.0
+TIME_BATCH = 8  # candidates a worker sharing its GPU checks before timing them in one turn (run_batch)
 
 
 def _visible_device(index: int | None) -> str | None:
@@ -156,9 +157,16 @@ class IsolatedRunner:
         """Why this runner's worker cannot start (then every run answers ``worker_failed``), else ``None``."""
         return self._broken
 
-    def run(self, sig: Signature, cand: Candidate) -> dict:
+    @property
+    def batch_size(self) -> int:
+        """Candidates sent to the worker at once: a worker sharing its GPU (``gpu_lock``) checks a
+        batch, then times it in one exclusive turn (``candidate_run.run_batch``); alone, one at a time."""
+        return TIME_BATCH if self.gpu_lock else 1
+
+    def _ensure_worker(self) -> tuple[float, dict | None]:
+        """(seconds spent starting a worker, a failure reply when none could start)."""
         if self._broken:
-            return {"status": WORKER_FAILED, "reason": self._broken}
+            return 0.0, {"status": WORKER_FAILED, "reason": self._broken}
         started = 0.0
         if self._proc is None or self._proc.poll() is not None:
             self._stop()
@@ -167,30 +175,80 @@ class IsolatedRunner:
             started = time.perf_counter() - t0
             if why:
                 self._broken = why
-                return {"status": WORKER_FAILED, "reason": why, "phases": {"worker_start": started}}
+                return started, {"status": WORKER_FAILED, "reason": why, "phases": {"worker_start": started}}
+        return started, None
+
+    def _died(self) -> dict:
+        why = _last_line(self._log)
+        code = self._stop(kill=True) if self._proc is not None else None
+        how = _signal_name(code) if code is not None and code < 0 else f"exit code {code}"
+        return {"status": CRASHED, "reason": f"worker process died ({how}){': ' + why if why else ''}"}
+
+    def _timed_out(self) -> dict:
+        self._stop(kill=True)
+        return {"status": TIMEOUT, "reason": f"timed out after {self.timeout_s:g} s (killed)"}
+
+    def run(self, sig: Signature, cand: Candidate) -> dict:
+        started, failed = self._ensure_worker()
+        if failed:
+            return failed
         try:
             self._send.send((sig, cand))
         except Exception as exc:  # noqa: BLE001 - unpicklable candidate, or a dead pipe
             self._stop(kill=True)
             return {"status": ERROR, "reason": f"could not send the candidate to the worker: {describe_exc(exc)}"}
         if not self._recv.poll(self.timeout_s):
-            self._stop(kill=True)
-            return {"status": TIMEOUT, "reason": f"timed out after {self.timeout_s:g} s (killed)"}
+            return self._timed_out()
         try:
             reply = self._recv.recv()
         except (EOFError, OSError):
-            why = _last_line(self._log)
-            code = self._stop(kill=True) if self._proc is not None else None
-            if code is not None and code < 0:
-                how = _signal_name(code)
-            else:
-                how = f"exit code {code}"
-            return {"status": CRASHED, "reason": f"worker process died ({how}){': ' + why if why else ''}"}
-        if reply.get("status") != OK:
-            self._stop()
+            return self._died()
+        if not reply.pop("alive", reply.get("status") == OK):
+            self._stop()  # the worker exits after a failure it may not survive
         if started:
             reply.setdefault("phases", {})["worker_start"] = started
         return reply
+
+    def run_batch(self, sig: Signature, cands: list[Candidate]) -> list[dict | None]:
+        """Replies to ``cands`` run as one batch (see ``batch_size``), in order; ``None`` for a
+        candidate that did not run because another failed first (run it again). A crash or a hang
+        is the reply of the candidate the worker last said it was at; ``timeout_s`` holds for each
+        candidate's check and for each one's timing."""
+        if len(cands) == 1:
+            return [self.run(sig, cands[0])]
+        started, failed = self._ensure_worker()
+        if failed:
+            return [dict(failed) for _ in cands]
+        out: list[dict | None] = [None] * len(cands)
+        try:
+            self._send.send((sig, list(cands)))
+        except Exception as exc:  # noqa: BLE001 - unpicklable candidate, or a dead pipe
+            self._stop(kill=True)
+            return [{"status": ERROR, "reason": f"could not send the candidates to the worker: {describe_exc(exc)}"}
+                    for _ in cands]
+        at = 0
+        while True:
+            if not self._recv.poll(self.timeout_s):
+                out[at] = self._timed_out()
+                break
+            try:
+                msg = self._recv.recv()
+            except (EOFError, OSError):
+                out[at] = self._died()
+                break
+            if "progress" in msg:
+                at = int(msg["progress"])
+                continue
+            for i, reply in msg["replies"].items():
+                out[int(i)] = reply
+            if not msg.get("alive"):
+                self._stop()  # the worker exits after a failure it may not survive
+            break
+        if started:
+            first = next((r for r in out if r is not None), None)
+            if first is not None:
+                first.setdefault("phases", {})["worker_start"] = started
+        return out
 
     def close(self) -> None:
         self._stop()
@@ -210,6 +268,7 @@ class InlineRunner:
     """
 
     broken = None  # an inline runner has no worker that could fail to start
+    batch_size = 1  # one process: no other worker waits for the GPU
 
     def __init__(self, timer, checker, buffers=no_buffers, arch: str = "", *, device_index: int | None = None):
         self._args = (timer, checker, buffers, arch)
@@ -227,4 +286,4 @@ class InlineRunner:
         pass
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "InlineRunner", "IsolatedRunner"]
+__all__ = ["DEFAULT_TIMEOUT_S", "TIME_BATCH", "InlineRunner", "IsolatedRunner"]
