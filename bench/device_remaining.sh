@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-06), one
-# per run-tool call (each within its 600 s limit), in priority order: 0 and 6 on whatever GPU comes (the
-# unmeasured changes and the cold-tuning experiment), 1-5 on the H200 (its acceptance rows):
+# per run-tool call (each within its 600 s limit), in priority order: 0, 6 and 7 on whatever GPU comes (the
+# unmeasured changes and the cold-tuning experiments), 1-5 on the H200 (its acceptance rows):
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..6; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..7; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..6)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..7)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -35,12 +35,17 @@ case "$N" in
     TESTS="tests/gpu/test_[n-z]*.py" bash bench/device_calls.sh "$OUT/b" gpu-tests:560 ;;
   5)  # issue 20: the CBR layer table again (stems, depthwise_nhwc), continuing from the committed rows
     bash bench/device_calls.sh "$OUT" cbr:560 ;;
-  6)  # issue 20's cold bar: cold ResNet-50 as it is (the report's slowest_signatures show the tail), then with
-      # CUDA's eager module loading (the cuDNN plans' first executions, 59 ms each, are mostly module loads
-      # inside the GPU turn: NOTES_e2e); each with fresh caches
+  6)  # issue 20's cold bar: cold ResNet-50 with the batched timing turns (ed28150; the CPU replay,
+      # bench/tuning_schedule_cpu.py, predicts 4-5 s less selection at 4 workers), then with 8 workers
+      # (the replay: 50 -> 38 s if the CPU keeps up with 8 workers' plan builds); fresh caches each
     CACHE_LIMIT=150 CACHE_ARGS="--models resnet50" bash bench/device_calls.sh "$OUT/l" cache:190
+    mkdir -p /tmp/device_calls/w8
+    GRAPHOPT_TUNE_WORKERS=8 CACHE_LIMIT=150 CACHE_ARGS="--models resnet50 --out /tmp/device_calls/w8/cache_speed_w8.json" \
+      bash bench/device_calls.sh "$OUT/w" cache:190 ;;
+  7)  # the cuDNN plans' first executions (59 ms each on the H100) as module loads: cold ResNet-50 with
+      # CUDA's eager module loading (NOTES_e2e; prediction 66 -> 36-46 s on the H100 if so)
     mkdir -p /tmp/device_calls/eager
     CUDA_MODULE_LOADING=EAGER CACHE_LIMIT=150 CACHE_ARGS="--models resnet50 --out /tmp/device_calls/eager/cache_speed_eager.json" \
       bash bench/device_calls.sh "$OUT/e" cache:190 ;;
-  *) echo "device_remaining.sh: N must be 0..6" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..7" >&2; exit 2 ;;
 esac
