@@ -206,8 +206,7 @@ def _context_usable() -> bool:
     except Exception:  # noqa: BLE001 - no driver or no device: no context to spoil
         return True
     try:
-        cupy.cuda.runtime.deviceSynchronize()
-        cupy.cuda.runtime.getLastError()  # raises on a sticky error
+        cupy.cuda.runtime.deviceSynchronize()  # raises a sticky error (an illegal address, a launch failure)
     except Exception:  # noqa: BLE001 - any error: not usable
         return False
     return True
