@@ -1,15 +1,16 @@
 """Replays a cold tuning's schedule on the CPU: the real profiler, its worker processes and GPU lock,
 with candidates that sleep for the phases a device report measured (no GPU needed).
 
-A cold ResNet-50 on the H100 (``bench/results/cache_speed_h100_resnet50_cold_report.json.xz``) spent
-64 s in selection while its 8 workers' recorded phases sum to about 28 s a worker. This script asks
+A cold ResNet-50 on the H100 (``bench/results/cache_speed_h100_resnet50_cold_report_a276967.json.xz``,
+one candidate a GPU turn) spent 64 s in selection while its 4 workers' recorded phases (restarts
+aside) sum to about 33 s a worker. This script asks
 whether the turn-taking (``graphopt.tune.candidate_run._gpu_turn``: checks hold the GPU lock shared,
 timings exclusively) explains the gap: every candidate of the report becomes a sleeping candidate with
 its lowering's average build, check and timing seconds, spread over the report's signatures as the
 profiler spreads them, and the replay's wall time is compared with the lower bounds (all timings in a
 row; every worker's own work).
 
-    python bench/tuning_schedule_cpu.py [--report R.json.xz] [--workers 8] [--scale 1.0] [--out F.json]
+    python bench/tuning_schedule_cpu.py [--report R.json.xz] [--workers 4] [--batch 8] [--scale 1.0] [--out F.json]
 
 ``--scale`` shrinks every sleep (0.25: a quarter of the time) so a replay takes less than the run.
 """
@@ -33,7 +34,7 @@ from graphopt.tune.gpus import DeviceInfo  # noqa: E402
 from graphopt.tune.profiler import Profiler  # noqa: E402
 
 DEFAULT_REPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                              "cache_speed_h100_resnet50_cold_report.json.xz")
+                              "cache_speed_h100_resnet50_cold_report_a276967.json.xz")
 
 
 class _Sleeper:

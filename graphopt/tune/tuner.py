@@ -52,15 +52,15 @@ WORKER_GPU_BYTES = 8 << 30  # what one tuning worker may hold on its GPU (contex
 
 
 def default_workers_per_gpu(devices=()) -> int:
-    """Tuning workers per GPU: one per two CPU cores, at most 8 (builds overlap; the GPU is taken in
+    """Tuning workers per GPU: one per four CPU cores, at most 4 (builds overlap; the GPU is taken in
     turns), and no more than the smallest GPU holds at ``WORKER_GPU_BYTES`` each (when its memory is
-    known). ``GRAPHOPT_TUNE_WORKERS`` overrides it. Measured on the H100 (16 cores), cold ResNet-50
-    bs32 with batched timing turns: 55.1 s with 4 workers, 45.6 s with 8
-    (``bench/results/cache_speed_h100_w8.json``)."""
+    known). ``GRAPHOPT_TUNE_WORKERS`` overrides it. Eight on the H100's 16 cores were slower on a
+    fresh machine (cold ResNet-50 64.7 s against 55.1 with 4, GPT-2 61.6 against 49.3: the cuDNN plan
+    builds are CPU work and 8 of them at once took twice the CPU seconds; bench/NOTES_e2e.md)."""
     env = os.environ.get("GRAPHOPT_TUNE_WORKERS", "").strip()
     if env.isdigit() and int(env) >= 1:
         return int(env)
-    n = max(1, min(8, (os.cpu_count() or 1) // 2))
+    n = max(1, min(4, (os.cpu_count() or 1) // 4))
     memory = [int(getattr(d, "total_memory", 0) or 0) for d in devices]
     if memory and min(memory) > 0:
         n = max(1, min(n, min(memory) // WORKER_GPU_BYTES))
