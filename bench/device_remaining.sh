@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-06), one
-# per run-tool call (each within its 600 s limit), in priority order: 0, 6 and 7 on whatever GPU comes (the
-# unmeasured changes and the cold-tuning experiments), 1-5 on the H200 (its acceptance rows):
+# per run-tool call (each within its 600 s limit). 1-5 are the H200's acceptance rows and still to run;
+# 0, 6 and 7 ran on an H100 on 2026-12-06 (f22d389) and are kept to repeat them on the H200:
 #
 #   bash bench/device_remaining.sh N "$OUT"        (N = 0..7; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
@@ -35,15 +35,15 @@ case "$N" in
     TESTS="tests/gpu/test_[n-z]*.py" bash bench/device_calls.sh "$OUT/b" gpu-tests:560 ;;
   5)  # issue 20: the CBR layer table again (stems, depthwise_nhwc), continuing from the committed rows
     bash bench/device_calls.sh "$OUT" cbr:560 ;;
-  6)  # issue 20's cold bar: cold ResNet-50 with the batched timing turns (ed28150; the CPU replay,
-      # bench/tuning_schedule_cpu.py, predicts 4-5 s less selection at 4 workers), then with 8 workers
-      # (the replay: 50 -> 38 s if the CPU keeps up with 8 workers' plan builds); fresh caches each
+  6)  # issue 20's cold bar: cold ResNet-50 with the batched timing turns (H100, fresh machine: 55.1 s),
+      # then with 8 workers (45.6 s there on a machine that had run one cold tuning; 64.7 s on a fresh
+      # one, NOTES_e2e); fresh tuning and kernel caches each
     CACHE_LIMIT=150 CACHE_ARGS="--models resnet50" bash bench/device_calls.sh "$OUT/l" cache:190
     mkdir -p /tmp/device_calls/w8
     GRAPHOPT_TUNE_WORKERS=8 CACHE_LIMIT=150 CACHE_ARGS="--models resnet50 --out /tmp/device_calls/w8/cache_speed_w8.json" \
       bash bench/device_calls.sh "$OUT/w" cache:190 ;;
-  7)  # the cuDNN plans' first executions (59 ms each on the H100) as module loads: cold ResNet-50 with
-      # CUDA's eager module loading (NOTES_e2e; prediction 66 -> 36-46 s on the H100 if so)
+  7)  # cold ResNet-50 with CUDA's eager module loading (refuted on the H100: 70.2 s, the cuDNN plans'
+      # first executions are not lazy module loads; NOTES_e2e)
     mkdir -p /tmp/device_calls/eager
     CUDA_MODULE_LOADING=EAGER CACHE_LIMIT=150 CACHE_ARGS="--models resnet50 --out /tmp/device_calls/eager/cache_speed_eager.json" \
       bash bench/device_calls.sh "$OUT/e" cache:190 ;;
