@@ -15,17 +15,13 @@ from graphopt.tune import candidate_run, results as R
 from graphopt.tune.candidate_run import FakeTimer, run_batch, survives
 from graphopt.tune.profiler import profile_node
 from graphopt.tune.runners import IsolatedRunner
+from tests.unit.test_profiler_gpu_turn import _probe
 from tests.unit.test_tune_profiler import SIG, ZOO, by_name, cand, fake_checker
 
 
 def _probe_exclusive_held(path: str) -> bool:
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-        return False
+    """Whether a worker holds the GPU alone (another could not take it even shared)."""
+    return not _probe(path, fcntl.LOCK_SH)
 
 
 def test_a_batch_is_checked_first_then_timed_in_one_exclusive_turn(tmp_path, monkeypatch):
