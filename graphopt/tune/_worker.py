@@ -68,7 +68,7 @@ def worker_loop(recv, send, timer, checker, buffers, arch) -> None:
 
 
 def _batch(send, sig, cands, timer, checker, buffers, arch) -> bool:
-    """Runs one batch; whether the worker may go on (every candidate ran and passed)."""
+    """Runs one batch; whether the worker may go on (every candidate ran and each reply ``survives``)."""
     state = {"at": 0}
 
     def progress(i: int) -> None:

@@ -133,9 +133,10 @@ BATCH_BYTES = 1 << 30  # device memory a batch's checked candidates may hold (bu
 def run_batch(sig, cands, timer, checker, buffers, arch, progress: Callable[[int], None]) -> dict[int, dict]:
     """Build and check ``cands`` one after another (each check in a shared GPU turn), then time the
     ones that passed in one exclusive turn: a worker sharing its GPU with others takes the GPU alone
-    once per batch rather than once per candidate. Replaying the H100's cold ResNet-50 on the CPU
-    (``bench/tuning_schedule_cpu.py``) took 46 s one candidate a turn, 36 s eight a turn: a timing
-    waits for every check in progress to end, and eight workers' checks rarely all end at once.
+    once per batch rather than once per candidate: a timing waits for every check in progress to end,
+    and the other workers' checks seldom all end at once. Replaying the H100's cold ResNet-50 on the
+    CPU (``bench/tuning_schedule_cpu.py``, 4 workers): 55.2 s one candidate a turn, 50.5 s eight a
+    turn; on the H100 itself selection went from 64.4 to 53.6 s.
 
     ``progress(i)`` is called before candidate ``i`` is checked and before it is timed (the worker
     sends it to the parent, which then knows whom a crash or a hang belongs to). Returns the replies
