@@ -114,6 +114,26 @@ def served_from_cache(rep: dict) -> bool:
     return all(from_cache(r) for r in rows)
 
 
+COLD_RUNS_FILE = Path(tempfile.gettempdir()) / "graphopt-cache-speed-cold-runs"
+
+
+def earlier_cold_runs() -> int:
+    """Cold tunings this script ran on this machine before (since its temporary directory was last
+    emptied), counting the one about to start. On the H100 the same cold ResNet-50 took 64.7 s as a
+    machine's first and 45.6 s as its second (2026-12-06; graphopt's own caches fresh both times:
+    the operating system's file cache of the cuDNN libraries, most likely), so every record says which
+    it was."""
+    try:
+        n = int(COLD_RUNS_FILE.read_text().strip() or 0)
+    except (OSError, ValueError):
+        n = 0
+    try:
+        COLD_RUNS_FILE.write_text(f"{n + 1}\n")
+    except OSError:
+        pass
+    return n
+
+
 def measure(name: str, model: Path, gpu: str, batch: int | None, limit_s: float, tmp: Path,
             tune_budget: float | None = None, profile_warm: bool = False) -> dict:
     """Cold then warm ``graphopt optimize`` of ``model``, with fresh caches in ``tmp``."""
@@ -123,7 +143,7 @@ def measure(name: str, model: Path, gpu: str, batch: int | None, limit_s: float,
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("GRAPHOPT_DEBUG", None)
     rec: dict = {"model": name, "file": os.path.relpath(model, ROOT) if model.is_relative_to(ROOT) else model.name,
-                 "batch": batch, "limit_s": limit_s}
+                 "batch": batch, "limit_s": limit_s, "earlier_cold_runs_on_machine": earlier_cold_runs()}
     outputs = []
     for phase in ("cold", "warm"):
         out, report = tmp / f"{phase}.onnx", tmp / f"{phase}.json"
