@@ -118,8 +118,8 @@ COLD_RUNS_FILE = Path(tempfile.gettempdir()) / "graphopt-cache-speed-cold-runs"
 
 
 def earlier_cold_runs() -> int:
-    """Cold tunings this script ran on this machine before (since its temporary directory was last
-    emptied), before the one about to start. On the H100 a cold ResNet-50 with 8 workers took 64.7 s as a
+    """Cold tunings this script ran on this machine before the one about to start (counted in a file
+    of the temporary directory). On the H100 a cold ResNet-50 with 8 workers took 64.7 s as a
     machine's first and 45.6 s as its second (2026-12-06; graphopt's own caches fresh both times:
     the operating system's file cache of the cuDNN libraries, most likely), so every record says which
     it was."""
