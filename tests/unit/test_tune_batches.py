@@ -142,3 +142,29 @@ def test_the_context_check_calls_functions_cupy_has():
     called = {n for n in ("getDeviceCount", "deviceSynchronize", "getLastError", "peekAtLastError")
               if f"runtime.{n}(" in inspect.getsource(candidate_run._context_usable)}
     assert called and all(hasattr(cupy.cuda.runtime, n) for n in called), called
+
+
+def timer_failing_at(launch, inputs, outputs):
+    """A timer whose run of a candidate of 0.77 ms hangs and of 0.66 ms kills the process: failures that
+    happen while a batch is timed, after every check passed (module-level: the worker unpickles it)."""
+    import os
+    import signal
+    import time
+
+    if launch.ms == 0.77:
+        time.sleep(600)
+    if launch.ms == 0.66:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return [launch.ms] * 3
+
+
+def test_a_hang_or_crash_while_a_batch_is_timed_is_the_reply_of_the_candidate_being_timed(tmp_path):
+    zoo = [cand("a", 1.0), cand("hangs", 0.77), cand("b", 2.0), cand("crashes", 0.66), cand("c", 0.5)]
+    with IsolatedRunner(timer_failing_at, fake_checker, arch="sm_90", timeout_s=3.0,
+                        gpu_lock=str(tmp_path / "gpu0.lock")) as runner:
+        res = profile_node(SIG, zoo, timer=timer_failing_at, checker=fake_checker, runner=runner, compute_capability=(9, 0))
+    r = by_name(res)
+    assert {k: v.status for k, v in r.items()} == {"a": R.OK, "hangs": R.TIMEOUT, "b": R.OK, "crashes": R.CRASHED,
+                                                    "c": R.OK}
+    assert "timed out after 3 s" in r["hangs"].reason and "SIGSEGV" in r["crashes"].reason
+    assert res.winner.lowering == "c"
