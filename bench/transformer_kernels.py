@@ -85,10 +85,10 @@ def main(argv=None):
     import torch.nn.functional as F
 
     from graphopt.kernels.attention import attention_kernel_instances
-    from graphopt.kernels.attention_cublas import softmax_configs, softmax_grid, softmax_instance, softmax_reason
+    from graphopt.kernels.attention_cublas import GRID_ROWS_MAX, softmax_configs, softmax_grid, softmax_instance, softmax_reason
     from graphopt.kernels.registry import signature_of
     from graphopt.kernels.norm import norm_kernel_instances
-    from graphopt.kernels.source import VEC16, get_kernel, instance, prebuild
+    from graphopt.kernels.source import VEC16, get_kernel, instance, prebuild, resident_ctas
     from graphopt.kernels.timing import cuda_event_timer, median
 
     command = "python3 bench/transformer_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -257,7 +257,7 @@ def main(argv=None):
                     if softmax_reason(params, dtype, skv):
                         continue
                     kern = get_kernel("attention.cu", softmax_instance(dtype, 0, params))
-                    grid, block = softmax_grid(rows, params)
+                    grid, block = softmax_grid(rows, params, resident_ctas(kern, 256) if params.get("pipe") else GRID_ROWS_MAX)
 
                     def launch(ins, outs, kern=kern, grid=grid, block=block):
                         kern(grid, block, (outs[0], np.int64(rows), np.int32(rows), np.int32(skv),
