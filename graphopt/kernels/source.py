@@ -15,6 +15,7 @@ Two compilers:
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -170,26 +171,62 @@ def _compile_one(job: tuple[str, str, str]) -> tuple[bytes, str]:
     d = cubin_cache_dir()
     path = os.path.join(d, key + ".cubin")
     name_path = os.path.join(d, key + ".name")
+    cached = _read_cached(path, name_path)
+    if cached:
+        return cached
+    with _compiling(d, key):
+        cached = _read_cached(path, name_path)  # compiled by the process we waited for
+        if cached:
+            return cached
+        cubin, names = nvrtc_compile_named(source, [expr], arch)
+        try:
+            os.makedirs(d, exist_ok=True)
+            for target, data in ((name_path, names[expr].encode()), (path, cubin)):
+                tmp = f"{target}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, target)
+        except OSError:
+            pass  # a read-only cache only costs a recompile
+    return cubin, names[expr]
+
+
+def _read_cached(path: str, name_path: str) -> tuple[bytes, str] | None:
+    """(cubin, lowered name) from the on-disk cache, or None."""
     try:
         with open(path, "rb") as f:
             cubin = f.read()
         with open(name_path) as f:
             lowered = f.read().strip()
-        if cubin[:4] == b"\x7fELF" and lowered:
-            return cubin, lowered
     except OSError:
-        pass
-    cubin, names = nvrtc_compile_named(source, [expr], arch)
+        return None
+    return (cubin, lowered) if cubin[:4] == b"\x7fELF" and lowered else None
+
+
+@contextmanager
+def _compiling(d: str, key: str):
+    """Hold an exclusive lock on instance ``key`` while this process compiles it, so a second process
+    wanting it (a tuning worker's build while the precompile pool compiles the same instance) waits and
+    reads the cubin instead of compiling it again. By hand on ``fcntl.flock`` (the standard library; the
+    ``filelock`` package would be a dependency for these few lines); the kernel releases the lock if
+    the holder dies. No lock where the cache cannot be written or ``fcntl`` is missing (each process
+    then compiles, as before)."""
+    import os
+
     try:
+        import fcntl
+
         os.makedirs(d, exist_ok=True)
-        for target, data in ((name_path, names[expr].encode()), (path, cubin)):
-            tmp = f"{target}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, target)
-    except OSError:
-        pass  # a read-only cache only costs a recompile
-    return cubin, names[expr]
+        f = open(os.path.join(d, key + ".lock"), "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def prebuild(jobs: Sequence[tuple[str, str]], arch: str | None = None, workers: int | None = None) -> dict[tuple[str, str], str]:
