@@ -173,7 +173,7 @@ def _pipe_cases():
     for dtype in ("float16", "float32"):
         for config in softmax_configs(dtype):
             params = dict(config)
-            if params.get("pipe") and params["loads"] <= 2 and softmax_reason(params, dtype, 128) is None:
+            if params.get("pipe") and softmax_reason(params, dtype, 128) is None:
                 for grid in (1, 3, 7):
                     yield pytest.param(dtype, params, grid, id=f"{dtype}-{','.join(f'{k}={v}' for k, v in config)}-grid{grid}")
 
