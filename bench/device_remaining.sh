@@ -3,12 +3,12 @@
 # per run-tool call (each within its 600 s limit). 1-5 are the H200's acceptance rows and still to run;
 # 0, 6 and 7 ran on an H100 on 2026-12-06 (f22d389) and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..7; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..8; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..7)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..8)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -50,5 +50,11 @@ case "$N" in
     mkdir -p /tmp/device_calls/eager
     CUDA_MODULE_LOADING=EAGER CACHE_LIMIT=150 CACHE_ARGS="--models resnet50 --out /tmp/device_calls/eager/cache_speed_eager.json" \
       bash bench/device_calls.sh "$OUT/e" cache:190 ;;
-  *) echo "device_remaining.sh: N must be 0..7" >&2; exit 2 ;;
+  8)  # issue 15 on the H200 in one call: call 1's rows (its EfficientNet-B0 bs32 row is an H100 matter:
+      # the H200's, 13.7 us/node, passes), then the GPU conformance table
+    MODELS=mobilenetv2,resnet50,bert DTYPES=fp16,fp32 \
+    E2E_ARGS="--rows mobilenetv2:1,resnet50:1:fp32,resnet50:32:fp32,bert:1:fp32,bert:32:fp32 --measure-reserve 45" \
+      bash bench/device_calls.sh "$OUT/e" e2e-cnn:460
+    bash bench/device_calls.sh "$OUT/c" conformance:100 ;;
+  *) echo "device_remaining.sh: N must be 0..8" >&2; exit 2 ;;
 esac
