@@ -134,6 +134,26 @@ def earlier_cold_runs() -> int:
     return n
 
 
+def driver_jit_cache() -> dict:
+    """Files and MB in the CUDA driver's JIT cache (``CUDA_CACHE_PATH``, default ``~/.nv/ComputeCache``):
+    where the driver keeps what it compiled from PTX. Recorded around each run to test whether a
+    machine's first cold tuning is slower because cuDNN's kernels are JIT-compiled for this GPU on first
+    use (a cuDNN plan's first execution cost 183 ms on a fresh H100 and 54 ms on one that had tuned before,
+    our own kernels' 2-4 ms) and whether the cache's size limit (``CUDA_CACHE_MAXSIZE``, 256 MiB unless set)
+    is reached."""
+    root = Path(os.environ.get("CUDA_CACHE_PATH") or Path.home() / ".nv" / "ComputeCache")
+    files = size = 0
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            try:
+                size += os.path.getsize(os.path.join(dirpath, n))
+                files += 1
+            except OSError:
+                pass
+    return {"path": str(root), "files": files, "mb": round(size / 2**20, 1),
+            "maxsize_env": os.environ.get("CUDA_CACHE_MAXSIZE"), "disabled_env": os.environ.get("CUDA_CACHE_DISABLE")}
+
+
 def measure(name: str, model: Path, gpu: str, batch: int | None, limit_s: float, tmp: Path,
             tune_budget: float | None = None, profile_warm: bool = False) -> dict:
     """Cold then warm ``graphopt optimize`` of ``model``, with fresh caches in ``tmp``."""
@@ -143,7 +163,8 @@ def measure(name: str, model: Path, gpu: str, batch: int | None, limit_s: float,
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("GRAPHOPT_DEBUG", None)
     rec: dict = {"model": name, "file": os.path.relpath(model, ROOT) if model.is_relative_to(ROOT) else model.name,
-                 "batch": batch, "limit_s": limit_s, "earlier_cold_runs_on_machine": earlier_cold_runs()}
+                 "batch": batch, "limit_s": limit_s, "earlier_cold_runs_on_machine": earlier_cold_runs(),
+                 "driver_jit_cache": {"before": driver_jit_cache()}}
     outputs = []
     for phase in ("cold", "warm"):
         out, report = tmp / f"{phase}.onnx", tmp / f"{phase}.json"
@@ -154,6 +175,7 @@ def measure(name: str, model: Path, gpu: str, batch: int | None, limit_s: float,
         if tune_budget and phase == "cold":  # a diagnosis run: the report (and its tuning_time) is written
             cmd += ["--tune-budget", str(tune_budget)]
         seconds, code, err = _run(cmd, env, limit_s)
+        rec["driver_jit_cache"][f"after_{phase}"] = driver_jit_cache()
         rec[f"{phase}_s"] = round(seconds, 3)
         rec[f"{phase}_exit"] = code
         if code != 0:
