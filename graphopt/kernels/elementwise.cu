@@ -96,6 +96,61 @@ __global__ void __launch_bounds__(256) epilogue_gemm_vec(T* __restrict__ Y, cons
     }
 }
 
+// epilogue_vec_pass, pipelined: run on a grid of at most the CTAs the GPU holds at once (the host's
+// resident_ctas), each thread loads its next vector (and that vector's bias) before this one's
+// arithmetic and store, so a load is in flight under every activation. epilogue_gemm_vec's grid is
+// several waves of CTAs that all load, then all compute (erff / tanhf: about a third of the time of
+// BERT-base's bs32 fp16 GELU on the H100, 23.2 us against a same-size copy's 19.2).
+template <typename T, int VEC, int ACT>
+__device__ __forceinline__ void epilogue_pipe_pass(T* __restrict__ Y, const T* __restrict__ bias, int nv, int row_v,
+                                                   float alpha, float beta, ActParams ap)
+{
+    typedef EpiVec<T, VEC> V;
+    if (ACT >= 0) ap.kind = ACT;
+    V* yv = reinterpret_cast<V*>(Y);
+    const V* bv = reinterpret_cast<const V*>(bias);
+    const int stride = gridDim.x * blockDim.x;
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= nv) return;
+    V y = yv[j], b;
+    if (bias) b = bv[j % row_v];
+    for (;;) {
+        const int jn = j + stride;  // nv + stride < 2**31: the host bounds the output below 2**31 elements
+        const bool more = jn < nv;
+        V yn, bn;
+        if (more) {
+            yn = yv[jn];
+            if (bias) bn = bv[jn % row_v];
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const float v = bias ? alpha * Num<T>::to_f(y.v[k]) + beta * Num<T>::to_f(b.v[k]) : alpha * Num<T>::to_f(y.v[k]);
+            y.v[k] = Num<T>::from_f(apply_act_inline(v, ap));
+        }
+        yv[j] = y;
+        if (!more) break;
+        j = jn; y = yn;
+        if (bias) b = bn;
+    }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) epilogue_gemm_pipe(T* __restrict__ Y, const T* __restrict__ bias, int total, int N,
+                                                          float alpha, float beta, int act, float act_alpha,
+                                                          float act_beta, float lo, float hi)
+{
+    ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
+    const int nv = total / VEC, row_v = N / VEC;
+    switch (act) {  // as epilogue_gemm_vec
+        case ACT_NONE: epilogue_pipe_pass<T, VEC, ACT_NONE>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_RELU: epilogue_pipe_pass<T, VEC, ACT_RELU>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_GELU: epilogue_pipe_pass<T, VEC, ACT_GELU>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_GELUTANH: epilogue_pipe_pass<T, VEC, ACT_GELUTANH>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_SILU: epilogue_pipe_pass<T, VEC, ACT_SILU>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        default: epilogue_pipe_pass<T, VEC, -1>(Y, bias, nv, row_v, alpha, beta, ap); break;
+    }
+}
+
 // cols[n][(c, r, s)][oh * OW + ow] = X[n][c][oh*sh - ph + r*dh][ow*sw - pw + s*dw] (0 outside).
 template <typename T>
 __global__ void im2col(const T* __restrict__ X, T* __restrict__ cols, int N, int C, int H, int W,

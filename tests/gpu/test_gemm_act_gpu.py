@@ -88,3 +88,49 @@ def test_gemm_activation(ai, dtype, name, cand):
     ash, bsh, csh, _ = CASES[name]
     inputs, attrs, ref = _data(name, dtype, ai)
     run_and_check(cand, "GemmAct", [ash, bsh, csh], dtype, attrs, inputs, ref)
+
+
+def _pipe_epilogue_cases():
+    for dtype in DTYPES:
+        for ai, attrs in enumerate(ACTS):
+            for with_bias in (True, False):
+                for grid in (1, 3, None):  # None: the launcher's grid (the CTAs the GPU holds)
+                    yield pytest.param(dtype, attrs, with_bias, grid, id=f"{dtype}-{ai}{attrs['activation']}-bias{int(with_bias)}-grid{grid}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,attrs,with_bias,grid", list(_pipe_epilogue_cases()))
+def test_pipelined_epilogue(dtype, attrs, with_bias, grid):
+    """``epilogue_gemm_pipe`` (each thread's next vector loaded before this one's arithmetic) against
+    the float64 activation of alpha * y + beta * bias, and equal to ``epilogue_gemm_vec`` bit for bit;
+    odd row counts, grids of 1 and 3 CTAs (every thread loops, prefetching) and the launcher's."""
+    from graphopt.kernels import geometry as geo
+    from graphopt.kernels.gemm_act import vector_epilogue_launcher
+    from graphopt.kernels.mma_args import ptr
+    from graphopt.kernels.source import VEC16, get_kernel, instance
+
+    m, n = 1037, 8 * VEC16[dtype] * 3
+    sig = Signature.make("GemmAct", [(m, 4), (4, n)], [dtype, dtype], {"mode": "matmul", **attrs})
+    act = geo.act_args(sig)
+    rng = np.random.default_rng(zlib.crc32(f"{dtype}{attrs}{with_bias}{grid}".encode()))
+    y0 = (rng.standard_normal((m, n)) * 2).astype(dtype)
+    bias = rng.standard_normal(n).astype(dtype) if with_bias else None
+    alpha, beta = 0.75, 1.5
+    x = alpha * y0.astype(np.float64) + (beta * bias.astype(np.float64) if with_bias else 0.0)
+    ref = R.activation(x, attrs["activation"], attrs.get("act_alpha"), attrs.get("act_beta"),
+                       attrs.get("clip_min"), attrs.get("clip_max"))
+    b_dev = cupy.asarray(bias) if with_bias else None
+    outs = {}
+    for pipe in (False, True):
+        y = cupy.asarray(y0)
+        if pipe and grid is not None:
+            kern = get_kernel("elementwise.cu", instance("epilogue_gemm_pipe", dtype, VEC16[dtype]))
+            f32 = np.float32
+            kern((grid,), (256,), (y, ptr(b_dev), np.int32(m * n), np.int32(n), f32(alpha), f32(beta), np.int32(act.code),
+                                   f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi)))
+        else:
+            vector_epilogue_launcher(dtype, m * n, n, act, pipe=pipe)(y, b_dev, alpha, beta)
+        outs[pipe] = cupy.asnumpy(y)
+    assert np.array_equal(outs[True], outs[False], equal_nan=True), "the pipelined epilogue differs from the vector one"
+    err = np.abs(outs[True].astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30)
+    assert err <= (2e-3 if dtype == "float16" else 1e-5), f"max error {err:.2e}"
