@@ -113,7 +113,8 @@ def resident_ctas(kernel, threads: int, shared_bytes: int = 0) -> int:
     import cupy
     from cupy.cuda import driver
 
-    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, threads, shared_bytes)
+    func = getattr(kernel, "kernel", kernel)  # a RawKernel's CUfunction (cupy.cuda.function.Function)
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, threads, shared_bytes)
     return max(1, int(per_sm)) * int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
