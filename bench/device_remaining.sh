@@ -12,13 +12,11 @@ N=${1:?usage: device_remaining.sh N OUT (N = 0..8)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
-  0)  # the changes no GPU ran yet (the pipelined short rows: cublas_softmax:...,pipe=1[,exp2=1]; the pipelined
-      # bias+activation epilogue, epilogue_gemm_pipe, measured beside the vector one;
-      # the held rows ran on the H100 at f22d389): its GPU tests (rows looped with tiny grids, the held
-      # rows, fully masked rows, [B, S, H, D]), then the memory table (softmax rows) and the BERT fp32 bs32
-      # row whose attention takes it
+  0)  # the change no GPU ran yet (the held softmax forms' exponent as exp2; the held rows ran on the H100 at
+      # f22d389): its GPU tests (the held rows, fully masked rows, [B, S, H, D]), then the memory table
+      # (softmax rows) and the BERT fp32 bs32 row whose attention takes it
     T=tests/gpu/test_attention_gpu.py  # node ids: device_bench.sh word-splits TESTS (a -k expression would break)
-    TESTS="$T::test_pipelined_softmax_loops_over_rows tests/gpu/test_gemm_act_gpu.py::test_pipelined_epilogue $T::test_held_softmax $T::test_fully_masked_rows $T::test_nan_and_inf_scores_give_the_references_rows $T::test_attention_candidate_reads_bshd" \
+    TESTS="$T::test_held_softmax $T::test_fully_masked_rows $T::test_nan_and_inf_scores_give_the_references_rows $T::test_attention_candidate_reads_bshd" \
       bash bench/device_calls.sh "$OUT/t" gpu-tests:150
     TRANSFORMER_ARGS="--tables memory --dtypes float16,float32" bash bench/device_calls.sh "$OUT/m" transformer:230
     MODELS=bert DTYPES=fp32 E2E_ARGS="--rows bert:32:fp32 --measure-reserve 45" bash bench/device_calls.sh "$OUT/e" e2e-cnn:180 ;;

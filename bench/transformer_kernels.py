@@ -67,6 +67,7 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float16,float32", help="memory-bound kernels")
     ap.add_argument("--attn-dtypes", default="float16")
     ap.add_argument("--quick", action="store_true", help="one size per table (smoke test)")
+    ap.add_argument("--kernels", default="norm,gelu,softmax", help="which memory-bound kernels (norm, gelu, softmax)")
     ap.add_argument("--tables", default="memory,attention",
                     help="which tables: memory (norms, bias+GELU, softmax), attention, or both")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; what is past it is skipped and listed")
@@ -85,12 +86,10 @@ def main(argv=None):
     import torch.nn.functional as F
 
     from graphopt.kernels.attention import attention_kernel_instances
-    from graphopt.kernels.gemm_act import vector_epilogue_launcher
-    from graphopt.kernels.geometry import ActArgs
-    from graphopt.kernels.attention_cublas import GRID_ROWS_MAX, softmax_configs, softmax_grid, softmax_instance, softmax_reason
+    from graphopt.kernels.attention_cublas import softmax_configs, softmax_grid, softmax_instance, softmax_reason
     from graphopt.kernels.registry import signature_of
     from graphopt.kernels.norm import norm_kernel_instances
-    from graphopt.kernels.source import VEC16, get_kernel, instance, prebuild, resident_ctas
+    from graphopt.kernels.source import VEC16, get_kernel, instance, prebuild
     from graphopt.kernels.timing import cuda_event_timer, median
 
     command = "python3 bench/transformer_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -109,6 +108,9 @@ def main(argv=None):
     tstream = torch.cuda.ExternalStream(stream.ptr)
     rng = cupy.random.RandomState(0)
     pick = (lambda xs: xs[-1:]) if args.quick else (lambda xs: xs)
+    kinds = set(args.kernels.split(","))
+    if kinds - {"norm", "gelu", "softmax"}:
+        ap.error(f"--kernels: unknown {', '.join(sorted(kinds - {'norm', 'gelu', 'softmax'}))} (norm, gelu, softmax)")
     mem_rows, attn_rows = [], []
 
     def torch_us(fn, ins, out):
@@ -186,7 +188,7 @@ def main(argv=None):
         for dtype in (args.dtypes.split(",") if "memory" in tables else []):
             esz = np.dtype(dtype).itemsize
             tol = 1e-2 if dtype == "float16" else 1e-4
-            for name, rows, d in pick(NORM_SIZES):
+            for name, rows, d in pick(NORM_SIZES if "norm" in kinds else []):
                 x = rng.standard_normal((rows, d), dtype=cupy.float32).astype(dtype)
                 g, b = (rng.standard_normal(d, dtype=cupy.float32).astype(dtype) for _ in range(2))
                 sk = rng.standard_normal((rows, d), dtype=cupy.float32).astype(dtype)
@@ -207,7 +209,7 @@ def main(argv=None):
                     cands = choice_cands(tuner.profile(sig))
                     record(kind, name, dtype, (rows, d), n_io * rows * d * esz, cands, torch_us(tfn, tins, out))
                 cupy.get_default_memory_pool().free_all_blocks()
-            for name, m, n in pick(GELU_SIZES):
+            for name, m, n in pick(GELU_SIZES if "gelu" in kinds else []):
                 y0 = rng.standard_normal((m, n), dtype=cupy.float32).astype(dtype)
                 bias = rng.standard_normal(n, dtype=cupy.float32).astype(dtype)
                 ty, tbias = torch.as_tensor(y0, device="cuda"), torch.as_tensor(bias, device="cuda")
@@ -227,16 +229,10 @@ def main(argv=None):
                         epi_vec(vgrid, (256,), (outs[0], ins[0], np.int32(total), np.int32(n), np.float32(1.0),
                                                 np.float32(1.0), np.int32(code), np.float32(0.2), np.float32(0.5),
                                                 np.float32(-np.inf), np.float32(np.inf)))
-                    pipe_run = vector_epilogue_launcher(dtype, total, n, ActArgs(code, 0.2, 0.5, -math.inf, math.inf),
-                                                        pipe=True) if epi_vec else None
-
-                    def launch_pipe(ins, outs, run=pipe_run):
-                        run(outs[0], ins[0], 1.0, 1.0)
                     with torch.cuda.stream(tstream):
                         ref = F.gelu(ty.float() + tbias.float(), approximate=approx)
                     cands = {}
-                    for kname, fn in (("epilogue_gemm", launch), ("epilogue_gemm_vec", launch_vec if epi_vec else None),
-                                      ("epilogue_gemm_pipe", launch_pipe if epi_vec else None)):
+                    for kname, fn in (("epilogue_gemm", launch), ("epilogue_gemm_vec", launch_vec if epi_vec else None)):
                         if fn is None:
                             continue
                         work = y0.copy()
@@ -248,15 +244,12 @@ def main(argv=None):
                         cands[kname] = (us, None) if err <= tol else (math.inf, f"normwise error {err:.2e}")
                     t_us = torch_us(lambda a, c: F.gelu(a + c, approximate=approx), [ty, tbias], torch.empty_like(ty))
                     # the row is what GemmAct's cuBLAS lowerings launch: the vector kernel wherever it applies
-                    # (never picked by time here), the scalar one and the pipelined one beside it for comparison
+                    # (never picked by time here), the scalar one beside it for comparison
                     scalar = cands.pop("epilogue_gemm") if epi_vec else None
-                    piped = cands.pop("epilogue_gemm_pipe", None)
                     record(f"bias+{act}", name, dtype, (m, n), 2 * total * esz, cands, t_us,
-                           {"scalar_epilogue_us": None if scalar is None or not math.isfinite(scalar[0]) else round(scalar[0], 2),
-                            "pipe_epilogue_us": None if piped is None or not math.isfinite(piped[0]) else round(piped[0], 2),
-                            "pipe_epilogue_error": None if piped is None else piped[1]})
+                           {"scalar_epilogue_us": None if scalar is None or not math.isfinite(scalar[0]) else round(scalar[0], 2)})
                 cupy.get_default_memory_pool().free_all_blocks()
-            for name, rows, skv in pick(SOFTMAX_SIZES):
+            for name, rows, skv in pick(SOFTMAX_SIZES if "softmax" in kinds else []):
                 s0 = rng.standard_normal((rows, skv), dtype=cupy.float32).astype(dtype)
                 ts0 = torch.as_tensor(s0, device="cuda")
                 with torch.cuda.stream(tstream):
@@ -268,7 +261,7 @@ def main(argv=None):
                     if softmax_reason(params, dtype, skv):
                         continue
                     kern = get_kernel("attention.cu", softmax_instance(dtype, 0, params))
-                    grid, block = softmax_grid(rows, params, resident_ctas(kern, 256) if params.get("pipe") else GRID_ROWS_MAX)
+                    grid, block = softmax_grid(rows, params)
 
                     def launch(ins, outs, kern=kern, grid=grid, block=block):
                         kern(grid, block, (outs[0], np.int64(rows), np.int32(rows), np.int32(skv),
@@ -322,24 +315,6 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
     for r in mem_rows:
         lines.append(f"| {r['kernel']} | {r['size']} | {r['dtype']} | {r['MB']} | {r['graphopt_us']} | {r['fraction_of_copy']} | "
                      f"{r.get('of_same_size_copy', '-')} | {r['torch_us']} | {r['torch_of_copy']} | {r['chosen']} |")
-    piped = [r for r in mem_rows if r.get("pipe_epilogue_us") is not None
-             or any("pipe=1" in k for k in r.get("candidates", {}))]
-    if piped:
-        lines += ["", "Pipelined forms (a grid the GPU holds at once, the next load issued before this one's "
-                  "arithmetic) beside the best other: bias+GELU's `epilogue_gemm_pipe` (measured, not launched "
-                  "by any lowering yet) and the softmax's `pipe=1` candidates (the tuner's to pick).", "",
-                  "| kernel | size | dtype | other us | pipelined us | pipelined form |", "|---|---|---|---:|---:|---|"]
-        for r in piped:
-            cands = r.get("candidates", {})
-            if r.get("pipe_epilogue_us") is not None:
-                other, pipe, form = r["graphopt_us"], r["pipe_epilogue_us"], "epilogue_gemm_pipe"
-            else:
-                def best(keys):
-                    keys = [k for k in keys if cands.get(k) is not None]
-                    return min(keys, key=lambda k: cands[k]) if keys else None
-                kp, ko = best([k for k in cands if "pipe=1" in k]), best([k for k in cands if "pipe=1" not in k])
-                other, pipe, form = cands.get(ko, "-"), cands.get(kp, "-"), kp
-            lines.append(f"| {r['kernel']} | {r['size']} | {r['dtype']} | {other} | {pipe} | {form} |")
     lines += ["", "## Attention (no mask; causal where it says so)", "",
               "| seq | head dim | causal | BxH | dtype | graphopt us | TFLOP/s | SDPA us | SDPA TFLOP/s | x SDPA | unfused torch us | best per provider | chosen |",
               "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]

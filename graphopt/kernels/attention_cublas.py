@@ -18,14 +18,13 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import blas
 from graphopt.kernels.attention_plan import AttnPlan, _AttentionKernels, _arrays, _mask_args, attention_plan
-from graphopt.kernels.source import VEC16, get_kernel, instance, resident_ctas, source_hash
+from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Signature
 
 SOFTMAX_WARPS = (1, 2, 4, 8)
 SOFTMAX_LANES = (8, 16, 32)  # attn_softmax_rows: lanes a row (256 / lanes rows a CTA)
 SOFTMAX_LANES_MAX_LOADS = 8  # loads a lane beyond which a short-row configuration does not apply
 SOFTMAX_HELD_LOADS = (1, 2, 4, 8)  # the held forms: a thread's loads, exactly (rows of lanes or threads x loads vectors)
-SOFTMAX_PIPE_EXP2 = (0, 1)  # the pipelined short-row form (pipe=1): expf, or exp2 of the scaled difference
 GRID_ROWS_MAX = 132 * 64  # softmax CTAs; rows beyond this loop inside the kernel
 
 
@@ -83,17 +82,13 @@ def softmax_configs(dtype: str) -> list[tuple[tuple[str, Any], ...]]:
     """The in-place softmax kernel's configurations (``cublas_softmax``'s params): a row per CTA of
     ``warps`` warps (``attn_softmax``), or ``lanes`` lanes a row and 256 / lanes rows a CTA
     (``attn_softmax_rows``, for short rows); ``vec`` scores per load (16 bytes; absent: 1); with
-    ``loads``, a row of exactly lanes * loads (or warps * 32 * loads) 16-byte vectors held in registers;
-    ``pipe=1`` (short rows held): a grid the GPU holds at once, each group loading its next row before
-    this one's arithmetic (``attn_softmax_rows_pipe``), ``exp2`` its exponential."""
+    ``loads``, a row of exactly lanes * loads (or warps * 32 * loads) 16-byte vectors held in registers."""
     vecs = sorted({VEC16[dtype]} if dtype in VEC16 else set(), reverse=True)
     out: list[tuple[tuple[str, Any], ...]] = [(("warps", w),) for w in SOFTMAX_WARPS]
     out += [(("warps", w), ("vec", v)) for v in vecs for w in SOFTMAX_WARPS]
     out += [(("lanes", n),) + ((("vec", v),) if v > 1 else ()) for v in vecs + [1] for n in SOFTMAX_LANES]
     out += [(("lanes", n), ("vec", v), ("loads", k)) for v in vecs for n in SOFTMAX_LANES for k in SOFTMAX_HELD_LOADS]
     out += [(("warps", w), ("vec", v), ("loads", k)) for v in vecs for w in SOFTMAX_WARPS for k in SOFTMAX_HELD_LOADS]
-    out += [(("lanes", n), ("vec", v), ("loads", k), ("pipe", 1)) + ((("exp2", 1),) if e else ())
-            for e in SOFTMAX_PIPE_EXP2 for v in vecs for n in SOFTMAX_LANES for k in SOFTMAX_HELD_LOADS]
     return out
 
 
@@ -128,20 +123,16 @@ def softmax_reason(params: dict, dtype: str, skv: int) -> str | None:
 def softmax_instance(dtype: str, mask: int, params: dict) -> str:
     vec = int(params.get("vec", 1))
     loads = int(params.get("loads", 0))  # rows held in registers (0: any length, strided)
-    if params.get("pipe"):
-        return instance("attn_softmax_rows_pipe", dtype, int(params["lanes"]), mask, vec, loads, int(params.get("exp2", 0)))
     if "lanes" in params:
         return instance("attn_softmax_rows", dtype, int(params["lanes"]), mask, vec, loads)
     return instance("attn_softmax", dtype, int(params["warps"]), mask, vec, loads)
 
 
-def softmax_grid(rows: int, params: dict, resident: int = GRID_ROWS_MAX) -> tuple[tuple[int], tuple[int]]:
-    """(grid, block) of the softmax kernel over ``rows`` rows; rows past the grid loop inside it.
-    ``resident``: the CTAs the GPU holds at once (``source.resident_ctas``), the pipelined form's cap."""
+def softmax_grid(rows: int, params: dict) -> tuple[tuple[int], tuple[int]]:
+    """(grid, block) of the softmax kernel over ``rows`` rows; rows past the grid loop inside it."""
     if "lanes" in params:
         per_cta = 256 // int(params["lanes"])
-        cap = min(resident, GRID_ROWS_MAX) if params.get("pipe") else GRID_ROWS_MAX
-        return (max(1, min(-(-rows // per_cta), cap)),), (256,)
+        return (max(1, min(-(-rows // per_cta), GRID_ROWS_MAX)),), (256,)
     return (max(1, min(rows, GRID_ROWS_MAX)),), (int(params["warps"]) * 32,)
 
 
@@ -181,8 +172,7 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
 
         p, kern = self._prologue(sig)
         rows = p.Z * p.Sq
-        resident = resident_ctas(kern, 256) if self.param("pipe") else GRID_ROWS_MAX  # the pipelined form fills the GPU once
-        grid, block = softmax_grid(rows, dict(self.params), resident)
+        grid, block = softmax_grid(rows, dict(self.params))
         # The scores buffer is allocated once, at build time, so a captured CUDA graph reuses it.
         scores = cupy.empty(p.Z * p.Sq * p.Skv, dtype=p.dtype)
 

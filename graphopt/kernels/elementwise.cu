@@ -52,7 +52,7 @@ struct __align__(sizeof(T) * VEC) EpiVec {
     T v[VEC];
 };
 
-// One pass of the vector epilogue (epilogue_by_act below picks it) with the activation ``ACT`` fixed at compile time (ACT < 0: read from
+// One pass of the loop below with the activation ``ACT`` fixed at compile time (ACT < 0: read from
 // ap.kind per element). The kind is uniform per launch, so the kernel picks the pass once: inlined
 // per element, apply_act_inline's switch was a chain of compares and branches around every value
 // (2,177 PTX instructions for the 8-wide fp16 kernel, 281 of them setp and 227 bra).
@@ -79,84 +79,21 @@ __device__ __forceinline__ void epilogue_vec_pass(T* __restrict__ Y, const T* __
     }
 }
 
-// epilogue_vec_pass, pipelined: run on a grid of at most the CTAs the GPU holds at once (the host's
-// resident_ctas), each thread loads its next vector (and that vector's bias) before this one's
-// arithmetic and store, so a load is in flight under every activation. epilogue_gemm_vec's grid is
-// several waves of CTAs that all load, then all compute (erff / tanhf: about a third of the time of
-// BERT-base's bs32 fp16 GELU on the H100, 23.2 us against a same-size copy's 19.2).
-template <typename T, int VEC, int ACT>
-__device__ __forceinline__ void epilogue_pipe_pass(T* __restrict__ Y, const T* __restrict__ bias, int nv, int row_v,
-                                                   float alpha, float beta, ActParams ap)
-{
-    typedef EpiVec<T, VEC> V;
-    if (ACT >= 0) ap.kind = ACT;
-    V* yv = reinterpret_cast<V*>(Y);
-    const V* bv = reinterpret_cast<const V*>(bias);
-    const int stride = gridDim.x * blockDim.x;
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= nv) return;
-    V y = yv[j], b;
-    if (bias) b = bv[j % row_v];
-    for (;;) {
-        const int jn = j + stride;  // nv + stride < 2**31: the host bounds the output below 2**31 elements
-        const bool more = jn < nv;
-        V yn, bn;
-        if (more) {
-            yn = yv[jn];
-            if (bias) bn = bv[jn % row_v];
-        }
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-            const float v = bias ? alpha * Num<T>::to_f(y.v[k]) + beta * Num<T>::to_f(b.v[k]) : alpha * Num<T>::to_f(y.v[k]);
-            y.v[k] = Num<T>::from_f(apply_act_inline(v, ap));
-        }
-        yv[j] = y;
-        if (!more) break;
-        j = jn; y = yn;
-        if (bias) b = bn;
-    }
-}
-
-// One pass, its activation fixed at compile time where it is a GEMM epilogue's usual one.
-template <typename T, int VEC, int ACT, bool PIPE>
-__device__ __forceinline__ void epilogue_pass(T* __restrict__ Y, const T* __restrict__ bias, int nv, int row_v,
-                                              float alpha, float beta, const ActParams& ap)
-{
-    if (PIPE) epilogue_pipe_pass<T, VEC, ACT>(Y, bias, nv, row_v, alpha, beta, ap);
-    else epilogue_vec_pass<T, VEC, ACT>(Y, bias, nv, row_v, alpha, beta, ap);
-}
-
-// The two vector epilogue kernels' body: the activation's pass picked once per launch.
-template <typename T, int VEC, bool PIPE>
-__device__ __forceinline__ void epilogue_by_act(T* __restrict__ Y, const T* __restrict__ bias, int total, int N,
-                                                float alpha, float beta, int act, float act_alpha, float act_beta,
-                                                float lo, float hi)
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) epilogue_gemm_vec(T* __restrict__ Y, const T* __restrict__ bias, int total, int N,
+                                                         float alpha, float beta, int act, float act_alpha,
+                                                         float act_beta, float lo, float hi)
 {
     ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
     const int nv = total / VEC, row_v = N / VEC;
     switch (act) {  // the GEMM epilogues' activations get their own pass; the rarer ones share one
-        case ACT_NONE: epilogue_pass<T, VEC, ACT_NONE, PIPE>(Y, bias, nv, row_v, alpha, beta, ap); break;
-        case ACT_RELU: epilogue_pass<T, VEC, ACT_RELU, PIPE>(Y, bias, nv, row_v, alpha, beta, ap); break;
-        case ACT_GELU: epilogue_pass<T, VEC, ACT_GELU, PIPE>(Y, bias, nv, row_v, alpha, beta, ap); break;
-        case ACT_GELUTANH: epilogue_pass<T, VEC, ACT_GELUTANH, PIPE>(Y, bias, nv, row_v, alpha, beta, ap); break;
-        case ACT_SILU: epilogue_pass<T, VEC, ACT_SILU, PIPE>(Y, bias, nv, row_v, alpha, beta, ap); break;
-        default: epilogue_pass<T, VEC, -1, PIPE>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_NONE: epilogue_vec_pass<T, VEC, ACT_NONE>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_RELU: epilogue_vec_pass<T, VEC, ACT_RELU>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_GELU: epilogue_vec_pass<T, VEC, ACT_GELU>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_GELUTANH: epilogue_vec_pass<T, VEC, ACT_GELUTANH>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_SILU: epilogue_vec_pass<T, VEC, ACT_SILU>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        default: epilogue_vec_pass<T, VEC, -1>(Y, bias, nv, row_v, alpha, beta, ap); break;
     }
-}
-
-#define EPILOGUE_VEC_ARGS T* __restrict__ Y, const T* __restrict__ bias, int total, int N, float alpha, float beta, \
-                          int act, float act_alpha, float act_beta, float lo, float hi
-
-template <typename T, int VEC>
-__global__ void __launch_bounds__(256) epilogue_gemm_vec(EPILOGUE_VEC_ARGS)
-{
-    epilogue_by_act<T, VEC, false>(Y, bias, total, N, alpha, beta, act, act_alpha, act_beta, lo, hi);
-}
-
-template <typename T, int VEC>
-__global__ void __launch_bounds__(256) epilogue_gemm_pipe(EPILOGUE_VEC_ARGS)
-{
-    epilogue_by_act<T, VEC, true>(Y, bias, total, N, alpha, beta, act, act_alpha, act_beta, lo, hi);
 }
 
 // cols[n][(c, r, s)][oh * OW + ow] = X[n][c][oh*sh - ph + r*dh][ow*sw - pw + s*dw] (0 outside).

@@ -20,7 +20,7 @@ from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.kernels.mma_args import mma_args, ptr
 from graphopt.kernels.mma_tiles import VEC, TiledMmaParams, mma_family
-from graphopt.kernels.source import VEC16, get_kernel, instance, resident_ctas, source_hash
+from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
 
 SUPPORTED_DTYPES = ("float16", "float32")
 
@@ -134,17 +134,13 @@ def _vector_epilogue(p: GemmPlan, dt: str) -> bool:
     return (p.bias is None or (p.bias[0] == 0 and p.bias[1] == 0 and p.bias[2] == 1)) and p.N % VEC16[dt] == 0
 
 
-def vector_epilogue_launcher(dt: str, total: int, n: int, act, pipe: bool = False):
+def vector_epilogue_launcher(dt: str, total: int, n: int, act):
     """``run(y, c, alpha, beta)``: ``y = act(alpha * y + beta * c)`` in place (``c``: one row of ``n``
     values, or None for ``act(alpha * y)``) over ``total`` elements, 16 bytes per load
-    (``epilogue_gemm_vec``; the caller checks alignment and that ``n`` is whole vectors). ``pipe``:
-    ``epilogue_gemm_pipe``, a grid the GPU holds at once, each thread's next vector loaded before this
-    one's arithmetic (measured beside the other in ``bench/transformer_kernels.py``; not yet launched by
-    any lowering)."""
+    (``epilogue_gemm_vec``; the caller checks alignment and that ``n`` is whole vectors)."""
     vec = VEC16[dt]
-    kern = get_kernel("elementwise.cu", instance("epilogue_gemm_pipe" if pipe else "epilogue_gemm_vec", dt, vec))
-    cap = resident_ctas(kern, 256) if pipe else 132 * 32
-    grid = (max(1, min(-(-(total // vec) // 256), cap)),)
+    kern = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dt, vec))
+    grid = (max(1, min(-(-(total // vec) // 256), 132 * 32)),)
     i32, f32 = np.int32, np.float32
     head = (i32(total), i32(n))
     tail = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))

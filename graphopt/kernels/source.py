@@ -85,9 +85,9 @@ def _int(v: Any) -> int:
 
 def instance(template: str, dtype: str, *ints: int) -> str:
     """``template<ctype, i0, i1, ...>`` from validated parts, e.g. ``mma_gemm<half_t,2,128,...>``."""
-    if template not in ("direct_conv", "depthwise_nhwc", "stem_conv", "mma_gemm", "epilogue_nchw", "epilogue_gemm", "epilogue_gemm_vec", "epilogue_gemm_pipe", "im2col", "nchw_to_nhwc", "weight_to_rsc",
+    if template not in ("direct_conv", "depthwise_nhwc", "stem_conv", "mma_gemm", "epilogue_nchw", "epilogue_gemm", "epilogue_gemm_vec", "im2col", "nchw_to_nhwc", "weight_to_rsc",
                         "pad_channels_nhwc",
-                        "norm_rows", "attn_softmax", "attn_softmax_rows", "attn_softmax_rows_pipe", "attn_batch_ptrs", "flash_attn", "flash_mma", "pool2d", "global_pool", "global_pool_finish", "rope", "rope_vec", "group_norm",
+                        "norm_rows", "attn_softmax", "attn_softmax_rows", "attn_batch_ptrs", "flash_attn", "flash_mma", "pool2d", "global_pool", "global_pool_finish", "rope", "rope_vec", "group_norm",
                         "glu_gate"):
         raise TuningError(f"unknown kernel template {template!r}")
     if dtype not in CTYPE:
@@ -105,17 +105,6 @@ def device_arch() -> str:
     import cupy
 
     return "sm_" + cupy.cuda.Device().compute_capability
-
-
-def resident_ctas(kernel, threads: int, shared_bytes: int = 0) -> int:
-    """How many CTAs of ``kernel`` (a ``get_kernel`` function) the current device holds at once: its
-    multiprocessors times the driver's occupancy for ``threads`` threads a CTA (at least 1)."""
-    import cupy
-    from cupy.cuda import driver
-
-    func = getattr(kernel, "kernel", kernel)  # a RawKernel's CUfunction (cupy.cuda.function.Function)
-    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, threads, shared_bytes)
-    return max(1, int(per_sm)) * int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
 def _load(source: str, expr: str, arch: str, cubin: bytes, lowered: str):

@@ -164,44 +164,6 @@ def test_held_softmax(skv, name, kind, mshape, attrs, dtype, cand):
     _compare(cand.key(), got, again, ref, dtype)
 
 
-def _pipe_cases():
-    """The pipelined short-row softmax (``pipe=1``) launched directly with grids far smaller than the rows
-    (1, 3 and 7 CTAs), so every group loops over many rows, prefetching the next: 4 x 3 x 37 rows,
-    causal and an additive padding mask, both exponentials, fp16 and fp32."""
-    from graphopt.kernels.attention_cublas import softmax_configs, softmax_reason
-
-    for dtype in ("float16", "float32"):
-        for config in softmax_configs(dtype):
-            params = dict(config)
-            if params.get("pipe") and softmax_reason(params, dtype, 128) is None:
-                for grid in (1, 3, 7):
-                    yield pytest.param(dtype, params, grid, id=f"{dtype}-{','.join(f'{k}={v}' for k, v in config)}-grid{grid}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype,params,grid", list(_pipe_cases()))
-def test_pipelined_softmax_loops_over_rows(dtype, params, grid):
-    from graphopt.kernels.attention_cublas import softmax_instance
-    from graphopt.kernels.source import get_kernel
-
-    b, h, sq, skv = 4, 3, 37, 128
-    rng = np.random.default_rng(grid)
-    scores = (rng.standard_normal((b, h, sq, skv)) * 3).astype(dtype)
-    mask = np.zeros((b, 1, 1, skv), dtype=dtype)
-    mask[1, ..., 100:] = -10000.0
-    x = scores.astype(np.float64) + mask.astype(np.float64)
-    x = np.where(np.arange(skv)[None, None, None, :] > np.arange(sq)[None, None, :, None], -np.inf, x)  # causal
-    ref = np.exp(x - x.max(-1, keepdims=True))
-    ref /= ref.sum(-1, keepdims=True)
-    kern = get_kernel("attention.cu", softmax_instance(dtype, 1, params))
-    P, M = cupy.asarray(scores), cupy.asarray(mask)
-    kern((grid,), (256,), (P, np.int64(b * h * sq), np.int32(sq), np.int32(skv), np.int32(h), np.uint64(M.data.ptr),
-                           np.int64(skv), np.int64(0), np.int64(0), np.int64(1), np.float32(-np.inf), np.int32(1), np.int32(0)))
-    got = cupy.asnumpy(P).astype(np.float64)
-    err = np.abs(got - ref).max() / np.abs(ref).max()
-    assert err <= TOL[dtype], f"{params} {dtype} grid {grid}: max error {err:.2e}"
-
-
 LAYOUTS_BSHD = {"qkv": (1, 0), "y": (0, 1), "qkv_y": (1, 1)}  # (qkv_bshd, y_bshd)
 
 

@@ -359,10 +359,10 @@ def test_pointer_array_gemms_against_the_reference(attrs, packed):
 
 def test_held_softmax_configs_take_rows_of_exactly_lanes_times_loads_vectors():
     fp16 = _sig(Skv=128, D=64, dtype="float16")  # 16 vectors of 8
-    held = [k for k in _applicable(fp16) if "loads=" in k and "pipe=" not in k]
+    held = [k for k in _applicable(fp16) if "loads=" in k]
     assert held == ["cublas_softmax:lanes=8,vec=8,loads=2", "cublas_softmax:lanes=16,vec=8,loads=1"]
     fp32 = _sig(Skv=128, D=64)  # 32 vectors of 4
-    assert [k for k in _applicable(fp32) if "loads=" in k and "pipe=" not in k] == [
+    assert [k for k in _applicable(fp32) if "loads=" in k] == [
         "cublas_softmax:lanes=8,vec=4,loads=4", "cublas_softmax:lanes=16,vec=4,loads=2",
         "cublas_softmax:lanes=32,vec=4,loads=1", "cublas_softmax:warps=1,vec=4,loads=1"]
     assert candidate_from_key("Attention", "cublas_softmax:warps=2,vec=4,loads=1").applies(fp32, (9, 0)) == \
@@ -376,24 +376,6 @@ def test_held_softmax_configs_take_rows_of_exactly_lanes_times_loads_vectors():
     assert cand.kernels(_sig(Skv=128, D=64, dtype="float16", mask=(2, 1, 1, 128), kind="additive")) == [
         ("attention.cu", "attn_softmax_rows<half_t,8,1,8,2>")]
     assert softmax_grid(1000, {"lanes": 8, "vec": 8, "loads": 2}) == ((32,), (256,))
-
-
-def test_pipelined_softmax_configs_are_the_held_short_rows_with_a_grid_the_gpu_holds():
-    fp16 = _sig(Skv=128, D=64, dtype="float16")
-    assert [k for k in _applicable(fp16) if "pipe=" in k] == [
-        "cublas_softmax:lanes=8,vec=8,loads=2,pipe=1", "cublas_softmax:lanes=16,vec=8,loads=1,pipe=1",
-        "cublas_softmax:lanes=8,vec=8,loads=2,pipe=1,exp2=1", "cublas_softmax:lanes=16,vec=8,loads=1,pipe=1,exp2=1"]
-    cand = candidate_from_key("Attention", "cublas_softmax:lanes=8,vec=8,loads=2,pipe=1,exp2=1")
-    assert cand.applies(_sig(Skv=136, D=64, dtype="float16"), (9, 0)) == \
-        "a row of 136 keys is not lanes=8 x loads=2 16-byte vectors"
-    assert cand.kernels(_sig(Skv=128, D=64, dtype="float16", mask=(2, 1, 1, 128), kind="additive")) == [
-        ("attention.cu", "attn_softmax_rows_pipe<half_t,8,1,8,2,1>")]
-    assert candidate_from_key("Attention", "cublas_softmax:lanes=16,vec=4,loads=2,pipe=1").kernels(
-        _sig(Skv=128, D=64)) == [("attention.cu", "attn_softmax_rows_pipe<float,16,0,4,2,0>")]
-    pipe = {"lanes": 8, "vec": 8, "loads": 2, "pipe": 1}
-    assert softmax_grid(49152, pipe, resident=1056) == ((1056,), (256,))  # BERT-base bs32: rows loop inside
-    assert softmax_grid(1000, pipe, resident=1056) == ((32,), (256,))  # fewer rows: 32 rows a CTA, as held
-    assert softmax_grid(49152, {"lanes": 8, "vec": 8, "loads": 2}, resident=1056) == ((1536,), (256,))  # not capped
 
 
 def _nan_max(a, b):
@@ -535,26 +517,3 @@ def test_strided_softmax_row_against_the_reference(lanes, vec, n, case, nz):
     (a first NaN used to be dropped, and a +inf row's masked scores came out 0)."""
     row = _row(n, case)
     _same(_strided_softmax_row(row, lanes, vec, nz), _reference_row(row, nz))
-
-
-def test_resident_ctas_is_occupancy_times_multiprocessors(monkeypatch):
-    """The pipelined softmax's grid cap, through the CuPy calls it makes (each one CuPy has: a name
-    CuPy lacks would only fail on the GPU, as ``getLastError`` once did)."""
-    cupy = pytest.importorskip("cupy")
-    from cupy.cuda import driver
-
-    from graphopt.kernels.source import resident_ctas
-
-    seen = []
-    monkeypatch.setattr(driver, "occupancyMaxActiveBlocksPerMultiprocessor",
-                        lambda f, threads, smem: seen.append((f, threads, smem)) or 8)
-
-    class Device:
-        attributes = {"MultiProcessorCount": 132}
-
-    monkeypatch.setattr(cupy.cuda, "Device", Device)
-
-    class Kernel:
-        ptr = 1234
-
-    assert resident_ctas(Kernel(), 256) == 1056 and seen == [(1234, 256, 0)]
