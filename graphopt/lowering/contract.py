@@ -116,6 +116,12 @@ class Candidate:
         """Library versions this candidate's result depends on (cuDNN, cuBLAS): part of the cache key."""
         return ()
 
+    def same_as(self, sig: Signature) -> str | None:
+        """The key of another candidate for ``sig`` that runs exactly what this one runs (a vendor's
+        "heuristic's first plan" is one of the plans it lists), or None. The profiler builds, checks
+        and times such a pair once, under the other key."""
+        return None
+
     def layouts(self, sig: Signature) -> tuple[str, ...]:
         """The ``layouts`` that ``build(sig)``'s :class:`Lowering` declares, known without building
         (no GPU): the tuner counts layout conversions with it. ``()``: C-contiguous everywhere."""

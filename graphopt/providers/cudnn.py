@@ -357,13 +357,26 @@ class CudnnCandidate(Candidate):
     """What every cuDNN candidate shares: the library versions in its cache key and hash, and the
     start of every ``build`` (:meth:`_plan`)."""
 
-    def _plan(self, sig: Signature, built) -> tuple[_Built, int, int]:
+    def graphs(self):
+        """``built(sig, tag="") -> _Built``: makes (and caches) this candidate's graph for a signature."""
+        raise NotImplementedError
+
+    def _plan(self, sig: Signature) -> tuple[_Built, int, int]:
         """(graph, plan index, workspace bytes) of this candidate's plan for ``sig``: refused with the
-        reason when it does not apply; ``built(sig, tag="")`` makes (and caches) the op's graph."""
+        reason when it does not apply."""
         reason = self.applies(sig)
         if reason:
             raise TuningError(f"candidate {self.key()} does not apply: {reason}")
+        built = self.graphs()
         return lowering_plan(built(sig), self.param("plan"), sig, lambda tag: built(sig, tag))
+
+    def same_as(self, sig: Signature) -> str | None:
+        """Without a ``plan`` this candidate runs the first plan cuDNN lists (``plan_at``): that plan's
+        candidate, where the listing is known here (remembered on disk: no graph is built for it)."""
+        if self.param("plan") is not None:
+            return None
+        names = plan_keys(sig, self.graphs())
+        return f"{self.name}:plan={names[0]}" if names else None
 
     def source_hash(self) -> str:
         return "cudnn:" + ",".join(f"{k}={v}" for k, v in versions())
@@ -398,7 +411,7 @@ class CudnnConv(CudnnCandidate):
         return unavailable_reason(compute_capability) or conv_reason(sig)
 
     def build(self, sig: Signature, arch: str) -> Lowering:
-        b, index, ws_bytes = self._plan(sig, self.graphs())
+        b, index, ws_bytes = self._plan(sig)
         t = b.tensors
         order = ["X", "W", "B", "R"]
 

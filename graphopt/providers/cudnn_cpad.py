@@ -95,8 +95,11 @@ class CudnnPaddedConv(base.CudnnCandidate):
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         return [("elementwise.cu", instance("pad_channels_nhwc", geo.dtype_of(sig)))]
 
+    def graphs(self):
+        return _graph_for
+
     def build(self, sig: Signature, arch: str) -> Lowering:
-        b, index, ws_bytes = self._plan(sig, _graph_for)
+        b, index, ws_bytes = self._plan(sig)
         g = geo.conv_geom(sig)
         dt = geo.dtype_of(sig)
         pad = get_kernel("elementwise.cu", instance("pad_channels_nhwc", dt), arch)

@@ -117,8 +117,11 @@ class CudnnMatmul(_cudnn.CudnnCandidate):
             return f"cuDNN matmul candidates here are for {', '.join(OPS)}"
         return _cudnn.unavailable_reason(compute_capability) or matmul_reason(sig)
 
+    def graphs(self):
+        return _graph_for
+
     def build(self, sig: Signature, arch: str) -> Lowering:
-        b, index, ws_bytes = self._plan(sig, _graph_for)
+        b, index, ws_bytes = self._plan(sig)
         t = b.tensors
 
         def launch(inputs, outputs, workspace):

@@ -183,8 +183,11 @@ class CudnnNorm(base.CudnnCandidate):
             return f"cuDNN norm candidates are for {', '.join(OPS)}"
         return base.unavailable_reason(compute_capability, (7, 0), "cuDNN normalization graphs") or norm_reason(sig)
 
+    def graphs(self):
+        return norm_built
+
     def build(self, sig: Signature, arch: str) -> Lowering:
-        b, index, plan_bytes = self._plan(sig, norm_built)
+        b, index, plan_bytes = self._plan(sig)
         g: NormGeom = b.extra
         t = b.tensors
         # the TRAINING form's statistics (fp32 per row) after the plan's own workspace

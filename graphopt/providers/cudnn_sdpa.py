@@ -255,8 +255,11 @@ class CudnnSdpa(base.CudnnCandidate):
                 return f"cuDNN SDPA takes head dims above 128 from sm90 on, got D={g.D} on {tuple(compute_capability)}"
         return reason
 
+    def graphs(self):
+        return sdpa_built
+
     def build(self, sig: Signature, arch: str) -> Lowering:
-        b, index, plan_bytes = self._plan(sig, sdpa_built)
+        b, index, plan_bytes = self._plan(sig)
         g: SdpaGeom = b.extra
         t = b.tensors
         k_off, b_off, total = g.workspace_parts(plan_bytes)

@@ -67,6 +67,7 @@ def profile_node(
     seen: set[str] = set()  # only membership tests, never iterated
     todo: list[tuple[int, Candidate]] = []
     slots: list[CandidateResult | None] = []
+    offered = {c.key() for c in candidates}
     for cand in candidates:
         ckey = cand.key()
         if ckey in seen:
@@ -77,6 +78,13 @@ def profile_node(
             why_not = cand.applies(sig, compute_capability)
         except Exception as exc:  # noqa: BLE001 - a buggy applies() prunes, it does not crash
             why_not = f"applies() raised {describe_exc(exc)}"
+        if not why_not:
+            try:
+                twin = cand.same_as(sig)
+            except Exception:  # noqa: BLE001 - only a saving: the candidate is measured itself
+                twin = None
+            if twin and twin != ckey and twin in offered:  # one build, check and timing for the pair
+                why_not = f"runs what {twin} runs (measured under that key)"
         if why_not:
             slots.append(CandidateResult(**base, status=PRUNED, reason=str(why_not)))
         elif ckey in known:

@@ -201,6 +201,34 @@ def test_duplicate_candidates_are_measured_once():
     assert len(res.results) == 1 and timer.calls == 1
 
 
+class Twin(Fake):
+    """A fake whose ``same_as`` names another candidate (as a vendor's "heuristic's first plan" does)."""
+
+    def same_as(self, sig):
+        twin = self.param("twin")
+        if twin == "raise":
+            raise RuntimeError("listing failed")
+        return twin
+
+
+def test_a_candidate_that_runs_what_another_runs_is_measured_once_under_the_other_key():
+    timer = CountingTimer()
+    zoo = [Twin("cudnn", (("twin", "cudnn:plan=eng0"),)), Fake("cudnn", (("plan", "eng0"),))]
+    res = profile_node(SIG, zoo, timer=timer, checker=fake_checker, isolate=False)
+    got = {r.candidate: r for r in res.results}
+    assert timer.calls == 1 and res.winner.candidate == "cudnn:plan=eng0"
+    assert got["cudnn:twin=cudnn:plan=eng0"].status == R.PRUNED
+    assert got["cudnn:twin=cudnn:plan=eng0"].reason == "runs what cudnn:plan=eng0 runs (measured under that key)"
+
+
+def test_a_twin_that_is_not_offered_or_a_failing_same_as_is_measured_itself():
+    timer = CountingTimer()
+    zoo = [Twin("a", (("ms", 0.1), ("twin", "b:plan=absent"))), Twin("c", (("ms", 0.2), ("twin", "raise"))),
+           Twin("d", (("ms", 0.3), ("twin", None)))]
+    res = profile_node(SIG, zoo, timer=timer, checker=fake_checker, isolate=False)
+    assert timer.calls == 3 and all(r.ok for r in res.results) and res.winner.lowering == "a"
+
+
 def test_fake_timer_refuses_real_launches():
     res = profile_node(SIG, [_RealLike("real")], timer=FakeTimer(), checker=lambda s, l: None, isolate=False)
     assert res.results[0].status == R.ERROR and "simulated time" in res.results[0].reason
