@@ -76,6 +76,9 @@ def main(argv=None):
                     help="no GPU: write one results file from two runs' files (the memory table of the first, the "
                          "attention table of the second), each run's header kept under 'runs'")
     args = ap.parse_args(argv)
+    kinds = set(args.kernels.split(","))
+    if kinds - {"norm", "gelu", "softmax"}:
+        ap.error(f"--kernels: unknown {', '.join(sorted(kinds - {'norm', 'gelu', 'softmax'}))} (norm, gelu, softmax)")
     if args.merge:
         return merge(args.out, *args.merge, gpu_name=args.gpu_name)
     budget = Budget(args.budget)
@@ -108,9 +111,6 @@ def main(argv=None):
     tstream = torch.cuda.ExternalStream(stream.ptr)
     rng = cupy.random.RandomState(0)
     pick = (lambda xs: xs[-1:]) if args.quick else (lambda xs: xs)
-    kinds = set(args.kernels.split(","))
-    if kinds - {"norm", "gelu", "softmax"}:
-        ap.error(f"--kernels: unknown {', '.join(sorted(kinds - {'norm', 'gelu', 'softmax'}))} (norm, gelu, softmax)")
     mem_rows, attn_rows = [], []
 
     def torch_us(fn, ins, out):
