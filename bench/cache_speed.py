@@ -91,7 +91,14 @@ def _summary(rep: dict) -> dict:
     return {"mode": rep.get("mode"), "target": rep.get("target"), "node_modes": dict(sorted(modes.items())),
             "custom_ops": rep.get("custom_ops"), "selection_summary": rep.get("selection_summary"),
             "optimize_seconds": rep.get("seconds"), "select_seconds": rep.get("timings", {}).get("select"),
-            "tuning_time": rep.get("tuning_time")}
+            "tuning_time": rep.get("tuning_time"), "twins_measured_once": _twins(rep)}
+
+
+def _twins(rep: dict) -> int:
+    """Distinct (signature, candidate) pairs the profiler measured under another candidate's key
+    (``Candidate.same_as``: a cuDNN heuristic plan that is also a listed plan)."""
+    return len({(row.get("signature"), t.get("candidate")) for row in rep.get("lowerings", [])
+                for t in row.get("timings") or [] if str(t.get("reason", "")).startswith("runs what ")})
 
 
 def served_from_cache(rep: dict) -> bool:
