@@ -134,24 +134,12 @@ class CudnnMatmul(_cudnn.CudnnCandidate):
 
 
 def candidates(op: str, sig: Signature | None = None) -> list[Candidate]:
-    """The heuristic candidate, plus one per plan when ``sig`` is given and cuDNN can list them here."""
+    """The heuristic candidate, plus one per plan when ``sig`` is given and cuDNN can list them here
+    (the listing remembered on disk, as for every cuDNN provider: a warm run builds no graph)."""
     if op not in OPS:
         return []
-    out: list[Candidate] = [CudnnMatmul(NAME)]
-    if sig is None or _cudnn._load() is None or matmul_reason(sig) is not None:
-        return out
-    try:
-        names = _graph_for(sig).names
-    except Exception:  # noqa: BLE001 - no GPU, or cuDNN rejects the graph: the heuristic candidate says why
-        return out
-    return out + [CudnnMatmul(NAME, (("plan", n),)) for n in names]
+    return _cudnn.plan_candidates(CudnnMatmul, NAME, op, sig, matmul_reason, _graph_for)
 
 
 def from_key(op: str, key: str) -> Candidate | None:
-    if op not in OPS:
-        return None
-    if key == NAME:
-        return CudnnMatmul(NAME)
-    if key.startswith(NAME + ":plan="):
-        return CudnnMatmul(NAME, (("plan", key[len(NAME) + len(":plan="):]),))
-    return None
+    return _cudnn.plan_from_key(CudnnMatmul, NAME, key) if op in OPS else None

@@ -41,3 +41,15 @@ def test_no_listing_no_twin(listings, monkeypatch):
     bare = cudnn.CudnnConv(cudnn.NAME)
     monkeypatch.setitem(LISTED, bare.graphs(), [])
     assert bare.same_as(SIG) is None
+
+
+def test_matmul_plans_come_from_the_remembered_listing_like_every_cudnn_provider(listings):
+    """cudnn_matmul listed its plans by building the graph in every run (0.65 s of a warm GPT-2 on
+    the H100); it now asks ``plan_keys`` (remembered on disk) as the other providers do."""
+    sig = Signature.make("GemmAct", [(64, 32), (32, 48), (48,)], ["float16"] * 3, {"mode": "matmul"})
+    assert cudnn_matmul.matmul_reason(sig) is None
+    keys = [c.key() for c in cudnn_matmul.candidates("GemmAct", sig)]
+    assert keys == ["cudnn", "cudnn:plan=eng4_k24=2", "cudnn:plan=eng9"]
+    assert listings == [cudnn_matmul._graph_for]
+    assert cudnn_matmul.from_key("GemmAct", "cudnn:plan=eng9").key() == "cudnn:plan=eng9"
+    assert cudnn_matmul.from_key("CBR", "cudnn") is None
