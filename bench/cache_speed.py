@@ -97,8 +97,10 @@ def _summary(rep: dict) -> dict:
 def _twins(rep: dict) -> int:
     """Distinct (signature, candidate) pairs the profiler measured under another candidate's key
     (``Candidate.same_as``: a cuDNN heuristic plan that is also a listed plan)."""
+    from graphopt.tune.profiler import TWIN_REASON
+
     return len({(row.get("signature"), t.get("candidate")) for row in rep.get("lowerings", [])
-                for t in row.get("timings") or [] if str(t.get("reason", "")).startswith("runs what ")})
+                for t in row.get("timings") or [] if str(t.get("reason", "")).startswith(TWIN_REASON)})
 
 
 def served_from_cache(rep: dict) -> bool:

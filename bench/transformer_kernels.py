@@ -77,8 +77,9 @@ def main(argv=None):
                          "attention table of the second), each run's header kept under 'runs'")
     args = ap.parse_args(argv)
     kinds = set(args.kernels.split(","))
-    if kinds - {"norm", "gelu", "softmax"}:
-        ap.error(f"--kernels: unknown {', '.join(sorted(kinds - {'norm', 'gelu', 'softmax'}))} (norm, gelu, softmax)")
+    unknown = kinds - {"norm", "gelu", "softmax"}
+    if unknown:
+        ap.error(f"--kernels: unknown {', '.join(sorted(unknown))} (norm, gelu, softmax)")
     if args.merge:
         return merge(args.out, *args.merge, gpu_name=args.gpu_name)
     budget = Budget(args.budget)

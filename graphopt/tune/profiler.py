@@ -34,6 +34,11 @@ from graphopt.tune.runners import DEFAULT_TIMEOUT_S, InlineRunner, IsolatedRunne
 from graphopt.tune.tuning_time import Budget, TuningTime
 
 
+
+# How a candidate measured under its twin's key (``Candidate.same_as``) is reported: the start of its reason.
+TWIN_REASON = "runs what "
+
+
 def profile_node(
     sig: Signature,
     candidates: Sequence[Candidate],
@@ -84,7 +89,7 @@ def profile_node(
             except Exception:  # noqa: BLE001 - only a saving: the candidate is measured itself
                 twin = None
             if twin and twin != ckey and twin in offered:  # one build, check and timing for the pair
-                why_not = f"runs what {twin} runs (measured under that key)"
+                why_not = f"{TWIN_REASON}{twin} runs (measured under that key)"
         if why_not:
             slots.append(CandidateResult(**base, status=PRUNED, reason=str(why_not)))
         elif ckey in known:

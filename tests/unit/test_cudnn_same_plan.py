@@ -11,6 +11,7 @@ from graphopt.providers import cudnn, cudnn_cpad, cudnn_matmul, cudnn_nchw, cudn
 
 CLASSES = [(cudnn, cudnn.CudnnConv), (cudnn_nchw, cudnn_nchw.CudnnNchwConv), (cudnn_cpad, cudnn_cpad.CudnnPaddedConv),
            (cudnn_matmul, cudnn_matmul.CudnnMatmul), (cudnn_norm, cudnn_norm.CudnnNorm), (cudnn_sdpa, cudnn_sdpa.CudnnSdpa)]
+LISTED: dict = {}  # graph builder -> the plan names its fake listing gives (default: two plans)
 SIG = Signature.make("CBR", [(1, 8, 9, 9), (8, 8, 3, 3), (8,), None], ["float16"] * 3 + [""], {"pads": [1, 1, 1, 1]})
 
 
@@ -24,9 +25,6 @@ def listings(monkeypatch):
 
     monkeypatch.setattr(cudnn, "plan_keys", plan_keys)
     return asked
-
-
-LISTED: dict = {}
 
 
 @pytest.mark.parametrize("mod,cls", CLASSES, ids=[m.__name__.rsplit(".", 1)[1] for m, _ in CLASSES])
