@@ -3,12 +3,12 @@
 # per run-tool call (each within its 600 s limit). 1-5 are the H200's acceptance rows and still to run;
 # 0, 6 and 7 ran on an H100 on 2026-12-06 (f22d389) and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..9; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..10; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..9)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..10)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -65,5 +65,22 @@ case "$N" in
       CACHE_LIMIT=150 CACHE_ARGS="--models resnet50 --out /tmp/device_calls/$run/cache_speed_jit_$run.json" \
         bash bench/device_calls.sh "$OUT/$run" cache:180
     done ;;
-  *) echo "device_remaining.sh: N must be 0..9" >&2; exit 2 ;;
+  10) # what else a fresh machine's first cold tuning pays, beyond the driver's JIT cache (call 9 on the H100:
+      # a first run 67.4 s, JIT cache emptied 54.4 s, kept 44.2 s): reading cuDNN / cuBLAS / NVRTC from disk
+      # (graphopt.providers.library_files now reads them ahead) or CuPy's own kernel cache? Cold ResNet-50
+      # runs on one machine: as found (a fresh machine's first run, read-ahead on), then with those libraries
+      # evicted from the page cache and the JIT and CuPy caches emptied, read-ahead off and on
+    for run in found off on; do
+      if [ "$run" != found ]; then
+        python3 bench/page_cache.py evict --json /tmp/device_calls/evict_$run.json
+        rm -rf ~/.nv/ComputeCache ~/.cupy/kernel_cache
+      fi
+      mkdir -p /tmp/device_calls/$run
+      python3 bench/page_cache.py resident
+      [ "$run" = off ] && export GRAPHOPT_PREFETCH_LIBRARIES=0 || unset GRAPHOPT_PREFETCH_LIBRARIES
+      CACHE_LIMIT=150 CACHE_ARGS="--models resnet50 --out /tmp/device_calls/$run/cache_speed_fresh_$run.json" \
+        bash bench/device_calls.sh "$OUT/$run" cache:170
+      python3 bench/page_cache.py resident
+    done ;;
+  *) echo "device_remaining.sh: N must be 0..10" >&2; exit 2 ;;
 esac
