@@ -47,6 +47,8 @@ if str(ROOT) not in sys.path:  # report this checkout's graphopt version, as the
 sys.path.insert(0, str(ROOT / "bench"))
 from lowering_bench import write_atomic  # noqa: E402
 from runtime_bench import versions  # noqa: E402
+from graphopt.tune.candidate_run import BRIEFLY  # noqa: E402
+from graphopt.tune.profiler import TWIN_REASON  # noqa: E402
 MODELS = ("resnet50", "gpt2")
 SEQ = 128
 BARS = {"resnet50": {"cold_s": 60.0, "warm_s": 5.0}, "gpt2": {"cold_s": 60.0}}
@@ -91,16 +93,20 @@ def _summary(rep: dict) -> dict:
     return {"mode": rep.get("mode"), "target": rep.get("target"), "node_modes": dict(sorted(modes.items())),
             "custom_ops": rep.get("custom_ops"), "selection_summary": rep.get("selection_summary"),
             "optimize_seconds": rep.get("seconds"), "select_seconds": rep.get("timings", {}).get("select"),
-            "tuning_time": rep.get("tuning_time"), "twins_measured_once": _twins(rep)}
+            "tuning_time": rep.get("tuning_time"), "twins_measured_once": _twins(rep),
+            "timed_briefly": _with_reason(rep, BRIEFLY)}
+
+
+def _with_reason(rep: dict, prefix: str) -> int:
+    """Distinct (signature, candidate) pairs whose timing's reason starts with ``prefix``."""
+    return len({(row.get("signature"), t.get("candidate")) for row in rep.get("lowerings", [])
+                for t in row.get("timings") or [] if str(t.get("reason", "")).startswith(prefix)})
 
 
 def _twins(rep: dict) -> int:
     """Distinct (signature, candidate) pairs the profiler measured under another candidate's key
     (``Candidate.same_as``: a cuDNN heuristic plan that is also a listed plan)."""
-    from graphopt.tune.profiler import TWIN_REASON
-
-    return len({(row.get("signature"), t.get("candidate")) for row in rep.get("lowerings", [])
-                for t in row.get("timings") or [] if str(t.get("reason", "")).startswith(TWIN_REASON)})
+    return _with_reason(rep, TWIN_REASON)
 
 
 def served_from_cache(rep: dict) -> bool:

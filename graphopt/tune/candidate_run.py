@@ -6,7 +6,10 @@
 What it needs from the kernels (the real implementations live there, in ``graphopt/kernels``):
 
 - ``Timer``:   ``timer(launch, inputs, outputs) -> list[float]`` (ms per timed run; warm-up,
-  repetitions and L2-rotation are the timer's business). ``FakeTimer`` is the test double.
+  repetitions and L2-rotation are the timer's business). A timer with ``takes_bound = True`` also
+  takes ``bound_ms``: a time above which the candidate cannot be chosen (:data:`CANNOT_WIN` times
+  the best median this process measured for the signature so far); it may time a candidate that
+  shows itself slower than that with a few repetitions only. ``FakeTimer`` is the test double.
 - ``Checker``: ``checker(sig, launch) -> str | None``: run on fresh random inputs, compare with
   the op's reference, return the reason when wrong.
 - ``Buffers``: ``buffers(sig) -> (inputs, outputs)`` for timing (default: two empty lists).
@@ -31,6 +34,28 @@ class Timer(Protocol):
     def __call__(self, launch: Callable, inputs: Sequence[Any], outputs: Sequence[Any]) -> list[float]: ...
 
 
+# A candidate whose first timed launch takes more than this times the best median measured so far for
+# its signature (in this process) cannot be chosen: a bound-taking timer times it briefly. On a cold
+# ResNet-50 most cuDNN plans are such candidates, and each took the full 10 ms timing budget.
+CANNOT_WIN = 1.5
+BRIEFLY = "timed briefly: slower than"  # the reason such a candidate's result carries
+_BEST_MS: dict[str, float] = {}  # signature key -> the best median timed in this process
+
+
+def bound_for(sig: Signature) -> float | None:
+    """The time above which a candidate of ``sig`` cannot win, or None before any was timed."""
+    best = _BEST_MS.get(sig.key())
+    return None if best is None else CANNOT_WIN * best
+
+
+def _record_best(sig: Signature, reply: dict) -> None:
+    if reply.get("status") == OK and reply.get("samples"):
+        ms = sorted(reply["samples"])[len(reply["samples"]) // 2]
+        key = sig.key()
+        if ms < _BEST_MS.get(key, math.inf):
+            _BEST_MS[key] = ms
+
+
 class Checker(Protocol):
     def __call__(self, sig: Signature, launch: Callable) -> str | None: ...
 
@@ -49,10 +74,17 @@ class FakeTimer:
     """
 
     reps: int = 5
+    bounded_reps: int = 0  # > 0: takes ``bound_ms`` and times a launch slower than it this many times
 
-    def __call__(self, launch, inputs, outputs) -> list[float]:
+    @property
+    def takes_bound(self) -> bool:
+        return self.bounded_reps > 0
+
+    def __call__(self, launch, inputs, outputs, bound_ms: float | None = None) -> list[float]:
         times = []
-        for _ in range(self.reps):
+        for i in range(self.reps):
+            if bound_ms is not None and self.bounded_reps and i == self.bounded_reps and min(times) > bound_ms:
+                break
             t = launch(inputs, outputs)
             if t is None:
                 raise TypeError("FakeTimer needs launches that return their simulated time in ms")
@@ -122,7 +154,7 @@ def run_one(sig, cand, timer, checker, buffers, arch) -> dict:
     if reply is None:
         with _gpu_turn(laps.phases):  # the GPU alone
             laps.restart()
-            reply = _time(launch, timer, prepared, laps.lap)
+            reply = _time(sig, launch, timer, prepared, laps.lap)
     reply["phases"] = laps.phases
     return reply
 
@@ -157,7 +189,7 @@ def run_batch(sig, cands, timer, checker, buffers, arch, progress: Callable[[int
             for i, laps, launch, prepared in pending:
                 progress(i)
                 laps.restart()
-                reply = _time(launch, timer, prepared, laps.lap)
+                reply = _time(sig, launch, timer, prepared, laps.lap)
                 reply["phases"] = laps.phases
                 replies[i] = reply
         for i, laps, _, _ in pending:  # the turn's wait, shared out
@@ -260,10 +292,13 @@ def _check(sig, launch, checker, buffers, lap) -> tuple[dict | None, tuple]:
     return None, (inputs, outputs)
 
 
-def _time(launch, timer, prepared: tuple, lap) -> dict:
+def _time(sig, launch, timer, prepared: tuple, lap) -> dict:
     inputs, outputs = prepared
+    bounded = getattr(timer, "takes_bound", False)
+    bound = bound_for(sig) if bounded else None
     try:
-        samples = [float(t) for t in timer(launch, inputs, outputs)]
+        raw = timer(launch, inputs, outputs) if bound is None else timer(launch, inputs, outputs, bound_ms=bound)
+        samples = [float(t) for t in raw]
         lap("time")
     except BaseException as exc:  # noqa: BLE001
         if isinstance(exc, KeyboardInterrupt):
@@ -271,8 +306,14 @@ def _time(launch, timer, prepared: tuple, lap) -> dict:
         return {"status": OOM if _is_oom(exc) else ERROR, "reason": f"timing raised {describe_exc(exc)}"}
     if not samples or not all(math.isfinite(t) and t >= 0 for t in samples):
         return {"status": ERROR, "reason": f"timer returned no valid times ({samples[:5]})"}
-    return {"status": OK, "samples": samples, "reason": ""}
+    reply = {"status": OK, "samples": samples, "reason": ""}
+    if bounded:
+        ms = sorted(samples)[len(samples) // 2]
+        if bound is not None and ms > bound:
+            reply["reason"] = f"{BRIEFLY} {CANNOT_WIN:g}x the best so far ({bound / CANNOT_WIN:.4g} ms)"
+        _record_best(sig, reply)
+    return reply
 
 
-__all__ = ["BATCH_BYTES", "GPU_LOCK_ENV", "Checker", "FakeTimer", "Timer", "describe_exc", "no_buffers", "run_batch",
+__all__ = ["BATCH_BYTES", "CANNOT_WIN", "GPU_LOCK_ENV", "Checker", "FakeTimer", "Timer", "describe_exc", "no_buffers", "run_batch",
            "run_one", "survives"]
