@@ -54,7 +54,7 @@ SEQ = 128
 BARS = {"resnet50": {"cold_s": 60.0, "warm_s": 5.0}, "gpt2": {"cold_s": 60.0}}
 # environment that changes what is measured, recorded with the result (CUDA_MODULE_LOADING=EAGER: every
 # kernel module loaded when a library loads instead of at its first launch)
-ENV_RECORDED = ("CUDA_MODULE_LOADING", "GRAPHOPT_TUNE_WORKERS", "CUDA_VISIBLE_DEVICES", "GRAPHOPT_PREFETCH_LIBRARIES")
+ENV_RECORDED = ("CUDA_MODULE_LOADING", "GRAPHOPT_TUNE_WORKERS", "CUDA_VISIBLE_DEVICES")
 
 
 def _export(name: str, folder: Path) -> Path:

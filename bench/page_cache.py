@@ -2,7 +2,7 @@
 
 Used by bench/device_remaining.sh call 10 to put a used machine back into a fresh machine's state for
 cuDNN / cuBLAS / NVRTC before a cold tuning (does a fresh machine's slower first cold run come from
-reading those libraries? graphopt.providers.library_files reads them ahead):
+reading those libraries? On a fresh H100 at 29889f8, no: bench/NOTES_e2e.md):
 
     python bench/page_cache.py evict   [--prefixes libcudnn,libcublas,libnvrtc] [--json OUT]
     python bench/page_cache.py resident [--prefixes ...] [--json OUT]

@@ -18,7 +18,6 @@ from typing import Any
 
 from graphopt.errors import TuningError
 from graphopt.kernels.blas import library_candidates
-from graphopt.providers import library_files
 
 # --- from cublasLt.h / cublas_api.h / library_types.h ------------------------------------------
 ENUM = {
@@ -166,7 +165,6 @@ class Api:
             h = ctypes.c_void_p()
             _check(self.lib.cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
             self._handles[device] = h
-            library_files.prefetch("libcublas")  # its kernels load lazily, by page faults
         return h
 
     def _set(self, fn: str, obj, attr: str, value) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
-from graphopt.providers import cudnn_listing, library_files
+from graphopt.providers import cudnn_listing
 from graphopt.providers.cudnn_pointwise import activation, activation_reason
 
 OPS = ("CBR",)
@@ -86,7 +86,6 @@ def versions() -> tuple[tuple[str, str], ...]:
 def _handle(mod):
     if "handle" not in _STATE:
         _STATE["handle"] = mod.create_handle()
-        library_files.prefetch("libcudnn", "libnvrtc")  # cuDNN's engines load lazily, by page faults
     return _STATE["handle"]
 
 
