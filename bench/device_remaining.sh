@@ -3,12 +3,12 @@
 # per run-tool call (each within its 600 s limit). 1-5 are the H200's acceptance rows and still to run;
 # 0, 6 and 7 ran on an H100 on 2026-12-06 (f22d389) and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..10; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..11; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..10)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..11)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -81,5 +81,12 @@ case "$N" in
         bash bench/device_calls.sh "$OUT/$run" cache:170
       python3 bench/page_cache.py resident
     done ;;
-  *) echo "device_remaining.sh: N must be 0..10" >&2; exit 2 ;;
+  11) # the H200 with about 400 s: what no other call gave yet, shortest first: GPU conformance (issue 15
+      # item 6), the cold / warm ResNet-50 with brief timing (issue 20's bar), then call 8's e2e rows
+    bash bench/device_calls.sh "$OUT/c" conformance:90
+    CACHE_LIMIT=120 CACHE_ARGS="--models resnet50" bash bench/device_calls.sh "$OUT/k" cache:140
+    MODELS=mobilenetv2,resnet50,bert DTYPES=fp16,fp32 \
+    E2E_ARGS="--rows mobilenetv2:1,resnet50:1:fp32,resnet50:32:fp32,bert:1:fp32,bert:32:fp32 --measure-reserve 45" \
+      bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-300} ;;
+  *) echo "device_remaining.sh: N must be 0..11" >&2; exit 2 ;;
 esac
