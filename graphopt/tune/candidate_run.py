@@ -35,25 +35,30 @@ class Timer(Protocol):
 
 
 # A candidate whose first timed launch takes more than this times the best median measured so far for
-# its signature (in this process) cannot be chosen: a bound-taking timer times it briefly. On a cold
-# ResNet-50 most cuDNN plans are such candidates, and each took the full 10 ms timing budget.
+# its signature and layouts (in this process) cannot be chosen: a bound-taking timer times it briefly.
+# Per layouts, because the selection keeps the fastest candidate of each layout group and may choose a
+# slower group to save conversions (graphopt.tune.layout_choice). On a cold ResNet-50 on the H100, four
+# candidates in five were such, and each had taken the full 10 ms timing budget.
 CANNOT_WIN = 1.5
 BRIEFLY = "timed briefly: slower than"  # the reason such a candidate's result carries
-_BEST_MS: dict[str, float] = {}  # signature key -> the best median timed in this process
+_BEST_MS: dict[tuple[str, tuple[str, ...]], float] = {}  # (signature key, layouts) -> best median timed here
 
 
-def bound_for(sig: Signature) -> float | None:
-    """The time above which a candidate of ``sig`` cannot win, or None before any was timed."""
-    best = _BEST_MS.get(sig.key())
+def _group(sig: Signature, layouts=()) -> tuple[str, tuple[str, ...]]:
+    return sig.key(), tuple(str(x) for x in (layouts or ()))
+
+
+def bound_for(sig: Signature, layouts=()) -> float | None:
+    """The time above which a candidate of ``sig`` declaring ``layouts`` (``Lowering.layouts``)
+    cannot win, or None before any of that group was timed."""
+    best = _BEST_MS.get(_group(sig, layouts))
     return None if best is None else CANNOT_WIN * best
 
 
-def _record_best(sig: Signature, reply: dict) -> None:
-    if reply.get("status") == OK and reply.get("samples"):
-        ms = sorted(reply["samples"])[len(reply["samples"]) // 2]
-        key = sig.key()
-        if ms < _BEST_MS.get(key, math.inf):
-            _BEST_MS[key] = ms
+def _record_best(sig: Signature, layouts, ms: float) -> None:
+    key = _group(sig, layouts)
+    if ms < _BEST_MS.get(key, math.inf):
+        _BEST_MS[key] = ms
 
 
 class Checker(Protocol):
@@ -295,7 +300,8 @@ def _check(sig, launch, checker, buffers, lap) -> tuple[dict | None, tuple]:
 def _time(sig, launch, timer, prepared: tuple, lap) -> dict:
     inputs, outputs = prepared
     bounded = getattr(timer, "takes_bound", False)
-    bound = bound_for(sig) if bounded else None
+    layouts = getattr(launch, "layouts", ())
+    bound = bound_for(sig, layouts) if bounded else None
     try:
         raw = timer(launch, inputs, outputs) if bound is None else timer(launch, inputs, outputs, bound_ms=bound)
         samples = [float(t) for t in raw]
@@ -310,8 +316,8 @@ def _time(sig, launch, timer, prepared: tuple, lap) -> dict:
     if bounded:
         ms = sorted(samples)[len(samples) // 2]
         if bound is not None and ms > bound:
-            reply["reason"] = f"{BRIEFLY} {CANNOT_WIN:g}x the best so far ({bound / CANNOT_WIN:.4g} ms)"
-        _record_best(sig, reply)
+            reply["reason"] = f"{BRIEFLY} {CANNOT_WIN:g}x the best so far in its layouts ({bound / CANNOT_WIN:.4g} ms)"
+        _record_best(sig, layouts, ms)
     return reply
 
 

@@ -128,3 +128,28 @@ def test_a_briefly_timed_result_says_so():
                         candidate_run.no_buffers, "sm_90", lambda i: None)
     assert replies[0]["reason"] == ""
     assert replies[1]["reason"].startswith(candidate_run.BRIEFLY) and "1 ms" in replies[1]["reason"]
+
+
+def test_the_bound_is_kept_per_layout_group():
+    candidate_run._record_best(SIG, ("NHWC", "NHWC"), 1.0)
+    assert bound_for(SIG, ("NHWC", "NHWC")) == pytest.approx(CANNOT_WIN)
+    assert bound_for(SIG, ("NCHW", "NCHW")) is None  # an NCHW plan may still win once conversions count
+    assert bound_for(SIG) is None
+    candidate_run._record_best(SIG, ("NHWC", "NHWC"), 2.0)  # not better: kept
+    assert bound_for(SIG, ["NHWC", "NHWC"]) == pytest.approx(CANNOT_WIN)
+
+
+def test_a_slow_candidate_of_another_layout_is_timed_in_full():
+    timer = FakeTimer(reps=5, bounded_reps=1)
+    candidate_run._record_best(SIG, ("NHWC",), 1.0)
+    reply = candidate_run._time(SIG, _launch_returning(4.0, ("NCHW",)), timer, ([], []), lambda name: None)
+    assert len(reply["samples"]) == 5 and reply["reason"] == ""
+    reply = candidate_run._time(SIG, _launch_returning(4.0, ("NHWC",)), timer, ([], []), lambda name: None)
+    assert len(reply["samples"]) == 1 and reply["reason"].startswith(candidate_run.BRIEFLY)
+
+
+def _launch_returning(ms, layouts):
+    def launch(inputs, outputs):
+        return ms
+    launch.layouts = layouts
+    return launch
