@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-06), one
-# per run-tool call (each within its 600 s limit). 1-5 are the H200's acceptance rows and still to run;
-# 0, 6 and 7 ran on an H100 on 2026-12-06 (f22d389) and are kept to repeat them on the H200:
+# per run-tool call (each within its 600 s limit). On the H200, in this order: 8 (or 11 with less than
+# 600 s of budget), 2, 3, 4, 5 are the acceptance rows still to run; 0, 6, 7, 9 and 10 ran on H100s on
+# 2026-12-06 and are kept to repeat them on the H200:
 #
 #   bash bench/device_remaining.sh N "$OUT"        (N = 0..11; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
