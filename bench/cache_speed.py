@@ -93,20 +93,15 @@ def _summary(rep: dict) -> dict:
     return {"mode": rep.get("mode"), "target": rep.get("target"), "node_modes": dict(sorted(modes.items())),
             "custom_ops": rep.get("custom_ops"), "selection_summary": rep.get("selection_summary"),
             "optimize_seconds": rep.get("seconds"), "select_seconds": rep.get("timings", {}).get("select"),
-            "tuning_time": rep.get("tuning_time"), "twins_measured_once": _twins(rep),
+            "tuning_time": rep.get("tuning_time"), "twins_measured_once": _with_reason(rep, TWIN_REASON),
             "timed_briefly": _with_reason(rep, BRIEFLY)}
 
 
 def _with_reason(rep: dict, prefix: str) -> int:
-    """Distinct (signature, candidate) pairs whose timing's reason starts with ``prefix``."""
+    """Distinct (signature, candidate) pairs whose timing's reason starts with ``prefix``: the twins
+    measured under another candidate's key (``TWIN_REASON``), the candidates timed briefly (``BRIEFLY``)."""
     return len({(row.get("signature"), t.get("candidate")) for row in rep.get("lowerings", [])
                 for t in row.get("timings") or [] if str(t.get("reason", "")).startswith(prefix)})
-
-
-def _twins(rep: dict) -> int:
-    """Distinct (signature, candidate) pairs the profiler measured under another candidate's key
-    (``Candidate.same_as``: a cuDNN heuristic plan that is also a listed plan)."""
-    return _with_reason(rep, TWIN_REASON)
 
 
 def served_from_cache(rep: dict) -> bool:
@@ -135,9 +130,9 @@ COLD_RUNS_FILE = Path(tempfile.gettempdir()) / "graphopt-cache-speed-cold-runs"
 def earlier_cold_runs() -> int:
     """Cold tunings this script ran on this machine before the one about to start (counted in a file
     of the temporary directory). On the H100 a cold ResNet-50 with 8 workers took 64.7 s as a
-    machine's first and 45.6 s as its second (2026-12-06; graphopt's own caches fresh both times:
-    the operating system's file cache of the cuDNN libraries, most likely), so every record says which
-    it was."""
+    machine's first and 45.6 s as its second (2026-12-06; graphopt's own caches fresh both times), so
+    every record says which it was. The driver's JIT cache explains about 10 s of such a difference;
+    the libraries' page cache does not (bench/NOTES_e2e.md, sixth session)."""
     try:
         n = int(COLD_RUNS_FILE.read_text().strip() or 0)
     except (OSError, ValueError):

@@ -56,7 +56,8 @@ def default_workers_per_gpu(devices=()) -> int:
     turns), and no more than the smallest GPU holds at ``WORKER_GPU_BYTES`` each (when its memory is
     known). ``GRAPHOPT_TUNE_WORKERS`` overrides it. Eight on the H100's 16 cores were slower on a
     fresh machine (cold ResNet-50 64.7 s against 55.1 with 4, GPT-2 61.6 against 49.3: the cuDNN plan
-    builds are CPU work and 8 of them at once took twice the CPU seconds; bench/NOTES_e2e.md)."""
+    builds are CPU work and 8 of them at once took twice the CPU seconds; bench/NOTES_e2e.md; fresh
+    machines alone differed by up to 24 s later, so the machine's share is not separated)."""
     env = os.environ.get("GRAPHOPT_TUNE_WORKERS", "").strip()
     if env.isdigit() and int(env) >= 1:
         return int(env)
