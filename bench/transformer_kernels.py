@@ -21,7 +21,10 @@ LayerNorm, SkipLayerNorm, RMSNorm and Attention take every candidate of graphopt
 (own kernels and every provider's: cuDNN SDPA / norms when they land), profiled by the tuner's own
 backend in its isolated worker (bench/lowering_bench.TunerChoice): ``graphopt_us`` is what
 ``graphopt optimize`` would choose. bias+GELU and softmax are kernels inside other lowerings (no
-registry op of their own): timed directly. The JSON has issue 20's lists: ``memory_bound`` rows carry
+registry op of their own): timed directly, by the same timer inside a CUDA graph (``capturable``), as
+the tuner times every capturable lowering and the runtime runs them (until 2026-12-06 they were timed
+eagerly, each repetition carrying an event pair and a launch gap of about 2.6 us that the norms, timed
+by the tuner, did not). torch's ops are timed eagerly (torch eager, as a user runs it). The JSON has issue 20's lists: ``memory_bound`` rows carry
 ``kernel``, ``bytes``, ``fraction_of_copy``; ``attention`` rows ``seq``, ``head_dim``, ``causal``,
 ``dtype``, ``graphopt_us``, ``sdpa_us``. Written after every table; --budget skips what no longer fits.
 
@@ -249,6 +252,7 @@ def main(argv=None):
                     with torch.cuda.stream(tstream):
                         ref = F.gelu(ty.float() + tbias.float(), approximate=approx)
                     cands = {}
+                    launch.capturable = launch_vec.capturable = True  # timed in a CUDA graph, like the tuner's lowerings
                     for kname, fn in (("epilogue_gemm", launch), ("epilogue_gemm_vec", launch_vec if epi_vec else None)):
                         if fn is None:
                             continue
@@ -284,6 +288,7 @@ def main(argv=None):
                         kern(grid, block, (outs[0], np.int64(rows), np.int32(rows), np.int32(skv),
                              np.int32(1), np.uint64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0),
                              np.float32(-np.inf), np.int32(0), np.int32(0)))
+                    launch.capturable = True  # timed in a CUDA graph, like the tuner's lowerings
                     work = s0.copy()
                     launch([], [work])
                     err = float(cupy.linalg.norm(work.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
@@ -325,6 +330,7 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
              f"{header.get('providers')}. Copy bandwidth {copy:.2f} TB/s (this run). Timing: {header['timing']}.", "",
              "Summary: " + json.dumps(header["summary"]), "",
              "## Memory-bound kernels", "",
+             "`graphopt us`: device time in a CUDA graph (as the tuner times it and the runtime runs it); `torch us`: torch eager. "
              "`of copy`: against the copy ceiling (1 GiB buffers); `of same-size copy`: against a copy moving the "
              "row's bytes, timed like the kernels (in a CUDA graph, its source and destination rotated like every "
              "kernel's operands; where the run measured it).", "",
