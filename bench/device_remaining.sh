@@ -28,7 +28,8 @@ case "$N" in
       bash bench/device_calls.sh "$OUT" e2e-cnn:560 ;;
   2)  # issue 20 and issue 15 item 6: cold/warm tuning first (a machine's first cold tuning is the slower
       # one: 64.7 s against 45.6 s on the H100; the record's earlier_cold_runs_on_machine says which),
-      # then GPU conformance and the memory-bound table; best on a fresh machine
+      # then GPU conformance and the memory-bound table (every kernel and the same-size copy graph-timed
+      # since e3b0e72: the H200's table of 2026-12-04 predates that); best on a fresh machine
     CACHE_LIMIT=150 bash bench/device_calls.sh "$OUT/k" cache:200
     bash bench/device_calls.sh "$OUT/c" conformance:120
     TRANSFORMER_ARGS="--tables memory --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:200 ;;
