@@ -183,6 +183,54 @@ def torch_us(fn, ins, out, reps: int = 20) -> float:
     return round(ms * 1e3, 2)
 
 
+def torch_graph_ms(run, reps: int = 20, replays: int = 7) -> float:
+    """Device time in ms of one torch call inside a CUDA graph, as graphopt's capturable lowerings are
+    timed (``graphopt.kernels.timing.graph_timer``): ``run(i)`` makes call ``i`` (over the caller's
+    rotated operand sets); three calls warm up on a side stream (library plan choice, workspace, lazy
+    loading), ``reps`` calls are captured once with torch's own ``torch.cuda.graph`` (its allocator gives
+    the outputs and any workspace a private pool), the graph is replayed ``replays`` times between CUDA
+    events; returns the median replay divided by ``reps``. Eager timing carries a launch gap of about
+    2.5 us a call on the H100 that neither this nor graphopt's timing has (bench/NOTES_kernels.md,
+    2026-12-06); torch.compile(mode="reduce-overhead") runs this way. Raises what the capture raises."""
+    import torch
+
+    from graphopt.kernels.timing import median
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            run(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            run(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    del graph
+    torch.cuda.empty_cache()
+    return median(times)
+
+
+def torch_graph_us(fn, ins, reps: int = 20, rotate_bytes: int = 128 << 20, max_sets: int = 16) -> float:
+    """``torch_graph_ms`` of ``fn(*ins)`` in us, the inputs rotated over copies covering ``rotate_bytes``
+    (at most ``max_sets`` sets) like the kernels' operands, so no call finds them in L2 from the one before."""
+    per_set = max(1, sum(t.numel() * t.element_size() for t in ins))
+    n_sets = max(1, min(max_sets, -(-rotate_bytes // per_set)))
+    sets = [list(ins)] + [[t.clone() for t in ins] for _ in range(n_sets - 1)]
+    return round(torch_graph_ms(lambda i: fn(*sets[i % n_sets]), reps=reps) * 1e3, 2)
+
+
 def prebuild_all() -> dict:
     """Compile every own kernel instance in parallel first (the worker then loads cubins)."""
     from graphopt.kernels.registry import all_kernel_instances

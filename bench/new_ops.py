@@ -30,7 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from lowering_bench import write_atomic  # noqa: E402
+from lowering_bench import torch_graph_ms, write_atomic  # noqa: E402
 
 ROTATE_BYTES = 128 << 20
 TOL = {"float16": 2e-2, "float32": 1e-4}
@@ -108,28 +108,7 @@ def _torch_times(fn, sets, reps, torch):
     eager = median([s.elapsed_time(e) for s, e in ev])
     graph_ms = None
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for i in range(3):
-                fn(sets[i % len(sets)])
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        n = min(reps, 20)
-        with torch.cuda.graph(graph):
-            for i in range(n):
-                fn(sets[i % len(sets)])
-        graph.replay()
-        ts = []
-        for _ in range(7):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            graph.replay()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e) / n)
-        graph_ms = median(ts)
-        del graph
+        graph_ms = torch_graph_ms(lambda i: fn(sets[i % len(sets)]), reps=min(reps, 20))
     except Exception as exc:  # noqa: BLE001 - reported, the eager number stands
         graph_ms = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     return eager, graph_ms
