@@ -26,8 +26,9 @@ backend in its isolated worker (bench/lowering_bench.TunerChoice): ``graphopt_us
 registry op of their own): timed directly, by the same timer inside a CUDA graph (``capturable``), as
 the tuner times every capturable lowering and the runtime runs them (until 2026-12-06 they were timed
 eagerly, each repetition carrying an event pair and a launch gap of about 2.6 us that the norms, timed
-by the tuner, did not). torch's ops are timed eagerly (torch eager, as a user runs it). The JSON has issue 20's lists: ``memory_bound`` rows carry
-``kernel``, ``bytes``, ``fraction_of_copy``; ``attention`` rows ``seq``, ``head_dim``, ``causal``,
+by the tuner, did not). torch's ops are timed eagerly (torch eager, as a user runs it), SDPA in a CUDA
+graph (above; its eager time too). The JSON has issue 20's lists: ``memory_bound`` rows carry ``kernel``, ``bytes``,
+``fraction_of_copy``; ``attention`` rows ``seq``, ``head_dim``, ``causal``,
 ``dtype``, ``graphopt_us``, ``sdpa_us``. Written after every table; --budget skips what no longer fits.
 
 Bandwidth = bytes each kernel must move (inputs read once, outputs written once) / device time,
