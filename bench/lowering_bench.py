@@ -225,10 +225,19 @@ def torch_graph_ms(run, reps: int = 20, replays: int = 7) -> float:
 def torch_graph_us(fn, ins, reps: int = 20, rotate_bytes: int = 128 << 20, max_sets: int = 16) -> float:
     """``torch_graph_ms`` of ``fn(*ins)`` in us, the inputs rotated over copies covering ``rotate_bytes``
     (at most ``max_sets`` sets) like the kernels' operands, so no call finds them in L2 from the one before."""
-    per_set = max(1, sum(t.numel() * t.element_size() for t in ins))
+    per_set = max(1, sum(t.numel() * t.element_size() for t in ins if t is not None))
     n_sets = max(1, min(max_sets, -(-rotate_bytes // per_set)))
-    sets = [list(ins)] + [[t.clone() for t in ins] for _ in range(n_sets - 1)]
+    sets = [list(ins)] + [[None if t is None else t.clone() for t in ins] for _ in range(n_sets - 1)]
     return round(torch_graph_ms(lambda i: fn(*sets[i % n_sets]), reps=reps) * 1e3, 2)
+
+
+def torch_graph_or_reason(fn, ins, reps: int = 20) -> tuple[float | None, str | None]:
+    """``(torch_graph_us(fn, ins), None)``, or ``(None, why)`` where torch refuses the capture (a row keeps
+    its eager time and says why it has no graph-timed one)."""
+    try:
+        return torch_graph_us(fn, ins, reps=reps), None
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        return None, f"graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 
 
 def prebuild_all() -> dict:

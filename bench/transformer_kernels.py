@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from lowering_bench import Budget, TunerChoice, env_header, measure_ceilings, torch_graph_us, write_atomic, write_json  # noqa: E402
+from lowering_bench import Budget, TunerChoice, env_header, measure_ceilings, torch_graph_or_reason, write_atomic, write_json  # noqa: E402
 
 # (name, rows, D)
 NORM_SIZES = [("gpt2 bs1x128", 128, 768), ("bert-base bs32x128", 32 * 128, 768), ("bert-large bs32x512", 32 * 512, 1024),
@@ -187,10 +187,8 @@ def main(argv=None):
         sdpa_eager = torch_us(sdpa_fn, [tq, tk, tv], out)
         # The peer is SDPA timed as graphopt's choice is, inside a CUDA graph (eager carries ~2.5 us a call
         # that the graph-timed choice does not; NOTES_kernels, 2026-12-06); eager stays in the row.
-        try:
-            sdpa, sdpa_timing = torch_graph_us(sdpa_fn, [tq, tk, tv], reps=args.reps), "CUDA graph"
-        except Exception as exc:  # noqa: BLE001 - a capture torch refuses: the eager time, and why, in the row
-            sdpa, sdpa_timing = sdpa_eager, f"eager (graph capture failed: {type(exc).__name__}: {str(exc)[:160]})"
+        sdpa, why = torch_graph_or_reason(sdpa_fn, [tq, tk, tv], reps=args.reps)
+        sdpa, sdpa_timing = (sdpa, "CUDA graph") if why is None else (sdpa_eager, f"eager ({why})")
 
         def unfused(a, b, c, scale=1.0 / math.sqrt(d)):
             sc = torch.matmul(a, b.transpose(-1, -2)) * scale
