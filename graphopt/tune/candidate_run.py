@@ -8,8 +8,9 @@ What it needs from the kernels (the real implementations live there, in ``grapho
 - ``Timer``:   ``timer(launch, inputs, outputs) -> list[float]`` (ms per timed run; warm-up,
   repetitions and L2-rotation are the timer's business). A timer with ``takes_bound = True`` also
   takes ``bound_ms``: a time above which the candidate cannot be chosen (:data:`CANNOT_WIN` times
-  the best median this process measured for the signature so far); it may time a candidate that
-  shows itself slower than that with a few repetitions only. ``FakeTimer`` is the test double.
+  the best median this process measured for the signature and the candidate's layouts so far); it
+  may time a candidate that shows itself slower than that with a few repetitions only.
+  ``FakeTimer`` is the test double.
 - ``Checker``: ``checker(sig, launch) -> str | None``: run on fresh random inputs, compare with
   the op's reference, return the reason when wrong.
 - ``Buffers``: ``buffers(sig) -> (inputs, outputs)`` for timing (default: two empty lists).

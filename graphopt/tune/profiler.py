@@ -33,8 +33,6 @@ from graphopt.tune.results import CACHEABLE_FAILURES, OK, PRUNED, SKIPPED, Candi
 from graphopt.tune.runners import DEFAULT_TIMEOUT_S, InlineRunner, IsolatedRunner
 from graphopt.tune.tuning_time import Budget, TuningTime
 
-
-
 # How a candidate measured under its twin's key (``Candidate.same_as``) is reported: the start of its reason.
 TWIN_REASON = "runs what "
 
