@@ -175,6 +175,20 @@ def main(argv=None):
     def save():
         _write(args.out, header, mem_rows, attn_rows, skipped, copy, args.gpu_name)
 
+    def sdpa_backends_us(fn, ins):
+        """SDPA with each of torch's fused backends forced, graph-timed like ``sdpa_us``: which one torch's
+        default is, and how torch's own cuDNN path compares with graphopt's cuDNN plans (None: the
+        backend refuses the shape or the capture)."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        out = {}
+        for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION"):
+            def forced(a, b, c, backend=getattr(SDPBackend, name)):
+                with sdpa_kernel(backend):
+                    return fn(a, b, c)
+            out[name.lower()], _ = torch_graph_or_reason(forced, ins, reps=args.reps)
+        return out
+
     def attention_row(s, d, causal, dtype):
         bsz, h = max(1, ATTN_TOKENS // s), 16
         shape = (bsz, h, s, d)
@@ -189,6 +203,7 @@ def main(argv=None):
         # that the graph-timed choice does not; NOTES_kernels, 2026-12-06); eager stays in the row.
         sdpa, why = torch_graph_or_reason(sdpa_fn, [tq, tk, tv], reps=args.reps)
         sdpa, sdpa_timing = (sdpa, "CUDA graph") if why is None else (sdpa_eager, f"eager ({why})")
+        backends = sdpa_backends_us(sdpa_fn, [tq, tk, tv])
 
         def unfused(a, b, c, scale=1.0 / math.sqrt(d)):
             sc = torch.matmul(a, b.transpose(-1, -2)) * scale
@@ -205,11 +220,11 @@ def main(argv=None):
                "best_by_provider": {p: v["us"] for p, v in choice["best_by_provider"].items()},
                "sdpa_TFLOPs": round(flops / (sdpa * 1e-6) / 1e12, 2),
                "torch_unfused_us": round(unf, 2), "vs_sdpa": round(sdpa / us, 3) if us else None,
-               "candidates": choice["candidates"], "failures": choice["failures"]}
+               "sdpa_backends_us": backends, "candidates": choice["candidates"], "failures": choice["failures"]}
         attn_rows.append(row)
         save()
         print(f"attention s={s:5d} d={d:3d} causal={causal} {dtype}: graphopt {us} us {row['TFLOPs']} TF/s ({row['chosen']}) "
-              f"SDPA {sdpa:9.1f} us {row['sdpa_TFLOPs']:6.1f} TF/s  unfused torch {unf:9.1f} us", flush=True)
+              f"SDPA {sdpa:9.1f} us {row['sdpa_TFLOPs']:6.1f} TF/s  unfused torch {unf:9.1f} us  backends {backends}", flush=True)
         del tq, tk, tv, out
         cupy.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
@@ -353,11 +368,12 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
     lines += ["", "## Attention (no mask; causal where it says so)", "",
               "`graphopt us` and `SDPA us`: device time inside a CUDA graph (a row's `sdpa_timing` in the JSON says "
               "if SDPA's capture failed and it was timed eagerly; `sdpa_eager_us` is its eager time); unfused torch: eager.", "",
-              "| seq | head dim | causal | BxH | dtype | graphopt us | TFLOP/s | SDPA us | SDPA TFLOP/s | x SDPA | unfused torch us | best per provider | chosen |",
-              "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+              "| seq | head dim | causal | BxH | dtype | graphopt us | TFLOP/s | SDPA us | SDPA TFLOP/s | x SDPA | unfused torch us | SDPA forced flash / cudnn / efficient us | best per provider | chosen |",
+              "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for r in attn_rows:
         lines.append(f"| {r['seq']} | {r['head_dim']} | {r['causal']} | {r['batch']}x{r['heads']} | {r['dtype']} | {r['graphopt_us']} | "
                      f"{r['TFLOPs']} | {r['sdpa_us']} | {r['sdpa_TFLOPs']} | {r['vs_sdpa']} | {r['torch_unfused_us']} | "
+                     f"{' / '.join(str(v) for v in (r.get('sdpa_backends_us') or {}).values()) or '-'} | "
                      f"{json.dumps(r['best_by_provider'])} | {r['chosen']} |")
     if skipped:
         lines += ["", "Skipped for the time budget: " + ", ".join(skipped)]

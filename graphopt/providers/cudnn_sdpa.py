@@ -202,7 +202,8 @@ def sdpa_graph(mod, handle, sig: Signature):
 
 
 def sdpa_built(sig: Signature, tag: str = ""):
-    return base.listed(sig, sdpa_graph, tag)
+    """The signature's SDPA graph with every kernel configuration of the listed engines (``cudnn_knobs``)."""
+    return base.listed(sig, sdpa_graph, tag, sweep=True)
 
 
 _KERNELS: dict[str, Any] = {}
