@@ -52,6 +52,19 @@ def test_the_bound_refusals_and_engines_without_the_knob():
     assert g.plans[3:] == ["eng9_k24=1", "eng9_k24=3", "eng9_k24=4"]  # 2 refused, then the bound
 
 
+def test_an_engine_whose_knobs_cannot_be_listed_is_skipped():
+    mod, g, log = _graph(["sdpa_fwd_prefill_sm90[TILE_M=128]", "eng9_k24=0"], {9: {KCFG: (0, 1, 1)}})
+
+    def refuse(engine):
+        if engine >= 1000:  # the fake's name for a python engine
+            raise RuntimeError("Failed to get knobs for engine")
+        return FakeGraph.get_knobs_for_engine(g, engine)
+    g.get_knobs_for_engine = refuse
+    assert cudnn_knobs.sweep_kernel_cfgs(mod, g) == 0  # the first engine is a python one
+    assert cudnn_knobs.sweep_kernel_cfgs(mod, g, engines=2) == 1
+    assert g.plans[2:] == ["eng9_k24=1"]
+
+
 def test_a_frontend_without_the_structured_plan_query_adds_nothing():
     mod, g, log = _graph(["eng9_k24=0"], {9: {KCFG: (0, 3, 1)}})
     assert cudnn_knobs.sweep_kernel_cfgs(types.SimpleNamespace(), g) == 0  # no knob_type
