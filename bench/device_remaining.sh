@@ -4,12 +4,12 @@
 # 600 s of budget), 2, 12, 13, 5, 3, 4 are the acceptance rows still to run (12 and 13 are method fixes an
 # H100 can check first); 0, 6, 7, 9 and 10 ran on H100s on 2026-12-06 and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..13; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..14; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..13)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..14)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -99,5 +99,12 @@ case "$N" in
     rm -f bench/results/cbr_layers_h200.json bench/results/cbr_layers_h100.json
     bash bench/device_calls.sh "$OUT/g" gemm:150
     bash bench/device_calls.sh "$OUT/r" cbr:400 ;;
-  *) echo "device_remaining.sh: N must be 0..13" >&2; exit 2 ;;
+  14) # issue 20's attention bar with cuDNN's other kernel configurations (cudnn_knobs, eighth session; NOTES_kernels):
+      # the attention table (SDPA graph-timed, torch's backends one by one), the swept plans against the
+      # float64 reference, then GPT-2's cold tuning, which the sweep lengthens (H100 before it: 41.8 s)
+    TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:280
+    TESTS="tests/gpu/test_provider_cudnn_attn_norm.py::test_swept_kernel_configurations_are_right" \
+      bash bench/device_calls.sh "$OUT/t" gpu-tests:100
+    CACHE_LIMIT=120 CACHE_ARGS="--models gpt2" bash bench/device_calls.sh "$OUT/k" cache:150 ;;
+  *) echo "device_remaining.sh: N must be 0..14" >&2; exit 2 ;;
 esac
