@@ -106,7 +106,7 @@ case "$N" in
     TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:260
     TESTS="tests/gpu/test_provider_cudnn_attn_norm.py::test_swept_kernel_configurations_are_right" \
       bash bench/device_calls.sh "$OUT/t" gpu-tests:70
-    PYTEST_ARGS="-k bm=128" TESTS=tests/gpu/test_attention_gpu.py bash bench/device_calls.sh "$OUT/f" gpu-tests:90
+    GRAPHOPT_TEST_CANDIDATES=bm=128 TESTS=tests/gpu/test_attention_gpu.py bash bench/device_calls.sh "$OUT/f" gpu-tests:90
     CACHE_LIMIT=110 CACHE_ARGS="--models gpt2" bash bench/device_calls.sh "$OUT/k" cache:130 ;;
   *) echo "device_remaining.sh: N must be 0..14" >&2; exit 2 ;;
 esac
