@@ -183,7 +183,7 @@ def torch_us(fn, ins, out, reps: int = 20) -> float:
     return round(ms * 1e3, 2)
 
 
-def torch_graph_ms(run, reps: int = 20, replays: int = 7) -> float:
+def torch_graph_ms(run, reps: int = 20, replays: int = 7, keep_outputs: bool = True) -> float:
     """Device time in ms of one torch call inside a CUDA graph, as graphopt's capturable lowerings are
     timed (``graphopt.kernels.timing.graph_timer``): ``run(i)`` makes call ``i`` (over the caller's
     rotated operand sets); three calls warm up on a side stream (library plan choice, workspace, lazy
@@ -191,7 +191,12 @@ def torch_graph_ms(run, reps: int = 20, replays: int = 7) -> float:
     the outputs and any workspace a private pool), the graph is replayed ``replays`` times between CUDA
     events; returns the median replay divided by ``reps``. Eager timing carries a launch gap of about
     2.5 us a call on the H100 that neither this nor graphopt's timing has (bench/NOTES_kernels.md,
-    2026-12-06); torch.compile(mode="reduce-overhead") runs this way. Raises what the capture raises."""
+    2026-12-06); torch.compile(mode="reduce-overhead") runs this way. Raises what the capture raises.
+
+    ``keep_outputs`` (default): what each captured call returns is held until the replays are done,
+    so every call writes its own buffer, as graphopt's timing writes the rotated sets' outputs; a
+    result dropped at once lets the allocator hand the next call the same block, whose lines the
+    previous call may have left in L2 (False: that, the timing before 2026-12-06's eighth session)."""
     import torch
 
     from graphopt.kernels.timing import median
@@ -204,9 +209,13 @@ def torch_graph_ms(run, reps: int = 20, replays: int = 7) -> float:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    held = []
     with torch.cuda.graph(graph):
         for i in range(reps):
-            run(i)
+            out = run(i)
+            if keep_outputs:
+                held.append(out)
+            del out
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -217,25 +226,26 @@ def torch_graph_ms(run, reps: int = 20, replays: int = 7) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / reps)
-    del graph
+    del graph, held
     torch.cuda.empty_cache()
     return median(times)
 
 
-def torch_graph_us(fn, ins, reps: int = 20, rotate_bytes: int = 128 << 20, max_sets: int = 16) -> float:
+def torch_graph_us(fn, ins, reps: int = 20, rotate_bytes: int = 128 << 20, max_sets: int = 16,
+                   keep_outputs: bool = True) -> float:
     """``torch_graph_ms`` of ``fn(*ins)`` in us, the inputs rotated over copies covering ``rotate_bytes``
     (at most ``max_sets`` sets) like the kernels' operands, so no call finds them in L2 from the one before."""
     per_set = max(1, sum(t.numel() * t.element_size() for t in ins if t is not None))
     n_sets = max(1, min(max_sets, -(-rotate_bytes // per_set)))
     sets = [list(ins)] + [[None if t is None else t.clone() for t in ins] for _ in range(n_sets - 1)]
-    return round(torch_graph_ms(lambda i: fn(*sets[i % n_sets]), reps=reps) * 1e3, 2)
+    return round(torch_graph_ms(lambda i: fn(*sets[i % n_sets]), reps=reps, keep_outputs=keep_outputs) * 1e3, 2)
 
 
-def torch_graph_or_reason(fn, ins, reps: int = 20) -> tuple[float | None, str | None]:
+def torch_graph_or_reason(fn, ins, reps: int = 20, keep_outputs: bool = True) -> tuple[float | None, str | None]:
     """``(torch_graph_us(fn, ins), None)``, or ``(None, why)`` where torch refuses the capture (a row keeps
     its eager time and says why it has no graph-timed one)."""
     try:
-        return torch_graph_us(fn, ins, reps=reps), None
+        return torch_graph_us(fn, ins, reps=reps, keep_outputs=keep_outputs), None
     except Exception as exc:  # noqa: BLE001 - reported in the row
         return None, f"graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 
