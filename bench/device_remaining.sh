@@ -99,14 +99,10 @@ case "$N" in
     rm -f bench/results/cbr_layers_h200.json bench/results/cbr_layers_h100.json
     bash bench/device_calls.sh "$OUT/g" gemm:150
     bash bench/device_calls.sh "$OUT/r" cbr:400 ;;
-  14) # issue 20's attention bar with cuDNN's other kernel configurations (cudnn_knobs, eighth session; NOTES_kernels):
-      # the attention table (SDPA graph-timed, torch's backends one by one), the swept plans against the
-      # float64 reference, then GPT-2's cold tuning, which the sweep lengthens (H100 before it: 41.8 s)
-    # (and flash_mma's 8-warp configurations, NOTES_kernels: the table times them, the tests check them)
-    TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:260
-    TESTS="tests/gpu/test_provider_cudnn_attn_norm.py::test_swept_kernel_configurations_are_right" \
-      bash bench/device_calls.sh "$OUT/t" gpu-tests:70
-    GRAPHOPT_TEST_CANDIDATES=bm=128 TESTS=tests/gpu/test_attention_gpu.py bash bench/device_calls.sh "$OUT/f" gpu-tests:90
+  14) # issue 20's attention bar on an H100 or the H200 (NOTES_kernels, eighth session): the attention table with
+      # SDPA graph-timed (torch's default is cuDNN there; each backend forced too) and graphopt's choice timed
+      # with and without its stream barrier; then GPT-2's cold / warm tuning
+    TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:300
     CACHE_LIMIT=110 CACHE_ARGS="--models gpt2" bash bench/device_calls.sh "$OUT/k" cache:130 ;;
   *) echo "device_remaining.sh: N must be 0..14" >&2; exit 2 ;;
 esac

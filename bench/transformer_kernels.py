@@ -189,6 +189,33 @@ def main(argv=None):
             out[name.lower()], _ = torch_graph_or_reason(forced, ins, reps=args.reps)
         return out
 
+    def barrier_cost_us(sig, key, tensors):
+        """(with, without) the stream barrier: graphopt's chosen lowering timed by the same graph timer
+        as it is and with ``graphopt.lowering.barrier`` made a no-op (None, None where the lowering
+        has no barrier). The barrier is one empty kernel before every cuDNN / cuBLASLt launch
+        (programmatic dependent launch broke stream order in a whole-model graph on the H200); this
+        says what it costs a call where the kernels are otherwise alike (NOTES_kernels, eighth session)."""
+        from graphopt.kernels.registry import candidate_from_key
+        from graphopt.kernels.source import device_arch
+        from graphopt.lowering import as_lowering
+        from graphopt.lowering import barrier as barrier_mod
+
+        low = as_lowering(candidate_from_key(sig.op, key).build(sig, device_arch()))
+        if not low.barrier:
+            return None, None
+        ins = [cupy.asarray(t) for t in tensors] + [None]
+        out = [cupy.empty(ins[0].shape, dtype=ins[0].dtype)]
+        timed = []
+        for off in (False, True):
+            orig = barrier_mod.barrier
+            if off:
+                barrier_mod.barrier = lambda: None
+            try:
+                timed.append(round(median(cuda_event_timer(low, ins, out, reps=args.reps)) * 1e3, 2))
+            finally:
+                barrier_mod.barrier = orig
+        return tuple(timed)
+
     def attention_row(s, d, causal, dtype):
         bsz, h = max(1, ATTN_TOKENS // s), 16
         shape = (bsz, h, s, d)
@@ -204,6 +231,12 @@ def main(argv=None):
         sdpa, why = torch_graph_or_reason(sdpa_fn, [tq, tk, tv], reps=args.reps)
         sdpa, sdpa_timing = (sdpa, "CUDA graph") if why is None else (sdpa_eager, f"eager ({why})")
         backends = sdpa_backends_us(sdpa_fn, [tq, tk, tv])
+        torch.cuda.synchronize()
+        try:
+            with_barrier, without_barrier = barrier_cost_us(sig, choice["chosen"], [tq, tk, tv])
+        except Exception as exc:  # noqa: BLE001 - a diagnostic column: the row stands without it
+            print(f"  barrier timing failed: {type(exc).__name__}: {exc}", flush=True)
+            with_barrier = without_barrier = None
         # SDPA's output block reused by every captured call (the method before the eighth session)
         sdpa_same_out, _ = torch_graph_or_reason(sdpa_fn, [tq, tk, tv], reps=args.reps, keep_outputs=False)
 
@@ -218,6 +251,7 @@ def main(argv=None):
         row = {"seq": s, "head_dim": d, "causal": bool(causal), "dtype": dtype, "graphopt_us": us, "sdpa_us": round(sdpa, 2),
                "sdpa_timing": sdpa_timing, "sdpa_eager_us": round(sdpa_eager, 2),
                "sdpa_graph_same_output_us": sdpa_same_out,
+               "chosen_with_barrier_us": with_barrier, "chosen_without_barrier_us": without_barrier,
                "batch": bsz, "heads": h, "chosen": choice["chosen"], "chosen_provider": choice["chosen_provider"],
                "TFLOPs": round(flops / (us * 1e-6) / 1e12, 2) if us else 0,
                "best_by_provider": {p: v["us"] for p, v in choice["best_by_provider"].items()},
@@ -227,7 +261,8 @@ def main(argv=None):
         attn_rows.append(row)
         save()
         print(f"attention s={s:5d} d={d:3d} causal={causal} {dtype}: graphopt {us} us {row['TFLOPs']} TF/s ({row['chosen']}) "
-              f"SDPA {sdpa:9.1f} us {row['sdpa_TFLOPs']:6.1f} TF/s  unfused torch {unf:9.1f} us  backends {backends}", flush=True)
+              f"SDPA {sdpa:9.1f} us {row['sdpa_TFLOPs']:6.1f} TF/s  unfused torch {unf:9.1f} us  backends {backends}  "
+              f"barrier on/off {with_barrier}/{without_barrier}", flush=True)
         del tq, tk, tv, out
         cupy.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()

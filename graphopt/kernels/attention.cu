@@ -475,8 +475,7 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attn(
 
 // ---------------------------------------------------------------------------------------------
 // flash_mma: the tensor-core flash attention for fp16 (FlashAttention-2 style forward).
-// A CTA of BM / 16 warps (4 or 8) takes BM = 64 or 128 query rows of one (b, h); warp w owns rows
-// 16w..16w+15 (BM 128: a (b, h) of up to 128 queries reads K and V once, not twice). Q's
+// A CTA of 4 warps takes BM = 64 query rows of one (b, h); warp w owns rows 16w..16w+15. Q's
 // fragments stay in registers; per key tile of BN keys, K and V are staged in shared memory
 // (rows padded by 16 bytes: ldmatrix without bank conflicts), S = Q . K^T by mma.sync m16n8k16
 // (fp32 accumulation), the online softmax runs on the accumulator fragments (a row's values live in
@@ -486,7 +485,6 @@ __global__ void __launch_bounds__(WARPS * 32) flash_attn(
 // as [B][S][H][D] (rows H * D apart: attn_rows). D = Dv = HD (64 or 128);
 // Q, K and V tiles move in 16-byte chunks (D % 8 == 0), except K^T tiles when Skv % 8 != 0.
 // Shared memory: BM * (HD + 8) halves for Q, then STAGES x (K: BN * (HD + 8) or HD * (BN + 8); V: BN * (HD + 8)).
-// With STAGES 2, Q travels by cp.async in the same group as the first K / V tile (one wait for both).
 
 __device__ __forceinline__ unsigned attn_smem_u32(const void* p) {
     unsigned r;
@@ -555,8 +553,8 @@ __device__ __forceinline__ void attn_tile_load_async(half_t* dst, int lds, const
 
 // STAGES 1: each K / V tile is loaded, then consumed. STAGES 2: two K / V buffers; tile i+1 is in
 // flight (cp.async) while tile i is consumed (K^T tiles of odd key counts are stored synchronously).
-template <typename T, int HD, int BN, int MASK, int KT, int STAGES, int BM = 64>
-__global__ void __launch_bounds__(BM * 2) flash_mma(
+template <typename T, int HD, int BN, int MASK, int KT, int STAGES>
+__global__ void __launch_bounds__(128) flash_mma(
     const half_t* __restrict__ Q, const half_t* __restrict__ K, const half_t* __restrict__ V, half_t* __restrict__ Y,
     int Sq, int Skv, int H, float scale, ATTN_MASK_ARGS, int nan_to_zero, int bshd)
 {
@@ -564,8 +562,7 @@ __global__ void __launch_bounds__(BM * 2) flash_mma(
     static_assert(HD % 16 == 0 && HD >= 16 && HD <= 128, "head dim: a multiple of 16 up to 128");
     static_assert(BN % 16 == 0 && BN >= 16 && BN <= 128, "key tile: a multiple of 16 up to 128");
     static_assert(STAGES == 1 || STAGES == 2, "1 or 2 K / V buffers");
-    static_assert(BM == 64 || BM == 128, "64 or 128 query rows: 4 or 8 warps");
-    constexpr int NT = BM * 2;
+    constexpr int BM = 64, NT = 128;
     constexpr int LQ = HD + 8;                    // Q, V and (KT = 0) K rows, in halves
     constexpr int LKT = BN + 8;                   // K^T rows (KT = 1)
     constexpr int NB = BN / 8;                    // score n-blocks per warp
@@ -581,22 +578,13 @@ __global__ void __launch_bounds__(BM * 2) flash_mma(
     const int row0 = blockIdx.x * BM;
     const AttnRows ar = attn_rows(b, h, z, H, Sq, Skv, HD, HD, bshd);
 
-    const int kv_end = mask.causal ? min(Skv, row0 + BM) : Skv;
+    attn_tile_load<NT>(qs, LQ, Q + ar.qz + (long long)row0 * ar.qs, ar.qs, BM, HD, Sq - row0, HD);
+    __syncthreads();
     unsigned qf[HD / 16][4];
-    auto load_q_fragments = [&]() {
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk)
-            attn_ldsm_x4(attn_smem_u32(qs + (warp * 16 + (lane & 15)) * LQ + kk * 16 + (lane >> 4) * 8),
-                         qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
-    };
-    if (STAGES == 2) {  // Q joins the first K / V tile's cp.async group (load_tile below commits it)
-        attn_tile_load_async<NT>(qs, LQ, Q + ar.qz + (long long)row0 * ar.qs, ar.qs, BM, HD, Sq - row0, HD);
-        if (kv_end <= 0) asm volatile("cp.async.wait_all;");
-    } else {
-        attn_tile_load<NT>(qs, LQ, Q + ar.qz + (long long)row0 * ar.qs, ar.qs, BM, HD, Sq - row0, HD);
-        __syncthreads();
-        load_q_fragments();
-    }
+    for (int kk = 0; kk < HD / 16; ++kk)
+        attn_ldsm_x4(attn_smem_u32(qs + (warp * 16 + (lane & 15)) * LQ + kk * 16 + (lane >> 4) * 8),
+                     qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
 
     float o[OB][4];
 #pragma unroll
@@ -604,6 +592,7 @@ __global__ void __launch_bounds__(BM * 2) flash_mma(
     float mrow[2] = {ATTN_NEG_INF, ATTN_NEG_INF}, lrow[2] = {0.0f, 0.0f};
     const int rows_of[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
 
+    const int kv_end = mask.causal ? min(Skv, row0 + BM) : Skv;
     // Load the K / V tile at key t0 into buffer buf (asynchronously with STAGES 2).
     auto load_tile = [&](int buf, int tk) {
         half_t* kb = kv0 + buf * (KS_ELEMS + VS_ELEMS);
@@ -630,9 +619,8 @@ __global__ void __launch_bounds__(BM * 2) flash_mma(
             // Buffer buf ^ 1 was released by the barrier that ended the previous iteration.
             if (t0 + BN < kv_end) load_tile(buf ^ 1, t0 + BN);
             else attn_cp_commit();  // an empty group keeps "all but the newest" meaning this tile
-            attn_cp_wait1();        // this thread's copies of tile it (and, at it 0, of Q) have landed
+            attn_cp_wait1();        // this thread's copies of tile it have landed
             __syncthreads();        // everyone's have
-            if (it == 0) load_q_fragments();
         } else {
             __syncthreads();  // every warp is done with the previous K / V tile
             load_tile(0, t0);

@@ -108,15 +108,7 @@ def attention_candidates() -> list[Candidate]:
         for bn in FLASH_MMA_BN:
             for st in FLASH_MMA_STAGES:
                 out.append(FlashMmaAttention("flash_mma", (("hd", hd), ("bn", bn), ("stages", st))))
-    for hd, bn, st, bm in flash_mma_wide_configs():
-        out.append(FlashMmaAttention("flash_mma", (("hd", hd), ("bn", bn), ("stages", st), ("bm", bm))))
     return out
-
-
-def flash_mma_wide_configs() -> list[tuple[int, int, int, int]]:
-    """(hd, bn, stages, bm) of the 8-warp configurations: 128 query rows a CTA, so a (b, h) of up to
-    128 queries (BERT's s128) reads K and V once; two stages, the head dims of real models."""
-    return [(hd, bn, 2, 128) for hd in (64, 128) for bn in FLASH_MMA_BN]
 
 
 def attention_kernel_instances() -> list[tuple[str, str]]:
@@ -135,37 +127,27 @@ def attention_kernel_instances() -> list[tuple[str, str]]:
                 for kt in (0, 1):
                     for st in FLASH_MMA_STAGES:
                         out.append(("attention.cu", instance("flash_mma", "float16", hd, bn, mask, kt, st)))
-        for hd, bn, st, bm in flash_mma_wide_configs():
-            for kt in (0, 1):
-                out.append(("attention.cu", instance("flash_mma", "float16", hd, bn, mask, kt, st, bm)))
     return out
 
 
 FLASH_MMA_HD = (16, 32, 64, 128)
 FLASH_MMA_BN = (64, 128)
 FLASH_MMA_STAGES = (1, 2)  # K / V buffers: 2 keeps the next tile in flight (cp.async)
-FLASH_MMA_BM = 64  # query rows per CTA of 4 warps (param ``bm``: 64, or 128 with 8 warps)
+FLASH_MMA_BM = 64  # query rows per CTA of 4 warps (fixed in the kernel)
 
 
-def flash_mma_smem_bytes(hd: int, bn: int, kt: bool, stages: int = 1, bm: int = FLASH_MMA_BM) -> int:
+def flash_mma_smem_bytes(hd: int, bn: int, kt: bool, stages: int = 1) -> int:
     lq = hd + 8
-    return 2 * (bm * lq + stages * ((hd * (bn + 8) if kt else bn * lq) + bn * lq))
+    return 2 * (FLASH_MMA_BM * lq + stages * ((hd * (bn + 8) if kt else bn * lq) + bn * lq))
 
 
 @dataclass(frozen=True)
 class FlashMmaAttention(_AttentionKernels, Candidate):
     """fp16 tensor-core flash attention (mma.sync m16n8k16, ldmatrix); params hd (= D = Dv), bn (keys
-    per tile), stages (K / V buffers), bm (query rows a CTA: 64 with 4 warps, absent; 128 with 8)."""
+    per tile), stages (K / V buffers)."""
 
     def _cfg(self) -> tuple[int, int, int]:
         return int(self.param("hd")), int(self.param("bn")), int(self.param("stages", 1))
-
-    def _bm(self) -> int:
-        return int(self.param("bm", FLASH_MMA_BM))
-
-    def _smem(self, kt: bool) -> int:
-        hd, bn, st = self._cfg()
-        return flash_mma_smem_bytes(hd, bn, kt, st, self._bm())
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         try:
@@ -181,24 +163,22 @@ class FlashMmaAttention(_AttentionKernels, Candidate):
             return f"head dims D={p.D}, Dv={p.Dv} are not both hd={hd}"
         if p.Z > GRID_Y_MAX:
             return f"{p.Z} batch x heads > {GRID_Y_MAX} (grid y)"
-        if self._bm() not in (64, 128) or (self._bm() == 128 and st != 2):
-            return f"bm={self._bm()} with stages={st} (the kernel has bm 64, and bm 128 with two stages)"
         limit = 227 * 1024 if compute_capability >= (9, 0) else 163 * 1024
-        if self._smem(p.kt) > limit:
-            return f"{self._smem(p.kt)} bytes of shared memory > {limit}"
+        if flash_mma_smem_bytes(hd, bn, p.kt, st) > limit:
+            return f"{flash_mma_smem_bytes(hd, bn, p.kt, st)} bytes of shared memory > {limit}"
         return None
 
     def _instance(self, sig: Signature) -> str:
         hd, bn, st = self._cfg()
         p = attention_plan(sig)
-        wide = (self._bm(),) if self._bm() != FLASH_MMA_BM else ()  # the template's default: 64
-        return instance("flash_mma", "float16", hd, bn, p.mask, int(p.kt), st, *wide)
+        return instance("flash_mma", "float16", hd, bn, p.mask, int(p.kt), st)
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         p, kern = self._prologue(sig)
-        smem = self._smem(p.kt)
+        hd, bn, st = self._cfg()
+        smem = flash_mma_smem_bytes(hd, bn, p.kt, st)
         kern.max_dynamic_shared_size_bytes = smem
-        grid, block = (-(-p.Sq // self._bm()), p.Z), (2 * self._bm(),)
+        grid, block = (-(-p.Sq // FLASH_MMA_BM), p.Z), (128,)
         i32 = np.int32
 
         def launch(inputs, outputs):

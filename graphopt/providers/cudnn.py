@@ -35,7 +35,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
-from graphopt.providers import cudnn_knobs, cudnn_listing
+from graphopt.providers import cudnn_listing
 from graphopt.providers.cudnn_pointwise import activation, activation_reason
 
 OPS = ("CBR",)
@@ -166,10 +166,9 @@ class _Built:
     copies: int = 0  # private copies made for second lowerings of a plan (lowering_plan)
 
 
-def listed(sig: Signature, make, tag: str = "", sweep: bool = False) -> _Built:
+def listed(sig: Signature, make, tag: str = "") -> _Built:
     """The graph ``make(mod, handle, sig) -> (graph, tensors[, extra])`` builds for ``sig``, validated,
-    with its plans listed (heuristics A, then the fallback list; with ``sweep``, every other kernel
-    configuration of their engines too: ``cudnn_knobs``; those ``check_support`` keeps).
+    with its plans listed (heuristics A, then the fallback list; those ``check_support`` keeps).
     Cached per signature (and ``tag``, for a second form of one op's graph) and process: every
     candidate of one signature shares it."""
     key = sig.key() + tag
@@ -185,8 +184,6 @@ def listed(sig: Signature, make, tag: str = "", sweep: bool = False) -> _Built:
             graph.validate()
             graph.build_operation_graph()
             graph.create_execution_plans([mod.heur_mode.A, mod.heur_mode.FALLBACK])
-            if sweep:
-                cudnn_knobs.sweep_kernel_cfgs(mod, graph)
             barred = _deselect_inexact(mod, graph)
             graph.check_support()
         except Exception as e:

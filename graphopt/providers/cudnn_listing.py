@@ -21,16 +21,13 @@ import os
 import tempfile
 from typing import Callable
 
-# What a listing holds changed (2: Attention's listings gained the swept kernel configurations of
-# ``cudnn_knobs``): a new scheme starts a new file, so no run serves a listing made the old way.
-SCHEME = 2
 _MEMO: dict[str, dict] = {}  # file path -> its listings, as loaded or written by this process
 
 
 def _path(device: str, versions: tuple[tuple[str, str], ...]) -> str:
     from graphopt.kernels.source import cubin_cache_dir
 
-    tag = hashlib.sha1(repr((device, versions, SCHEME)).encode()).hexdigest()[:16]
+    tag = hashlib.sha1(repr((device, versions)).encode()).hexdigest()[:16]
     return os.path.join(cubin_cache_dir(), f"cudnn-plans-{tag}.json")
 
 

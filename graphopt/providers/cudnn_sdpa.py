@@ -202,8 +202,7 @@ def sdpa_graph(mod, handle, sig: Signature):
 
 
 def sdpa_built(sig: Signature, tag: str = ""):
-    """The signature's SDPA graph with every kernel configuration of the listed engines (``cudnn_knobs``)."""
-    return base.listed(sig, sdpa_graph, tag, sweep=True)
+    return base.listed(sig, sdpa_graph, tag)
 
 
 _KERNELS: dict[str, Any] = {}

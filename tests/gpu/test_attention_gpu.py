@@ -308,7 +308,7 @@ def _capture_and_replay(launch, dev, y, stream):
 def test_cublas_softmax_captures_and_replays():
     ins = _inputs(33, 33, 64, 64, 1, "additive", (B, 1, 1, 33), "float16", 11)
     sig = _sig(ins, 1, "additive", {"scale": 0.125, "causal": 1})
-    cand = next(c for c in attention_candidates() if c.name == "cublas_softmax" and c.applies(sig, (9, 0)) is None)
+    cand = next(c for c in _all_candidates() if c.name == "cublas_softmax" and c.applies(sig, (9, 0)) is None)
     prebuild(cand.kernels(sig))
     launch = cand.build(sig, device_arch())
     dev = [cupy.asarray(a) for a in ins]
@@ -328,7 +328,7 @@ def test_cublas_softmax_over_bshd_captures_and_follows_moved_inputs(dtype):
     ins = _inputs(37, 37, 64, 64, 0, "additive", (B, 1, 1, 37), dtype, 13)
     given = [np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in ins[:3]] + ins[3:]
     sig = _sig(given, 0, "additive", {"qkv_bshd": 1, "y_bshd": 1, "causal": 1})
-    cand = next(c for c in attention_candidates() if c.name == "cublas_softmax" and c.applies(sig, (9, 0)) is None)
+    cand = next(c for c in _all_candidates() if c.name == "cublas_softmax" and c.applies(sig, (9, 0)) is None)
     prebuild(cand.kernels(sig))
     launch = cand.build(sig, device_arch())
     dev = [cupy.asarray(a) for a in given]

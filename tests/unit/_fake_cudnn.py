@@ -69,30 +69,6 @@ class FakeGraph:
     def get_plan_name_at_index(self, i):
         return self.plans[i]
 
-    # Engines and knobs: a plan named ``eng<E>_k<T>=<V>...`` is engine E with knob T set to V (cuDNN's
-    # naming); any other name is engine 1000 + its index, without knobs. ``KNOB_RANGES`` maps an
-    # engine to its knobs as {type: (min, max, stride)}; ``REFUSED_KNOBS`` holds (engine, {type: value})
-    # choices that ``create_execution_plan`` refuses.
-    KNOB_RANGES: dict = {}
-    REFUSED_KNOBS: tuple = ()
-
-    def get_engine_and_knobs_at_index(self, i):
-        name = self.plans[i]
-        if not name.startswith("eng"):
-            return 1000 + i, {}
-        engine, *knobs = name[3:].split("_")
-        return int(engine), {int(k[1:].split("=")[0]): int(k.split("=")[1]) for k in knobs}
-
-    def get_knobs_for_engine(self, engine):
-        return [types.SimpleNamespace(type=t, min_value=lo, max_value=hi, stride=st)
-                for t, (lo, hi, st) in self.KNOB_RANGES.get(engine, {}).items()]
-
-    def create_execution_plan(self, engine, knobs):
-        self.log.append(("create_execution_plan", engine, dict(knobs)))
-        if (engine, dict(knobs)) in list(self.REFUSED_KNOBS):
-            raise RuntimeError("cudnnGraphNotSupportedError: knob choice not supported")
-        self.plans.append(f"eng{engine}" + "".join(f"_k{t}={v}" for t, v in sorted(knobs.items())))
-
     def build_plan_at_index(self, i):
         self.log.append(("build_plan_at_index", i))
 
@@ -111,7 +87,7 @@ def fake_module(plans, refuse_inference=False, graph=FakeGraph):
     log: list = []
     mod = types.SimpleNamespace(
         data_type=types.SimpleNamespace(HALF="HALF", FLOAT="FLOAT", BFLOAT16="BF16"),
-        heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"), knob_type=types.SimpleNamespace(KERNEL_CFG=24),
+        heur_mode=types.SimpleNamespace(A="A", FALLBACK="FALLBACK"),
         norm_forward_phase=types.SimpleNamespace(INFERENCE="INFERENCE", TRAINING="TRAINING"),
         pygraph=lambda **kw: graph(log, list(plans), refuse_inference, **kw),
         create_handle=lambda: "handle", set_stream=lambda handle, stream: log.append(("set_stream", stream)),

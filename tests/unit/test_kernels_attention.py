@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from graphopt.kernels.attention import (FlashAttention, FlashMmaAttention, attention_candidates, attention_kernel_instances,
+from graphopt.kernels.attention import (FlashAttention, attention_candidates, attention_kernel_instances,
                                         flash_mma_smem_bytes, flash_smem_bytes)
 from graphopt.kernels.attention_cublas import (GRID_ROWS_MAX, SOFTMAX_LANES, SOFTMAX_LANES_MAX_LOADS,
                                                CublasSoftmaxAttention, batch_offsets, score_gemm, score_gemm_ptrs,
@@ -101,7 +101,7 @@ def test_tensor_core_configs():
     fp16 = _sig(Skv=11, D=64, kt=1, dtype="float16")
     assert [k for k in _applicable(fp16) if k.startswith("flash_mma")] == [
         "flash_mma:hd=64,bn=64,stages=1", "flash_mma:hd=64,bn=64,stages=2", "flash_mma:hd=64,bn=128,stages=1",
-        "flash_mma:hd=64,bn=128,stages=2", "flash_mma:hd=64,bn=64,stages=2,bm=128", "flash_mma:hd=64,bn=128,stages=2,bm=128"]
+        "flash_mma:hd=64,bn=128,stages=2"]
     reasons = {c.key(): c.applies(fp16, (9, 0)) for c in attention_candidates() if c.name == "flash_mma"}
     assert reasons["flash_mma:hd=128,bn=64,stages=2"] == "head dims D=64, Dv=64 are not both hd=128"
     cand = candidate_from_key("Attention", "flash_mma:hd=64,bn=64,stages=2")
@@ -114,21 +114,6 @@ def test_tensor_core_configs():
     big = candidate_from_key("Attention", "flash_mma:hd=128,bn=128,stages=2")
     assert big.applies(_sig(D=128, kt=1, dtype="float16"), (9, 0)) is None  # 156 KB on sm_90
     assert flash_mma_smem_bytes(128, 128, True, 2) == 2 * (64 * 136 + 2 * (128 * 136 + 128 * 136)) < 163 * 1024
-
-
-def test_wide_tensor_core_config_has_eight_warps_and_its_own_instance():
-    """bm=128: 128 query rows a CTA of 8 warps (a (b, h) of up to 128 queries reads K / V once); the
-    template's BM is the last argument, absent for 64 (the instances of before keep their names)."""
-    fp16 = _sig(Sq=130, Skv=11, D=64, kt=0, dtype="float16")
-    wide = candidate_from_key("Attention", "flash_mma:hd=64,bn=64,stages=2,bm=128")
-    assert wide.applies(fp16, (9, 0)) is None
-    assert wide.kernels(fp16) == [("attention.cu", "flash_mma<half_t,64,64,0,0,2,128>")]
-    assert ("attention.cu", "flash_mma<half_t,64,64,0,0,2,128>") in attention_kernel_instances()
-    assert flash_mma_smem_bytes(64, 64, False, 2, 128) == 2 * (128 * 72 + 2 * (64 * 72 + 64 * 72))
-    def made(**p):  # configurations the candidate list does not hold
-        return FlashMmaAttention("flash_mma", tuple(p.items()))
-    assert "bm=128 with stages=1" in made(hd=64, bn=64, stages=1, bm=128).applies(fp16, (9, 0))
-    assert "bm=96" in made(hd=64, bn=64, stages=2, bm=96).applies(fp16, (9, 0))
 
 
 def test_keys_round_trip_and_instances_are_registered():
