@@ -101,8 +101,7 @@ case "$N" in
     bash bench/device_calls.sh "$OUT/r" cbr:400 ;;
   14) # issue 20's attention bar on an H100 or the H200 (NOTES_kernels, eighth session): the attention table with
       # SDPA graph-timed (torch's default is cuDNN there; each backend forced too) and graphopt's choice timed
-      # with and without its stream barrier; then GPT-2's cold / warm tuning
-    TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:300
-    CACHE_LIMIT=110 CACHE_ARGS="--models gpt2" bash bench/device_calls.sh "$OUT/k" cache:130 ;;
+      # with and without its stream barrier
+    TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:300 ;;
   *) echo "device_remaining.sh: N must be 0..14" >&2; exit 2 ;;
 esac
