@@ -6,7 +6,7 @@ plain or transposed, no mask, a BERT-style additive padding mask [B, 1, 1, Skv],
 [B, 1, Sq, Skv], causal (alone and with a mask), in fp16 and fp32. Fully masked rows must give
 NaN, or 0 with nan_to_zero, as the reference does. The cuBLAS lowering is also run inside a CUDA
 graph capture. ``GRAPHOPT_TEST_CANDIDATES=<text>`` keeps the candidates whose key contains it (a device
-call that checks new configurations only: ``bm=128``).
+call that checks new configurations only, e.g. ``flash_mma:hd=64``; pytest's ``-k`` takes no ``=``).
 """
 
 from __future__ import annotations
