@@ -4,12 +4,12 @@
 # 600 s of budget), 2, 12, 13, 5, 3, 4 are the acceptance rows still to run (12 and 13 are method fixes an
 # H100 can check first); 0, 6, 7, 9 and 10 ran on H100s on 2026-12-06 and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..14; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..13; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..14)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..13)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -91,7 +91,8 @@ case "$N" in
     E2E_ARGS="--rows mobilenetv2:1,resnet50:1:fp32,resnet50:32:fp32,bert:1:fp32,bert:32:fp32 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-300} ;;
   12) # issue 20's attention bar with SDPA timed inside a CUDA graph like graphopt's choice (since 3046fea; the
-      # H200's 15 of 16 had SDPA timed eagerly, ~2.5 us a call more than every margin; NOTES_kernels)
+      # H200's 15 of 16 had SDPA timed eagerly, ~2.5 us a call more than every margin; NOTES_kernels), torch's
+      # backends forced one by one, and graphopt's choice with and without its stream barrier (eighth session)
     TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:300 ;;
   13) # issue 20's CBR and GemmAct tables from scratch with torch's same ops also timed in a CUDA graph (since
       # aef1455; NOTES_kernels): this call drops the committed CBR rows on the device's copy of the tree;
@@ -99,9 +100,5 @@ case "$N" in
     rm -f bench/results/cbr_layers_h200.json bench/results/cbr_layers_h100.json
     bash bench/device_calls.sh "$OUT/g" gemm:150
     bash bench/device_calls.sh "$OUT/r" cbr:400 ;;
-  14) # issue 20's attention bar on an H100 or the H200 (NOTES_kernels, eighth session): the attention table with
-      # SDPA graph-timed (torch's default is cuDNN there; each backend forced too) and graphopt's choice timed
-      # with and without its stream barrier
-    TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:300 ;;
-  *) echo "device_remaining.sh: N must be 0..14" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..13" >&2; exit 2 ;;
 esac
