@@ -14,11 +14,25 @@ change measurably (1.292 ms with 54 barriers against 1.296 ms without).
 
 Written by hand because neither CuPy nor the libraries offer a stream barrier that a CUDA graph
 captures as a node: an event record is no node, and a memset node cost 56-93 us over the same 54 steps.
+
+On sm_90 and later the barrier releases its dependents as soon as it starts
+(``griddepcontrol.launch_dependents``): a library kernel launched with programmatic dependent launch
+after it may then begin its prologue while the barrier is still being retired, instead of after. That
+keeps the ordering whole: the barrier itself, launched normally, starts only when everything before it
+on the stream has completed, so whatever may start once it has started finds all earlier work done
+(and a dependent's own wait still covers the barrier, which writes nothing). Without the release, the
+next library kernel waits for the empty kernel to finish; back-to-back cuDNN SDPA calls, graph-timed,
+ran 0.8-1.9 us slower in graphopt than the same plan in torch on the H100 (bench/NOTES_kernels.md,
+2026-12-06, eighth session), which is what this is meant to recover.
 """
 
 from __future__ import annotations
 
-_SOURCE = 'extern "C" __global__ void graphopt_stream_barrier() {}'
+_SOURCE = r"""extern "C" __global__ void graphopt_stream_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}"""
 _KERNEL: list = []
 
 

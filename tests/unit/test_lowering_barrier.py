@@ -5,6 +5,8 @@ graph of cuDNN lowerings raced on the H200 without it)."""
 
 from __future__ import annotations
 
+import pytest
+
 from graphopt.lowering import Lowering, as_lowering
 from graphopt.lowering import barrier as barrier_module
 
@@ -34,3 +36,28 @@ def test_the_barrier_is_looked_up_at_launch_time(monkeypatch):
     low.launch([], [], None)
     low.launch([], [], None)
     assert calls == [1, 1]
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+        nvrtc.getVersion()
+    except Exception as exc:  # noqa: BLE001 - no NVRTC here (the CPU test extras install it)
+        pytest.skip(f"NVRTC not importable: {exc}")
+    return nvrtc
+
+
+def test_the_barrier_kernel_compiles_and_releases_its_dependents_from_sm90():
+    """The barrier's source compiles for sm_80 and sm_90; from sm_90 it releases the next
+    (programmatic dependent launch) kernel as soon as it starts, before sm_90 it is empty."""
+    nvrtc = _nvrtc()
+    for arch, release in (("sm_80", False), ("sm_90", True)):
+        prog = nvrtc.createProgram(barrier_module._SOURCE, "barrier.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, [f"-arch={arch}"])
+            ptx = nvrtc.getPTX(prog)
+            ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+            assert ("griddepcontrol.launch_dependents" in ptx) is release, arch
+            assert nvrtc.getCUBIN(prog)[:4] == b"\x7fELF"
+        finally:
+            nvrtc.destroyProgram(prog)
