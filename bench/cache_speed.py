@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # report this checkout's graphopt version, as the runs use it
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from lowering_bench import write_atomic  # noqa: E402
+from lowering_bench import gpu_tag, write_atomic  # noqa: E402
 from runtime_bench import versions  # noqa: E402
 from graphopt.tune.candidate_run import BRIEFLY  # noqa: E402
 from graphopt.tune.profiler import TWIN_REASON  # noqa: E402
@@ -287,7 +287,8 @@ def _write(path: Path | None, result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpu", default="h200", help="the --gpu to optimize for; 'none' is a dry run (default h200)")
+    ap.add_argument("--gpu", default=None, help="the --gpu to optimize for; 'none' is a dry run (default: this "
+                                                "machine's GPU as --gpu auto names it, e.g. h200; none without one)")
     ap.add_argument("--models", default=",".join(MODELS), help="named models to export and measure (resnet50,gpt2)")
     ap.add_argument("--model", default=None, help="measure this ONNX file instead of the named models")
     ap.add_argument("--batch", type=int, default=32, help="tune at this batch (--shape); 0: no --shape")
@@ -304,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="after each model, import its cold run's tuning cache into this GRAPHOPT_CACHE_DIR "
                          "(graphopt cache export / import), so that bench/e2e.py --cache-dir reuses the tuning")
     args = ap.parse_args(argv)
+    if args.gpu is None:
+        tag = gpu_tag()
+        args.gpu = "none" if tag == "cpu" else tag
     dry = args.gpu.strip().lower() == "none"
     out = Path(args.out) if args.out else (
         Path(args.out_dir) / f"cache_speed_{args.gpu}.json" if args.out_dir else

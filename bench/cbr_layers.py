@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from lowering_bench import (Budget, TunerChoice, env_header, geomean, measure_ceilings, prebuild_all,  # noqa: E402,F401
+from lowering_bench import (GPU_NAME_HELP, Budget, TunerChoice, env_header, geomean, gpu_tag, measure_ceilings, prebuild_all,  # noqa: E402,F401
                             torch_graph_or_reason, torch_us, write_atomic, write_json)
 
 FORMAT = 2  # rows with per-provider columns (the 2026-12-02 file, own kernels only, has no "format")
@@ -191,12 +191,13 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20, help="torch timings")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; layers past it are skipped and listed")
     ap.add_argument("--previous", default=None, help="an earlier run's cbr_layers_<gpu>.json: keep its rows, skip them")
-    ap.add_argument("--gpu-name", default="h200", help="suffix of the output files (h200, h100): one GPU's rows never merge with another's")
+    ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
     ap.add_argument("--quick", action="store_true", help="a few layers only (smoke test)")
     ap.add_argument("--only", default=None, help="these layers only (names, comma-separated, e.g. r50.stem,mv2.stem); "
                                                   "with --previous their earlier rows are replaced, the others kept")
     ap.add_argument("--report-kernels", action="store_true", help="print registers / local memory of every instance and exit")
     args = ap.parse_args(argv)
+    args.gpu_name = args.gpu_name or gpu_tag()
     bad = [m for m in args.models.split(",") if m not in ("resnet50", "mobilenetv2")]
     bad += [d for d in args.dtypes.split(",") if d not in ("float16", "float32")]
     if bad:

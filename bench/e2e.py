@@ -59,7 +59,7 @@ sys.path.insert(0, str(HERE))
 
 from e2e_report import (FIELDS, FP16_RTOL, FP32_MODELS, FP32_RTOL, acceptance, fused_nodes_ms, load_doc,  # noqa: E402
                         markdown, merge_rows, row_plan, tuning_status)
-from lowering_bench import Budget, write_atomic  # noqa: E402
+from lowering_bench import GPU_NAME_HELP, Budget, gpu_tag, write_atomic  # noqa: E402
 from runtime_bench import err, gpu_name, rel_err, timed, versions  # noqa: E402
 from torch_models import MODELS, build_module, example_input, export, input_shape  # noqa: E402
 
@@ -391,7 +391,7 @@ def parse(argv=None):
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "graphopt_e2e",
                     help="exports and optimized models (reused across calls on the same machine)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    ap.add_argument("--gpu-name", default="h200", help="suffix of the output files")
+    ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--heuristic", action="store_true",
                     help="optimize with --gpu none (the heuristic's lowerings, nothing profiled): rows say "
@@ -407,6 +407,7 @@ def parse(argv=None):
                          "on the NumPy runtime, no torch.compile, no memory numbers")
     ap.add_argument("--graphopt-python", default=None, help="python for `graphopt optimize` (default: this one)")
     args = ap.parse_args(argv)
+    args.gpu_name = args.gpu_name or ("cpu" if args.dry else gpu_tag())  # a dry run never joins a GPU's rows
     args.models = [m for m in args.models.split(",") if m]
     args.batches = [int(b) for b in args.batches.split(",") if b]
     args.dtypes = [d for d in args.dtypes.split(",") if d]

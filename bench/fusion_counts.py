@@ -172,11 +172,11 @@ def main(argv=None) -> int:
     rows = [measure(f) for f in transformer_files()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from graphopt.files import atomic_write
+
     for name, text in (("transformer_fusions.json", json.dumps(rows, indent=1, sort_keys=True) + "\n"),
                        ("transformer_fusions.md", markdown(rows))):
-        tmp = out / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(out / name)
+        atomic_write(out / name, [text.encode()])
     bad = [r["model"] for r in rows if any(r["counts"].get(k, 0) != v for k, v in r["expected"].items())]
     print(f"wrote {out / 'transformer_fusions.md'}; {len(rows)} models" + (f"; counts differ: {bad}" if bad else ""))
     return 1 if bad else 0

@@ -166,11 +166,11 @@ def main(argv=None) -> int:
     rows = [measure(f) for f in files()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from graphopt.files import atomic_write
+
     for name, text in (("fusion_coverage.json", json.dumps(rows, indent=1, sort_keys=True) + "\n"),
                        ("fusion_coverage.md", markdown(rows))):
-        tmp = out / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(out / name)
+        atomic_write(out / name, [text.encode()])
     print(f"wrote {out / 'fusion_coverage.md'}; {len(rows)} models")
     return 0
 

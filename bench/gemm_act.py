@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from lowering_bench import (Budget, TunerChoice, env_header, geomean, measure_ceilings, prebuild_all,  # noqa: E402
+from lowering_bench import (GPU_NAME_HELP, Budget, TunerChoice, env_header, geomean, gpu_tag, measure_ceilings, prebuild_all,  # noqa: E402
                             torch_graph_or_reason, torch_us, write_atomic, write_json)
 
 # lowering_bench.provider_of's names: cuDNN's GemmAct plans come from graphopt.providers.cudnn_matmul
@@ -49,13 +49,14 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20, help="torch timings")
     ap.add_argument("--dtypes", default="float16")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; shapes past it are skipped and listed")
-    ap.add_argument("--gpu-name", default="h200", help="suffix of the output files (h200, h100): one GPU's rows never merge with another's")
+    ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
     ap.add_argument("--rerender", default=None, metavar="JSON",
                     help="no GPU: rewrite a run's per-provider columns, summary and markdown from its rows into --out")
     ap.add_argument("--only", default=None, help="comma-separated layer names (default: every layer)")
     ap.add_argument("--tokens", default=None, help="batch sizes to run, comma-separated (default: 1,32)")
     ap.add_argument("--providers", default=None, help=f"comma-separated subset of {','.join(PROVIDERS)} (default: all)")
     args = ap.parse_args(argv)
+    args.gpu_name = args.gpu_name or gpu_tag()
     if args.rerender:
         return rerender(args.rerender, args.out, args.gpu_name)
     # fp16 / fp32 too: device_calls.sh shares one DTYPES between the e2e steps (fp16) and this one

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch_models  # noqa: E402  (the models and exports of bench/e2e.py)
+from lowering_bench import gpu_tag, write_atomic  # noqa: E402
 from runtime_bench import runtime_bench_meta, runtime_bench_parser  # noqa: E402
 
 
@@ -122,6 +123,7 @@ def main() -> int:
     ap = runtime_bench_parser(__doc__, batches="1,1", repeats=30)
     ap.add_argument("--optimize-timeout", type=float, default=240.0)
     args = ap.parse_args()
+    args.gpu_name = args.gpu_name or gpu_tag()
     args.out.mkdir(parents=True, exist_ok=True)
     res = {"meta": runtime_bench_meta(), "models": []}
     for name, bs in zip(args.models.split(","), [int(b) for b in args.batches.split(",")]):
@@ -145,7 +147,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - reported in the row, printed and written (a silent gap is no result)
             entry["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print(f"{name} bs{bs}: {entry['error']}", flush=True)
-            (args.out / f"host_overhead_{args.gpu_name}.json").write_text(json.dumps(res, indent=1))
+            write_atomic(args.out / f"host_overhead_{args.gpu_name}.json", json.dumps(res, indent=1))
             continue
         for label, path in (("optimized", opt), ("unoptimized", src)):
             try:
@@ -155,8 +157,8 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001
                 entry[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 print(f"{name} bs{bs} {label}: {entry[label + '_error']}", flush=True)
-            (args.out / f"host_overhead_{args.gpu_name}.json").write_text(json.dumps(res, indent=1))
-            (args.out / f"host_overhead_{args.gpu_name}.md").write_text(markdown(res))
+            write_atomic(args.out / f"host_overhead_{args.gpu_name}.json", json.dumps(res, indent=1))
+            write_atomic(args.out / f"host_overhead_{args.gpu_name}.md", markdown(res))
     return 0
 
 

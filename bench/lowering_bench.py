@@ -273,6 +273,20 @@ class Budget:
         return self.end - time.perf_counter()
 
 
+def gpu_tag() -> str:
+    """The suffix of this machine's result files: its first GPU's normalized name as ``--gpu auto``
+    reads it (``graphopt.tune.gpus``: "NVIDIA H100 80GB HBM3" -> h100), ``cpu`` without a GPU. A fixed
+    default (it was h200) merged another GPU's rows, or a dry run's, into the H200's committed files."""
+    from graphopt.tune.gpus import detect_devices
+
+    devices = detect_devices()
+    return devices[0].normalized if devices else "cpu"
+
+
+GPU_NAME_HELP = ("suffix of the output files (default: this machine's GPU as --gpu auto names it, e.g. h200; "
+                 "cpu without one): one GPU's rows never merge with another's")
+
+
 def write_atomic(path, text: str) -> None:
     """``text`` to ``path`` atomically with normal permissions (graphopt's own writer), its folder made."""
     from graphopt.files import atomic_write

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch_models  # noqa: E402  (the models and exports of bench/e2e.py)
+from lowering_bench import gpu_tag, write_atomic  # noqa: E402
 from runtime_bench import runtime_bench_meta, runtime_bench_parser  # noqa: E402
 
 
@@ -94,6 +95,7 @@ def main() -> int:
     ap = runtime_bench_parser(__doc__, batches="32,1", repeats=20, repeats_help="graph replays per step")
     ap.add_argument("--variants", default="optimized,unoptimized", help="which models to break down")
     args = ap.parse_args()
+    args.gpu_name = args.gpu_name or gpu_tag()
     import torch
 
     from graphopt.runtime import Session
@@ -152,7 +154,7 @@ def main() -> int:
                 ts.append((time.perf_counter() - t) * 1e3)
         entry["torch_eager_ms"] = float(np.median(ts))
         res["models"].append(entry)
-        out_json.write_text(json.dumps(res, indent=1))
+        write_atomic(out_json, json.dumps(res, indent=1))
         print(json.dumps({k: v for k, v in entry.items() if k not in ("optimized", "unoptimized")}), flush=True)
         if "optimized" in entry:
             o = entry["optimized"]
@@ -170,7 +172,7 @@ def main() -> int:
             md += ["", "| op | nodes | device us | host us |", "|---|---:|---:|---:|"]
             md += [f"| {op} | {n} | {d:.1f} | {h:.1f} |" for op, n, d, h in e["optimized"]["by_op"]]
             md += ["", "notes: " + "; ".join(e["optimized"]["notes"][:30]), ""]
-    (args.out / f"plan_breakdown_{args.gpu_name}.md").write_text("\n".join(md) + "\n")
+    write_atomic(args.out / f"plan_breakdown_{args.gpu_name}.md", "\n".join(md) + "\n")
     return 0
 
 

@@ -121,7 +121,9 @@ def runtime_bench_parser(doc: str, batches: str, repeats: int, repeats_help: str
     ap.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
     ap.add_argument("--gpu-args", default="--gpu none", help="graphopt optimize's lowering options")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--gpu-name", default="h200")
+    from lowering_bench import GPU_NAME_HELP  # noqa: PLC0415 - lowering_bench imports this module
+
+    ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
     return ap
 
 

@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from lowering_bench import Budget, TunerChoice, env_header, measure_ceilings, torch_graph_or_reason, write_atomic, write_json  # noqa: E402
+from lowering_bench import GPU_NAME_HELP, Budget, TunerChoice, gpu_tag, env_header, measure_ceilings, torch_graph_or_reason, write_atomic, write_json  # noqa: E402
 
 # (name, rows, D)
 NORM_SIZES = [("gpt2 bs1x128", 128, 768), ("bert-base bs32x128", 32 * 128, 768), ("bert-large bs32x512", 32 * 512, 1024),
@@ -77,11 +77,12 @@ def main(argv=None):
     ap.add_argument("--tables", default="memory,attention",
                     help="which tables: memory (norms, bias+GELU, softmax), attention, or both")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; what is past it is skipped and listed")
-    ap.add_argument("--gpu-name", default="h200", help="suffix of the output files (h200, h100): one GPU's rows never merge with another's")
+    ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
     ap.add_argument("--merge", nargs=2, metavar=("MEMORY_JSON", "ATTENTION_JSON"),
                     help="no GPU: write one results file from two runs' files (the memory table of the first, the "
                          "attention table of the second), each run's header kept under 'runs'")
     args = ap.parse_args(argv)
+    args.gpu_name = args.gpu_name or gpu_tag()
     kinds = set(args.kernels.split(","))
     unknown = kinds - {"norm", "gelu", "softmax"}
     if unknown:

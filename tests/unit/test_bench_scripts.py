@@ -36,3 +36,24 @@ true | tail -1; exit_of fine.py "${{PIPESTATUS[0]}}"
     lines = (tmp_path / "exit_status.txt").read_text().splitlines()
     assert lines == ["device_bench: crash.py exited with status 139 (signal 11: PYTHONFAULTHANDLER printed the "
                      "Python stack in its log)", "device_bench: slow.py exited with status 124 (its time limit)"]
+
+
+def test_result_files_are_named_by_the_gpu_that_made_them(monkeypatch):
+    """A fixed default suffix (it was h200) merged an A100's rows, or a dry run's, into the H200's
+    committed result files: the default is the machine's GPU as ``--gpu auto`` names it, cpu without one."""
+    sys.path.insert(0, str(BENCH))
+    from lowering_bench import gpu_tag
+
+    import graphopt.tune.gpus as gpus
+
+    monkeypatch.setattr(gpus, "detect_devices", lambda: [])
+    assert gpu_tag() == "cpu"
+    fake = gpus.DeviceInfo(index=0, name="NVIDIA A100-SXM4-80GB", normalized=gpus.try_normalize_gpu_name("NVIDIA A100-SXM4-80GB"),
+                           compute_capability=(8, 0), driver_version="13.0", cuda_version="13.0", cupy_version="14",
+                           total_memory=0, l2_cache_bytes=0, multiprocessors=108)
+    monkeypatch.setattr(gpus, "detect_devices", lambda: [fake])
+    assert gpu_tag() == "a100"
+    for script in ("e2e.py", "cbr_layers.py", "gemm_act.py", "transformer_kernels.py", "runtime_bench.py",
+                   "cache_speed.py", "conformance.py"):
+        text = (BENCH / script).read_text()
+        assert not re.search(r"""add_argument\("--gpu(-name)?", default="h200""", text), script
