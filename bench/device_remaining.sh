@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-06), one
-# per run-tool call (each within its 600 s limit). On the H200, in this order: 8 (or 11 with less than
-# 600 s of budget), 2, 12, 13, 5, 3, 4 are the acceptance rows still to run (12 and 13 are method fixes an
-# H100 can check first); 0, 6, 7, 9 and 10 ran on H100s on 2026-12-06 and are kept to repeat them on the H200:
+# per run-tool call (each within its 600 s limit). On the H200, in this order: 2 (its cold / warm ResNet-50
+# and conformance ran at f90f151: what it still gives is GPT-2 cold and the memory table), 13, 5, 3, 4 are
+# the acceptance rows still to run; 8 and 12 ran on the H200 at f90f151 (ninth session); 0, 6, 7, 9 and 10
+# ran on H100s on 2026-12-06 and are kept to repeat them on the H200:
 #
 #   bash bench/device_remaining.sh N "$OUT"        (N = 0..13; carry .whl, .cubin, .tuning; name nvidia-h200)
 #

@@ -426,8 +426,9 @@ def merge(out_dir: str, memory_json: str, attention_json: str, gpu_name: str = "
     with open(attention_json) as f:
         attn = json.load(f)
     header = dict(attn["header"])
-    header["runs"] = {"memory_bound": mem["header"], "attention": attn["header"]}
-    header["command"] = f"{mem['header']['command']} (memory table); {attn['header']['command']} (attention table)"
+    mem_run = mem["header"].get("runs", {}).get("memory_bound", mem["header"])  # a merged file: its memory run
+    header["runs"] = {"memory_bound": mem_run, "attention": attn["header"]}
+    header["command"] = f"{mem_run['command']} (memory table); {attn['header']['command']} (attention table)"
     skipped = mem["header"].get("skipped_for_time", []) + attn["header"].get("skipped_for_time", [])
     _write(out_dir, header, mem["memory_bound"], attn["attention"], skipped, mem["header"]["ceilings"]["copy_TBps"], gpu_name)
 
