@@ -53,8 +53,10 @@
 #                     bs1; heuristic lowerings, or HOST_GPU_ARGS="--gpu auto --precision fp16 --io-fp16": the tuned ones)
 #                     -> host_overhead_h200.json/.md (~3-5 min): host us/node with the GPU held, beside the
 #                     idle-GPU figure (the method before 2026-12-05), the thread CPU time and per op
+#   early-start       bench/probe_early_start.py -> early_start_h200.json (~1 min): which library launches
+#                     start before their predecessor ends (programmatic edges in a captured graph)
 set -u
-STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host)}
+STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start)}
 OUT=${2:?usage: device_bench.sh STEP OUT}
 LIMIT=${LIMIT:-570}        # seconds for the whole call (9.5 minutes)
 START=$SECONDS
@@ -172,7 +174,10 @@ case "$STEP" in
     GRAPHOPT_CACHE_DIR="$TUNING" timeout -k 10 "$(left)" python3 bench/host_overhead.py --out "$OUT" --models "${HOST_MODELS:-resnet50,resnet50,gpt2}" \
       --batches "${HOST_BATCHES:-1,32,1}" --optimize-timeout 150 --gpu-name "$GPU_TAG" ${HOST_GPU_ARGS:+--gpu-args "$HOST_GPU_ARGS"} \
       2>&1 | tee "$OUT/host_overhead_log.txt" | tail -20; exit_of bench/host_overhead.py "${PIPESTATUS[0]}" ;;
-  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host)"; exit 2 ;;
+  early-start)  # which library launches start early (programmatic edges in a capture; NOTES_kernels, ninth session)
+    timeout -k 10 "$(left)" python3 bench/probe_early_start.py --out "$OUT" --gpu-name "$GPU_TAG" 2>&1 \
+      | tee "$OUT/early_start_log.txt" | tail -40; exit_of bench/probe_early_start.py "${PIPESTATUS[0]}" ;;
+  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start)"; exit 2 ;;
 esac
 tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null
 echo "device_bench: step $STEP done in $((SECONDS - START)) s"

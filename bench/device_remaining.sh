@@ -5,12 +5,12 @@
 # the acceptance rows still to run; 8 and 12 ran on the H200 at f90f151 (ninth session); 0, 6, 7, 9 and 10
 # ran on H100s on 2026-12-06 and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..13; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..14; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..13)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..14)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -101,5 +101,8 @@ case "$N" in
     rm -f bench/results/cbr_layers_h200.json bench/results/cbr_layers_h100.json
     bash bench/device_calls.sh "$OUT/g" gemm:150
     bash bench/device_calls.sh "$OUT/r" cbr:400 ;;
-  *) echo "device_remaining.sh: N must be 0..13" >&2; exit 2 ;;
+  14) # the attention bar's next step (NOTES_kernels, ninth session): which library launches start early
+      # (programmatic edges in a capture of each lowering without its barrier; an H100 answers it too, ~1 min)
+    bash bench/device_calls.sh "$OUT/p" early-start:120 ;;
+  *) echo "device_remaining.sh: N must be 0..14" >&2; exit 2 ;;
 esac

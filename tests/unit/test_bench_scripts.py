@@ -57,3 +57,27 @@ def test_result_files_are_named_by_the_gpu_that_made_them(monkeypatch):
                    "cache_speed.py", "conformance.py"):
         text = (BENCH / script).read_text()
         assert not re.search(r"""add_argument\("--gpu(-name)?", default="h200""", text), script
+
+
+def test_the_early_start_probe_names_signatures_the_registry_accepts():
+    """bench/probe_early_start.py runs on the device only (it reads a captured graph's edges through the
+    driver): here its signatures are checked to be ones every family accepts, so a device call is not
+    spent on a typo."""
+    sys.path.insert(0, str(BENCH))
+    from _scripts import load_script  # noqa: PLC0415
+
+    from graphopt.kernels.check import output_shape
+    from graphopt.kernels.registry import applicable
+
+    probe = load_script("bench/probe_early_start.py")
+    for label, sig in probe.signatures():
+        ok, _ = applicable(sig, (9, 0))
+        assert ok, label
+        assert all(d > 0 for d in output_shape(sig)), label
+    assert probe.EdgeData.type.offset == 2 and ctypes_size(probe.EdgeData) == 8  # CUgraphEdgeData's layout
+
+
+def ctypes_size(struct) -> int:
+    import ctypes
+
+    return ctypes.sizeof(struct)

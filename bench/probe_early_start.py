@@ -1,0 +1,204 @@
+"""Which library launches may start before the launch before them has finished (programmatic dependent
+launch), read from a captured CUDA graph's edges instead of guessed (bench/NOTES_kernels.md, ninth session).
+
+graphopt enqueues an empty kernel (``graphopt.lowering.barrier``) before every cuDNN / cuBLASLt launch because
+cuDNN's kernels raced in a whole-ResNet-50 graph on the H200. The barrier costs 0.9-1.5 us a call at short
+attention lengths, the whole of the attention bar's gap. It is needed only before a launch that may start
+early and whose previous launch may itself have started early; whether a library kernel is launched that
+way is visible in a capture: the edge into its kernel node has type
+``CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC``.
+
+For a few lowerings of representative signatures (attention, GemmAct, CBR: every provider's first plans
+and graphopt's own first candidate as the control) this captures, on one stream: an ordinary marker
+kernel, the lowering's launch *without* its barrier, the same launch again, the marker again; then it
+reads every node and edge of the graph through the driver API (``cuGraphGetNodes``,
+``cuGraphGetEdges_v2``, kernel names by ``cuFuncGetName`` / ``cuKernelGetName``: ctypes, because CuPy
+exposes the graph handle but not its edges) and writes ``OUT/early_start_<gpu>.json``: per lowering, its
+kernels, every edge (from, to, type, port) and ``early_start`` (an edge into one of its kernels is
+programmatic). Nothing is timed; each lowering runs once eagerly first, outside the capture.
+
+    python3 bench/probe_early_start.py --out OUT [--per-provider 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+from lowering_bench import gpu_tag, provider_of, write_json  # noqa: E402
+
+# The driver API's numbers (cuda.h, CUDA 12.3+)
+NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
+              7: "event_record", 10: "mem_alloc", 11: "mem_free", 13: "conditional"}
+EDGE_TYPES = {0: "default", 1: "programmatic"}
+PORTS = {0: "default", 1: "programmatic", 2: "launch_order"}
+
+
+class EdgeData(ctypes.Structure):
+    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                ("reserved", ctypes.c_ubyte * 5)]
+
+
+def _driver():
+    lib = ctypes.CDLL("libcuda.so.1")
+    for name in ("cuGraphGetNodes", "cuGraphGetEdges_v2", "cuGraphNodeGetType", "cuGraphKernelNodeGetParams_v2",
+                 "cuFuncGetName", "cuKernelGetName"):
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what} returned CUresult {status}")
+
+
+def graph_structure(lib, graph: int) -> dict:
+    """Nodes (index, type, kernel name) and edges (from, to, type, from port) of a CUgraph handle."""
+    g = ctypes.c_void_p(graph)
+    n = ctypes.c_size_t(0)
+    _check(lib.cuGraphGetNodes(g, None, ctypes.byref(n)), "cuGraphGetNodes")
+    nodes = (ctypes.c_void_p * n.value)()
+    _check(lib.cuGraphGetNodes(g, nodes, ctypes.byref(n)), "cuGraphGetNodes")
+    index = {nodes[i]: i for i in range(n.value)}
+    out_nodes = []
+    for i in range(n.value):
+        t = ctypes.c_int(-1)
+        _check(lib.cuGraphNodeGetType(ctypes.c_void_p(nodes[i]), ctypes.byref(t)), "cuGraphNodeGetType")
+        entry = {"index": i, "type": NODE_TYPES.get(t.value, str(t.value))}
+        if t.value == 0:
+            entry["kernel"] = _kernel_name(lib, nodes[i])
+        out_nodes.append(entry)
+    m = ctypes.c_size_t(0)
+    _check(lib.cuGraphGetEdges_v2(g, None, None, None, ctypes.byref(m)), "cuGraphGetEdges_v2")
+    src, dst, data = (ctypes.c_void_p * m.value)(), (ctypes.c_void_p * m.value)(), (EdgeData * m.value)()
+    _check(lib.cuGraphGetEdges_v2(g, src, dst, data, ctypes.byref(m)), "cuGraphGetEdges_v2")
+    edges = [{"from": index[src[k]], "to": index[dst[k]], "type": EDGE_TYPES.get(data[k].type, str(data[k].type)),
+              "from_port": PORTS.get(data[k].from_port, str(data[k].from_port))} for k in range(m.value)]
+    return {"nodes": out_nodes, "edges": edges}
+
+
+def _kernel_name(lib, node) -> str:
+    # CUDA_KERNEL_NODE_PARAMS_v2: CUfunction func at offset 0, CUkernel kern at offset 56 (after the grid,
+    # block, shared-memory, kernelParams and extra fields); a buffer larger than the struct is harmless.
+    buf = (ctypes.c_ubyte * 256)()
+    if lib.cuGraphKernelNodeGetParams_v2(ctypes.c_void_p(node), buf) != 0:
+        return "?"
+    func = ctypes.c_void_p.from_buffer(buf, 0).value
+    kern = ctypes.c_void_p.from_buffer(buf, 56).value
+    name = ctypes.c_char_p()
+    if func and lib.cuFuncGetName(ctypes.byref(name), ctypes.c_void_p(func)) == 0 and name.value:
+        return name.value.decode(errors="replace")
+    if kern and lib.cuKernelGetName(ctypes.byref(name), ctypes.c_void_p(kern)) == 0 and name.value:
+        return name.value.decode(errors="replace")
+    return "?"
+
+
+def signatures():
+    from graphopt.kernels.registry import signature_of
+
+    h = "float16"
+    return [
+        ("attention s128 d64", signature_of("Attention", [(8, 16, 128, 64)] * 3, [h] * 3, {})),
+        ("attention s128 d64 causal", signature_of("Attention", [(8, 16, 128, 64)] * 3, [h] * 3, {"causal": 1})),
+        ("gemm_act 1024x768x3072 gelu", signature_of("GemmAct", [(8, 128, 768), (768, 3072), (3072,)], [h] * 3,
+                                                    {"mode": "matmul", "activation": "Gelu"})),
+        ("cbr 3x3 64->64 bs32 relu", signature_of("CBR", [(32, 64, 56, 56), (64, 64, 3, 3), (64,)], [h] * 3,
+                                                  {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1],
+                                                   "dilations": [1, 1], "group": 1, "activation": "Relu"})),
+        ("cbr 1x1 256->64 bs32 relu", signature_of("CBR", [(32, 256, 56, 56), (64, 256, 1, 1), (64,)], [h] * 3,
+                                                   {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0],
+                                                    "dilations": [1, 1], "group": 1, "activation": "Relu"})),
+    ]
+
+
+def probe_one(lib, cand, sig, arch, marker) -> dict:
+    """Capture marker, launch, launch, marker (the launch without its barrier) and read the graph."""
+    import cupy
+
+    from graphopt.kernels.check import output_shape
+    from graphopt.lowering import as_lowering
+    from graphopt.lowering import barrier as barrier_mod
+
+    low = as_lowering(cand.build(sig, arch))
+    xp = cupy
+    inputs = [None if s is None else xp.asarray(xp.random.standard_normal(s), dtype=d)
+              for s, d in zip(sig.input_shapes, [d or "float16" for d in sig.dtypes])]
+    inputs = low.conform(inputs, xp)
+    outputs = low.empty_outputs(len(inputs), [output_shape(sig)], inputs[0].dtype, xp)
+    workspace = xp.empty(max(1, int(low.workspace_bytes)), dtype=xp.uint8) if low.workspace_bytes else None
+    orig = barrier_mod.barrier
+    barrier_mod.barrier = lambda: None  # the launch as it would run where the runtime left the barrier out
+    try:
+        low.launch(inputs, outputs, workspace)  # eager first: plans and modules load outside the capture
+        cupy.cuda.get_current_stream().synchronize()
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            try:
+                marker((1,), (1,), ())
+                low.launch(inputs, outputs, workspace)
+                low.launch(inputs, outputs, workspace)
+                marker((1,), (1,), ())
+            finally:
+                graph = stream.end_capture()
+    finally:
+        barrier_mod.barrier = orig
+    structure = graph_structure(lib, graph.graph)
+    names = {n["index"]: n.get("kernel", n["type"]) for n in structure["nodes"]}
+    library = {i for i, name in names.items() if name != "probe_marker"}
+    early = sorted({names[e["to"]] for e in structure["edges"] if e["type"] == "programmatic" and e["to"] in library})
+    return {"key": cand.key(), "provider": provider_of(cand), "barrier_declared": bool(low.barrier),
+            "early_start": bool(early), "early_kernels": early, **structure}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--per-provider", type=int, default=2, help="lowerings probed per provider and signature")
+    ap.add_argument("--gpu-name", default=None)
+    args = ap.parse_args(argv)
+    import cupy
+
+    from graphopt.kernels.registry import applicable
+    from graphopt.kernels.source import device_arch
+
+    lib = _driver()
+    arch = device_arch()
+    from graphopt.tune.gpus import detect_devices
+
+    cc = detect_devices()[0].compute_capability
+    marker = cupy.RawKernel('extern "C" __global__ void probe_marker() {}', "probe_marker")
+    marker((1,), (1,), ())  # loaded outside any capture
+    cupy.cuda.get_current_stream().synchronize()
+    doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
+           "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": []}
+    path = os.path.join(args.out, f"early_start_{args.gpu_name or gpu_tag()}.json")
+    for label, sig in signatures():
+        ok, _ = applicable(sig, cc)
+        taken: dict[str, int] = {}
+        for cand in ok:
+            prov = provider_of(cand)
+            if taken.get(prov, 0) >= args.per_provider:
+                continue
+            taken[prov] = taken.get(prov, 0) + 1
+            try:
+                row = {"signature": label, **probe_one(lib, cand, sig, arch, marker)}
+            except Exception as exc:  # noqa: BLE001 - one lowering's failure is a row, not the end of the probe
+                row = {"signature": label, "key": cand.key(), "provider": prov, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            doc["rows"].append(row)
+            write_json(path, doc)
+            print(f"{label:32s} {row['key'][:48]:48s} {row['provider']:10s} early_start={row.get('early_start')} "
+                  f"{row.get('early_kernels') or row.get('error', '')}", flush=True)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
