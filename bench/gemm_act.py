@@ -56,9 +56,9 @@ def main(argv=None):
     ap.add_argument("--tokens", default=None, help="batch sizes to run, comma-separated (default: 1,32)")
     ap.add_argument("--providers", default=None, help=f"comma-separated subset of {','.join(PROVIDERS)} (default: all)")
     args = ap.parse_args(argv)
-    args.gpu_name = args.gpu_name or gpu_tag()
     if args.rerender:
         return rerender(args.rerender, args.out, args.gpu_name)
+    args.gpu_name = args.gpu_name or gpu_tag()
     # fp16 / fp32 too: device_calls.sh shares one DTYPES between the e2e steps (fp16) and this one
     dtypes = [{"fp16": "float16", "fp32": "float32"}.get(d, d) for d in args.dtypes.split(",")]
     bad = [d for d in dtypes if d not in ("float16", "float32")]
@@ -152,11 +152,15 @@ def provider_columns(best: dict) -> dict:
     return {f"{pv}_best_us": (best.get(pv) or {}).get("us") for pv in PROVIDERS}
 
 
-def rerender(path: str, out_dir: str, gpu_name: str = "h200") -> int:
-    """A run's file again with this script's provider columns and summary (from its own rows)."""
+def rerender(path: str, out_dir: str, gpu_name: str | None = None) -> int:
+    """A run's file again with this script's provider columns and summary (from its own rows), named by
+    ``gpu_name`` or else by the GPU the run's header names (no GPU here: this machine's is no answer)."""
+    from graphopt.tune.gpus import try_normalize_gpu_name
+
     with open(path) as f:
         doc = json.load(f)
     header, rows = doc["header"], doc["rows"]
+    gpu_name = gpu_name or try_normalize_gpu_name(header.get("gpu", "")) or "unknown"
     for r in rows:
         if "best_by_provider" in r:
             r.pop("cudnn_best_us", None)  # the label before cuDNN's GemmAct plans were named by their module

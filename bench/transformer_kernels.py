@@ -82,13 +82,13 @@ def main(argv=None):
                     help="no GPU: write one results file from two runs' files (the memory table of the first, the "
                          "attention table of the second), each run's header kept under 'runs'")
     args = ap.parse_args(argv)
-    args.gpu_name = args.gpu_name or gpu_tag()
     kinds = set(args.kernels.split(","))
     unknown = kinds - {"norm", "gelu", "softmax"}
     if unknown:
         ap.error(f"--kernels: unknown {', '.join(sorted(unknown))} (norm, gelu, softmax)")
     if args.merge:
         return merge(args.out, *args.merge, gpu_name=args.gpu_name)
+    args.gpu_name = args.gpu_name or gpu_tag()
     budget = Budget(args.budget)
 
     import cupy
@@ -419,12 +419,16 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
     write_atomic(os.path.join(out_dir, f"transformer_kernels_{gpu_name}.md"), "\n".join(lines) + "\n")
 
 
-def merge(out_dir: str, memory_json: str, attention_json: str, gpu_name: str = "h200") -> None:
-    """One file from two device calls: a call's time limit fits one table, not both."""
+def merge(out_dir: str, memory_json: str, attention_json: str, gpu_name: str | None = None) -> None:
+    """One file from two device calls: a call's time limit fits one table, not both. Named by
+    ``gpu_name`` or else by the GPU the attention run's header names (merging needs no GPU here)."""
+    from graphopt.tune.gpus import try_normalize_gpu_name
+
     with open(memory_json) as f:
         mem = json.load(f)
     with open(attention_json) as f:
         attn = json.load(f)
+    gpu_name = gpu_name or try_normalize_gpu_name(attn["header"].get("gpu", "")) or "unknown"
     header = dict(attn["header"])
     mem_run = mem["header"].get("runs", {}).get("memory_bound", mem["header"])  # a merged file: its memory run
     header["runs"] = {"memory_bound": mem_run, "attention": attn["header"]}

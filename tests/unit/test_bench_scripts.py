@@ -81,3 +81,18 @@ def ctypes_size(struct) -> int:
     import ctypes
 
     return ctypes.sizeof(struct)
+
+
+def test_rewriting_a_run_on_the_cpu_keeps_the_name_of_the_gpu_it_ran_on(tmp_path):
+    """``gemm_act.py --rerender`` and ``transformer_kernels.py --merge`` need no GPU: without --gpu-name
+    their file is named by the GPU the run's header names, not by this machine (cpu)."""
+    results = BENCH / "results"
+    for cmd, name in (
+        (["gemm_act.py", "--rerender", str(results / "gemm_act_h200.json")], "gemm_act_h200.json"),
+        (["transformer_kernels.py", "--merge", str(results / "transformer_kernels_h200_2026-12-04.json"),
+          str(results / "transformer_kernels_h200_attention_f90f151.json")], "transformer_kernels_h200.json"),
+    ):
+        r = subprocess.run([sys.executable, str(BENCH / cmd[0]), *cmd[1:], "--out", str(tmp_path)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / name).is_file(), sorted(p.name for p in tmp_path.iterdir())
