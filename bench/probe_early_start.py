@@ -8,8 +8,8 @@ early and whose previous launch may itself have started early; whether a library
 way is visible in a capture: the edge into its kernel node has type
 ``CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC``.
 
-For a few lowerings of representative signatures (attention, GemmAct, CBR: every provider's first plans
-and graphopt's own first candidate as the control) this captures, on one stream: an ordinary marker
+For a few lowerings of representative signatures (attention, GemmAct, CBR: the first lowering of every
+family, a provider's plans or one of graphopt's candidate kinds, those that call cuBLAS through CuPy included) this captures, on one stream: an ordinary marker
 kernel, the lowering's launch *without* its barrier, the same launch again, the marker again; then it
 reads every node and edge of the graph through the driver API (``cuGraphGetNodes``,
 ``cuGraphGetEdges_v2``, kernel names by ``cuFuncGetName`` / ``cuKernelGetName``: ctypes, because CuPy
@@ -17,7 +17,7 @@ exposes the graph handle but not its edges) and writes ``OUT/early_start_<gpu>.j
 kernels, every edge (from, to, type, port) and ``early_start`` (an edge into one of its kernels is
 programmatic). Nothing is timed; each lowering runs once eagerly first, outside the capture.
 
-    python3 bench/probe_early_start.py --out OUT [--per-provider 2]
+    python3 bench/probe_early_start.py --out OUT [--per-family 1]
 """
 
 from __future__ import annotations
@@ -161,7 +161,9 @@ def probe_one(lib, cand, sig, arch, marker) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--per-provider", type=int, default=2, help="lowerings probed per provider and signature")
+    ap.add_argument("--per-family", type=int, default=1,
+                    help="lowerings probed per family (provider and candidate name: own kernels that call cuBLAS are a family "
+                         "of their own) and signature")
     ap.add_argument("--gpu-name", default=None)
     args = ap.parse_args(argv)
     import cupy
@@ -182,12 +184,13 @@ def main(argv=None) -> int:
     path = os.path.join(args.out, f"early_start_{args.gpu_name or gpu_tag()}.json")
     for label, sig in signatures():
         ok, _ = applicable(sig, cc)
-        taken: dict[str, int] = {}
+        taken: dict[tuple[str, str], int] = {}
         for cand in ok:
             prov = provider_of(cand)
-            if taken.get(prov, 0) >= args.per_provider:
+            family = (prov, str(getattr(cand, "name", "")))
+            if taken.get(family, 0) >= args.per_family:
                 continue
-            taken[prov] = taken.get(prov, 0) + 1
+            taken[family] = taken.get(family, 0) + 1
             try:
                 row = {"signature": label, **probe_one(lib, cand, sig, arch, marker)}
             except Exception as exc:  # noqa: BLE001 - one lowering's failure is a row, not the end of the probe
