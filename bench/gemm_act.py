@@ -155,12 +155,10 @@ def provider_columns(best: dict) -> dict:
 def rerender(path: str, out_dir: str, gpu_name: str | None = None) -> int:
     """A run's file again with this script's provider columns and summary (from its own rows), named by
     ``gpu_name`` or else by the GPU the run's header names (no GPU here: this machine's is no answer)."""
-    from graphopt.tune.gpus import try_normalize_gpu_name
-
     with open(path) as f:
         doc = json.load(f)
     header, rows = doc["header"], doc["rows"]
-    gpu_name = gpu_name or try_normalize_gpu_name(header.get("gpu", "")) or "unknown"
+    gpu_name = gpu_name or gpu_tag(header.get("gpu", ""))
     for r in rows:
         if "best_by_provider" in r:
             r.pop("cudnn_best_us", None)  # the label before cuDNN's GemmAct plans were named by their module

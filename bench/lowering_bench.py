@@ -273,12 +273,15 @@ class Budget:
         return self.end - time.perf_counter()
 
 
-def gpu_tag() -> str:
-    """The suffix of this machine's result files: its first GPU's normalized name as ``--gpu auto``
-    reads it (``graphopt.tune.gpus``: "NVIDIA H100 80GB HBM3" -> h100), ``cpu`` without a GPU. A fixed
-    default (it was h200) merged another GPU's rows, or a dry run's, into the H200's committed files."""
-    from graphopt.tune.gpus import detect_devices
+def gpu_tag(device_name: str | None = None) -> str:
+    """The suffix of result files: the normalized name of ``device_name`` (a run header's GPU), or else of
+    this machine's first GPU, as ``--gpu auto`` reads it (``graphopt.tune.gpus``: "NVIDIA H100 80GB HBM3"
+    -> h100); ``cpu`` without a GPU. A fixed default (it was h200) merged another GPU's rows, or a dry
+    run's, into the H200's committed files."""
+    from graphopt.tune.gpus import detect_devices, try_normalize_gpu_name
 
+    if device_name is not None:
+        return try_normalize_gpu_name(device_name) or "unknown"
     devices = detect_devices()
     return devices[0].normalized if devices else "cpu"
 

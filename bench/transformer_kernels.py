@@ -422,13 +422,11 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
 def merge(out_dir: str, memory_json: str, attention_json: str, gpu_name: str | None = None) -> None:
     """One file from two device calls: a call's time limit fits one table, not both. Named by
     ``gpu_name`` or else by the GPU the attention run's header names (merging needs no GPU here)."""
-    from graphopt.tune.gpus import try_normalize_gpu_name
-
     with open(memory_json) as f:
         mem = json.load(f)
     with open(attention_json) as f:
         attn = json.load(f)
-    gpu_name = gpu_name or try_normalize_gpu_name(attn["header"].get("gpu", "")) or "unknown"
+    gpu_name = gpu_name or gpu_tag(attn["header"].get("gpu", ""))
     header = dict(attn["header"])
     mem_run = mem["header"].get("runs", {}).get("memory_bound", mem["header"])  # a merged file: its memory run
     header["runs"] = {"memory_bound": mem_run, "attention": attn["header"]}

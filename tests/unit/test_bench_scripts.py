@@ -53,6 +53,7 @@ def test_result_files_are_named_by_the_gpu_that_made_them(monkeypatch):
                            total_memory=0, l2_cache_bytes=0, multiprocessors=108)
     monkeypatch.setattr(gpus, "detect_devices", lambda: [fake])
     assert gpu_tag() == "a100"
+    assert gpu_tag("NVIDIA H200") == "h200" and gpu_tag("") == "unknown"  # a run header's GPU
     for script in ("e2e.py", "cbr_layers.py", "gemm_act.py", "transformer_kernels.py", "runtime_bench.py",
                    "cache_speed.py", "conformance.py"):
         text = (BENCH / script).read_text()
