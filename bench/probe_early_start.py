@@ -100,6 +100,14 @@ def _kernel_name(lib, node) -> str:
     return "?"
 
 
+def early_kernels(structure: dict) -> list[str]:
+    """The names of the lowering's kernels (every kernel node but the probe's marker) that an edge of
+    type programmatic enters: those may start before the launch before them has finished."""
+    names = {n["index"]: n.get("kernel", n["type"]) for n in structure["nodes"]}
+    lowering = {i for i, name in names.items() if name != "probe_marker"}
+    return sorted({names[e["to"]] for e in structure["edges"] if e["type"] == "programmatic" and e["to"] in lowering})
+
+
 def signatures():
     from graphopt.kernels.registry import signature_of
 
@@ -151,9 +159,7 @@ def probe_one(lib, cand, sig, arch, marker) -> dict:
     finally:
         barrier_mod.barrier = orig
     structure = graph_structure(lib, graph.graph)
-    names = {n["index"]: n.get("kernel", n["type"]) for n in structure["nodes"]}
-    library = {i for i, name in names.items() if name != "probe_marker"}
-    early = sorted({names[e["to"]] for e in structure["edges"] if e["type"] == "programmatic" and e["to"] in library})
+    early = early_kernels(structure)
     return {"key": cand.key(), "provider": provider_of(cand), "barrier_declared": bool(low.barrier),
             "early_start": bool(early), "early_kernels": early, **structure}
 

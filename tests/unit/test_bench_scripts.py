@@ -97,3 +97,57 @@ def test_rewriting_a_run_on_the_cpu_keeps_the_name_of_the_gpu_it_ran_on(tmp_path
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert (tmp_path / name).is_file(), sorted(p.name for p in tmp_path.iterdir())
+
+
+class _FakeDriver:
+    """The driver calls probe_early_start makes, over a fixed graph: marker -> plan -> plan -> marker,
+    the plan's kernel launched to start early (programmatic edge) after the first plan only."""
+
+    NODES = [0x10, 0x20, 0x30, 0x40]
+    NAMES = {0x10: b"probe_marker", 0x20: b"sdpa_kernel", 0x30: b"sdpa_kernel", 0x40: b"probe_marker"}
+    EDGES = [(0x10, 0x20, 0), (0x20, 0x30, 1), (0x30, 0x40, 0)]
+
+    def cuGraphGetNodes(self, graph, nodes, count):
+        if nodes is not None:
+            for i, n in enumerate(self.NODES):
+                nodes[i] = n
+        count._obj.value = len(self.NODES)
+        return 0
+
+    def cuGraphGetEdges_v2(self, graph, src, dst, data, count):
+        if src is not None:
+            for k, (a, b, t) in enumerate(self.EDGES):
+                src[k], dst[k] = a, b
+                data[k].type, data[k].from_port = t, t
+        count._obj.value = len(self.EDGES)
+        return 0
+
+    def cuGraphNodeGetType(self, node, out):
+        out._obj.value = 0
+        return 0
+
+    def cuGraphKernelNodeGetParams_v2(self, node, buf):
+        import ctypes
+
+        ctypes.c_void_p.from_buffer(buf, 0).value = node.value + 1  # a CUfunction handle per node
+        return 0
+
+    def cuFuncGetName(self, name, func):
+        name._obj.value = self.NAMES[func.value - 1]
+        return 0
+
+    def cuKernelGetName(self, name, kern):
+        return 1
+
+
+def test_the_early_start_probe_reads_kernel_names_and_programmatic_edges():
+    from _scripts import load_script  # noqa: PLC0415
+
+    probe = load_script("bench/probe_early_start.py")
+    got = probe.graph_structure(_FakeDriver(), 0x1234)
+    assert [n.get("kernel") for n in got["nodes"]] == ["probe_marker", "sdpa_kernel", "sdpa_kernel", "probe_marker"]
+    assert got["edges"] == [{"from": 0, "to": 1, "type": "default", "from_port": "default"},
+                            {"from": 1, "to": 2, "type": "programmatic", "from_port": "programmatic"},
+                            {"from": 2, "to": 3, "type": "default", "from_port": "default"}]
+    assert probe.early_kernels(got) == ["sdpa_kernel"]
+    assert probe.early_kernels({**got, "edges": [{**e, "type": "default"} for e in got["edges"]]}) == []
