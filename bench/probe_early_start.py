@@ -48,9 +48,11 @@ class EdgeData(ctypes.Structure):
 
 def _driver():
     lib = ctypes.CDLL("libcuda.so.1")
-    for name in ("cuGraphGetNodes", "cuGraphGetEdges_v2", "cuGraphNodeGetType", "cuGraphKernelNodeGetParams_v2",
-                 "cuFuncGetName", "cuKernelGetName"):
+    for name in ("cuGraphGetNodes", "cuGraphNodeGetType", "cuGraphKernelNodeGetParams_v2", "cuFuncGetName", "cuKernelGetName"):
         getattr(lib, name).restype = ctypes.c_int
+    if not hasattr(lib, "cuGraphGetEdges_v2"):  # CUDA 13 headers name the edge-data form cuGraphGetEdges
+        lib.cuGraphGetEdges_v2 = lib.cuGraphGetEdges
+    lib.cuGraphGetEdges_v2.restype = ctypes.c_int
     return lib
 
 
