@@ -13,6 +13,7 @@ for graphopt's kernels, else the providers' module name (``cudnn``, ``cublaslt``
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -271,6 +272,21 @@ class Budget:
 
     def left(self) -> float:
         return self.end - time.perf_counter()
+
+
+@contextlib.contextmanager
+def barrier_left_out():
+    """Within it, a lowering's launch enqueues no stream barrier (``graphopt.lowering.barrier`` made a
+    no-op; restored after): its launch as it runs where nothing needs ordering (the attention table's
+    barrier-off column, probe_early_start's captures)."""
+    from graphopt.lowering import barrier as barrier_mod
+
+    orig = barrier_mod.barrier
+    barrier_mod.barrier = lambda: None
+    try:
+        yield
+    finally:
+        barrier_mod.barrier = orig
 
 
 def gpu_tag(device_name: str | None = None) -> str:

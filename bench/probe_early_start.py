@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from lowering_bench import gpu_tag, provider_of, write_json  # noqa: E402
+from lowering_bench import barrier_left_out, gpu_tag, provider_of, write_json  # noqa: E402
 
 # The driver API's numbers (cuda.h, CUDA 12.3+)
 NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
@@ -134,7 +134,6 @@ def probe_one(lib, cand, sig, arch, marker) -> dict:
 
     from graphopt.kernels.check import output_shape
     from graphopt.lowering import as_lowering
-    from graphopt.lowering import barrier as barrier_mod
 
     low = as_lowering(cand.build(sig, arch))
     xp = cupy
@@ -143,9 +142,7 @@ def probe_one(lib, cand, sig, arch, marker) -> dict:
     inputs = low.conform(inputs, xp)
     outputs = low.empty_outputs(len(inputs), [output_shape(sig)], inputs[0].dtype, xp)
     workspace = xp.empty(max(1, int(low.workspace_bytes)), dtype=xp.uint8) if low.workspace_bytes else None
-    orig = barrier_mod.barrier
-    barrier_mod.barrier = lambda: None  # the launch as it would run where the runtime left the barrier out
-    try:
+    with barrier_left_out():  # the launch as it would run where the runtime left the barrier out
         low.launch(inputs, outputs, workspace)  # eager first: plans and modules load outside the capture
         cupy.cuda.get_current_stream().synchronize()
         stream = cupy.cuda.Stream(non_blocking=True)
@@ -158,8 +155,6 @@ def probe_one(lib, cand, sig, arch, marker) -> dict:
                 marker((1,), (1,), ())
             finally:
                 graph = stream.end_capture()
-    finally:
-        barrier_mod.barrier = orig
     structure = graph_structure(lib, graph.graph)
     early = early_kernels(structure)
     return {"key": cand.key(), "provider": provider_of(cand), "barrier_declared": bool(low.barrier),

@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from lowering_bench import GPU_NAME_HELP, Budget, TunerChoice, gpu_tag, env_header, measure_ceilings, torch_graph_or_reason, write_atomic, write_json  # noqa: E402
+from lowering_bench import GPU_NAME_HELP, Budget, TunerChoice, barrier_left_out, gpu_tag, env_header, measure_ceilings, torch_graph_or_reason, write_atomic, write_json  # noqa: E402
 
 # (name, rows, D)
 NORM_SIZES = [("gpt2 bs1x128", 128, 768), ("bert-base bs32x128", 32 * 128, 768), ("bert-large bs32x512", 32 * 512, 1024),
@@ -199,23 +199,18 @@ def main(argv=None):
         from graphopt.kernels.registry import candidate_from_key
         from graphopt.kernels.source import device_arch
         from graphopt.lowering import as_lowering
-        from graphopt.lowering import barrier as barrier_mod
 
         low = as_lowering(candidate_from_key(sig.op, key).build(sig, device_arch()))
         if not low.barrier:
             return None, None
         ins = [cupy.asarray(t) for t in tensors] + [None]
         out = [cupy.empty(ins[0].shape, dtype=ins[0].dtype)]
-        timed = []
-        for off in (False, True):
-            orig = barrier_mod.barrier
-            if off:
-                barrier_mod.barrier = lambda: None
-            try:
-                timed.append(round(median(cuda_event_timer(low, ins, out, reps=args.reps)) * 1e3, 2))
-            finally:
-                barrier_mod.barrier = orig
-        return tuple(timed)
+        def timed():
+            return round(median(cuda_event_timer(low, ins, out, reps=args.reps)) * 1e3, 2)
+
+        with_barrier = timed()
+        with barrier_left_out():
+            return with_barrier, timed()
 
     def attention_row(s, d, causal, dtype):
         bsz, h = max(1, ATTN_TOKENS // s), 16

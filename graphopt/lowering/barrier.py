@@ -21,9 +21,12 @@ after it may then begin its prologue while the barrier is still being retired, i
 keeps the ordering whole: the barrier itself, launched normally, starts only when everything before it
 on the stream has completed, so whatever may start once it has started finds all earlier work done
 (and a dependent's own wait still covers the barrier, which writes nothing). Without the release, the
-next library kernel waits for the empty kernel to finish; back-to-back cuDNN SDPA calls, graph-timed,
-ran 0.8-1.9 us slower in graphopt than the same plan in torch on the H100 (bench/NOTES_kernels.md,
-2026-12-06, eighth session), which is what this is meant to recover.
+next library kernel waits for the empty kernel to finish. It did not remove the barrier's cost: on the
+H200, back-to-back cuDNN SDPA calls with it still take 0.9-1.5 us more at 128-512 keys than without the
+barrier (bench/NOTES_kernels.md, 2026-12-06, ninth session); that is the attention table's whole gap to
+torch's SDPA, and skipping the barrier soundly needs to know which launches may start early (the
+probe ``bench/probe_early_start.py``). The release stays: it is sound, and the whole-graph replay test
+passed with it on the H200.
 """
 
 from __future__ import annotations

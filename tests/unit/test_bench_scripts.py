@@ -151,3 +151,17 @@ def test_the_early_start_probe_reads_kernel_names_and_programmatic_edges():
                             {"from": 2, "to": 3, "type": "default", "from_port": "default"}]
     assert probe.early_kernels(got) == ["sdpa_kernel"]
     assert probe.early_kernels({**got, "edges": [{**e, "type": "default"} for e in got["edges"]]}) == []
+
+
+def test_barrier_left_out_restores_the_barrier_even_after_an_error():
+    sys.path.insert(0, str(BENCH))
+    from lowering_bench import barrier_left_out
+
+    from graphopt.lowering import barrier as barrier_mod
+
+    real = barrier_mod.barrier
+    with pytest.raises(RuntimeError):
+        with barrier_left_out():
+            assert barrier_mod.barrier is not real and barrier_mod.barrier() is None
+            raise RuntimeError("a timing failed")
+    assert barrier_mod.barrier is real
