@@ -55,8 +55,12 @@
 #                     idle-GPU figure (the method before 2026-12-05), the thread CPU time and per op
 #   early-start       bench/probe_early_start.py -> early_start_h200.json (~1 min): which library launches
 #                     start before their predecessor ends (programmatic edges in a captured graph)
+#   ordering          the runtime's barrier rule (graphopt.runtime.ordering): the whole-graph replay GPU tests
+#                     (ResNet-50 with every CBR on cuDNN; GPT-2 with every GemmAct on cuDNN, barriers dropped and
+#                     kept) -> gpu_tests_ordering_h200.txt, then bench/diagnose_capture.py on ResNet-50 bs32 fp16
+#                     with the carried .tuning -> diagnose_capture_resnet50_h200.json (~2-4 min)
 set -u
-STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start)}
+STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering)}
 OUT=${2:?usage: device_bench.sh STEP OUT}
 LIMIT=${LIMIT:-570}        # seconds for the whole call (9.5 minutes)
 START=$SECONDS
@@ -177,7 +181,16 @@ case "$STEP" in
   early-start)  # which library launches start early (programmatic edges in a capture; NOTES_kernels, ninth session)
     timeout -k 10 "$(left)" python3 bench/probe_early_start.py --out "$OUT" --gpu-name "$GPU_TAG" 2>&1 \
       | tee "$OUT/early_start_log.txt" | tail -40; exit_of bench/probe_early_start.py "${PIPESTATUS[0]}" ;;
-  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start)"; exit 2 ;;
+  ordering)  # the barrier rule: replays equal to eager with it, and the capture diagnosis with and without it
+    cmd=(python3 -m pytest -q -s -m gpu --tb=short -rfE -p no:cacheprovider tests/gpu/test_runtime_compiled_gpu.py
+         -k "whole_graph_of_cudnn or barriers_dropped")
+    { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. GRAPHOPT_GPU_NO_PREBUILD=1 ${cmd[*]}"
+      GRAPHOPT_GPU_NO_PREBUILD=1 timeout -k 10 "${ORDER_TEST_LIMIT:-150}" "${cmd[@]}" 2>&1; echo "# exit status $?"; } \
+      | tee "$OUT/gpu_tests_ordering_$GPU_TAG.txt" | tail -15
+    GRAPHOPT_CACHE_DIR=$TUNING timeout -k 10 "$(left)" python3 bench/diagnose_capture.py --model torch:resnet50 \
+      --shape "${SHAPE:-input=32x3x224x224}" --out "$OUT/diagnose_capture_resnet50_$GPU_TAG.json" 2>&1 \
+      | tee "$OUT/diagnose_capture_log.txt" | tail -15; exit_of bench/diagnose_capture.py "${PIPESTATUS[0]}" ;;
+  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering)"; exit 2 ;;
 esac
 tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null
 echo "device_bench: step $STEP done in $((SECONDS - START)) s"

@@ -5,12 +5,12 @@
 # the acceptance rows still to run; 8 and 12 ran on the H200 at f90f151 (ninth session); 0, 6, 7, 9 and 10
 # ran on H100s on 2026-12-06 and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..14; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..15; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..14)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..15)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -104,5 +104,12 @@ case "$N" in
   14) # the attention bar's next step (NOTES_kernels, ninth session): which library launches start early
       # (programmatic edges in a capture of each lowering without its barrier; an H100 answers it too, ~1 min)
     bash bench/device_calls.sh "$OUT/p" early-start:120 ;;
-  *) echo "device_remaining.sh: N must be 0..14" >&2; exit 2 ;;
+  15) # the attention bar with the runtime's barrier rule (graphopt.runtime.ordering, tenth session): which launches
+      # start early (call 14), the rule's correctness (whole-graph replays equal eager, barriers dropped and
+      # kept; ResNet-50's capture diagnosis), then the attention table with the placed timing
+      # (bench/placed_timing.py: graphopt's choice and SDPA each after the same ordinary launch)
+    bash bench/device_calls.sh "$OUT/p" early-start:100
+    bash bench/device_calls.sh "$OUT/o" ordering:200
+    TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-270} ;;
+  *) echo "device_remaining.sh: N must be 0..15" >&2; exit 2 ;;
 esac

@@ -21,6 +21,10 @@ host gaps. This script captures the same plan several ways and compares each wit
   outputs, which it waits for, but not transitively for older ones);
 - ``kernel_barrier_before_vendor``: an empty one-thread kernel instead of the memset.
 
+Since the runtime drops a lowering's own barrier after an ordinary launch (``graphopt.runtime.ordering``),
+``plain`` runs with that rule and ``keep_barriers`` with every lowering barrier kept
+(``GRAPHOPT_KEEP_BARRIERS=1``); each row's ``lowering_barriers`` says how many were kept and dropped.
+
 For each: max relative error against the eager output, whether three replays agree, and the
 replay time (median of CUDA-event timings). Writes ``--out`` after every variant.
 """
@@ -140,16 +144,23 @@ def main(argv=None) -> int:
     ref = to_numpy(eager.run(feed)[out_name]).copy()
     del eager
     log(f"optimized in {doc['optimize_s']} s; eager reference taken")
-    for variant, where in (("plain", None), ("barrier_before_vendor", "before_vendor"),
+    from graphopt.runtime import ordering
+
+    for variant, where in (("plain", None), ("keep_barriers", "keep"), ("barrier_before_vendor", "before_vendor"),
                            ("barrier_before_cudnn", "before_cudnn"), ("barrier_before_cublaslt", "before_cublaslt"),
                            ("barrier_after_cublaslt", "after_cublaslt"), ("barrier_before_far_vendor", "before_far_vendor"),
                            ("kernel_barrier_before_vendor", "kernel_before_vendor")):
         try:
-            sess = Session(model, device="cuda")
-            sess.run(feed)  # traced and compiled
-            n = wrap(sess.last_plan, cupy, where) if where else 0
+            if where == "keep":  # every lowering barrier kept (the runtime's rule switched off)
+                os.environ[ordering.KEEP_ENV] = "1"
+            try:
+                sess = Session(model, device="cuda")
+                sess.run(feed)  # traced and compiled
+            finally:
+                os.environ.pop(ordering.KEEP_ENV, None)
+            n = wrap(sess.last_plan, cupy, where) if where and where != "keep" else 0
             outs = [to_numpy(sess.run(feed)[out_name]).copy() for _ in range(4)]  # capture, then replays
-            row = {"barriers": n, "graph_status": sess.graph_status,
+            row = {"barriers": n, "lowering_barriers": dict(sess.last_plan.barriers), "graph_status": sess.graph_status,
                    "max_rel_vs_eager": [round(max_rel(o, ref), 6) for o in outs],
                    "replays_agree": bool(all(np.array_equal(outs[1], o) for o in outs[2:])),
                    "replay_ms": round(replay_ms(sess, feed, cupy), 4)}

@@ -157,7 +157,7 @@ def _row(name, op, dims, attrs, dtype, reps, arch, torch, F, cupy, np):
     from graphopt.kernels.registry import applicable, signature_of
     from graphopt.kernels.source import prebuild
     from graphopt.kernels.timing import cuda_event_timer, median
-    from graphopt.lowering.contract import as_lowering
+    from graphopt.lowering import build_lowering
 
     tins, out_shape = _inputs(op, dims, dtype, torch)
     fn = _torch_fn(op, attrs, dims, F, torch)
@@ -178,7 +178,7 @@ def _row(name, op, dims, attrs, dtype, reps, arch, torch, F, cupy, np):
         key = cand.key()
         try:
             prebuild(cand.kernels(sig))
-            low = as_lowering(cand.build(sig, arch))
+            low = build_lowering(cand, sig, arch)
             out = cupy.full(out_shape, cupy.nan, dtype=dtype)
             low(ins_cp, [out])
             cupy.cuda.get_current_stream().synchronize()

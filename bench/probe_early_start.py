@@ -133,9 +133,10 @@ def probe_one(lib, cand, sig, arch, marker) -> dict:
     import cupy
 
     from graphopt.kernels.check import output_shape
-    from graphopt.lowering import as_lowering
+    from graphopt.lowering import build_lowering
 
-    low = as_lowering(cand.build(sig, arch))
+    low = build_lowering(cand, sig, arch)
+    low = build_lowering(cand, sig, arch)
     xp = cupy
     inputs = [None if s is None else xp.asarray(xp.random.standard_normal(s), dtype=d)
               for s, d in zip(sig.input_shapes, [d or "float16" for d in sig.dtypes])]

@@ -48,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
+from placed_timing import placed_pair  # noqa: E402
 from lowering_bench import GPU_NAME_HELP, Budget, TunerChoice, barrier_left_out, gpu_tag, env_header, measure_ceilings, torch_graph_or_reason, write_atomic, write_json  # noqa: E402
 
 # (name, rows, D)
@@ -197,10 +198,10 @@ def main(argv=None):
         (programmatic dependent launch broke stream order in a whole-model graph on the H200); this
         says what it costs a call where the kernels are otherwise alike (NOTES_kernels, eighth session)."""
         from graphopt.kernels.registry import candidate_from_key
+        from graphopt.lowering import build_lowering
         from graphopt.kernels.source import device_arch
-        from graphopt.lowering import as_lowering
 
-        low = as_lowering(candidate_from_key(sig.op, key).build(sig, device_arch()))
+        low = build_lowering(candidate_from_key(sig.op, key), sig, device_arch())
         if not low.barrier:
             return None, None
         ins = [cupy.asarray(t) for t in tensors] + [None]
@@ -211,6 +212,16 @@ def main(argv=None):
         with_barrier = timed()
         with barrier_left_out():
             return with_barrier, timed()
+
+    def placed_attention(sig, key, fn, tensors):
+        """graphopt's choice and SDPA each after the same ordinary launch (``placed_timing``): how the
+        runtime runs the node after an own kernel (its barrier dropped) against torch's call there."""
+        from graphopt.kernels.registry import candidate_from_key
+        from graphopt.lowering import build_lowering
+        from graphopt.kernels.source import device_arch
+
+        low = build_lowering(candidate_from_key(sig.op, key), sig, device_arch())
+        return placed_pair(low, fn, tensors, reps=args.reps)
 
     def attention_row(s, d, causal, dtype):
         bsz, h = max(1, ATTN_TOKENS // s), 16
@@ -233,6 +244,11 @@ def main(argv=None):
         except Exception as exc:  # noqa: BLE001 - a diagnostic column: the row stands without it
             print(f"  barrier timing failed: {type(exc).__name__}: {exc}", flush=True)
             with_barrier = without_barrier = None
+        try:  # the verdict's figures: each after the same ordinary launch, as a model places them
+            placed = placed_attention(sig, choice["chosen"], sdpa_fn, [tq, tk, tv])
+        except Exception as exc:  # noqa: BLE001 - reported in the row; the verdict then falls back to vs_sdpa
+            print(f"  placed timing failed: {type(exc).__name__}: {exc}", flush=True)
+            placed = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         # SDPA's output block reused by every captured call (the method before the eighth session)
         sdpa_same_out, _ = torch_graph_or_reason(sdpa_fn, [tq, tk, tv], reps=args.reps, keep_outputs=False)
 
@@ -248,6 +264,7 @@ def main(argv=None):
                "sdpa_timing": sdpa_timing, "sdpa_eager_us": round(sdpa_eager, 2),
                "sdpa_graph_same_output_us": sdpa_same_out,
                "chosen_with_barrier_us": with_barrier, "chosen_without_barrier_us": without_barrier,
+               "placed": placed,
                "batch": bsz, "heads": h, "chosen": choice["chosen"], "chosen_provider": choice["chosen_provider"],
                "TFLOPs": round(flops / (us * 1e-6) / 1e12, 2) if us else 0,
                "best_by_provider": {p: v["us"] for p, v in choice["best_by_provider"].items()},
@@ -381,6 +398,9 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
             f"{sum(r.get('of_same_size_copy', 0) >= 0.8 for r in big if 'of_same_size_copy' in r)} of "
             f"{sum('of_same_size_copy' in r for r in big)}",
         "attention_at_least_as_fast_as_sdpa": f"{sum((r['vs_sdpa'] or 0) >= 1.0 for r in attn_rows)} of {len(attn_rows)}",
+        "attention_placed_at_least_as_fast_as_sdpa_(paired)":
+            f"{sum(placed_ratio(r) is not None and placed_ratio(r) <= 1.0 for r in attn_rows)} of "
+            f"{sum(placed_ratio(r) is not None for r in attn_rows)}",
     }
     header["skipped_for_time"] = skipped
     write_json(os.path.join(out_dir, f"transformer_kernels_{gpu_name}.json"),
@@ -400,18 +420,31 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
         lines.append(f"| {r['kernel']} | {r['size']} | {r['dtype']} | {r['MB']} | {r['graphopt_us']} | {r['fraction_of_copy']} | "
                      f"{r.get('of_same_size_copy', '-')} | {r['torch_us']} | {r['torch_of_copy']} | {r['chosen']} |")
     lines += ["", "## Attention (no mask; causal where it says so)", "",
-              "`graphopt us` and `SDPA us`: device time inside a CUDA graph (a row's `sdpa_timing` in the JSON says "
-              "if SDPA's capture failed and it was timed eagerly; `sdpa_eager_us` is its eager time); unfused torch: eager.", "",
-              "| seq | head dim | causal | BxH | dtype | graphopt us | TFLOP/s | SDPA us | SDPA TFLOP/s | x SDPA | unfused torch us | SDPA forced flash / cudnn / efficient us | best per provider | chosen |",
-              "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+              "`graphopt us` and `SDPA us`: device time inside a CUDA graph, calls back to back (graphopt's with its "
+              "stream barrier before each: the call before is the same library launch; a row's `sdpa_timing` in the "
+              "JSON says if SDPA's capture failed and it was timed eagerly; `sdpa_eager_us` is its eager time); "
+              "unfused torch: eager. `placed`: each after the same ordinary launch (one empty own kernel), as a model "
+              "places the node and as the runtime then runs it (without its barrier; `bench/placed_timing.py`): "
+              "graphopt / SDPA us per call, lead kernel included, and the paired ratio graphopt / SDPA (at most 1: "
+              "at least as fast).", "",
+              "| seq | head dim | causal | BxH | dtype | graphopt us | TFLOP/s | SDPA us | SDPA TFLOP/s | x SDPA | placed graphopt / SDPA us | placed ratio (paired) | unfused torch us | SDPA forced flash / cudnn / efficient us | best per provider | chosen |",
+              "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"]
     for r in attn_rows:
+        pl = r.get("placed") or {}
+        placed_us = f"{pl['graphopt_placed_us']} / {pl['torch_placed_us']}" if "graphopt_placed_us" in pl else "-"
         lines.append(f"| {r['seq']} | {r['head_dim']} | {r['causal']} | {r['batch']}x{r['heads']} | {r['dtype']} | {r['graphopt_us']} | "
-                     f"{r['TFLOPs']} | {r['sdpa_us']} | {r['sdpa_TFLOPs']} | {r['vs_sdpa']} | {r['torch_unfused_us']} | "
+                     f"{r['TFLOPs']} | {r['sdpa_us']} | {r['sdpa_TFLOPs']} | {r['vs_sdpa']} | {placed_us} | "
+                     f"{placed_ratio(r) if placed_ratio(r) is not None else '-'} | {r['torch_unfused_us']} | "
                      f"{' / '.join(str(v) for v in (r.get('sdpa_backends_us') or {}).values()) or '-'} | "
                      f"{json.dumps(r['best_by_provider'])} | {r['chosen']} |")
     if skipped:
         lines += ["", "Skipped for the time budget: " + ", ".join(skipped)]
     write_atomic(os.path.join(out_dir, f"transformer_kernels_{gpu_name}.md"), "\n".join(lines) + "\n")
+
+
+def placed_ratio(row: dict) -> float | None:
+    """A row's paired graphopt / SDPA ratio with both after an ordinary launch, or None (not measured)."""
+    return (row.get("placed") or {}).get("placed_ratio_paired")
 
 
 def merge(out_dir: str, memory_json: str, attention_json: str, gpu_name: str | None = None) -> None:

@@ -54,6 +54,7 @@ def flash_smem_bytes(dmax: int, bm: int) -> int:
 @dataclass(frozen=True)
 class FlashAttention(_AttentionKernels, Candidate):
     """One fused kernel, online softmax over key tiles in shared memory; params dmax, bm, warps."""
+    ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     def _cfg(self) -> tuple[int, int, int]:
         return int(self.param("dmax")), int(self.param("bm")), int(self.param("warps"))
@@ -145,6 +146,7 @@ def flash_mma_smem_bytes(hd: int, bn: int, kt: bool, stages: int = 1) -> int:
 class FlashMmaAttention(_AttentionKernels, Candidate):
     """fp16 tensor-core flash attention (mma.sync m16n8k16, ldmatrix); params hd (= D = Dv), bn (keys
     per tile), stages (K / V buffers)."""
+    ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     def _cfg(self) -> tuple[int, int, int]:
         return int(self.param("hd")), int(self.param("bn")), int(self.param("stages", 1))

@@ -74,6 +74,7 @@ class DepthwiseNhwcConv(Candidate):
     """A depthwise convolution in NHWC: a block per tile of channels (its weights in shared memory), a
     thread per 16 bytes of channels of one output pixel at a time, or of ``rows`` vertically adjacent
     ones (params ``rows``; none: 1)."""
+    ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     def _rows(self) -> int:
         return int(self.param("rows", 1))

@@ -17,6 +17,7 @@ from graphopt.lowering.contract import Candidate, Signature
 @dataclass(frozen=True)
 class DirectConv(Candidate):
     """(a) Direct convolution; ``opt`` consecutive output columns per thread."""
+    ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = check_common(sig)

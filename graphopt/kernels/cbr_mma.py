@@ -57,6 +57,7 @@ class _MmaConv(TiledMmaParams):
     call, the epilogue (bias, residual, activation) fused, split-K through ``_split_workspace``.
     A family says its GEMM view (``_gemm``), extra shared memory (``_extra_smem``) and, in
     ``_setup``, its named kernel arguments and how ``launch`` makes the A/B operands of X and W."""
+    ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     MODE = 2
 

@@ -71,6 +71,7 @@ def instances(dt: str, mvs: Sequence[int] = CHANNELS_PER_THREAD, windows: Sequen
 class StemConv(Candidate):
     """params: ``mv`` (output channels a thread), ``px`` (adjacent pixels a thread; absent: 1),
     ``y`` (``nhwc`` or ``nchw``, the layout of Y)."""
+    ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     def _mv(self) -> int:
         return int(self.param("mv", CHANNELS_PER_THREAD[0]))

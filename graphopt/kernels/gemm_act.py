@@ -249,6 +249,7 @@ class CublasGemm(Candidate):
 @dataclass(frozen=True)
 class MmaGemm(TiledMmaParams, Candidate):
     """Tiled tensor-core GEMM (mma.sync fp16 / tf32) with bias, alpha/beta and activation fused."""
+    ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = _check(sig)

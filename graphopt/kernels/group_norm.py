@@ -62,6 +62,7 @@ def group_norm_plan(sig: Signature) -> GroupNormPlan:
 @dataclass(frozen=True)
 class GroupNormBlocks(Candidate):
     """One CTA per (n, group); params warps, vec."""
+    ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     def _cfg(self) -> tuple[int, int]:
         return int(self.param("warps")), int(self.param("vec"))

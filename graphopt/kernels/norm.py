@@ -86,6 +86,7 @@ def norm_plan(sig: Signature) -> NormPlan:
 @dataclass(frozen=True)
 class NormRows(Candidate):
     """Each row in the registers of ``warps`` warps; params warps, items, vec and rpc (rows per CTA)."""
+    ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     def _cfg(self) -> tuple[int, int, int, int]:
         return int(self.param("warps")), int(self.param("items")), int(self.param("vec")), int(self.param("rpc", 1))

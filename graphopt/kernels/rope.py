@@ -69,6 +69,7 @@ def rope_plan(sig: Signature) -> RopePlan:
 @dataclass(frozen=True)
 class RopePairs(Candidate):
     """fp32 arithmetic; param vec (1: a thread per pair; 16 bytes: a thread per load)."""
+    ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     def _vec(self) -> int:
         return int(self.param("vec", 1))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from graphopt.lowering import layout
 
@@ -107,10 +107,18 @@ class Candidate:
         """Hash of the kernel source(s) this candidate compiles; part of the tuning-cache key."""
         return ""
 
+    # Whether every ``launch`` of this family ends with one of graphopt's own kernels, launched
+    # normally (no programmatic dependent launch, no early release of its dependents), for every
+    # non-empty shape: then stream order is whole after it and the next lowering's barrier is not
+    # needed (``Lowering.ordinary``). Set by the families whose launch is own NVRTC kernels only; a
+    # family that calls a library (cuBLAS through ``graphopt.kernels.blas``, cuDNN) leaves it False.
+    ordinary_launch: ClassVar[bool] = False
+
     def build(self, sig: Signature, arch: str) -> "Lowering | Callable[[Sequence[Any], Sequence[Any]], None]":
         """A :class:`Lowering` (or, for simple families, a bare ``launch(inputs, outputs)``: see
-        :func:`as_lowering`, which every caller applies)."""
+        :func:`as_lowering`); callers go through :func:`build_lowering`."""
         raise NotImplementedError(f"candidate {self.key()} has no GPU build")
+
 
     def versions(self) -> tuple[tuple[str, str], ...]:
         """Library versions this candidate's result depends on (cuDNN, cuBLAS): part of the cache key."""
@@ -148,8 +156,13 @@ class Lowering:
     - ``barrier``: whether ``launch`` must be preceded by a stream barrier
       (:mod:`graphopt.lowering.barrier`): its library may start a kernel before the previous one on
       the stream has finished (programmatic dependent launch). Set by the cuDNN and cuBLASLt
-      providers; ``launch`` then enqueues the barrier itself, so the runtime, the checker and the
-      timer all run (and time) what a captured graph runs.
+      providers; ``launch`` then enqueues the barrier itself, so the checker and the timer run (and
+      time) it; ``unordered_launch`` is the launch without it. The runtime uses that one only right
+      after an ordinary launch (``graphopt.runtime.ordering``), where the barrier orders nothing.
+    - ``ordinary``: every launch ends with one of graphopt's own kernels launched normally (it starts
+      only when everything before it on the stream is complete and releases nothing early), for
+      every non-empty shape: a barrier right after it adds nothing. Declared through
+      ``Candidate.ordinary_launch``; False (the safe answer) for anything that calls a library.
 
     Calling the object as ``lowering(inputs, outputs)`` allocates its workspace on first use (the
     profiler's and the tests' way to run it).
@@ -162,10 +175,13 @@ class Lowering:
     layouts: tuple[str, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
     barrier: bool = False
+    ordinary: bool = False
+    unordered_launch: Any = field(default=None, repr=False)
     _workspace: Any = field(default=None, repr=False)
     _built: Any = field(default=None, repr=False)  # what build() returned, when as_lowering wrapped it
 
     def __post_init__(self) -> None:
+        self.unordered_launch = self.launch
         if self.barrier:
             self.launch = _after_barrier(self.launch)
 
@@ -208,6 +224,16 @@ def _after_barrier(launch: Callable[[Sequence[Any], Sequence[Any], Any], None]):
         return launch(inputs, outputs, workspace)
 
     return ordered
+
+
+def build_lowering(cand: Any, sig: Signature, arch: str) -> Lowering:
+    """``cand.build(sig, arch)`` as a :class:`Lowering`, with the family's ``ordinary_launch`` declared
+    on it (the runtime, the profiler and the benchmarks all build through here). ``cand`` may be any
+    object with ``build`` (a user's family need not subclass :class:`Candidate`)."""
+    low = as_lowering(cand.build(sig, arch))
+    if getattr(cand, "ordinary_launch", False):
+        low.ordinary = True
+    return low
 
 
 def as_lowering(built: Any) -> Lowering:

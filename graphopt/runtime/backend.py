@@ -20,7 +20,7 @@ from graphopt.kernels import pool as pool_kernels
 from graphopt.kernels import transpose as transpose_kernels
 from graphopt.kernels.heuristic import DEFAULT_LOWERING, heuristic_lowering
 from graphopt.kernels.registry import candidate_from_key, signature_of
-from graphopt.lowering.contract import as_lowering
+from graphopt.lowering.contract import build_lowering
 from graphopt.lowering.layout import to_layout
 from graphopt.runtime import ops_custom
 from graphopt.runtime.onnx_ops.layout_order import for_device
@@ -324,7 +324,7 @@ class CudaBackend(_Backend):
         if reason:
             return None, f"lowering {key} does not apply ({reason})"
         try:
-            return as_lowering(cand.build(sig, self.arch)), None
+            return build_lowering(cand, sig, self.arch), None
         except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop the model
             return None, f"lowering {key} failed to build ({type(e).__name__}: {str(e)[:160]})"
 

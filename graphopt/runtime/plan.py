@@ -53,6 +53,7 @@ class Plan:
     template: list | None = None  # slot values every run starts from (constants, arena views)
     loop: list = field(default_factory=list)  # (step, input slots, output slots, slots to drop) per step
     fresh_bytes: dict = field(default_factory=dict)  # loop index -> bytes, for lowered steps writing new graph outputs each run
+    barriers: dict = field(default_factory=dict)  # {"kept", "dropped"}: lowering barriers (graphopt.runtime.ordering)
 
     @property
     def capture_reason(self) -> str | None:
@@ -125,7 +126,7 @@ class Plan:
             "steps": len(self.steps), "folded_at_plan_time": self.folded, "slots": self.n_slots,
             "peak_bytes": self.peak_bytes, "constant_bytes": self.constant_bytes,
             "arena_bytes": self.arena_bytes, "arena_live_bytes": self.arena_live_bytes,
-            "workspace_bytes": self.workspace_bytes,
+            "workspace_bytes": self.workspace_bytes, "barriers": dict(self.barriers),
             "cuda_graph": "capturable" if self.capture_reason is None else f"eager ({self.capture_reason})",
             "dynamic": self.dynamic, "notes": list(self.notes),
         }

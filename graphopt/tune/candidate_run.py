@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from graphopt.lowering.contract import Signature, as_lowering
+from graphopt.lowering.contract import Signature, build_lowering
 from graphopt.tune.results import BUILD_FAILED, ERROR, OK, OOM, WRONG
 
 
@@ -261,7 +261,7 @@ def _build_and_check(sig, cand, checker, buffers, arch) -> tuple["_Laps", dict |
     """(laps, a failure reply or None, the built lowering, its timing buffers)."""
     laps = _Laps()
     try:
-        launch = as_lowering(cand.build(sig, arch))
+        launch = build_lowering(cand, sig, arch)
     except BaseException as exc:  # noqa: BLE001 - any failure of a candidate scores inf
         if isinstance(exc, KeyboardInterrupt):
             raise

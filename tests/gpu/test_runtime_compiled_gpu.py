@@ -164,12 +164,12 @@ def test_host_time_holds_the_gpu_for_every_timed_run(optimized):
     assert h.held and d["host_us_per_node"] > 0 and d["host_cpu_us_per_node"] > 0
 
 
-def _every_cbr_on(model, key: str):
-    """A copy of ``model`` whose every CBR node runs lowering ``key`` (its other lowering records dropped)."""
+def _every_cbr_on(model, key: str, op: str = "CBR"):
+    """A copy of ``model`` whose every ``op`` node runs lowering ``key`` (its other lowering records dropped)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for node in out.graph.node:
-        if node.domain == "graphopt" and node.op_type == "CBR":
+        if node.domain == "graphopt" and node.op_type == op:
             keep = [a for a in node.attribute if not a.name.startswith("lowering")]
             del node.attribute[:]
             node.attribute.extend(keep + [onnx.helper.make_attribute("lowering", key)])
@@ -246,3 +246,40 @@ def test_an_uncaptured_tail_with_static_outputs_and_dropped_results(optimized, n
         pytest.skip(f"{name}: the last step does not write only graph outputs")
     fresh = [s for s, _, _, _ in cap.tail if isinstance(s.run, FreshStepReplay)]
     assert fresh and sum(s.run.replayed for s in fresh) > 0, [s.run.stats for s in fresh]
+
+
+def test_barriers_dropped_after_ordinary_launches_keep_every_replay_exact():
+    """GPT-2 (the 2-layer export, bs4, 128 tokens, fp16) with every GemmAct on cuDNN's matmul graph: its barriers after
+    an own kernel (the LayerNorms, the attention output's transpose) are dropped
+    (``graphopt.runtime.ordering``), the one after another cuDNN GemmAct kept; the whole-plan CUDA
+    graph gives the eager run's outputs on every replay, and the same with every barrier kept."""
+    import os
+
+    import graphopt
+    from graphopt.providers import cudnn
+    from graphopt.runtime import ordering
+
+    if cudnn.unavailable():
+        pytest.skip(f"cuDNN frontend: {cudnn.unavailable()}")
+    path = ROOT / "models" / "torch" / "gpt2_torchscript_op17.onnx"
+    model, _ = graphopt.optimize(str(path), gpu="none", shapes={"input_ids": [4, 128], "attention_mask": [4, 128]})
+    model = _every_cbr_on(model, "cudnn", op="GemmAct")
+    feeds = random_feeds(model, np.random.default_rng(5))
+    eager = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
+    want = {k: to_numpy(v) for k, v in eager.run(feeds).items()}
+    for keep in (False, True):
+        if keep:
+            os.environ[ordering.KEEP_ENV] = "1"
+        try:
+            sess = Session(model, device="cuda", dtype="float16")
+            got = [{k: to_numpy(v) for k, v in sess.run(feeds).items()} for _ in range(5)]
+        finally:
+            os.environ.pop(ordering.KEEP_ENV, None)
+        barriers = sess.last_plan.barriers
+        print(f"\nkeep={keep}: barriers {barriers}, {sess.graph_status}")
+        assert sess.graph_status == "replaying a CUDA graph"
+        # the export has 2 layers: per layer 3 GemmActs after an own kernel, 1 after a GemmAct; the head
+        assert (barriers["dropped"] == 0) if keep else (barriers["dropped"] >= 3 and barriers["kept"] >= 1)
+        for g in got:
+            for k, w in want.items():
+                assert rel_err(g[k], w) <= 1e-3, (keep, k, rel_err(g[k], w))

@@ -49,14 +49,17 @@ def graphs_cuda(monkeypatch):
     _fake_cupy.make()  # later tests get the fake that cannot capture
 
 
-def _computing_lowerings(monkeypatch, layouts=None):
+def _computing_lowerings(monkeypatch, layouts=None, ordinary=lambda n: False):
     """Every custom op "builds" a lowering that computes its device fallback into the given outputs
-    (NHWC in and out for CBR, as cuDNN's, or ``layouts[op]``; a barrier; capturable; a workspace)."""
+    (NHWC in and out for CBR, as cuDNN's, or ``layouts[op]``; a barrier; capturable; a workspace);
+    the ``n``-th built with ``ordinary(n)`` declares an ordinary launch (as an own kernel's) instead
+    of a barrier."""
     from graphopt.lowering.contract import Lowering
     from graphopt.runtime import backend, ops_custom
     from graphopt.runtime.onnx_ops.registry import OpContext
 
     real_custom = backend.CudaBackend.custom_step
+    built = []
 
     def custom_step(self, graph, node, in_arrays):
         ctx = OpContext(self.cupy, node, 0, {}, self.compute_dtype, self.matmul)
@@ -70,7 +73,10 @@ def _computing_lowerings(monkeypatch, layouts=None):
                     out[...] = y
 
             lays = (layouts or {}).get(op, ("NHWC", "NHWC", "", "NHWC", "NHWC") if op == "CBR" else ())
-            return Lowering(launch=launch, workspace_bytes=256, barrier=True, capturable=True, layouts=lays), None
+            own = ordinary(len(built))
+            built.append(op)
+            return Lowering(launch=launch, workspace_bytes=256, barrier=not own, ordinary=own, capturable=True,
+                            layouts=lays), None
 
         monkeypatch.setattr(backend.CudaBackend, "_build", build)
         return real_custom(self, graph, node, in_arrays)
@@ -416,3 +422,40 @@ def test_private_pool_bytes_counts_the_captured_run_once(graphs_cuda, monkeypatc
         sess.run(feeds)
     assert sess.plan_summary()["cuda_graphs"]["captured"] == 1, sess.graph_status
     assert sess.private_pool_bytes() == 777  # the fixture's step graphs keep no pool
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_barriers_run_only_where_the_launch_before_is_not_ordinary(graphs_cuda, monkeypatch, keep):
+    """``graphopt.runtime.ordering`` on a whole plan: every other custom op "builds" a barrier
+    lowering (as cuDNN's), the others an ordinary one (as an own kernel's); the barrier lowerings
+    right after an ordinary one run without it, the rest with it, and the outputs are unchanged.
+    ``GRAPHOPT_KEEP_BARRIERS=1`` keeps them all. A run enqueues exactly the barriers the plan
+    reports as kept."""
+    import graphopt
+    from graphopt.lowering import barrier
+    from graphopt.runtime import ordering, to_numpy
+
+    if keep:
+        monkeypatch.setenv(ordering.KEEP_ENV, "1")
+    calls = []
+    monkeypatch.setattr(barrier, "barrier", lambda: calls.append(1))
+    path = str(ROOT / "models" / "resnet_style.onnx")
+    opt, _ = graphopt.optimize(path, gpu="none")
+    _computing_lowerings(monkeypatch, ordinary=lambda n: n % 2 == 1)
+    sess = _session(opt)
+    feeds = random_feeds(opt, np.random.default_rng(5))
+    want = ort_run(path, feeds)
+    sess.run(feeds)  # the traced run (every barrier) and the plan
+    plan = sess.last_plan
+    kept, dropped = plan.barriers["kept"], plan.barriers["dropped"]
+    assert plan.summary()["barriers"] == {"kept": kept, "dropped": dropped}
+    # resnet_style: CBR, MaxPool, seven CBRs, GlobalAveragePool, Flatten, GemmAct; built in that order,
+    # the odd ones ordinary: the barriers of the 3rd, 5th and 7th CBR follow an ordinary one; the
+    # first CBR's (the plan's start) and the GemmAct's (after the pool: not known here) stay
+    assert [s.op for s in plan.steps if s.lowering == "fake"] == ["CBR"] * 8 + ["GemmAct"]
+    assert (kept, dropped) == ((5, 0) if keep else (2, 3))
+    calls.clear()
+    got = sess.run(feeds)
+    assert len(calls) == kept
+    for k, w in want.items():
+        assert rel_err(to_numpy(got[k]), w) <= 1e-3, k

@@ -165,3 +165,24 @@ def test_barrier_left_out_restores_the_barrier_even_after_an_error():
             assert barrier_mod.barrier is not real and barrier_mod.barrier() is None
             raise RuntimeError("a timing failed")
     assert barrier_mod.barrier is real
+
+
+def test_the_attention_table_shows_the_placed_timing_and_counts_its_verdict(tmp_path, monkeypatch):
+    """``transformer_kernels.py``'s table: a row's ``placed`` figures (graphopt's choice and SDPA each
+    after the same ordinary launch, ``placed_timing.py``) are shown and counted; rows without them
+    (earlier runs, or a failed placed timing) are left out of that count, not failed."""
+    import json
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import transformer_kernels
+
+    run = json.loads((BENCH / "results" / "transformer_kernels_h200_attention_f90f151.json").read_text())
+    rows = run["attention"][:3]
+    rows[0]["placed"] = {"graphopt_placed_us": 24.1, "torch_placed_us": 24.5, "lead_us": 1.9, "placed_ratio_paired": 0.984}
+    rows[1]["placed"] = {"graphopt_placed_us": 25.0, "torch_placed_us": 24.8, "lead_us": 1.9, "placed_ratio_paired": 1.008}
+    rows[2]["placed"] = {"error": "RuntimeError: capture failed"}
+    transformer_kernels._write(str(tmp_path), dict(run["header"]), [], rows, [], 4.0, "h200")
+    out = json.loads((tmp_path / "transformer_kernels_h200.json").read_text())
+    assert out["header"]["summary"]["attention_placed_at_least_as_fast_as_sdpa_(paired)"] == "1 of 2"
+    md = (tmp_path / "transformer_kernels_h200.md").read_text()
+    assert "| 24.1 / 24.5 | 0.984 |" in md and "| 25.0 / 24.8 | 1.008 |" in md and "| - | - |" in md
