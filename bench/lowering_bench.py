@@ -202,6 +202,19 @@ def torch_graph_ms(run, reps: int = 20, replays: int = 7, keep_outputs: bool = T
 
     from graphopt.kernels.timing import median
 
+    graph, held = torch_graph(run, reps, keep_outputs)
+    times = [torch_replay_ms(graph) / reps for _ in range(replays)]
+    del graph, held
+    torch.cuda.empty_cache()
+    return median(times)
+
+
+def torch_graph(run, reps: int, keep_outputs: bool = True):
+    """``(graph, held)``: ``reps`` calls ``run(i)`` captured in one ``torch.cuda.CUDAGraph`` after three
+    warm-up calls on a side stream, replayed once; ``held``: what the calls returned (kept alive while
+    the graph is: see ``torch_graph_ms``)."""
+    import torch
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -219,17 +232,19 @@ def torch_graph_ms(run, reps: int = 20, replays: int = 7, keep_outputs: bool = T
             del out
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    del graph, held
-    torch.cuda.empty_cache()
-    return median(times)
+    return graph, held
+
+
+def torch_replay_ms(graph) -> float:
+    """One replay of ``graph`` between CUDA events on torch's current stream, in ms."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def torch_graph_us(fn, ins, reps: int = 20, rotate_bytes: int = 128 << 20, max_sets: int = 16,

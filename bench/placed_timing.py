@@ -38,6 +38,7 @@ def placed_pair(low, torch_fn, tensors, reps: int = 20, rounds: int = 15, rotate
     import torch
 
     from graphopt.kernels.timing import median
+    from lowering_bench import torch_graph, torch_replay_ms
 
     per_set = max(1, sum(t.numel() * t.element_size() for t in tensors))
     n_sets = max(1, min(max_sets, -(-rotate_bytes // per_set)))
@@ -73,19 +74,7 @@ def placed_pair(low, torch_fn, tensors, reps: int = 20, rounds: int = 15, rotate
             lead((1,), (1,), ())
         return torch_fn(*tsets[i % n_sets])
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            torch_run(i)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    tgraph, held = torch.cuda.CUDAGraph(), []
-    with torch.cuda.graph(tgraph):
-        for i in range(reps):
-            held.append(torch_run(i))
-    tgraph.replay()
-    torch.cuda.synchronize()
+    tgraph, held = torch_graph(torch_run, reps)
 
     def cupy_ms(graph):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -96,18 +85,10 @@ def placed_pair(low, torch_fn, tensors, reps: int = 20, rounds: int = 15, rotate
         end.synchronize()
         return cupy.cuda.get_elapsed_time(start, end)
 
-    def torch_ms():
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        tgraph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
     ours, theirs, leads = [], [], []
     for _ in range(rounds):
         ours.append(cupy_ms(graphs["graphopt"]))
-        theirs.append(torch_ms())
+        theirs.append(torch_replay_ms(tgraph))
         leads.append(cupy_ms(graphs["lead"]))
     del held
     us = lambda xs: round(median(xs) * 1e3 / reps, 2)  # noqa: E731
