@@ -11,6 +11,9 @@ which already comes after everything before it: the barrier orders nothing there
 launch (0.9-1.5 us a call on the H200, the attention table's whole gap to torch's SDPA;
 ``bench/NOTES_kernels.md``, ninth session).
 
+CuPy launches every kernel (RawKernel, elementwise) through ``cuLaunchKernel``, which takes no launch
+attributes, so those are normal launches; graphopt's own kernel sources never release dependents.
+
 So a barrier is dropped exactly where the step that last enqueued work before it is known to end
 with such a kernel; everywhere else (after a library call, a memory copy, a step whose launches are
 not known, at the plan's start) it stays. Steps that enqueue nothing (a Reshape that is a view) are
