@@ -179,7 +179,7 @@ case "$STEP" in
       --batches "${HOST_BATCHES:-1,32,1}" --optimize-timeout 150 --gpu-name "$GPU_TAG" ${HOST_GPU_ARGS:+--gpu-args "$HOST_GPU_ARGS"} \
       2>&1 | tee "$OUT/host_overhead_log.txt" | tail -20; exit_of bench/host_overhead.py "${PIPESTATUS[0]}" ;;
   early-start)  # which library launches start early (programmatic edges in a capture; NOTES_kernels, ninth session)
-    timeout -k 10 "$(left)" python3 bench/probe_early_start.py --out "$OUT" --gpu-name "$GPU_TAG" 2>&1 \
+    timeout -k 10 "$(left)" python3 bench/probe_early_start.py --out "$OUT" --gpu-name "$GPU_TAG" ${EARLY_ARGS:-} 2>&1 \
       | tee "$OUT/early_start_log.txt" | tail -40; exit_of bench/probe_early_start.py "${PIPESTATUS[0]}" ;;
   ordering)  # the barrier rule: replays equal to eager with it, and the capture diagnosis with and without it
     cmd=(python3 -m pytest -q -s -m gpu --tb=short -rfE -p no:cacheprovider tests/gpu/test_runtime_compiled_gpu.py

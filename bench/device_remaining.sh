@@ -101,9 +101,11 @@ case "$N" in
     rm -f bench/results/cbr_layers_h200.json bench/results/cbr_layers_h100.json
     bash bench/device_calls.sh "$OUT/g" gemm:150
     bash bench/device_calls.sh "$OUT/r" cbr:400 ;;
-  14) # the attention bar's next step (NOTES_kernels, ninth session): which library launches start early
-      # (programmatic edges in a capture of each lowering without its barrier; an H100 answers it too, ~1 min)
-    bash bench/device_calls.sh "$OUT/p" early-start:120 ;;
+  14) # which library launches start early (programmatic edges in a capture of each lowering without its
+      # barrier). Ran at 8ee61e3 on an H100 with the first plan of each family (NOTES_kernels, tenth session:
+      # only cuDNN's runtime-compiled matmul); now up to 24 plans of each vendor family, ResNet-50's layer4
+      # conv+residual (the H200 race) included: whether the plans the tuner picks may run without a barrier
+    EARLY_ARGS="--vendor-per-family 24" bash bench/device_calls.sh "$OUT/p" early-start:240 ;;
   15) # the attention bar with the runtime's barrier rule (graphopt.runtime.ordering, tenth session): which launches
       # start early (call 14), the rule's correctness (whole-graph replays equal eager, barriers dropped and
       # kept; ResNet-50's capture diagnosis), then the attention table with the placed timing

@@ -125,6 +125,14 @@ def signatures():
         ("cbr 1x1 256->64 bs32 relu", signature_of("CBR", [(32, 256, 56, 56), (64, 256, 1, 1), (64,)], [h] * 3,
                                                    {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0],
                                                     "dilations": [1, 1], "group": 1, "activation": "Relu"})),
+        # ResNet-50's layer4 conv+residual+ReLU: where the H200's whole-graph race was first seen
+        ("cbr 1x1 512->2048 7x7 bs32 residual relu",
+         signature_of("CBR", [(32, 512, 7, 7), (2048, 512, 1, 1), (2048,), (32, 2048, 7, 7)], [h] * 4,
+                      {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1],
+                       "group": 1, "activation": "Relu"})),
+        ("cbr 3x3 512->512 7x7 bs32 relu", signature_of("CBR", [(32, 512, 7, 7), (512, 512, 3, 3), (512,)], [h] * 3,
+                                                        {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1],
+                                                         "dilations": [1, 1], "group": 1, "activation": "Relu"})),
     ]
 
 
@@ -168,6 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--per-family", type=int, default=1,
                     help="lowerings probed per family (provider and candidate name: own kernels that call cuBLAS are a family "
                          "of their own) and signature")
+    ap.add_argument("--vendor-per-family", type=int, default=None,
+                    help="lowerings probed per vendor family (cuDNN, cuBLASLt: each plan a lowering) and signature "
+                         "(default: --per-family); the plans the tuner chooses are rarely the first listed")
     ap.add_argument("--gpu-name", default=None)
     args = ap.parse_args(argv)
     import cupy
@@ -192,7 +203,8 @@ def main(argv=None) -> int:
         for cand in ok:
             prov = provider_of(cand)
             family = (prov, str(getattr(cand, "name", "")))
-            if taken.get(family, 0) >= args.per_family:
+            limit = args.per_family if prov == "own" or args.vendor_per_family is None else args.vendor_per_family
+            if taken.get(family, 0) >= limit:
                 continue
             taken[family] = taken.get(family, 0) + 1
             try:
