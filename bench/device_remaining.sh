@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-06), one
-# per run-tool call (each within its 600 s limit). On the H200, in this order: 2 (its cold / warm ResNet-50
-# and conformance ran at f90f151: what it still gives is GPT-2 cold and the memory table), 13, 5, 3, 4 are
-# the acceptance rows still to run; 8 and 12 ran on the H200 at f90f151 (ninth session); 0, 6, 7, 9 and 10
-# ran on H100s on 2026-12-06 and are kept to repeat them on the H200:
+# The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
+# per run-tool call (each within its 600 s limit). On the H200, in this order: 15 (the attention bar with
+# the placed timing and the barrier rule's correctness: ran on an H100 at 8ee61e3, tenth session), 3 and 4
+# (the GPU suite: passed whole on an H100 at 8ee61e3; the H200's last full run predates most of the code),
+# 2 (GPT-2 cold and the memory table), 13, 5 (the CBR and GemmAct tables), 14 (more cuDNN plans probed for
+# early starts: any GPU); 8 and 12 ran on the H200 at f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on
+# H100s on 2026-12-06 and are kept to repeat them on the H200:
 #
 #   bash bench/device_remaining.sh N "$OUT"        (N = 0..15; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
