@@ -176,7 +176,7 @@ class Lowering:
     versions: tuple[tuple[str, str], ...] = ()
     barrier: bool = False
     ordinary: bool = False
-    unordered_launch: Any = field(default=None, repr=False)
+    unordered_launch: Any = field(default=None, init=False, repr=False)  # launch without the barrier (set below)
     _workspace: Any = field(default=None, repr=False)
     _built: Any = field(default=None, repr=False)  # what build() returned, when as_lowering wrapped it
 
