@@ -28,7 +28,7 @@ import numpy as np
 
 from graphopt.lowering import layout
 from graphopt.runtime.onnx_ops.pooling import POOL_OPS, pool_kernel_args
-from graphopt.runtime.ordering import barrier_free, step_end
+from graphopt.runtime.ordering import drop_needless_barriers
 from graphopt.runtime.onnx_ops.registry import OpContext
 from graphopt.runtime.arena import Interval, assign, live_peak
 from graphopt.runtime.replay import FreshStepReplay, StepReplay
@@ -203,7 +203,7 @@ def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -
     arena = backend.arena_alloc(total) if total else None
     plan.arena = arena
 
-    _drop_needless_barriers(plan, arrays, block_of, makers, feed_slots)
+    drop_needless_barriers(plan, arrays, block_of, set(makers), feed_slots, DIRECT, POOL_OPS, RESHAPES)
     replay = bool(getattr(backend, "step_graphs", False))  # eager runs replay each step's own CUDA graph
     n = plan.n_slots
     template: list[Any] = [None] * (n + 2)  # n: always None (omitted inputs); n + 1: a sink for unnamed outputs
@@ -264,19 +264,6 @@ def compile_plan(plan, arrays: list, backend, blocks: list, block_bytes: list) -
         loop.append((step, ins, outs, free))
     plan.loop = loop
     plan.template = template
-
-
-def _drop_needless_barriers(plan, arrays, block_of, makers, feed_slots) -> None:
-    """Bind the launch without its barrier for the lowered steps right after an ordinary launch
-    (``graphopt.runtime.ordering``; before the steps' closures are built, which read ``launch``)."""
-    lowereds = [getattr(step.run, "lowered", None) for step in plan.steps]
-    ends = [step_end(step, lw, k in makers, arrays, block_of, feed_slots, DIRECT, POOL_OPS, RESHAPES)
-            for k, (step, lw) in enumerate(zip(plan.steps, lowereds))]
-    needs = [lw is not None and bool(getattr(lw.lowering, "barrier", False)) for lw in lowereds]
-    free = barrier_free(ends, needs)
-    for k in free:
-        lowereds[k].launch = lowereds[k].lowering.unordered_launch
-    plan.barriers = {"kept": sum(needs) - len(free), "dropped": len(free)}
 
 
 class Lowered:

@@ -84,3 +84,19 @@ def barrier_free(ends: list[str], needs: list[bool]) -> list[int]:
         if end != NOTHING:
             before = end
     return out
+
+
+def drop_needless_barriers(plan, arrays: list, block_of: list, direct_steps: set, feed_slots: set,
+                           elementwise: Iterable[str], pools: Iterable[str], reshapes: Iterable[str]) -> None:
+    """Bind the launch without its barrier for the lowered steps right after an ordinary launch, and
+    count them in ``plan.barriers``. Called by ``graphopt.runtime.compiled.compile_plan`` before it
+    builds the steps' closures (which read ``Lowered.launch``); ``direct_steps``: the indices of the
+    standard steps it computes straight into their arena buffers."""
+    lowereds = [getattr(step.run, "lowered", None) for step in plan.steps]
+    ends = [step_end(step, lw, k in direct_steps, arrays, block_of, feed_slots, elementwise, pools, reshapes)
+            for k, (step, lw) in enumerate(zip(plan.steps, lowereds))]
+    needs = [lw is not None and bool(getattr(lw.lowering, "barrier", False)) for lw in lowereds]
+    free = barrier_free(ends, needs)
+    for k in free:
+        lowereds[k].launch = lowereds[k].lowering.unordered_launch
+    plan.barriers = {"kept": sum(needs) - len(free), "dropped": len(free)}
