@@ -254,6 +254,7 @@ class Runner:
             row["plan_peak_mb"] = round((sess.last_peak_bytes or 0) / 2**20, 1)
             row["graph_status"] = sess.graph_status
             row["plan_notes"] = list(sess.plan_summary().get("notes", []))[:30]
+            row["barriers"] = sess.plan_summary().get("barriers")  # lowering barriers kept / dropped (ordering)
             out = to_numpy(sess.run(feed)["output"])
             ref["graphopt"] = out
             if "torch" in ref:
@@ -268,6 +269,25 @@ class Runner:
             sess = Session(opt_path, device=rt, copy_outputs=False)
             ms = timed(lambda: sess.run(feed), sess.synchronize, field="graphopt_static_outputs_ms", **timing_kw)
             live["graphopt_static"] = (lambda: sess.run(feed), sess.synchronize)
+            return ms
+
+        def graphopt_all_barriers():
+            """The optimized model with every lowering barrier kept (``GRAPHOPT_KEEP_BARRIERS=1``: the
+            runtime's rule, ``graphopt.runtime.ordering``, switched off): what the rule saves; the plan
+            is compiled on the first run, so the variable is set around it only."""
+            from graphopt.runtime.ordering import KEEP_ENV
+
+            feed = feed_for(opt_path)
+            os.environ[KEEP_ENV] = "1"
+            try:
+                sess = Session(opt_path, device=rt)
+                sess.run(feed)
+                sess.synchronize()
+            finally:
+                os.environ.pop(KEEP_ENV, None)
+            row["barriers_all_kept"] = sess.plan_summary().get("barriers")
+            ms = timed(lambda: sess.run(feed), sess.synchronize, field="graphopt_all_barriers_ms", **timing_kw)
+            live["graphopt_all_barriers"] = (lambda: sess.run(feed), sess.synchronize)
             return ms
 
         def graphopt_eager():
@@ -303,14 +323,19 @@ class Runner:
             times the replays that return the graph's own outputs (``copy_outputs=False``, torch's
             contract) where they were measured: ``paired_ratio_static_outputs``, reported beside it."""
             kw = dict(timing_kw, repeats=args.paired_repeats, warmup=2, walls=None)
-            rounds = []
+            rounds, rule = [], []
             with torch.inference_mode():
                 for _ in range(args.paired_rounds):
                     g = timed(*live["graphopt"], **kw)
                     c = timed(*live["compile"], **kw)
                     extra = [round(timed(*live["graphopt_static"], **kw), 4)] if "graphopt_static" in live else []
                     rounds.append([round(g, 4), round(c, 4)] + extra)
+                    if "graphopt_all_barriers" in live:
+                        rule.append([round(g, 4), round(timed(*live["graphopt_all_barriers"], **kw), 4)])
             row["paired_rounds"] = rounds  # [graphopt, torch.compile(, graphopt with static outputs)] ms
+            if rule:  # [graphopt, graphopt with every barrier kept] ms: the barrier rule's saving, paired
+                row["paired_rounds_all_barriers"] = rule
+                row["paired_ratio_barrier_rule"] = round(float(np.median([a / b for a, b in rule])), 4)
             if all(len(r) == 3 for r in rounds):
                 row["paired_ratio_static_outputs"] = round(float(np.median([r[2] / r[1] for r in rounds])), 4)
             return round(float(np.median([r[0] / r[1] for r in rounds])), 4)
@@ -345,6 +370,9 @@ class Runner:
         if not dry:
             log(f"{name} bs{bs} {dtype}: graphopt optimized, CUDA graphs, outputs not copied")
             row["graphopt_static_outputs_ms"] = measure("graphopt_static_outputs_ms", graphopt_static, min_left=25.0)
+            pool()
+            log(f"{name} bs{bs} {dtype}: graphopt optimized, CUDA graphs, every lowering barrier kept")
+            row["graphopt_all_barriers_ms"] = measure("graphopt_all_barriers_ms", graphopt_all_barriers, min_left=25.0)
             pool()
         if "graphopt" in live and "compile" in live and args.paired_rounds > 0:
             log(f"{name} bs{bs} {dtype}: graphopt and torch.compile in {args.paired_rounds} alternating rounds")

@@ -149,6 +149,12 @@ def markdown(doc: dict) -> str:
         if r.get("graphopt_static_outputs_ms") is not None:  # copy_outputs=False: torch.compile's output contract
             paired = f", paired {_f(r['paired_ratio_static_outputs'], 3)}" if r.get("paired_ratio_static_outputs") else ""
             notes = "; ".join(x for x in (f"outputs not copied: {_f(r['graphopt_static_outputs_ms'])} ms{paired}", notes) if x)
+        if r.get("graphopt_all_barriers_ms") is not None:  # the runtime's barrier rule switched off
+            b = r.get("barriers") or {}
+            paired = f", paired {_f(r['paired_ratio_barrier_rule'], 3)}" if r.get("paired_ratio_barrier_rule") else ""
+            dropped = f" ({b.get('dropped')} of {b.get('dropped', 0) + b.get('kept', 0)} dropped)" if b else ""
+            notes = "; ".join(x for x in (f"every barrier kept: {_f(r['graphopt_all_barriers_ms'])} ms{paired}{dropped}",
+                                          notes) if x)
         if r.get("fused_nodes_ms") is not None:
             notes = "; ".join(x for x in (f"fused nodes alone: {_f(r['fused_nodes_ms'])} ms", notes) if x)
         if r.get("fp16_model") and "precision" not in r["fp16_model"]:

@@ -139,3 +139,15 @@ def test_fused_nodes_ms_sums_the_chosen_candidates_and_counts_the_untimed():
     assert total == pytest.approx(0.75) and missing == 1
     row = {"model": "m", "bs": 1, "dtype": "fp16", "fused_nodes_ms": 0.75}
     assert "fused nodes alone: 0.750 ms" in R.markdown({"rows": [row], "acceptance": []})
+
+
+def test_a_row_with_every_barrier_kept_shows_what_the_rule_saves():
+    """``e2e.py`` times the optimized model a second way, with the runtime's barrier rule switched off
+    (``GRAPHOPT_KEEP_BARRIERS=1``), paired with the default: the table's notes say both."""
+    row = {"model": "gpt2", "bs": 1, "dtype": "fp16", "graphopt_all_barriers_ms": 0.62,
+           "paired_ratio_barrier_rule": 0.957, "barriers": {"kept": 12, "dropped": 36}}
+    md = R.markdown({"rows": [row], "acceptance": []})
+    assert "every barrier kept: 0.620 ms, paired 0.957 (36 of 48 dropped)" in md
+    row.pop("paired_ratio_barrier_rule")
+    row.pop("barriers")
+    assert "every barrier kept: 0.620 ms |" in R.markdown({"rows": [row], "acceptance": []})
