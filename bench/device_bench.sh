@@ -55,9 +55,10 @@
 #                     idle-GPU figure (the method before 2026-12-05), the thread CPU time and per op
 #   early-start       bench/probe_early_start.py -> early_start_h200.json (~1 min): which library launches
 #                     start before their predecessor ends (programmatic edges in a captured graph)
-#   ordering          the runtime's barrier rule (graphopt.runtime.ordering): the whole-graph replay GPU tests
-#                     (ResNet-50 with every CBR on cuDNN; GPT-2 with every GemmAct on cuDNN, barriers dropped and
-#                     kept) -> gpu_tests_ordering_h200.txt, then bench/diagnose_capture.py on ResNet-50 bs32 fp16
+#   ordering          the runtime's barrier rule (graphopt.runtime.ordering) and the measured barrier
+#                     (graphopt.lowering.early_start): the whole-graph replay GPU tests (ResNet-50 with every CBR
+#                     on cuDNN; GPT-2 with every GemmAct on cuDNN, barriers dropped, kept and measured) and
+#                     tests/gpu/test_early_start_gpu.py -> gpu_tests_ordering_h200.txt, then bench/diagnose_capture.py on ResNet-50 bs32 fp16
 #                     with the carried .tuning -> diagnose_capture_resnet50_h200.json (~2-4 min)
 set -u
 STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering)}
@@ -183,7 +184,7 @@ case "$STEP" in
       | tee "$OUT/early_start_log.txt" | tail -40; exit_of bench/probe_early_start.py "${PIPESTATUS[0]}" ;;
   ordering)  # the barrier rule: replays equal to eager with it, and the capture diagnosis with and without it
     cmd=(python3 -m pytest -q -s -m gpu --tb=short -rfE -p no:cacheprovider tests/gpu/test_runtime_compiled_gpu.py
-         -k "whole_graph_of_cudnn or barriers_dropped")
+         tests/gpu/test_early_start_gpu.py -k "whole_graph_of_cudnn or barriers_dropped or early_start or measured or reader")
     { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. GRAPHOPT_GPU_NO_PREBUILD=1 ${cmd[*]}"
       GRAPHOPT_GPU_NO_PREBUILD=1 timeout -k 10 "${ORDER_TEST_LIMIT:-150}" "${cmd[@]}" 2>&1; echo "# exit status $?"; } \
       | tee "$OUT/gpu_tests_ordering_$GPU_TAG.txt" | tail -15

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
-# per run-tool call (each within its 600 s limit). On the H200, in this order: 15 (the attention bar with
+# per run-tool call (each within its 600 s limit). On the H200, in this order: 17 (the measured barrier: any
+# GPU first), 15 (the attention bar with
 # the placed timing and the barrier rule's correctness: ran on an H100 at 8ee61e3, tenth session), 3 and 4
 # (the GPU suite: passed whole on an H100 at 8ee61e3; the H200's last full run predates most of the code),
 # 16 (the barrier rule end to end), 2 (GPT-2 cold and the memory table), 13, 5 (the CBR and GemmAct tables),
 # 14 (more cuDNN plans probed for early starts: any GPU); 8 and 12 ran on the H200 at f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on
 # H100s on 2026-12-06 and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..16; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..17; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..16)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..17)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -119,5 +120,12 @@ case "$N" in
       # unchanged): each e2e row now also times the model with every barrier kept, paired with the default
     MODELS=gpt2,bert,resnet50 DTYPES=fp16 E2E_ARGS="--rows gpt2:1,bert:1,resnet50:32 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-transformers:560 ;;
-  *) echo "device_remaining.sh: N must be 0..16" >&2; exit 2 ;;
+  17) # the measured barrier (graphopt.lowering.early_start, opt-in GRAPHOPT_MEASURE_BARRIERS=1; NOTES_kernels, tenth
+      # session): its GPU tests and the replays with it (the ordering step), the probe's library reading beside
+      # its own for up to 24 plans a family, then the attention table with it on (the tuner's own figure, the
+      # chosen plan back to back, then runs without the barrier wherever the plan cannot start early)
+    bash bench/device_calls.sh "$OUT/o" ordering:150
+    EARLY_ARGS="--vendor-per-family 24" bash bench/device_calls.sh "$OUT/p" early-start:150
+    GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:270 ;;
+  *) echo "device_remaining.sh: N must be 0..17" >&2; exit 2 ;;
 esac

@@ -15,7 +15,10 @@ reads every node and edge of the graph through the driver API (``cuGraphGetNodes
 ``cuGraphGetEdges_v2``, kernel names by ``cuFuncGetName`` / ``cuKernelGetName``: ctypes, because CuPy
 exposes the graph handle but not its edges) and writes ``OUT/early_start_<gpu>.json``: per lowering, its
 kernels, every edge (from, to, type, port) and ``early_start`` (an edge into one of its kernels is
-programmatic). Nothing is timed; each lowering runs once eagerly first, outside the capture.
+programmatic), beside ``library_starts_early``: the reading the runtime makes with
+``GRAPHOPT_MEASURE_BARRIERS=1`` (``graphopt.lowering.early_start``, whose graph reader this script
+shares; the header's ``library_reader_problem`` is None when its positive control passed). The two must
+agree. Nothing is timed; each lowering runs once eagerly first, outside the capture.
 
     python3 bench/probe_early_start.py --out OUT [--per-family 1]
 """
@@ -23,7 +26,6 @@ programmatic). Nothing is timed; each lowering runs once eagerly first, outside 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import time
@@ -34,81 +36,9 @@ sys.path.insert(0, HERE)
 
 from lowering_bench import barrier_left_out, gpu_tag, provider_of, write_json  # noqa: E402
 
-# The driver API's numbers (cuda.h, CUDA 12.3+)
-NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
-              7: "event_record", 10: "mem_alloc", 11: "mem_free", 13: "conditional"}
-EDGE_TYPES = {0: "default", 1: "programmatic"}
-PORTS = {0: "default", 1: "programmatic", 2: "launch_order"}
-
-
-class EdgeData(ctypes.Structure):
-    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
-                ("reserved", ctypes.c_ubyte * 5)]
-
-
-def _driver():
-    lib = ctypes.CDLL("libcuda.so.1")
-    for name in ("cuGraphGetNodes", "cuGraphNodeGetType", "cuGraphKernelNodeGetParams_v2", "cuFuncGetName", "cuKernelGetName"):
-        getattr(lib, name).restype = ctypes.c_int
-    if not hasattr(lib, "cuGraphGetEdges_v2"):  # CUDA 13 headers name the edge-data form cuGraphGetEdges
-        lib.cuGraphGetEdges_v2 = lib.cuGraphGetEdges
-    lib.cuGraphGetEdges_v2.restype = ctypes.c_int
-    return lib
-
-
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        raise RuntimeError(f"{what} returned CUresult {status}")
-
-
-def graph_structure(lib, graph: int) -> dict:
-    """Nodes (index, type, kernel name) and edges (from, to, type, from port) of a CUgraph handle."""
-    g = ctypes.c_void_p(graph)
-    n = ctypes.c_size_t(0)
-    _check(lib.cuGraphGetNodes(g, None, ctypes.byref(n)), "cuGraphGetNodes")
-    nodes = (ctypes.c_void_p * n.value)()
-    _check(lib.cuGraphGetNodes(g, nodes, ctypes.byref(n)), "cuGraphGetNodes")
-    index = {nodes[i]: i for i in range(n.value)}
-    out_nodes = []
-    for i in range(n.value):
-        t = ctypes.c_int(-1)
-        _check(lib.cuGraphNodeGetType(ctypes.c_void_p(nodes[i]), ctypes.byref(t)), "cuGraphNodeGetType")
-        entry = {"index": i, "type": NODE_TYPES.get(t.value, str(t.value))}
-        if t.value == 0:
-            entry["kernel"] = _kernel_name(lib, nodes[i])
-        out_nodes.append(entry)
-    m = ctypes.c_size_t(0)
-    _check(lib.cuGraphGetEdges_v2(g, None, None, None, ctypes.byref(m)), "cuGraphGetEdges_v2")
-    src, dst, data = (ctypes.c_void_p * m.value)(), (ctypes.c_void_p * m.value)(), (EdgeData * m.value)()
-    _check(lib.cuGraphGetEdges_v2(g, src, dst, data, ctypes.byref(m)), "cuGraphGetEdges_v2")
-    edges = [{"from": index[src[k]], "to": index[dst[k]], "type": EDGE_TYPES.get(data[k].type, str(data[k].type)),
-              "from_port": PORTS.get(data[k].from_port, str(data[k].from_port))} for k in range(m.value)]
-    return {"nodes": out_nodes, "edges": edges}
-
-
-def _kernel_name(lib, node) -> str:
-    # CUDA_KERNEL_NODE_PARAMS_v2: CUfunction func at offset 0, CUkernel kern at offset 56 (after the grid,
-    # block, shared-memory, kernelParams and extra fields); a buffer larger than the struct is harmless.
-    buf = (ctypes.c_ubyte * 256)()
-    if lib.cuGraphKernelNodeGetParams_v2(ctypes.c_void_p(node), buf) != 0:
-        return "?"
-    func = ctypes.c_void_p.from_buffer(buf, 0).value
-    kern = ctypes.c_void_p.from_buffer(buf, 56).value
-    name = ctypes.c_char_p()
-    if func and lib.cuFuncGetName(ctypes.byref(name), ctypes.c_void_p(func)) == 0 and name.value:
-        return name.value.decode(errors="replace")
-    if kern and lib.cuKernelGetName(ctypes.byref(name), ctypes.c_void_p(kern)) == 0 and name.value:
-        return name.value.decode(errors="replace")
-    return "?"
-
-
-def early_kernels(structure: dict) -> list[str]:
-    """The names of the lowering's kernels (every kernel node but the probe's marker) that an edge of
-    type programmatic enters: those may start before the launch before them has finished."""
-    names = {n["index"]: n.get("kernel", n["type"]) for n in structure["nodes"]}
-    lowering = {i for i, name in names.items() if name != "probe_marker"}
-    return sorted({names[e["to"]] for e in structure["edges"] if e["type"] == "programmatic" and e["to"] in lowering})
-
+from graphopt.lowering import early_start  # noqa: E402
+from graphopt.lowering.early_start import early_kernels, graph_structure  # noqa: E402
+from graphopt.lowering.early_start import driver as _driver  # noqa: E402
 
 def signatures():
     from graphopt.kernels.registry import signature_of
@@ -144,7 +74,6 @@ def probe_one(lib, cand, sig, arch, marker) -> dict:
     from graphopt.lowering import build_lowering
 
     low = build_lowering(cand, sig, arch)
-    low = build_lowering(cand, sig, arch)
     xp = cupy
     inputs = [None if s is None else xp.asarray(xp.random.standard_normal(s), dtype=d)
               for s, d in zip(sig.input_shapes, [d or "float16" for d in sig.dtypes])]
@@ -165,9 +94,11 @@ def probe_one(lib, cand, sig, arch, marker) -> dict:
             finally:
                 graph = stream.end_capture()
     structure = graph_structure(lib, graph.graph)
-    early = early_kernels(structure)
+    early = early_kernels(structure, marker="probe_marker")
+    # the runtime's own reading (graphopt.lowering.early_start, GRAPHOPT_MEASURE_BARRIERS=1): it must agree
+    measured = early_start.starts_early(low.unordered_launch, inputs, outputs, workspace)
     return {"key": cand.key(), "provider": provider_of(cand), "barrier_declared": bool(low.barrier),
-            "early_start": bool(early), "early_kernels": early, **structure}
+            "early_start": bool(early), "early_kernels": early, "library_starts_early": measured, **structure}
 
 
 def main(argv=None) -> int:
@@ -194,8 +125,11 @@ def main(argv=None) -> int:
     marker = cupy.RawKernel('extern "C" __global__ void probe_marker() {}', "probe_marker")
     marker((1,), (1,), ())  # loaded outside any capture
     cupy.cuda.get_current_stream().synchronize()
+    print(f"library reader: {early_start.reader_problem() or 'positive control passed'}", flush=True)
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
-           "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": []}
+           "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+           "library_reader_problem": early_start.reader_problem(),  # None: its positive control saw an early start
+           "rows": []}
     path = os.path.join(args.out, f"early_start_{args.gpu_name or gpu_tag()}.json")
     for label, sig in signatures():
         ok, _ = applicable(sig, cc)
@@ -214,7 +148,7 @@ def main(argv=None) -> int:
             doc["rows"].append(row)
             write_json(path, doc)
             print(f"{label:32s} {row['key'][:48]:48s} {row['provider']:10s} early_start={row.get('early_start')} "
-                  f"{row.get('early_kernels') or row.get('error', '')}", flush=True)
+                  f"library={row.get('library_starts_early')} {row.get('early_kernels') or row.get('error', '')}", flush=True)
     print(f"wrote {path}")
     return 0
 

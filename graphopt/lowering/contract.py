@@ -183,7 +183,7 @@ class Lowering:
     def __post_init__(self) -> None:
         self.unordered_launch = self.launch
         if self.barrier:
-            self.launch = _after_barrier(self.launch)
+            self.launch = _OrderedLaunch(self.launch)
 
     def __getattr__(self, name: str) -> Any:
         # attributes of a wrapped launch object (test fakes carry their behaviour on it)
@@ -191,6 +191,11 @@ class Lowering:
         if built is None or name.startswith("__"):
             raise AttributeError(name)
         return getattr(built, name)
+
+    @property
+    def needs_barrier(self) -> bool:
+        """Whether the barrier still runs before the launch: declared, and not measured unneeded."""
+        return self.barrier and getattr(self.launch, "needed", None) is not False
 
     def input_layout(self, i: int) -> str:
         return self.layouts[i] if i < len(self.layouts) else ""
@@ -216,14 +221,24 @@ class Lowering:
         return self.launch(inputs, outputs, self._workspace)  # (a fake launch in tests returns its time)
 
 
-def _after_barrier(launch: Callable[[Sequence[Any], Sequence[Any], Any], None]):
-    from graphopt.lowering import barrier
+class _OrderedLaunch:
+    """``launch`` after the stream barrier. With ``GRAPHOPT_MEASURE_BARRIERS=1`` the first eager call
+    also measures whether the launch may start early at all (``graphopt.lowering.early_start``);
+    ``needed`` is then False where it cannot, and later calls leave the barrier out. ``needed``: None
+    until measured (and always without the variable), True or False after."""
 
-    def ordered(inputs, outputs, workspace):
-        barrier.barrier()
-        return launch(inputs, outputs, workspace)
+    def __init__(self, launch: Callable[[Sequence[Any], Sequence[Any], Any], None]):
+        self.launch, self.needed = launch, None
 
-    return ordered
+    def __call__(self, inputs, outputs, workspace):
+        from graphopt.lowering import barrier, early_start
+
+        if self.needed is not False:
+            barrier.barrier()
+        result = self.launch(inputs, outputs, workspace)
+        if self.needed is None and early_start.enabled():
+            self.needed = early_start.starts_early(self.launch, inputs, outputs, workspace)
+        return result
 
 
 def build_lowering(cand: Any, sig: Signature, arch: str) -> Lowering:

@@ -95,8 +95,11 @@ def drop_needless_barriers(plan, arrays: list, block_of: list, direct_steps: set
     lowereds = [getattr(step.run, "lowered", None) for step in plan.steps]
     ends = [step_end(step, lw, k in direct_steps, arrays, block_of, feed_slots, elementwise, pools, reshapes)
             for k, (step, lw) in enumerate(zip(plan.steps, lowereds))]
-    needs = [lw is not None and bool(getattr(lw.lowering, "barrier", False)) for lw in lowereds]
+    needs = [lw is not None and bool(getattr(lw.lowering, "needs_barrier", False)) for lw in lowereds]
     free = barrier_free(ends, needs)
     for k in free:
         lowereds[k].launch = lowereds[k].lowering.unordered_launch
-    plan.barriers = {"kept": sum(needs) - len(free), "dropped": len(free)}
+    # "unneeded": declared, but measured not to start early (graphopt.lowering.early_start; opt-in)
+    unneeded = sum(lw is not None and bool(getattr(lw.lowering, "barrier", False)) and not need
+                   for lw, need in zip(lowereds, needs))
+    plan.barriers = {"kept": sum(needs) - len(free), "dropped": len(free), "unneeded": unneeded}

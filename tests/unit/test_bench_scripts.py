@@ -75,7 +75,9 @@ def test_the_early_start_probe_names_signatures_the_registry_accepts():
         ok, _ = applicable(sig, (9, 0))
         assert ok, label
         assert all(d > 0 for d in output_shape(sig)), label
-    assert probe.EdgeData.type.offset == 2 and ctypes_size(probe.EdgeData) == 8  # CUgraphEdgeData's layout
+    from graphopt.lowering.early_start import EdgeData
+
+    assert EdgeData.type.offset == 2 and ctypes_size(EdgeData) == 8  # CUgraphEdgeData's layout
 
 
 def ctypes_size(struct) -> int:
@@ -149,8 +151,8 @@ def test_the_early_start_probe_reads_kernel_names_and_programmatic_edges():
     assert got["edges"] == [{"from": 0, "to": 1, "type": "default", "from_port": "default"},
                             {"from": 1, "to": 2, "type": "programmatic", "from_port": "programmatic"},
                             {"from": 2, "to": 3, "type": "default", "from_port": "default"}]
-    assert probe.early_kernels(got) == ["sdpa_kernel"]
-    assert probe.early_kernels({**got, "edges": [{**e, "type": "default"} for e in got["edges"]]}) == []
+    assert probe.early_kernels(got, marker="probe_marker") == ["sdpa_kernel"]
+    assert probe.early_kernels({**got, "edges": [{**e, "type": "default"} for e in got["edges"]]}, marker="probe_marker") == []
 
 
 def test_barrier_left_out_restores_the_barrier_even_after_an_error():

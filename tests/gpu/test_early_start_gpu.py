@@ -1,0 +1,98 @@
+"""The measured barrier on the device (``graphopt.lowering.early_start``, ``GRAPHOPT_MEASURE_BARRIERS=1``):
+its reader passes the positive control; it reads what ``bench/probe_early_start.py`` read on the H100
+(cuDNN's SDPA plan cannot start early, its runtime-compiled matmul can); and whole-plan CUDA graphs
+with measured barriers give the eager run's outputs on every replay (ResNet-50 with every CBR on
+cuDNN, GPT-2 with every GemmAct on cuDNN)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from _harness import require_device  # noqa: E402
+
+require_device()
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+from _runtime_helpers import random_feeds, rel_err  # noqa: E402
+
+from graphopt.lowering import build_lowering, early_start  # noqa: E402
+from graphopt.runtime import Session, to_numpy  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _cudnn_or_skip():
+    from graphopt.providers import cudnn
+
+    if cudnn.unavailable():
+        pytest.skip(f"cuDNN frontend: {cudnn.unavailable()}")
+
+
+def test_the_reader_sees_the_positive_control():
+    assert early_start.reader_problem() is None
+
+
+@pytest.mark.parametrize("op, shapes, attrs, early", [
+    ("Attention", [(8, 16, 128, 64)] * 3, {}, False),
+    ("GemmAct", [(8, 128, 768), (768, 3072), (3072,)], {"mode": "matmul", "activation": "Gelu"}, True),
+])
+def test_the_first_plans_read_as_the_h100_probe_read_them(op, shapes, attrs, early):
+    _cudnn_or_skip()
+    from graphopt.kernels.check import output_shape
+    from graphopt.kernels.registry import candidate_from_key, signature_of
+    from graphopt.kernels.source import device_arch
+
+    sig = signature_of(op, shapes, ["float16"] * len(shapes), attrs)
+    low = build_lowering(candidate_from_key(op, "cudnn"), sig, device_arch())
+    ins = low.conform([cupy.asarray(np.random.default_rng(0).standard_normal(s), dtype=cupy.float16) for s in shapes], cupy)
+    outs = low.empty_outputs(len(ins), [output_shape(sig)], cupy.float16, cupy)
+    low(ins, outs)  # eager first
+    cupy.cuda.get_current_stream().synchronize()
+    assert early_start.starts_early(low.unordered_launch, ins, outs, low._workspace) is early
+
+
+def _every(model, op: str, key: str):
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for node in out.graph.node:
+        if node.domain == "graphopt" and node.op_type == op:
+            keep = [a for a in node.attribute if not a.name.startswith("lowering")]
+            del node.attribute[:]
+            node.attribute.extend(keep + [onnx.helper.make_attribute("lowering", key)])
+    return out
+
+
+@pytest.mark.parametrize("name, op, shapes", [
+    ("resnet50_torchscript_op17.onnx", "CBR", {"x": [32, 3, 64, 64]}),
+    ("gpt2_torchscript_op17.onnx", "GemmAct", {"input_ids": [4, 128], "attention_mask": [4, 128]}),
+])
+def test_measured_barriers_keep_every_replay_exact(monkeypatch, name, op, shapes):
+    _cudnn_or_skip()
+    import graphopt
+
+    model, _ = graphopt.optimize(str(ROOT / "models" / "torch" / name), gpu="none", shapes=shapes)
+    model = _every(model, op, "cudnn")
+    feeds = random_feeds(model, np.random.default_rng(3))
+    eager = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
+    want = {k: to_numpy(v) for k, v in eager.run(feeds).items()}
+    monkeypatch.setenv(early_start.ENV, "1")
+    sess = Session(model, device="cuda", dtype="float16")
+    got = [{k: to_numpy(v) for k, v in sess.run(feeds).items()} for _ in range(5)]
+    barriers = sess.last_plan.barriers
+    print(f"\n{name}: barriers {barriers}, {sess.graph_status}, {os.environ.get(early_start.ENV)}")
+    assert sess.graph_status == "replaying a CUDA graph"
+    assert barriers["unneeded"] > 0 if op == "CBR" else barriers["kept"] >= 1
+    for g in got:
+        for k, w in want.items():
+            assert rel_err(g[k], w) <= 1e-3, (name, k, rel_err(g[k], w))
