@@ -32,6 +32,7 @@ replay time (median of CUDA-event timings). Writes ``--out`` after every variant
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -151,13 +152,9 @@ def main(argv=None) -> int:
                            ("barrier_after_cublaslt", "after_cublaslt"), ("barrier_before_far_vendor", "before_far_vendor"),
                            ("kernel_barrier_before_vendor", "kernel_before_vendor")):
         try:
-            if where == "keep":  # every lowering barrier kept (the runtime's rule switched off)
-                os.environ[ordering.KEEP_ENV] = "1"
-            try:
+            with ordering.all_barriers_kept() if where == "keep" else contextlib.nullcontext():
                 sess = Session(model, device="cuda")
-                sess.run(feed)  # traced and compiled
-            finally:
-                os.environ.pop(ordering.KEEP_ENV, None)
+                sess.run(feed)  # traced and compiled (where == "keep": every lowering barrier kept)
             n = wrap(sess.last_plan, cupy, where) if where and where != "keep" else 0
             outs = [to_numpy(sess.run(feed)[out_name]).copy() for _ in range(4)]  # capture, then replays
             row = {"barriers": n, "lowering_barriers": dict(sess.last_plan.barriers), "graph_status": sess.graph_status,

@@ -275,16 +275,13 @@ class Runner:
             """The optimized model with every lowering barrier kept (``GRAPHOPT_KEEP_BARRIERS=1``: the
             runtime's rule, ``graphopt.runtime.ordering``, switched off): what the rule saves; the plan
             is compiled on the first run, so the variable is set around it only."""
-            from graphopt.runtime.ordering import KEEP_ENV
+            from graphopt.runtime.ordering import all_barriers_kept
 
             feed = feed_for(opt_path)
-            os.environ[KEEP_ENV] = "1"
-            try:
+            with all_barriers_kept():
                 sess = Session(opt_path, device=rt)
                 sess.run(feed)
                 sess.synchronize()
-            finally:
-                os.environ.pop(KEEP_ENV, None)
             row["barriers_all_kept"] = sess.plan_summary().get("barriers")
             ms = timed(lambda: sess.run(feed), sess.synchronize, field="graphopt_all_barriers_ms", **timing_kw)
             live["graphopt_all_barriers"] = (lambda: sess.run(feed), sess.synchronize)

@@ -94,7 +94,7 @@ def probe_one(lib, cand, sig, arch, marker) -> dict:
             finally:
                 graph = stream.end_capture()
     structure = graph_structure(lib, graph.graph)
-    early = early_kernels(structure, marker="probe_marker")
+    early = early_kernels(structure)
     # the runtime's own reading (graphopt.lowering.early_start, GRAPHOPT_MEASURE_BARRIERS=1): it must agree
     measured = early_start.starts_early(low.unordered_launch, inputs, outputs, workspace)
     return {"key": cand.key(), "provider": provider_of(cand), "barrier_declared": bool(low.barrier),
@@ -122,8 +122,7 @@ def main(argv=None) -> int:
     from graphopt.tune.gpus import detect_devices
 
     cc = detect_devices()[0].compute_capability
-    marker = cupy.RawKernel('extern "C" __global__ void probe_marker() {}', "probe_marker")
-    marker((1,), (1,), ())  # loaded outside any capture
+    marker = early_start.marker_kernel()  # the runtime reader's marker, loaded outside any capture
     cupy.cuda.get_current_stream().synchronize()
     print(f"library reader: {early_start.reader_problem() or 'positive control passed'}", flush=True)
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),

@@ -11,8 +11,9 @@ only once everything before it is complete, as the barrier would.
 Which it is can be read, not guessed: capture an ordinary marker kernel, then the launch, on a side
 stream (a capture records, it runs nothing) and read the graph's edges; an edge of type
 ``CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC`` out of the marker means the launch's first kernel may start
-early. The reading is trusted only after a positive control: the marker launched a second time with
-the programmatic-serialization attribute (``cuLaunchKernelEx``) must show such an edge, so a reader
+early. The reading is trusted only after a positive control: a second empty kernel (``CONTROL``)
+launched after the marker with the programmatic-serialization attribute (``cuLaunchKernelEx``) must
+show such an edge, so a reader
 that cannot see one (an older driver, a changed struct) keeps every barrier.
 
 Written by hand (ctypes on libcuda) because neither CuPy nor cuda-python as installed here exposes a
@@ -36,9 +37,10 @@ NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "
               7: "event_record", 10: "mem_alloc", 11: "mem_free", 13: "conditional"}
 EDGE_TYPES = {0: "default", 1: "programmatic"}
 PORTS = {0: "default", 1: "programmatic", 2: "launch_order"}
-_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 5  # CUlaunchAttributeID
+ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID (cuda.h)
 MARKER = "graphopt_order_marker"
-_MARKER_SOURCE = 'extern "C" __global__ void graphopt_order_marker() {}'
+CONTROL = "graphopt_order_control"  # the positive control's early-starting launch: a kernel of its own name
+_SOURCE = 'extern "C" __global__ void graphopt_order_marker() {}\nextern "C" __global__ void graphopt_order_control() {}'
 
 
 class EdgeData(ctypes.Structure):  # CUgraphEdgeData
@@ -62,15 +64,13 @@ def enabled() -> bool:
 
 
 def driver():
-    """libcuda with the calls used here declared (``cuGraphGetEdges_v2`` is ``cuGraphGetEdges`` in
-    CUDA 13's headers)."""
+    """libcuda with the calls used here declared. ``cuGraphGetEdges_v2`` (with edge data) is what CUDA
+    12.3+ exports (CUDA 13's ``cuGraphGetEdges`` is a macro for it); an older driver lacks it, and the
+    AttributeError makes the reader a problem (every barrier stays)."""
     lib = ctypes.CDLL("libcuda.so.1")
     for name in ("cuGraphGetNodes", "cuGraphNodeGetType", "cuGraphKernelNodeGetParams_v2", "cuFuncGetName",
-                 "cuKernelGetName", "cuLaunchKernelEx"):
+                 "cuKernelGetName", "cuLaunchKernelEx", "cuGraphGetEdges_v2"):
         getattr(lib, name).restype = ctypes.c_int
-    if not hasattr(lib, "cuGraphGetEdges_v2"):
-        lib.cuGraphGetEdges_v2 = lib.cuGraphGetEdges
-    lib.cuGraphGetEdges_v2.restype = ctypes.c_int
     return lib
 
 
@@ -140,13 +140,15 @@ def starts_after_marker_early(structure: dict, marker: str = MARKER) -> bool:
 _STATE: dict[str, Any] = {}
 
 
-def _marker():
+def marker_kernel(name: str = MARKER):
+    """An empty kernel (``MARKER`` or ``CONTROL``), launched normally: one CuPy ``RawKernel`` per
+    process, loaded on first use (outside any capture). The probe and the placed timing use it too."""
     import cupy
 
-    if "marker" not in _STATE:
-        _STATE["marker"] = cupy.RawKernel(_MARKER_SOURCE, MARKER)
-        _STATE["marker"]((1,), (1,), ())  # loaded outside any capture
-    return _STATE["marker"]
+    if name not in _STATE:
+        _STATE[name] = cupy.RawKernel(_SOURCE, name)
+        _STATE[name]((1,), (1,), ())
+    return _STATE[name]
 
 
 def _capture(enqueue: Callable[[], None]) -> dict:
@@ -154,7 +156,7 @@ def _capture(enqueue: Callable[[], None]) -> dict:
     import cupy
 
     lib = _STATE.get("lib") or _STATE.setdefault("lib", driver())
-    marker = _marker()
+    marker = marker_kernel()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
@@ -172,8 +174,8 @@ def reader_problem() -> str | None:
     if "reader" not in _STATE:
         try:
             lib = _STATE.get("lib") or _STATE.setdefault("lib", driver())
-            marker = _marker()
-            attr = _LaunchAttribute(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
+            control = marker_kernel(CONTROL)
+            attr = _LaunchAttribute(id=ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
             attr.value[0] = 1  # programmaticStreamSerializationAllowed
 
             def pdl_marker():
@@ -181,7 +183,7 @@ def reader_problem() -> str | None:
 
                 cfg = _LaunchConfig(1, 1, 1, 1, 1, 1, 0, cupy.cuda.get_current_stream().ptr,
                                     ctypes.pointer(attr), 1)
-                _check(lib.cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(marker.kernel.ptr), None, None),
+                _check(lib.cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(control.kernel.ptr), None, None),
                        "cuLaunchKernelEx")
 
             seen = starts_after_marker_early(_capture(pdl_marker))

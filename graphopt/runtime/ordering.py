@@ -23,6 +23,7 @@ ever be found to need one after an ordinary launch).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Iterable
 
@@ -70,6 +71,21 @@ def _dense_after(x: Any, perm) -> bool:
             return False
         expected *= size
     return True
+
+
+@contextlib.contextmanager
+def all_barriers_kept():
+    """Within it, plans compiled keep every lowering barrier (``GRAPHOPT_KEEP_BARRIERS=1``); the
+    caller's own setting is restored after (for comparisons: the benches' every-barrier columns)."""
+    before = os.environ.get(KEEP_ENV)
+    os.environ[KEEP_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(KEEP_ENV, None)
+        else:
+            os.environ[KEEP_ENV] = before
 
 
 def barrier_free(ends: list[str], needs: list[bool]) -> list[int]:

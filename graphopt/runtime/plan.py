@@ -53,7 +53,7 @@ class Plan:
     template: list | None = None  # slot values every run starts from (constants, arena views)
     loop: list = field(default_factory=list)  # (step, input slots, output slots, slots to drop) per step
     fresh_bytes: dict = field(default_factory=dict)  # loop index -> bytes, for lowered steps writing new graph outputs each run
-    barriers: dict = field(default_factory=dict)  # {"kept", "dropped"}: lowering barriers (graphopt.runtime.ordering)
+    barriers: dict = field(default_factory=dict)  # {"kept", "dropped", "unneeded"}: lowering barriers (graphopt.runtime.ordering)
 
     @property
     def capture_reason(self) -> str | None:

@@ -67,3 +67,18 @@ def run_and_check(cand, op: str, shapes, dtype: str, attrs: dict, inputs_np, ref
     tn, tm = tol_for(cand.name, dtype)
     assert norm <= tn and mx <= tm, f"{cand.key()} {dtype}: normwise {norm:.2e} (tol {tn}), max {mx:.2e} (tol {tm})"
     return norm, mx
+
+
+def every_node_on(model, op: str, key: str):
+    """A copy of ``model`` whose every graphopt ``op`` node runs lowering ``key`` (its other lowering
+    records dropped): a whole model on one provider's lowering."""
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for node in out.graph.node:
+        if node.domain == "graphopt" and node.op_type == op:
+            keep = [a for a in node.attribute if not a.name.startswith("lowering")]
+            del node.attribute[:]
+            node.attribute.extend(keep + [onnx.helper.make_attribute("lowering", key)])
+    return out

@@ -15,7 +15,7 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from _harness import require_device  # noqa: E402
+from _harness import every_node_on, require_device  # noqa: E402
 
 require_device()
 
@@ -60,19 +60,6 @@ def test_the_first_plans_read_as_the_h100_probe_read_them(op, shapes, attrs, ear
     assert early_start.starts_early(low.unordered_launch, ins, outs, low._workspace) is early
 
 
-def _every(model, op: str, key: str):
-    import onnx
-
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for node in out.graph.node:
-        if node.domain == "graphopt" and node.op_type == op:
-            keep = [a for a in node.attribute if not a.name.startswith("lowering")]
-            del node.attribute[:]
-            node.attribute.extend(keep + [onnx.helper.make_attribute("lowering", key)])
-    return out
-
-
 @pytest.mark.parametrize("name, op, shapes", [
     ("resnet50_torchscript_op17.onnx", "CBR", {"x": [32, 3, 64, 64]}),
     ("gpt2_torchscript_op17.onnx", "GemmAct", {"input_ids": [4, 128], "attention_mask": [4, 128]}),
@@ -82,7 +69,7 @@ def test_measured_barriers_keep_every_replay_exact(monkeypatch, name, op, shapes
     import graphopt
 
     model, _ = graphopt.optimize(str(ROOT / "models" / "torch" / name), gpu="none", shapes=shapes)
-    model = _every(model, op, "cudnn")
+    model = every_node_on(model, op, "cudnn")
     feeds = random_feeds(model, np.random.default_rng(3))
     eager = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
     want = {k: to_numpy(v) for k, v in eager.run(feeds).items()}

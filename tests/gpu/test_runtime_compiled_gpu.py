@@ -17,7 +17,7 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from _harness import require_device  # noqa: E402
+from _harness import every_node_on, require_device  # noqa: E402
 
 require_device()
 
@@ -164,18 +164,6 @@ def test_host_time_holds_the_gpu_for_every_timed_run(optimized):
     assert h.held and d["host_us_per_node"] > 0 and d["host_cpu_us_per_node"] > 0
 
 
-def _every_cbr_on(model, key: str, op: str = "CBR"):
-    """A copy of ``model`` whose every ``op`` node runs lowering ``key`` (its other lowering records dropped)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for node in out.graph.node:
-        if node.domain == "graphopt" and node.op_type == op:
-            keep = [a for a in node.attribute if not a.name.startswith("lowering")]
-            del node.attribute[:]
-            node.attribute.extend(keep + [onnx.helper.make_attribute("lowering", key)])
-    return out
-
-
 def test_a_whole_graph_of_cudnn_lowerings_replays_the_eager_outputs():
     """Every CBR of the ResNet-50 export on cuDNN's fused graph, bs32 fp16: the whole-plan CUDA graph
     gives the eager run's outputs on every replay. Without the stream barrier before each vendor
@@ -188,7 +176,7 @@ def test_a_whole_graph_of_cudnn_lowerings_replays_the_eager_outputs():
         pytest.skip(f"cuDNN frontend: {cudnn.unavailable()}")
     model, _ = graphopt.optimize(str(ROOT / "models" / "torch" / "resnet50_torchscript_op17.onnx"), gpu="none",
                                  shapes={"x": [32, 3, 64, 64]})
-    model = _every_cbr_on(model, "cudnn")
+    model = every_node_on(model, "CBR", "cudnn")
     feeds = {"x": np.random.default_rng(3).standard_normal((32, 3, 64, 64)).astype(np.float32)}
     eager = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
     want = to_numpy(next(iter(eager.run(feeds).values())))
@@ -253,7 +241,7 @@ def test_barriers_dropped_after_ordinary_launches_keep_every_replay_exact():
     an own kernel (the LayerNorms, the attention output's transpose) are dropped
     (``graphopt.runtime.ordering``), the one after another cuDNN GemmAct kept; the whole-plan CUDA
     graph gives the eager run's outputs on every replay, and the same with every barrier kept."""
-    import os
+    import contextlib
 
     import graphopt
     from graphopt.providers import cudnn
@@ -263,18 +251,14 @@ def test_barriers_dropped_after_ordinary_launches_keep_every_replay_exact():
         pytest.skip(f"cuDNN frontend: {cudnn.unavailable()}")
     path = ROOT / "models" / "torch" / "gpt2_torchscript_op17.onnx"
     model, _ = graphopt.optimize(str(path), gpu="none", shapes={"input_ids": [4, 128], "attention_mask": [4, 128]})
-    model = _every_cbr_on(model, "cudnn", op="GemmAct")
+    model = every_node_on(model, "GemmAct", "cudnn")
     feeds = random_feeds(model, np.random.default_rng(5))
     eager = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
     want = {k: to_numpy(v) for k, v in eager.run(feeds).items()}
     for keep in (False, True):
-        if keep:
-            os.environ[ordering.KEEP_ENV] = "1"
-        try:
+        with ordering.all_barriers_kept() if keep else contextlib.nullcontext():
             sess = Session(model, device="cuda", dtype="float16")
             got = [{k: to_numpy(v) for k, v in sess.run(feeds).items()} for _ in range(5)]
-        finally:
-            os.environ.pop(ordering.KEEP_ENV, None)
         barriers = sess.last_plan.barriers
         print(f"\nkeep={keep}: barriers {barriers}, {sess.graph_status}")
         assert sess.graph_status == "replaying a CUDA graph"

@@ -102,11 +102,11 @@ def test_rewriting_a_run_on_the_cpu_keeps_the_name_of_the_gpu_it_ran_on(tmp_path
 
 
 class _FakeDriver:
-    """The driver calls probe_early_start makes, over a fixed graph: marker -> plan -> plan -> marker,
+    """The driver calls graphopt.lowering.early_start makes for the probe, over a fixed graph: marker -> plan -> plan -> marker,
     the plan's kernel launched to start early (programmatic edge) after the first plan only."""
 
     NODES = [0x10, 0x20, 0x30, 0x40]
-    NAMES = {0x10: b"probe_marker", 0x20: b"sdpa_kernel", 0x30: b"sdpa_kernel", 0x40: b"probe_marker"}
+    NAMES = {0x10: b"graphopt_order_marker", 0x20: b"sdpa_kernel", 0x30: b"sdpa_kernel", 0x40: b"graphopt_order_marker"}
     EDGES = [(0x10, 0x20, 0), (0x20, 0x30, 1), (0x30, 0x40, 0)]
 
     def cuGraphGetNodes(self, graph, nodes, count):
@@ -147,12 +147,13 @@ def test_the_early_start_probe_reads_kernel_names_and_programmatic_edges():
 
     probe = load_script("bench/probe_early_start.py")
     got = probe.graph_structure(_FakeDriver(), 0x1234)
-    assert [n.get("kernel") for n in got["nodes"]] == ["probe_marker", "sdpa_kernel", "sdpa_kernel", "probe_marker"]
+    assert [n.get("kernel") for n in got["nodes"]] == ["graphopt_order_marker", "sdpa_kernel", "sdpa_kernel",
+                                                        "graphopt_order_marker"]
     assert got["edges"] == [{"from": 0, "to": 1, "type": "default", "from_port": "default"},
                             {"from": 1, "to": 2, "type": "programmatic", "from_port": "programmatic"},
                             {"from": 2, "to": 3, "type": "default", "from_port": "default"}]
-    assert probe.early_kernels(got, marker="probe_marker") == ["sdpa_kernel"]
-    assert probe.early_kernels({**got, "edges": [{**e, "type": "default"} for e in got["edges"]]}, marker="probe_marker") == []
+    assert probe.early_kernels(got) == ["sdpa_kernel"]
+    assert probe.early_kernels({**got, "edges": [{**e, "type": "default"} for e in got["edges"]]}) == []
 
 
 def test_barrier_left_out_restores_the_barrier_even_after_an_error():

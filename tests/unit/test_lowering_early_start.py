@@ -31,6 +31,15 @@ def test_only_a_programmatic_edge_out_of_the_marker_is_an_early_start():
     assert early_start.early_kernels(_graph([(0, 1, "programmatic"), (1, 2, "programmatic")])) == ["lib_kernel", "lib_kernel2"]
 
 
+def test_the_positive_control_is_a_kernel_of_its_own_launched_with_programmatic_serialization():
+    # cuda.h: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 (5 is a cluster scheduling hint)
+    assert early_start.ATTR_PROGRAMMATIC_STREAM_SERIALIZATION == 6
+    # the control's edge leaves the marker for a kernel that is not a marker: the reading counts it
+    control = _graph([(0, 1, "programmatic")], names=(early_start.MARKER, early_start.CONTROL))
+    assert early_start.CONTROL != early_start.MARKER and early_start.starts_after_marker_early(control)
+    assert f"void {early_start.CONTROL}()" in early_start._SOURCE and f"void {early_start.MARKER}()" in early_start._SOURCE
+
+
 def test_the_driver_structs_have_cudas_layout():
     cfg = early_start._LaunchConfig
     assert (cfg.hStream.offset, cfg.attrs.offset, cfg.numAttrs.offset) == (32, 40, 48)  # CUlaunchConfig

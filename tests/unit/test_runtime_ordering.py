@@ -120,3 +120,15 @@ def test_build_lowering_declares_the_familys_ordinary_launch():
     low = build_lowering(Library("lib"), sig, "sm_90")
     assert low.ordinary is False and low.unordered_launch is not low.launch
     assert build_lowering(Duck(), sig, "sm_90").ordinary is False
+
+
+def test_all_barriers_kept_restores_the_callers_setting(monkeypatch):
+    monkeypatch.setenv(ordering.KEEP_ENV, "0")
+    with ordering.all_barriers_kept():
+        assert barrier_free([ORDINARY, OPAQUE], [False, True]) == []
+    assert barrier_free([ORDINARY, OPAQUE], [False, True]) == [1]
+    monkeypatch.delenv(ordering.KEEP_ENV)
+    with pytest.raises(RuntimeError):
+        with ordering.all_barriers_kept():
+            raise RuntimeError("a failed run")
+    assert ordering.KEEP_ENV not in __import__("os").environ
