@@ -112,7 +112,10 @@ def time_session(label: str, sess, feeds: Mapping[str, Any], batch: int, **kw) -
         dev_feeds = {k: cupy.asarray(v) for k, v in feeds.items()}
     t = time_runs(label, batch, lambda: sess.run(dev_feeds), sess.synchronize, **kw)
     if getattr(sess, "device", None) == "cuda" and not t.error:
-        t.note = "; ".join(x for x in (t.note, f"CUDA graphs: {sess.graph_status}") if x)
+        barriers = (sess.plan_summary() or {}).get("barriers") or {}
+        said = ", ".join(f"{n} {what}" for what, n in barriers.items()) if any(barriers.values()) else ""
+        t.note = "; ".join(x for x in (t.note, f"CUDA graphs: {sess.graph_status}",
+                                       said and f"stream barriers: {said}") if x)
     return t
 
 

@@ -132,3 +132,18 @@ def test_all_barriers_kept_restores_the_callers_setting(monkeypatch):
         with ordering.all_barriers_kept():
             raise RuntimeError("a failed run")
     assert ordering.KEEP_ENV not in __import__("os").environ
+
+
+def test_graphopt_bench_notes_the_plans_barriers(monkeypatch):
+    """``graphopt bench``'s row for a CUDA session says how many lowering barriers ran, were dropped
+    after an ordinary launch and were measured unneeded; a plan without any says nothing of them."""
+    from graphopt.runtime import bench
+
+    def sess(barriers):
+        return SimpleNamespace(device="cuda", graph_status="replaying a CUDA graph", run=lambda f: None,
+                               synchronize=lambda: None, plan_summary=lambda: {"barriers": barriers})
+
+    t = bench.time_session("optimized", sess({"kept": 12, "dropped": 36, "unneeded": 0}), {}, 1, repeats=2, warmup=0)
+    assert t.note == "CUDA graphs: replaying a CUDA graph; stream barriers: 12 kept, 36 dropped, 0 unneeded"
+    t = bench.time_session("optimized", sess({"kept": 0, "dropped": 0, "unneeded": 0}), {}, 1, repeats=2, warmup=0)
+    assert t.note == "CUDA graphs: replaying a CUDA graph"
