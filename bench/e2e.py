@@ -16,8 +16,9 @@ For each row, in one process:
      served from the cache (a node whose every candidate was measured and failed counts as profiled).
   3. torch eager (cudnn.benchmark), the graphopt runtime on the optimized model with CUDA graphs,
      torch.compile(reduce-overhead), the runtime on the unoptimized export, the optimized model without
-     CUDA graphs (host time per node), then the informational figures (outputs not copied, the paired
-     rounds): the acceptance's peers come first, so a call short of time loses only the others; peak GPU
+     CUDA graphs (host time per node), then the informational figures (outputs not copied, every
+     lowering barrier kept: ``graphopt_all_barriers_ms`` and, paired with the default in the same
+     rounds, ``paired_ratio_barrier_rule``; the paired rounds): the acceptance's peers come first, so a call short of time loses only the others; peak GPU
      memory of each (torch: ``max_memory_allocated`` over its eager run, weights included; graphopt:
      what CuPy's default pool grew by from before the session to after its runs, weights included,
      plus what its CUDA graphs' and step graphs' private pools hold, ``Session.private_pool_bytes``,
