@@ -61,16 +61,9 @@ def step_end(step, lowered, direct: bool, arrays: list, block_of: list, feed_slo
 
 
 def _dense_after(x: Any, perm) -> bool:
-    """Whether ``x`` transposed by ``perm`` is C-contiguous (unit dimensions ignored): then
-    ``cupy.copyto`` copies it with a memcpy instead of an elementwise kernel."""
-    perm = tuple(perm) if perm is not None else tuple(range(len(x.shape)))[::-1]
-    dims = [(int(x.shape[p]), int(x.strides[p])) for p in perm if int(x.shape[p]) != 1]
-    expected = int(x.dtype.itemsize)
-    for size, stride in reversed(dims):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+    """Whether ``x`` transposed by ``perm`` is C-contiguous (NumPy and CuPy ignore unit dimensions
+    there, as ``cupy.copyto`` does): then CuPy copies it with a memcpy instead of an elementwise kernel."""
+    return bool(x.transpose(tuple(perm) if perm is not None else None).flags.c_contiguous)
 
 
 @contextlib.contextmanager
