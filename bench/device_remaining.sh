@@ -8,12 +8,12 @@
 # 14 (more cuDNN plans probed for early starts: any GPU); 8 and 12 ran on the H200 at f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on
 # H100s on 2026-12-06 and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..17; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..20 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..17)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..20 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -127,5 +127,18 @@ case "$N" in
     bash bench/device_calls.sh "$OUT/o" ordering:150
     EARLY_ARGS="--vendor-per-family 24" bash bench/device_calls.sh "$OUT/p" early-start:150
     GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:270 ;;
-  *) echo "device_remaining.sh: N must be 0..17" >&2; exit 2 ;;
+  18) # the H200 in three calls of under 600 s (eleventh session: ~1,600 s of device time left): the GPU suite's
+      # first half (issue 15's last item; 149 s on the H100), then the two stems of the CBR table (the only
+      # H200 misses at bs32; the H100 re-run, cbr_layers_h100.md, own stem kernel, passes both)
+    TESTS="tests/gpu/test_[a-m]*.py" bash bench/device_calls.sh "$OUT/a" gpu-tests:300
+    CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:260 ;;
+  19) # the GPU suite's second half (354 s on the H100), then the memory-bound table (fp16)
+    TESTS="tests/gpu/test_[n-z]*.py" bash bench/device_calls.sh "$OUT/b" gpu-tests:400
+    TRANSFORMER_ARGS="--tables memory --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:170 ;;
+  20) # the attention bar with the placed timing, then GPT-2 cold / warm (the H200's last cold bar not measured)
+    TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/t" transformer:300
+    CACHE_LIMIT=150 CACHE_ARGS="--models gpt2" bash bench/device_calls.sh "$OUT/k" cache:260 ;;
+  auto) # the first call of a session: 18 on an H200, 17 on anything else
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" 18 "$OUT"; else exec bash "$0" 17 "$OUT"; fi ;;
+  *) echo "device_remaining.sh: N must be 0..20 or auto" >&2; exit 2 ;;
 esac
