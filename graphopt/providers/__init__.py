@@ -9,7 +9,8 @@
   where the neighbouring nodes run NCHW.
 - ``cudnn_matmul``: GemmAct as a cuDNN frontend matmul + bias + activation graph, each plan a candidate.
 - ``cublaslt``: GemmAct and 1x1 CBR as one cuBLASLt matmul with a bias/ReLU/GELU epilogue (ctypes,
-  graphopt's own handle and workspace: capturable), each algorithm of its heuristic a candidate.
+  graphopt's own handle and workspace: capturable), each algorithm of its heuristic a candidate;
+  image stems (at most 4 input channels) as im2col rows in the workspace, then the same matmul.
 
 A provider imports without its library: its candidates then report in ``applies`` why they cannot
 run (package missing, no GPU, shape unsupported), which the tuner shows as a reason; CPU-only

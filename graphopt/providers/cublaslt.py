@@ -49,6 +49,16 @@ graphopt's 16-byte vector activation kernel in place (``epilogue_gemm_vec`` with
 the output's rows are whole vectors. It competes with cuDNN's fused graphs and ``cublas_ws`` plus
 the epilogue (which adds the bias in that pass too).
 
+``cublaslt_im2col`` runs an image stem (a CBR of at most 4 input channels, group 1, no residual:
+ResNet's 7x7 / 2 and MobileNet's 3x3 / 2 RGB convs) as one GEMM: ``im2col_rows`` (elementwise.cu)
+writes X (NCHW) as rows ``cols[N*OH*OW, Kp]`` and W as ``Wp[M, Kp]`` into the workspace, C*KH*KW
+zero-padded to Kp, whole 16-byte rows (147 -> 152 for fp16), then cuBLASLt computes Y (NHWC) with
+the epilogue (an activation without one, ReLU6, runs after it as in ``cublaslt_act``). A stem's
+reduction is too short and its channels too few for cuDNN's and graphopt's implicit GEMMs: ResNet-50's
+stem at bs32 fp16 took 192 us through cuDNN on the H100 (39 TFLOP/s), 202 us through implicit GEMM,
+628 us through ``cublas_ws`` (im2col per image with K = 147 unaligned). Predicted here: the packing
+writes ~122 MB (~35 us), the GEMM reads it once (M = 401,408, N = 64, K = 152: ~45 us), so ~80-90 us.
+
 Each algorithm ``cublasLtMatmulAlgoGetHeuristic`` returns (up to :data:`REQUEST`) is a candidate
 keyed by its configuration (algorithm id, tile, stages, split-K, reduction, swizzle, custom option,
 inner and cluster shape), not by its list position; the plain ``cublaslt`` candidate takes the
@@ -72,17 +82,21 @@ from graphopt.lowering import layout
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.providers import cublaslt_lib as lt
 from graphopt.providers.cublaslt_problem import (  # noqa: F401 - re-exported: the provider's API
-    ALIGNMENT, DTYPES, EPILOGUES, ITEMSIZE, LAYOUTS, LAYOUTS_BT, OPS, SAME_CALLS, Problem, b_stored_transposed,
-    b_transposed_reason, out_elements, padded_ld, padded_output_reason, post_activation_reason, problem,
-    row_length, shape_reason, variant_reason)
+    ACTIVATIONS, ALIGNMENT, DTYPES, EPILOGUES, ITEMSIZE, LAYOUTS, LAYOUTS_BT, OPS, SAME_CALLS, Problem, _act_name,
+    b_stored_transposed, b_transposed_reason, im2col_depth, im2col_reason, out_elements, padded_ld,
+    padded_output_reason, post_activation_reason, problem, row_length, shape_reason, variant_reason)
 
 NAME = "cublaslt"
 NAME_BT = "cublaslt_bt"  # GemmAct with B declared colmajor (module docstring)
 NAME_ACT = "cublaslt_act"  # an activation cuBLASLt lacks, as a kernel after the matmul (module docstring)
 NAME_PAD = "cublaslt_pad"  # Y computed with padded rows in the workspace, then packed (module docstring)
 NAME_ROWPAD = "cublaslt_rowpad"  # the same calls, Y declared "rowpad" and written in place (module docstring)
-VARIANTS = {NAME: "", NAME_BT: "bt", NAME_ACT: "act", NAME_PAD: "pad", NAME_ROWPAD: "rowpad"}  # family name -> variant
+NAME_IM2COL = "cublaslt_im2col"  # an image stem as im2col rows in the workspace, then the GEMM (module docstring)
+VARIANTS = {NAME: "", NAME_BT: "bt", NAME_ACT: "act", NAME_PAD: "pad", NAME_ROWPAD: "rowpad",
+            NAME_IM2COL: "im2col"}  # family name -> variant
 GEMM_ONLY = (NAME_BT, NAME_PAD, NAME_ROWPAD)  # variants for GemmAct only
+CBR_ONLY = (NAME_IM2COL,)  # variants for CBR only
+LAYOUTS_IM2COL = ("NCHW", "", "NHWC", "NHWC", "NHWC")  # X read in NCHW (a graph input), Y written NHWC
 LAYOUT_ROWPAD = "rowpad"  # cublaslt_rowpad's Y (graphopt.lowering.layout)
 REQUEST = 16  # algorithms asked of the heuristic per signature
 MAX_WORKSPACE = 32 << 20
@@ -148,6 +162,8 @@ def _setup_for(sig: Signature, variant: str = "") -> _Setup:
 
 
 def _ptr(x) -> int:
+    if isinstance(x, (int, np.integer)):  # an address already (the im2col variant's operands in the workspace)
+        return int(x)
     data = getattr(x, "data", None)
     return int(data.ptr) if hasattr(data, "ptr") else int(x.ctypes.data)
 
@@ -164,13 +180,22 @@ class CublasLtGemm(Candidate):
     def layouts(self, sig: Signature) -> tuple[str, ...]:
         """What build() declares. ``rowpad``: Y after the inputs actually passed (2 without a bias, 3
         with one, whose vector is rowpad already), as for CBR's NHWC Y."""
+        if self.variant == "im2col":
+            return LAYOUTS_IM2COL
         if sig.op != "GemmAct" or self.variant not in ("bt", "pad", "rowpad"):
             return LAYOUTS.get(sig.op, ())
         ab = LAYOUTS_BT if b_stored_transposed(sig, self.variant) else ()  # (it maps rowpad to pad's calls)
         return (ab or ("", "")) + (LAYOUT_ROWPAD, LAYOUT_ROWPAD) if self.variant == "rowpad" else ab
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        """The own kernel the ``act`` variant launches after the matmul (for prebuilding)."""
+        """The own kernels the ``act`` variant launches after the matmul and the ``im2col`` variant before
+        it (and after it, for an activation without an epilogue), for prebuilding."""
+        if self.variant == "im2col" and not im2col_reason(sig):
+            dt = geo.dtype_of(sig)
+            out = [("elementwise.cu", instance("im2col_rows", dt, VEC16[dt]))]
+            if _act_name(sig) not in ACTIVATIONS:
+                out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])))
+            return out
         if self.variant != "act" or post_activation_reason(sig):
             return []
         dt = geo.dtype_of(sig)
@@ -187,7 +212,8 @@ class CublasLtGemm(Candidate):
     def source_hash(self) -> str:
         libs = "cublaslt:" + ",".join(f"{k}={v}" for k, v in versions())
         # pad: "+split" since the aligned rows and the tail became two calls (older timings are not served)
-        return libs + {"act": "+" + source_hash("elementwise.cu"), "pad": "+split", "rowpad": "+split"}.get(self.variant, "")
+        own = "+" + source_hash("elementwise.cu")
+        return libs + {"act": own, "im2col": own, "pad": "+split", "rowpad": "+split"}.get(self.variant, "")
 
     def versions(self) -> tuple[tuple[str, str], ...]:
         return versions()
@@ -217,7 +243,11 @@ class CublasLtGemm(Candidate):
         # so nodes of one signature never see each other's bias, whatever cuBLASLt keeps of a
         # descriptor in a captured CUDA graph. Without a bias the signature's descriptor is shared.
         desc = a.matmul_desc(pr.transa, pr.transb, pr.epilogue) if pr.bias_input is not None else s.desc
-        post = _post_activation(sig) if self.variant == "act" else None
+        post = _post_activation(sig) if self.variant == "act" or (
+            self.variant == "im2col" and _act_name(sig) not in ACTIVATIONS) else None
+        # im2col: its rows and the K-padded weights at the workspace's start, cuBLASLt's workspace after
+        im2col = _Im2col.of(sig) if self.variant == "im2col" else None
+        i2c_bytes = im2col.nbytes if im2col else 0
         # pad: D (rows d_ld apart) at the workspace's start, cuBLASLt's own workspace after it; the
         # rows past the aligned part (pr.tail) by a second call with the heuristic's first algorithm
         esize = ITEMSIZE[geo.dtype_of(sig)]
@@ -229,8 +259,10 @@ class CublasLtGemm(Candidate):
         def launch(inputs, outputs, workspace):
             ins = list(inputs) + [None] * 3
             base = 0 if workspace is None else _ptr(workspace)
-            if d_bytes and not base:
-                raise TuningError(f"{self.key()} needs its workspace ({d_bytes + ws_bytes} bytes)")
+            if (d_bytes or i2c_bytes) and not base:
+                raise TuningError(f"{self.key()} needs its workspace ({d_bytes + i2c_bytes + ws_bytes} bytes)")
+            if im2col is not None:
+                ins[:2] = im2col.launch(ins[0], ins[1], base)  # cols and Wp in the workspace: the GEMM's operands
             if in_place and not layout.is_layout(outputs[0], LAYOUT_ROWPAD):
                 raise TuningError(f"{self.key()} writes Y in the {LAYOUT_ROWPAD} layout it declares (rows "
                                   f"{pr.d_ld * esize} bytes apart); got strides {tuple(outputs[0].strides)}")
@@ -240,7 +272,7 @@ class CublasLtGemm(Candidate):
                 a.set_bias(desc, ptrs[-1])
             if any(p % ALIGNMENT for p in ptrs):
                 raise TuningError(f"cuBLASLt operands must be {ALIGNMENT}-byte aligned")
-            ws = base + d_bytes if base and ws_bytes else 0
+            ws = base + d_bytes + i2c_bytes if base and ws_bytes else 0
             status = a.matmul(s.handle, desc, alpha, ptrs[0], la, ptrs[1], lb, beta, ptrs[2], ld, algo,
                               ws, ws_bytes if ws else 0, _stream())
             if status == lt.CUBLAS_STATUS_SUCCESS and tail is not None:
@@ -252,8 +284,50 @@ class CublasLtGemm(Candidate):
             if post is not None:
                 post(outputs[0])
 
-        return Lowering(launch=launch, outputs=1, workspace_bytes=d_bytes + ws_bytes, capturable=True, barrier=True,
+        return Lowering(launch=launch, outputs=1, workspace_bytes=d_bytes + i2c_bytes + ws_bytes, capturable=True, barrier=True,
                         layouts=self.layouts(sig), versions=versions())
+
+
+@dataclass
+class _Im2col:
+    """The im2col variant's packing launch: X (NCHW) into GEMM rows ``cols[N*OH*OW, Kp]`` and W into
+    ``Wp[M, Kp]``, both zero-padded from C*KH*KW to Kp (16-byte rows), at the workspace's start
+    (``im2col_rows`` in elementwise.cu, one launch for both)."""
+
+    kernel: Any
+    args: tuple         # the geometry after the four pointers
+    grid: int
+    shape_x: tuple      # what the launch checks X and W against
+    shape_w: tuple
+    cols_bytes: int     # 256-byte rounded: Wp starts there
+    nbytes: int         # cols and Wp
+
+    @classmethod
+    def of(cls, sig: Signature) -> "_Im2col":
+        g, dt = geo.conv_geom(sig), geo.dtype_of(sig)
+        k, vec, size = g.C * g.KH * g.KW, VEC16[dt], ITEMSIZE[dt]
+        kp, rows = im2col_depth(k, dt), g.N * g.OH * g.OW
+        cols_bytes = -(-(rows * kp * size) // 256) * 256
+        w_bytes = -(-(g.M * kp * size) // 256) * 256
+        i32 = np.int32
+        args = tuple(i32(v) for v in (g.C, g.H, g.W, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.OH, g.OW,
+                                      rows, k, kp, g.M))
+        grid = max(1, min(-(-((rows + g.M) * kp // vec) // 256), 132 * 64))
+        from graphopt.kernels.source import get_kernel
+
+        kern = get_kernel("elementwise.cu", instance("im2col_rows", dt, vec))
+        return cls(kern, args, grid, (g.N, g.C, g.H, g.W), (g.M, g.C, g.KH, g.KW), cols_bytes, cols_bytes + w_bytes)
+
+    def launch(self, x, w, base: int) -> list[int]:
+        """Pack X and W at ``base``; the addresses of cols and Wp, which stand for X and W in the GEMM."""
+        for name, arr, want in (("X", x, self.shape_x), ("W", w, self.shape_w)):
+            flags = getattr(arr, "flags", None)
+            if int(np.prod(arr.shape)) != int(np.prod(want)) or (flags is not None and not flags.c_contiguous):  # 1-D: H = 1
+                raise TuningError(f"cublaslt_im2col: {name} must be C-contiguous {want} (NCHW / OIHW); got "
+                                  f"{tuple(arr.shape)}, strides {tuple(getattr(arr, 'strides', ()))}")
+        cols, wp = base, base + self.cols_bytes
+        self.kernel((self.grid,), (256,), (x, w, np.uint64(cols), np.uint64(wp)) + self.args)
+        return [cols, wp]
 
 
 @dataclass
@@ -344,7 +418,7 @@ def from_key(op: str, key: str) -> Candidate | None:
     if op not in OPS:
         return None
     name = key.split(":", 1)[0]
-    if name not in VARIANTS or (name in GEMM_ONLY and op != "GemmAct"):
+    if name not in VARIANTS or (name in GEMM_ONLY and op != "GemmAct") or (name in CBR_ONLY and op != "CBR"):
         return None
     if key == name:
         return CublasLtGemm(name)

@@ -31,6 +31,8 @@ EPILOGUES = {("none", False): "CUBLASLT_EPILOGUE_DEFAULT", ("none", True): "CUBL
              ("Relu", False): "CUBLASLT_EPILOGUE_RELU", ("Relu", True): "CUBLASLT_EPILOGUE_RELU_BIAS",
              ("GeluTanh", False): "CUBLASLT_EPILOGUE_GELU", ("GeluTanh", True): "CUBLASLT_EPILOGUE_GELU_BIAS"}
 ACTIVATIONS = ("none", "Relu", "GeluTanh")
+IM2COL_MAX_CHANNELS = 4  # cublaslt_im2col: image stems (RGB, RGBA), as the stem kernel's MAX_CHANNELS
+IM2COL_MAX_BYTES = 1 << 30  # its buffer, part of the lowering's workspace (counted in peak memory)
 ALIGNMENT = 16  # bytes; the heuristic keeps algorithms that work at this operand alignment, launch checks it
 # X, W, B, R in, Y out. B (1-D) and R (never given here) say NHWC too, so that Y's layout is NHWC also
 # where a node has 2 or 3 inputs (Lowering.output_layout indexes after the inputs actually passed).
@@ -180,11 +182,55 @@ def post_activation_reason(sig: Signature) -> str | None:
     return None
 
 
+def im2col_reason(sig: Signature) -> str | None:
+    """Why ``cublaslt_im2col`` does not apply to ``sig`` (None: it does): a CBR of at most
+    ``IM2COL_MAX_CHANNELS`` input channels (an image stem, whose rows of C*KH*KW are short: im2col's
+    buffer stays within a few times Y's size), group 1, no residual, not already a plain GEMM."""
+    if sig.op != "CBR":
+        return "cublaslt_im2col is for CBR"
+    try:
+        g = geo.conv_geom(sig)
+        dt = geo.dtype_of(sig)
+    except (TuningError, TypeError, IndexError, ValueError) as e:
+        return str(e) or "no convolution geometry"
+    if dt not in VEC16:
+        return f"dtype {dt} (the im2col kernel: {', '.join(VEC16)})"
+    if g.G != 1:
+        return f"a grouped convolution (groups {g.G})"
+    if g.C > IM2COL_MAX_CHANNELS:
+        return f"{g.C} input channels (im2col is for image stems, at most {IM2COL_MAX_CHANNELS})"
+    if (g.KH, g.KW, g.sh, g.sw, g.ph, g.pw) == (1, 1, 1, 1, 0, 0):
+        return "a 1x1 convolution with stride 1 and no padding is a GEMM already (the plain cublaslt candidates)"
+    if len(sig.input_shapes) > 3 and sig.input_shapes[3] is not None:
+        return "a residual input (cuBLASLt's beta * C before the epilogue is not relied on)"
+    act = _act_name(sig)
+    if act not in ACTIVATIONS:
+        if act not in ACT_CODES:
+            return f"activation {act!r} has no kernel"
+        vec = VEC16.get(dt, 0)
+        if not vec or g.M % vec:
+            return f"{g.M} output channels of {dt} are not whole 16-byte vectors (the in-place activation kernel's loads)"
+    kp = im2col_depth(g.C * g.KH * g.KW, dt)
+    rows = g.N * g.OH * g.OW
+    if rows < 1 or g.M < 1:
+        return "an empty convolution"
+    if (rows + g.M) * kp >= 2**31 or rows * g.M >= 2**31:
+        return "im2col's buffer or Y has 2**31 elements or more (the kernels' int indices)"
+    if rows * kp * ITEMSIZE[dt] > IM2COL_MAX_BYTES:
+        return f"im2col's buffer over {IM2COL_MAX_BYTES >> 20} MiB"
+    return None
+
+
+def im2col_depth(k: int, dtype: str) -> int:
+    """The GEMM depth of ``cublaslt_im2col``: C*KH*KW rounded up to whole 16-byte rows (zeros after K)."""
+    return padded_ld(k, dtype)
+
+
 def variant_reason(sig: Signature, variant: str) -> str | None:
     """Why a variant's own condition fails (``b_transposed_reason`` / ``post_activation_reason`` /
-    ``padded_output_reason``; ``pad_tail``, the pad variant's second call, as ``pad``)."""
+    ``padded_output_reason`` / ``im2col_reason``; ``pad_tail``, the pad variant's second call, as ``pad``)."""
     check = {"bt": b_transposed_reason, "act": post_activation_reason, "pad": padded_output_reason,
-             "pad_tail": padded_output_reason}.get(SAME_CALLS.get(variant, variant))
+             "pad_tail": padded_output_reason, "im2col": im2col_reason}.get(SAME_CALLS.get(variant, variant))
     return check(sig) if check else None
 
 
@@ -201,6 +247,8 @@ def problem(sig: Signature, variant: str = "") -> Problem:
     dt = geo.dtype_of(sig)
     if dt not in DTYPES:
         raise TuningError(f"dtype {dt} (cuBLASLt here: {', '.join(DTYPES)})")
+    if variant == "im2col":  # an activation without an epilogue runs after the call (as act's)
+        return _im2col_problem(sig, dt, _act_name(sig) if _act_name(sig) in ACTIVATIONS else "none")
     act = "none" if variant == "act" else _activation(sig)
     if sig.op == "CBR":
         return _conv_problem(sig, dt, act)
@@ -244,6 +292,15 @@ def _conv_problem(sig: Signature, dt: str, act: str) -> Problem:
         raise TuningError("a residual input (cuBLASLt's beta * C before the epilogue is not relied on)")
     bias = len(shapes) > 2 and shapes[2] is not None
     return _row_major(dt, g.N * g.H * g.W, g.M, g.C, False, True, 1, 0, 0, act, bias, 1.0, 0, 1, 2 if bias else None)
+
+
+def _im2col_problem(sig: Signature, dt: str, act: str) -> Problem:
+    """``Y[N*OH*OW, M] = cols[N*OH*OW, Kp] Wp[M, Kp]^T`` + bias: Y in NHWC. cols and Wp lie in the
+    workspace (the provider's launch passes their addresses for inputs 0 and 1)."""
+    g = geo.conv_geom(sig)
+    bias = len(sig.input_shapes) > 2 and sig.input_shapes[2] is not None
+    kp = im2col_depth(g.C * g.KH * g.KW, dt)
+    return _row_major(dt, g.N * g.OH * g.OW, g.M, kp, False, True, 1, 0, 0, act, bias, 1.0, 0, 1, 2 if bias else None)
 
 
 def shape_reason(sig: Signature, variant: str = "") -> str | None:

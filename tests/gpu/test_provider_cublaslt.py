@@ -208,3 +208,43 @@ def test_padded_output_variant_captures_its_row_packing(variant):
     ref = reference(sig, f64)
     assert run_lowering(low, sig, up, ref) is None
     replay_equals_eager(low, up, ref.shape, poison_workspace=True)
+
+
+IM2COL = {  # image stems, odd sizes: (X, W, attributes)
+    "resnet_7x7_s2": ((2, 3, 37, 41), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3], "activation": "Relu"}),
+    "mobilenet_3x3_s2_relu6": ((3, 3, 29, 31), (32, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1],
+                                                               "activation": "Clip", "clip_min": 0.0, "clip_max": 6.0}),
+    "rgba_dilated_asym": ((2, 4, 23, 19), (24, 4, 3, 5), {"dilations": [2, 1], "pads": [1, 0, 2, 3]}),
+    "one_d": ((3, 3, 101), (16, 3, 5), {"strides": [3], "pads": [2, 1], "activation": "GeluTanh"}),
+    "resnet_stem_224": ((2, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3], "activation": "Relu"}),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("case", list(IM2COL))
+def test_im2col_variant_for_image_stems(case, dtype):
+    """cublaslt_im2col: im2col_rows packs X (NCHW) into K-padded GEMM rows and W likewise in the
+    workspace, then cuBLASLt writes Y in NHWC with the epilogue (an activation without one runs
+    after it): every algorithm against float64, outputs poisoned."""
+    x, w, attrs = IM2COL[case]
+    sig = Signature.make("CBR", [x, w, (w[0],), None], [dtype] * 3 + [""], attrs)
+    cands = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_IM2COL]
+    assert cands, prov.CublasLtGemm(prov.NAME_IM2COL).applies(sig)
+    ok, wrong, unbuilt = check_all(cands, sig)
+    print(f"{sig.key()}: {len(cands)} cublaslt_im2col candidates, {ok} correct, {len(unbuilt)} did not build")
+    assert not wrong, wrong
+    assert ok >= 1, f"no cublaslt_im2col candidate ran: {unbuilt[:3]}"
+
+
+@pytest.mark.gpu
+def test_im2col_variant_captures_its_packing():
+    """The packing kernel and the matmul are captured; the replay equals the eager run with the
+    workspace poisoned before it."""
+    x, w, attrs = IM2COL["resnet_7x7_s2"]
+    sig = Signature.make("CBR", [x, w, (w[0],), None], ["float16"] * 3 + [""], attrs)
+    low = as_lowering(prov.CublasLtGemm(prov.NAME_IM2COL).build(sig, "sm_90"))
+    f64, up = host_inputs(sig, seed=5)
+    ref = reference(sig, f64)
+    assert run_lowering(low, sig, up, ref) is None
+    replay_equals_eager(low, up, ref.shape, poison_workspace=True)

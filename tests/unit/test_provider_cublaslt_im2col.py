@@ -1,0 +1,149 @@
+"""cuBLASLt's ``im2col`` variant (image stems) without a GPU: ``im2col_rows`` (elementwise.cu) emulated
+thread by thread on the real launch arguments (each thread's vector, its (c, r, s) stepping, the
+zero padding of K, the weight rows after the image rows) writing into a poisoned host workspace, then
+the GEMM on EmulatedLt from the descriptors, compared with the float64 CBR reference; the layouts
+it declares, its workspace, keys, and the near misses. The GPU runs the kernel itself
+(tests/gpu/test_provider_cublaslt.py)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from _fake_cublaslt import EmulatedLt, conv
+from graphopt.kernels import gemm_act, source
+from graphopt.providers import cublaslt as prov
+from graphopt.providers import cublaslt_lib as lt
+from test_provider_cublaslt_emulated import _aligned, _fake_activation_kernel, _host_and_reference
+
+STEMS = [
+    conv((2, 3, 11, 13), (8, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3], activation="Relu", dtype="float32"),
+    conv((2, 3, 11, 13), (8, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3], activation="Relu"),  # ResNet's, fp16
+    conv((1, 3, 9, 9), (16, 3, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1], activation="Clip", clip_min=0.0,
+         clip_max=6.0),                                                          # MobileNet's: ReLU6 after
+    conv((2, 4, 10, 9), (8, 4, 3, 2), bias=False, dilations=[2, 1], pads=[1, 0, 2, 1], dtype="float32"),
+    conv((2, 3, 17), (4, 3, 5), strides=[3], pads=[2, 1], activation="GeluTanh", dtype="float32"),  # 1-D
+]
+
+
+@pytest.fixture()
+def emulated(monkeypatch):
+    lib = EmulatedLt()
+    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
+    monkeypatch.setattr(prov, "_SETUPS", {})
+    monkeypatch.setattr(prov, "_stream", lambda: 0)
+    return lib
+
+
+def _host_view(address: int, count: int, dtype) -> np.ndarray:
+    return np.frombuffer((ctypes.c_char * (count * np.dtype(dtype).itemsize)).from_address(address), dtype)
+
+
+def _im2col_rows_emulated(launches):
+    """``im2col_rows<T, VEC>`` as its threads run it: the grid-stride loop over vectors, each thread's
+    (row, k0) and (c, r, s) stepping, loads only inside X, one 16-byte store per vector."""
+
+    def kernel(grid, block, args):
+        x, w, cols, wp, *geom = args
+        C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, rows, K, Kp, M = (int(v) for v in geom)
+        launches.append((grid, block, (C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, rows, K, Kp, M)))
+        dt, vec = x.dtype, 16 // x.itemsize
+        assert Kp % vec == 0 and all(isinstance(a, np.uint64) for a in (cols, wp))
+        assert int(cols) % 16 == 0 and int(wp) % 16 == 0  # the vector stores
+        xf, wf = x.reshape(-1), w.reshape(-1)
+        out_c, out_w = _host_view(int(cols), rows * Kp, dt), _host_view(int(wp), M * Kp, dt)
+        chunks = Kp // vec
+        col_vecs, total = rows * chunks, rows * chunks + M * chunks
+        stride = grid[0] * block[0]
+        for t in range(stride):
+            for i in range(t, total, stride):
+                v = np.zeros(vec, dt)
+                if i < col_vecs:
+                    row, k0 = i // chunks, (i % chunks) * vec
+                    ow, tt = row % OW, row // OW
+                    oh, n = tt % OH, tt // OH
+                    s, r, c = k0 % KW, (k0 // KW) % KH, k0 // (KW * KH)
+                    for j in range(vec):
+                        ih, iw = oh * sh - ph + r * dh, ow * sw - pw + s * dw
+                        if k0 + j < K and 0 <= ih < H and 0 <= iw < W:
+                            v[j] = xf[((n * C + c) * H + ih) * W + iw]
+                        s += 1
+                        if s == KW:
+                            s, r = 0, r + 1
+                            if r == KH:
+                                r, c = 0, c + 1
+                    out_c[i * vec:(i + 1) * vec] = v
+                else:
+                    j0 = i - col_vecs
+                    m, k0 = j0 // chunks, (j0 % chunks) * vec
+                    for j in range(vec):
+                        v[j] = wf[m * K + k0 + j] if k0 + j < K else 0
+                    out_w[j0 * vec:(j0 + 1) * vec] = v
+
+    return kernel
+
+
+@pytest.mark.parametrize("sig", STEMS, ids=lambda s: s.key()[:70])
+def test_im2col_rows_then_the_gemm_compute_the_cbr_reference(emulated, monkeypatch, sig):
+    launches, acts = [], []
+    monkeypatch.setattr(source, "get_kernel", lambda src, expr: _im2col_rows_emulated(launches))
+    monkeypatch.setattr(gemm_act, "get_kernel", lambda src, expr: _fake_activation_kernel(acts))
+    assert prov.im2col_reason(sig) is None
+    cands = [c for c in prov.candidates("CBR", sig) if c.name == prov.NAME_IM2COL]
+    assert cands and cands[0].key() == "cublaslt_im2col"
+    assert all(prov.from_key("CBR", c.key()) == c for c in cands) and prov.from_key("GemmAct", cands[-1].key()) is None
+    dt = np.dtype(sig.dtypes[0])
+    kp = prov.im2col_depth(int(np.prod(sig.input_shapes[1][1:])), sig.dtypes[0])
+    assert kp % (16 // dt.itemsize) == 0 and kp >= int(np.prod(sig.input_shapes[1][1:]))
+    post = sig.attr("activation", "none") not in prov.ACTIVATIONS
+    want = [("elementwise.cu", f"im2col_rows<{'half_t' if dt == np.float16 else 'float'},{16 // dt.itemsize}>")]
+    if post:
+        want.append(("elementwise.cu", f"epilogue_gemm_vec<{'half_t' if dt == np.float16 else 'float'},{16 // dt.itemsize}>"))
+    assert cands[0].kernels(sig) == want
+    assert cands[0].source_hash() != prov.CublasLtGemm("cublaslt").source_hash()
+    host, ref = _host_and_reference(sig, 7)
+    ys = []
+    for cand in (cands[0], cands[-1]):
+        low = cand.build(sig, "sm_90")
+        assert low.layouts[:2] == ("NCHW", "") and low.output_layout(len([h for h in host if h is not None]), 0) == "NHWC"
+        rows = ref.shape[0] * int(np.prod(ref.shape[2:]))
+        assert low.workspace_bytes >= (rows + ref.shape[1]) * kp * dt.itemsize
+        ins = [None if h is None else _aligned(h) for h in host]
+        ws = _aligned(np.full(low.workspace_bytes, 0xFF, np.uint8))  # poisoned: NaN where a pad zero is missed
+        y = _aligned(np.full((rows, ref.shape[1]), np.nan, dt))  # NHWC rows
+        ys.append(y.ctypes.data)
+        low.launch([i for i in ins if i is not None] if len(ins) < 3 else ins[:3], [y], ws)
+        got = np.moveaxis(y.reshape((ref.shape[0],) + ref.shape[2:] + (ref.shape[1],)), -1, 1).astype(np.float64)
+        tol = 1e-5 if dt == np.float32 else 1e-2
+        assert np.linalg.norm(got - ref) <= tol * np.linalg.norm(ref), cand.key()
+        with pytest.raises(Exception, match="workspace"):
+            low.launch(ins[:3], [y], None)
+        with pytest.raises(Exception, match="C-contiguous"):
+            low.launch([np.asfortranarray(ins[0])] + ins[1:3], [y], ws)
+    assert len(launches) == 2 and launches[0][1] == (256,)
+    assert len(acts) == (2 if post else 0)
+    mm = [e for e in emulated.log if e[0] == "matmul_d"]
+    assert [e[1] for e in mm] == ys  # D is Y itself
+
+
+@pytest.mark.parametrize("sig, why", [
+    (conv((2, 5, 9, 9), (8, 5, 3, 3)), "input channels"),
+    (conv((2, 3, 9, 9), (3, 1, 3, 3), group=3), "grouped"),
+    (conv((2, 3, 9, 9), (8, 3, 3, 3), res=True, pads=[1, 1, 1, 1]), "residual"),
+    (conv((2, 3, 9, 9), (8, 3, 1, 1)), "a GEMM already"),
+    (conv((2, 3, 9, 9), (12, 3, 3, 3), activation="HardSwish"), "16-byte vectors"),
+    (conv((2, 3, 9, 9), (8, 3, 3, 3), dtype="bfloat16"), "dtype bfloat16"),
+])
+def test_im2col_near_misses_say_why(emulated, sig, why):
+    assert why in (prov.im2col_reason(sig) or "")
+    assert why in (prov.CublasLtGemm(prov.NAME_IM2COL).applies(sig) or "")
+    assert not [c for c in prov.candidates("CBR", sig) if c.name == prov.NAME_IM2COL]
+
+
+def test_im2col_key_is_for_cbr_only():
+    assert prov.from_key("CBR", "cublaslt_im2col") == prov.CublasLtGemm(prov.NAME_IM2COL)
+    assert prov.from_key("GemmAct", "cublaslt_im2col") is None
+    assert "is for CBR" in prov.im2col_reason(
+        __import__("_fake_cublaslt").gemm((8, 64), (64, 32)))
