@@ -8,12 +8,12 @@
 # 14 (more cuDNN plans probed for early starts: any GPU); 8 and 12 ran on the H200 at f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on
 # H100s on 2026-12-06 and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..20 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..21 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..20 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..21 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -138,7 +138,13 @@ case "$N" in
   20) # the attention bar with the placed timing, then GPT-2 cold / warm (the H200's last cold bar not measured)
     TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/t" transformer:300
     CACHE_LIMIT=150 CACHE_ARGS="--models gpt2" bash bench/device_calls.sh "$OUT/k" cache:260 ;;
-  auto) # the first call of a session: 18 on an H200, 17 on anything else
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" 18 "$OUT"; else exec bash "$0" 17 "$OUT"; fi ;;
-  *) echo "device_remaining.sh: N must be 0..20 or auto" >&2; exit 2 ;;
+  21) # any GPU: cuBLASLt's im2col variant for image stems (eleventh session): its GPU tests, then the two stems of
+      # the CBR table with it among the candidates (prediction in graphopt/providers/cublaslt.py: ResNet-50's stem
+      # at bs32 ~80-90 us against cuDNN's 192 on the H100), then the measured barrier's GPU tests and replays
+    TESTS="tests/gpu/test_provider_cublaslt.py" PYTEST_ARGS="-k im2col" bash bench/device_calls.sh "$OUT/i" gpu-tests:120
+    CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:240
+    bash bench/device_calls.sh "$OUT/o" ordering:150 ;;
+  auto) # the first call of a session: 18 on an H200, 21 on anything else
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" 18 "$OUT"; else exec bash "$0" 21 "$OUT"; fi ;;
+  *) echo "device_remaining.sh: N must be 0..21 or auto" >&2; exit 2 ;;
 esac
