@@ -191,7 +191,7 @@ def all_kernel_instances() -> list[tuple[str, str]]:
         for t in ("epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc", "pad_channels_nhwc"):
             out.append(("elementwise.cu", instance(t, dt)))
         out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])))
-        out.append(("elementwise.cu", instance("im2col_rows", dt, VEC16[dt])))  # cuBLASLt's im2col variant
+        out.append(("im2col_rows.cu", instance("im2col_rows", dt, VEC16[dt])))  # cuBLASLt's im2col variant
     out.append(("elementwise.cu", "spin"))
     out += norm_kernel_instances()
     out += attention_kernel_instances()

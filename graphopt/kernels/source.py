@@ -25,7 +25,7 @@ from graphopt.errors import TuningError
 KERNEL_DIR = Path(__file__).resolve().parent
 PRELUDE = "common.cuh"
 SOURCES = ("direct_conv.cu", "depthwise_nhwc.cu", "stem_conv.cu", "mma_gemm.cu", "elementwise.cu", "norm.cu", "attention.cu", "pool.cu", "rope.cu",
-           "group_norm.cu", "glu.cu")
+           "group_norm.cu", "glu.cu", "im2col_rows.cu")
 OPTIONS = ("-std=c++17",)
 
 # numpy dtype name -> C storage type used in the kernels (fp16 is stored as raw 16-bit words).

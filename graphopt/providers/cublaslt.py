@@ -50,7 +50,7 @@ the output's rows are whole vectors. It competes with cuDNN's fused graphs and `
 the epilogue (which adds the bias in that pass too).
 
 ``cublaslt_im2col`` runs an image stem (a CBR of at most 4 input channels, group 1, no residual:
-ResNet's 7x7 / 2 and MobileNet's 3x3 / 2 RGB convs) as one GEMM: ``im2col_rows`` (elementwise.cu)
+ResNet's 7x7 / 2 and MobileNet's 3x3 / 2 RGB convs) as one GEMM: ``im2col_rows`` (im2col_rows.cu)
 writes X (NCHW) as rows ``cols[N*OH*OW, Kp]`` and W as ``Wp[M, Kp]`` into the workspace, C*KH*KW
 zero-padded to Kp, whole 16-byte rows (147 -> 152 for fp16), then cuBLASLt computes Y (NHWC) with
 the epilogue (an activation without one, ReLU6, runs after it as in ``cublaslt_act``). A stem's
@@ -96,7 +96,8 @@ VARIANTS = {NAME: "", NAME_BT: "bt", NAME_ACT: "act", NAME_PAD: "pad", NAME_ROWP
             NAME_IM2COL: "im2col"}  # family name -> variant
 GEMM_ONLY = (NAME_BT, NAME_PAD, NAME_ROWPAD)  # variants for GemmAct only
 CBR_ONLY = (NAME_IM2COL,)  # variants for CBR only
-LAYOUTS_IM2COL = ("NCHW", "", "NHWC", "NHWC", "NHWC")  # X read in NCHW (a graph input), Y written NHWC
+LAYOUTS_IM2COL = ("NCHW", "NCHW", "NHWC", "NHWC", "NHWC")  # X read in NCHW (a graph input), W OIHW, Y written NHWC
+IM2COL_SOURCE = "im2col_rows.cu"  # its packing kernel
 LAYOUT_ROWPAD = "rowpad"  # cublaslt_rowpad's Y (graphopt.lowering.layout)
 REQUEST = 16  # algorithms asked of the heuristic per signature
 MAX_WORKSPACE = 32 << 20
@@ -192,7 +193,7 @@ class CublasLtGemm(Candidate):
         it (and after it, for an activation without an epilogue), for prebuilding."""
         if self.variant == "im2col" and not im2col_reason(sig):
             dt = geo.dtype_of(sig)
-            out = [("elementwise.cu", instance("im2col_rows", dt, VEC16[dt]))]
+            out = [(IM2COL_SOURCE, instance("im2col_rows", dt, VEC16[dt]))]
             if _act_name(sig) not in ACTIVATIONS:
                 out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])))
             return out
@@ -212,8 +213,9 @@ class CublasLtGemm(Candidate):
     def source_hash(self) -> str:
         libs = "cublaslt:" + ",".join(f"{k}={v}" for k, v in versions())
         # pad: "+split" since the aligned rows and the tail became two calls (older timings are not served)
-        own = "+" + source_hash("elementwise.cu")
-        return libs + {"act": own, "im2col": own, "pad": "+split", "rowpad": "+split"}.get(self.variant, "")
+        own = "+" + source_hash("elementwise.cu")  # the in-place activation kernel
+        return libs + {"act": own, "im2col": own + "+" + source_hash(IM2COL_SOURCE), "pad": "+split",
+                       "rowpad": "+split"}.get(self.variant, "")
 
     def versions(self) -> tuple[tuple[str, str], ...]:
         return versions()
@@ -284,7 +286,10 @@ class CublasLtGemm(Candidate):
             if post is not None:
                 post(outputs[0])
 
-        return Lowering(launch=launch, outputs=1, workspace_bytes=d_bytes + i2c_bytes + ws_bytes, capturable=True, barrier=True,
+        # im2col: the launch opens with an own kernel (the packing), launched normally: it starts after the
+        # work before it, and the matmul after it, so no barrier orders anything there (runtime/ordering.py)
+        return Lowering(launch=launch, outputs=1, workspace_bytes=d_bytes + i2c_bytes + ws_bytes, capturable=True,
+                        barrier=im2col is None,
                         layouts=self.layouts(sig), versions=versions())
 
 
@@ -315,7 +320,7 @@ class _Im2col:
         grid = max(1, min(-(-((rows + g.M) * kp // vec) // 256), 132 * 64))
         from graphopt.kernels.source import get_kernel
 
-        kern = get_kernel("elementwise.cu", instance("im2col_rows", dt, vec))
+        kern = get_kernel(IM2COL_SOURCE, instance("im2col_rows", dt, vec))
         return cls(kern, args, grid, (g.N, g.C, g.H, g.W), (g.M, g.C, g.KH, g.KW), cols_bytes, cols_bytes + w_bytes)
 
     def launch(self, x, w, base: int) -> list[int]:

@@ -199,7 +199,7 @@ def im2col_reason(sig: Signature) -> str | None:
         return f"a grouped convolution (groups {g.G})"
     if g.C > IM2COL_MAX_CHANNELS:
         return f"{g.C} input channels (im2col is for image stems, at most {IM2COL_MAX_CHANNELS})"
-    if (g.KH, g.KW, g.sh, g.sw, g.ph, g.pw) == (1, 1, 1, 1, 0, 0):
+    if (g.KH, g.KW, g.sh, g.sw, g.ph, g.pw) == (1, 1, 1, 1, 0, 0) and (g.OH, g.OW) == (g.H, g.W):
         return "a 1x1 convolution with stride 1 and no padding is a GEMM already (the plain cublaslt candidates)"
     if len(sig.input_shapes) > 3 and sig.input_shapes[3] is not None:
         return "a residual input (cuBLASLt's beta * C before the epilogue is not relied on)"

@@ -216,6 +216,8 @@ IM2COL = {  # image stems, odd sizes: (X, W, attributes)
                                                                "activation": "Clip", "clip_min": 0.0, "clip_max": 6.0}),
     "rgba_dilated_asym": ((2, 4, 23, 19), (24, 4, 3, 5), {"dilations": [2, 1], "pads": [1, 0, 2, 3]}),
     "one_d": ((3, 3, 101), (16, 3, 5), {"strides": [3], "pads": [2, 1], "activation": "GeluTanh"}),
+    "no_bias_relu": ((2, 3, 33, 35), (16, 3, 5, 5), {"strides": [2, 2], "pads": [2, 2, 2, 2], "activation": "Relu",
+                                                     "_no_bias": True}),
     "resnet_stem_224": ((2, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3], "activation": "Relu"}),
 }
 
@@ -227,8 +229,7 @@ def test_im2col_variant_for_image_stems(case, dtype):
     """cublaslt_im2col: im2col_rows packs X (NCHW) into K-padded GEMM rows and W likewise in the
     workspace, then cuBLASLt writes Y in NHWC with the epilogue (an activation without one runs
     after it): every algorithm against float64, outputs poisoned."""
-    x, w, attrs = IM2COL[case]
-    sig = Signature.make("CBR", [x, w, (w[0],), None], [dtype] * 3 + [""], attrs)
+    sig = _stem(case, dtype)
     cands = [c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_IM2COL]
     assert cands, prov.CublasLtGemm(prov.NAME_IM2COL).applies(sig)
     ok, wrong, unbuilt = check_all(cands, sig)
@@ -237,12 +238,23 @@ def test_im2col_variant_for_image_stems(case, dtype):
     assert ok >= 1, f"no cublaslt_im2col candidate ran: {unbuilt[:3]}"
 
 
+def _stem(case, dtype):
+    x, w, attrs = IM2COL[case]
+    attrs = dict(attrs)
+    bias = not attrs.pop("_no_bias", False)
+    return Signature.make("CBR", [x, w, (w[0],) if bias else None, None], [dtype, dtype, dtype if bias else "", ""],
+                          attrs)
+
+
 @pytest.mark.gpu
 def test_im2col_variant_captures_its_packing():
     """The packing kernel and the matmul are captured; the replay equals the eager run with the
-    workspace poisoned before it."""
-    x, w, attrs = IM2COL["resnet_7x7_s2"]
-    sig = Signature.make("CBR", [x, w, (w[0],), None], ["float16"] * 3 + [""], attrs)
+    workspace poisoned before it; two nodes of one signature in one captured graph keep their own
+    biases and weights."""
+    from _provider_check import captured_pair_errors
+
+    sig = _stem("resnet_7x7_s2", "float16")
+    assert captured_pair_errors([c for c in prov.candidates(sig.op, sig) if c.name == prov.NAME_IM2COL], sig) == []
     low = as_lowering(prov.CublasLtGemm(prov.NAME_IM2COL).build(sig, "sm_90"))
     f64, up = host_inputs(sig, seed=5)
     ref = reference(sig, f64)

@@ -98,7 +98,7 @@ def test_im2col_rows_then_the_gemm_compute_the_cbr_reference(emulated, monkeypat
     kp = prov.im2col_depth(int(np.prod(sig.input_shapes[1][1:])), sig.dtypes[0])
     assert kp % (16 // dt.itemsize) == 0 and kp >= int(np.prod(sig.input_shapes[1][1:]))
     post = sig.attr("activation", "none") not in prov.ACTIVATIONS
-    want = [("elementwise.cu", f"im2col_rows<{'half_t' if dt == np.float16 else 'float'},{16 // dt.itemsize}>")]
+    want = [("im2col_rows.cu", f"im2col_rows<{'half_t' if dt == np.float16 else 'float'},{16 // dt.itemsize}>")]
     if post:
         want.append(("elementwise.cu", f"epilogue_gemm_vec<{'half_t' if dt == np.float16 else 'float'},{16 // dt.itemsize}>"))
     assert cands[0].kernels(sig) == want
@@ -107,7 +107,8 @@ def test_im2col_rows_then_the_gemm_compute_the_cbr_reference(emulated, monkeypat
     ys = []
     for cand in (cands[0], cands[-1]):
         low = cand.build(sig, "sm_90")
-        assert low.layouts[:2] == ("NCHW", "") and low.output_layout(len([h for h in host if h is not None]), 0) == "NHWC"
+        assert not low.barrier  # the launch opens with the packing kernel, an ordinary launch
+        assert low.layouts[:2] == ("NCHW", "NCHW") and low.output_layout(len([h for h in host if h is not None]), 0) == "NHWC"
         rows = ref.shape[0] * int(np.prod(ref.shape[2:]))
         assert low.workspace_bytes >= (rows + ref.shape[1]) * kp * dt.itemsize
         ins = [None if h is None else _aligned(h) for h in host]
@@ -140,6 +141,11 @@ def test_im2col_near_misses_say_why(emulated, sig, why):
     assert why in (prov.im2col_reason(sig) or "")
     assert why in (prov.CublasLtGemm(prov.NAME_IM2COL).applies(sig) or "")
     assert not [c for c in prov.candidates("CBR", sig) if c.name == prov.NAME_IM2COL]
+
+
+def test_a_one_by_one_conv_with_end_padding_is_not_a_plain_gemm_and_takes_im2col(emulated):
+    sig = conv((2, 3, 9, 9), (8, 3, 1, 1), pads=[0, 0, 1, 1], dtype="float32")
+    assert prov.shape_reason(sig) is not None and prov.im2col_reason(sig) is None
 
 
 def test_im2col_key_is_for_cbr_only():
