@@ -185,3 +185,4 @@ class EmulatedLt(FakeLt):
                                                    (D["ld"] * np.dtype(dt).itemsize, np.dtype(dt).itemsize))
             view[...] = r.T.astype(dt)
         return 0
+

@@ -8,11 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _fake_cublaslt import EmulatedLt, conv, gemm
+from _fake_cublaslt import conv, gemm
 from graphopt.kernels import gemm_act
 from graphopt.lowering import Signature
 from graphopt.providers import cublaslt as prov
-from graphopt.providers import cublaslt_lib as lt
 
 
 EMULATED = [
@@ -30,16 +29,6 @@ EMULATED = [
     conv((2, 24, 9), (8, 24, 1), bias=False, dtype="float32"),
     Signature.make("CBR", [(2, 16, 3, 5), (8, 16, 1, 1), (8,)], ["float32"] * 3, {"activation": "Relu"}),  # 3 inputs
 ]
-
-
-@pytest.fixture()
-def emulated(monkeypatch):
-    """The provider over EmulatedLt (descriptors computed as cuBLASLt would), on stream 0."""
-    lib = EmulatedLt()
-    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
-    monkeypatch.setattr(prov, "_SETUPS", {})
-    monkeypatch.setattr(prov, "_stream", lambda: 0)
-    return lib
 
 
 def _host_and_reference(sig, seed):

@@ -12,10 +12,9 @@ import ctypes
 import numpy as np
 import pytest
 
-from _fake_cublaslt import EmulatedLt, conv
+from _fake_cublaslt import conv
 from graphopt.kernels import gemm_act, source
 from graphopt.providers import cublaslt as prov
-from graphopt.providers import cublaslt_lib as lt
 from test_provider_cublaslt_emulated import _aligned, _fake_activation_kernel, _host_and_reference
 
 STEMS = [
@@ -26,15 +25,6 @@ STEMS = [
     conv((2, 4, 10, 9), (8, 4, 3, 2), bias=False, dilations=[2, 1], pads=[1, 0, 2, 1], dtype="float32"),
     conv((2, 3, 17), (4, 3, 5), strides=[3], pads=[2, 1], activation="GeluTanh", dtype="float32"),  # 1-D
 ]
-
-
-@pytest.fixture()
-def emulated(monkeypatch):
-    lib = EmulatedLt()
-    monkeypatch.setattr(lt, "_STATE", {"api": lt.Api(lib), "reason": None})
-    monkeypatch.setattr(prov, "_SETUPS", {})
-    monkeypatch.setattr(prov, "_stream", lambda: 0)
-    return lib
 
 
 def _host_view(address: int, count: int, dtype) -> np.ndarray:
