@@ -7,13 +7,18 @@ struct __align__(sizeof(T) * VEC) I2cVec {
     T v[VEC];
 };
 
-// im2col into GEMM rows (cuBLASLt's im2col variant, image stems): cols[(n*OH + oh)*OW + ow][k] =
-// X[n][c][oh*sh - ph + r*dh][ow*sw - pw + s*dw] for k = (c*KH + r)*KW + s < K (0 outside the image), 0 for
-// K <= k < Kp, with Kp a multiple of VEC (16-byte rows: the heuristic's aligned algorithms). A thread
-// writes one VEC-wide vector, adjacent threads adjacent vectors (coalesced 16-byte stores; the gathers
-// read X, a few MB, through L2). The threads after the rows pad the weights the same way:
-// Wp[m][k] = Wt[m][k] for k < K, 0 after (the GEMM's other operand, K padded like cols).
-// int indices: the provider admits only sizes whose vector count fits (cublaslt_problem.im2col_reason).
+// im2col into GEMM rows: cols[(n*OH + oh)*OW + ow][k] = X[n][c][oh*sh - ph + r*dh][ow*sw - pw + s*dw]
+// for k = (c*KH + r)*KW + s < K (0 outside the image), 0 for K <= k < Kp, with Kp a multiple of VEC
+// (16-byte rows: cuBLASLt's heuristic offers its aligned kernels). Blocks of (32, 8) threads take 32
+// pixels (rows) at a time: threadIdx.x is the pixel, so a warp's gathers of one k read 32 neighbouring
+// pixels of one image row (a cache line or two: a stem's X is read ~KH*KW/(sh*sw) times over, from L1 /
+// L2), and threadIdx.y strides over the row's VEC-wide vectors, one 16-byte store each (the eight warps
+// of a block complete the 32 rows' sectors between them). (c, r, s) is the same across a warp: no
+// divergence in the window. A first version gave each thread one vector of a row and adjacent threads
+// adjacent vectors: its warps' gathers touched ~20 lines each (bench/NOTES_kernels.md, eleventh session).
+// Then the weights: Wp[m][k] = Wt[m][k] for k < K, 0 after (the GEMM's other operand, K padded like
+// cols), over the grid's flat thread index.
+// int indices: the provider admits only sizes whose element counts fit (cublaslt_problem.im2col_reason).
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256) im2col_rows(const T* __restrict__ X, const T* __restrict__ Wt,
                                                    T* __restrict__ cols, T* __restrict__ Wp,
@@ -22,31 +27,36 @@ __global__ void __launch_bounds__(256) im2col_rows(const T* __restrict__ X, cons
 {
     typedef I2cVec<T, VEC> V;
     const int chunks = Kp / VEC;
-    const int col_vecs = rows * chunks;
-    const int total = col_vecs + M * chunks;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        V v;
-        if (i < col_vecs) {
-            const int row = i / chunks, k0 = (i - row * chunks) * VEC;
-            const int ow = row % OW, t = row / OW;
-            const int oh = t % OH, n = t / OH;
+    const int tiles = (rows + 31) / 32;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int row = tile * 32 + threadIdx.x;
+        if (row >= rows) continue;
+        const int ow = row % OW, t = row / OW;
+        const int ih0 = (t % OH) * sh - ph, iw0 = ow * sw - pw;
+        const T* xn = X + (long long)(t / OH) * C * H * W;
+        V* out = reinterpret_cast<V*>(cols + (long long)row * Kp);
+        for (int ch = threadIdx.y; ch < chunks; ch += blockDim.y) {
+            const int k0 = ch * VEC;
             int s = k0 % KW, r = (k0 / KW) % KH, c = k0 / (KW * KH);  // (c, r, s) of k0, then stepped
-            const T* xn = X + (long long)n * C * H * W;
+            V v;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
                 T x = T(0);
-                const int ih = oh * sh - ph + r * dh, iw = ow * sw - pw + s * dw;
+                const int ih = ih0 + r * dh, iw = iw0 + s * dw;
                 if (k0 + j < K && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W)
                     x = xn[((long long)c * H + ih) * W + iw];
                 v.v[j] = x;
                 if (++s == KW) { s = 0; if (++r == KH) { r = 0; ++c; } }
             }
-            reinterpret_cast<V*>(cols)[i] = v;
-        } else {
-            const int j0 = i - col_vecs, m = j0 / chunks, k0 = (j0 - m * chunks) * VEC;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) v.v[j] = k0 + j < K ? Wt[(long long)m * K + k0 + j] : T(0);
-            reinterpret_cast<V*>(Wp)[j0] = v;
+            out[ch] = v;
         }
+    }
+    const int threads = gridDim.x * blockDim.x * blockDim.y;
+    for (int j0 = (blockIdx.x * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x; j0 < M * chunks; j0 += threads) {
+        const int m = j0 / chunks, k0 = (j0 - m * chunks) * VEC;
+        V v;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v.v[j] = k0 + j < K ? Wt[(long long)m * K + k0 + j] : T(0);
+        reinterpret_cast<V*>(Wp)[j0] = v;
     }
 }

@@ -317,7 +317,7 @@ class _Im2col:
         i32 = np.int32
         args = tuple(i32(v) for v in (g.C, g.H, g.W, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.OH, g.OW,
                                       rows, k, kp, g.M))
-        grid = max(1, min(-(-((rows + g.M) * kp // vec) // 256), 132 * 64))
+        grid = max(1, min(-(-rows // 32), 132 * 32))  # blocks of (32, 8): 32 rows at a time (im2col_rows.cu)
         from graphopt.kernels.source import get_kernel
 
         kern = get_kernel(IM2COL_SOURCE, instance("im2col_rows", dt, vec))
@@ -331,7 +331,7 @@ class _Im2col:
                 raise TuningError(f"cublaslt_im2col: {name} must be C-contiguous {want} (NCHW / OIHW); got "
                                   f"{tuple(arr.shape)}, strides {tuple(getattr(arr, 'strides', ()))}")
         cols, wp = base, base + self.cols_bytes
-        self.kernel((self.grid,), (256,), (x, w, np.uint64(cols), np.uint64(wp)) + self.args)
+        self.kernel((self.grid,), (32, 8), (x, w, np.uint64(cols), np.uint64(wp)) + self.args)
         return [cols, wp]
 
 

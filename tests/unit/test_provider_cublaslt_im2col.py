@@ -32,45 +32,50 @@ def _host_view(address: int, count: int, dtype) -> np.ndarray:
 
 
 def _im2col_rows_emulated(launches):
-    """``im2col_rows<T, VEC>`` as its threads run it: the grid-stride loop over vectors, each thread's
-    (row, k0) and (c, r, s) stepping, loads only inside X, one 16-byte store per vector."""
+    """``im2col_rows<T, VEC>`` as its threads run it: blocks of (32, 8) over tiles of 32 rows (the
+    grid-stride loop), threadIdx.x the row, threadIdx.y striding over the row's vectors, each vector's
+    (c, r, s) from its first k then stepped, loads only inside X, one 16-byte store per vector; then
+    the weights over the grid's flat thread index."""
 
     def kernel(grid, block, args):
         x, w, cols, wp, *geom = args
         C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, rows, K, Kp, M = (int(v) for v in geom)
         launches.append((grid, block, (C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, rows, K, Kp, M)))
+        assert block == (32, 8)
         dt, vec = x.dtype, 16 // x.itemsize
         assert Kp % vec == 0 and all(isinstance(a, np.uint64) for a in (cols, wp))
         assert int(cols) % 16 == 0 and int(wp) % 16 == 0  # the vector stores
         xf, wf = x.reshape(-1), w.reshape(-1)
         out_c, out_w = _host_view(int(cols), rows * Kp, dt), _host_view(int(wp), M * Kp, dt)
-        chunks = Kp // vec
-        col_vecs, total = rows * chunks, rows * chunks + M * chunks
-        stride = grid[0] * block[0]
-        for t in range(stride):
-            for i in range(t, total, stride):
-                v = np.zeros(vec, dt)
-                if i < col_vecs:
-                    row, k0 = i // chunks, (i % chunks) * vec
-                    ow, tt = row % OW, row // OW
-                    oh, n = tt % OH, tt // OH
-                    s, r, c = k0 % KW, (k0 // KW) % KH, k0 // (KW * KH)
-                    for j in range(vec):
-                        ih, iw = oh * sh - ph + r * dh, ow * sw - pw + s * dw
-                        if k0 + j < K and 0 <= ih < H and 0 <= iw < W:
-                            v[j] = xf[((n * C + c) * H + ih) * W + iw]
-                        s += 1
-                        if s == KW:
-                            s, r = 0, r + 1
-                            if r == KH:
-                                r, c = 0, c + 1
-                    out_c[i * vec:(i + 1) * vec] = v
-                else:
-                    j0 = i - col_vecs
-                    m, k0 = j0 // chunks, (j0 % chunks) * vec
-                    for j in range(vec):
-                        v[j] = wf[m * K + k0 + j] if k0 + j < K else 0
-                    out_w[j0 * vec:(j0 + 1) * vec] = v
+        chunks, tiles = Kp // vec, (rows + 31) // 32
+        for b in range(grid[0]):
+            for tile in range(b, tiles, grid[0]):
+                for ty in range(block[1]):
+                    for tx in range(block[0]):
+                        row = tile * 32 + tx
+                        if row >= rows:
+                            continue
+                        ow, t = row % OW, row // OW
+                        ih0, iw0, n = (t % OH) * sh - ph, ow * sw - pw, t // OH
+                        for ch in range(ty, chunks, block[1]):
+                            k0 = ch * vec
+                            s, r, c = k0 % KW, (k0 // KW) % KH, k0 // (KW * KH)
+                            v = np.zeros(vec, dt)
+                            for j in range(vec):
+                                ih, iw = ih0 + r * dh, iw0 + s * dw
+                                if k0 + j < K and 0 <= ih < H and 0 <= iw < W:
+                                    v[j] = xf[((n * C + c) * H + ih) * W + iw]
+                                s += 1
+                                if s == KW:
+                                    s, r = 0, r + 1
+                                    if r == KH:
+                                        r, c = 0, c + 1
+                            out_c[(row * Kp + k0):(row * Kp + k0 + vec)] = v
+        threads = grid[0] * block[0] * block[1]
+        for start in range(threads):
+            for j0 in range(start, M * chunks, threads):
+                m, k0 = j0 // chunks, (j0 % chunks) * vec
+                out_w[j0 * vec:(j0 + 1) * vec] = [wf[m * K + k0 + j] if k0 + j < K else 0 for j in range(vec)]
 
     return kernel
 
@@ -113,7 +118,7 @@ def test_im2col_rows_then_the_gemm_compute_the_cbr_reference(emulated, monkeypat
             low.launch(ins[:3], [y], None)
         with pytest.raises(Exception, match="C-contiguous"):
             low.launch([np.asfortranarray(ins[0])] + ins[1:3], [y], ws)
-    assert len(launches) == 2 and launches[0][1] == (256,)
+    assert len(launches) == 2 and launches[0][1] == (32, 8)
     assert len(acts) == (2 if post else 0)
     mm = [e for e in emulated.log if e[0] == "matmul_d"]
     assert [e[1] for e in mm] == ys  # D is Y itself
