@@ -1,7 +1,8 @@
 """The cuBLASLt provider on the GPU: every algorithm its heuristic offers, for odd GEMM sizes, each
 epilogue (DEFAULT, BIAS, RELU, RELU_BIAS, GELU, GELU_BIAS), fp16 / bf16 / fp32, transposes, strided
-batches (both batched, B shared, A shared) and 1x1 NHWC CBR, against the float64 reference with
-NaN-poisoned outputs. And one cuBLASLt matmul captured into a CUDA graph on our stream and replayed."""
+batches (both batched, B shared, A shared), 1x1 NHWC CBR and image stems through im2col, against the
+float64 reference with NaN-poisoned outputs. And cuBLASLt matmuls captured into a CUDA graph on our
+stream and replayed."""
 
 from __future__ import annotations
 
