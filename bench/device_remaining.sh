@@ -8,12 +8,12 @@
 # 14 (more cuDNN plans probed for early starts: any GPU); 8 and 12 ran on the H200 at f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on
 # H100s on 2026-12-06 and are kept to repeat them on the H200:
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..22 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..23 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..22 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..23 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -147,7 +147,10 @@ case "$N" in
   22) # the H200 with one call's time: the whole GPU suite in one step (488 s of tests on the H100 at 8ee61e3, 142 + 346;
       # the im2col variant's GPU tests among them), cut by its own limit before the run tool's
     bash bench/device_calls.sh "$OUT/s" gpu-tests:585 ;;
+  23) # call 21 for a budget of ~300 s: the im2col variant's GPU tests, then the two stems at bs32 only
+    TESTS="tests/gpu/test_provider_cublaslt.py" PYTEST_ARGS="-k im2col" bash bench/device_calls.sh "$OUT/i" gpu-tests:90
+    BATCHES=32 CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-180} ;;
   auto) # the first call of a session: 22 on an H200 (AUTO_H200 overrides), 21 on anything else
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" "${AUTO_H200:-22}" "$OUT"; else exec bash "$0" 21 "$OUT"; fi ;;
-  *) echo "device_remaining.sh: N must be 0..22 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..23 or auto" >&2; exit 2 ;;
 esac
