@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
-# per run-tool call (each within its 600 s limit). On the H200, in this order: 17 (the measured barrier: any
-# GPU first), 15 (the attention bar with
-# the placed timing and the barrier rule's correctness: ran on an H100 at 8ee61e3, tenth session), 3 and 4
-# (the GPU suite: passed whole on an H100 at 8ee61e3; the H200's last full run predates most of the code),
-# 16 (the barrier rule end to end), 2 (GPT-2 cold and the memory table), 13, 5 (the CBR and GemmAct tables),
-# 14 (more cuDNN plans probed for early starts: any GPU); 8 and 12 ran on the H200 at f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on
-# H100s on 2026-12-06 and are kept to repeat them on the H200:
+# per run-tool call (each within its 600 s limit). First call of a session: ``auto`` (22 on an H200, 21 on
+# anything else). Then, on the H200: 18 + 19 where 22 did not fit (the GPU suite in halves, with the stems and
+# the memory table), 21 (cuBLASLt's im2col stems: never run on a GPU yet; 23 is it in ~300 s), 17 (the
+# measured barrier: any GPU), 15 (the attention bar with the placed timing and the barrier rule's
+# correctness: ran on an H100 at 8ee61e3, tenth session), 20 (the attention bar and GPT-2 cold), 16 (the
+# barrier rule end to end), 2 (GPT-2 cold and the memory table), 13, 5 (the CBR and GemmAct tables), 14 (more
+# cuDNN plans probed for early starts: any GPU); 3 and 4 are 22 in halves; 8 and 12 ran on the H200 at
+# f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on H100s on 2026-12-06 and are kept to repeat them on the H200.
 #
 #   bash bench/device_remaining.sh N "$OUT"        (N = 0..23 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
