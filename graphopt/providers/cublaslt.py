@@ -56,8 +56,8 @@ zero-padded to Kp, whole 16-byte rows (147 -> 152 for fp16), then cuBLASLt compu
 the epilogue (an activation without one, ReLU6, runs after it as in ``cublaslt_act``). A stem's
 reduction is too short and its channels too few for cuDNN's and graphopt's implicit GEMMs: ResNet-50's
 stem at bs32 fp16 took 192 us through cuDNN on the H100 (39 TFLOP/s), 202 us through implicit GEMM,
-628 us through ``cublas_ws`` (im2col per image with K = 147 unaligned). Predicted here: the packing
-writes ~122 MB (~35 us), the GEMM reads it once (M = 401,408, N = 64, K = 152: ~45 us), so ~80-90 us.
+628 us through ``cublas_ws`` (im2col per image with K = 147 unaligned). The prediction for this variant
+is in bench/NOTES_kernels.md (eleventh session).
 
 Each algorithm ``cublasLtMatmulAlgoGetHeuristic`` returns (up to :data:`REQUEST`) is a candidate
 keyed by its configuration (algorithm id, tile, stages, split-K, reduction, swizzle, custom option,
@@ -82,8 +82,8 @@ from graphopt.lowering import layout
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.providers import cublaslt_lib as lt
 from graphopt.providers.cublaslt_problem import (  # noqa: F401 - re-exported: the provider's API
-    ACTIVATIONS, ALIGNMENT, DTYPES, EPILOGUES, ITEMSIZE, LAYOUTS, LAYOUTS_BT, OPS, SAME_CALLS, Problem, _act_name,
-    b_stored_transposed, b_transposed_reason, im2col_depth, im2col_reason, out_elements, padded_ld,
+    ACTIVATIONS, ALIGNMENT, DTYPES, EPILOGUES, ITEMSIZE, LAYOUTS, LAYOUTS_BT, OPS, SAME_CALLS, Problem,
+    activation_after_call, b_stored_transposed, b_transposed_reason, im2col_depth, im2col_reason, out_elements, padded_ld,
     padded_output_reason, post_activation_reason, problem, row_length, shape_reason, variant_reason)
 
 NAME = "cublaslt"
@@ -194,7 +194,7 @@ class CublasLtGemm(Candidate):
         if self.variant == "im2col" and not im2col_reason(sig):
             dt = geo.dtype_of(sig)
             out = [(IM2COL_SOURCE, instance("im2col_rows", dt, VEC16[dt]))]
-            if _act_name(sig) not in ACTIVATIONS:
+            if activation_after_call(sig, self.variant):
                 out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])))
             return out
         if self.variant != "act" or post_activation_reason(sig):
@@ -245,8 +245,7 @@ class CublasLtGemm(Candidate):
         # so nodes of one signature never see each other's bias, whatever cuBLASLt keeps of a
         # descriptor in a captured CUDA graph. Without a bias the signature's descriptor is shared.
         desc = a.matmul_desc(pr.transa, pr.transb, pr.epilogue) if pr.bias_input is not None else s.desc
-        post = _post_activation(sig) if self.variant == "act" or (
-            self.variant == "im2col" and _act_name(sig) not in ACTIVATIONS) else None
+        post = _post_activation(sig) if activation_after_call(sig, self.variant) else None
         # im2col: its rows and the K-padded weights at the workspace's start, cuBLASLt's workspace after
         im2col = _Im2col.of(sig) if self.variant == "im2col" else None
         i2c_bytes = im2col.nbytes if im2col else 0
@@ -297,7 +296,7 @@ class CublasLtGemm(Candidate):
 class _Im2col:
     """The im2col variant's packing launch: X (NCHW) into GEMM rows ``cols[N*OH*OW, Kp]`` and W into
     ``Wp[M, Kp]``, both zero-padded from C*KH*KW to Kp (16-byte rows), at the workspace's start
-    (``im2col_rows`` in elementwise.cu, one launch for both)."""
+    (``im2col_rows`` in im2col_rows.cu, one launch for both)."""
 
     kernel: Any
     args: tuple         # the geometry after the four pointers

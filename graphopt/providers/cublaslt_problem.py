@@ -221,6 +221,12 @@ def im2col_reason(sig: Signature) -> str | None:
     return None
 
 
+def activation_after_call(sig: Signature, variant: str) -> bool:
+    """Whether the variant leaves the activation to graphopt's in-place kernel after the matmul: ``act``
+    always, ``im2col`` where the activation has no cuBLASLt epilogue (MobileNet's ReLU6)."""
+    return variant == "act" or (variant == "im2col" and _act_name(sig) not in ACTIVATIONS)
+
+
 def im2col_depth(k: int, dtype: str) -> int:
     """The GEMM depth of ``cublaslt_im2col``: C*KH*KW rounded up to whole 16-byte rows (zeros after K)."""
     return padded_ld(k, dtype)
@@ -247,9 +253,9 @@ def problem(sig: Signature, variant: str = "") -> Problem:
     dt = geo.dtype_of(sig)
     if dt not in DTYPES:
         raise TuningError(f"dtype {dt} (cuBLASLt here: {', '.join(DTYPES)})")
-    if variant == "im2col":  # an activation without an epilogue runs after the call (as act's)
-        return _im2col_problem(sig, dt, _act_name(sig) if _act_name(sig) in ACTIVATIONS else "none")
-    act = "none" if variant == "act" else _activation(sig)
+    act = "none" if activation_after_call(sig, variant) else _activation(sig)
+    if variant == "im2col":
+        return _im2col_problem(sig, dt, act)
     if sig.op == "CBR":
         return _conv_problem(sig, dt, act)
     p = gemm_plan(sig)
