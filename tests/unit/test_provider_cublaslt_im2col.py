@@ -148,3 +148,24 @@ def test_im2col_key_is_for_cbr_only():
     assert prov.from_key("GemmAct", "cublaslt_im2col") is None
     assert "is for CBR" in prov.im2col_reason(
         __import__("_fake_cublaslt").gemm((8, 64), (64, 32)))
+
+
+def test_im2col_rows_grid_stride_covers_every_tile_with_one_block(emulated, monkeypatch):
+    """A grid smaller than the tiles (the launch caps it at 132 * 32 blocks): one block loops over all."""
+    import dataclasses
+
+    launches = []
+    monkeypatch.setattr(source, "get_kernel", lambda src, expr: _im2col_rows_emulated(launches))
+    of = prov._Im2col.of
+    monkeypatch.setattr(prov._Im2col, "of", classmethod(lambda cls, sig: dataclasses.replace(of(sig), grid=1)))
+    sig = STEMS[0]
+    host, ref = _host_and_reference(sig, 9)
+    low = prov.CublasLtGemm(prov.NAME_IM2COL).build(sig, "sm_90")
+    rows = ref.shape[0] * int(np.prod(ref.shape[2:]))
+    assert rows > 64  # several tiles of 32 rows
+    ws = _aligned(np.full(low.workspace_bytes, 0xFF, np.uint8))
+    y = _aligned(np.full((rows, ref.shape[1]), np.nan, np.float32))
+    low.launch([_aligned(h) for h in host[:3]], [y], ws)
+    assert launches[0][0] == (1,)
+    got = np.moveaxis(y.reshape((ref.shape[0],) + ref.shape[2:] + (ref.shape[1],)), -1, 1).astype(np.float64)
+    assert np.linalg.norm(got - ref) <= 1e-5 * np.linalg.norm(ref)
