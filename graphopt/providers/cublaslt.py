@@ -326,7 +326,8 @@ class _Im2col:
         """Pack X and W at ``base``; the addresses of cols and Wp, which stand for X and W in the GEMM."""
         for name, arr, want in (("X", x, self.shape_x), ("W", w, self.shape_w)):
             flags = getattr(arr, "flags", None)
-            if int(np.prod(arr.shape)) != int(np.prod(want)) or (flags is not None and not flags.c_contiguous):  # 1-D: H = 1
+            # element counts, not shapes (a 1-D conv's X has no H); arr.size: no NumPy call on every launch
+            if int(arr.size) != want[0] * want[1] * want[2] * want[3] or (flags is not None and not flags.c_contiguous):
                 raise TuningError(f"cublaslt_im2col: {name} must be C-contiguous {want} (NCHW / OIHW); got "
                                   f"{tuple(arr.shape)}, strides {tuple(getattr(arr, 'strides', ()))}")
         cols, wp = base, base + self.cols_bytes
