@@ -35,7 +35,7 @@ from lowering_bench import (GPU_NAME_HELP, Budget, TunerChoice, env_header, geom
                             torch_graph_or_reason, torch_us, write_atomic, write_json)
 
 FORMAT = 2  # rows with per-provider columns (the 2026-12-02 file, own kernels only, has no "format")
-PROVIDERS = ("own", "cudnn", "cudnn_nchw", "cudnn_cpad", "cublaslt")  # cudnn_cpad: the stems only
+PROVIDERS = ("own", "cudnn", "cudnn_nchw", "cudnn_cpad", "cudnn_split", "cublaslt")  # cudnn_cpad, cudnn_split: the stems only
 
 # (name, Cin, Cout, k, stride, pad, H_in, groups, activation, residual)
 RESNET50 = [

@@ -5,8 +5,9 @@
   (``cudnn``, which also holds the library state and plan keys the others share); Attention as
   one SDPA graph (``cudnn_sdpa``); LayerNorm / SkipLayerNorm / RMSNorm as the normalization forward in
   its inference phase (``cudnn_norm``); CBR with fewer than 8 input channels (a stem) on
-  channel-padded tensors (``cudnn_cpad``); CBR's graph with every tensor NCHW (``cudnn_nchw``), for
-  where the neighbouring nodes run NCHW.
+  channel-padded tensors (``cudnn_cpad``), or as the convolution alone followed by graphopt's bias +
+  activation pass (``cudnn_split``: cuDNN's non-fusing engines); CBR's graph with every tensor NCHW
+  (``cudnn_nchw``), for where the neighbouring nodes run NCHW.
 - ``cudnn_matmul``: GemmAct as a cuDNN frontend matmul + bias + activation graph, each plan a candidate.
 - ``cublaslt``: GemmAct and 1x1 CBR as one cuBLASLt matmul with a bias/ReLU/GELU epilogue (ctypes,
   graphopt's own handle and workspace: capturable), each algorithm of its heuristic a candidate;
@@ -22,11 +23,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from graphopt.lowering.contract import Candidate, Signature
-from graphopt.providers import cublaslt, cudnn, cudnn_cpad, cudnn_matmul, cudnn_nchw, cudnn_norm, cudnn_sdpa
+from graphopt.providers import cublaslt, cudnn, cudnn_cpad, cudnn_matmul, cudnn_nchw, cudnn_norm, cudnn_sdpa, cudnn_split
 
 # op -> provider modules that offer candidates for it
 _BY_OP: dict[str, list] = {}
-for _mod in (cudnn, cudnn_nchw, cudnn_cpad, cudnn_sdpa, cudnn_norm, cudnn_matmul, cublaslt):
+for _mod in (cudnn, cudnn_nchw, cudnn_cpad, cudnn_split, cudnn_sdpa, cudnn_norm, cudnn_matmul, cublaslt):
     for _op in _mod.OPS:
         _BY_OP.setdefault(_op, []).append(_mod)
 

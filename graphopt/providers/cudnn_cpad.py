@@ -36,21 +36,28 @@ LAYOUTS = ("NCHW", "NCHW", "NHWC", "NHWC", "NHWC")  # B and R say Y's layout (a 
 ALIGN = 256  # byte alignment of each part of the workspace (cuDNN's and the two padded operands)
 
 
-def pad_reason(sig: Signature) -> str | None:
-    """Why padding this CBR's channels does not apply (before any library call), or None."""
+def stem_reason(sig: Signature, what: str = "the padding") -> str | None:
+    """Why this CBR is no stem that a cuDNN stem candidate (``what``: this module's padding,
+    ``cudnn_split``'s split) takes (before any library call), or None: cuDNN's reasons, fp16 / fp32,
+    group 1, fewer than ``CPAD`` input channels, 2-D."""
     reason = base.conv_reason(sig)
     if reason:
         return reason
     g = geo.conv_geom(sig)
     if geo.dtype_of(sig) not in DTYPES:
-        return f"dtype {geo.dtype_of(sig)} (the channel padding here: {', '.join(DTYPES)})"
+        return f"dtype {geo.dtype_of(sig)} ({what} here: {', '.join(DTYPES)})"
     if g.G != 1:
-        return f"grouped conv (group={g.G}): the padding is for dense stems"
+        return f"grouped conv (group={g.G}): {what} is for dense stems"
     if g.C >= CPAD:
-        return f"{g.C} input channels: padding is for fewer than {CPAD}"
+        return f"{g.C} input channels: {what} is for fewer than {CPAD}"
     if g.one_d:
-        return "1-D conv: the padding is for 2-D stems"
+        return f"1-D conv: {what} is for 2-D stems"
     return None
+
+
+def pad_reason(sig: Signature) -> str | None:
+    """Why padding this CBR's channels does not apply (before any library call), or None."""
+    return stem_reason(sig, "the channel padding")
 
 
 def padded(sig: Signature) -> Signature:

@@ -79,7 +79,15 @@ def test_measured_barriers_keep_every_replay_exact(monkeypatch, name, op, shapes
     barriers = sess.last_plan.barriers
     print(f"\n{name}: barriers {barriers}, {sess.graph_status}, {os.environ.get(early_start.ENV)}")
     assert sess.graph_status == "replaying a CUDA graph"
-    assert barriers["unneeded"] > 0 if op == "CBR" else barriers["kept"] >= 1
     for g in got:
         for k, w in want.items():
             assert rel_err(g[k], w) <= 1e-3, (name, k, rel_err(g[k], w))
+    # Every declared barrier is classified, and each one the plan still runs is one its lowering was
+    # measured to need. Which plans start early is the machine's: GPT-2's GemmAct plans read "early"
+    # on the H100 and "not early" on the H200 (bench/results/gpu_tests_h200_ordering_556fae7.txt)
+    lowered = [getattr(step.run, "lowered", None) for step in sess.last_plan.steps]
+    declared = [lw.lowering for lw in lowered if lw is not None and lw.lowering.barrier]
+    assert declared and sum(barriers.values()) == len(declared)
+    assert barriers["unneeded"] == sum(not low.needs_barrier for low in declared)
+    if op == "CBR":  # ResNet-50's conv plans start with ordinary work on both machines measured
+        assert barriers["unneeded"] > 0

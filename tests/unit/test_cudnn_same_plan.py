@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from graphopt.lowering.contract import Signature
-from graphopt.providers import cudnn, cudnn_cpad, cudnn_matmul, cudnn_nchw, cudnn_norm, cudnn_sdpa
+from graphopt.providers import cudnn, cudnn_cpad, cudnn_matmul, cudnn_nchw, cudnn_norm, cudnn_sdpa, cudnn_split
 
 CLASSES = [(cudnn, cudnn.CudnnConv), (cudnn_nchw, cudnn_nchw.CudnnNchwConv), (cudnn_cpad, cudnn_cpad.CudnnPaddedConv),
+           (cudnn_split, cudnn_split.CudnnSplitConv),
            (cudnn_matmul, cudnn_matmul.CudnnMatmul), (cudnn_norm, cudnn_norm.CudnnNorm), (cudnn_sdpa, cudnn_sdpa.CudnnSdpa)]
 LISTED: dict = {}  # graph builder -> the plan names its fake listing gives (default: two plans)
 SIG = Signature.make("CBR", [(1, 8, 9, 9), (8, 8, 3, 3), (8,), None], ["float16"] * 3 + [""], {"pads": [1, 1, 1, 1]})

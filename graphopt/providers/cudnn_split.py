@@ -1,0 +1,136 @@
+"""CBR stems as cuDNN's convolution alone, then graphopt's bias + activation pass over its output.
+
+Why: cuDNN runs a fused conv + bias + activation graph only on its runtime-fusion engines, and a
+convolution alone on every engine it has. For a stem (fewer than 8 input channels) the fused engines
+are the slow ones: on the H200 at bs32 fp16 (``bench/results/cbr_layers_h200.json``, 2026-12-07) the
+best fused plan ran ResNet-50's 7x7 stem in 195.2 us, channel-padded 211.8, im2col + cuBLASLt 213.8,
+while torch channels_last, which runs cuDNN's convolution alone and adds the bias and the ReLU in
+separate kernels, took 189.0 (178.9 in a CUDA graph). The convolution's output (51 MB there) then
+costs one more read and write in graphopt's 16-byte vector epilogue (``epilogue_gemm_vec``: the NHWC
+output is rows of M channels with one bias row, as a GEMM's), about 25 us at the copy rate; the
+tuner's timing, the pass included, decides where that pays. Only stems get the candidate: on other
+layers the fused plans run at 155-202 TFLOP/s and the extra pass could only lose (and each plan is
+built and timed in a cold tuning).
+
+Every plan cuDNN lists for the convolution-only graph (heuristics A, then the fallback list; the
+inexact ones deselected as for ``cudnn``) is a candidate keyed by its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphopt.errors import TuningError
+from graphopt.kernels import geometry as geo
+from graphopt.kernels.gemm_act import vector_epilogue_launcher
+from graphopt.kernels.mma_args import ptr
+from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
+from graphopt.lowering.contract import Lowering, Signature
+from graphopt.providers import cudnn as base
+from graphopt.providers import cudnn_cpad
+
+OPS = ("CBR",)
+NAME = "cudnn_split"
+LAYOUTS = base.LAYOUTS  # X, W (KRSC), B, R, Y: as ``cudnn``'s fused graph
+MAX_PLANS = 8  # the first plans cuDNN offers (heuristics A first): each is built and timed when cold
+
+
+def split_reason(sig: Signature) -> str | None:
+    """Why this CBR has no convolution-then-epilogue candidate (before any library call), or None."""
+    reason = cudnn_cpad.stem_reason(sig, "the split")
+    if reason:
+        return reason
+    try:
+        geo.act_args(sig)
+    except TuningError as exc:
+        return str(exc)
+    g = geo.conv_geom(sig)
+    if len(sig.input_shapes) > 3 and sig.input_shapes[3] is not None:
+        return "a residual input: the epilogue here adds a bias only"
+    vec = VEC16[geo.dtype_of(sig)]
+    if g.M % vec:
+        return f"{g.M} output channels: the vector epilogue needs a multiple of {vec}"
+    return None
+
+
+def conv_only(sig: Signature) -> Signature:
+    """``sig`` without its bias, residual and activation: the graph cuDNN is given."""
+    attrs = {k: v for k, v in sig.attrs if k not in ("activation", "act_alpha", "act_beta", "clip_min", "clip_max")}
+    return Signature.make(sig.op, list(sig.input_shapes[:2]), list(sig.dtypes[:2]), attrs, sig.layout)
+
+
+def _graph_for(sig: Signature, tag: str = "") -> base._Built:
+    return base.listed(conv_only(sig), base.conv_graph, "|split" + tag)
+
+
+def epilogue(sig: Signature, arch: str | None = None):
+    """``run(y, bias)``: ``y = act(y + bias)`` in place over the NHWC output (rows of M channels), 16
+    bytes a load where ``y`` and ``bias`` are 16-byte aligned, else the scalar form of the same pass."""
+    g = geo.conv_geom(sig)
+    dt = geo.dtype_of(sig)
+    act = geo.act_args(sig)
+    total = g.N * g.OH * g.OW * g.M
+    vec_run = vector_epilogue_launcher(dt, total, g.M, act)
+    scalar = get_kernel("elementwise.cu", instance("epilogue_gemm", dt), arch)
+    grid = (min(-(-total // 256), 132 * 32),)
+    i32, i64, f32 = np.int32, np.int64, np.float32
+    tail = (f32(1.0), f32(1.0), i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+    head = (i64(total), i32(total // g.M), i32(g.M), i64(0), i32(0), i32(1))
+
+    def run(y, bias) -> None:
+        if y.data.ptr % 16 == 0 and (bias is None or bias.data.ptr % 16 == 0):
+            vec_run(y, bias, 1.0, 1.0)
+        else:
+            scalar(grid, (256,), (y, ptr(bias)) + head + tail)
+
+    return run
+
+
+@dataclass(frozen=True)
+class CudnnSplitConv(base.CudnnCandidate):
+    """params: ``plan=<cuDNN plan name of the convolution-only graph>``, or none for the heuristic's first."""
+
+    def layouts(self, sig: Signature) -> tuple[str, ...]:
+        return LAYOUTS
+
+    def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
+        if sig.op not in OPS:
+            return f"cuDNN candidates here are for {', '.join(OPS)}"
+        return base.unavailable_reason(compute_capability) or split_reason(sig)
+
+    def source_hash(self) -> str:
+        return super().source_hash() + "+" + source_hash("elementwise.cu")
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        dt = geo.dtype_of(sig)
+        return [("elementwise.cu", instance("epilogue_gemm", dt)), ("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt]))]
+
+    def graphs(self):
+        return _graph_for
+
+    def build(self, sig: Signature, arch: str) -> Lowering:
+        b, index, ws_bytes = self._plan(sig)
+        t = b.tensors
+        after = epilogue(sig, arch)
+
+        def launch(inputs, outputs, workspace):
+            pack = {t["X"]: base._Dl(inputs[0]), t["W"]: base._Dl(inputs[1]), t["Y"]: base._Dl(outputs[0])}
+            base.execute(b, pack, workspace, index)
+            after(outputs[0], inputs[2] if len(inputs) > 2 else None)
+
+        return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
+                        layouts=LAYOUTS, versions=base.versions())
+
+
+def candidates(op: str, sig: Signature | None = None) -> list:
+    """The heuristic candidate, plus one per plan (the first ``MAX_PLANS``) of the convolution-only
+    graph where cuDNN can list them here; nothing for a signature that is no stem."""
+    if op not in OPS or (sig is not None and split_reason(sig) is not None):
+        return []
+    return base.plan_candidates(CudnnSplitConv, NAME, op, sig, split_reason, _graph_for, limit=MAX_PLANS)
+
+
+def from_key(op: str, key: str):
+    return base.plan_from_key(CudnnSplitConv, NAME, key) if op in OPS else None

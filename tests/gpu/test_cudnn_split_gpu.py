@@ -1,0 +1,122 @@
+"""The convolution-then-epilogue cuDNN CBR (graphopt.providers.cudnn_split) on the GPU: every plan it offers
+for stems with 1, 3 and 4 input channels (odd sizes, stride 2, asymmetric pads, with and without a bias,
+the stem activations, fp16 and fp32) against the float64 reference with NaN-poisoned outputs
+(_provider_check); the scalar pass where the bias is not 16-byte aligned; two nodes of one signature
+captured into one CUDA graph; one lowering captured and replayed equal to its eager run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from _harness import require_device  # noqa: E402
+from _provider_check import captured_pair_errors, check_all, host_inputs, reference  # noqa: E402
+
+require_device()
+
+from graphopt.kernels.geometry import conv_geom  # noqa: E402
+from graphopt.lowering import Signature, as_lowering  # noqa: E402
+from graphopt.providers import cudnn, cudnn_split as prov  # noqa: E402
+
+if cudnn.unavailable():
+    pytest.skip(cudnn.unavailable(), allow_module_level=True)
+
+MAX_PLANS = 8
+GEOMS = [  # (x, w, attrs): ResNet-50's and MobileNetV2's stems at odd sizes, a 1- and a 4-channel input
+    ((2, 3, 37, 33), (16, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+    ((3, 3, 31, 29), (32, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((2, 1, 19, 23), (8, 1, 5, 5), {"pads": [2, 1, 2, 1]}),
+    ((1, 4, 16, 15), (24, 4, 3, 3), {"pads": [0, 1, 1, 0], "strides": [2, 1]}),
+]
+ACTS = [("Relu", {}), ("Clip", {"clip_min": 0.0, "clip_max": 6.0}), ("none", {}), ("HardSwish", {}), ("Gelu", {})]
+
+
+def _sig(x, w, attrs, dtype, act, extra, bias=True):
+    g = dict(attrs, kernel_shape=list(w[2:]), activation=act, **extra)
+    return Signature.make("CBR", [x, w, (w[0],) if bias else None, None], [dtype, dtype, dtype if bias else "", ""], g)
+
+
+def _check_all_plans(sig):
+    cands = prov.candidates("CBR", sig)[:MAX_PLANS]
+    assert cands and cands[0].applies(sig, (9, 0)) is None, cands and cands[0].applies(sig, (9, 0))
+    return check_all(cands, sig)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("geom", range(len(GEOMS)))
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_every_plan_matches_the_reference(dtype, geom, bias):
+    x, w, attrs = GEOMS[geom]
+    sig = _sig(x, w, attrs, dtype, "Relu", {}, bias)
+    ok, wrong, unbuilt = _check_all_plans(sig)
+    print(f"{sig.key()}: {ok} plans correct, {len(unbuilt)} did not build")
+    assert not wrong, wrong
+    assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act,extra", ACTS, ids=[a for a, _ in ACTS])
+def test_every_stem_activation(act, extra):
+    x, w, attrs = GEOMS[1]
+    sig = _sig(x, w, attrs, "float16", act, extra)
+    ok, wrong, unbuilt = _check_all_plans(sig)
+    assert not wrong, wrong
+    assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
+
+
+@pytest.mark.gpu
+def test_a_misaligned_bias_takes_the_scalar_pass():
+    x, w, attrs = GEOMS[0]
+    sig = _sig(x, w, attrs, "float16", "Relu", {})
+    f64, up = host_inputs(sig, 2)
+    ref = reference(sig, f64)
+    low = as_lowering(prov.CudnnSplitConv("cudnn_split").build(sig, "sm_90"))
+    ins = low.conform([None if a is None else cupy.asarray(a) for a in up], cupy)
+    store = cupy.empty(ins[2].size + 1, dtype=ins[2].dtype)
+    store[1:] = ins[2]
+    ins[2] = store[1:]  # 2 bytes past a 256-byte boundary
+    assert ins[2].data.ptr % 16
+    out = low.empty_outputs(4, [ref.shape], "float16", cupy)[0]
+    out[...] = cupy.nan
+    ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8)
+    low.launch(ins, [out], ws)
+    got = cupy.asnumpy(out).astype(np.float64)
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref).max() <= 1e-2 * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.gpu
+def test_two_nodes_in_one_captured_graph():
+    x, w, attrs = GEOMS[0]
+    sig = _sig(x, w, attrs, "float16", "Relu", {})
+    assert captured_pair_errors(prov.candidates("CBR", sig)[:4], sig) == []
+
+
+@pytest.mark.gpu
+def test_captured_replay_equals_the_eager_run():
+    x, w, attrs = GEOMS[0]
+    sig = _sig(x, w, attrs, "float16", "Relu", {})
+    out_shape = conv_geom(sig).out_shape
+    low = as_lowering(prov.CudnnSplitConv("cudnn_split").build(sig, "sm_90"))
+    rng = np.random.default_rng(1)
+    host = [None if s is None else rng.standard_normal(s).astype("float16") for s in sig.input_shapes]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        ins = low.conform([None if h is None else cupy.asarray(h) for h in host], cupy)
+        ws = cupy.full(max(1, low.workspace_bytes), 0xFF, dtype=cupy.uint8)
+        eager = low.empty_outputs(4, [out_shape], "float16", cupy)[0]
+        low.launch(ins, [eager], ws)
+        out = low.empty_outputs(4, [out_shape], "float16", cupy)[0]
+        out[...] = cupy.nan
+        stream.begin_capture()
+        try:
+            low.launch(ins, [out], ws)
+        finally:
+            graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+    assert not bool(cupy.isnan(eager).any())
+    assert cupy.array_equal(out, eager)

@@ -1,0 +1,157 @@
+"""The convolution-then-epilogue cuDNN CBR (graphopt.providers.cudnn_split) on the CPU: which convolutions
+it is for (and the near misses it leaves alone), the convolution-only graph it asks cuDNN for (against the
+fake ``cudnn`` module of test_provider_cudnn), its keys, and its launch: the plan on X and W into Y, then
+the bias + activation pass over Y (16-byte vectors where Y and the bias are aligned, else the scalar
+pass; both emulated here from their CUDA source's arithmetic). The plans and the pass against the
+float64 reference run in tests/gpu/test_cudnn_split_gpu.py."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from graphopt.kernels import registry
+from graphopt.lowering import Lowering
+from graphopt.providers import cudnn, cudnn_split as prov
+from test_provider_cudnn import _fake_module, _sig
+
+STEM = dict(x=(4, 3, 17, 19), w=(16, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3], activation="Relu")
+
+
+@pytest.fixture()
+def fake(monkeypatch):
+    mod, log = _fake_module(plans=("eng4_k2=1", "eng9"))
+    monkeypatch.setattr(cudnn, "_STATE", {"module": mod, "reason": None})
+    monkeypatch.setattr(cudnn, "_GRAPHS", {})
+    return mod, log
+
+
+def test_for_stems_without_a_residual_only():
+    assert prov.split_reason(_sig(**STEM)) is None
+    assert prov.split_reason(_sig(**dict(STEM, bias=False))) is None
+    assert prov.split_reason(_sig(**dict(STEM, activation="Clip", clip_min=0.0, clip_max=6.0))) is None
+    assert "8 input channels" in prov.split_reason(_sig(x=(2, 8, 9, 9), w=(16, 8, 3, 3)))  # near miss: no stem
+    assert "residual" in prov.split_reason(_sig(x=(2, 3, 9, 9), w=(16, 3, 3, 3), res=True))
+    assert "multiple of 8" in prov.split_reason(_sig(x=(2, 3, 9, 9), w=(12, 3, 3, 3)))  # fp16: 8 a vector
+    assert prov.split_reason(_sig(x=(2, 3, 9, 9), w=(12, 3, 3, 3), dtype="float32")) is None  # fp32: 4
+    assert "grouped" in prov.split_reason(_sig(x=(2, 4, 9, 9), w=(4, 1, 3, 3), group=4))
+    assert "1-D" in prov.split_reason(_sig(x=(2, 3, 17), w=(8, 3, 3), pads=[1, 1]))
+    assert "QuickGelu" in prov.split_reason(_sig(**dict(STEM, activation="QuickGelu")))
+    assert prov.candidates("CBR", _sig(x=(2, 16, 9, 9), w=(16, 16, 3, 3))) == []
+    assert prov.candidates("GemmAct", None) == []
+
+
+def test_absent_frontend_is_a_reason_not_an_error(monkeypatch):
+    monkeypatch.setattr(cudnn, "_STATE", {"module": None, "reason": "nvidia-cudnn-frontend is not importable (x)"})
+    sig = _sig(**STEM)
+    cands = prov.candidates("CBR", sig)
+    assert [c.key() for c in cands] == ["cudnn_split"]
+    assert "not importable" in cands[0].applies(sig, (9, 0))
+
+
+def test_the_graph_is_the_convolution_alone(fake):
+    mod, log = fake
+    sig = _sig(**dict(STEM, activation="Gelu"))
+    keys = [c.key() for c in prov.candidates("CBR", sig)]
+    assert keys == ["cudnn_split", "cudnn_split:plan=eng4_k2=1", "cudnn_split:plan=eng9"]
+    ops = [e[0] for e in log]
+    assert ops[:4] == ["pygraph", "tensor", "tensor", "conv_fprop"]
+    assert not {"add", "gelu", "relu"} & set(ops)  # no bias, no activation in cuDNN's graph
+    tensors = {e[1]: (e[2], e[3]) for e in log if e[0] == "tensor"}
+    assert set(tensors) == {"X", "W"} and tensors["X"] == ([4, 3, 17, 19], [3 * 17 * 19, 1, 19 * 3, 3])  # NHWC
+    # its own graph, not the fused one's: both providers list for the same node
+    cudnn.candidates("CBR", sig)
+    assert sum(e[0] == "pygraph" for e in log) == 2
+
+
+def test_keys_parse_back_through_the_registry(fake):
+    sig = _sig(**STEM)
+    offered = {c.key() for c in registry.candidates_for(sig)}
+    assert {"cudnn_split", "cudnn_split:plan=eng9", "cudnn:plan=eng9"} <= offered
+    for key in ("cudnn_split", "cudnn_split:plan=eng9"):
+        cand = registry.candidate_from_key("CBR", key)
+        assert isinstance(cand, prov.CudnnSplitConv) and cand.key() == key
+    assert not isinstance(registry.candidate_from_key("CBR", "cudnn:plan=eng9"), prov.CudnnSplitConv)
+
+
+def _act(v: np.ndarray, code: int, lo: float, hi: float) -> np.ndarray:
+    if code == 0:
+        return v
+    if code == 1:
+        return np.maximum(v, 0)
+    if code == 2:
+        return np.minimum(np.maximum(v, lo), hi)
+    if code == 8:
+        return 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+    raise AssertionError(code)
+
+
+class _Arr(np.ndarray):
+    """A host array with the ``.data.ptr`` the lowering reads for alignment."""
+
+    offset = 0
+
+    @property
+    def data(self):  # noqa: D401 - mirrors cupy.ndarray.data
+        return type("P", (), {"ptr": 4096 + self.offset})()
+
+
+def _arr(a: np.ndarray, offset: int = 0) -> _Arr:
+    out = np.ascontiguousarray(a).view(_Arr)
+    out.offset = offset
+    return out
+
+
+class _Epilogue:
+    """Stands in for ``epilogue_gemm_vec`` / ``epilogue_gemm``: records which ran and applies the pass
+    as their CUDA source does (fp32 arithmetic, y = act(alpha * y + beta * bias[column]))."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def __call__(self, grid, block, args):
+        y, bias = args[0], args[1]
+        if self.name == "epilogue_gemm_vec":
+            total, n, alpha, beta, code, _, _, lo, hi = args[2:]
+        else:
+            total, _, n, _, _, _, alpha, beta, code, _, _, lo, hi = args[2:]
+        self.calls.append(self.name)
+        rows = y.reshape(-1, int(n)).astype(np.float32)
+        v = float(alpha) * rows + (0 if bias is None or getattr(bias, "size", 0) == 0 else float(beta) * np.asarray(bias, np.float32))
+        y.reshape(-1, int(n))[...] = _act(v, int(code), float(lo), float(hi)).astype(y.dtype)
+
+
+@pytest.mark.parametrize("act,extra,code", [("Relu", {}, 1), ("Clip", {"clip_min": 0.0, "clip_max": 6.0}, 2), ("Gelu", {}, 8)])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_build_and_launch(fake, monkeypatch, act, extra, code, aligned):
+    from graphopt.kernels import gemm_act
+
+    mod, log = fake
+    calls: list = []
+    fake_kernel = lambda src, expr, arch=None: _Epilogue(expr.split("<")[0], calls)  # noqa: E731
+    monkeypatch.setattr(prov, "get_kernel", fake_kernel)
+    monkeypatch.setattr(gemm_act, "get_kernel", fake_kernel)
+    monkeypatch.setattr(prov, "ptr", lambda a: a)
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7)))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr("graphopt.lowering.barrier.barrier", lambda: calls.append("barrier"))
+    sig = _sig(**dict(STEM, activation=act, **extra))
+    low = prov.CudnnSplitConv("cudnn_split", (("plan", "eng9"),)).build(sig, "sm_90")
+    assert isinstance(low, Lowering)
+    assert low.layouts == ("NHWC",) * 5 and low.capturable and low.barrier and low.outputs == 1
+    assert low.workspace_bytes == 2000  # plan eng9's, nothing of its own
+    assert dict(low.versions) == {"cudnn": "91900", "cudnn_frontend": "1.32.0"}
+    rng = np.random.default_rng(0)
+    conv = rng.standard_normal((4 * 9 * 10, 16)).astype(np.float16)  # what the plan "wrote", NHWC rows
+    bias = rng.standard_normal(16).astype(np.float16)
+    y = _arr(conv.copy())
+    b = _arr(bias, 0 if aligned else 2)
+    low.launch([np.zeros((4, 3, 17, 19), np.float16), np.zeros((16, 3, 7, 7), np.float16), b], [y], np.zeros(2000, np.uint8))
+    assert ("execute", ["W", "X", "conv_fprop"], 1) in log  # the plan ran on X and W alone, into Y
+    assert calls[-1] == ("epilogue_gemm_vec" if aligned else "epilogue_gemm")
+    want = _act(conv.astype(np.float64) + bias.astype(np.float64), code, 0.0, 6.0)
+    assert np.abs(np.asarray(y, np.float64) - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
