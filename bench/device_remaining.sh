@@ -9,12 +9,12 @@
 # cuDNN plans probed for early starts: any GPU); 3 and 4 are 22 in halves; 8 and 12 ran on the H200 at
 # f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on H100s on 2026-12-06 and are kept to repeat them on the H200.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..23 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..24 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..23 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..24 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -151,7 +151,14 @@ case "$N" in
   23) # call 21 for a budget of ~300 s: the im2col variant's GPU tests, then the two stems at bs32 only
     TESTS="tests/gpu/test_provider_cublaslt.py" PYTEST_ARGS="-k im2col" bash bench/device_calls.sh "$OUT/i" gpu-tests:90
     BATCHES=32 CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-180} ;;
+  24) # twelfth session (~740 s of device time left): cudnn_split's GPU tests and the measured barrier's (the GPT-2
+      # test now checks the replays first), the two stems with cudnn_split among the candidates (prediction in
+      # NOTES_kernels: ResNet-50's at bs32 160-180 us against torch channels_last's 189.0), then the attention
+      # table with the measured barrier on (call 17's last step)
+    TESTS="tests/gpu/test_cudnn_split_gpu.py tests/gpu/test_early_start_gpu.py" bash bench/device_calls.sh "$OUT/i" gpu-tests:130
+    CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:150
+    GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-230} ;;
   auto) # the first call of a session: 22 on an H200 (AUTO_H200 overrides), 21 on anything else
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" "${AUTO_H200:-22}" "$OUT"; else exec bash "$0" 21 "$OUT"; fi ;;
-  *) echo "device_remaining.sh: N must be 0..23 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..24 or auto" >&2; exit 2 ;;
 esac
