@@ -151,13 +151,17 @@ case "$N" in
   23) # call 21 for a budget of ~300 s: the im2col variant's GPU tests, then the two stems at bs32 only
     TESTS="tests/gpu/test_provider_cublaslt.py" PYTEST_ARGS="-k im2col" bash bench/device_calls.sh "$OUT/i" gpu-tests:90
     BATCHES=32 CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-180} ;;
-  24) # twelfth session (~740 s of device time left): cudnn_split's GPU tests and the measured barrier's (the GPT-2
-      # test now checks the replays first), the two stems with cudnn_split among the candidates (prediction in
-      # NOTES_kernels: ResNet-50's at bs32 160-180 us against torch channels_last's 189.0), then the attention
-      # table with the measured barrier on (call 17's last step)
-    TESTS="tests/gpu/test_cudnn_split_gpu.py tests/gpu/test_early_start_gpu.py" bash bench/device_calls.sh "$OUT/i" gpu-tests:130
-    CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:150
-    GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-230} ;;
+  24) # twelfth session (~530 s of device time left): cudnn_split's GPU tests, the measured barrier's (the GPT-2
+      # test now checks the replays first), the fp16 erf-GELU pass per element and through cublaslt_act; the two
+      # stems with cudnn_split among the candidates (prediction in NOTES_kernels: ResNet-50's at bs32 160-180 us
+      # against torch channels_last's 189.0); the bias+GELU rows of the memory table (prediction: 268 MB
+      # 72-78 us); then the attention table with the measured barrier on (call 17's last step)
+    G=tests/gpu
+    TESTS="$G/test_cudnn_split_gpu.py $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue" \
+      bash bench/device_calls.sh "$OUT/i" gpu-tests:120
+    CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:110
+    TRANSFORMER_ARGS="--tables memory --kernels gelu --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:60
+    GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-150} ;;
   auto) # the first call of a session: 22 on an H200 (AUTO_H200 overrides), 21 on anything else
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" "${AUTO_H200:-22}" "$OUT"; else exec bash "$0" 21 "$OUT"; fi ;;
   *) echo "device_remaining.sh: N must be 0..24 or auto" >&2; exit 2 ;;

@@ -52,6 +52,30 @@ struct __align__(sizeof(T) * VEC) EpiVec {
     T v[VEC];
 };
 
+// erf-GELU for 16-bit outputs, branch-free: erf(z) = 1 - t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-z^2),
+// t = 1 / (1 + p z), z = |x| / sqrt(2) (Abramowitz & Stegun 7.1.26: |error| <= 1.5e-7; with the fast
+// reciprocal and exponential ~3e-7, under a tenth of an fp16 ulp of any GELU value above 1e-3, a few ulps
+// in the far negative tail where the outputs are below 1e-5). Why not erff: on the H200 (4.2 TB/s, an
+// H100's arithmetic) erff's two polynomial branches, divergent on mixed signs and magnitudes, made the
+// pass compute-bound: 0.64-0.75 of the copy bandwidth against 0.82-0.95 on the H100
+// (bench/NOTES_kernels.md, twelfth session). fp32 outputs keep erff (apply_act_inline).
+__device__ __forceinline__ float gelu_erf_16bit(float x)
+{
+    const float z = fabsf(x) * 0.70710678118654752f;
+    const float t = __fdividef(1.0f, fmaf(0.3275911f, z, 1.0f));
+    const float q = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f), 0.254829592f);
+    const float e = fmaf(-q, __expf(-z * z), 1.0f);  // erf(z)
+    return 0.5f * x * (1.0f + copysignf(e, x));
+}
+
+// The activation of the vector pass: apply_act_inline's, except erf-GELU into a 16-bit type.
+template <typename T, int ACT>
+__device__ __forceinline__ float epilogue_act(float v, const ActParams& ap)
+{
+    if (ACT == ACT_GELU && sizeof(T) == 2) return gelu_erf_16bit(v);
+    return apply_act_inline(v, ap);
+}
+
 // One pass of the loop below with the activation ``ACT`` fixed at compile time (ACT < 0: read from
 // ap.kind per element). The kind is uniform per launch, so the kernel picks the pass once: inlined
 // per element, apply_act_inline's switch was a chain of compares and branches around every value
@@ -70,10 +94,10 @@ __device__ __forceinline__ void epilogue_vec_pass(T* __restrict__ Y, const T* __
             const V b = bv[j % row_v];
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
-                y.v[k] = Num<T>::from_f(apply_act_inline(alpha * Num<T>::to_f(y.v[k]) + beta * Num<T>::to_f(b.v[k]), ap));
+                y.v[k] = Num<T>::from_f(epilogue_act<T, ACT>(alpha * Num<T>::to_f(y.v[k]) + beta * Num<T>::to_f(b.v[k]), ap));
         } else {
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) y.v[k] = Num<T>::from_f(apply_act_inline(alpha * Num<T>::to_f(y.v[k]), ap));
+            for (int k = 0; k < VEC; ++k) y.v[k] = Num<T>::from_f(epilogue_act<T, ACT>(alpha * Num<T>::to_f(y.v[k]), ap));
         }
         yv[j] = y;
     }

@@ -5,6 +5,9 @@ against the float64 reference in tests/gpu/test_gemm_act_gpu.py (its cases cover
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from graphopt.kernels.gemm_act import CublasGemm, _vector_epilogue, gemm_plan
@@ -39,3 +42,34 @@ def test_vector_epilogue_only_for_a_row_bias_and_whole_vectors(a, b, c, dtype, a
 def test_kernels_of_a_signature_no_plan_takes_lists_the_scalar_kernel_only():
     sig = Signature.make("GemmAct", [(4, 8), (9, 3), None], ["float16"] * 3, {"mode": "matmul"})
     assert CublasGemm("cublas").kernels(sig) == [("elementwise.cu", "epilogue_gemm<half_t>")]
+
+
+# gelu_erf_16bit (elementwise.cu) as written there: its constants, then its operations in float32
+GELU16_CONSTANTS = ("0.70710678118654752f", "0.3275911f", "1.061405429f", "-1.453152027f", "1.421413741f",
+                    "-0.284496736f", "0.254829592f")
+
+
+def _gelu_erf_16bit(x: np.ndarray) -> np.ndarray:
+    f = np.float32
+    z = np.abs(x) * f(0.70710678118654752)
+    t = f(1) / (f(0.3275911) * z + f(1))
+    q = t * (t * (t * (t * (t * f(1.061405429) + f(-1.453152027)) + f(1.421413741)) + f(-0.284496736)) + f(0.254829592))
+    e = f(1) - q * np.exp(-z * z).astype(f)
+    return (f(0.5) * x * (f(1) + np.copysign(e, x))).astype(f)
+
+
+def test_the_16bit_erf_gelu_is_as_close_in_fp16_as_erff():
+    """The vector pass's erf-GELU for fp16 outputs (A&S 7.1.26, no erff) rounds to within one fp16 ulp of
+    the exact GELU wherever |GELU| >= 1e-3 and within two in the tail: what the erff form gives there."""
+    from graphopt.kernels.source import read_source
+
+    src = read_source("elementwise.cu")
+    body = src[src.index("float gelu_erf_16bit"):src.index("float epilogue_act")]
+    assert all(c in body for c in GELU16_CONSTANTS)
+    x = np.linspace(-12, 12, 240_001).astype(np.float32)
+    exact = 0.5 * x.astype(np.float64) * (1 + np.vectorize(math.erf)(x.astype(np.float64) / math.sqrt(2)))
+    got = _gelu_erf_16bit(x).astype(np.float64)
+    assert np.abs(got - exact).max() <= 4e-7 * max(1.0, float(np.abs(x).max()))
+    ulp = np.spacing(np.abs(exact).astype(np.float16)).astype(np.float64)
+    off = np.abs(got.astype(np.float16).astype(np.float64) - exact.astype(np.float16).astype(np.float64)) / ulp
+    assert off[np.abs(exact) >= 1e-3].max() <= 1 and off.max() <= 2
