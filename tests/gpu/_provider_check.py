@@ -192,3 +192,24 @@ def xfail_if_refused(sig: Signature, built) -> None:
     if not b.names:
         pytest.xfail("cuDNN builds the graph but offers no plan for it here")
     pytest.fail(f"cuDNN built the graph and offers {len(b.names)} plans, but none ran")
+
+
+# (x, w, attrs): ResNet-50's and MobileNetV2's stems at odd sizes, a 1- and a 4-channel input; the stem
+# candidates' shapes (cudnn_cpad, cudnn_split)
+STEM_GEOMS = [
+    ((2, 3, 37, 33), (16, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+    ((3, 3, 31, 29), (32, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((2, 1, 19, 23), (8, 1, 5, 5), {"pads": [2, 1, 2, 1]}),
+    ((1, 4, 16, 15), (24, 4, 3, 3), {"pads": [0, 1, 1, 0], "strides": [2, 1]}),
+]
+
+
+def check_plans(cands, sig: Signature, limit: int = 8):
+    """``check_all`` over the first ``limit`` of a provider's candidates for ``sig`` (the first must
+    apply); asserts none is wrong; returns (correct count, [(key, why it did not build)])."""
+    cands = cands[:limit]
+    assert cands and cands[0].applies(sig, (9, 0)) is None, cands and cands[0].applies(sig, (9, 0))
+    ok, wrong, unbuilt = check_all(cands, sig)
+    print(f"{sig.key()}: {ok} plans correct, {len(unbuilt)} did not build")
+    assert not wrong, wrong
+    return ok, unbuilt
