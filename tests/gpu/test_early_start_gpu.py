@@ -83,8 +83,9 @@ def test_measured_barriers_keep_every_replay_exact(monkeypatch, name, op, shapes
         for k, w in want.items():
             assert rel_err(g[k], w) <= 1e-3, (name, k, rel_err(g[k], w))
     # Every declared barrier is classified, and each one the plan still runs is one its lowering was
-    # measured to need. Which plans start early is the machine's: GPT-2's GemmAct plans read "early"
-    # on the H100 and "not early" on the H200 (bench/results/gpu_tests_h200_ordering_556fae7.txt)
+    # measured to need. Which plans start early is each plan's reading, not the op's: on the H200 all
+    # eight of GPT-2's cuDNN matmul plans read "not early" (bench/results/gpu_tests_h200_ordering_556fae7.txt)
+    # while the first plan of the MLP shape above reads "early" there as on the H100
     lowered = [getattr(step.run, "lowered", None) for step in sess.last_plan.steps]
     declared = [lw.lowering for lw in lowered if lw is not None and lw.lowering.barrier]
     assert declared and sum(barriers.values()) == len(declared)
