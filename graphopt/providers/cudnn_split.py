@@ -113,12 +113,15 @@ class CudnnSplitConv(base.CudnnCandidate):
     def build(self, sig: Signature, arch: str) -> Lowering:
         b, index, ws_bytes = self._plan(sig)
         t = b.tensors
-        after = epilogue(sig, arch)
+        has_bias = len(sig.input_shapes) > 2 and sig.input_shapes[2] is not None
+        # no bias and no activation: the convolution is the whole node
+        after = epilogue(sig, arch) if has_bias or geo.act_args(sig).code != 0 else None
 
         def launch(inputs, outputs, workspace):
             pack = {t["X"]: base._Dl(inputs[0]), t["W"]: base._Dl(inputs[1]), t["Y"]: base._Dl(outputs[0])}
             base.execute(b, pack, workspace, index)
-            after(outputs[0], inputs[2] if len(inputs) > 2 else None)
+            if after is not None:
+                after(outputs[0], inputs[2] if has_bias else None)
 
         return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
                         layouts=LAYOUTS, versions=base.versions())

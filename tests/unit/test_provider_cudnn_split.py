@@ -155,3 +155,16 @@ def test_build_and_launch(fake, monkeypatch, act, extra, code, aligned):
     assert calls[-1] == ("epilogue_gemm_vec" if aligned else "epilogue_gemm")
     want = _act(conv.astype(np.float64) + bias.astype(np.float64), code, 0.0, 6.0)
     assert np.abs(np.asarray(y, np.float64) - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
+
+
+def test_a_bare_convolution_runs_no_pass(fake, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(prov, "get_kernel", lambda src, expr, arch=None: _Epilogue(expr.split("<")[0], calls))
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7)))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr("graphopt.lowering.barrier.barrier", lambda: None)
+    sig = _sig(**dict(STEM, activation="none", bias=False))
+    low = prov.CudnnSplitConv("cudnn_split", (("plan", "eng9"),)).build(sig, "sm_90")
+    y = _arr(np.ones((4 * 9 * 10, 16), np.float16))
+    low.launch([np.zeros((4, 3, 17, 19), np.float16), np.zeros((16, 3, 7, 7), np.float16), None], [y], np.zeros(2000, np.uint8))
+    assert calls == [] and np.all(np.asarray(y) == 1)
