@@ -56,9 +56,10 @@ struct __align__(sizeof(T) * VEC) EpiVec {
 // t = 1 / (1 + p z), z = |x| / sqrt(2) (Abramowitz & Stegun 7.1.26: |error| <= 1.5e-7; with the fast
 // reciprocal and exponential ~3e-7, under a tenth of an fp16 ulp of any GELU value above 1e-3, a few ulps
 // in the far negative tail where the outputs are below 1e-5). Why not erff: on the H200 (4.2 TB/s, an
-// H100's arithmetic) erff's two polynomial branches, divergent on mixed signs and magnitudes, made the
-// pass compute-bound: 0.64-0.75 of the copy bandwidth against 0.82-0.95 on the H100
-// (bench/NOTES_kernels.md, twelfth session). fp32 outputs keep erff (apply_act_inline).
+// H100's arithmetic) erff's degree-7 polynomial with per-range coefficient selects and its exp tail
+// behind a branch (~24 PTX operations against ~17 here) made the pass compute-bound: 0.64-0.75 of the
+// copy bandwidth against 0.82-0.95 on the H100 (bench/NOTES_kernels.md, twelfth session). fp32 outputs
+// keep erff (apply_act_inline).
 __device__ __forceinline__ float gelu_erf_16bit(float x)
 {
     const float z = fabsf(x) * 0.70710678118654752f;
