@@ -115,13 +115,18 @@ class _Epilogue:
 
     def __call__(self, grid, block, args):
         y, bias = args[0], args[1]
-        if self.name == "epilogue_gemm_vec":
+        if self.name == "epilogue_gemm_vec":  # the bias is one row of n values
             total, n, alpha, beta, code, _, _, lo, hi = args[2:]
-        else:
-            total, _, n, _, _, _, alpha, beta, code, _, _, lo, hi = args[2:]
+            r_stride, c_stride = 0, 1
+        else:  # bias[b * sb + r * sr + c * sc] over a [rows][n] output (one batch)
+            total, rows_, n, _, r_stride, c_stride, alpha, beta, code, _, _, lo, hi = args[2:]
+            assert int(rows_) * int(n) == int(total)
         self.calls.append(self.name)
         rows = y.reshape(-1, int(n)).astype(np.float32)
-        v = float(alpha) * rows + (0 if bias is None or getattr(bias, "size", 0) == 0 else float(beta) * np.asarray(bias, np.float32))
+        v = float(alpha) * rows
+        if bias is not None:
+            r, c = np.indices(rows.shape)
+            v = v + float(beta) * np.asarray(bias, np.float32)[r * int(r_stride) + c * int(c_stride)]
         y.reshape(-1, int(n))[...] = _act(v, int(code), float(lo), float(hi)).astype(y.dtype)
 
 
