@@ -9,12 +9,12 @@
 # cuDNN plans probed for early starts: any GPU); 3 and 4 are 22 in halves; 8 and 12 ran on the H200 at
 # f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on H100s on 2026-12-06 and are kept to repeat them on the H200.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..25 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..26 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..25 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..26 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -165,7 +165,14 @@ case "$N" in
   25) # call 24 without its attention step, for ~350 s of device time (any GPU: the tests and the stems;
       # the GELU rows say most on the H200, where the pass was compute-bound)
     SKIP_ATTN=1 exec bash "$0" 24 "$OUT" ;;
+  26) # call 25 in ~190 s (the twelfth session's last ~250 s): cudnn_split's, the GELU pass's and the measured
+      # barrier's GPU tests, the two stems at bs32, the bias+GELU rows
+    G=tests/gpu
+    TESTS="$G/test_cudnn_split_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_early_start_gpu.py" \
+      bash bench/device_calls.sh "$OUT/i" gpu-tests:75
+    BATCHES=32 CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:70
+    TRANSFORMER_ARGS="--tables memory --kernels gelu --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:45 ;;
   auto) # the first call of a session: 22 on an H200 (AUTO_H200 overrides), 21 on anything else
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" "${AUTO_H200:-22}" "$OUT"; else exec bash "$0" 21 "$OUT"; fi ;;
-  *) echo "device_remaining.sh: N must be 0..25 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..26 or auto" >&2; exit 2 ;;
 esac
