@@ -149,7 +149,7 @@ case "$STEP" in
     timeout -k 10 "$(left)" python3 bench/conformance.py --device cuda --out "$OUT/conformance_$GPU_TAG.md" 2>&1 | tail -15; exit_of bench/conformance.py "${PIPESTATUS[0]}"
     head -8 "$OUT/conformance_$GPU_TAG.md" 2>/dev/null ;;
   gpu-tests)
-    prebuild  # inside pytest the session fixture's compile would count against the first test
+    [ "${PREBUILD:-1}" = 0 ] || prebuild  # inside pytest the session fixture's compile would count against the first test (PREBUILD=0: a few tests compile what they use)
     cmd="python3 -m pytest -q --tb=${TB:-short} -rfE -p no:cacheprovider ${PYTEST_ARGS:-} ${TESTS:-tests/gpu}"
     { echo "# GPU tests, $(date -u +%FT%T+00:00), code at $HEAD_COMMIT"; echo "# command: PYTHONPATH=. $cmd"
       timeout -k 10 "$(left)" $cmd 2>&1; echo "# exit status $?"; } | tee "$OUT/gpu_tests_$GPU_TAG.txt" | tail -30 ;;
@@ -193,6 +193,6 @@ case "$STEP" in
       | tee "$OUT/diagnose_capture_log.txt" | tail -15; exit_of bench/diagnose_capture.py "${PIPESTATUS[0]}" ;;
   *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering)"; exit 2 ;;
 esac
-tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null
+[ "${PACK_CUBIN:-1}" = 0 ] || tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null  # PACK_CUBIN=0: a short call keeps its seconds (the tarball is over the size that comes back)
 echo "device_bench: step $STEP done in $((SECONDS - START)) s"
 exit 0
