@@ -53,6 +53,9 @@
 #                     bs1; heuristic lowerings, or HOST_GPU_ARGS="--gpu auto --precision fp16 --io-fp16": the tuned ones)
 #                     -> host_overhead_h200.json/.md (~3-5 min): host us/node with the GPU held, beside the
 #                     idle-GPU figure (the method before 2026-12-05), the thread CPU time and per op
+#   stem-breakdown    bench/stem_breakdown.py -> stem_breakdown_h200.json (~2 min): ResNet-50's and MobileNetV2's
+#                     stems part by part (cuDNN's convolution alone, graphopt's pass, im2col's packing and GEMM)
+#                     beside torch's convolution alone, with bias, with bias and activation
 #   early-start       bench/probe_early_start.py -> early_start_h200.json (~1 min): which library launches
 #                     start before their predecessor ends (programmatic edges in a captured graph)
 #   ordering          the runtime's barrier rule (graphopt.runtime.ordering) and the measured barrier
@@ -61,7 +64,7 @@
 #                     tests/gpu/test_early_start_gpu.py -> gpu_tests_ordering_h200.txt, then bench/diagnose_capture.py on ResNet-50 bs32 fp16
 #                     with the carried .tuning -> diagnose_capture_resnet50_h200.json (~2-4 min)
 set -u
-STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering)}
+STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering stem-breakdown)}
 OUT=${2:?usage: device_bench.sh STEP OUT}
 LIMIT=${LIMIT:-570}        # seconds for the whole call (9.5 minutes)
 START=$SECONDS
@@ -179,6 +182,9 @@ case "$STEP" in
     GRAPHOPT_CACHE_DIR="$TUNING" timeout -k 10 "$(left)" python3 bench/host_overhead.py --out "$OUT" --models "${HOST_MODELS:-resnet50,resnet50,gpt2}" \
       --batches "${HOST_BATCHES:-1,32,1}" --optimize-timeout 150 --gpu-name "$GPU_TAG" ${HOST_GPU_ARGS:+--gpu-args "$HOST_GPU_ARGS"} \
       2>&1 | tee "$OUT/host_overhead_log.txt" | tail -20; exit_of bench/host_overhead.py "${PIPESTATUS[0]}" ;;
+  stem-breakdown)  # an image stem's parts beside torch's (bench/stem_breakdown.py; NOTES_kernels, twelfth session)
+    timeout -k 10 "$(left)" python3 bench/stem_breakdown.py --out "$OUT" --gpu-name "$GPU_TAG" ${STEM_ARGS:-} 2>&1 \
+      | tee "$OUT/stem_breakdown_log.txt" | tail -20; exit_of bench/stem_breakdown.py "${PIPESTATUS[0]}" ;;
   early-start)  # which library launches start early (programmatic edges in a capture; NOTES_kernels, ninth session)
     timeout -k 10 "$(left)" python3 bench/probe_early_start.py --out "$OUT" --gpu-name "$GPU_TAG" ${EARLY_ARGS:-} 2>&1 \
       | tee "$OUT/early_start_log.txt" | tail -40; exit_of bench/probe_early_start.py "${PIPESTATUS[0]}" ;;
@@ -191,7 +197,7 @@ case "$STEP" in
     GRAPHOPT_CACHE_DIR=$TUNING timeout -k 10 "$(left)" python3 bench/diagnose_capture.py --model torch:resnet50 \
       --shape "${SHAPE:-input=32x3x224x224}" --out "$OUT/diagnose_capture_resnet50_$GPU_TAG.json" 2>&1 \
       | tee "$OUT/diagnose_capture_log.txt" | tail -15; exit_of bench/diagnose_capture.py "${PIPESTATUS[0]}" ;;
-  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering)"; exit 2 ;;
+  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering stem-breakdown)"; exit 2 ;;
 esac
 [ "${PACK_CUBIN:-1}" = 0 ] || tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null  # PACK_CUBIN=0: a short call keeps its seconds (the tarball is over the size that comes back)
 echo "device_bench: step $STEP done in $((SECONDS - START)) s"

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
-# per run-tool call (each within its 600 s limit). First call of a session: ``auto`` (22 on an H200, 21 on
-# anything else). Then, on the H200: 18 + 19 where 22 did not fit (the GPU suite in halves, with the stems and
-# the memory table), 21 (cuBLASLt's im2col stems: never run on a GPU yet; 23 is it in ~300 s), 17 (the
-# measured barrier: any GPU), 15 (the attention bar with the placed timing and the barrier rule's
-# correctness: ran on an H100 at 8ee61e3, tenth session), 20 (the attention bar and GPT-2 cold), 16 (the
-# barrier rule end to end), 2 (GPT-2 cold and the memory table), 13, 5 (the CBR and GemmAct tables), 14 (more
-# cuDNN plans probed for early starts: any GPU); 3 and 4 are 22 in halves; 8 and 12 ran on the H200 at
+# per run-tool call (each within its 600 s limit). First call of a session: ``auto`` (24: the GPU tests of what
+# the twelfth session built (cudnn_split, the 16-bit erf-GELU, the measured barrier's replays), the two stems
+# with cudnn_split, the bias+GELU rows, the attention table with the measured barrier; the whole GPU suite ran
+# on the H200 at 556fae7 with one failure, a test's expectation, fixed since). Then 27 (the stems part by
+# part), 13, 5 (the CBR and GemmAct tables with torch's graph columns), 14 (more cuDNN plans probed for early
+# starts: any GPU), 16 (the barrier rule end to end); 22 is the whole GPU suite in one step (an H200),
+# 18 + 19 or 3 + 4 the same in halves. 25 and 26 are 24 cut for a short budget. 8 and 12 ran on the H200 at
 # f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on H100s on 2026-12-06 and are kept to repeat them on the H200.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..26 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..27 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..26 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..27 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -173,7 +173,10 @@ case "$N" in
     PREBUILD=0 TESTS="$G/test_cudnn_split_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_early_start_gpu.py" \
       bash bench/device_calls.sh "$OUT/i" gpu-tests:95
     BATCHES=32 CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:90 ;;
-  auto) # the first call of a session: 22 on an H200 (AUTO_H200 overrides), 21 on anything else
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" "${AUTO_H200:-22}" "$OUT"; else exec bash "$0" 21 "$OUT"; fi ;;
-  *) echo "device_remaining.sh: N must be 0..26 or auto" >&2; exit 2 ;;
+  27) # why the stems miss (after 24): each part of ResNet-50's and MobileNetV2's stems at bs32 beside torch's parts
+      # (bench/stem_breakdown.py): cuDNN's convolution alone, the bias + activation pass, im2col's packing and GEMM
+    bash bench/device_calls.sh "$OUT/s" stem-breakdown:200 ;;
+  auto) # the first call of a session: 24 anywhere (AUTO_N overrides)
+    exec bash "$0" "${AUTO_N:-24}" "$OUT" ;;
+  *) echo "device_remaining.sh: N must be 0..27 or auto" >&2; exit 2 ;;
 esac
