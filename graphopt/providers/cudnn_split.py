@@ -34,7 +34,6 @@ from graphopt.providers import cudnn_cpad
 OPS = ("CBR",)
 NAME = "cudnn_split"
 LAYOUTS = base.LAYOUTS  # X, W (KRSC), B, R, Y: as ``cudnn``'s fused graph
-MAX_PLANS = 8  # the first plans cuDNN offers (heuristics A first): each is built and timed when cold
 
 
 def split_reason(sig: Signature) -> str | None:
@@ -128,11 +127,13 @@ class CudnnSplitConv(base.CudnnCandidate):
 
 
 def candidates(op: str, sig: Signature | None = None) -> list:
-    """The heuristic candidate, plus one per plan (the first ``MAX_PLANS``) of the convolution-only
-    graph where cuDNN can list them here; nothing for a signature that is no stem."""
+    """The heuristic candidate, plus one per plan of the convolution-only graph where cuDNN can list them
+    here (all of them, as ``cudnn`` offers its fused graph's: torch with ``cudnn.benchmark`` times the
+    whole list too, and only a network's one or two stems take this candidate); nothing for a signature
+    that is no stem."""
     if op not in OPS or (sig is not None and split_reason(sig) is not None):
         return []
-    return base.plan_candidates(CudnnSplitConv, NAME, op, sig, split_reason, _graph_for, limit=MAX_PLANS)
+    return base.plan_candidates(CudnnSplitConv, NAME, op, sig, split_reason, _graph_for)
 
 
 def from_key(op: str, key: str):
