@@ -84,6 +84,28 @@ def workspace_parts(sig: Signature, cudnn_bytes: int) -> tuple[int, int, int]:
     return x_off, w_off, w_off + _align(g.M * g.KH * g.KW * CPAD * esz)
 
 
+def channel_padder(sig: Signature, cudnn_bytes: int, arch: str | None = None):
+    """``(pad_operands, total)``: ``pad_operands(X, W, workspace) -> (xp, wp)`` writes X (NCHW) and W (OIHW)
+    channel-padded NHWC into the workspace after the plan's ``cudnn_bytes`` (``pad_channels_nhwc``, one
+    launch each); ``total``: the workspace's bytes in all (:func:`workspace_parts`)."""
+    g = geo.conv_geom(sig)
+    pad = get_kernel("elementwise.cu", instance("pad_channels_nhwc", geo.dtype_of(sig)), arch)
+    x_off, w_off, total = workspace_parts(sig, cudnn_bytes)
+    x_pixels, w_pixels = g.N * g.H * g.W, g.M * g.KH * g.KW
+    x_args = (np.int64(x_pixels), np.int32(g.C), np.int32(CPAD), np.int32(g.H * g.W))
+    w_args = (np.int64(w_pixels), np.int32(g.C), np.int32(CPAD), np.int32(g.KH * g.KW))
+    x_grid, w_grid = (min(-(-x_pixels // 256), 132 * 16),), (min(-(-w_pixels // 256), 132 * 16),)
+
+    def pad_operands(X, W, workspace):
+        xp = workspace[x_off:w_off].view(X.dtype)
+        wp = workspace[w_off:total].view(X.dtype)
+        pad(x_grid, (256,), (X, xp) + x_args)
+        pad(w_grid, (256,), (W, wp) + w_args)
+        return xp, wp
+
+    return pad_operands, total
+
+
 @dataclass(frozen=True)
 class CudnnPaddedConv(base.CudnnCandidate):
     """params: ``plan=<cuDNN plan name of the padded graph>``, or none for the heuristic's first plan."""
@@ -107,22 +129,11 @@ class CudnnPaddedConv(base.CudnnCandidate):
 
     def build(self, sig: Signature, arch: str) -> Lowering:
         b, index, ws_bytes = self._plan(sig)
-        g = geo.conv_geom(sig)
-        dt = geo.dtype_of(sig)
-        pad = get_kernel("elementwise.cu", instance("pad_channels_nhwc", dt), arch)
-        x_off, w_off, total = workspace_parts(sig, ws_bytes)
-        x_pixels, w_pixels = g.N * g.H * g.W, g.M * g.KH * g.KW
-        x_args = (np.int64(x_pixels), np.int32(g.C), np.int32(CPAD), np.int32(g.H * g.W))
-        w_args = (np.int64(w_pixels), np.int32(g.C), np.int32(CPAD), np.int32(g.KH * g.KW))
-        x_grid, w_grid = (min(-(-x_pixels // 256), 132 * 16),), (min(-(-w_pixels // 256), 132 * 16),)
+        pad_operands, total = channel_padder(sig, ws_bytes, arch)
         t = b.tensors
 
         def launch(inputs, outputs, workspace):
-            X, W = inputs[0], inputs[1]
-            xp = workspace[x_off:w_off].view(X.dtype)
-            wp = workspace[w_off:total].view(X.dtype)
-            pad(x_grid, (256,), (X, xp) + x_args)
-            pad(w_grid, (256,), (W, wp) + w_args)
+            xp, wp = pad_operands(inputs[0], inputs[1], workspace)
             pack = {t["X"]: base._Dl(xp), t["W"]: base._Dl(wp), t["Y"]: base._Dl(outputs[0])}
             for name, a in zip(("B", "R"), inputs[2:4]):
                 if a is not None and name in t:

@@ -13,7 +13,8 @@ layers the fused plans run at 155-202 TFLOP/s and the extra pass could only lose
 built and timed in a cold tuning).
 
 Every plan cuDNN lists for the convolution-only graph (heuristics A, then the fallback list; the
-inexact ones deselected as for ``cudnn``) is a candidate keyed by its name.
+inexact ones deselected as for ``cudnn``) is a candidate keyed by its name; ``cudnn_split_cpad`` offers the
+same on ``cudnn_cpad``'s channel-padded operands (C zero-padded to 8 in the workspace).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from graphopt.providers import cudnn_cpad
 
 OPS = ("CBR",)
 NAME = "cudnn_split"
+NAME_PAD = "cudnn_split_cpad"  # the same on channel-padded operands (cudnn_cpad's padding)
 LAYOUTS = base.LAYOUTS  # X, W (KRSC), B, R, Y: as ``cudnn``'s fused graph
 
 
@@ -62,6 +64,10 @@ def conv_only(sig: Signature) -> Signature:
 
 def _graph_for(sig: Signature, tag: str = "") -> base._Built:
     return base.listed(conv_only(sig), base.conv_graph, "|split" + tag)
+
+
+def _padded_graph_for(sig: Signature, tag: str = "") -> base._Built:
+    return base.listed(cudnn_cpad.padded(conv_only(sig)), base.conv_graph, "|splitpad" + tag)
 
 
 def epilogue(sig: Signature, arch: str | None = None):
@@ -115,26 +121,56 @@ class CudnnSplitConv(base.CudnnCandidate):
         has_bias = len(sig.input_shapes) > 2 and sig.input_shapes[2] is not None
         # no bias and no activation: the convolution is the whole node
         after = epilogue(sig, arch) if has_bias or geo.act_args(sig).code != 0 else None
+        operands, total = self._operands(sig, ws_bytes, arch)
 
         def launch(inputs, outputs, workspace):
-            pack = {t["X"]: base._Dl(inputs[0]), t["W"]: base._Dl(inputs[1]), t["Y"]: base._Dl(outputs[0])}
-            base.execute(b, pack, workspace, index)
+            xp, wp = operands(inputs[0], inputs[1], workspace)
+            pack = {t["X"]: base._Dl(xp), t["W"]: base._Dl(wp), t["Y"]: base._Dl(outputs[0])}
+            base.execute(b, pack, workspace[:ws_bytes] if ws_bytes else None, index)
             if after is not None:
                 after(outputs[0], inputs[2] if has_bias else None)
 
-        return Lowering(launch=launch, outputs=1, workspace_bytes=ws_bytes, capturable=True, barrier=True,
-                        layouts=LAYOUTS, versions=base.versions())
+        return Lowering(launch=launch, outputs=1, workspace_bytes=total, capturable=True, barrier=True,
+                        layouts=self.layouts(sig), versions=base.versions())
+
+    def _operands(self, sig: Signature, ws_bytes: int, arch: str):
+        """``(operands(X, W, workspace) -> (x, w) for the plan, workspace bytes in all)``: X and W as given."""
+        return (lambda X, W, workspace: (X, W)), ws_bytes
+
+
+@dataclass(frozen=True)
+class CudnnSplitPaddedConv(CudnnSplitConv):
+    """``cudnn_split`` on channel-padded operands (``cudnn_cpad``'s padding: C zero-padded to 8 in the
+    lowering's workspace, X read as NCHW and W as OIHW): the convolution-only graph of the padded
+    signature, then the same pass. Why both: padding makes every pixel one 16-byte vector and the
+    reduction a multiple of the MMA's k-step, for 8/C times the multiply-adds; which engine list then
+    wins is the timing's to say."""
+
+    def layouts(self, sig: Signature) -> tuple[str, ...]:
+        return cudnn_cpad.LAYOUTS
+
+    def kernels(self, sig: Signature) -> list[tuple[str, str]]:
+        return super().kernels(sig) + [("elementwise.cu", instance("pad_channels_nhwc", geo.dtype_of(sig)))]
+
+    def graphs(self):
+        return _padded_graph_for
+
+    def _operands(self, sig: Signature, ws_bytes: int, arch: str):
+        return cudnn_cpad.channel_padder(sig, ws_bytes, arch)
 
 
 def candidates(op: str, sig: Signature | None = None) -> list:
     """The heuristic candidate, plus one per plan of the convolution-only graph where cuDNN can list them
     here (all of them, as ``cudnn`` offers its fused graph's: torch with ``cudnn.benchmark`` times the
-    whole list too, and only a network's one or two stems take this candidate); nothing for a signature
-    that is no stem."""
+    whole list too, and only a network's one or two stems take this candidate), of the unpadded and the
+    channel-padded graph; nothing for a signature that is no stem."""
     if op not in OPS or (sig is not None and split_reason(sig) is not None):
         return []
-    return base.plan_candidates(CudnnSplitConv, NAME, op, sig, split_reason, _graph_for)
+    return (base.plan_candidates(CudnnSplitConv, NAME, op, sig, split_reason, _graph_for)
+            + base.plan_candidates(CudnnSplitPaddedConv, NAME_PAD, op, sig, split_reason, _padded_graph_for))
 
 
 def from_key(op: str, key: str):
-    return base.plan_from_key(CudnnSplitConv, NAME, key) if op in OPS else None
+    if op not in OPS:
+        return None
+    return base.plan_from_key(CudnnSplitConv, NAME, key) or base.plan_from_key(CudnnSplitPaddedConv, NAME_PAD, key)

@@ -1,5 +1,5 @@
-"""The convolution-then-epilogue cuDNN CBR (graphopt.providers.cudnn_split) on the GPU: every plan it offers
-for stems with 1, 3 and 4 input channels (odd sizes, stride 2, asymmetric pads, with and without a bias,
+"""The convolution-then-epilogue cuDNN CBR (graphopt.providers.cudnn_split) on the GPU, both forms (the operands
+as given, and channel-padded): every plan it offers for stems with 1, 3 and 4 input channels (odd sizes, stride 2, asymmetric pads, with and without a bias,
 the stem activations, fp16 and fp32) against the float64 reference with NaN-poisoned outputs
 (_provider_check); the scalar pass where the bias is not 16-byte aligned; two nodes of one signature
 captured into one CUDA graph; one lowering captured and replayed equal to its eager run."""
@@ -24,6 +24,7 @@ if cudnn.unavailable():
     pytest.skip(cudnn.unavailable(), allow_module_level=True)
 
 GEOMS = STEM_GEOMS
+FAMILIES = [prov.NAME, prov.NAME_PAD]  # the convolution on the operands as given, and channel-padded
 ACTS = [("Relu", {}), ("Clip", {"clip_min": 0.0, "clip_max": 6.0}), ("none", {}), ("HardSwish", {}), ("Gelu", {})]
 
 
@@ -32,23 +33,29 @@ def _sig(x, w, attrs, dtype, act, extra, bias=True):
     return Signature.make("CBR", [x, w, (w[0],) if bias else None, None], [dtype, dtype, dtype if bias else "", ""], g)
 
 
+def _family(sig, name):
+    return [c for c in prov.candidates("CBR", sig) if c.name == name]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("geom", range(len(GEOMS)))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_every_plan_matches_the_reference(dtype, geom, bias):
+def test_every_plan_matches_the_reference(name, dtype, geom, bias):
     x, w, attrs = GEOMS[geom]
     sig = _sig(x, w, attrs, dtype, "Relu", {}, bias)
-    ok, unbuilt = check_plans(prov.candidates("CBR", sig), sig)
+    ok, unbuilt = check_plans(_family(sig, name), sig)
     assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("act,extra", ACTS, ids=[a for a, _ in ACTS])
-def test_every_stem_activation(act, extra):
+def test_every_stem_activation(name, act, extra):
     x, w, attrs = GEOMS[1]
     sig = _sig(x, w, attrs, "float16", act, extra)
-    ok, unbuilt = check_plans(prov.candidates("CBR", sig), sig)
+    ok, unbuilt = check_plans(_family(sig, name), sig)
     assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
 
 
@@ -74,18 +81,20 @@ def test_a_misaligned_bias_takes_the_scalar_pass():
 
 
 @pytest.mark.gpu
-def test_two_nodes_in_one_captured_graph():
+@pytest.mark.parametrize("name", FAMILIES)
+def test_two_nodes_in_one_captured_graph(name):
     x, w, attrs = GEOMS[0]
     sig = _sig(x, w, attrs, "float16", "Relu", {})
-    assert captured_pair_errors(prov.candidates("CBR", sig)[:4], sig) == []
+    assert captured_pair_errors(_family(sig, name)[:4], sig) == []
 
 
 @pytest.mark.gpu
-def test_captured_replay_equals_the_eager_run():
+@pytest.mark.parametrize("cls", [prov.CudnnSplitConv, prov.CudnnSplitPaddedConv], ids=FAMILIES)
+def test_captured_replay_equals_the_eager_run(cls):
     x, w, attrs = GEOMS[0]
     sig = _sig(x, w, attrs, "float16", "Relu", {})
     out_shape = conv_geom(sig).out_shape
-    low = as_lowering(prov.CudnnSplitConv("cudnn_split").build(sig, "sm_90"))
+    low = as_lowering(cls(prov.NAME_PAD if cls is prov.CudnnSplitPaddedConv else prov.NAME).build(sig, "sm_90"))
     rng = np.random.default_rng(1)
     host = [None if s is None else rng.standard_normal(s).astype("float16") for s in sig.input_shapes]
     stream = cupy.cuda.Stream(non_blocking=True)

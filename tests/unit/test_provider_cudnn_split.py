@@ -49,32 +49,48 @@ def test_absent_frontend_is_a_reason_not_an_error(monkeypatch):
     monkeypatch.setattr(cudnn, "_STATE", {"module": None, "reason": "nvidia-cudnn-frontend is not importable (x)"})
     sig = _sig(**STEM)
     cands = prov.candidates("CBR", sig)
-    assert [c.key() for c in cands] == ["cudnn_split"]
-    assert "not importable" in cands[0].applies(sig, (9, 0))
+    assert [c.key() for c in cands] == ["cudnn_split", "cudnn_split_cpad"]
+    assert all("not importable" in c.applies(sig, (9, 0)) for c in cands)
+
+
+def _graphs(log) -> list[list]:
+    """The fake's log cut at each ``pygraph`` (one entry list per graph built)."""
+    out: list[list] = []
+    for e in log:
+        if e[0] == "pygraph":
+            out.append([])
+        if out:
+            out[-1].append(e)
+    return out
 
 
 def test_the_graph_is_the_convolution_alone(fake):
     mod, log = fake
     sig = _sig(**dict(STEM, activation="Gelu"))
     keys = [c.key() for c in prov.candidates("CBR", sig)]
-    assert keys == ["cudnn_split", "cudnn_split:plan=eng4_k2=1", "cudnn_split:plan=eng9"]
-    ops = [e[0] for e in log]
-    assert ops[:4] == ["pygraph", "tensor", "tensor", "conv_fprop"]
-    assert not {"add", "gelu", "relu"} & set(ops)  # no bias, no activation in cuDNN's graph
-    tensors = {e[1]: (e[2], e[3]) for e in log if e[0] == "tensor"}
-    assert set(tensors) == {"X", "W"} and tensors["X"] == ([4, 3, 17, 19], [3 * 17 * 19, 1, 19 * 3, 3])  # NHWC
-    # its own graph, not the fused one's: both providers list for the same node
+    assert keys == ["cudnn_split", "cudnn_split:plan=eng4_k2=1", "cudnn_split:plan=eng9",
+                    "cudnn_split_cpad", "cudnn_split_cpad:plan=eng4_k2=1", "cudnn_split_cpad:plan=eng9"]
+    plain, padded = _graphs(log)
+    for graph, channels in ((plain, 3), (padded, 8)):
+        ops = [e[0] for e in graph]
+        assert ops[:4] == ["pygraph", "tensor", "tensor", "conv_fprop"]
+        assert not {"add", "gelu", "relu"} & set(ops)  # no bias, no activation in cuDNN's graph
+        tensors = {e[1]: (e[2], e[3]) for e in graph if e[0] == "tensor"}
+        assert set(tensors) == {"X", "W"}
+        assert tensors["X"] == ([4, channels, 17, 19], [channels * 17 * 19, 1, 19 * channels, channels])  # NHWC
+    # its own graphs, not the fused one's: both providers list for the same node
     cudnn.candidates("CBR", sig)
-    assert sum(e[0] == "pygraph" for e in log) == 2
+    assert sum(e[0] == "pygraph" for e in log) == 3
 
 
 def test_keys_parse_back_through_the_registry(fake):
     sig = _sig(**STEM)
     offered = {c.key() for c in registry.candidates_for(sig)}
     assert {"cudnn_split", "cudnn_split:plan=eng9", "cudnn:plan=eng9"} <= offered
-    for key in ("cudnn_split", "cudnn_split:plan=eng9"):
+    for key in ("cudnn_split", "cudnn_split:plan=eng9", "cudnn_split_cpad", "cudnn_split_cpad:plan=eng9"):
         cand = registry.candidate_from_key("CBR", key)
         assert isinstance(cand, prov.CudnnSplitConv) and cand.key() == key
+        assert isinstance(cand, prov.CudnnSplitPaddedConv) == key.startswith("cudnn_split_cpad")
     assert not isinstance(registry.candidate_from_key("CBR", "cudnn:plan=eng9"), prov.CudnnSplitConv)
 
 
@@ -173,3 +189,41 @@ def test_a_bare_convolution_runs_no_pass(fake, monkeypatch):
     y = _arr(np.ones((4 * 9 * 10, 16), np.float16))
     low.launch([np.zeros((4, 3, 17, 19), np.float16), np.zeros((16, 3, 7, 7), np.float16), None], [y], np.zeros(2000, np.uint8))
     assert calls == [] and np.all(np.asarray(y) == 1)
+
+
+def test_the_padded_form_pads_then_convolves_then_runs_the_pass(fake, monkeypatch):
+    from graphopt.kernels import gemm_act
+    from graphopt.providers import cudnn_cpad
+    from test_provider_cudnn_cpad import _Kernel
+
+    mod, log = fake
+    pads: list = []
+    passes: list = []
+    fake_epilogue = lambda src, expr, arch=None: _Epilogue(expr.split("<")[0], passes)  # noqa: E731
+    monkeypatch.setattr(prov, "get_kernel", fake_epilogue)
+    monkeypatch.setattr(gemm_act, "get_kernel", fake_epilogue)
+    monkeypatch.setattr(cudnn_cpad, "get_kernel", lambda src, expr, arch=None: _Kernel(pads))
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7)))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr("graphopt.lowering.barrier.barrier", lambda: None)
+    sig = _sig(**STEM)
+    low = prov.CudnnSplitPaddedConv(prov.NAME_PAD, (("plan", "eng9"),)).build(sig, "sm_90")
+    assert low.layouts == cudnn_cpad.LAYOUTS  # X NCHW and W OIHW, read by the padding; Y NHWC
+    assert low.workspace_bytes == cudnn_cpad.workspace_parts(sig, 2000)[2]  # the plan's and both padded operands
+    assert ("elementwise.cu", "pad_channels_nhwc<half_t>") in prov.CudnnSplitPaddedConv(prov.NAME_PAD).kernels(sig)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 3, 17, 19)).astype(np.float16)
+    w = rng.standard_normal((16, 3, 7, 7)).astype(np.float16)
+    conv = rng.standard_normal((4 * 9 * 10, 16)).astype(np.float16)
+    bias = rng.standard_normal(16).astype(np.float16)
+    y = _arr(conv.copy())
+    ws = np.full(low.workspace_bytes, 0xFF, np.uint8)
+    low.launch([x, w, _arr(bias)], [y], ws)
+    assert [c[2:] for c in pads] == [(4 * 17 * 19, 3, 8, 17 * 19), (16 * 49, 3, 8, 49)]
+    assert ("execute", ["W", "X", "conv_fprop"], 1) in log
+    bound = next(b.graph.bound for b in cudnn._GRAPHS.values() if hasattr(b.graph, "bound"))  # what the plan ran on
+    xp = bound["X"].ravel()[: 4 * 17 * 19 * 8].reshape(4, 17, 19, 8)
+    assert np.array_equal(xp[..., :3], x.transpose(0, 2, 3, 1)) and not xp[..., 3:].any()  # padded NHWC, zeros above C
+    assert passes == ["epilogue_gemm_vec"]
+    want = np.maximum(conv.astype(np.float64) + bias.astype(np.float64), 0)
+    assert np.abs(np.asarray(y, np.float64) - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
