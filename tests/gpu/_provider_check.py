@@ -213,3 +213,35 @@ def check_plans(cands, sig: Signature, limit: int = 8):
     print(f"{sig.key()}: {ok} plans correct, {len(unbuilt)} did not build")
     assert not wrong, wrong
     return ok, unbuilt
+
+
+def eager_and_replayed(low, sig: Signature, seed: int = 1, poison_workspace: bool = True):
+    """(eager output, the same launch captured in a CUDA graph and replayed) of a built lowering on
+    fp16 N(0, 1) inputs, on a side stream: the replay's output NaN-poisoned first, the workspace filled
+    with 0xFF (NaN-like fp16) before each launch where ``poison_workspace`` (what a lowering writes into
+    its workspace, it must write every time)."""
+    import cupy
+
+    from graphopt.kernels.check import output_shape
+
+    rng = np.random.default_rng(seed)
+    host = [None if s is None else rng.standard_normal(s).astype("float16") for s in sig.input_shapes]
+    out_shape = output_shape(sig)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        ins = low.conform([None if h is None else cupy.asarray(h) for h in host], cupy)
+        ws = cupy.full(max(1, low.workspace_bytes), 0xFF if poison_workspace else 0, dtype=cupy.uint8)
+        eager = low.empty_outputs(len(ins), [out_shape], "float16", cupy)[0]
+        low.launch(ins, [eager], ws)
+        if poison_workspace:
+            ws[...] = 0xFF
+        out = low.empty_outputs(len(ins), [out_shape], "float16", cupy)[0]
+        out[...] = cupy.nan
+        stream.begin_capture()
+        try:
+            low.launch(ins, [out], ws)
+        finally:
+            graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+    return eager, out

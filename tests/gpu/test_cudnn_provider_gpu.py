@@ -6,13 +6,12 @@ replayed with the right result."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 cupy = pytest.importorskip("cupy")
 
 from _harness import require_device  # noqa: E402
-from _provider_check import xfail_if_refused  # noqa: E402
+from _provider_check import eager_and_replayed, xfail_if_refused  # noqa: E402
 
 require_device()
 
@@ -119,24 +118,8 @@ def test_a_plan_captures_in_a_cuda_graph_and_replays(act):
         if act not in COMPOSED:
             raise
         xfail_if_refused(sig, prov._graph_for)
-    rng = np.random.default_rng(0)
-    host = [rng.standard_normal(s).astype("float16") for s in sig.input_shapes]
     # the reference is the eager result of the same lowering (and the checker's float64 one below)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        ins = low.conform([cupy.asarray(h) for h in host], cupy)
-        ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8)
-        eager = low.empty_outputs(4, [(4, 64, 28, 28)], "float16", cupy)[0]
-        low.launch(ins, [eager], ws)
-        out = low.empty_outputs(4, [(4, 64, 28, 28)], "float16", cupy)[0]
-        out[...] = cupy.nan
-        stream.begin_capture()
-        try:
-            low.launch(ins, [out], ws)
-        finally:
-            graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
+    eager, out = eager_and_replayed(low, sig, seed=0)
     assert cupy.array_equal(out, eager)
     assert checker(sig, low) is None
 

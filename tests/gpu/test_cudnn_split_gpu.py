@@ -12,11 +12,10 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 from _harness import require_device  # noqa: E402
-from _provider_check import STEM_GEOMS, captured_pair_errors, check_plans, host_inputs, reference  # noqa: E402
+from _provider_check import STEM_GEOMS, captured_pair_errors, check_plans, eager_and_replayed, host_inputs, reference  # noqa: E402
 
 require_device()
 
-from graphopt.kernels.geometry import conv_geom  # noqa: E402
 from graphopt.lowering import Signature, as_lowering  # noqa: E402
 from graphopt.providers import cudnn, cudnn_split as prov  # noqa: E402
 
@@ -93,24 +92,7 @@ def test_two_nodes_in_one_captured_graph(name):
 def test_captured_replay_equals_the_eager_run(cls):
     x, w, attrs = GEOMS[0]
     sig = _sig(x, w, attrs, "float16", "Relu", {})
-    out_shape = conv_geom(sig).out_shape
     low = as_lowering(cls(prov.NAME_PAD if cls is prov.CudnnSplitPaddedConv else prov.NAME).build(sig, "sm_90"))
-    rng = np.random.default_rng(1)
-    host = [None if s is None else rng.standard_normal(s).astype("float16") for s in sig.input_shapes]
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        ins = low.conform([None if h is None else cupy.asarray(h) for h in host], cupy)
-        ws = cupy.full(max(1, low.workspace_bytes), 0xFF, dtype=cupy.uint8)
-        eager = low.empty_outputs(4, [out_shape], "float16", cupy)[0]
-        low.launch(ins, [eager], ws)
-        out = low.empty_outputs(4, [out_shape], "float16", cupy)[0]
-        out[...] = cupy.nan
-        stream.begin_capture()
-        try:
-            low.launch(ins, [out], ws)
-        finally:
-            graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
+    eager, out = eager_and_replayed(low, sig)
     assert not bool(cupy.isnan(eager).any())
     assert cupy.array_equal(out, eager)
