@@ -151,18 +151,19 @@ case "$N" in
   23) # call 21 for a budget of ~300 s: the im2col variant's GPU tests, then the two stems at bs32 only
     TESTS="tests/gpu/test_provider_cublaslt.py" PYTEST_ARGS="-k im2col" bash bench/device_calls.sh "$OUT/i" gpu-tests:90
     BATCHES=32 CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-180} ;;
-  24) # twelfth session (~530 s of device time left): cudnn_split's GPU tests, the measured barrier's (the GPT-2
-      # test now checks the replays first), the fp16 erf-GELU pass per element and through cublaslt_act; the two
-      # stems with cudnn_split among the candidates (prediction in NOTES_kernels: ResNet-50's at bs32 160-180 us
-      # against torch channels_last's 189.0); the bias+GELU rows of the memory table (prediction: 268 MB
-      # 72-78 us); then the attention table with the measured barrier on (call 17's last step)
+  24) # the twelfth session's changes (~550 s): the GPU tests of cudnn_split / cudnn_split_cpad, of the capture helper
+      # the cuDNN CBR tests now share, of the measured barrier (the GPT-2 test now checks the replays first), of the
+      # fp16 erf-GELU pass (per element and through cublaslt_act); the two stems with cudnn_split among the
+      # candidates (prediction in NOTES_kernels: ResNet-50's at bs32 160-180 us against torch channels_last's
+      # 189.0); the bias+GELU rows of the memory table (prediction: 268 MB 72-78 us); then the attention table
+      # with the measured barrier on (call 17's last step; its budget may skip the longest rows)
     G=tests/gpu
-    TESTS="$G/test_cudnn_split_gpu.py $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue" \
-      bash bench/device_calls.sh "$OUT/i" gpu-tests:120
+    TESTS="$G/test_cudnn_split_gpu.py $G/test_cudnn_cpad_gpu.py $G/test_cudnn_provider_gpu.py::test_a_plan_captures_in_a_cuda_graph_and_replays $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue" \
+      bash bench/device_calls.sh "$OUT/i" gpu-tests:200
     CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:110
-    TRANSFORMER_ARGS="--tables memory --kernels gelu --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:60
+    TRANSFORMER_ARGS="--tables memory --kernels gelu --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:90
     [ "${SKIP_ATTN:-0}" = 1 ] || GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-150} ;;
-  25) # call 24 without its attention step, for ~350 s of device time (any GPU: the tests and the stems;
+  25) # call 24 without its attention step, for ~400 s of device time (any GPU: the tests and the stems;
       # the GELU rows say most on the H200, where the pass was compute-bound)
     SKIP_ATTN=1 exec bash "$0" 24 "$OUT" ;;
   26) # the twelfth session's last ~250 s of device time: cudnn_split's, the GELU pass's and the measured barrier's
