@@ -17,17 +17,11 @@ import pytest
 from graphopt.kernels import registry
 from graphopt.lowering import Lowering
 from graphopt.providers import cudnn, cudnn_split as prov
-from test_provider_cudnn import _fake_module, _sig
+import test_provider_cudnn_cpad as cpad_tests
+from test_provider_cudnn import _sig
 
-STEM = dict(x=(4, 3, 17, 19), w=(16, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3], activation="Relu")
-
-
-@pytest.fixture()
-def fake(monkeypatch):
-    mod, log = _fake_module(plans=("eng4_k2=1", "eng9"))
-    monkeypatch.setattr(cudnn, "_STATE", {"module": mod, "reason": None})
-    monkeypatch.setattr(cudnn, "_GRAPHS", {})
-    return mod, log
+STEM = cpad_tests.STEM
+fake = cpad_tests.fake  # the fixture: the fake cuDNN frontend listing two plans for every graph
 
 
 def test_for_stems_without_a_residual_only():
