@@ -151,6 +151,29 @@ def vector_epilogue_launcher(dt: str, total: int, n: int, act):
     return run
 
 
+def epilogue_launcher(dt: str, total: int, m: int, n: int, act, bias_strides: tuple = (0, 0, 1), vector: bool = True,
+                      arch: str | None = None):
+    """``run(y, c, alpha, beta)``: ``y = act(alpha * y + beta * c)`` in place over ``y`` as [batch][m][n]
+    (``total`` elements), ``c`` addressed through ``bias_strides`` (batch, row, column; or None for no
+    bias). The 16-byte vector kernel where ``vector`` (the caller's promise: ``c`` is one row of ``n``
+    values or absent, ``n`` whole vectors) and both pointers are 16-byte aligned at the call, else the
+    strided scalar kernel (``epilogue_gemm``)."""
+    scalar = get_kernel("elementwise.cu", instance("epilogue_gemm", dt), arch)
+    vec_run = vector_epilogue_launcher(dt, total, n, act) if vector else None
+    grid = (min(-(-total // 256), 132 * 32),)
+    i32, i64, f32 = np.int32, np.int64, np.float32
+    head = (i64(total), i32(m), i32(n), i64(bias_strides[0]), i32(bias_strides[1]), i32(bias_strides[2]))
+    tail = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+
+    def run(y, c, alpha: float, beta: float) -> None:
+        if vec_run is not None and y.data.ptr % 16 == 0 and (c is None or c.data.ptr % 16 == 0):
+            vec_run(y, c, alpha, beta)
+        else:
+            scalar(grid, (256,), (y, ptr(c)) + head + (f32(alpha), f32(beta)) + tail)
+
+    return run
+
+
 def _bias_array(C, p: GemmPlan):
     import cupy
 
@@ -197,14 +220,9 @@ class CublasGemm(Candidate):
         p = gemm_plan(sig)
         dt = geo.dtype_of(sig)
         act = geo.act_args(sig)
-        epi = get_kernel("elementwise.cu", instance("epilogue_gemm", dt))
-        total = p.Z * p.M * p.N
-        egrid = (min(-(-total // 256), 132 * 32),)
         # the vector epilogue where the bias is one row of N values (or absent) and rows are 16-byte
         # multiples; each launch still checks the pointers' alignment and else takes the scalar one
-        epi_vec = vector_epilogue_launcher(dt, total, p.N, act) if _vector_epilogue(p, dt) else None
-        i32, i64, f32 = np.int32, np.int64, np.float32
-        tail_act = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
+        epilogue = epilogue_launcher(dt, p.Z * p.M * p.N, p.M, p.N, act, p.bias or (0, 0, 0), _vector_epilogue(p, dt))
         needs_epi = p.bias is not None or act.code != 0 or p.alpha != 1.0
 
         own = self.name == "cublas_ws"
@@ -234,13 +252,7 @@ class CublasGemm(Candidate):
                     cupy.matmul(a, b, out=y)
             if not needs_epi:
                 return
-            c = _bias_array(C, p)
-            if epi_vec is not None and y.data.ptr % 16 == 0 and (c is None or c.data.ptr % 16 == 0):
-                epi_vec(y, c, p.alpha, p.beta)
-                return
-            bs = p.bias or (0, 0, 0)
-            epi(egrid, (256,), (y, ptr(c), i64(total), i32(p.M), i32(p.N), i64(bs[0]), i32(bs[1]), i32(bs[2]),
-                                f32(p.alpha), f32(p.beta)) + tail_act)
+            epilogue(y, _bias_array(C, p), p.alpha, p.beta)
 
         # cupy.matmul refuses stream capture; the runtime's own cuBLAS handle does not
         return Lowering(launch=lambda ins, outs, ws: launch(ins, outs), capturable=own)

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.gemm_act import vector_epilogue_launcher
-from graphopt.kernels.mma_args import ptr
-from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
+from graphopt.kernels.gemm_act import epilogue_launcher
+from graphopt.kernels.source import VEC16, instance, source_hash
 from graphopt.lowering.contract import Lowering, Signature
 from graphopt.providers import cudnn as base
 from graphopt.providers import cudnn_cpad
@@ -71,26 +69,12 @@ def _padded_graph_for(sig: Signature, tag: str = "") -> base._Built:
 
 
 def epilogue(sig: Signature, arch: str | None = None):
-    """``run(y, bias)``: ``y = act(y + bias)`` in place over the NHWC output (rows of M channels), 16
-    bytes a load where ``y`` and ``bias`` are 16-byte aligned, else the scalar form of the same pass."""
+    """``run(y, bias)``: ``y = act(y + bias)`` in place over the NHWC output (rows of M channels, one bias
+    row): ``gemm_act.epilogue_launcher``, 16 bytes a load where ``y`` and ``bias`` are aligned."""
     g = geo.conv_geom(sig)
-    dt = geo.dtype_of(sig)
-    act = geo.act_args(sig)
-    total = g.N * g.OH * g.OW * g.M
-    vec_run = vector_epilogue_launcher(dt, total, g.M, act)
-    scalar = get_kernel("elementwise.cu", instance("epilogue_gemm", dt), arch)
-    grid = (min(-(-total // 256), 132 * 32),)
-    i32, i64, f32 = np.int32, np.int64, np.float32
-    tail = (f32(1.0), f32(1.0), i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
-    head = (i64(total), i32(total // g.M), i32(g.M), i64(0), i32(0), i32(1))
-
-    def run(y, bias) -> None:
-        if y.data.ptr % 16 == 0 and (bias is None or bias.data.ptr % 16 == 0):
-            vec_run(y, bias, 1.0, 1.0)
-        else:
-            scalar(grid, (256,), (y, ptr(bias)) + head + tail)
-
-    return run
+    rows = g.N * g.OH * g.OW
+    run = epilogue_launcher(geo.dtype_of(sig), rows * g.M, rows, g.M, geo.act_args(sig), arch=arch)
+    return lambda y, bias: run(y, bias, 1.0, 1.0)
 
 
 @dataclass(frozen=True)

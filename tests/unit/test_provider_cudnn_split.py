@@ -148,9 +148,7 @@ def test_build_and_launch(fake, monkeypatch, act, extra, code, aligned):
     mod, log = fake
     calls: list = []
     fake_kernel = lambda src, expr, arch=None: _Epilogue(expr.split("<")[0], calls)  # noqa: E731
-    monkeypatch.setattr(prov, "get_kernel", fake_kernel)
     monkeypatch.setattr(gemm_act, "get_kernel", fake_kernel)
-    monkeypatch.setattr(prov, "ptr", lambda a: a)
     cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7)))
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setattr("graphopt.lowering.barrier.barrier", lambda: calls.append("barrier"))
@@ -174,7 +172,7 @@ def test_build_and_launch(fake, monkeypatch, act, extra, code, aligned):
 
 def test_a_bare_convolution_runs_no_pass(fake, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(prov, "get_kernel", lambda src, expr, arch=None: _Epilogue(expr.split("<")[0], calls))
+    monkeypatch.setattr("graphopt.kernels.gemm_act.get_kernel", lambda src, expr, arch=None: _Epilogue(expr.split("<")[0], calls))
     cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7)))
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setattr("graphopt.lowering.barrier.barrier", lambda: None)
@@ -194,7 +192,6 @@ def test_the_padded_form_pads_then_convolves_then_runs_the_pass(fake, monkeypatc
     pads: list = []
     passes: list = []
     fake_epilogue = lambda src, expr, arch=None: _Epilogue(expr.split("<")[0], passes)  # noqa: E731
-    monkeypatch.setattr(prov, "get_kernel", fake_epilogue)
     monkeypatch.setattr(gemm_act, "get_kernel", fake_epilogue)
     monkeypatch.setattr(cudnn_cpad, "get_kernel", lambda src, expr, arch=None: _Kernel(pads))
     cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7)))
