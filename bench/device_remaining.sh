@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
 # per run-tool call (each within its 600 s limit). First call of a session: ``auto`` (24: the GPU tests of what
-# the twelfth session built (cudnn_split, the 16-bit erf-GELU, the measured barrier's replays), the two stems
-# with cudnn_split, the bias+GELU rows, the attention table with the measured barrier; the whole GPU suite ran
-# on the H200 at 556fae7 with one failure, a test's expectation, fixed since). Then 27 (the stems part by
-# part), 13, 5 (the CBR and GemmAct tables with torch's graph columns), 14 (more cuDNN plans probed for early
+# the twelfth and thirteenth sessions built (cudnn_split, the 16-bit erf-GELU, the measured barrier's replays,
+# the held softmax's shorter instruction stream), the two stems with cudnn_split, the bias+GELU and softmax rows;
+# the whole GPU suite ran on the H200 at 556fae7 with one failure, a test's expectation, fixed since). Then 28
+# (the attention table with the measured barrier, the stems part by part), 13, 5 (the CBR and GemmAct tables with torch's graph columns), 14 (more cuDNN plans probed for early
 # starts: any GPU), 16 (the barrier rule end to end); 22 is the whole GPU suite in one step (an H200),
-# 18 + 19 or 3 + 4 the same in halves. 25 and 26 are 24 cut for a short budget. 8 and 12 ran on the H200 at
+# 18 + 19 or 3 + 4 the same in halves. 25 and 26 are 24 cut for a short budget (27: 28's second step alone). 8 and 12 ran on the H200 at
 # f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on H100s on 2026-12-06 and are kept to repeat them on the H200.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..27 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..28 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..27 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..28 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -151,21 +151,25 @@ case "$N" in
   23) # call 21 for a budget of ~300 s: the im2col variant's GPU tests, then the two stems at bs32 only
     TESTS="tests/gpu/test_provider_cublaslt.py" PYTEST_ARGS="-k im2col" bash bench/device_calls.sh "$OUT/i" gpu-tests:90
     BATCHES=32 CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-180} ;;
-  24) # the twelfth session's changes (~550 s): the GPU tests of cudnn_split / cudnn_split_cpad, of the capture helper
-      # the cuDNN CBR tests now share, of the measured barrier (the GPT-2 test now checks the replays first), of the
-      # fp16 erf-GELU pass (per element and through cublaslt_act); the two stems with cudnn_split among the
+  24) # the twelfth and thirteenth sessions' changes (~450 s): the GPU tests of cudnn_split / cudnn_split_cpad, of the
+      # capture helper the cuDNN CBR tests now share, of the measured barrier (the GPT-2 test now checks the replays
+      # first), of the fp16 erf-GELU pass (per element and through cublaslt_act), of the held softmax (its exp, max
+      # and store without special-value tests, thirteenth session); the two stems with cudnn_split among the
       # candidates (prediction in NOTES_kernels: ResNet-50's at bs32 160-180 us against torch channels_last's
-      # 189.0); the bias+GELU rows of the memory table (prediction: 268 MB 72-78 us); then the attention table
-      # with the measured barrier on (call 17's last step; its budget may skip the longest rows)
+      # 189.0); the bias+GELU and softmax rows of the memory table (predictions: 268 MB bias+GELU 72-78 us, the
+      # BERT-base s128 softmax 10.1 -> 8.4-9.3 us); the attention table with the measured barrier is call 28
     G=tests/gpu
-    TESTS="$G/test_cudnn_split_gpu.py $G/test_cudnn_cpad_gpu.py $G/test_cudnn_provider_gpu.py::test_a_plan_captures_in_a_cuda_graph_and_replays $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue" \
-      bash bench/device_calls.sh "$OUT/i" gpu-tests:200
+    A=$G/test_attention_gpu.py
+    TESTS="$G/test_cudnn_split_gpu.py $G/test_cudnn_cpad_gpu.py $G/test_cudnn_provider_gpu.py::test_a_plan_captures_in_a_cuda_graph_and_replays $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue $A::test_held_softmax $A::test_vector_softmax $A::test_fully_masked_rows $A::test_nan_and_inf_scores_give_the_references_rows $A::test_attention_candidate_reads_bshd" \
+      bash bench/device_calls.sh "$OUT/i" gpu-tests:220
     CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:110
-    TRANSFORMER_ARGS="--tables memory --kernels gelu --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:90
-    [ "${SKIP_ATTN:-0}" = 1 ] || GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-150} ;;
-  25) # call 24 without its attention step, for ~400 s of device time (any GPU: the tests and the stems;
-      # the GELU rows say most on the H200, where the pass was compute-bound)
-    SKIP_ATTN=1 exec bash "$0" 24 "$OUT" ;;
+    TRANSFORMER_ARGS="--tables memory --kernels gelu,softmax --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:120 ;;
+  25) # call 24 for ~300 s of device time: its GPU tests and the memory rows (no stems)
+    G=tests/gpu
+    A=$G/test_attention_gpu.py
+    TESTS="$G/test_cudnn_split_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $A::test_held_softmax $A::test_fully_masked_rows $A::test_nan_and_inf_scores_give_the_references_rows" \
+      bash bench/device_calls.sh "$OUT/i" gpu-tests:150
+    TRANSFORMER_ARGS="--tables memory --kernels gelu,softmax --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:110 ;;
   26) # the twelfth session's last ~250 s of device time: cudnn_split's, the GELU pass's and the measured barrier's
       # GPU tests (no prebuild: they compile what they use), then the two stems at bs32 (budget 40 s); the
       # kernel cache is not re-packed (over the size that comes back). The bias+GELU rows stay for call 24.
@@ -177,7 +181,11 @@ case "$N" in
   27) # why the stems miss (after 24): each part of ResNet-50's and MobileNetV2's stems at bs32 beside torch's parts
       # (bench/stem_breakdown.py): cuDNN's convolution alone, the bias + activation pass, im2col's packing and GEMM
     bash bench/device_calls.sh "$OUT/s" stem-breakdown:200 ;;
+  28) # after 24: the attention table with the measured barrier on (call 17's last step), then the stems part by
+      # part (call 27)
+    GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-230}
+    bash bench/device_calls.sh "$OUT/s" stem-breakdown:200 ;;
   auto) # the first call of a session: 24 anywhere (AUTO_N overrides)
     exec bash "$0" "${AUTO_N:-24}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..27 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..28 or auto" >&2; exit 2 ;;
 esac

@@ -152,66 +152,99 @@ __device__ __forceinline__ void softmax_row_strided(SoftmaxVec<T, VEC>* pr, int 
 // max (nan_max): a NaN score makes its row NaN, as the reference's max does; a +inf score too
 // (exp(inf - inf)); a row with nothing attended gives NaN, or 0 with nan_to_zero. torch takes 16.1 us
 // on BERT-base's bs32 scores on the H100, the strided short-row form 24.0.
+// max.NaN (sm_80+) is one instruction where the compare-and-select form takes three or four: the held
+// forms run it once a score (the twelfth session's instruction count, NOTES_kernels 2026-12-07).
 __device__ __forceinline__ float nan_max(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
     return (a != a || b != b) ? ATTN_NAN : fmaxf(a, b);
+#endif
+}
+
+// 2^x by the hardware's ex2 alone (exp2f adds a rescaling for subnormal results around it): a
+// probability under 2^-126 of its row's largest becomes 0. ex2(-inf) = 0, ex2(NaN) = NaN.
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
 }
 
 // A thread's LOADS vectors of a row (vector first + t * stride), all loaded first, as masked scores in
-// x; returns their max (NaN if one is NaN, -inf for none attended or a thread past the rows).
+// x; returns their max (NaN if one is NaN, -inf for none attended or a thread past the rows). Without a
+// mask and causal (uniform per launch) the scores are taken as they are: no per-score mask test.
 template <typename T, int MASK, int VEC, int LOADS>
 __device__ __forceinline__ float held_load(const SoftmaxVec<T, VEC>* pr, int first, int stride, bool live,
                                            const AttnMask& mask, int b, int h, int i, float (&x)[LOADS * VEC]) {
-    SoftmaxVec<T, VEC> raw[LOADS];
-    if (live) {
-#pragma unroll
-        for (int t = 0; t < LOADS; ++t) raw[t] = pr[first + t * stride];
-    }
     float m = ATTN_NEG_INF;
+    if (!live) {
+#pragma unroll
+        for (int j = 0; j < LOADS * VEC; ++j) x[j] = ATTN_NEG_INF;
+        return m;
+    }
+    SoftmaxVec<T, VEC> raw[LOADS];
+#pragma unroll
+    for (int t = 0; t < LOADS; ++t) raw[t] = pr[first + t * stride];
+    if (MASK == 0 && !mask.causal) {
+#pragma unroll
+        for (int t = 0; t < LOADS; ++t) {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                x[t * VEC + k] = Num<T>::to_f(raw[t].v[k]);
+                m = nan_max(m, x[t * VEC + k]);
+            }
+        }
+        return m;
+    }
 #pragma unroll
     for (int t = 0; t < LOADS; ++t) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-            const float v = live ? masked_score<T, MASK>(Num<T>::to_f(raw[t].v[k]), mask, b, h, i, (first + t * stride) * VEC + k)
-                                 : ATTN_NEG_INF;
-            x[t * VEC + k] = v;
-            m = nan_max(m, v);
+            x[t * VEC + k] = masked_score<T, MASK>(Num<T>::to_f(raw[t].v[k]), mask, b, h, i, (first + t * stride) * VEC + k);
+            m = nan_max(m, x[t * VEC + k]);
         }
     }
     return m;
 }
 
-// x = exp(x - m) in place (0 for a masked score or a row with nothing attended); returns their sum.
-// As exp2f((x - m) * log2(e)): the hardware's ex2 and one multiply instead of expf's range reduction
-// (relative error about |x - m| * 4e-8 more, under 2e-6 for scores 40 apart). Measured on the H100 in a
-// pipelined variant of the short-row form (2026-12-06, fifth session): 4-12 % faster than expf at
-// 128-2048 keys, fp16; the GPU tests' fp32 gate (1e-5) held.
+// x = exp(x - m) in place as 2^(x * log2(e) - m * log2(e)): one FMA and the hardware's ex2 a score
+// (exp2f's rescaling and the masked-score tests left out, NOTES_kernels 2026-12-07). The rounding of
+// m * log2(e) scales every exp of the row by the same factor, which the division by their sum
+// cancels; the rest is (x - m) * log2(e)'s rounding as before (under 2e-6 relative for scores 40
+// apart). The special values need no test: a masked score (-inf) gives 2^-inf = 0; a row with nothing
+// attended (m = -inf) takes m * log2(e) as 0, so its -inf scores give 0 too; a NaN max, or a +inf one
+// (inf - inf), makes the row's exps and sum NaN. Returns the sum. exp2f was 4-12 % faster than expf on
+// the H100 (2026-12-06, fifth session); the fp32 gate (1e-5) held.
 template <int N>
 __device__ __forceinline__ float held_exp(float (&x)[N], float m) {
+    const float log2e = 1.4426950408889634f;
+    const float ml = m == ATTN_NEG_INF ? 0.0f : m * log2e;
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-        x[j] = (m == ATTN_NEG_INF || x[j] == ATTN_NEG_INF) ? 0.0f : exp2f((x[j] - m) * 1.4426950408889634f);
+        x[j] = ex2_ftz(fmaf(x[j], log2e, -ml));
         s += x[j];
     }
     return s;
 }
 
 // The probabilities x / s stored where held_load read them: NaN for a row with nothing attended
-// (m == -inf) and, through s, for every score of a row with a NaN or +inf score; nan_to_zero turns every
-// NaN probability into 0 (the reference's elementwise IsNaN / Where).
+// (m == -inf: its exps are 0, times a NaN inverse) and, through s, for every score of a row with a NaN
+// or +inf score; nan_to_zero turns every NaN probability into 0 (the reference's elementwise IsNaN /
+// Where) as fmaxf(p, 0): fmaxf returns its non-NaN operand and a probability is never negative; without
+// nan_to_zero the floor is NaN, which fmaxf passes over. One instruction a score instead of the tests.
 template <typename T, int VEC, int LOADS>
 __device__ __forceinline__ void held_store(SoftmaxVec<T, VEC>* pr, int first, int stride, const float (&x)[LOADS * VEC],
                                            float m, float s, int nan_to_zero) {
-    const bool empty = m == ATTN_NEG_INF;
-    const float inv = 1.0f / s;
+    const float inv = m == ATTN_NEG_INF ? ATTN_NAN : 1.0f / s;
+    const float floor = nan_to_zero ? 0.0f : ATTN_NAN;
 #pragma unroll
     for (int t = 0; t < LOADS; ++t) {
         SoftmaxVec<T, VEC> o;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-            const float p = empty ? ATTN_NAN : x[t * VEC + k] * inv;
-            o.v[k] = Num<T>::from_f((nan_to_zero && p != p) ? 0.0f : p);
-        }
+        for (int k = 0; k < VEC; ++k) o.v[k] = Num<T>::from_f(fmaxf(x[t * VEC + k] * inv, floor));
         pr[first + t * stride] = o;
     }
 }

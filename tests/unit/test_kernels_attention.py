@@ -385,8 +385,9 @@ def _nan_max(a, b):
 def _held_softmax_row(row, width, loads, vec, nan_to_zero):
     """The held softmax forms on one row, step by step as the kernels run them (held_load, held_exp,
     held_store): thread l of ``width`` (a group's lanes, or a CTA's threads) holds scores
-    (l + t * width) * vec + k; a NaN-propagating max per thread, then over the threads, one exp a
-    score, the sum over the threads, then the scaled store, every NaN made 0 with nan_to_zero."""
+    (l + t * width) * vec + k; a NaN-propagating max per thread, then over the threads, one exp2 a
+    score with no special-value tests, the sum over the threads, then the scaled store with fmax's
+    NaN floor, every NaN made 0 with nan_to_zero."""
     idx = [[(lane + t * width) * vec + k for t in range(loads) for k in range(vec)] for lane in range(width)]
     m = -np.inf
     for ix in idx:
@@ -395,14 +396,19 @@ def _held_softmax_row(row, width, loads, vec, nan_to_zero):
             mt = _nan_max(mt, row[j])
         m = _nan_max(m, mt)
     out = np.empty_like(row)
-    with np.errstate(divide="ignore", invalid="ignore"):  # exp(inf - inf) and 1 / 0, as in CUDA
-        e = {j: 0.0 if m == -np.inf or row[j] == -np.inf else np.exp(row[j] - m) for ix in idx for j in ix}
+    log2e = np.log2(np.e)
+    with np.errstate(divide="ignore", invalid="ignore"):  # inf - inf and 1 / 0, as in CUDA
+        # held_exp: 2^(x * log2(e) - m * log2(e)) with no test of the special values (m * log2(e) is 0
+        # for a row with nothing attended); held_store: a NaN inverse for such a row, and
+        # fmaxf(p, nan_to_zero ? 0 : NaN), which returns its non-NaN operand (np.fmax)
+        ml = 0.0 if m == -np.inf else m * log2e
+        e = {j: np.exp2(row[j] * log2e - ml) for ix in idx for j in ix}
         s = np.float64(sum(sum(e[j] for j in ix) for ix in idx))
-        inv = 1.0 / s
+        inv = np.nan if m == -np.inf else 1.0 / s
+        floor = 0.0 if nan_to_zero else np.nan
         for ix in idx:
             for j in ix:
-                p = np.nan if m == -np.inf else e[j] * inv
-                out[j] = 0.0 if nan_to_zero and np.isnan(p) else p
+                out[j] = np.fmax(e[j] * inv, floor)
     return out
 
 
