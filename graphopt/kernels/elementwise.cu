@@ -69,11 +69,23 @@ __device__ __forceinline__ float gelu_erf_16bit(float x)
     return 0.5f * x * (1.0f + copysignf(e, x));
 }
 
-// The activation of the vector pass: apply_act_inline's, except erf-GELU into a 16-bit type.
+// tanh-GELU for 16-bit outputs: 0.5 x (1 + tanh(u)) = x * sigmoid(2 u) = x / (1 + exp(-2 u)),
+// u = sqrt(2 / pi) (x + 0.044715 x^3), with the fast exponential and division (relative error ~1e-6,
+// a hundredth of an fp16 ulp; a huge exp gives x * 0 = -0 where the value is under 1e-30). Why not
+// tanhf: the same H200 count as the erf form's (tanhf's range-split polynomial and its exp tail
+// against ~7 operations here). fp32 outputs keep tanhf (apply_act_inline).
+__device__ __forceinline__ float gelu_tanh_16bit(float x)
+{
+    const float minus_2u = x * fmaf(-0.0713548162726f, x * x, -1.5957691216057308f);  // -2 u
+    return __fdividef(x, 1.0f + __expf(minus_2u));
+}
+
+// The activation of the vector pass: apply_act_inline's, except the two GELUs into a 16-bit type.
 template <typename T, int ACT>
 __device__ __forceinline__ float epilogue_act(float v, const ActParams& ap)
 {
     if (ACT == ACT_GELU && sizeof(T) == 2) return gelu_erf_16bit(v);
+    if (ACT == ACT_GELUTANH && sizeof(T) == 2) return gelu_tanh_16bit(v);
     return apply_act_inline(v, ap);
 }
 
@@ -89,10 +101,16 @@ __device__ __forceinline__ void epilogue_vec_pass(T* __restrict__ Y, const T* __
     if (ACT >= 0) ap.kind = ACT;  // a constant the compiler folds the switch with
     V* yv = reinterpret_cast<V*>(Y);
     const V* bv = reinterpret_cast<const V*>(bias);
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += gridDim.x * blockDim.x) {
+    const int step = gridDim.x * blockDim.x;
+    const int rv = row_v > 0 ? row_v : 1;  // no bias row read when there is none (N may then be anything)
+    const int step_col = step % rv;
+    int col = (blockIdx.x * blockDim.x + threadIdx.x) % rv;  // j % row_v, advanced without a division a vector
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += step) {
         V y = yv[j];
         if (bias) {
-            const V b = bv[j % row_v];
+            const V b = bv[col];
+            col += step_col;
+            if (col >= rv) col -= rv;
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
                 y.v[k] = Num<T>::from_f(epilogue_act<T, ACT>(alpha * Num<T>::to_f(y.v[k]) + beta * Num<T>::to_f(b.v[k]), ap));

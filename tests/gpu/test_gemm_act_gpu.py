@@ -92,10 +92,12 @@ def test_gemm_activation(ai, dtype, name, cand):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_vector_pass_gelu_per_element(dtype):
-    """``epilogue_gemm_vec``'s erf-GELU (fp16: the branch-free A&S form; fp32: erff) on every value of a
-    dense grid over [-12, 12] plus a bias row, against float64: fp16 within one ulp of the exact value's
-    rounding where |GELU| >= 1e-3 and three in the tail; fp32 within 1e-6 relative of the largest value."""
+@pytest.mark.parametrize("act", [8, 9], ids=["erf", "tanh"])
+def test_the_vector_pass_gelu_per_element(dtype, act):
+    """``epilogue_gemm_vec``'s GELUs (fp16: the branch-free A&S erf form and the x * sigmoid(2u) tanh form;
+    fp32: erff and tanhf) on every value of a dense grid over [-12, 12] plus a bias row, against float64:
+    fp16 within one ulp of the exact value's rounding where |GELU| >= 1e-3 and three in the tail; fp32
+    within 1e-6 relative of the largest value."""
     import math
 
     from graphopt.kernels.gemm_act import vector_epilogue_launcher
@@ -105,12 +107,15 @@ def test_the_vector_pass_gelu_per_element(dtype):
     rows = 480
     x = np.linspace(-12, 12, rows * n).reshape(rows, n).astype(dtype)
     bias = (np.random.default_rng(0).standard_normal(n) * 0.25).astype(dtype)
-    run = vector_epilogue_launcher(dtype, rows * n, n, ActArgs(8, 0.2, 0.5, -math.inf, math.inf))
+    run = vector_epilogue_launcher(dtype, rows * n, n, ActArgs(act, 0.2, 0.5, -math.inf, math.inf))
     y = cupy.asarray(x)
     run(y, cupy.asarray(bias), 1.0, 1.0)
     got = cupy.asnumpy(y).astype(np.float64)
     v = (x.astype(np.float32) + bias.astype(np.float32)).astype(np.float64)  # the pass adds in fp32
-    exact = 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+    if act == 8:
+        exact = 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+    else:
+        exact = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
     if dtype == "float16":
         ulp = np.spacing(np.abs(exact).astype(np.float16)).astype(np.float64)
         off = np.abs(got - exact.astype(np.float16).astype(np.float64)) / ulp

@@ -73,3 +73,32 @@ def test_the_16bit_erf_gelu_is_as_close_in_fp16_as_erff():
     ulp = np.spacing(np.abs(exact).astype(np.float16)).astype(np.float64)
     off = np.abs(got.astype(np.float16).astype(np.float64) - exact.astype(np.float16).astype(np.float64)) / ulp
     assert off[np.abs(exact) >= 1e-3].max() <= 1 and off.max() <= 2
+
+
+def _gelu_tanh_16bit(x: np.ndarray) -> np.ndarray:
+    """gelu_tanh_16bit (elementwise.cu) in float32: x / (1 + exp(-2u))."""
+    f = np.float32
+    with np.errstate(over="ignore"):
+        minus_2u = x * (f(-0.0713548162726) * (x * x) + f(-1.5957691216057308))
+        return (x / (f(1) + np.exp(minus_2u))).astype(f)
+
+
+def test_the_16bit_tanh_gelu_is_the_tanh_form():
+    """The vector pass's tanh-GELU for fp16 outputs, x * sigmoid(2u), rounds to within one fp16 ulp of
+    0.5 x (1 + tanh(u)) computed in float64 wherever |GELU| >= 1e-3 and within two in the tail; its
+    constants are 2 sqrt(2 / pi) and 2 sqrt(2 / pi) 0.044715."""
+    from graphopt.kernels.source import read_source
+
+    src = read_source("elementwise.cu")
+    body = src[src.index("float gelu_tanh_16bit"):src.index("float epilogue_act")]
+    assert "-0.0713548162726f" in body and "-1.5957691216057308f" in body
+    c = math.sqrt(2 / math.pi)
+    assert abs(2 * c - 1.5957691216057308) < 1e-15 and abs(2 * c * 0.044715 - 0.0713548162726) < 1e-12
+    x = np.linspace(-12, 12, 240_001).astype(np.float32)
+    x64 = x.astype(np.float64)
+    exact = 0.5 * x64 * (1 + np.tanh(c * (x64 + 0.044715 * x64 ** 3)))
+    got = _gelu_tanh_16bit(x).astype(np.float64)
+    assert np.abs(got - exact).max() <= 4e-7 * max(1.0, float(np.abs(x).max()))
+    ulp = np.spacing(np.abs(exact).astype(np.float16)).astype(np.float64)
+    off = np.abs(got.astype(np.float16).astype(np.float64) - exact.astype(np.float16).astype(np.float64)) / ulp
+    assert off[np.abs(exact) >= 1e-3].max() <= 1 and off.max() <= 2
