@@ -9,12 +9,12 @@
 # 18 + 19 or 3 + 4 the same in halves. 25 and 26 are 24 cut for a short budget (27: 28's second step alone). 8 and 12 ran on the H200 at
 # f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on H100s on 2026-12-06 and are kept to repeat them on the H200.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..28 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..29 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..28 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..29 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -185,7 +185,13 @@ case "$N" in
       # part (call 27)
     GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-230}
     bash bench/device_calls.sh "$OUT/s" stem-breakdown:200 ;;
+  29) # why torch's convolution alone beats every cuDNN plan graphopt is offered for ResNet-50's stem (84.5 us against
+      # 192.4 on the H100, stem_breakdown_h100_34c2a8f): torch's kernels, every engine id of the conv-only graph, every
+      # heuristic plan without graphopt's inexact-notes filter (NOTES_kernels, thirteenth session); then the early-start
+      # test fixed after 34c2a8f
+    PACK_CUBIN=0 PREBUILD=0 bash bench/device_calls.sh "$OUT/e" stem-engines:240
+    PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_early_start_gpu.py" bash bench/device_calls.sh "$OUT/t" gpu-tests:120 ;;
   auto) # the first call of a session: 24 anywhere (AUTO_N overrides)
     exec bash "$0" "${AUTO_N:-24}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..28 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..29 or auto" >&2; exit 2 ;;
 esac

@@ -68,7 +68,9 @@ def test_measured_barriers_keep_every_replay_exact(monkeypatch, name, op, shapes
     _cudnn_or_skip()
     import graphopt
 
-    model, _ = graphopt.optimize(str(ROOT / "models" / "torch" / name), gpu="none", shapes=shapes)
+    # an fp16 model: a float32 one run in fp16 gets the heuristic's fp16 choice, not the recorded "cudnn"
+    # (on the H100 at 34c2a8f 29 of ResNet-50's 53 CBRs ran own kernels that way)
+    model, _ = graphopt.optimize(str(ROOT / "models" / "torch" / name), gpu="none", shapes=shapes, precision="fp16")
     model = every_node_on(model, op, "cudnn")
     feeds = random_feeds(model, np.random.default_rng(3))
     eager = Session(model, device="cuda", dtype="float16", cuda_graphs=False, step_graphs=False)
@@ -77,7 +79,9 @@ def test_measured_barriers_keep_every_replay_exact(monkeypatch, name, op, shapes
     sess = Session(model, device="cuda", dtype="float16")
     got = [{k: to_numpy(v) for k, v in sess.run(feeds).items()} for _ in range(5)]
     barriers = sess.last_plan.barriers
-    print(f"\n{name}: barriers {barriers}, {sess.graph_status}, {os.environ.get(early_start.ENV)}")
+    # nodes the runtime moved off their recorded lowering (a shape the plan refuses here), each with a note
+    rerouted = [n for n in sess.last_plan.notes if " runs " in n]
+    print(f"\n{name}: barriers {barriers}, {sess.graph_status}, {os.environ.get(early_start.ENV)}, rerouted {rerouted}")
     assert sess.graph_status == "replaying a CUDA graph"
     for g in got:
         for k, w in want.items():
@@ -87,8 +91,8 @@ def test_measured_barriers_keep_every_replay_exact(monkeypatch, name, op, shapes
     # the H200 all eight of GPT-2's cuDNN matmul plans read "not early"
     # (bench/results/gpu_tests_h200_ordering_556fae7.txt) while the first plan of the MLP shape above
     # reads "early" there as on the H100. (The compiled plan's steps no longer carry their lowerings, so
-    # the count comes from the model.)
+    # the count comes from the model, less the nodes rerouted.)
     on_cudnn = sum(n.domain == "graphopt" and n.op_type == op for n in model.graph.node)
-    assert on_cudnn > 0 and sum(barriers.values()) >= on_cudnn
+    assert on_cudnn > len(rerouted) and sum(barriers.values()) >= on_cudnn - len(rerouted)
     if op == "CBR":  # ResNet-50's conv plans start with ordinary work on both machines measured
         assert barriers["unneeded"] > 0

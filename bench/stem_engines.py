@@ -1,0 +1,243 @@
+"""Which cuDNN engines run an image stem's convolution, and which kernels torch runs for it (GPU; one JSON + table).
+
+The stem breakdown (``bench/stem_breakdown.py``, H100, 2026-12-07, code 34c2a8f) found ResNet-50's 7x7 / 2 stem
+at bs32 fp16 taking 84.5 us as torch channels_last's convolution alone (in a CUDA graph) against 192.4 us for
+the best plan cuDNN's frontend heuristics list for the same convolution-only graph (``cudnn_split``'s 19 plans,
+heuristics A then the fallback list, graphopt's filter of inexact numerical notes applied). Torch reaches an
+engine graphopt is not offered. Two hypotheses, each answered here:
+
+- the engine is in cuDNN's engine list but no heuristic lists it: every engine id of the operation graph
+  (``get_engine_count``) is built with its default knobs (``create_execution_plan``), timed and checked;
+- the engine is listed but graphopt bars it: torch allows plans with ``REDUCED_PRECISION_REDUCTION`` for fp16
+  (``allow_fp16_reduced_precision_reduction``), graphopt's ``INEXACT_NOTES`` do not. Every plan of heuristics
+  A / B / fallback is timed *without* the filter, and marked barred where graphopt's listing lacks it.
+
+For each: device time (median of CUDA-event repetitions, eager, as torch's eager column), the max error
+against a float32 convolution (TF32 off) relative to the largest reference value, and its name. Torch's own
+kernels come from ``torch.profiler``: which cuDNN / cuBLAS kernel torch's conv runs, and its device time.
+
+    python3 bench/stem_engines.py --out DIR [--batch 32] [--only r50.stem] [--budget 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from lowering_bench import GPU_NAME_HELP, env_header, gpu_tag, write_atomic  # noqa: E402
+from stem_breakdown import STEMS, cbr_sig  # noqa: E402
+
+
+def torch_kernels(x, w, s, p, reps: int) -> dict:
+    """torch channels_last's convolution alone (cudnn.benchmark): its kernels and their mean device times."""
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    xt = torch.randn(x, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    wt = torch.randn(w, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    for _ in range(5):
+        torch.nn.functional.conv2d(xt, wt, stride=s, padding=p)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            torch.nn.functional.conv2d(xt, wt, stride=s, padding=p)
+        torch.cuda.synchronize()
+    kernels = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0.0)
+        if t and ev.count:
+            kernels[ev.key] = {"count": ev.count, "mean_us": round(float(t), 2)}
+    return kernels
+
+
+class Probe:
+    """One stem's convolution-only graph on cuDNN's frontend: inputs, a float32 reference, a timer."""
+
+    def __init__(self, mod, handle, x, w, s, p, dtype: str, reps: int):
+        import cupy
+        import torch
+
+        from graphopt.lowering import layout
+        from graphopt.providers import cudnn_split
+
+        self.mod, self.handle, self.reps = mod, handle, reps
+        self.sig = cudnn_split.conv_only(cbr_sig(x, w, s, p, "Relu", {}, dtype, bias=False))
+        rng = cupy.random.default_rng(0)
+        xl = rng.standard_normal(x, dtype=cupy.float32)
+        wl = rng.standard_normal(w, dtype=cupy.float32) * 0.1
+        with torch.backends.cudnn.flags(allow_tf32=False):
+            ref = torch.nn.functional.conv2d(torch.as_tensor(xl, device="cuda"), torch.as_tensor(wl, device="cuda"),
+                                             stride=s, padding=p)
+        self.ref = cupy.asarray(ref)
+        self.scale = float(cupy.abs(self.ref).max())
+        self.x = layout.to_layout(xl.astype(dtype), "NHWC", cupy)
+        self.w = layout.to_layout(wl.astype(dtype), "NHWC", cupy)  # KRSC: W's NHWC
+        self.y = layout.empty(self.ref.shape, dtype, "NHWC", cupy)
+
+    def graph(self):
+        from graphopt.providers import cudnn as base
+
+        graph, tensors = base.conv_graph(self.mod, self.handle, self.sig)[:2]
+        graph.validate()
+        graph.build_operation_graph()
+        return graph, tensors
+
+    def run_plan(self, graph, tensors, index: int) -> dict:
+        """Build plan ``index`` of ``graph``, time it (eager, CUDA events) and check it."""
+        import cupy
+
+        from graphopt.kernels.timing import median
+        from graphopt.providers import cudnn as base
+
+        graph.build_plan_at_index(index)
+        ws = cupy.empty(max(1, int(graph.get_workspace_size_plan_at_index(index))), dtype=cupy.uint8)
+        pack = {tensors["X"]: base._Dl(self.x), tensors["W"]: base._Dl(self.w), tensors["Y"]: base._Dl(self.y)}
+        stream = cupy.cuda.get_current_stream()
+        self.mod.set_stream(handle=self.handle, stream=stream.ptr)
+
+        def once():
+            graph.execute_plan_at_index(pack, base._Dl(ws), index, handle=self.handle)
+
+        self.y.fill(float("nan"))  # poisoned: a plan that writes nothing fails the check
+        once()
+        stream.synchronize()
+        err = float(cupy.abs(self.y.astype(cupy.float32) - self.ref).max()) / self.scale
+        for _ in range(3):
+            once()
+        times = []
+        for _ in range(self.reps):
+            a, b = cupy.cuda.Event(), cupy.cuda.Event()
+            a.record(stream)
+            once()
+            b.record(stream)
+            b.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(a, b) * 1e3)
+        return {"us": round(median(times), 2), "max_rel_err": err if err == err else "nan",
+                "workspace": int(graph.get_workspace_size_plan_at_index(index))}
+
+
+def every_engine(probe: Probe, deadline: float) -> list[dict]:
+    """Every engine id of the convolution-only graph with its default knobs: built, timed, checked."""
+    graph, _ = probe.graph()
+    count = int(graph.get_engine_count())
+    out = []
+    for eid in range(count):
+        if time.monotonic() > deadline:
+            out.append({"engine": eid, "skipped": "budget"})
+            continue
+        row = {"engine": eid}
+        try:
+            g, t = probe.graph()
+            g.create_execution_plan(eid, {})
+            g.check_support()
+            row["name"] = str(g.get_plan_name_at_index(0))
+            row.update(probe.run_plan(g, t, 0))
+        except Exception as e:  # noqa: BLE001 - an engine that refuses this graph: its reason, one line
+            row["refused"] = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def unfiltered_heuristics(probe: Probe, offered: set, deadline: float) -> list[dict]:
+    """Every plan heuristics A, B and the fallback list give, without graphopt's inexact-notes filter;
+    ``barred``: not among the plans graphopt's own listing offers."""
+    mod = probe.mod
+    out = []
+    for mode in ("A", "B", "FALLBACK"):
+        hm = getattr(mod.heur_mode, mode, None)
+        if hm is None:
+            continue
+        try:
+            graph, tensors = probe.graph()
+            graph.create_execution_plans([hm])
+            graph.check_support()
+            n = int(graph.get_execution_plan_count())
+        except Exception as e:  # noqa: BLE001
+            out.append({"mode": mode, "refused": (str(e).splitlines() or [type(e).__name__])[0][:160]})
+            continue
+        for i in range(n):
+            if time.monotonic() > deadline:
+                out.append({"mode": mode, "index": i, "skipped": "budget"})
+                continue
+            row = {"mode": mode, "index": i}
+            try:
+                row["name"] = str(graph.get_plan_name_at_index(i))
+                row["barred"] = row["name"] not in offered
+                row.update(probe.run_plan(graph, tensors, i))
+            except Exception as e:  # noqa: BLE001
+                row["refused"] = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            out.append(row)
+            print(json.dumps(row), flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--only", default="r50.stem", help="comma-separated stem names (bench/stem_breakdown.py STEMS)")
+    ap.add_argument("--budget", type=float, default=200.0, help="seconds for the engines of all stems")
+    ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
+    args = ap.parse_args(argv)
+
+    from graphopt.providers import cudnn as base
+    from graphopt.providers import cudnn_split
+
+    header = env_header("python3 bench/stem_engines.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    tag = gpu_tag(args.gpu_name)
+    mod = base._load()
+    if mod is None:
+        print(f"stem_engines: cuDNN frontend unavailable: {base.unavailable()}", file=sys.stderr)
+        return 1
+    handle = base._handle(mod)
+    names = [n for n in args.only.split(",") if n in STEMS]
+    start = time.monotonic()
+    rows = []
+    for k, name in enumerate(names):
+        xs, w, s, p, _act, _extra = STEMS[name]
+        x = (args.batch,) + xs
+        deadline = start + args.budget * (k + 1) / len(names)
+        row = {"layer": name, "bs": args.batch, "dtype": args.dtype, "torch_kernels": torch_kernels(x, w, s, p, args.reps)}
+        print(json.dumps(row), flush=True)
+        probe = Probe(mod, handle, x, w, s, p, args.dtype, args.reps)
+        offered = set(cudnn_split._graph_for(cbr_sig(x, w, s, p, "Relu", {}, args.dtype)).names)
+        row["offered_by_graphopt"] = sorted(offered)
+        row["heuristics_unfiltered"] = unfiltered_heuristics(probe, offered, deadline - (deadline - time.monotonic()) / 2)
+        rows.append(row)
+        _write(args.out, tag, header, rows)
+        row["engines"] = every_engine(probe, deadline)
+        _write(args.out, tag, header, rows)
+    return 0
+
+
+def _write(out_dir: str, tag: str, header: dict, rows: list) -> None:
+    write_atomic(os.path.join(out_dir, f"stem_engines_{tag}.json"), json.dumps({"header": header, "rows": rows}, indent=1))
+    lines = [f"# Stem engines on {header.get('gpu', tag)} ({header.get('date', '')})", "",
+             f"Command: `{header.get('command', '')}`. Eager device time in us (median, CUDA events); error: max |y - "
+             "ref| / max |ref| against a float32 convolution (TF32 off).", ""]
+    for r in rows:
+        lines += [f"## {r['layer']} bs{r['bs']} {r['dtype']}", "", "torch's kernels (profiler, mean us):", ""]
+        lines += [f"- `{k}`: {v['mean_us']} us x{v['count']}" for k, v in r["torch_kernels"].items()]
+        timed = [e for e in r.get("heuristics_unfiltered", []) + r.get("engines", []) if "us" in e]
+        timed.sort(key=lambda e: e["us"])
+        lines += ["", "| source | plan | us | max rel err | barred by graphopt | workspace |", "|---|---|---:|---:|---|---:|"]
+        for e in timed[:40]:
+            src = f"heur {e['mode']}" if "mode" in e else f"engine {e['engine']}"
+            lines.append(f"| {src} | `{e.get('name')}` | {e['us']} | {e['max_rel_err']} | {e.get('barred', '')} | {e['workspace']} |")
+        refused = [e for e in r.get("engines", []) if "refused" in e]
+        lines += ["", f"Engines refused: {len(refused)} of {len(r.get('engines', []))}.", ""]
+    write_atomic(os.path.join(out_dir, f"stem_engines_{tag}.md"), "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
