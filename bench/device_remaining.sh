@@ -189,8 +189,8 @@ case "$N" in
       # 192.4 on the H100, stem_breakdown_h100_34c2a8f): torch's kernels, every engine id of the conv-only graph, every
       # heuristic plan without graphopt's inexact-notes filter (NOTES_kernels, thirteenth session); then the early-start
       # test fixed after 34c2a8f
-    PACK_CUBIN=0 PREBUILD=0 bash bench/device_calls.sh "$OUT/e" stem-engines:240
-    PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_early_start_gpu.py" bash bench/device_calls.sh "$OUT/t" gpu-tests:120 ;;
+    PACK_CUBIN=0 PREBUILD=0 bash bench/device_calls.sh "$OUT/e" stem-engines:${ENGINES_S:-200}
+    [ "${SKIP_TESTS:-0}" = 1 ] || PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_early_start_gpu.py" bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-100} ;;
   auto) # the first call of a session: 24 anywhere (AUTO_N overrides)
     exec bash "$0" "${AUTO_N:-24}" "$OUT" ;;
   *) echo "device_remaining.sh: N must be 0..29 or auto" >&2; exit 2 ;;
