@@ -127,7 +127,8 @@ def every_engine(probe: Probe, deadline: float) -> list[dict]:
     """Every engine id of the convolution-only graph with its default knobs: built, timed, checked."""
     graph, _ = probe.graph()
     count = int(graph.get_engine_count())
-    out = []
+    out = [{"engine_count": count, "appends": _appends(probe, count)}]
+    print(json.dumps(out[0]), flush=True)
     for eid in range(count):
         if time.monotonic() > deadline:
             out.append({"engine": eid, "skipped": "budget"})
@@ -144,6 +145,27 @@ def every_engine(probe: Probe, deadline: float) -> list[dict]:
         out.append(row)
         print(json.dumps(row), flush=True)
     return out
+
+
+def _appends(probe: Probe, count: int) -> dict:
+    """Whether ``create_execution_plan`` adds to a graph's plan list or replaces it: the heuristics' plan
+    count before and after adding each engine id in turn (what a listing of every engine would rely on)."""
+    try:
+        graph, _ = probe.graph()
+        graph.create_execution_plans([probe.mod.heur_mode.A])
+        before = int(graph.get_execution_plan_count())
+        added = []
+        for eid in range(min(count, 64)):
+            try:
+                graph.create_execution_plan(eid, {})
+                added.append(eid)
+            except Exception:  # noqa: BLE001 - an engine that refuses the graph adds nothing
+                pass
+        after = int(graph.get_execution_plan_count())
+        names = [str(graph.get_plan_name_at_index(i)) for i in range(after)]
+        return {"heuristic_a": before, "engines_added": len(added), "after": after, "names": names[:80]}
+    except Exception as e:  # noqa: BLE001
+        return {"error": (str(e).splitlines() or [type(e).__name__])[0][:160]}
 
 
 def unfiltered_heuristics(probe: Probe, offered: set, deadline: float) -> list[dict]:
@@ -235,7 +257,11 @@ def _write(out_dir: str, tag: str, header: dict, rows: list) -> None:
             src = f"heur {e['mode']}" if "mode" in e else f"engine {e['engine']}"
             lines.append(f"| {src} | `{e.get('name')}` | {e['us']} | {e['max_rel_err']} | {e.get('barred', '')} | {e['workspace']} |")
         refused = [e for e in r.get("engines", []) if "refused" in e]
-        lines += ["", f"Engines refused: {len(refused)} of {len(r.get('engines', []))}.", ""]
+        tried = [e for e in r.get("engines", []) if "engine" in e]
+        lines += ["", f"Engines refused: {len(refused)} of {len(tried)}.", ""]
+        head = next((e for e in r.get("engines", []) if "engine_count" in e), None)
+        if head:
+            lines += [f"create_execution_plan after heuristics A: {json.dumps({k: v for k, v in head['appends'].items() if k != 'names'})}", ""]
     write_atomic(os.path.join(out_dir, f"stem_engines_{tag}.md"), "\n".join(lines) + "\n")
 
 
