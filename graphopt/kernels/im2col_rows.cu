@@ -7,15 +7,25 @@ struct __align__(sizeof(T) * VEC) I2cVec {
     T v[VEC];
 };
 
+// The stride, in vectors, of a tile row in shared memory: the row's vectors, made odd so that the eight
+// lanes of a quarter-warp, each writing one 16-byte vector of its own row, hit eight different 16-byte
+// bank groups (an even stride put two lanes on one group; 19, ResNet-50's stem, is odd already).
+__host__ __device__ __forceinline__ int im2col_tile_stride(int chunks) { return chunks | 1; }
+
 // im2col into GEMM rows: cols[(n*OH + oh)*OW + ow][k] = X[n][c][oh*sh - ph + r*dh][ow*sw - pw + s*dw]
 // for k = (c*KH + r)*KW + s < K (0 outside the image), 0 for K <= k < Kp, with Kp a multiple of VEC
 // (16-byte rows: cuBLASLt's heuristic offers its aligned kernels). Blocks of (32, 8) threads take 32
 // pixels (rows) at a time: threadIdx.x is the pixel, so a warp's gathers of one k read 32 neighbouring
 // pixels of one image row (a cache line or two: a stem's X is read ~KH*KW/(sh*sw) times over, from L1 /
-// L2), and threadIdx.y strides over the row's VEC-wide vectors, one 16-byte store each (the eight warps
-// of a block complete the 32 rows' sectors between them). (c, r, s) is the same across a warp: no
-// divergence in the window. A first version gave each thread one vector of a row and adjacent threads
-// adjacent vectors: its warps' gathers touched ~20 lines each (bench/NOTES_kernels.md, eleventh session).
+// L2), and threadIdx.y strides over the row's VEC-wide vectors. (c, r, s) is the same across a warp: no
+// divergence in the window. The 32 rows' vectors go to shared memory first (``tile``, dynamic: 32 *
+// im2col_tile_stride(Kp / VEC) vectors), then the block writes the tile, which is one contiguous span of
+// cols (32 * Kp elements), with consecutive threads on consecutive 16-byte vectors: whole lines a warp.
+// Why: writing each thread's vector straight to its row put a warp's 32 stores 2 * Kp bytes apart, 32
+// half-filled sectors a store instruction; ResNet-50's stem at bs32 packed in 234.9 us on the H100 that
+// way (bench/results/stem_breakdown_h100_34c2a8f.md, against ~35 us for its 122 MB). A first version gave
+// each thread one vector of a row and adjacent threads adjacent vectors: its warps' gathers touched ~20
+// lines each (bench/NOTES_kernels.md, eleventh session).
 // Then the weights: Wp[m][k] = Wt[m][k] for k < K, 0 after (the GEMM's other operand, K padded like
 // cols), over the grid's flat thread index.
 // int indices: the provider admits only sizes whose element counts fit (cublaslt_problem.im2col_reason).
@@ -26,30 +36,40 @@ __global__ void __launch_bounds__(256) im2col_rows(const T* __restrict__ X, cons
                                                    int pw, int dh, int dw, int OH, int OW, int rows, int K, int Kp, int M)
 {
     typedef I2cVec<T, VEC> V;
+    extern __shared__ __align__(16) unsigned char im2col_smem[];
+    V* tile_s = reinterpret_cast<V*>(im2col_smem);
     const int chunks = Kp / VEC;
+    const int stride = im2col_tile_stride(chunks);
     const int tiles = (rows + 31) / 32;
+    const int flat = threadIdx.y * 32 + threadIdx.x;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int row = tile * 32 + threadIdx.x;
-        if (row >= rows) continue;
-        const int ow = row % OW, t = row / OW;
-        const int ih0 = (t % OH) * sh - ph, iw0 = ow * sw - pw;
-        const T* xn = X + (long long)(t / OH) * C * H * W;
-        V* out = reinterpret_cast<V*>(cols + (long long)row * Kp);
-        for (int ch = threadIdx.y; ch < chunks; ch += blockDim.y) {
-            const int k0 = ch * VEC;
-            int s = k0 % KW, r = (k0 / KW) % KH, c = k0 / (KW * KH);  // (c, r, s) of k0, then stepped
-            V v;
+        const int row0 = tile * 32;
+        const int row = row0 + threadIdx.x;
+        if (row < rows) {
+            const int ow = row % OW, t = row / OW;
+            const int ih0 = (t % OH) * sh - ph, iw0 = ow * sw - pw;
+            const T* xn = X + (long long)(t / OH) * C * H * W;
+            for (int ch = threadIdx.y; ch < chunks; ch += blockDim.y) {
+                const int k0 = ch * VEC;
+                int s = k0 % KW, r = (k0 / KW) % KH, c = k0 / (KW * KH);  // (c, r, s) of k0, then stepped
+                V v;
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                T x = T(0);
-                const int ih = ih0 + r * dh, iw = iw0 + s * dw;
-                if (k0 + j < K && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W)
-                    x = xn[((long long)c * H + ih) * W + iw];
-                v.v[j] = x;
-                if (++s == KW) { s = 0; if (++r == KH) { r = 0; ++c; } }
+                for (int j = 0; j < VEC; ++j) {
+                    T x = T(0);
+                    const int ih = ih0 + r * dh, iw = iw0 + s * dw;
+                    if (k0 + j < K && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W)
+                        x = xn[((long long)c * H + ih) * W + iw];
+                    v.v[j] = x;
+                    if (++s == KW) { s = 0; if (++r == KH) { r = 0; ++c; } }
+                }
+                tile_s[threadIdx.x * stride + ch] = v;
             }
-            out[ch] = v;
         }
+        __syncthreads();
+        const int n = (rows - row0 < 32 ? rows - row0 : 32) * chunks;  // the tile's vectors, contiguous in cols
+        V* out = reinterpret_cast<V*>(cols + (long long)row0 * Kp);
+        for (int i = flat; i < n; i += 256) out[i] = tile_s[(i / chunks) * stride + i % chunks];
+        __syncthreads();  // the next tile's gathers overwrite tile_s
     }
     const int threads = gridDim.x * blockDim.x * blockDim.y;
     for (int j0 = (blockIdx.x * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x; j0 < M * chunks; j0 += threads) {

@@ -83,8 +83,9 @@ from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.providers import cublaslt_lib as lt
 from graphopt.providers.cublaslt_problem import (  # noqa: F401 - re-exported: the provider's API
     ACTIVATIONS, ALIGNMENT, DTYPES, EPILOGUES, ITEMSIZE, LAYOUTS, LAYOUTS_BT, OPS, SAME_CALLS, Problem,
-    activation_after_call, b_stored_transposed, b_transposed_reason, im2col_depth, im2col_reason, out_elements, padded_ld,
-    padded_output_reason, post_activation_reason, problem, row_length, shape_reason, variant_reason)
+    activation_after_call, b_stored_transposed, b_transposed_reason, im2col_depth, im2col_reason, im2col_tile_bytes,
+    out_elements, padded_ld, padded_output_reason, post_activation_reason, problem, row_length, shape_reason,
+    variant_reason)
 
 NAME = "cublaslt"
 NAME_BT = "cublaslt_bt"  # GemmAct with B declared colmajor (module docstring)
@@ -305,6 +306,7 @@ class _Im2col:
     shape_w: tuple
     cols_bytes: int     # 256-byte rounded: Wp starts there
     nbytes: int         # cols and Wp
+    smem: int = 0       # the block's tile of 32 rows (cublaslt_problem.im2col_tile_bytes)
 
     @classmethod
     def of(cls, sig: Signature) -> "_Im2col":
@@ -320,7 +322,8 @@ class _Im2col:
         from graphopt.kernels.source import get_kernel
 
         kern = get_kernel(IM2COL_SOURCE, instance("im2col_rows", dt, vec))
-        return cls(kern, args, grid, (g.N, g.C, g.H, g.W), (g.M, g.C, g.KH, g.KW), cols_bytes, cols_bytes + w_bytes)
+        return cls(kern, args, grid, (g.N, g.C, g.H, g.W), (g.M, g.C, g.KH, g.KW), cols_bytes, cols_bytes + w_bytes,
+                   im2col_tile_bytes(kp, dt))
 
     def launch(self, x, w, base: int) -> list[int]:
         """Pack X and W at ``base``; the addresses of cols and Wp, which stand for X and W in the GEMM."""
@@ -331,7 +334,7 @@ class _Im2col:
                 raise TuningError(f"cublaslt_im2col: {name} must be C-contiguous {want} (NCHW / OIHW); got "
                                   f"{tuple(arr.shape)}, strides {tuple(getattr(arr, 'strides', ()))}")
         cols, wp = base, base + self.cols_bytes
-        self.kernel((self.grid,), (32, 8), (x, w, np.uint64(cols), np.uint64(wp)) + self.args)
+        self.kernel((self.grid,), (32, 8), (x, w, np.uint64(cols), np.uint64(wp)) + self.args, shared_mem=self.smem)
         return [cols, wp]
 
 

@@ -34,10 +34,12 @@ def _host_view(address: int, count: int, dtype) -> np.ndarray:
 def _im2col_rows_emulated(launches):
     """``im2col_rows<T, VEC>`` as its threads run it: blocks of (32, 8) over tiles of 32 rows (the
     grid-stride loop), threadIdx.x the row, threadIdx.y striding over the row's vectors, each vector's
-    (c, r, s) from its first k then stepped, loads only inside X, one 16-byte store per vector; then
-    the weights over the grid's flat thread index."""
+    (c, r, s) from its first k then stepped, loads only inside X, each vector into the block's tile in
+    shared memory (poisoned first, rows at an odd stride of vectors, sized by the launch's shared_mem);
+    then the tile's vectors stored in order over the block's flat thread index into the one span of
+    cols they make; then the weights over the grid's flat thread index."""
 
-    def kernel(grid, block, args):
+    def kernel(grid, block, args, shared_mem=0):
         x, w, cols, wp, *geom = args
         C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, rows, K, Kp, M = (int(v) for v in geom)
         launches.append((grid, block, (C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, rows, K, Kp, M)))
@@ -48,8 +50,11 @@ def _im2col_rows_emulated(launches):
         xf, wf = x.reshape(-1), w.reshape(-1)
         out_c, out_w = _host_view(int(cols), rows * Kp, dt), _host_view(int(wp), M * Kp, dt)
         chunks, tiles = Kp // vec, (rows + 31) // 32
+        stride = chunks | 1
+        assert stride % 2 == 1 and shared_mem == 32 * stride * 16  # the tile, as the kernel indexes it
         for b in range(grid[0]):
             for tile in range(b, tiles, grid[0]):
+                smem = np.full((32 * stride, vec), np.nan, dt)
                 for ty in range(block[1]):
                     for tx in range(block[0]):
                         row = tile * 32 + tx
@@ -70,7 +75,14 @@ def _im2col_rows_emulated(launches):
                                     s, r = 0, r + 1
                                     if r == KH:
                                         r, c = 0, c + 1
-                            out_c[(row * Kp + k0):(row * Kp + k0 + vec)] = v
+                            smem[tx * stride + ch] = v
+                # __syncthreads, then the tile's vectors, contiguous in cols from its first row
+                row0 = tile * 32
+                n_vec = min(32, rows - row0) * chunks
+                for flat in range(block[0] * block[1]):
+                    for i in range(flat, n_vec, block[0] * block[1]):
+                        start = row0 * Kp + i * vec
+                        out_c[start:start + vec] = smem[(i // chunks) * stride + i % chunks]
         threads = grid[0] * block[0] * block[1]
         for start in range(threads):
             for j0 in range(start, M * chunks, threads):
@@ -131,6 +143,8 @@ def test_im2col_rows_then_the_gemm_compute_the_cbr_reference(emulated, monkeypat
     (conv((2, 3, 9, 9), (8, 3, 1, 1)), "a GEMM already"),
     (conv((2, 3, 9, 9), (12, 3, 3, 3), activation="HardSwish"), "16-byte vectors"),
     (conv((2, 3, 9, 9), (8, 3, 3, 3), dtype="bfloat16"), "dtype bfloat16"),
+    # 4 * 11 * 11 = 484 fp32 values a row: 32 rows at 121 vectors = 61,952 bytes of tile (fp16's 488 fit)
+    (conv((1, 4, 23, 23), (8, 4, 11, 11), dtype="float32"), "shared memory"),
 ])
 def test_im2col_near_misses_say_why(emulated, sig, why):
     assert why in (prov.im2col_reason(sig) or "")
