@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
-# per run-tool call (each within its 600 s limit). First call of a session: ``auto`` (24: the GPU tests of what
-# the twelfth and thirteenth sessions built (cudnn_split, the 16-bit erf-GELU, the measured barrier's replays,
-# the held softmax's shorter instruction stream), the two stems with cudnn_split, the bias+GELU and softmax rows;
-# the whole GPU suite ran on the H200 at 556fae7 with one failure, a test's expectation, fixed since). Then 28
-# (the attention table with the measured barrier, the stems part by part), 13, 5 (the CBR and GemmAct tables with torch's graph columns), 14 (more cuDNN plans probed for early
-# starts: any GPU), 16 (the barrier rule end to end); 22 is the whole GPU suite in one step (an H200),
-# 18 + 19 or 3 + 4 the same in halves. 25 and 26 are 24 cut for a short budget (27: 28's second step alone). 8 and 12 ran on the H200 at
-# f90f151 (ninth session); 0, 6, 7, 9 and 10 ran on H100s on 2026-12-06 and are kept to repeat them on the H200.
+# per run-tool call (each within its 600 s limit). The thirteenth session ran 24, 28 and 22 on an H100 at 34c2a8f
+# (no H200 came); everything after that commit is unmeasured. First call of a session: ``auto``:
+#   - on an H200: 24 (the GPU tests of the twelfth and thirteenth sessions' changes: cudnn_split, the 16-bit GELUs,
+#     the held softmax, im2col's tiled packing, the measured barrier; the two stems; the bias+GELU and softmax
+#     rows, the issue's acceptance rows on the H200), then 28 (the attention table with the measured barrier, the
+#     stems part by part), then 22 (the whole GPU suite: the H100 passed it at 34c2a8f but for the early-start
+#     test's count, fixed since);
+#   - on any other GPU: 29 (im2col's GPU tests and the stem breakdown, the stem engines probe, the early-start test).
+# Then 13, 5 (the CBR and GemmAct tables with torch's graph columns), 16 (the barrier rule end to end); 18 + 19 or
+# 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
+# numbers are kept to repeat earlier measurements.
 #
 #   bash bench/device_remaining.sh N "$OUT"        (N = 0..29 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
@@ -160,7 +163,7 @@ case "$N" in
       # BERT-base s128 softmax 10.1 -> 8.4-9.3 us); the attention table with the measured barrier is call 28
     G=tests/gpu
     A=$G/test_attention_gpu.py
-    TESTS="$G/test_cudnn_split_gpu.py $G/test_cudnn_cpad_gpu.py $G/test_cudnn_provider_gpu.py::test_a_plan_captures_in_a_cuda_graph_and_replays $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue $A::test_held_softmax $A::test_vector_softmax $A::test_fully_masked_rows $A::test_nan_and_inf_scores_give_the_references_rows $A::test_attention_candidate_reads_bshd" \
+    TESTS="$G/test_cudnn_split_gpu.py $G/test_cudnn_cpad_gpu.py $G/test_cudnn_provider_gpu.py::test_a_plan_captures_in_a_cuda_graph_and_replays $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue $A::test_held_softmax $A::test_vector_softmax $A::test_fully_masked_rows $A::test_nan_and_inf_scores_give_the_references_rows $A::test_attention_candidate_reads_bshd $G/test_provider_cublaslt.py::test_im2col_variant_for_image_stems $G/test_provider_cublaslt.py::test_im2col_variant_captures_its_packing" \
       bash bench/device_calls.sh "$OUT/i" gpu-tests:220
     CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:110
     TRANSFORMER_ARGS="--tables memory --kernels gelu,softmax --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:120 ;;
@@ -185,13 +188,21 @@ case "$N" in
       # part (call 27)
     GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-230}
     bash bench/device_calls.sh "$OUT/s" stem-breakdown:200 ;;
-  29) # why torch's convolution alone beats every cuDNN plan graphopt is offered for ResNet-50's stem (84.5 us against
-      # 192.4 on the H100, stem_breakdown_h100_34c2a8f): torch's kernels, every engine id of the conv-only graph, every
-      # heuristic plan without graphopt's inexact-notes filter (NOTES_kernels, thirteenth session); then the early-start
-      # test fixed after 34c2a8f
-    PACK_CUBIN=0 PREBUILD=0 bash bench/device_calls.sh "$OUT/e" stem-engines:${ENGINES_S:-200}
-    [ "${SKIP_TESTS:-0}" = 1 ] || PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_early_start_gpu.py" bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-100} ;;
-  auto) # the first call of a session: 24 anywhere (AUTO_N overrides)
-    exec bash "$0" "${AUTO_N:-24}" "$OUT" ;;
+  29) # the stems on any GPU (thirteenth session): im2col's packing through a shared-memory tile (its GPU tests, then the
+      # stem breakdown: prediction 234.9 -> 50-90 us for the packing on the H100), why torch's convolution alone beats
+      # every cuDNN plan graphopt is offered for ResNet-50's stem (84.5 us against 192.4 on the H100,
+      # stem_breakdown_h100_34c2a8f: torch's kernels, every engine id of the conv-only graph, every heuristic plan
+      # without graphopt's inexact-notes filter), and the early-start test fixed after 34c2a8f
+    G=tests/gpu
+    PACK_CUBIN=0 PREBUILD=0 TESTS="$G/test_provider_cublaslt.py::test_im2col_variant_for_image_stems $G/test_provider_cublaslt.py::test_im2col_variant_captures_its_packing $G/test_early_start_gpu.py" \
+      bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-150}
+    PACK_CUBIN=0 bash bench/device_calls.sh "$OUT/s" stem-breakdown:${BREAKDOWN_S:-120}
+    PACK_CUBIN=0 PREBUILD=0 bash bench/device_calls.sh "$OUT/e" stem-engines:${ENGINES_S:-200} ;;
+  auto) # the first call of a session (AUTO_N overrides): on an H200, 24 (the acceptance rows are the H200's); on any
+      # other GPU, 29 (the stems' questions, which any GPU answers)
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    case "$gpu" in *H200*) n=24 ;; *) n=29 ;; esac
+    echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
+    exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
   *) echo "device_remaining.sh: N must be 0..29 or auto" >&2; exit 2 ;;
 esac
