@@ -163,7 +163,7 @@ case "$N" in
       # BERT-base s128 softmax 10.1 -> 8.4-9.3 us); the attention table with the measured barrier is call 28
     G=tests/gpu
     A=$G/test_attention_gpu.py
-    TESTS="$G/test_cudnn_split_gpu.py $G/test_cudnn_cpad_gpu.py $G/test_cudnn_provider_gpu.py::test_a_plan_captures_in_a_cuda_graph_and_replays $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue $A::test_held_softmax $A::test_vector_softmax $A::test_fully_masked_rows $A::test_nan_and_inf_scores_give_the_references_rows $A::test_attention_candidate_reads_bshd $G/test_provider_cublaslt.py::test_im2col_variant_for_image_stems $G/test_provider_cublaslt.py::test_im2col_variant_captures_its_packing" \
+    TESTS="$G/test_cudnn_split_gpu.py $G/test_cudnn_cpad_gpu.py $G/test_cudnn_provider_gpu.py::test_a_plan_captures_in_a_cuda_graph_and_replays $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue $A::test_held_softmax $A::test_vector_softmax $A::test_fully_masked_rows $A::test_nan_and_inf_scores_give_the_references_rows $A::test_rows_masked_with_a_finite_fill_are_uniform $A::test_attention_candidate_reads_bshd $G/test_provider_cublaslt.py::test_im2col_variant_for_image_stems $G/test_provider_cublaslt.py::test_im2col_variant_captures_its_packing" \
       bash bench/device_calls.sh "$OUT/i" gpu-tests:220
     CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:110
     TRANSFORMER_ARGS="--tables memory --kernels gelu,softmax --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:120 ;;
@@ -194,7 +194,7 @@ case "$N" in
       # stem_breakdown_h100_34c2a8f: torch's kernels, every engine id of the conv-only graph, every heuristic plan
       # without graphopt's inexact-notes filter), and the early-start test fixed after 34c2a8f
     G=tests/gpu
-    PACK_CUBIN=0 PREBUILD=0 TESTS="$G/test_provider_cublaslt.py::test_im2col_variant_for_image_stems $G/test_provider_cublaslt.py::test_im2col_variant_captures_its_packing $G/test_early_start_gpu.py" \
+    PACK_CUBIN=0 PREBUILD=0 TESTS="$G/test_provider_cublaslt.py::test_im2col_variant_for_image_stems $G/test_provider_cublaslt.py::test_im2col_variant_captures_its_packing $G/test_early_start_gpu.py $G/test_attention_gpu.py::test_rows_masked_with_a_finite_fill_are_uniform $G/test_attention_gpu.py::test_held_softmax" \
       bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-150}
     PACK_CUBIN=0 bash bench/device_calls.sh "$OUT/s" stem-breakdown:${BREAKDOWN_S:-120}
     PACK_CUBIN=0 PREBUILD=0 bash bench/device_calls.sh "$OUT/e" stem-engines:${ENGINES_S:-200} ;;

@@ -209,22 +209,23 @@ __device__ __forceinline__ float held_load(const SoftmaxVec<T, VEC>* pr, int fir
     return m;
 }
 
-// x = exp(x - m) in place as 2^(x * log2(e) - m * log2(e)): one FMA and the hardware's ex2 a score
-// (exp2f's rescaling and the masked-score tests left out, NOTES_kernels 2026-12-07). The rounding of
-// m * log2(e) scales every exp of the row by the same factor, which the division by their sum
-// cancels; the rest is (x - m) * log2(e)'s rounding as before (under 2e-6 relative for scores 40
-// apart). The special values need no test: a masked score (-inf) gives 2^-inf = 0; a row with nothing
-// attended (m = -inf) takes m * log2(e) as 0, so its -inf scores give 0 too; a NaN max, or a +inf one
-// (inf - inf), makes the row's exps and sum NaN. Returns the sum. exp2f was 4-12 % faster than expf on
-// the H100 (2026-12-06, fifth session); the fp32 gate (1e-5) held.
+// x = exp(x - m) in place as 2^((x - m) * log2(e)): the hardware's ex2 alone (exp2f's rescaling and
+// the masked-score tests left out, NOTES_kernels 2026-12-07); relative error about |x - m| * 4e-8 more
+// than expf, under 2e-6 for scores 40 apart. The difference comes first: a row whose scores all equal a
+// huge finite fill (finfo.min, a fully masked row of an HF or BERT mask) gives x - m = 0 exactly, where
+// x * log2(e) - m * log2(e) left the rounding of a 1e38 product (or an overflow) and made the row NaN.
+// The special values need no test: a masked score (-inf) gives 2^-inf = 0; a row with nothing attended
+// (m = -inf) takes m as 0, so its -inf scores give 0 too; a NaN max, or a +inf one (inf - inf), makes
+// the row's exps and sum NaN. Returns the sum. exp2f was 4-12 % faster than expf on the H100
+// (2026-12-06, fifth session); the fp32 gate (1e-5) held.
 template <int N>
 __device__ __forceinline__ float held_exp(float (&x)[N], float m) {
     const float log2e = 1.4426950408889634f;
-    const float ml = m == ATTN_NEG_INF ? 0.0f : m * log2e;
+    const float mm = m == ATTN_NEG_INF ? 0.0f : m;
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-        x[j] = ex2_ftz(fmaf(x[j], log2e, -ml));
+        x[j] = ex2_ftz((x[j] - mm) * log2e);
         s += x[j];
     }
     return s;

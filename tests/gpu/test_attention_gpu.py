@@ -269,6 +269,31 @@ def test_fully_masked_rows(nz, dtype, skv):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("skv", [40, 128])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_rows_masked_with_a_finite_fill_are_uniform(dtype, skv):
+    """A bool mask with HF's finite fill (mask_value = finfo(dtype).min, as an HF export of that dtype
+    writes it): batch item 1 masks every key. In fp32 each of its rows then holds one huge finite score
+    repeated (the scores are absorbed) and its softmax is uniform, the mean of V (a review caught the held
+    forms' 2^(x log2 e - m log2 e) turning such rows NaN: m log2 e overflows); in fp16 (-65504) the
+    scores survive the fill and the row is the unmasked softmax."""
+    sq, d = 9, 64
+    ins = _inputs(sq, skv, d, d, 0, "none", None, dtype, 7)
+    m = np.ones((B, 1, 1, skv), dtype=bool)
+    m[1] = False
+    m[0, 0, 0, ::3] = False
+    ins.append(m)
+    sig = _sig(ins, 0, "bool", {"mask_value": float(np.finfo(dtype).min)})
+    ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
+                                            dict(sig.attrs))[0].astype(np.float64)
+    assert np.isfinite(ref).all()
+    for cand in attention_candidates():
+        if cand.applies(sig, (9, 0)) is None:
+            got, again = _run(cand, sig, ins)
+            _compare(cand.key(), got, again, ref, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skv", [40, 128])
 @pytest.mark.parametrize("nz", [0, 1])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_nan_and_inf_scores_give_the_references_rows(nz, dtype, skv):

@@ -396,16 +396,21 @@ def _held_softmax_row(row, width, loads, vec, nan_to_zero):
             mt = _nan_max(mt, row[j])
         m = _nan_max(m, mt)
     out = np.empty_like(row)
-    log2e = np.log2(np.e)
-    with np.errstate(divide="ignore", invalid="ignore"):  # inf - inf and 1 / 0, as in CUDA
-        # held_exp: 2^(x * log2(e) - m * log2(e)) with no test of the special values (m * log2(e) is 0
-        # for a row with nothing attended); held_store: a NaN inverse for such a row, and
+    f32 = np.float32
+    log2e = f32(np.log2(np.e))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf - inf and 1 / 0, as in CUDA
+        # in float32, as the kernel computes (a huge finite fill must stay exact: x - m first)
+        # held_exp: 2^((x - m) * log2(e)) with no test of the special values (m taken as 0 for a row
+        # with nothing attended); held_store: a NaN inverse for such a row, and
         # fmaxf(p, nan_to_zero ? 0 : NaN), which returns its non-NaN operand (np.fmax)
-        ml = 0.0 if m == -np.inf else m * log2e
-        e = {j: np.exp2(row[j] * log2e - ml) for ix in idx for j in ix}
-        s = np.float64(sum(sum(e[j] for j in ix) for ix in idx))
-        inv = np.nan if m == -np.inf else 1.0 / s
-        floor = 0.0 if nan_to_zero else np.nan
+        mm = f32(0.0) if m == -np.inf else f32(m)
+        e = {j: np.exp2((f32(row[j]) - mm) * log2e) for ix in idx for j in ix}
+        s = f32(0.0)
+        for ix in idx:
+            for j in ix:
+                s = f32(s + e[j])
+        inv = f32(np.nan) if m == -np.inf else f32(1.0) / s
+        floor = f32(0.0) if nan_to_zero else f32(np.nan)
         for ix in idx:
             for j in ix:
                 out[j] = np.fmax(e[j] * inv, floor)
@@ -472,7 +477,8 @@ def _reference_row(row, nan_to_zero):
     return np.where(np.isnan(p), 0.0, p) if nan_to_zero else p
 
 
-ROW_CASES = ["random", "masked", "empty", "nan", "nan_first", "posinf", "empty_but_nan"]
+ROW_CASES = ["random", "masked", "empty", "nan", "nan_first", "posinf", "empty_but_nan", "fill_min", "fill_min_some"]
+FLOAT32_MIN = float(np.finfo(np.float32).min)  # an HF / BERT mask's fill: masked, but finite
 
 
 def _row(n, case):
@@ -488,12 +494,16 @@ def _row(n, case):
         row[0] = np.nan
     if case == "posinf":
         row[n // 2] = np.inf
+    if case == "fill_min":  # a fully masked row of a finite fill: every score equal, a uniform row
+        row[:] = FLOAT32_MIN
+    if case == "fill_min_some":
+        row[rng.random(n) < 0.4] = FLOAT32_MIN
     return row
 
 
-def _same(got, ref):
+def _same(got, ref, rtol=1e-12):
     assert np.array_equal(np.isnan(got), np.isnan(ref)), (got, ref)
-    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(ref), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(ref), rtol=rtol, atol=0)
 
 
 @pytest.mark.parametrize("width,loads,vec", [(8, 2, 8), (16, 1, 8), (32, 8, 4), (8, 4, 4), (64, 2, 8), (256, 1, 4)])
@@ -510,8 +520,8 @@ def test_held_softmax_row_against_the_reference(width, loads, vec, case, nz):
         for t in range(loads):
             seen[(lane + t * width) * vec:(lane + t * width) * vec + vec] += 1
     assert (seen == 1).all()
-    row = _row(n, case)
-    _same(_held_softmax_row(row, width, loads, vec, nz), _reference_row(row, nz))
+    row = _row(n, case).astype(np.float32).astype(np.float64)  # the scores the kernel holds (fp32)
+    _same(_held_softmax_row(row, width, loads, vec, nz), _reference_row(row, nz), rtol=1e-5)
 
 
 @pytest.mark.parametrize("lanes,vec,n", [(8, 8, 128), (32, 4, 100), (16, 1, 37), (32, 8, 520)])
