@@ -102,3 +102,31 @@ def test_the_16bit_tanh_gelu_is_the_tanh_form():
     ulp = np.spacing(np.abs(exact).astype(np.float16)).astype(np.float64)
     off = np.abs(got.astype(np.float16).astype(np.float64) - exact.astype(np.float16).astype(np.float64)) / ulp
     assert off[np.abs(exact) >= 1e-3].max() <= 1 and off.max() <= 2
+
+
+@pytest.mark.parametrize("grid, block, nv, row_v", [
+    (1, 256, 1000, 7), (3, 256, 5000, 96), (2, 64, 777, 1), (132 * 4, 256, 100_000, 384), (5, 32, 4096, 4096),
+    (2, 32, 50, 0),  # no bias: row_v 0 (the column is never read)
+])
+def test_the_vector_pass_bias_column_follows_j_mod_row_v(grid, block, nv, row_v):
+    """epilogue_vec_pass advances each thread's bias vector by the grid step's remainder instead of taking
+    ``j % row_v`` a vector: the column it reads is ``j % row_v`` on every trip, for any grid and row."""
+    from graphopt.kernels.source import read_source
+
+    body = read_source("elementwise.cu")
+    body = body[body.index("void epilogue_vec_pass"):body.index("epilogue_gemm_vec(")]
+    for line in ("const int rv = row_v > 0 ? row_v : 1;", "const int step_col = step % rv;",
+                 "int col = (blockIdx.x * blockDim.x + threadIdx.x) % rv;", "col += step_col;",
+                 "if (col >= rv) col -= rv;"):
+        assert line in body, line
+    step = grid * block
+    rv = row_v if row_v > 0 else 1
+    step_col = step % rv
+    for t in range(step):
+        col = t % rv
+        for j in range(t, nv, step):
+            if row_v:
+                assert col == j % row_v
+            col += step_col
+            if col >= rv:
+                col -= rv
