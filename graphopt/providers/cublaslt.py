@@ -306,7 +306,7 @@ class _Im2col:
     shape_w: tuple
     cols_bytes: int     # 256-byte rounded: Wp starts there
     nbytes: int         # cols and Wp
-    smem: int = 0       # the block's tile of 32 rows (cublaslt_problem.im2col_tile_bytes)
+    smem: int           # the block's tile of 32 rows in shared memory (cublaslt_problem.im2col_tile_bytes)
 
     @classmethod
     def of(cls, sig: Signature) -> "_Im2col":
