@@ -83,7 +83,7 @@ from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.providers import cublaslt_lib as lt
 from graphopt.providers.cublaslt_problem import (  # noqa: F401 - re-exported: the provider's API
     ACTIVATIONS, ALIGNMENT, DTYPES, EPILOGUES, ITEMSIZE, LAYOUTS, LAYOUTS_BT, OPS, SAME_CALLS, Problem,
-    activation_after_call, b_stored_transposed, b_transposed_reason, im2col_depth, im2col_reason, im2col_tile_bytes,
+    activation_after_call, b_stored_transposed, b_transposed_reason, im2col_depth, im2col_reason, im2col_smem_bytes,
     out_elements, padded_ld, padded_output_reason, post_activation_reason, problem, row_length, shape_reason,
     variant_reason)
 
@@ -306,7 +306,7 @@ class _Im2col:
     shape_w: tuple
     cols_bytes: int     # 256-byte rounded: Wp starts there
     nbytes: int         # cols and Wp
-    smem: int           # the block's tile of 32 rows in shared memory (cublaslt_problem.im2col_tile_bytes)
+    smem: int           # the block's taps and tile of 32 rows in shared memory (cublaslt_problem.im2col_smem_bytes)
 
     @classmethod
     def of(cls, sig: Signature) -> "_Im2col":
@@ -323,7 +323,7 @@ class _Im2col:
 
         kern = get_kernel(IM2COL_SOURCE, instance("im2col_rows", dt, vec))
         return cls(kern, args, grid, (g.N, g.C, g.H, g.W), (g.M, g.C, g.KH, g.KW), cols_bytes, cols_bytes + w_bytes,
-                   im2col_tile_bytes(kp, dt))
+                   im2col_smem_bytes(kp, dt))
 
     def launch(self, x, w, base: int) -> list[int]:
         """Pack X and W at ``base``; the addresses of cols and Wp, which stand for X and W in the GEMM."""

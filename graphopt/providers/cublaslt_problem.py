@@ -218,8 +218,10 @@ def im2col_reason(sig: Signature) -> str | None:
         return "im2col's buffer or Y has 2**31 elements or more (the kernels' int indices)"
     if rows * kp * ITEMSIZE[dt] > IM2COL_MAX_BYTES:
         return f"im2col's buffer over {IM2COL_MAX_BYTES >> 20} MiB"
-    if im2col_tile_bytes(kp, dt) > IM2COL_MAX_TILE_BYTES:
-        return f"rows of {kp} elements: the packing's tile of 32 rows is over {IM2COL_MAX_TILE_BYTES >> 10} KiB of shared memory"
+    if im2col_smem_bytes(kp, dt) > IM2COL_MAX_SMEM:
+        return f"rows of {kp} elements: the packing's taps and tile of 32 rows are over {IM2COL_MAX_SMEM >> 10} KiB of shared memory"
+    if g.C * g.H * g.W >= 2**31:
+        return "one image of X has 2**31 elements or more (the packing's int offsets)"
     return None
 
 
@@ -235,14 +237,14 @@ def im2col_depth(k: int, dtype: str) -> int:
 
 
 IM2COL_TILE_ROWS = 32          # im2col_rows.cu: a block packs 32 rows at a time
-IM2COL_MAX_TILE_BYTES = 48 << 10  # dynamic shared memory a launch gets without opting in
+IM2COL_MAX_SMEM = 48 << 10     # dynamic shared memory a launch gets without opting in
 
 
-def im2col_tile_bytes(kp: int, dtype: str) -> int:
-    """The shared memory of one ``im2col_rows`` block: 32 rows of Kp elements, each row's 16-byte
-    vectors at an odd stride (``im2col_tile_stride`` in im2col_rows.cu)."""
+def im2col_smem_bytes(kp: int, dtype: str) -> int:
+    """The shared memory of one ``im2col_rows`` block: Kp taps of 16 bytes (``I2cTap``), then a tile of 32
+    rows of Kp elements, each row's 16-byte vectors at an odd stride (``im2col_tile_stride``)."""
     chunks = kp * ITEMSIZE[dtype] // 16
-    return IM2COL_TILE_ROWS * (chunks | 1) * 16
+    return kp * 16 + IM2COL_TILE_ROWS * (chunks | 1) * 16
 
 
 def variant_reason(sig: Signature, variant: str) -> str | None:

@@ -32,12 +32,14 @@ def _host_view(address: int, count: int, dtype) -> np.ndarray:
 
 
 def _im2col_rows_emulated(launches):
-    """``im2col_rows<T, VEC>`` as its threads run it: blocks of (32, 8) over tiles of 32 rows (the
-    grid-stride loop), threadIdx.x the row, threadIdx.y striding over the row's vectors, each vector's
-    (c, r, s) from its first k then stepped, loads only inside X, each vector into the block's tile in
-    shared memory (poisoned first, rows at an odd stride of vectors, sized by the launch's shared_mem);
-    then the tile's vectors stored in order over the block's flat thread index into the one span of
-    cols they make; then the weights over the grid's flat thread index."""
+    """``im2col_rows<T, VEC>`` as its threads run it: the block's taps first (each k's offset from the
+    pixel's window origin and its window position; past K a row no origin brings inside), then blocks of
+    (32, 8) over tiles of 32 rows (the grid-stride loop), threadIdx.x the row, threadIdx.y striding over
+    the row's vectors, each value read through its tap where the tap lands inside X, each vector into the
+    block's tile in shared memory (poisoned first, rows at an odd stride of vectors; taps and tile sized
+    by the launch's shared_mem); then the tile's vectors stored in order over the block's flat thread
+    index (its (row, vector) advanced without a division) into the one span of cols they make; then the
+    weights over the grid's flat thread index."""
 
     def kernel(grid, block, args, shared_mem=0):
         x, w, cols, wp, *geom = args
@@ -51,7 +53,13 @@ def _im2col_rows_emulated(launches):
         out_c, out_w = _host_view(int(cols), rows * Kp, dt), _host_view(int(wp), M * Kp, dt)
         chunks, tiles = Kp // vec, (rows + 31) // 32
         stride = chunks | 1
-        assert stride % 2 == 1 and shared_mem == 32 * stride * 16  # the tile, as the kernel indexes it
+        assert stride % 2 == 1 and shared_mem == Kp * 16 + 32 * stride * 16  # taps, then the tile
+        past_k = 1 << 29
+        taps = []  # (off, r, s) of every k < Kp
+        for k in range(Kp):
+            s, r, c = k % KW, (k // KW) % KH, k // (KW * KH)
+            taps.append(((c * H + r * dh) * W + s * dw, r * dh if k < K else past_k, s * dw))
+        flat_threads = block[0] * block[1]
         for b in range(grid[0]):
             for tile in range(b, tiles, grid[0]):
                 smem = np.full((32 * stride, vec), np.nan, dt)
@@ -62,27 +70,27 @@ def _im2col_rows_emulated(launches):
                             continue
                         ow, t = row % OW, row // OW
                         ih0, iw0, n = (t % OH) * sh - ph, ow * sw - pw, t // OH
+                        origin = n * C * H * W + ih0 * W + iw0
                         for ch in range(ty, chunks, block[1]):
-                            k0 = ch * vec
-                            s, r, c = k0 % KW, (k0 // KW) % KH, k0 // (KW * KH)
                             v = np.zeros(vec, dt)
                             for j in range(vec):
-                                ih, iw = ih0 + r * dh, iw0 + s * dw
-                                if k0 + j < K and 0 <= ih < H and 0 <= iw < W:
-                                    v[j] = xf[((n * C + c) * H + ih) * W + iw]
-                                s += 1
-                                if s == KW:
-                                    s, r = 0, r + 1
-                                    if r == KH:
-                                        r, c = 0, c + 1
+                                off, tr, ts = taps[ch * vec + j]
+                                if 0 <= ih0 + tr < H and 0 <= iw0 + ts < W:
+                                    v[j] = xf[origin + off]
                             smem[tx * stride + ch] = v
                 # __syncthreads, then the tile's vectors, contiguous in cols from its first row
                 row0 = tile * 32
                 n_vec = min(32, rows - row0) * chunks
-                for flat in range(block[0] * block[1]):
-                    for i in range(flat, n_vec, block[0] * block[1]):
+                dq, dr = flat_threads // chunks, flat_threads % chunks
+                for flat in range(flat_threads):
+                    q, rem = flat // chunks, flat % chunks
+                    for i in range(flat, n_vec, flat_threads):
+                        assert q * chunks + rem == i
                         start = row0 * Kp + i * vec
-                        out_c[start:start + vec] = smem[(i // chunks) * stride + i % chunks]
+                        out_c[start:start + vec] = smem[q * stride + rem]
+                        q, rem = q + dq, rem + dr
+                        if rem >= chunks:
+                            q, rem = q + 1, rem - chunks
         threads = grid[0] * block[0] * block[1]
         for start in range(threads):
             for j0 in range(start, M * chunks, threads):
@@ -143,7 +151,7 @@ def test_im2col_rows_then_the_gemm_compute_the_cbr_reference(emulated, monkeypat
     (conv((2, 3, 9, 9), (8, 3, 1, 1)), "a GEMM already"),
     (conv((2, 3, 9, 9), (12, 3, 3, 3), activation="HardSwish"), "16-byte vectors"),
     (conv((2, 3, 9, 9), (8, 3, 3, 3), dtype="bfloat16"), "dtype bfloat16"),
-    # 4 * 11 * 11 = 484 fp32 values a row: 32 rows at 121 vectors = 61,952 bytes of tile (fp16's 488 fit)
+    # 4 * 11 * 11 = 484 fp32 values a row: 484 taps and 32 rows at 121 vectors, 69,696 bytes (fp16's 488 fit)
     (conv((1, 4, 23, 23), (8, 4, 11, 11), dtype="float32"), "shared memory"),
 ])
 def test_im2col_near_misses_say_why(emulated, sig, why):
