@@ -39,8 +39,8 @@ struct __align__(16) I2cTap {
 //   its warps' gathers touched ~20 lines each (bench/NOTES_kernels.md, eleventh session).
 // Then the weights: Wp[m][k] = Wt[m][k] for k < K, 0 after (the GEMM's other operand, K padded like
 // cols), over the grid's flat thread index.
-// int indices: the provider admits only sizes whose element counts fit (cublaslt_problem.im2col_reason:
-// cols, Y and one image of X).
+// int indices: the provider admits only sizes whose element counts fit (cublaslt_problem.im2col_reason for
+// cols and Y; the convolution geometry refuses tensors of 2**31 elements, X included).
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256) im2col_rows(const T* __restrict__ X, const T* __restrict__ Wt,
                                                    T* __restrict__ cols, T* __restrict__ Wp,

@@ -220,8 +220,6 @@ def im2col_reason(sig: Signature) -> str | None:
         return f"im2col's buffer over {IM2COL_MAX_BYTES >> 20} MiB"
     if im2col_smem_bytes(kp, dt) > IM2COL_MAX_SMEM:
         return f"rows of {kp} elements: the packing's taps and tile of 32 rows are over {IM2COL_MAX_SMEM >> 10} KiB of shared memory"
-    if g.C * g.H * g.W >= 2**31:
-        return "one image of X has 2**31 elements or more (the packing's int offsets)"
     return None
 
 
