@@ -74,14 +74,15 @@ __global__ void __launch_bounds__(256) im2col_rows(const T* __restrict__ X, cons
             const int ow = row % OW, t = row / OW;
             const int ih0 = (t % OH) * sh - ph, iw0 = ow * sw - pw;
             const T* xn = X + (long long)(t / OH) * C * H * W;
-            const T* xo = xn + (ih0 * W + iw0);  // the window's origin, maybe outside X: read only where a tap lands inside
+            const int origin = ih0 * W + iw0;  // the window's origin in the image, maybe negative; origin + off is
+                                               // an element of the image wherever the tap lands inside
             for (int ch = threadIdx.y; ch < chunks; ch += blockDim.y) {
                 V v;
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) {
                     const I2cTap tp = taps[ch * VEC + j];
                     const bool inside = (unsigned)(ih0 + tp.r) < (unsigned)H && (unsigned)(iw0 + tp.s) < (unsigned)W;
-                    v.v[j] = inside ? xo[tp.off] : T(0);
+                    v.v[j] = inside ? xn[origin + tp.off] : T(0);
                 }
                 tile_s[threadIdx.x * stride + ch] = v;
             }
