@@ -168,6 +168,31 @@ def _appends(probe: Probe, count: int) -> dict:
         return {"error": (str(e).splitlines() or [type(e).__name__])[0][:160]}
 
 
+def barred_by_note(probe: Probe) -> dict:
+    """For each of graphopt's ``INEXACT_NOTES`` alone: the names of the heuristic plans (A, then the
+    fallback list) it bars, read from the frontend's own record (``_barred_indices``), so a fast plan's
+    notes are named, not guessed."""
+    from graphopt.providers import cudnn as base
+
+    mod = probe.mod
+    out = {}
+    for note in base.INEXACT_NOTES:
+        value = getattr(getattr(mod, "numerical_note", None), note, None)
+        if value is None:
+            out[note] = "not in this frontend"
+            continue
+        try:
+            graph, _ = probe.graph()
+            graph.create_execution_plans([mod.heur_mode.A, mod.heur_mode.FALLBACK])
+            graph.deselect_numeric_notes([value])
+            barred = getattr(graph, "_barred_indices", None)
+            idx = sorted(barred()) if callable(barred) else []
+            out[note] = [str(graph.get_plan_name_at_index(i)) for i in idx]
+        except Exception as e:  # noqa: BLE001
+            out[note] = "error: " + (str(e).splitlines() or [type(e).__name__])[0][:160]
+    return out
+
+
 def unfiltered_heuristics(probe: Probe, offered: set, deadline: float) -> list[dict]:
     """Every plan heuristics A, B and the fallback list give, without graphopt's inexact-notes filter;
     ``barred``: not among the plans graphopt's own listing offers."""
@@ -234,6 +259,8 @@ def main(argv=None) -> int:
         probe = Probe(mod, handle, x, w, s, p, args.dtype, args.reps)
         offered = set(cudnn_split._graph_for(cbr_sig(x, w, s, p, "Relu", {}, args.dtype)).names)
         row["offered_by_graphopt"] = sorted(offered)
+        row["barred_by_note"] = barred_by_note(probe)
+        print(json.dumps({"barred_by_note": row["barred_by_note"]}), flush=True)
         row["heuristics_unfiltered"] = unfiltered_heuristics(probe, offered, deadline - (deadline - time.monotonic()) / 2)
         rows.append(row)
         _write(args.out, tag, header, rows)
@@ -256,6 +283,8 @@ def _write(out_dir: str, tag: str, header: dict, rows: list) -> None:
         for e in timed[:40]:
             src = f"heur {e['mode']}" if "mode" in e else f"engine {e['engine']}"
             lines.append(f"| {src} | `{e.get('name')}` | {e['us']} | {e['max_rel_err']} | {e.get('barred', '')} | {e['workspace']} |")
+        for note, names in (r.get("barred_by_note") or {}).items():
+            lines.append(f"- barred by `{note}`: {', '.join(f'`{n}`' for n in names) if isinstance(names, list) else names}")
         refused = [e for e in r.get("engines", []) if "refused" in e]
         tried = [e for e in r.get("engines", []) if "engine" in e]
         lines += ["", f"Engines refused: {len(refused)} of {len(tried)}.", ""]
