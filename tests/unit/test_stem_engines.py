@@ -1,0 +1,50 @@
+"""bench/stem_engines.py on the CPU: the signature it builds cuDNN's graph from is the bare convolution
+``cudnn_split`` lists plans for, and its report renders every kind of row it can collect (timed plans of
+both sources sorted, refusals counted, the notes' barred plans, the append check), so a device call does
+not find out by a traceback after its measurements."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+
+import stem_engines as se  # noqa: E402
+from graphopt.providers import cudnn_split  # noqa: E402
+
+
+def test_the_probed_graph_is_the_bare_convolution_of_each_stem():
+    for name, (xs, w, s, p, _act, _extra) in se.STEMS.items():
+        sig = cudnn_split.conv_only(se.cbr_sig((32,) + xs, w, s, p, "Relu", {}, "float16", bias=False))
+        assert cudnn_split.split_reason(se.cbr_sig((32,) + xs, w, s, p, "Relu", {}, "float16")) is None, name
+        assert len(sig.input_shapes) == 2 and "activation" not in dict(sig.attrs), name
+
+
+def test_the_report_renders_every_kind_of_row(tmp_path):
+    header = {"gpu": "NVIDIA H200", "date": "2026-12-07", "command": "python3 bench/stem_engines.py --out x"}
+    row = {
+        "layer": "r50.stem", "bs": 32, "dtype": "float16",
+        "torch_kernels": {"sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc": {"count": 20, "mean_us": 84.1}},
+        "offered_by_graphopt": ["eng47_k2=2"],
+        "barred_by_note": {"REDUCED_PRECISION_REDUCTION": ["eng12_k2=1"], "WINOGRAD_TILE_4x4": "not in this frontend"},
+        "heuristics_unfiltered": [
+            {"mode": "A", "index": 0, "name": "eng47_k2=2", "barred": False, "us": 192.4, "max_rel_err": 4e-4, "workspace": 0},
+            {"mode": "A", "index": 1, "name": "eng12_k2=1", "barred": True, "us": 85.0, "max_rel_err": 6e-3, "workspace": 1024},
+            {"mode": "B", "refused": "no plan"},
+        ],
+        "engines": [
+            {"engine_count": 3, "appends": {"heuristic_a": 2, "engines_added": 3, "after": 5, "names": []}},
+            {"engine": 0, "name": "eng0", "us": 3251.2, "max_rel_err": "nan", "workspace": 0},
+            {"engine": 1, "refused": "not supported"},
+            {"engine": 2, "skipped": "budget"},
+        ],
+    }
+    se._write(str(tmp_path), "h200", header, [row])
+    md = (tmp_path / "stem_engines_h200.md").read_text()
+    timed = [line for line in md.splitlines() if line.startswith("| heur") or line.startswith("| engine")]
+    assert [line.split("|")[3].strip() for line in timed] == ["85.0", "192.4", "3251.2"]  # fastest first
+    assert "Engines refused: 1 of 3." in md and "eng12_k2=1" in md and "heuristic_a" in md
+    assert "84.1 us x20" in md
+    assert json.loads((tmp_path / "stem_engines_h200.json").read_text())["rows"][0]["layer"] == "r50.stem"
