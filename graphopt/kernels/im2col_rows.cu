@@ -13,12 +13,11 @@ struct __align__(sizeof(T) * VEC) I2cVec {
 __host__ __device__ __forceinline__ int im2col_tile_stride(int chunks) { return chunks | 1; }
 
 // One k of a GEMM row, the same for every pixel: X's offset from the pixel's window origin
-// (c*H*W + r*dh*W + s*dw) and the window position (r*dh, s*dw) the bounds test adds to the origin's. Past
-// K (the zero padding to Kp), r is IM2COL_PAST_K: no origin brings it inside the image.
+// (c*H*W + r*dh*W + s*dw) and the window position (r*dh, s*dw) the bounds test adds to the origin's; 0s
+// past K (the zero padding to Kp, which the gather tests by k itself).
 struct __align__(16) I2cTap {
     int off, r, s, pad;
 };
-#define IM2COL_PAST_K (1 << 29)
 
 // im2col into GEMM rows: cols[(n*OH + oh)*OW + ow][k] = X[n][c][oh*sh - ph + r*dh][ow*sw - pw + s*dw]
 // for k = (c*KH + r)*KW + s < K (0 outside the image), 0 for K <= k < Kp, with Kp a multiple of VEC
@@ -39,8 +38,8 @@ struct __align__(16) I2cTap {
 //   its warps' gathers touched ~20 lines each (bench/NOTES_kernels.md, eleventh session).
 // Then the weights: Wp[m][k] = Wt[m][k] for k < K, 0 after (the GEMM's other operand, K padded like
 // cols), over the grid's flat thread index.
-// int indices: the provider admits only sizes whose element counts fit (cublaslt_problem.im2col_reason for
-// cols and Y; the convolution geometry refuses tensors of 2**31 elements, X included).
+// int indices: the provider admits only sizes whose element counts fit (cublaslt_problem.im2col_reason:
+// cols, Y, and every window origin and tap offset within an image, padding and dilation included).
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256) im2col_rows(const T* __restrict__ X, const T* __restrict__ Wt,
                                                    T* __restrict__ cols, T* __restrict__ Wp,
@@ -57,10 +56,11 @@ __global__ void __launch_bounds__(256) im2col_rows(const T* __restrict__ X, cons
     const int flat = threadIdx.y * 32 + threadIdx.x;
     for (int k = flat; k < Kp; k += 256) {
         const int s = k % KW, r = (k / KW) % KH, c = k / (KW * KH);
+        const bool real = k < K;  // past K, c runs past C: no offset is formed (it could overflow)
         I2cTap tp;
-        tp.off = (c * H + r * dh) * W + s * dw;
-        tp.r = k < K ? r * dh : IM2COL_PAST_K;
-        tp.s = s * dw;
+        tp.off = real ? (c * H + r * dh) * W + s * dw : 0;
+        tp.r = real ? r * dh : 0;
+        tp.s = real ? s * dw : 0;
         tp.pad = 0;
         taps[k] = tp;
     }
@@ -80,8 +80,9 @@ __global__ void __launch_bounds__(256) im2col_rows(const T* __restrict__ X, cons
                 V v;
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) {
-                    const I2cTap tp = taps[ch * VEC + j];
-                    const bool inside = (unsigned)(ih0 + tp.r) < (unsigned)H && (unsigned)(iw0 + tp.s) < (unsigned)W;
+                    const int k = ch * VEC + j;
+                    const I2cTap tp = taps[k];
+                    const bool inside = k < K && (unsigned)(ih0 + tp.r) < (unsigned)H && (unsigned)(iw0 + tp.s) < (unsigned)W;
                     v.v[j] = inside ? xn[origin + tp.off] : T(0);
                 }
                 tile_s[threadIdx.x * stride + ch] = v;

@@ -218,6 +218,8 @@ def im2col_reason(sig: Signature) -> str | None:
         return "im2col's buffer or Y has 2**31 elements or more (the kernels' int indices)"
     if rows * kp * ITEMSIZE[dt] > IM2COL_MAX_BYTES:
         return f"im2col's buffer over {IM2COL_MAX_BYTES >> 20} MiB"
+    if (g.C * g.H + g.ph + g.KH * g.dh) * (g.W + g.pw + g.KW * g.dw) >= 2**31:
+        return "padding or dilation puts a window offset past 2**31 elements (the packing's int offsets)"
     if im2col_smem_bytes(kp, dt) > IM2COL_MAX_SMEM:
         return f"rows of {kp} elements: the packing's taps and tile of 32 rows are over {IM2COL_MAX_SMEM >> 10} KiB of shared memory"
     return None

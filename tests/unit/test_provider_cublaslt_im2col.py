@@ -1,6 +1,7 @@
-"""cuBLASLt's ``im2col`` variant (image stems) without a GPU: ``im2col_rows`` (elementwise.cu) emulated
-thread by thread on the real launch arguments (each thread's vector, its (c, r, s) stepping, the
-zero padding of K, the weight rows after the image rows) writing into a poisoned host workspace, then
+"""cuBLASLt's ``im2col`` variant (image stems) without a GPU: ``im2col_rows`` (im2col_rows.cu) emulated
+thread by thread on the real launch arguments (the block's taps, each thread's vectors through them into a
+poisoned tile, the tile's contiguous stores, the zero padding of K, the weight rows after the image rows)
+writing into a poisoned host workspace, then
 the GEMM on EmulatedLt from the descriptors, compared with the float64 CBR reference; the layouts
 it declares, its workspace, keys, and the near misses. The GPU runs the kernel itself
 (tests/gpu/test_provider_cublaslt.py)."""
@@ -33,7 +34,7 @@ def _host_view(address: int, count: int, dtype) -> np.ndarray:
 
 def _im2col_rows_emulated(launches):
     """``im2col_rows<T, VEC>`` as its threads run it: the block's taps first (each k's offset from the
-    pixel's window origin and its window position; past K a row no origin brings inside), then blocks of
+    pixel's window origin and its window position; 0s past K, which the gather tests by k), then blocks of
     (32, 8) over tiles of 32 rows (the grid-stride loop), threadIdx.x the row, threadIdx.y striding over
     the row's vectors, each value read through its tap where the tap lands inside X, each vector into the
     block's tile in shared memory (poisoned first, rows at an odd stride of vectors; taps and tile sized
@@ -54,11 +55,11 @@ def _im2col_rows_emulated(launches):
         chunks, tiles = Kp // vec, (rows + 31) // 32
         stride = chunks | 1
         assert stride % 2 == 1 and shared_mem == Kp * 16 + 32 * stride * 16  # taps, then the tile
-        past_k = 1 << 29
-        taps = []  # (off, r, s) of every k < Kp
+        taps = []  # (off, r, s) of every k < Kp; 0s past K
         for k in range(Kp):
             s, r, c = k % KW, (k // KW) % KH, k // (KW * KH)
-            taps.append(((c * H + r * dh) * W + s * dw, r * dh if k < K else past_k, s * dw))
+            taps.append(((c * H + r * dh) * W + s * dw, r * dh, s * dw) if k < K else (0, 0, 0))
+            assert abs(taps[-1][0]) < 2**31  # the kernel's int offset
         flat_threads = block[0] * block[1]
         for b in range(grid[0]):
             for tile in range(b, tiles, grid[0]):
@@ -75,7 +76,7 @@ def _im2col_rows_emulated(launches):
                             v = np.zeros(vec, dt)
                             for j in range(vec):
                                 off, tr, ts = taps[ch * vec + j]
-                                if 0 <= ih0 + tr < H and 0 <= iw0 + ts < W:
+                                if ch * vec + j < K and 0 <= ih0 + tr < H and 0 <= iw0 + ts < W:
                                     v[j] = xf[origin + off]
                             smem[tx * stride + ch] = v
                 # __syncthreads, then the tile's vectors, contiguous in cols from its first row
@@ -153,6 +154,9 @@ def test_im2col_rows_then_the_gemm_compute_the_cbr_reference(emulated, monkeypat
     (conv((2, 3, 9, 9), (8, 3, 3, 3), dtype="bfloat16"), "dtype bfloat16"),
     # 4 * 11 * 11 = 484 fp32 values a row: 484 taps and 32 rows at 121 vectors, 69,696 bytes (fp16's 488 fit)
     (conv((1, 4, 23, 23), (8, 4, 11, 11), dtype="float32"), "shared memory"),
+    # a review's case: a dilation of 70000 rows of 32768 puts tap offsets past 2**31
+    (conv((1, 1, 32768, 32768), (8, 1, 2, 1), dilations=[70000, 1], pads=[40000, 0, 0, 0], strides=[64, 64]),
+     "2**31 elements"),
 ])
 def test_im2col_near_misses_say_why(emulated, sig, why):
     assert why in (prov.im2col_reason(sig) or "")
