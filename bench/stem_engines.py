@@ -12,7 +12,7 @@ engine graphopt is not offered. Two hypotheses, each answered here:
   (``allow_fp16_reduced_precision_reduction``), graphopt's ``INEXACT_NOTES`` do not. Every plan of heuristics
   A / B / fallback is timed *without* the filter, and marked barred where graphopt's listing lacks it.
 
-For each: device time (median of CUDA-event repetitions, eager, as torch's eager column), the max error
+For each: device time (the tuner's eager timer, median, as the stem breakdown's torch columns), the max error
 against a float32 convolution (TF32 off) relative to the largest reference value, and its name. Torch's own
 kernels come from ``torch.profiler``: which cuDNN / cuBLAS kernel torch's conv runs, and its device time.
 
@@ -90,37 +90,28 @@ class Probe:
         return graph, tensors
 
     def run_plan(self, graph, tensors, index: int) -> dict:
-        """Build plan ``index`` of ``graph``, time it (eager, CUDA events) and check it."""
+        """Build plan ``index`` of ``graph``, check it (output poisoned first), and time it with the tuner's
+        eager timer (``cuda_event_timer``: operands rotated past L2, a spin kernel ahead so the events see
+        device time), as ``bench/stem_breakdown.py``'s torch columns are timed."""
         import cupy
 
-        from graphopt.kernels.timing import median
+        from graphopt.kernels.timing import cuda_event_timer, median
         from graphopt.providers import cudnn as base
 
         graph.build_plan_at_index(index)
-        ws = cupy.empty(max(1, int(graph.get_workspace_size_plan_at_index(index))), dtype=cupy.uint8)
-        pack = {tensors["X"]: base._Dl(self.x), tensors["W"]: base._Dl(self.w), tensors["Y"]: base._Dl(self.y)}
-        stream = cupy.cuda.get_current_stream()
-        self.mod.set_stream(handle=self.handle, stream=stream.ptr)
+        ws_bytes = int(graph.get_workspace_size_plan_at_index(index))
+        ws = cupy.empty(max(1, ws_bytes), dtype=cupy.uint8)
+        self.mod.set_stream(handle=self.handle, stream=cupy.cuda.get_current_stream().ptr)
 
-        def once():
+        def launch(ins, outs):
+            pack = {tensors["X"]: base._Dl(ins[0]), tensors["W"]: base._Dl(ins[1]), tensors["Y"]: base._Dl(outs[0])}
             graph.execute_plan_at_index(pack, base._Dl(ws), index, handle=self.handle)
 
         self.y.fill(float("nan"))  # poisoned: a plan that writes nothing fails the check
-        once()
-        stream.synchronize()
+        launch([self.x, self.w], [self.y])
         err = float(cupy.abs(self.y.astype(cupy.float32) - self.ref).max()) / self.scale
-        for _ in range(3):
-            once()
-        times = []
-        for _ in range(self.reps):
-            a, b = cupy.cuda.Event(), cupy.cuda.Event()
-            a.record(stream)
-            once()
-            b.record(stream)
-            b.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(a, b) * 1e3)
-        return {"us": round(median(times), 2), "max_rel_err": err if err == err else "nan",
-                "workspace": int(graph.get_workspace_size_plan_at_index(index))}
+        us = median(cuda_event_timer(launch, [self.x, self.w], [self.y], reps=self.reps)) * 1e3
+        return {"us": round(us, 2), "max_rel_err": err if err == err else "nan", "workspace": ws_bytes}
 
 
 def every_engine(probe: Probe, deadline: float) -> list[dict]:
