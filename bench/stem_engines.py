@@ -16,7 +16,13 @@ For each: device time (the tuner's eager timer, median, as the stem breakdown's 
 against a float32 convolution (TF32 off) relative to the largest reference value, and its name. Torch's own
 kernels come from ``torch.profiler``: which cuDNN / cuBLAS kernel torch's conv runs, and its device time.
 
-    python3 bench/stem_engines.py --out DIR [--batch 32] [--only r50.stem] [--budget 200]
+The first run (H100, code bf317c9) refuted both: torch runs cuDNN's ``image_first_layer`` kernel after cuDNN's
+own channel padding, which no listed plan and no engine id with default knobs reaches. So the configuration
+torch executes is read from cuDNN's API log in a child process (``bench/cudnn_log.py``: engine id and knob
+choices) and built on graphopt's graph with exactly those knobs (``torch_plan``), timed and checked like the
+rest; ``--torch-plan-only`` does that part alone.
+
+    python3 bench/stem_engines.py --out DIR [--batch 32] [--only r50.stem] [--budget 200] [--torch-plan-only]
 """
 
 from __future__ import annotations
@@ -24,13 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+import cudnn_log  # noqa: E402
 from lowering_bench import GPU_NAME_HELP, env_header, gpu_tag, write_atomic  # noqa: E402
 from stem_breakdown import STEMS, cbr_sig  # noqa: E402
 
@@ -138,6 +147,69 @@ def every_engine(probe: Probe, deadline: float) -> list[dict]:
     return out
 
 
+def torch_log_child(x, w, s, p) -> None:
+    """In a child whose environment turns cuDNN's API log on: torch channels_last's convolution, benchmarked,
+    then run once more, so the log's last executing call is the configuration torch chose."""
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    xt = torch.randn(x, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    wt = torch.randn(w, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    for _ in range(3):
+        torch.nn.functional.conv2d(xt, wt, stride=s, padding=p)
+    torch.cuda.synchronize()
+    torch.nn.functional.conv2d(xt, wt, stride=s, padding=p)
+    torch.cuda.synchronize()
+
+
+def torch_plan(name: str, batch: int, timeout: float) -> dict:
+    """The configuration torch executes for stem ``name`` (``cudnn_log.last_execution`` of a child's cuDNN
+    API log) and the log's function counts; ``error`` where the child failed or logged no execution."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "cudnn_api.log")
+        env = dict(os.environ, CUDNN_LOGLEVEL_DBG="3", CUDNN_LOGDEST_DBG=log, CUDNN_LOGINFO_DBG="1")
+        cmd = [sys.executable, os.path.abspath(__file__), "--torch-log-child", "--only", name, "--batch", str(batch), "--out", tmp]
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"child over {timeout:.0f} s"}
+        if done.returncode != 0:
+            return {"error": f"child exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:200]}"}
+        if not os.path.exists(log):
+            return {"error": "cuDNN wrote no API log (CUDNN_LOGLEVEL_DBG not honoured by this cuDNN)"}
+        with open(log, errors="replace") as f:
+            text = f.read()
+    out = cudnn_log.last_execution(text) or {"error": "no executing call in the log"}
+    out["log_bytes"] = len(text)
+    out["functions"] = cudnn_log.functions(text)
+    return out
+
+
+def try_torch_config(probe: Probe, plan: dict) -> list[dict]:
+    """Torch's engine id built on graphopt's convolution graph, with torch's knob choices and with the
+    engine's default knobs: timed and checked, or the reason cuDNN refuses it."""
+    if "engine_id" not in plan:
+        return []
+    mod, rows = probe.mod, []
+    knobs, unknown = {}, []
+    for kname, value in (plan.get("knobs") or {}).items():
+        kt = getattr(getattr(mod, "knob_type", None), kname, None)
+        (unknown.append(kname) if kt is None else knobs.__setitem__(kt, value))
+    for label, kd in (("torch's knobs", knobs), ("default knobs", {})):
+        row = {"engine": plan["engine_id"], "knobs": label, "unknown_knobs": unknown}
+        try:
+            g, t = probe.graph()
+            g.create_execution_plan(plan["engine_id"], kd)
+            g.check_support()
+            row["name"] = str(g.get_plan_name_at_index(0))
+            row.update(probe.run_plan(g, t, 0))
+        except Exception as e:  # noqa: BLE001 - cuDNN's reason, one line
+            row["refused"] = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def _appends(probe: Probe, count: int) -> dict:
     """Whether ``create_execution_plan`` adds to a graph's plan list or replaces it: the heuristics' plan
     count before and after adding each engine id in turn (what a listing of every engine would rely on)."""
@@ -226,7 +298,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="r50.stem", help="comma-separated stem names (bench/stem_breakdown.py STEMS)")
     ap.add_argument("--budget", type=float, default=200.0, help="seconds for the engines of all stems")
     ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
+    ap.add_argument("--torch-plan-only", action="store_true", help="only torch's kernels and its logged plan")
+    ap.add_argument("--torch-log-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.torch_log_child:
+        xs, w, s, p, _act, _extra = STEMS[args.only.split(",")[0]]
+        torch_log_child((args.batch,) + xs, w, s, p)
+        return 0
 
     from graphopt.providers import cudnn as base
     from graphopt.providers import cudnn_split
@@ -248,12 +326,18 @@ def main(argv=None) -> int:
         row = {"layer": name, "bs": args.batch, "dtype": args.dtype, "torch_kernels": torch_kernels(x, w, s, p, args.reps)}
         print(json.dumps(row), flush=True)
         probe = Probe(mod, handle, x, w, s, p, args.dtype, args.reps)
+        row["torch_plan"] = torch_plan(name, args.batch, timeout=max(30.0, (deadline - time.monotonic()) / 3))
+        print(json.dumps({k: v for k, v in row["torch_plan"].items() if k != "lines"}), flush=True)
+        row["torch_plan_on_graphopt_graph"] = try_torch_config(probe, row["torch_plan"])
+        rows.append(row)
+        _write(args.out, tag, header, rows)
+        if args.torch_plan_only:
+            continue
         offered = set(cudnn_split._graph_for(cbr_sig(x, w, s, p, "Relu", {}, args.dtype)).names)
         row["offered_by_graphopt"] = sorted(offered)
         row["barred_by_note"] = barred_by_note(probe)
         print(json.dumps({"barred_by_note": row["barred_by_note"]}), flush=True)
         row["heuristics_unfiltered"] = unfiltered_heuristics(probe, offered, deadline - (deadline - time.monotonic()) / 2)
-        rows.append(row)
         _write(args.out, tag, header, rows)
         row["engines"] = every_engine(probe, deadline)
         _write(args.out, tag, header, rows)
@@ -268,6 +352,14 @@ def _write(out_dir: str, tag: str, header: dict, rows: list) -> None:
     for r in rows:
         lines += [f"## {r['layer']} bs{r['bs']} {r['dtype']}", "", "torch's kernels (profiler, mean us):", ""]
         lines += [f"- `{k}`: {v['mean_us']} us x{v['count']}" for k, v in r["torch_kernels"].items()]
+        tp = r.get("torch_plan") or {}
+        if tp:
+            lines += ["", f"torch's executed configuration (cuDNN API log, {tp.get('log_bytes', 0)} bytes): "
+                      f"`{tp.get('function', '-')}` engine {tp.get('engine_id', '-')} knobs {json.dumps(tp.get('knobs', {}))}"
+                      + (f" algo {tp['algo']}" if "algo" in tp else "") + (f"; {tp['error']}" if "error" in tp else "")]
+        for e in r.get("torch_plan_on_graphopt_graph", []):
+            lines.append(f"- on graphopt's graph with {e['knobs']}: " + (f"`{e.get('name')}` {e['us']} us, max rel err "
+                         f"{e['max_rel_err']}" if "us" in e else f"refused: {e.get('refused')}"))
         timed = [e for e in r.get("heuristics_unfiltered", []) + r.get("engines", []) if "us" in e]
         timed.sort(key=lambda e: e["us"])
         lines += ["", "| source | plan | us | max rel err | barred by graphopt | workspace |", "|---|---|---:|---:|---|---:|"]

@@ -27,6 +27,11 @@ def test_the_report_renders_every_kind_of_row(tmp_path):
     row = {
         "layer": "r50.stem", "bs": 32, "dtype": "float16",
         "torch_kernels": {"sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc": {"count": 20, "mean_us": 84.1}},
+        "torch_plan": {"function": "cudnnBackendExecute", "engine_id": 31, "knobs": {"TILE_SIZE": 2}, "log_bytes": 9000},
+        "torch_plan_on_graphopt_graph": [
+            {"engine": 31, "knobs": "torch's knobs", "name": "eng31_k2=2", "us": 61.0, "max_rel_err": 4e-4, "workspace": 0},
+            {"engine": 31, "knobs": "default knobs", "refused": "CUDNN_STATUS_NOT_SUPPORTED"},
+        ],
         "offered_by_graphopt": ["eng47_k2=2"],
         "barred_by_note": {"REDUCED_PRECISION_REDUCTION": ["eng12_k2=1"], "WINOGRAD_TILE_4x4": "not in this frontend"},
         "heuristics_unfiltered": [
@@ -47,4 +52,43 @@ def test_the_report_renders_every_kind_of_row(tmp_path):
     assert [line.split("|")[3].strip() for line in timed] == ["85.0", "192.4", "3251.2"]  # fastest first
     assert "Engines refused: 1 of 3." in md and "eng12_k2=1" in md and "heuristic_a" in md
     assert "84.1 us x20" in md
+    assert 'engine 31 knobs {"TILE_SIZE": 2}' in md and "`eng31_k2=2` 61.0 us" in md
+    assert "default knobs: refused: CUDNN_STATUS_NOT_SUPPORTED" in md
     assert json.loads((tmp_path / "stem_engines_h200.json").read_text())["rows"][0]["layer"] == "r50.stem"
+
+
+def test_a_torch_config_is_built_with_its_knobs_mapped_to_the_frontends_enum():
+    built = []
+
+    class Graph:
+        def create_execution_plan(self, eid, knobs):
+            built.append((eid, dict(knobs)))
+
+        def check_support(self):
+            if not built[-1][1]:
+                raise RuntimeError("CUDNN_STATUS_NOT_SUPPORTED\nmore")
+
+        def get_plan_name_at_index(self, i):
+            return f"eng{built[-1][0]}"
+
+    class Probe:
+        class mod:
+            class knob_type:
+                TILE_SIZE = "kt-tile"
+
+        def graph(self):
+            return Graph(), {}
+
+        def run_plan(self, g, t, i):
+            return {"us": 60.0, "max_rel_err": 1e-4, "workspace": 0}
+
+    rows = se.try_torch_config(Probe(), {"engine_id": 31, "knobs": {"TILE_SIZE": 2, "NOT_A_KNOB": 1}})
+    assert built == [(31, {"kt-tile": 2}), (31, {})]
+    assert rows[0]["us"] == 60.0 and rows[0]["unknown_knobs"] == ["NOT_A_KNOB"]
+    assert rows[1]["refused"] == "CUDNN_STATUS_NOT_SUPPORTED"
+    assert se.try_torch_config(Probe(), {"algo": "X"}) == []
+
+
+def test_a_child_that_cannot_run_torch_is_an_error_row_not_a_traceback():
+    got = se.torch_plan("r50.stem", 1, timeout=120)  # no GPU here (and maybe no torch): the child fails
+    assert set(got) == {"error"} and got["error"].startswith("child exit"), got

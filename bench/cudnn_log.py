@@ -1,0 +1,73 @@
+"""Read cuDNN's API log (``CUDNN_LOGLEVEL_DBG=3``): which engine configuration a process last executed.
+
+``bench/stem_engines.py`` (H100, 2026-12-07, code bf317c9) found torch's convolution for ResNet-50's stem running
+``sm90_xmma_fprop_image_first_layer_..._k64c4r7s7`` after cuDNN's own ``nhwcAddPaddingKernel``, a kernel no
+heuristic plan and no engine id (default knobs) of graphopt's convolution graph reaches. Torch builds its plans
+through cuDNN's backend API too, so the configuration it runs is in cuDNN's API log: the last
+``cudnnBackendExecute`` block prints its execution plan, engine id and knob choices; a legacy call
+(``cudnnConvolutionForward``) prints its algorithm instead. No library parses this log (cuDNN documents it for
+people), hence these few regular expressions; whatever they miss stays in the excerpt written beside them.
+
+Block format (cuDNN 8 and 9)::
+
+    I! CuDNN (v91900) function cudnnBackendExecute() called:
+    i!     executionPlan: type=CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR:
+    i!         engineCfg: type=CUDNN_BACKEND_ENGINECFG_DESCRIPTOR:
+    i!             engine: type=CUDNN_BACKEND_ENGINE_DESCRIPTOR:
+    i!                 engine_id: type=int; val=47;
+    i!             knobChoices: ...
+    i!                 CUDNN_KNOB_TYPE_TILE_SIZE: type=int; val=2;
+"""
+
+from __future__ import annotations
+
+import re
+
+_HEAD = re.compile(r"^[IWE]! CuDNN \(v\d+\) function (\w+)\(\) called:")
+_ENGINE = re.compile(r"engine_?id: type=\w+; val=(-?\d+)", re.IGNORECASE)
+_KNOB = re.compile(r"CUDNN_KNOB_TYPE_(\w+): type=\w+; val=(-?\d+)")
+_ALGO = re.compile(r"\balgo: type=\w+; val=(\w+)")
+EXECUTES = ("cudnnBackendExecute", "cudnnConvolutionForward", "cudnnConvolutionBiasActivationForward")
+
+
+def blocks(text: str) -> list[tuple[str, list[str]]]:
+    """The log as (function name, its lines), in order; lines before the first header are dropped."""
+    out: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        m = _HEAD.match(line)
+        if m:
+            out.append((m.group(1), [line]))
+        elif out:
+            out[-1][1].append(line)
+    return out
+
+
+def last_execution(text: str) -> dict:
+    """The last executing call of the log: ``function``, ``engine_id`` (backend API) with ``knobs`` ({name
+    without ``CUDNN_KNOB_TYPE_``: value}), or ``algo`` (legacy API), and its ``lines`` (at most 200); ``{}``
+    when the log holds no executing call. The engine id is the block's last one (a plan prints its graph's
+    operations before its engine config)."""
+    for func, lines in reversed(blocks(text)):
+        if func not in EXECUTES:
+            continue
+        body = "\n".join(lines)
+        out: dict = {"function": func, "lines": lines[:200]}
+        engines = _ENGINE.findall(body)
+        if engines:
+            out["engine_id"] = int(engines[-1])
+        knobs = {name: int(v) for name, v in _KNOB.findall(body)}
+        if knobs:
+            out["knobs"] = knobs
+        algo = _ALGO.search(body)
+        if algo:
+            out["algo"] = algo.group(1)
+        return out
+    return {}
+
+
+def functions(text: str) -> dict[str, int]:
+    """How often each API function appears in the log (what a reader checks first when no execute is found)."""
+    counts: dict[str, int] = {}
+    for func, _ in blocks(text):
+        counts[func] = counts.get(func, 0) + 1
+    return counts
