@@ -8,9 +8,10 @@ through cuDNN's backend API too, so the configuration it runs is in cuDNN's API 
 (``cudnnConvolutionForward``) prints its algorithm instead. No library parses this log (cuDNN documents it for
 people), hence these few regular expressions; whatever they miss stays in the excerpt written beside them.
 
-Block format (cuDNN 8 and 9)::
+Block format (cuDNN 9.19 as torch 2.11 loads it, H100, 2026-12-07; ``tests/unit/data/cudnn_api_torch_stem_h100.log``;
+a call's return prints a second block of the same function with only its status)::
 
-    I! CuDNN (v91900) function cudnnBackendExecute() called:
+    I! CuDNN (v91900 56) function cudnnBackendExecute() called:
     i!     executionPlan: type=CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR:
     i!         engineCfg: type=CUDNN_BACKEND_ENGINECFG_DESCRIPTOR:
     i!             engine: type=CUDNN_BACKEND_ENGINE_DESCRIPTOR:
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 import re
 
-_HEAD = re.compile(r"^[IWE]! CuDNN \(v\d+\) function (\w+)\(\) called:")
+_HEAD = re.compile(r"^[IWE]! CuDNN \(v[^)]*\) function (\w+)\(\) called:")
 _ENGINE = re.compile(r"engine_?id: type=\w+; val=(-?\d+)", re.IGNORECASE)
 _KNOB = re.compile(r"CUDNN_KNOB_TYPE_(\w+): type=\w+; val=(-?\d+)")
 _ALGO = re.compile(r"\balgo: type=\w+; val=(\w+)")
 EXECUTES = ("cudnnBackendExecute", "cudnnConvolutionForward", "cudnnConvolutionBiasActivationForward")
+_VOLATILE = re.compile(r"addr=|Time:|Process=|streamId=|\buid:|Uid=|deviceProp|deviceName|cudaDeviceId|deviceVer|"
+                       r"multiProcessorCount|driverVer|maxSharedMemory|totalGlobalMem")
 
 
 def blocks(text: str) -> list[tuple[str, list[str]]]:
@@ -48,9 +51,9 @@ def last_execution(text: str) -> dict:
     when the log holds no executing call. The engine id is the block's last one (a plan prints its graph's
     operations before its engine config)."""
     for func, lines in reversed(blocks(text)):
-        if func not in EXECUTES:
-            continue
         body = "\n".join(lines)
+        if func not in EXECUTES or not (_ENGINE.search(body) or _ALGO.search(body)):
+            continue  # another call, or an execute's return record (its status alone)
         out: dict = {"function": func, "lines": lines[:200]}
         engines = _ENGINE.findall(body)
         if engines:
@@ -71,3 +74,11 @@ def functions(text: str) -> dict[str, int]:
     for func, _ in blocks(text):
         counts[func] = counts.get(func, 0) + 1
     return counts
+
+
+def descriptor(lines: list[str]) -> list[str]:
+    """An executing block's lines without what differs between two processes running the same configuration
+    (addresses, uids, times, the device's description): what ``difflib`` compares between torch's execution
+    and graphopt's."""
+    return [line[2:].rstrip() if line.startswith("i!") else line.rstrip()
+            for line in lines if line.strip() and not _VOLATILE.search(line)]

@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
-# per run-tool call (each within its 600 s limit). The thirteenth session ran 24, 28 and 22 on an H100 at 34c2a8f
-# (no H200 came); everything after that commit is unmeasured. First call of a session: ``auto``:
+# per run-tool call (each within its 600 s limit). The fourteenth session ran 29, 24, 22, 28's attention, 13 and a
+# ResNet-50 e2e row on an H100 at bf317c9 (no H200 came; NOTES_kernels): every change up to that commit has run
+# on an H100, none since 556fae7 on an H200. First call of a session: ``auto``:
 #   - on an H200: 24 (the GPU tests of the twelfth and thirteenth sessions' changes: cudnn_split, the 16-bit GELUs,
 #     the held softmax, im2col's tiled packing, the measured barrier; the two stems; the bias+GELU and softmax
 #     rows, the issue's acceptance rows on the H200), then 28 (the attention table with the measured barrier, the
-#     stems part by part), then 22 (the whole GPU suite: the H100 passed it at 34c2a8f but for the early-start
-#     test's count, fixed since);
-#   - on any other GPU: 29 (im2col's GPU tests and the stem breakdown, the stem engines probe, the early-start test).
+#     stems part by part), then 22 (the whole GPU suite: an H100 passed all of it at bf317c9), then 30;
+#   - on any other GPU: 30 (torch's and graphopt's executions of the same cuDNN engine for ResNet-50's stem, logged
+#     and diffed: why torch's takes 61 us and graphopt's ~200).
 # Then 13, 5 (the CBR and GemmAct tables with torch's graph columns), 16 (the barrier rule end to end); 18 + 19 or
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..29 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..30 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..29 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..30 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -198,11 +199,17 @@ case "$N" in
       bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-150}
     PACK_CUBIN=0 bash bench/device_calls.sh "$OUT/s" stem-breakdown:${BREAKDOWN_S:-120}
     PACK_CUBIN=0 PREBUILD=0 bash bench/device_calls.sh "$OUT/e" stem-engines:${ENGINES_S:-200} ;;
-  auto) # the first call of a session (AUTO_N overrides): on an H200, 24 (the acceptance rows are the H200's); on any
-      # other GPU, 29 (the stems' questions, which any GPU answers)
+  30) # why torch's run of cuDNN engine 47 (TILE_SIZE=2, LDGA=0, TILEK=2, STAGES=0, LDGC=1) on ResNet-50's stem takes
+      # 61 us and graphopt's run of the same engine and knobs ~200 (H100, fourteenth session, NOTES_kernels): both
+      # executions under cuDNN's API log, the diff of their descriptors (prediction: the tensors' byte alignment,
+      # 32 for torch), ~40 s; then MobileNetV2's stem the same way
+    PACK_CUBIN=0 PREBUILD=0 ENGINE_ARGS="--torch-plan-only --only r50.stem,mv2.stem" \
+      bash bench/device_calls.sh "$OUT/d" stem-engines:${ENGINES_S:-120} ;;
+  auto) # the first call of a session (AUTO_N overrides): on an H200, 24 (the acceptance rows are the H200's; 30 in
+      # a later call); on any other GPU, 30 (the stem's question, which any GPU answers; 29 ran on an H100 at bf317c9)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-    case "$gpu" in *H200*) n=24 ;; *) n=29 ;; esac
+    case "$gpu" in *H200*) n=24 ;; *) n=30 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..29 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..30 or auto" >&2; exit 2 ;;
 esac

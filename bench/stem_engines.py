@@ -162,13 +162,13 @@ def torch_log_child(x, w, s, p) -> None:
     torch.cuda.synchronize()
 
 
-def torch_plan(name: str, batch: int, timeout: float) -> dict:
-    """The configuration torch executes for stem ``name`` (``cudnn_log.last_execution`` of a child's cuDNN
-    API log) and the log's function counts; ``error`` where the child failed or logged no execution."""
+def _logged_child(child_args: list[str], timeout: float) -> dict:
+    """Run this script's ``child_args`` in a child with cuDNN's API log on; the log's last executing call
+    (``cudnn_log.last_execution``), its size and function counts, or ``error``."""
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "cudnn_api.log")
-        env = dict(os.environ, CUDNN_LOGLEVEL_DBG="3", CUDNN_LOGDEST_DBG=log, CUDNN_LOGINFO_DBG="1")
-        cmd = [sys.executable, os.path.abspath(__file__), "--torch-log-child", "--only", name, "--batch", str(batch), "--out", tmp]
+        env = dict(os.environ, CUDNN_LOGLEVEL_DBG="3", CUDNN_LOGDEST_DBG=log)
+        cmd = [sys.executable, os.path.abspath(__file__), *child_args, "--out", tmp]
         try:
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -181,11 +181,32 @@ def torch_plan(name: str, batch: int, timeout: float) -> dict:
             text = f.read()
     out = cudnn_log.last_execution(text) or {"error": "no executing call in the log"}
     out["log_bytes"] = len(text)
-    out["functions"] = cudnn_log.functions(text)
+    out["functions"] = dict(sorted(cudnn_log.functions(text).items(), key=lambda kv: -kv[1])[:12])
     return out
 
 
-def try_torch_config(probe: Probe, plan: dict) -> list[dict]:
+def torch_plan(name: str, batch: int, timeout: float) -> dict:
+    """The configuration torch executes for stem ``name``: engine id and knobs (or a legacy algorithm)."""
+    return _logged_child(["--torch-log-child", "--only", name, "--batch", str(batch)], timeout)
+
+
+def graphopt_plan_log(name: str, batch: int, dtype: str, plan: dict, timeout: float) -> dict:
+    """The same configuration executed on graphopt's convolution graph, logged the same way: what cuDNN was
+    given differs from torch's call somewhere in the descriptors when the same engine and knobs run slower."""
+    config = json.dumps({"engine_id": plan["engine_id"], "knobs": plan.get("knobs") or {}})
+    return _logged_child(["--graphopt-log-child", config, "--only", name, "--batch", str(batch), "--dtype", dtype], timeout)
+
+
+def descriptor_diff(torch_lines: list[str], graphopt_lines: list[str]) -> list[str]:
+    """A unified diff of the two executions' descriptors (``cudnn_log.descriptor``), at most 200 lines."""
+    import difflib
+
+    diff = difflib.unified_diff(cudnn_log.descriptor(torch_lines), cudnn_log.descriptor(graphopt_lines),
+                                "torch", "graphopt", lineterm="", n=1)
+    return list(diff)[:200]
+
+
+def try_torch_config(probe: Probe, plan: dict, default_knobs: bool = True) -> list[dict]:
     """Torch's engine id built on graphopt's convolution graph, with torch's knob choices and with the
     engine's default knobs: timed and checked, or the reason cuDNN refuses it."""
     if "engine_id" not in plan:
@@ -195,7 +216,7 @@ def try_torch_config(probe: Probe, plan: dict) -> list[dict]:
     for kname, value in (plan.get("knobs") or {}).items():
         kt = getattr(getattr(mod, "knob_type", None), kname, None)
         (unknown.append(kname) if kt is None else knobs.__setitem__(kt, value))
-    for label, kd in (("torch's knobs", knobs), ("default knobs", {})):
+    for label, kd in (("torch's knobs", knobs), ("default knobs", {}))[: 2 if default_knobs else 1]:
         row = {"engine": plan["engine_id"], "knobs": label, "unknown_knobs": unknown}
         try:
             g, t = probe.graph()
@@ -300,11 +321,19 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
     ap.add_argument("--torch-plan-only", action="store_true", help="only torch's kernels and its logged plan")
     ap.add_argument("--torch-log-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--graphopt-log-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.torch_log_child:
+    if args.torch_log_child or args.graphopt_log_child:
         xs, w, s, p, _act, _extra = STEMS[args.only.split(",")[0]]
-        torch_log_child((args.batch,) + xs, w, s, p)
-        return 0
+        if args.torch_log_child:
+            torch_log_child((args.batch,) + xs, w, s, p)
+            return 0
+        from graphopt.providers import cudnn as base
+
+        mod = base._load()
+        probe = Probe(mod, base._handle(mod), (args.batch,) + xs, w, s, p, args.dtype, reps=3)
+        rows = try_torch_config(probe, json.loads(args.graphopt_log_child), default_knobs=False)
+        return 0 if rows and "us" in rows[0] else 1
 
     from graphopt.providers import cudnn as base
     from graphopt.providers import cudnn_split
@@ -329,6 +358,11 @@ def main(argv=None) -> int:
         row["torch_plan"] = torch_plan(name, args.batch, timeout=max(30.0, (deadline - time.monotonic()) / 3))
         print(json.dumps({k: v for k, v in row["torch_plan"].items() if k != "lines"}), flush=True)
         row["torch_plan_on_graphopt_graph"] = try_torch_config(probe, row["torch_plan"])
+        if "engine_id" in row["torch_plan"]:
+            gp = graphopt_plan_log(name, args.batch, args.dtype, row["torch_plan"], timeout=max(30.0, (deadline - time.monotonic()) / 3))
+            row["graphopt_plan_log"] = {k: v for k, v in gp.items() if k != "lines"}
+            row["descriptor_diff"] = descriptor_diff(row["torch_plan"].get("lines", []), gp.get("lines", []))
+            print("\n".join(row["descriptor_diff"]), flush=True)
         rows.append(row)
         _write(args.out, tag, header, rows)
         if args.torch_plan_only:
@@ -360,6 +394,13 @@ def _write(out_dir: str, tag: str, header: dict, rows: list) -> None:
         for e in r.get("torch_plan_on_graphopt_graph", []):
             lines.append(f"- on graphopt's graph with {e['knobs']}: " + (f"`{e.get('name')}` {e['us']} us, max rel err "
                          f"{e['max_rel_err']}" if "us" in e else f"refused: {e.get('refused')}"))
+        if "descriptor_diff" in r:
+            gp = r.get("graphopt_plan_log") or {}
+            lines += ["", "What cuDNN was given, torch's execution against graphopt's with the same engine and knobs "
+                      f"(graphopt's log: engine {gp.get('engine_id', '-')} knobs {json.dumps(gp.get('knobs', {}))}"
+                      + (f"; {gp['error']}" if "error" in gp else "") + "):", "", "```diff"]
+            lines += r["descriptor_diff"] or ["(no difference in the descriptors)"]
+            lines += ["```"]
         timed = [e for e in r.get("heuristics_unfiltered", []) + r.get("engines", []) if "us" in e]
         timed.sort(key=lambda e: e["us"])
         lines += ["", "| source | plan | us | max rel err | barred by graphopt | workspace |", "|---|---|---:|---:|---|---:|"]

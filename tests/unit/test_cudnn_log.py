@@ -55,3 +55,28 @@ def test_no_execution_gives_nothing():
     assert cudnn_log.last_execution(FINALIZE) == {}
     assert cudnn_log.last_execution("") == {}
     assert cudnn_log.blocks("no header here\n") == []
+
+
+REAL = pathlib.Path(__file__).parent / "data" / "cudnn_api_torch_stem_h100.log"
+
+
+def test_the_real_log_of_torchs_stem_convolution():
+    """cuDNN 9.19 as torch 2.11 logged ResNet-50's stem at bs32 fp16 on an H100: the execute block, its
+    Internal twin and the return records (status only) that follow each."""
+    text = REAL.read_text()
+    got = cudnn_log.last_execution(text)
+    assert got["function"] == "cudnnBackendExecute"
+    assert got["engine_id"] == 47
+    assert got["knobs"] == {"TILE_SIZE": 2, "LDGA": 0, "TILEK": 2, "STAGES": 0, "LDGC": 1}
+    assert {"cudnnBackendExecute", "cudnnBackendExecuteInternal"} <= set(cudnn_log.functions(text))
+
+
+def test_descriptors_drop_what_differs_between_processes():
+    lines = cudnn_log.last_execution(REAL.read_text())["lines"]
+    desc = cudnn_log.descriptor(lines)
+    assert not any("addr=" in d or "Time:" in d or "uid:" in d or "deviceName" in d for d in desc)
+    assert any("alignmentInBytes: type=int64_t; val=32;" in d for d in desc)
+    assert any("strideA: type=int; val=[150528,1,672,3];" in d for d in desc)
+    other = [line.replace("val=32;", "val=16;") for line in lines]
+    changed = [a for a, b in zip(desc, cudnn_log.descriptor(other)) if a != b]
+    assert len(changed) == 3  # X, W and Y's alignment: the diff shows what a reader needs, nothing volatile

@@ -32,6 +32,9 @@ def test_the_report_renders_every_kind_of_row(tmp_path):
             {"engine": 31, "knobs": "torch's knobs", "name": "eng31_k2=2", "us": 61.0, "max_rel_err": 4e-4, "workspace": 0},
             {"engine": 31, "knobs": "default knobs", "refused": "CUDNN_STATUS_NOT_SUPPORTED"},
         ],
+        "graphopt_plan_log": {"engine_id": 31, "knobs": {"TILE_SIZE": 2}},
+        "descriptor_diff": ["--- torch", "+++ graphopt", "-    alignmentInBytes: type=int64_t; val=32;",
+                            "+    alignmentInBytes: type=int64_t; val=16;"],
         "offered_by_graphopt": ["eng47_k2=2"],
         "barred_by_note": {"REDUCED_PRECISION_REDUCTION": ["eng12_k2=1"], "WINOGRAD_TILE_4x4": "not in this frontend"},
         "heuristics_unfiltered": [
@@ -54,6 +57,7 @@ def test_the_report_renders_every_kind_of_row(tmp_path):
     assert "84.1 us x20" in md
     assert 'engine 31 knobs {"TILE_SIZE": 2}' in md and "`eng31_k2=2` 61.0 us" in md
     assert "default knobs: refused: CUDNN_STATUS_NOT_SUPPORTED" in md
+    assert "```diff\n--- torch" in md and "+    alignmentInBytes: type=int64_t; val=16;" in md
     assert json.loads((tmp_path / "stem_engines_h200.json").read_text())["rows"][0]["layer"] == "r50.stem"
 
 
@@ -92,3 +96,14 @@ def test_a_torch_config_is_built_with_its_knobs_mapped_to_the_frontends_enum():
 def test_a_child_that_cannot_run_torch_is_an_error_row_not_a_traceback():
     got = se.torch_plan("r50.stem", 1, timeout=120)  # no GPU here (and maybe no torch): the child fails
     assert set(got) == {"error"} and got["error"].startswith("child exit"), got
+
+
+def test_the_descriptor_diff_of_two_executions():
+    base = ["I! CuDNN (v91900 56) function cudnnBackendExecute() called:",
+            "i!     xDesc: type=CUDNN_BACKEND_TENSOR_DESCRIPTOR:", "i!         alignmentInBytes: type=int64_t; val=32;",
+            "i!         uid: type=int64_t; val=120;"]
+    other = [base[0], base[1], base[2].replace("32", "16"), base[3].replace("120", "7")]
+    diff = se.descriptor_diff(base, other)
+    assert [d for d in diff if d[:1] in "+-" and d[:3] not in ("---", "+++")] == [
+        "-         alignmentInBytes: type=int64_t; val=32;", "+         alignmentInBytes: type=int64_t; val=16;"]
+    assert se.descriptor_diff(base, base) == []
