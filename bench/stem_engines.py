@@ -40,8 +40,9 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import cudnn_log  # noqa: E402
-from lowering_bench import GPU_NAME_HELP, env_header, gpu_tag, write_atomic  # noqa: E402
+from lowering_bench import GPU_NAME_HELP, env_header, gpu_tag  # noqa: E402
 from stem_breakdown import STEMS, cbr_sig  # noqa: E402
+from stem_engines_report import write as _write  # noqa: E402
 
 
 def torch_kernels(x, w, s, p, reps: int) -> dict:
@@ -90,11 +91,17 @@ class Probe:
         self.w = layout.to_layout(wl.astype(dtype), "NHWC", cupy)  # KRSC: W's NHWC
         self.y = layout.empty(self.ref.shape, dtype, "NHWC", cupy)
 
-    def graph(self):
+    def graph(self, alignment: int | None = None):
+        """The convolution-only graph, built; ``alignment``: the byte alignment its X, W and Y declare to cuDNN
+        (torch declares its pointers' alignment, up to 32; the frontend's Python graph has no argument for it,
+        so it is set on the lowered C++ tensors, ``_cpp_tensors``, between lowering and the backend build)."""
         from graphopt.providers import cudnn as base
 
         graph, tensors = base.conv_graph(self.mod, self.handle, self.sig)[:2]
         graph.validate()
+        if alignment is not None:
+            for cpp in lowered_tensors(graph):
+                cpp.set_alignment(alignment)
         graph.build_operation_graph()
         return graph, tensors
 
@@ -206,9 +213,24 @@ def descriptor_diff(torch_lines: list[str], graphopt_lines: list[str]) -> list[s
     return list(diff)[:200]
 
 
-def try_torch_config(probe: Probe, plan: dict, default_knobs: bool = True) -> list[dict]:
-    """Torch's engine id built on graphopt's convolution graph, with torch's knob choices and with the
-    engine's default knobs: timed and checked, or the reason cuDNN refuses it."""
+def lowered_tensors(graph) -> list:
+    """The non-virtual C++ tensors of a validated frontend graph (the frontend keeps them by uid)."""
+    return [t for t in (getattr(graph, "_cpp_tensors", None) or {}).values() if not t.get_is_virtual()]
+
+
+def default_alignment(probe: Probe) -> dict:
+    """The byte alignment the frontend declares for graphopt's tensors when nobody sets one."""
+    try:
+        g, _ = probe.graph()
+        return {"alignments": sorted({int(t.get_alignment()) for t in lowered_tensors(g)})}
+    except Exception as e:  # noqa: BLE001
+        return {"error": (str(e).splitlines() or [type(e).__name__])[0][:160]}
+
+
+def try_torch_config(probe: Probe, plan: dict, default_knobs: bool = True, alignments=(None,)) -> list[dict]:
+    """Torch's engine id built on graphopt's convolution graph, with torch's knob choices (and the engine's
+    default knobs), for each tensor byte ``alignments`` (None: the frontend's own): timed and checked, or the
+    reason cuDNN refuses it."""
     if "engine_id" not in plan:
         return []
     mod, rows = probe.mod, []
@@ -216,10 +238,11 @@ def try_torch_config(probe: Probe, plan: dict, default_knobs: bool = True) -> li
     for kname, value in (plan.get("knobs") or {}).items():
         kt = getattr(getattr(mod, "knob_type", None), kname, None)
         (unknown.append(kname) if kt is None else knobs.__setitem__(kt, value))
-    for label, kd in (("torch's knobs", knobs), ("default knobs", {}))[: 2 if default_knobs else 1]:
-        row = {"engine": plan["engine_id"], "knobs": label, "unknown_knobs": unknown}
+    variants = [("torch's knobs", knobs, a) for a in alignments] + ([("default knobs", {}, None)] if default_knobs else [])
+    for label, kd, align in variants:
+        row = {"engine": plan["engine_id"], "knobs": label + (f", {align}-byte tensors" if align else ""), "unknown_knobs": unknown}
         try:
-            g, t = probe.graph()
+            g, t = probe.graph(alignment=align)
             g.create_execution_plan(plan["engine_id"], kd)
             g.check_support()
             row["name"] = str(g.get_plan_name_at_index(0))
@@ -357,7 +380,8 @@ def main(argv=None) -> int:
         probe = Probe(mod, handle, x, w, s, p, args.dtype, args.reps)
         row["torch_plan"] = torch_plan(name, args.batch, timeout=max(30.0, (deadline - time.monotonic()) / 3))
         print(json.dumps({k: v for k, v in row["torch_plan"].items() if k != "lines"}), flush=True)
-        row["torch_plan_on_graphopt_graph"] = try_torch_config(probe, row["torch_plan"])
+        row["frontend_alignment"] = default_alignment(probe)
+        row["torch_plan_on_graphopt_graph"] = try_torch_config(probe, row["torch_plan"], alignments=(None, 16, 32))
         if "engine_id" in row["torch_plan"]:
             gp = graphopt_plan_log(name, args.batch, args.dtype, row["torch_plan"], timeout=max(30.0, (deadline - time.monotonic()) / 3))
             row["graphopt_plan_log"] = {k: v for k, v in gp.items() if k != "lines"}
@@ -376,46 +400,6 @@ def main(argv=None) -> int:
         row["engines"] = every_engine(probe, deadline)
         _write(args.out, tag, header, rows)
     return 0
-
-
-def _write(out_dir: str, tag: str, header: dict, rows: list) -> None:
-    write_atomic(os.path.join(out_dir, f"stem_engines_{tag}.json"), json.dumps({"header": header, "rows": rows}, indent=1))
-    lines = [f"# Stem engines on {header.get('gpu', tag)} ({header.get('date', '')})", "",
-             f"Command: `{header.get('command', '')}`. Eager device time in us (median, CUDA events); error: max |y - "
-             "ref| / max |ref| against a float32 convolution (TF32 off).", ""]
-    for r in rows:
-        lines += [f"## {r['layer']} bs{r['bs']} {r['dtype']}", "", "torch's kernels (profiler, mean us):", ""]
-        lines += [f"- `{k}`: {v['mean_us']} us x{v['count']}" for k, v in r["torch_kernels"].items()]
-        tp = r.get("torch_plan") or {}
-        if tp:
-            lines += ["", f"torch's executed configuration (cuDNN API log, {tp.get('log_bytes', 0)} bytes): "
-                      f"`{tp.get('function', '-')}` engine {tp.get('engine_id', '-')} knobs {json.dumps(tp.get('knobs', {}))}"
-                      + (f" algo {tp['algo']}" if "algo" in tp else "") + (f"; {tp['error']}" if "error" in tp else "")]
-        for e in r.get("torch_plan_on_graphopt_graph", []):
-            lines.append(f"- on graphopt's graph with {e['knobs']}: " + (f"`{e.get('name')}` {e['us']} us, max rel err "
-                         f"{e['max_rel_err']}" if "us" in e else f"refused: {e.get('refused')}"))
-        if "descriptor_diff" in r:
-            gp = r.get("graphopt_plan_log") or {}
-            lines += ["", "What cuDNN was given, torch's execution against graphopt's with the same engine and knobs "
-                      f"(graphopt's log: engine {gp.get('engine_id', '-')} knobs {json.dumps(gp.get('knobs', {}))}"
-                      + (f"; {gp['error']}" if "error" in gp else "") + "):", "", "```diff"]
-            lines += r["descriptor_diff"] or ["(no difference in the descriptors)"]
-            lines += ["```"]
-        timed = [e for e in r.get("heuristics_unfiltered", []) + r.get("engines", []) if "us" in e]
-        timed.sort(key=lambda e: e["us"])
-        lines += ["", "| source | plan | us | max rel err | barred by graphopt | workspace |", "|---|---|---:|---:|---|---:|"]
-        for e in timed[:40]:
-            src = f"heur {e['mode']}" if "mode" in e else f"engine {e['engine']}"
-            lines.append(f"| {src} | `{e.get('name')}` | {e['us']} | {e['max_rel_err']} | {e.get('barred', '')} | {e['workspace']} |")
-        for note, names in (r.get("barred_by_note") or {}).items():
-            lines.append(f"- barred by `{note}`: {', '.join(f'`{n}`' for n in names) if isinstance(names, list) else names}")
-        refused = [e for e in r.get("engines", []) if "refused" in e]
-        tried = [e for e in r.get("engines", []) if "engine" in e]
-        lines += ["", f"Engines refused: {len(refused)} of {len(tried)}.", ""]
-        head = next((e for e in r.get("engines", []) if "engine_count" in e), None)
-        if head:
-            lines += [f"create_execution_plan after heuristics A: {json.dumps({k: v for k, v in head['appends'].items() if k != 'names'})}", ""]
-    write_atomic(os.path.join(out_dir, f"stem_engines_{tag}.md"), "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

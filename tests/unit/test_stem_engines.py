@@ -33,6 +33,7 @@ def test_the_report_renders_every_kind_of_row(tmp_path):
             {"engine": 31, "knobs": "default knobs", "refused": "CUDNN_STATUS_NOT_SUPPORTED"},
         ],
         "graphopt_plan_log": {"engine_id": 31, "knobs": {"TILE_SIZE": 2}},
+        "frontend_alignment": {"alignments": [16]},
         "descriptor_diff": ["--- torch", "+++ graphopt", "-    alignmentInBytes: type=int64_t; val=32;",
                             "+    alignmentInBytes: type=int64_t; val=16;"],
         "offered_by_graphopt": ["eng47_k2=2"],
@@ -57,12 +58,13 @@ def test_the_report_renders_every_kind_of_row(tmp_path):
     assert "84.1 us x20" in md
     assert 'engine 31 knobs {"TILE_SIZE": 2}' in md and "`eng31_k2=2` 61.0 us" in md
     assert "default knobs: refused: CUDNN_STATUS_NOT_SUPPORTED" in md
+    assert 'byte alignment for graphopt\'s graph: {"alignments": [16]}' in md
     assert "```diff\n--- torch" in md and "+    alignmentInBytes: type=int64_t; val=16;" in md
     assert json.loads((tmp_path / "stem_engines_h200.json").read_text())["rows"][0]["layer"] == "r50.stem"
 
 
 def test_a_torch_config_is_built_with_its_knobs_mapped_to_the_frontends_enum():
-    built = []
+    built, aligned = [], []
 
     class Graph:
         def create_execution_plan(self, eid, knobs):
@@ -80,16 +82,18 @@ def test_a_torch_config_is_built_with_its_knobs_mapped_to_the_frontends_enum():
             class knob_type:
                 TILE_SIZE = "kt-tile"
 
-        def graph(self):
+        def graph(self, alignment=None):
+            aligned.append(alignment)
             return Graph(), {}
 
         def run_plan(self, g, t, i):
             return {"us": 60.0, "max_rel_err": 1e-4, "workspace": 0}
 
-    rows = se.try_torch_config(Probe(), {"engine_id": 31, "knobs": {"TILE_SIZE": 2, "NOT_A_KNOB": 1}})
-    assert built == [(31, {"kt-tile": 2}), (31, {})]
+    rows = se.try_torch_config(Probe(), {"engine_id": 31, "knobs": {"TILE_SIZE": 2, "NOT_A_KNOB": 1}}, alignments=(None, 32))
+    assert built == [(31, {"kt-tile": 2}), (31, {"kt-tile": 2}), (31, {})] and aligned == [None, 32, None]
     assert rows[0]["us"] == 60.0 and rows[0]["unknown_knobs"] == ["NOT_A_KNOB"]
-    assert rows[1]["refused"] == "CUDNN_STATUS_NOT_SUPPORTED"
+    assert rows[1]["knobs"] == "torch's knobs, 32-byte tensors"
+    assert rows[2]["refused"] == "CUDNN_STATUS_NOT_SUPPORTED"
     assert se.try_torch_config(Probe(), {"algo": "X"}) == []
 
 
@@ -107,3 +111,27 @@ def test_the_descriptor_diff_of_two_executions():
     assert [d for d in diff if d[:1] in "+-" and d[:3] not in ("---", "+++")] == [
         "-         alignmentInBytes: type=int64_t; val=32;", "+         alignmentInBytes: type=int64_t; val=16;"]
     assert se.descriptor_diff(base, base) == []
+
+
+def test_lowered_tensors_are_the_graphs_non_virtual_ones():
+    class T:
+        def __init__(self, virtual, align):
+            self.virtual, self.align = virtual, align
+
+        def get_is_virtual(self):
+            return self.virtual
+
+        def get_alignment(self):
+            return self.align
+
+    class G:
+        _cpp_tensors = {1: T(False, 16), 2: T(True, 4), 3: T(False, 16)}
+
+    assert len(se.lowered_tensors(G())) == 2
+    assert se.lowered_tensors(object()) == []
+
+    class P:
+        def graph(self, alignment=None):
+            return G(), {}
+
+    assert se.default_alignment(P()) == {"alignments": [16]}
