@@ -45,19 +45,32 @@ from stem_breakdown import STEMS, cbr_sig  # noqa: E402
 from stem_engines_report import write as _write  # noqa: E402
 
 
-def torch_kernels(x, w, s, p, reps: int) -> dict:
-    """torch channels_last's convolution alone (cudnn.benchmark): its kernels and their mean device times."""
+def torch_conv(x, w, s, p, warmup: int):
+    """torch channels_last's fp16 convolution of stem geometry (cudnn.benchmark on, ``warmup`` calls made, so
+    its choice is settled): the call, for profiling or logging."""
     import torch
 
     torch.backends.cudnn.benchmark = True
     xt = torch.randn(x, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
     wt = torch.randn(w, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
-    for _ in range(5):
+
+    def call():
         torch.nn.functional.conv2d(xt, wt, stride=s, padding=p)
+
+    for _ in range(warmup):
+        call()
     torch.cuda.synchronize()
+    return call
+
+
+def torch_kernels(x, w, s, p, reps: int) -> dict:
+    """torch channels_last's convolution alone (cudnn.benchmark): its kernels and their mean device times."""
+    import torch
+
+    call = torch_conv(x, w, s, p, warmup=5)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            torch.nn.functional.conv2d(xt, wt, stride=s, padding=p)
+            call()
         torch.cuda.synchronize()
     kernels = {}
     for ev in prof.key_averages():
@@ -159,13 +172,7 @@ def torch_log_child(x, w, s, p) -> None:
     then run once more, so the log's last executing call is the configuration torch chose."""
     import torch
 
-    torch.backends.cudnn.benchmark = True
-    xt = torch.randn(x, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
-    wt = torch.randn(w, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
-    for _ in range(3):
-        torch.nn.functional.conv2d(xt, wt, stride=s, padding=p)
-    torch.cuda.synchronize()
-    torch.nn.functional.conv2d(xt, wt, stride=s, padding=p)
+    torch_conv(x, w, s, p, warmup=3)()
     torch.cuda.synchronize()
 
 
