@@ -5,8 +5,8 @@
 # on an H100, none since 556fae7 on an H200. First call of a session: ``auto``:
 #   - on an H200: 24 (the GPU tests of the twelfth and thirteenth sessions' changes: cudnn_split, the 16-bit GELUs,
 #     the held softmax, im2col's tiled packing, the measured barrier; the two stems; the bias+GELU and softmax
-#     rows, the issue's acceptance rows on the H200), then 28 (the attention table with the measured barrier, the
-#     stems part by part), then 22 (the whole GPU suite: an H100 passed all of it at bf317c9), then 30;
+#     rows, the issue's acceptance rows on the H200), then 28 (the attention table with the measured barrier,
+#     ResNet-50 bs32 and GPT-2 bs1 end to end against torch.compile, the stems part by part), then 22 (the whole GPU suite: an H100 passed all of it at bf317c9), then 30;
 #   - on any other GPU: 30 (torch's and graphopt's executions of the same cuDNN engine for ResNet-50's stem, logged
 #     and diffed: why torch's takes 61 us and graphopt's ~200).
 # Then 13, 5 (the CBR and GemmAct tables with torch's graph columns), 16 (the barrier rule end to end); 18 + 19 or
@@ -185,10 +185,13 @@ case "$N" in
   27) # why the stems miss (after 24): each part of ResNet-50's and MobileNetV2's stems at bs32 beside torch's parts
       # (bench/stem_breakdown.py): cuDNN's convolution alone, the bias + activation pass, im2col's packing and GEMM
     bash bench/device_calls.sh "$OUT/s" stem-breakdown:200 ;;
-  28) # after 24: the attention table with the measured barrier on (call 17's last step), then the stems part by
-      # part (call 27)
+  28) # after 24: the attention table with the measured barrier on (call 17's last step); then the two rows issue
+      # 15 holds to 0.8 of torch.compile, ResNet-50 bs32 (0.790 paired on the H200 before im2col's stem, which the
+      # H100 measured at 142 us against the fused cuDNN plan's 194: 0.747 there) and GPT-2 bs1; then the stems
+      # part by part (call 27) with what is left
     GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-230}
-    bash bench/device_calls.sh "$OUT/s" stem-breakdown:200 ;;
+    MODELS=resnet50,gpt2 DTYPES=fp16 E2E_ARGS="--rows resnet50:32,gpt2:1 --measure-reserve 45" bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-220}
+    bash bench/device_calls.sh "$OUT/s" stem-breakdown:${BREAKDOWN_S:-90} ;;
   29) # the stems on any GPU (thirteenth session): im2col's packing through a shared-memory tile (its GPU tests, then the
       # stem breakdown: prediction 234.9 -> 50-90 us for the packing on the H100), why torch's convolution alone beats
       # every cuDNN plan graphopt is offered for ResNet-50's stem (84.5 us against 192.4 on the H100,
