@@ -189,9 +189,9 @@ case "$N" in
       # 15 holds to 0.8 of torch.compile, ResNet-50 bs32 (0.790 paired on the H200 before im2col's stem, which the
       # H100 measured at 142 us against the fused cuDNN plan's 194: 0.747 there) and GPT-2 bs1; then the stems
       # part by part (call 27) with what is left
-    GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-230}
-    MODELS=resnet50,gpt2 DTYPES=fp16 E2E_ARGS="--rows resnet50:32,gpt2:1 --measure-reserve 45" bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-220}
-    bash bench/device_calls.sh "$OUT/s" stem-breakdown:${BREAKDOWN_S:-90} ;;
+    PACK_CUBIN=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-210}
+    MODELS=resnet50,gpt2 DTYPES=fp16 E2E_ARGS="--rows resnet50:32,gpt2:1 --measure-reserve 45" bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-200}
+    PACK_CUBIN=0 bash bench/device_calls.sh "$OUT/s" stem-breakdown:${BREAKDOWN_S:-80} ;;
   29) # the stems on any GPU (thirteenth session): im2col's packing through a shared-memory tile (its GPU tests, then the
       # stem breakdown: prediction 234.9 -> 50-90 us for the packing on the H100), why torch's convolution alone beats
       # every cuDNN plan graphopt is offered for ResNet-50's stem (84.5 us against 192.4 on the H100,
