@@ -166,11 +166,27 @@ class _Built:
     copies: int = 0  # private copies made for second lowerings of a plan (lowering_plan)
 
 
-def listed(sig: Signature, make, tag: str = "") -> _Built:
+def declare_alignment(graph, nbytes: int) -> None:
+    """Declare every non-virtual tensor of a validated graph ``nbytes``-byte aligned to cuDNN. The frontend
+    declares 16 (``Tensor_attributes::default_alignment``, "pointer alignment assumed by the backend when
+    selecting engines"); torch declares its pointers' alignment up to 32, and for ResNet-50's stem the same
+    engine and knobs ran 61 us for torch against ~200 for graphopt (H100, ``bench/NOTES_kernels.md``,
+    fourteenth session). The Python graph has no argument for it: it is set on the lowered C++ tensors
+    (``_cpp_tensors``, filled by ``validate``) before ``build_operation_graph`` creates the backend's
+    descriptors. A frontend without them refuses the graph (a reason, never a wrong declaration)."""
+    tensors = [t for t in (getattr(graph, "_cpp_tensors", None) or {}).values() if not t.get_is_virtual()]
+    if not tensors:
+        raise GraphRefused(f"this cuDNN frontend exposes no lowered tensors to declare {nbytes}-byte aligned")
+    for t in tensors:
+        t.set_alignment(nbytes)
+
+
+def listed(sig: Signature, make, tag: str = "", alignment: int | None = None) -> _Built:
     """The graph ``make(mod, handle, sig) -> (graph, tensors[, extra])`` builds for ``sig``, validated,
     with its plans listed (heuristics A, then the fallback list; those ``check_support`` keeps).
     Cached per signature (and ``tag``, for a second form of one op's graph) and process: every
-    candidate of one signature shares it."""
+    candidate of one signature shares it. ``alignment``: the byte alignment its tensors declare
+    (``declare_alignment``; None: the frontend's 16); the tag must tell the forms apart."""
     key = sig.key() + tag
     if key in _REFUSED:
         raise GraphRefused(_REFUSED[key])
@@ -182,10 +198,15 @@ def listed(sig: Signature, make, tag: str = "") -> _Built:
             made = make(mod, _handle(mod), sig)
             graph, tensors = made[0], made[1]
             graph.validate()
+            if alignment is not None:
+                declare_alignment(graph, alignment)
             graph.build_operation_graph()
             graph.create_execution_plans([mod.heur_mode.A, mod.heur_mode.FALLBACK])
             barred = _deselect_inexact(mod, graph)
             graph.check_support()
+        except GraphRefused as e:
+            _REFUSED[key] = str(e)
+            raise
         except Exception as e:
             unsupported = getattr(mod, "cudnnGraphNotSupportedError", None)
             if isinstance(unsupported, type) and isinstance(e, unsupported):

@@ -14,7 +14,11 @@ built and timed in a cold tuning).
 
 Every plan cuDNN lists for the convolution-only graph (heuristics A, then the fallback list; the
 inexact ones deselected as for ``cudnn``) is a candidate keyed by its name; ``cudnn_split_cpad`` offers the
-same on ``cudnn_cpad``'s channel-padded operands (C zero-padded to 8 in the workspace).
+same on ``cudnn_cpad``'s channel-padded operands (C zero-padded to 8 in the workspace), and
+``cudnn_split_a32`` on the same graph with its tensors declared 32-byte aligned (``cudnn.declare_alignment``):
+torch declares 32 where its pointers allow, and for ResNet-50's stem its run of the very engine and knobs
+graphopt lists took 61 us against ~200 (H100, 2026-12-07; not yet measured with the declaration). Its launch
+refuses operands that are not 32-byte aligned (the runtime's arena aligns every buffer to 256 bytes).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from graphopt.providers import cudnn_cpad
 OPS = ("CBR",)
 NAME = "cudnn_split"
 NAME_PAD = "cudnn_split_cpad"  # the same on channel-padded operands (cudnn_cpad's padding)
+NAME_A32 = "cudnn_split_a32"  # the same graph with its tensors declared 32-byte aligned
+ALIGN_A32 = 32
 LAYOUTS = base.LAYOUTS  # X, W (KRSC), B, R, Y: as ``cudnn``'s fused graph
 
 
@@ -64,6 +70,10 @@ def _graph_for(sig: Signature, tag: str = "") -> base._Built:
     return base.listed(conv_only(sig), base.conv_graph, "|split" + tag)
 
 
+def _aligned_graph_for(sig: Signature, tag: str = "") -> base._Built:
+    return base.listed(conv_only(sig), base.conv_graph, "|splita32" + tag, alignment=ALIGN_A32)
+
+
 def _padded_graph_for(sig: Signature, tag: str = "") -> base._Built:
     return base.listed(cudnn_cpad.padded(conv_only(sig)), base.conv_graph, "|splitpad" + tag)
 
@@ -80,6 +90,8 @@ def epilogue(sig: Signature, arch: str | None = None):
 @dataclass(frozen=True)
 class CudnnSplitConv(base.CudnnCandidate):
     """params: ``plan=<cuDNN plan name of the convolution-only graph>``, or none for the heuristic's first."""
+
+    ALIGN = None  # the byte alignment the graph declares for X, W and Y, checked at launch (None: cuDNN's 16)
 
     def layouts(self, sig: Signature) -> tuple[str, ...]:
         return LAYOUTS
@@ -106,8 +118,11 @@ class CudnnSplitConv(base.CudnnCandidate):
         # no bias and no activation: the convolution is the whole node
         after = epilogue(sig, arch) if has_bias or geo.act_args(sig).code != 0 else None
         operands, total = self._operands(sig, ws_bytes, arch)
+        align = self.ALIGN
 
         def launch(inputs, outputs, workspace):
+            if align and any(a.data.ptr % align for a in (inputs[0], inputs[1], outputs[0])):
+                raise TuningError(f"{self.key()}: X, W and Y must be {align}-byte aligned (declared to cuDNN)")
             xp, wp = operands(inputs[0], inputs[1], workspace)
             pack = {t["X"]: base._Dl(xp), t["W"]: base._Dl(wp), t["Y"]: base._Dl(outputs[0])}
             base.execute(b, pack, workspace[:ws_bytes] if ws_bytes else None, index)
@@ -143,18 +158,31 @@ class CudnnSplitPaddedConv(CudnnSplitConv):
         return cudnn_cpad.channel_padder(sig, ws_bytes, arch)
 
 
+@dataclass(frozen=True)
+class CudnnSplitAlignedConv(CudnnSplitConv):
+    """``cudnn_split`` with X, W and Y declared 32-byte aligned to cuDNN (module docstring): the same graph
+    and engines, which may then pick other kernels; its launch checks the pointers."""
+
+    ALIGN = ALIGN_A32
+
+    def graphs(self):
+        return _aligned_graph_for
+
+
 def candidates(op: str, sig: Signature | None = None) -> list:
     """The heuristic candidate, plus one per plan of the convolution-only graph where cuDNN can list them
     here (all of them, as ``cudnn`` offers its fused graph's: torch with ``cudnn.benchmark`` times the
-    whole list too, and only a network's one or two stems take this candidate), of the unpadded and the
-    channel-padded graph; nothing for a signature that is no stem."""
+    whole list too, and only a network's one or two stems take this candidate), of the unpadded, the
+    channel-padded and the 32-byte-aligned graph; nothing for a signature that is no stem."""
     if op not in OPS or (sig is not None and split_reason(sig) is not None):
         return []
     return (base.plan_candidates(CudnnSplitConv, NAME, op, sig, split_reason, _graph_for)
-            + base.plan_candidates(CudnnSplitPaddedConv, NAME_PAD, op, sig, split_reason, _padded_graph_for))
+            + base.plan_candidates(CudnnSplitPaddedConv, NAME_PAD, op, sig, split_reason, _padded_graph_for)
+            + base.plan_candidates(CudnnSplitAlignedConv, NAME_A32, op, sig, split_reason, _aligned_graph_for))
 
 
 def from_key(op: str, key: str):
     if op not in OPS:
         return None
-    return base.plan_from_key(CudnnSplitConv, NAME, key) or base.plan_from_key(CudnnSplitPaddedConv, NAME_PAD, key)
+    return (base.plan_from_key(CudnnSplitConv, NAME, key) or base.plan_from_key(CudnnSplitPaddedConv, NAME_PAD, key)
+            or base.plan_from_key(CudnnSplitAlignedConv, NAME_A32, key))

@@ -1,5 +1,5 @@
-"""The convolution-then-epilogue cuDNN CBR (graphopt.providers.cudnn_split) on the GPU, both forms (the operands
-as given, and channel-padded): every plan it offers for stems with 1, 3 and 4 input channels (odd sizes, stride 2, asymmetric pads, with and without a bias,
+"""The convolution-then-epilogue cuDNN CBR (graphopt.providers.cudnn_split) on the GPU, all three forms (the
+operands as given, channel-padded, and declared 32-byte aligned): every plan it offers for stems with 1, 3 and 4 input channels (odd sizes, stride 2, asymmetric pads, with and without a bias,
 the stem activations, fp16 and fp32) against the float64 reference with NaN-poisoned outputs
 (_provider_check); the scalar pass where the bias is not 16-byte aligned; two nodes of one signature
 captured into one CUDA graph; one lowering captured and replayed equal to its eager run."""
@@ -23,7 +23,8 @@ if cudnn.unavailable():
     pytest.skip(cudnn.unavailable(), allow_module_level=True)
 
 GEOMS = STEM_GEOMS
-FAMILIES = [prov.NAME, prov.NAME_PAD]  # the convolution on the operands as given, and channel-padded
+FAMILIES = [prov.NAME, prov.NAME_PAD, prov.NAME_A32]  # operands as given, channel-padded, declared 32-byte aligned
+CLASSES = {prov.NAME: prov.CudnnSplitConv, prov.NAME_PAD: prov.CudnnSplitPaddedConv, prov.NAME_A32: prov.CudnnSplitAlignedConv}
 ACTS = [("Relu", {}), ("Clip", {"clip_min": 0.0, "clip_max": 6.0}), ("none", {}), ("HardSwish", {}), ("Gelu", {})]
 
 
@@ -88,11 +89,29 @@ def test_two_nodes_in_one_captured_graph(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cls", [prov.CudnnSplitConv, prov.CudnnSplitPaddedConv], ids=FAMILIES)
-def test_captured_replay_equals_the_eager_run(cls):
+@pytest.mark.parametrize("name", FAMILIES)
+def test_captured_replay_equals_the_eager_run(name):
     x, w, attrs = GEOMS[0]
     sig = _sig(x, w, attrs, "float16", "Relu", {})
-    low = as_lowering(cls(prov.NAME_PAD if cls is prov.CudnnSplitPaddedConv else prov.NAME).build(sig, "sm_90"))
+    low = as_lowering(CLASSES[name](name).build(sig, "sm_90"))
     eager, out = eager_and_replayed(low, sig)
     assert not bool(cupy.isnan(eager).any())
     assert cupy.array_equal(out, eager)
+
+
+@pytest.mark.gpu
+def test_the_aligned_form_refuses_an_operand_16_bytes_off():
+    from graphopt.errors import TuningError
+
+    x, w, attrs = GEOMS[1]
+    sig = _sig(x, w, attrs, "float16", "Relu", {})
+    f64, up = host_inputs(sig, 3)
+    low = as_lowering(prov.CudnnSplitAlignedConv(prov.NAME_A32).build(sig, "sm_90"))
+    ins = low.conform([None if a is None else cupy.asarray(a) for a in up], cupy)
+    store = cupy.empty(ins[0].size + 8, dtype=ins[0].dtype)
+    shifted = store[8:].reshape(ins[0].shape)  # 16 bytes past a 256-byte boundary (fp16)
+    shifted[...] = ins[0]
+    out = low.empty_outputs(4, [reference(sig, f64).shape], "float16", cupy)[0]
+    ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8)
+    with pytest.raises(TuningError, match="32-byte aligned"):
+        low.launch([shifted] + ins[1:], [out], ws)

@@ -16,10 +16,16 @@ import numpy as np
 
 
 class FakeTensor:
-    """A cuDNN tensor: records every ``set_*`` call on it and returns itself."""
+    """A cuDNN tensor: records every ``set_*`` call on it and returns itself; ``virtual`` until it is a
+    graph input (``tensor``) or marked an output (``set_output(True)``)."""
 
-    def __init__(self, log, name):
-        self.log, self.name = log, name
+    def __init__(self, log, name, virtual=True):
+        self.log, self.name, self.virtual = log, name, virtual
+
+    def set_output(self, value):
+        self.log.append(("set_output", self.name, value))
+        self.virtual = not value
+        return self
 
     def __getattr__(self, what):
         if what.startswith("set_"):
@@ -39,14 +45,21 @@ class FakeGraph:
 
     def __init__(self, log, plans, refuse_inference=False, **kw):
         self.log, self.plans, self.refuse, self.phase, self.bound = log, plans, refuse_inference, None, {}
+        self.made: list[FakeTensor] = []
         log.append(("pygraph", kw))
 
     def tensor(self, name, dim, stride, data_type, is_pass_by_value=False):
         self.log.append(("tensor", name, list(dim), list(stride), data_type, is_pass_by_value))
-        return FakeTensor(self.log, name)
+        self.made.append(FakeTensor(self.log, name, virtual=False))
+        return self.made[-1]
+
+    def validate(self):
+        """Lowers the graph as the frontend's Python graph does: its C++ tensors, by uid (``_cpp_tensors``)."""
+        self.log.append(("validate",))
+        self._cpp_tensors = {uid: FakeCppTensor(self.log, t) for uid, t in enumerate(self.made)}
 
     def __getattr__(self, op):
-        if op in ("validate", "build_operation_graph", "check_support"):
+        if op in ("build_operation_graph", "check_support"):
             return lambda *a: self.log.append((op,))
         if op.startswith("_") or op in ("plans",):
             raise AttributeError(op)
@@ -56,6 +69,7 @@ class FakeGraph:
             self.phase = kw.get("norm_forward_phase", self.phase)
             n, name = self.OUTPUTS.get(op, 1), op if self.NAMED_BY_OP else kw.get("name", op)
             outs = [FakeTensor(self.log, name)] + [FakeTensor(self.log, f"{name}:{i}") for i in range(1, n)]
+            self.made.extend(outs)
             return tuple(outs) if n > 1 else outs[0]
 
         return call
@@ -80,6 +94,25 @@ class FakeGraph:
         # what each tensor was bound to, as NumPy (arrays, or the provider's DLPack wrappers' ``a``)
         self.bound = {t.name: np.array(a) if isinstance(a, np.ndarray) else np.array(getattr(a, "a", a))
                       for t, a in pack.items()}
+
+
+class FakeCppTensor:
+    """A lowered tensor: its virtual flag read from the graph's tensor at validation; ``set_alignment``
+    recorded as ``("set_alignment", name, bytes)``."""
+
+    def __init__(self, log, t: FakeTensor):
+        self.log, self.name, self.virtual, self.alignment = log, t.name, t.virtual, 16
+
+    def get_is_virtual(self):
+        return self.virtual
+
+    def get_alignment(self):
+        return self.alignment
+
+    def set_alignment(self, n):
+        self.log.append(("set_alignment", self.name, n))
+        self.alignment = n
+        return self
 
 
 def fake_module(plans, refuse_inference=False, graph=FakeGraph):
