@@ -205,9 +205,13 @@ case "$N" in
   30) # why torch's run of cuDNN engine 47 (TILE_SIZE=2, LDGA=0, TILEK=2, STAGES=0, LDGC=1) on ResNet-50's stem takes
       # 61 us and graphopt's run of the same engine and knobs ~200 (H100, fourteenth session, NOTES_kernels): both
       # executions under cuDNN's API log, the diff of their descriptors (prediction: the tensors' byte alignment,
-      # 32 for torch), ~40 s; then MobileNetV2's stem the same way
+      # 32 for torch), and the configuration timed with the tensors declared 16 and 32 (~40 s a stem); then
+      # cudnn_split_a32 (the split form with that declaration): its GPU tests, and the two stems' CBR rows
+      # (prediction, NOTES_kernels: ResNet-50's stem at bs32 ~106 us on the H100 if the declaration is the key)
     PACK_CUBIN=0 PREBUILD=0 ENGINE_ARGS="--torch-plan-only --only r50.stem,mv2.stem" \
-      bash bench/device_calls.sh "$OUT/d" stem-engines:${ENGINES_S:-120} ;;
+      bash bench/device_calls.sh "$OUT/d" stem-engines:${ENGINES_S:-120}
+    PACK_CUBIN=0 TESTS="tests/gpu/test_cudnn_split_gpu.py" bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-200}
+    CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-120} ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 24 (the acceptance rows are the H200's; 30 in
       # a later call); on any other GPU, 30 (the stem's question, which any GPU answers; 29 ran on an H100 at bf317c9)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
