@@ -210,7 +210,7 @@ case "$N" in
       # (prediction, NOTES_kernels: ResNet-50's stem at bs32 ~106 us on the H100 if the declaration is the key)
     PACK_CUBIN=0 PREBUILD=0 ENGINE_ARGS="--torch-plan-only --only r50.stem,mv2.stem" \
       bash bench/device_calls.sh "$OUT/d" stem-engines:${ENGINES_S:-120}
-    PACK_CUBIN=0 TESTS="tests/gpu/test_cudnn_split_gpu.py" bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-200}
+    PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_cudnn_split_gpu.py" bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-200}
     CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-120} ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 24 (the acceptance rows are the H200's; 30 in
       # a later call); on any other GPU, 30 (the stem's question, which any GPU answers; 29 ran on an H100 at bf317c9)
