@@ -209,7 +209,7 @@ case "$N" in
       # cudnn_split_a32 (the split form with that declaration): its GPU tests, and the two stems' CBR rows
       # (prediction, NOTES_kernels: ResNet-50's stem at bs32 ~106 us on the H100 if the declaration is the key)
     PACK_CUBIN=0 PREBUILD=0 ENGINE_ARGS="--torch-plan-only --only r50.stem,mv2.stem" \
-      bash bench/device_calls.sh "$OUT/d" stem-engines:${ENGINES_S:-120}
+      bash bench/device_calls.sh "$OUT/d" stem-engines:${ENGINES_S:-160}
     PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_cudnn_split_gpu.py" bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-200}
     CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-120} ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 24 (the acceptance rows are the H200's; 30 in

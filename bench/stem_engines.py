@@ -106,15 +106,13 @@ class Probe:
 
     def graph(self, alignment: int | None = None):
         """The convolution-only graph, built; ``alignment``: the byte alignment its X, W and Y declare to cuDNN
-        (torch declares its pointers' alignment, up to 32; the frontend's Python graph has no argument for it,
-        so it is set on the lowered C++ tensors, ``_cpp_tensors``, between lowering and the backend build)."""
+        (torch declares its pointers' alignment, up to 32; ``cudnn.declare_alignment``)."""
         from graphopt.providers import cudnn as base
 
         graph, tensors = base.conv_graph(self.mod, self.handle, self.sig)[:2]
         graph.validate()
         if alignment is not None:
-            for cpp in lowered_tensors(graph):
-                cpp.set_alignment(alignment)
+            base.declare_alignment(graph, alignment)  # as cudnn_split_a32 does (refuses where it cannot)
         graph.build_operation_graph()
         return graph, tensors
 
@@ -197,6 +195,11 @@ def _logged_child(child_args: list[str], timeout: float) -> dict:
     out["log_bytes"] = len(text)
     out["functions"] = dict(sorted(cudnn_log.functions(text).items(), key=lambda kv: -kv[1])[:12])
     return out
+
+
+def _child_timeout(deadline: float) -> float:
+    """A logged child's limit: two fifths of the stem's time left, at least 15 s."""
+    return max(15.0, 0.4 * (deadline - time.monotonic()))
 
 
 def torch_plan(name: str, batch: int, timeout: float) -> dict:
@@ -383,19 +386,22 @@ def main(argv=None) -> int:
         x = (args.batch,) + xs
         deadline = start + args.budget * (k + 1) / len(names)
         row = {"layer": name, "bs": args.batch, "dtype": args.dtype, "torch_kernels": torch_kernels(x, w, s, p, args.reps)}
+        rows.append(row)  # written after every part below: a call cut short keeps what it measured
         print(json.dumps(row), flush=True)
         probe = Probe(mod, handle, x, w, s, p, args.dtype, args.reps)
-        row["torch_plan"] = torch_plan(name, args.batch, timeout=max(30.0, (deadline - time.monotonic()) / 3))
+        row["torch_plan"] = torch_plan(name, args.batch, timeout=_child_timeout(deadline))
         print(json.dumps({k: v for k, v in row["torch_plan"].items() if k != "lines"}), flush=True)
+        _write(args.out, tag, header, rows)
         row["frontend_alignment"] = default_alignment(probe)
         row["torch_plan_on_graphopt_graph"] = try_torch_config(probe, row["torch_plan"], alignments=(None, 16, 32))
-        if "engine_id" in row["torch_plan"]:
-            gp = graphopt_plan_log(name, args.batch, args.dtype, row["torch_plan"], timeout=max(30.0, (deadline - time.monotonic()) / 3))
-            row["graphopt_plan_log"] = {k: v for k, v in gp.items() if k != "lines"}
-            row["descriptor_diff"] = descriptor_diff(row["torch_plan"].get("lines", []), gp.get("lines", []))
-            print("\n".join(row["descriptor_diff"]), flush=True)
-        rows.append(row)
         _write(args.out, tag, header, rows)
+        if "engine_id" in row["torch_plan"]:
+            gp = graphopt_plan_log(name, args.batch, args.dtype, row["torch_plan"], timeout=_child_timeout(deadline))
+            row["graphopt_plan_log"] = {k: v for k, v in gp.items() if k != "lines"}
+            if "error" not in gp:  # a failed child has no descriptors to set against torch's
+                row["descriptor_diff"] = descriptor_diff(row["torch_plan"].get("lines", []), gp.get("lines", []))
+                print("\n".join(row["descriptor_diff"]), flush=True)
+            _write(args.out, tag, header, rows)
         if args.torch_plan_only:
             continue
         offered = set(cudnn_split._graph_for(cbr_sig(x, w, s, p, "Relu", {}, args.dtype)).names)

@@ -174,7 +174,8 @@ def declare_alignment(graph, nbytes: int) -> None:
     fourteenth session). The Python graph has no argument for it: it is set on the lowered C++ tensors
     (``_cpp_tensors``, filled by ``validate``) before ``build_operation_graph`` creates the backend's
     descriptors. A frontend without them refuses the graph (a reason, never a wrong declaration)."""
-    tensors = [t for t in (getattr(graph, "_cpp_tensors", None) or {}).values() if not t.get_is_virtual()]
+    tensors = [t for t in (getattr(graph, "_cpp_tensors", None) or {}).values()
+               if not t.get_is_virtual() and not t.get_is_pass_by_value()]  # scalars by value hold no pointer
     if not tensors:
         raise GraphRefused(f"this cuDNN frontend exposes no lowered tensors to declare {nbytes}-byte aligned")
     for t in tensors:
@@ -186,8 +187,8 @@ def listed(sig: Signature, make, tag: str = "", alignment: int | None = None) ->
     with its plans listed (heuristics A, then the fallback list; those ``check_support`` keeps).
     Cached per signature (and ``tag``, for a second form of one op's graph) and process: every
     candidate of one signature shares it. ``alignment``: the byte alignment its tensors declare
-    (``declare_alignment``; None: the frontend's 16); the tag must tell the forms apart."""
-    key = sig.key() + tag
+    (``declare_alignment``; None: the frontend's 16), part of the cache key."""
+    key = sig.key() + tag + (f"|align{alignment}" if alignment is not None else "")
     if key in _REFUSED:
         raise GraphRefused(_REFUSED[key])
     if key not in _GRAPHS:

@@ -71,7 +71,8 @@ def _graph_for(sig: Signature, tag: str = "") -> base._Built:
     return base.listed(padded(sig), base.conv_graph, "|cpad" + tag)
 
 
-def _align(n: int) -> int:
+def aligned_offset(n: int) -> int:
+    """``n`` bytes rounded up to the workspace parts' alignment (``ALIGN``): where the next part starts."""
     return -(-n // ALIGN) * ALIGN
 
 
@@ -79,9 +80,9 @@ def workspace_parts(sig: Signature, cudnn_bytes: int) -> tuple[int, int, int]:
     """(offset of padded X, offset of padded W, total bytes) of the lowering's workspace."""
     g = geo.conv_geom(sig)
     esz = np.dtype(geo.dtype_of(sig)).itemsize
-    x_off = _align(cudnn_bytes)
-    w_off = x_off + _align(g.N * g.H * g.W * CPAD * esz)
-    return x_off, w_off, w_off + _align(g.M * g.KH * g.KW * CPAD * esz)
+    x_off = aligned_offset(cudnn_bytes)
+    w_off = x_off + aligned_offset(g.N * g.H * g.W * CPAD * esz)
+    return x_off, w_off, w_off + aligned_offset(g.M * g.KH * g.KW * CPAD * esz)
 
 
 def channel_padder(sig: Signature, cudnn_bytes: int, arch: str | None = None):

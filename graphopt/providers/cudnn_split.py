@@ -17,14 +17,17 @@ inexact ones deselected as for ``cudnn``) is a candidate keyed by its name; ``cu
 same on ``cudnn_cpad``'s channel-padded operands (C zero-padded to 8 in the workspace), and
 ``cudnn_split_a32`` on the same graph with its tensors declared 32-byte aligned (``cudnn.declare_alignment``):
 torch declares 32 where its pointers allow, and for ResNet-50's stem its run of the very engine and knobs
-graphopt lists took 61 us against ~200 (H100, 2026-12-07; not yet measured with the declaration). Its launch
-refuses operands that are not 32-byte aligned (the runtime's arena aligns every buffer to 256 bytes).
+graphopt lists took 61 us against ~200 (H100, 2026-12-07; not yet measured with the declaration). W (a
+constant) and Y (the runtime's arena aligns every buffer to 256 bytes) are aligned; an X that is not (a
+caller's NHWC input 16 bytes off, say) is copied into the lowering's workspace first, which reserves X's bytes
+for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
@@ -121,9 +124,9 @@ class CudnnSplitConv(base.CudnnCandidate):
         align = self.ALIGN
 
         def launch(inputs, outputs, workspace):
-            if align and any(a.data.ptr % align for a in (inputs[0], inputs[1], outputs[0])):
-                raise TuningError(f"{self.key()}: X, W and Y must be {align}-byte aligned (declared to cuDNN)")
             xp, wp = operands(inputs[0], inputs[1], workspace)
+            if align and any(a.data.ptr % align for a in (xp, wp, outputs[0])):
+                raise TuningError(f"{self.key()}: X, W and Y must be {align}-byte aligned (declared to cuDNN)")
             pack = {t["X"]: base._Dl(xp), t["W"]: base._Dl(wp), t["Y"]: base._Dl(outputs[0])}
             base.execute(b, pack, workspace[:ws_bytes] if ws_bytes else None, index)
             if after is not None:
@@ -167,6 +170,29 @@ class CudnnSplitAlignedConv(CudnnSplitConv):
 
     def graphs(self):
         return _aligned_graph_for
+
+    def _operands(self, sig: Signature, ws_bytes: int, arch: str):
+        """X as given where it is 32-byte aligned, else its NHWC copy in the workspace after the plan's
+        bytes (at a 256-byte offset); W as given."""
+        return aligned_input(sig, ws_bytes, ALIGN_A32)
+
+
+def aligned_input(sig: Signature, ws_bytes: int, align: int):
+    """``(operands(X, W, workspace) -> (x, w), total workspace bytes)``: X copied (in NHWC order, as the
+    graph reads it) into the workspace after ``ws_bytes`` where its pointer is not ``align``-byte aligned."""
+    g = geo.conv_geom(sig)
+    x_off = cudnn_cpad.aligned_offset(ws_bytes)
+    nhwc = (g.N, g.H, g.W, g.C)
+    total = x_off + g.N * g.H * g.W * g.C * np.dtype(geo.dtype_of(sig)).itemsize
+
+    def operands(X, W, workspace):
+        if X.data.ptr % align == 0:
+            return X, W
+        x = workspace[x_off:total].view(X.dtype).reshape(nhwc)
+        x[...] = X.transpose(0, 2, 3, 1)  # X's logical NCHW shape, stored NHWC: its values in the graph's order
+        return x, W
+
+    return operands, total
 
 
 def candidates(op: str, sig: Signature | None = None) -> list:

@@ -100,18 +100,39 @@ def test_captured_replay_equals_the_eager_run(name):
 
 
 @pytest.mark.gpu
-def test_the_aligned_form_refuses_an_operand_16_bytes_off():
+def test_the_aligned_form_declares_32_bytes_to_the_backend():
+    x, w, attrs = GEOMS[1]
+    sig = _sig(x, w, attrs, "float16", "Relu", {})
+    built = prov._aligned_graph_for(sig)
+    declared = [t.get_alignment() for t in built.graph._cpp_tensors.values() if not t.get_is_virtual()]
+    assert sorted(declared) == [32, 32, 32]  # X, W, Y
+    plain = prov._graph_for(sig)
+    assert {t.get_alignment() for t in plain.graph._cpp_tensors.values() if not t.get_is_virtual()} == {16}
+
+
+@pytest.mark.gpu
+def test_the_aligned_form_copies_an_x_16_bytes_off_and_refuses_such_a_y():
     from graphopt.errors import TuningError
 
     x, w, attrs = GEOMS[1]
     sig = _sig(x, w, attrs, "float16", "Relu", {})
     f64, up = host_inputs(sig, 3)
+    ref = reference(sig, f64)
     low = as_lowering(prov.CudnnSplitAlignedConv(prov.NAME_A32).build(sig, "sm_90"))
     ins = low.conform([None if a is None else cupy.asarray(a) for a in up], cupy)
+    n, c, h, wd = ins[0].shape
     store = cupy.empty(ins[0].size + 8, dtype=ins[0].dtype)
-    shifted = store[8:].reshape(ins[0].shape)  # 16 bytes past a 256-byte boundary (fp16)
-    shifted[...] = ins[0]
-    out = low.empty_outputs(4, [reference(sig, f64).shape], "float16", cupy)[0]
+    nhwc = store[8:].reshape(n, h, wd, c)  # 16 bytes past a 256-byte boundary (fp16), stored NHWC
+    nhwc[...] = ins[0].transpose(0, 2, 3, 1)
+    shifted = nhwc.transpose(0, 3, 1, 2)
+    assert shifted.data.ptr % 32 == 16
+    out = low.empty_outputs(4, [ref.shape], "float16", cupy)[0]
+    out[...] = cupy.nan
     ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8)
+    low.launch([shifted] + ins[1:], [out], ws)
+    got = cupy.asnumpy(out).astype(np.float64)
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref).max() <= 1e-2 * max(1.0, np.abs(ref).max())
+    ystore = cupy.empty(out.size + 8, dtype=out.dtype)
     with pytest.raises(TuningError, match="32-byte aligned"):
-        low.launch([shifted] + ins[1:], [out], ws)
+        low.launch(ins, [ystore[8:].reshape(out.shape)], ws)

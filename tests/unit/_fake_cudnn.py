@@ -106,6 +106,9 @@ class FakeCppTensor:
     def get_is_virtual(self):
         return self.virtual
 
+    def get_is_pass_by_value(self):
+        return False
+
     def get_alignment(self):
         return self.alignment
 

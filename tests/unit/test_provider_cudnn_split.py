@@ -115,6 +115,9 @@ class _Arr(np.ndarray):
 
     offset = 0
 
+    def __array_finalize__(self, obj):  # a view (a transpose, a slice) keeps its base's offset
+        self.offset = getattr(obj, "offset", 0)
+
     @property
     def data(self):  # noqa: D401 - mirrors cupy.ndarray.data
         return type("P", (), {"ptr": 4096 + self.offset})()
@@ -230,7 +233,7 @@ def test_the_padded_form_pads_then_convolves_then_runs_the_pass(fake, monkeypatc
     assert np.abs(np.asarray(y, np.float64) - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
 
 
-def test_the_aligned_form_runs_on_aligned_operands_and_refuses_others(fake, monkeypatch):
+def test_the_aligned_form_copies_a_misaligned_x_and_refuses_a_misaligned_w_or_y(fake, monkeypatch):
     from graphopt.errors import TuningError
 
     mod, log = fake
@@ -241,21 +244,35 @@ def test_the_aligned_form_runs_on_aligned_operands_and_refuses_others(fake, monk
     monkeypatch.setattr("graphopt.lowering.barrier.barrier", lambda: None)
     sig = _sig(**STEM)
     low = prov.CudnnSplitAlignedConv(prov.NAME_A32, (("plan", "eng9"),)).build(sig, "sm_90")
-    assert low.layouts == ("NHWC",) * 5 and low.workspace_bytes == 2000
-    x, w = _arr(np.zeros((4, 17, 19, 3), np.float16)), _arr(np.zeros((16, 7, 7, 3), np.float16))
-    bias = np.random.default_rng(2).standard_normal(16).astype(np.float16)
+    x_bytes = 4 * 3 * 17 * 19 * 2
+    assert low.layouts == ("NHWC",) * 5 and low.workspace_bytes == 2048 + x_bytes  # the plan's, then room for X
+    rng = np.random.default_rng(2)
+    x_nhwc = rng.standard_normal((4, 17, 19, 3)).astype(np.float16)
+    x = _arr(x_nhwc).transpose(0, 3, 1, 2)  # logical NCHW, stored NHWC, as the runtime hands it over
+    w = _arr(np.zeros((16, 7, 7, 3), np.float16))
+    bias = rng.standard_normal(16).astype(np.float16)
     y = _arr(np.zeros((4 * 9 * 10, 16), np.float16))
-    low.launch([x, w, _arr(bias)], [y], np.zeros(2000, np.uint8))
-    assert ("execute", ["W", "X", "conv_fprop"], 1) in log and calls == ["epilogue_gemm_vec"]
+    ws = _arr(np.full(low.workspace_bytes, 0xFF, np.uint8))
+    low.launch([x, w, _arr(bias)], [y], ws)  # aligned: X runs in place, the workspace's X part untouched
+    assert ("execute", ["W", "X", "conv_fprop"], 1) in log
+    bound = next(b.graph.bound for b in cudnn._GRAPHS.values() if getattr(b.graph, "bound", None))
+    assert np.array_equal(bound["X"], np.asarray(x)) and np.all(np.asarray(ws)[2048:] == 0xFF)
+    assert calls == ["epilogue_gemm_vec"]
     assert np.allclose(np.asarray(y, np.float32), np.maximum(bias.astype(np.float32), 0), atol=1e-3)
-    for bad in ("x", "w", "y"):  # near misses: each operand 16 bytes past a 32-byte boundary
-        ops = {"x": x, "w": w, "y": y}
+    off = _arr(x_nhwc, 16).transpose(0, 3, 1, 2)  # near miss: 16 bytes past a 32-byte boundary: copied
+    low.launch([off, w, _arr(bias)], [y], ws)
+    bound = next(b.graph.bound for b in cudnn._GRAPHS.values() if getattr(b.graph, "bound", None))
+    assert np.array_equal(np.asarray(ws)[2048:].view(np.float16).reshape(4, 17, 19, 3), x_nhwc)
+    assert np.array_equal(bound["X"].reshape(4, 17, 19, 3), x_nhwc)  # the plan read the copy, in NHWC order
+    for bad in ("w", "y"):  # W and Y are the runtime's own: not aligned is a bug, refused
+        ops = {"w": w, "y": y}
         ops[bad] = _arr(np.asarray(ops[bad]), 16)
         with pytest.raises(TuningError, match="32-byte aligned"):
-            low.launch([ops["x"], ops["w"], _arr(bias)], [ops["y"]], np.zeros(2000, np.uint8))
-    # the plain form declares nothing and checks nothing: an operand 16 bytes off runs
+            low.launch([x, ops["w"], _arr(bias)], [ops["y"]], ws)
+    # the plain form declares nothing, checks nothing and reserves nothing: an X 16 bytes off runs as is
     plain = prov.CudnnSplitConv(prov.NAME, (("plan", "eng9"),)).build(sig, "sm_90")
-    plain.launch([_arr(np.asarray(x), 16), w, _arr(bias)], [y], np.zeros(2000, np.uint8))
+    assert plain.workspace_bytes == 2000
+    plain.launch([off, w, _arr(bias)], [y], np.zeros(2000, np.uint8))
 
 
 def test_a_frontend_without_lowered_tensors_refuses_the_aligned_graph(fake, monkeypatch):
