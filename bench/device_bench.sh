@@ -59,6 +59,8 @@
 #   stem-engines      bench/stem_engines.py -> stem_engines_h200.json (~3 min): every engine of cuDNN's operation
 #                     graph for a stem's convolution (default knobs) and every heuristic plan unfiltered, timed and
 #                     checked, beside the kernels torch runs for it (torch.profiler)
+#   align-probe       bench/align_probe.py -> align_probe_h200.json (~2-3 min): the first plans of cuDNN's fused CBR
+#                     graph for eight ResNet-50 / MobileNetV2 layers, declared 16- and 32-byte aligned, tuner-timed
 #   early-start       bench/probe_early_start.py -> early_start_h200.json (~1 min): which library launches
 #                     start before their predecessor ends (programmatic edges in a captured graph)
 #   ordering          the runtime's barrier rule (graphopt.runtime.ordering) and the measured barrier
@@ -67,7 +69,7 @@
 #                     tests/gpu/test_early_start_gpu.py -> gpu_tests_ordering_h200.txt, then bench/diagnose_capture.py on ResNet-50 bs32 fp16
 #                     with the carried .tuning -> diagnose_capture_resnet50_h200.json (~2-4 min)
 set -u
-STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering stem-breakdown stem-engines)}
+STEP=${1:?usage: device_bench.sh STEP OUT (steps: e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering stem-breakdown stem-engines align-probe)}
 OUT=${2:?usage: device_bench.sh STEP OUT}
 LIMIT=${LIMIT:-570}        # seconds for the whole call (9.5 minutes)
 START=$SECONDS
@@ -191,6 +193,9 @@ case "$STEP" in
   stem-engines)  # every cuDNN engine of a stem's convolution, and torch's kernels for it (bench/stem_engines.py)
     timeout -k 10 "$(left)" python3 bench/stem_engines.py --out "$OUT" --gpu-name "$GPU_TAG" --budget "$(left 60)" ${ENGINE_ARGS:-} 2>&1 \
       | tee "$OUT/stem_engines_log.txt" | tail -30; exit_of bench/stem_engines.py "${PIPESTATUS[0]}" ;;
+  align-probe)  # cuDNN's fused CBR plans with the tensors declared 16 and 32 bytes aligned (bench/align_probe.py)
+    timeout -k 10 "$(left)" python3 bench/align_probe.py --out "$OUT" --gpu-name "$GPU_TAG" --budget "$(left 60)" ${ALIGN_ARGS:-} 2>&1 \
+      | tee "$OUT/align_probe_log.txt" | tail -30; exit_of bench/align_probe.py "${PIPESTATUS[0]}" ;;
   early-start)  # which library launches start early (programmatic edges in a capture; NOTES_kernels, ninth session)
     timeout -k 10 "$(left)" python3 bench/probe_early_start.py --out "$OUT" --gpu-name "$GPU_TAG" ${EARLY_ARGS:-} 2>&1 \
       | tee "$OUT/early_start_log.txt" | tail -40; exit_of bench/probe_early_start.py "${PIPESTATUS[0]}" ;;
@@ -203,7 +208,7 @@ case "$STEP" in
     GRAPHOPT_CACHE_DIR=$TUNING timeout -k 10 "$(left)" python3 bench/diagnose_capture.py --model torch:resnet50 \
       --shape "${SHAPE:-input=32x3x224x224}" --out "$OUT/diagnose_capture_resnet50_$GPU_TAG.json" 2>&1 \
       | tee "$OUT/diagnose_capture_log.txt" | tail -15; exit_of bench/diagnose_capture.py "${PIPESTATUS[0]}" ;;
-  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering stem-breakdown stem-engines)"; exit 2 ;;
+  *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering stem-breakdown stem-engines align-probe)"; exit 2 ;;
 esac
 [ "${PACK_CUBIN:-1}" = 0 ] || tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null  # PACK_CUBIN=0: a short call keeps its seconds (the tarball is over the size that comes back)
 echo "device_bench: step $STEP done in $((SECONDS - START)) s"
