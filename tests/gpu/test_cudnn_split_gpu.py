@@ -71,6 +71,12 @@ def test_a_misaligned_bias_takes_the_scalar_pass():
     store[1:] = ins[2]
     ins[2] = store[1:]  # 2 bytes past a 256-byte boundary
     assert ins[2].data.ptr % 16
+    _launch_matches(low, ins, ref)
+
+
+def _launch_matches(low, ins, ref):
+    """``low`` launched on ``ins`` into a NaN-poisoned output matches the float64 ``ref``; the output and
+    workspace it used."""
     out = low.empty_outputs(4, [ref.shape], "float16", cupy)[0]
     out[...] = cupy.nan
     ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8)
@@ -78,6 +84,7 @@ def test_a_misaligned_bias_takes_the_scalar_pass():
     got = cupy.asnumpy(out).astype(np.float64)
     assert np.isfinite(got).all()
     assert np.abs(got - ref).max() <= 1e-2 * max(1.0, np.abs(ref).max())
+    return out, ws
 
 
 @pytest.mark.gpu
@@ -126,13 +133,7 @@ def test_the_aligned_form_copies_an_x_16_bytes_off_and_refuses_such_a_y():
     nhwc[...] = ins[0].transpose(0, 2, 3, 1)
     shifted = nhwc.transpose(0, 3, 1, 2)
     assert shifted.data.ptr % 32 == 16
-    out = low.empty_outputs(4, [ref.shape], "float16", cupy)[0]
-    out[...] = cupy.nan
-    ws = cupy.empty(max(1, low.workspace_bytes), dtype=cupy.uint8)
-    low.launch([shifted] + ins[1:], [out], ws)
-    got = cupy.asnumpy(out).astype(np.float64)
-    assert np.isfinite(got).all()
-    assert np.abs(got - ref).max() <= 1e-2 * max(1.0, np.abs(ref).max())
+    out, ws = _launch_matches(low, [shifted] + ins[1:], ref)
     ystore = cupy.empty(out.size + 8, dtype=out.dtype)
     with pytest.raises(TuningError, match="32-byte aligned"):
         low.launch(ins, [ystore[8:].reshape(out.shape)], ws)
