@@ -61,17 +61,22 @@ def test_every_stem_activation(name, act, extra):
 
 @pytest.mark.gpu
 def test_a_misaligned_bias_takes_the_scalar_pass():
-    x, w, attrs = GEOMS[0]
-    sig = _sig(x, w, attrs, "float16", "Relu", {})
-    f64, up = host_inputs(sig, 2)
-    ref = reference(sig, f64)
-    low = as_lowering(prov.CudnnSplitConv("cudnn_split").build(sig, "sm_90"))
-    ins = low.conform([None if a is None else cupy.asarray(a) for a in up], cupy)
+    low, ins, ref = _built_with_inputs(prov.CudnnSplitConv("cudnn_split"), GEOMS[0], seed=2)
     store = cupy.empty(ins[2].size + 1, dtype=ins[2].dtype)
     store[1:] = ins[2]
     ins[2] = store[1:]  # 2 bytes past a 256-byte boundary
     assert ins[2].data.ptr % 16
     _launch_matches(low, ins, ref)
+
+
+def _built_with_inputs(cand, geom, seed: int):
+    """``cand`` built for an fp16 Relu stem of ``geom``, fresh random inputs in its layouts, the float64
+    reference."""
+    x, w, attrs = geom
+    sig = _sig(x, w, attrs, "float16", "Relu", {})
+    f64, up = host_inputs(sig, seed)
+    low = as_lowering(cand.build(sig, "sm_90"))
+    return low, low.conform([None if a is None else cupy.asarray(a) for a in up], cupy), reference(sig, f64)
 
 
 def _launch_matches(low, ins, ref):
@@ -121,12 +126,7 @@ def test_the_aligned_form_declares_32_bytes_to_the_backend():
 def test_the_aligned_form_copies_an_x_16_bytes_off_and_refuses_such_a_y():
     from graphopt.errors import TuningError
 
-    x, w, attrs = GEOMS[1]
-    sig = _sig(x, w, attrs, "float16", "Relu", {})
-    f64, up = host_inputs(sig, 3)
-    ref = reference(sig, f64)
-    low = as_lowering(prov.CudnnSplitAlignedConv(prov.NAME_A32).build(sig, "sm_90"))
-    ins = low.conform([None if a is None else cupy.asarray(a) for a in up], cupy)
+    low, ins, ref = _built_with_inputs(prov.CudnnSplitAlignedConv(prov.NAME_A32), GEOMS[1], seed=3)
     n, c, h, wd = ins[0].shape
     store = cupy.empty(ins[0].size + 8, dtype=ins[0].dtype)
     nhwc = store[8:].reshape(n, h, wd, c)  # 16 bytes past a 256-byte boundary (fp16), stored NHWC
