@@ -135,15 +135,22 @@ def own_parts(tuner, x, w, s, p, act, extra, dtype, reps: int) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def stem_arguments(description: str, reps: int, only: str) -> argparse.ArgumentParser:
+    """The arguments the stem probes share: ``--out``, ``--batch``, ``--dtype``, ``--reps``, ``--only`` (stem
+    names, comma-separated; ``only`` the default, "" for all) and ``--gpu-name``."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--dtype", default="float16")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--only", default="", help="comma-separated stem names (default: all)")
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--only", default=only, help=f"comma-separated stem names of STEMS ({', '.join(STEMS)}; "
+                                                 f"default: {only or 'all'})")
     ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = stem_arguments(__doc__.splitlines()[0], reps=30, only="").parse_args(argv)
     header = env_header("python3 bench/stem_breakdown.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     tag = gpu_tag(args.gpu_name)
     rows = []

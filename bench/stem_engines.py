@@ -40,8 +40,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import cudnn_log  # noqa: E402
-from lowering_bench import GPU_NAME_HELP, env_header, gpu_tag  # noqa: E402
-from stem_breakdown import STEMS, cbr_sig  # noqa: E402
+from lowering_bench import env_header, gpu_tag  # noqa: E402
+from stem_breakdown import STEMS, cbr_sig, stem_arguments  # noqa: E402
 from stem_engines_report import write as _write  # noqa: E402
 
 
@@ -344,14 +344,8 @@ def unfiltered_heuristics(probe: Probe, offered: set, deadline: float) -> list[d
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--dtype", default="float16")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--only", default="r50.stem", help="comma-separated stem names (bench/stem_breakdown.py STEMS)")
+    ap = stem_arguments(__doc__.splitlines()[0], reps=20, only="r50.stem")
     ap.add_argument("--budget", type=float, default=200.0, help="seconds for the engines of all stems")
-    ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
     ap.add_argument("--torch-plan-only", action="store_true", help="only torch's kernels and its logged plan")
     ap.add_argument("--torch-log-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--graphopt-log-child", default=None, help=argparse.SUPPRESS)
