@@ -1,13 +1,15 @@
-"""Do cuDNN's fused CBR plans pick faster kernels when graphopt declares its tensors 32-byte aligned? (GPU)
+"""Do cuDNN's fused CBR and matmul plans pick faster kernels when graphopt declares its tensors 32-byte aligned? (GPU)
 
 cuDNN's frontend declares every tensor 16-byte aligned unless told otherwise (``Tensor_attributes::
 default_alignment``, "pointer alignment assumed by the backend when selecting engines"); torch declares its
 pointers' alignment, up to 32. On ResNet-50's stem the same engine and knobs ran 61 us for torch and ~200 for
 graphopt (H100, 2026-12-07; ``bench/NOTES_kernels.md``), which is why ``cudnn_split_a32`` exists for stems.
 Graphopt runs 25-32 of ResNet-50's 53 convolutions as cuDNN's fused graphs: if the declaration moves their
-kernels too, every cuDNN provider should declare what the runtime's 256-byte arena guarantees.
+kernels too, every cuDNN provider should declare what the runtime's 256-byte arena guarantees. GemmAct's
+cuDNN matmul graphs (6 of 16 GPT-2 / BERT shapes on the H100) are asked the same.
 
-For each layer: the fused graph's first ``--plans`` plans as graphopt lists them, built twice (the
+For each layer (a ``bench/cbr_layers.py`` convolution, or a ``bench/gemm_act.py`` projection at 128 tokens a
+sequence): the graph's first ``--plans`` plans as graphopt lists them, built twice (the
 frontend's 16, and 32 through ``cudnn.declare_alignment``), each checked and timed by the tuner's own
 ``profile_node`` (numerical gate, CUDA-graph timing, brief timing for plans that cannot win) in this process.
 
@@ -27,31 +29,53 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 from cbr_layers import MOBILENETV2, RESNET50, _attrs  # noqa: E402
+from gemm_act import LAYERS as GEMM_LAYERS  # noqa: E402
 from lowering_bench import GPU_NAME_HELP, env_header, gpu_tag, write_atomic  # noqa: E402
 
-DEFAULT_LAYERS = "r50.stem,r50.l1.c2,r50.l1.c3,r50.l2.c2s2,r50.l3.c2,r50.l4.c1a,r50.l4.c2,mv2.s2.1.exp"
+DEFAULT_LAYERS = ("r50.stem,r50.l1.c2,r50.l1.c3,r50.l2.c2s2,r50.l3.c2,r50.l4.c1a,r50.l4.c2,mv2.s2.1.exp,"
+                  "gpt2.c_attn,gpt2.mlp.c_fc,bert.output")
 NAME_A32 = "cudnn_a32probe"  # the probe's own candidate name: never in a tuning cache
+SEQ = 128  # tokens a sequence for the GemmAct layers
 
 
 def _a32_graph_for(sig, tag: str = ""):
+    """The graph ``cudnn`` (CBR) or ``cudnn_matmul`` (GemmAct) builds for ``sig``, declared 32-byte aligned."""
     from graphopt.providers import cudnn as base
+    from graphopt.providers import cudnn_matmul
 
-    return base.listed(sig, base.conv_graph, "|a32probe" + tag, alignment=32)
+    make = base.conv_graph if sig.op == "CBR" else cudnn_matmul.matmul_graph
+    return base.listed(sig, make, "|a32probe" + tag, alignment=32)
 
 
-def a32_class():
-    """``cudnn``'s fused CBR candidate on the 32-byte-declared graph (built here: the provider module stays
-    free of a probe's class)."""
+def family(op: str):
+    """(candidate class, its reason function, its listed graph, the 32-byte twin class) of ``cudnn``'s CBR
+    or ``cudnn_matmul``'s GemmAct (the twin built here: the providers stay free of a probe's class)."""
     from dataclasses import dataclass
 
     from graphopt.providers import cudnn as base
+    from graphopt.providers import cudnn_matmul
+
+    cls, reason, graph_for = ((base.CudnnConv, base.conv_reason, base._graph_for) if op == "CBR" else
+                              (cudnn_matmul.CudnnMatmul, cudnn_matmul.matmul_reason, cudnn_matmul._graph_for))
 
     @dataclass(frozen=True)
-    class CudnnConvA32(base.CudnnConv):
+    class Twin(cls):
         def graphs(self):
             return _a32_graph_for
 
-    return CudnnConvA32
+    return cls, reason, graph_for, Twin
+
+
+def gemm_sig(layer: tuple, batch: int, dtype: str):
+    """The GemmAct signature of a ``gemm_act`` layer tuple (name, K, N, activation) at ``batch`` x ``SEQ`` tokens."""
+    from gemm_act import NO_BIAS
+
+    from graphopt.kernels.registry import signature_of
+
+    name, k, n, act = layer
+    bias = name not in NO_BIAS
+    return signature_of("GemmAct", [(batch, SEQ, k), (k, n), (n,) if bias else None], [dtype, dtype, dtype if bias else ""],
+                        {"mode": "matmul", "activation": act})
 
 
 def layer_sig(layer: tuple, batch: int, dtype: str):
@@ -110,21 +134,22 @@ def main(argv=None) -> int:
     tag = gpu_tag(args.gpu_name)
     arch, cc = device_arch(), tuple(int(c) for c in cupy.cuda.Device().compute_capability)
     runner = InlineRunner(backend.timer, backend.checker, backend.buffers, arch)
-    known = {layer[0]: layer for layer in RESNET50 + MOBILENETV2}
-    a32 = a32_class()
+    convs = {layer[0]: layer for layer in RESNET50 + MOBILENETV2}
+    gemms = {layer[0]: layer for layer in GEMM_LAYERS}
     start, rows = time.monotonic(), []
     for name in args.layers.split(","):
-        if name not in known:
-            rows.append({"layer": name, "error": "unknown layer (bench/cbr_layers.py RESNET50, MOBILENETV2)"})
+        if name not in convs and name not in gemms:
+            rows.append({"layer": name, "error": "unknown layer (bench/cbr_layers.py RESNET50, MOBILENETV2; bench/gemm_act.py LAYERS)"})
             continue
         if time.monotonic() - start > args.budget:
             rows.append({"layer": name, "skipped": "budget"})
             continue
-        sig = layer_sig(known[name], args.batch, args.dtype)
-        row = {"layer": name, "bs": args.batch, "dtype": args.dtype}
+        sig = layer_sig(convs[name], args.batch, args.dtype) if name in convs else gemm_sig(gemms[name], args.batch, args.dtype)
+        row = {"layer": name, "op": sig.op, "bs": args.batch, "dtype": args.dtype}
         try:
-            plain = base.plan_candidates(base.CudnnConv, base.NAME, "CBR", sig, base.conv_reason, base._graph_for, limit=args.plans)[1:]
-            aligned = base.plan_candidates(a32, NAME_A32, "CBR", sig, base.conv_reason, _a32_graph_for, limit=args.plans)[1:]
+            cls, reason, graph_for, twin = family(sig.op)
+            plain = base.plan_candidates(cls, base.NAME, sig.op, sig, reason, graph_for, limit=args.plans)[1:]
+            aligned = base.plan_candidates(twin, NAME_A32, sig.op, sig, reason, _a32_graph_for, limit=args.plans)[1:]
             res = profile_node(sig, plain + aligned, timer=backend.timer, checker=backend.checker, buffers=backend.buffers,
                                compute_capability=cc, arch=arch, runner=runner)
             times = {r.candidate: (round(r.ms * 1e3, 2) if r.ok else None) for r in res.results}
@@ -141,7 +166,7 @@ def main(argv=None) -> int:
 
 def write(out_dir: str, tag: str, header: dict, rows: list) -> None:
     write_atomic(os.path.join(out_dir, f"align_probe_{tag}.json"), json.dumps({"header": header, "rows": rows}, indent=1))
-    lines = [f"# cuDNN fused CBR plans declared 16- and 32-byte aligned on {header.get('gpu', tag)} ({header.get('date', '')})",
+    lines = [f"# cuDNN CBR and matmul plans declared 16- and 32-byte aligned on {header.get('gpu', tag)} ({header.get('date', '')})",
              "", f"Command: `{header.get('command', '')}`. us: the tuner's timing of each plan (CUDA graph; a plan that "
              "cannot win is timed briefly); -: failed or not timed.", "",
              "| layer | plan | us (16) | us (32) | 32 / 16 |", "|---|---|---:|---:|---:|"]

@@ -59,8 +59,9 @@
 #   stem-engines      bench/stem_engines.py -> stem_engines_h200.json (~3 min): every engine of cuDNN's operation
 #                     graph for a stem's convolution (default knobs) and every heuristic plan unfiltered, timed and
 #                     checked, beside the kernels torch runs for it (torch.profiler)
-#   align-probe       bench/align_probe.py -> align_probe_h200.json (~2-3 min): the first plans of cuDNN's fused CBR
-#                     graph for eight ResNet-50 / MobileNetV2 layers, declared 16- and 32-byte aligned, tuner-timed
+#   align-probe       bench/align_probe.py -> align_probe_h200.json (~3 min): the first plans of cuDNN's fused CBR
+#                     graph for eight ResNet-50 / MobileNetV2 layers and of its matmul graph for three GPT-2 / BERT
+#                     projections, declared 16- and 32-byte aligned, tuner-timed
 #   early-start       bench/probe_early_start.py -> early_start_h200.json (~1 min): which library launches
 #                     start before their predecessor ends (programmatic edges in a captured graph)
 #   ordering          the runtime's barrier rule (graphopt.runtime.ordering) and the measured barrier
