@@ -6,20 +6,23 @@
 #   - on an H200: 24 (the GPU tests of the twelfth and thirteenth sessions' changes: cudnn_split, the 16-bit GELUs,
 #     the held softmax, im2col's tiled packing, the measured barrier; the two stems; the bias+GELU and softmax
 #     rows, the issue's acceptance rows on the H200), then 28 (the attention table with the measured barrier,
-#     ResNet-50 bs32 and GPT-2 bs1 end to end against torch.compile, the stems part by part), then 22 (the whole GPU suite: an H100 passed all of it at bf317c9), then 30;
+#     ResNet-50 bs32 and GPT-2 bs1 end to end against torch.compile, the stems part by part),
+#     32 (the tiled depthwise form and MobileNetV2 bs32, the issue-15 row with the least margin there), then 22
+#     (the whole GPU suite: an H100 passed all of it at bf317c9), then 30;
 #   - on any other GPU: 30 (torch's and graphopt's executions of the same cuDNN engine for ResNet-50's stem, logged
 #     and diffed: why torch's takes 61 us and graphopt's ~200; cudnn_split_a32's tests and stem rows), then 31
-#     (the same declaration on the fused CBR plans of eight body layers).
+#     (the same declaration on the fused CBR and matmul plans of other layers), then 32 (depthwise_nhwc's tiled
+#     form: its GPU tests, the depthwise rows, MobileNetV2 bs32 end to end).
 # Then 13, 5 (the CBR and GemmAct tables with torch's graph columns), 16 (the barrier rule end to end); 18 + 19 or
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..31 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..32 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..31 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..32 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -216,11 +219,18 @@ case "$N" in
   31) # after 30: do cuDNN's fused CBR plans also pick other kernels with the tensors declared 32-byte aligned?
       # (bench/align_probe.py, eight layers, the first 4 plans each, ~3 min; prediction in NOTES_kernels)
     PACK_CUBIN=0 PREBUILD=0 bash bench/device_calls.sh "$OUT/p" align-probe:${ALIGN_S:-300} ;;
+  32) # depthwise_nhwc's tiled form (NOTES_kernels, fourteenth session; prediction: MobileNetV2's ten bs32 depthwise
+      # layers 308.8 -> 190-230 us on the H100): its GPU tests, the depthwise rows of the CBR table, then
+      # MobileNetV2 bs32 end to end against torch.compile (0.99 paired on the H200 before it)
+    PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_cbr_gpu.py" PYTEST_ARGS="-k depthwise" bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-200}
+    PACK_CUBIN=0 CBR_ARGS="--batches 32 --only mv2.b0.dw,mv2.s1.0.dw,mv2.s1.1.dw,mv2.s2.0.dw,mv2.s2.1.dw,mv2.s3.1.dw,mv2.s4.1.dw,mv2.s5.1.dw" \
+      bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-150}
+    MODELS=mobilenetv2 DTYPES=fp16 E2E_ARGS="--rows mobilenetv2:32 --measure-reserve 45" bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-200} ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 24 (the acceptance rows are the H200's; 30 in
       # a later call); on any other GPU, 30 (the stem's question, which any GPU answers; 29 ran on an H100 at bf317c9)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     case "$gpu" in *H200*) n=24 ;; *) n=30 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..31 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..32 or auto" >&2; exit 2 ;;
 esac

@@ -20,7 +20,7 @@ Each family lives in its own module (``cbr_direct``, ``cbr_mma``, ``cbr_cublas``
 from __future__ import annotations
 
 from graphopt.kernels.cbr_cublas import CublasConv
-from graphopt.kernels.cbr_depthwise import ROW_GROUPS, DepthwiseNhwcConv
+from graphopt.kernels.cbr_depthwise import ROW_GROUPS, TILES, DepthwiseNhwcConv
 from graphopt.kernels.cbr_direct import DirectConv
 from graphopt.kernels.cbr_mma import ImplicitGemmConv, ImplicitGemmNhwcConv, PointwiseGemmConv
 from graphopt.kernels.cbr_stem import stem_candidates
@@ -34,6 +34,7 @@ def cbr_candidates() -> list[Candidate]:
     out += [DirectConv("direct_k3", (("opt", o),)) for o in (4, 8)]
     out.append(DepthwiseNhwcConv("depthwise_nhwc", ()))
     out += [DepthwiseNhwcConv("depthwise_nhwc", (("rows", r),)) for r in ROW_GROUPS]
+    out += [DepthwiseNhwcConv("depthwise_nhwc", (("tile", f"{h}x{w}"),)) for h, w in TILES]
     out += stem_candidates()
     out += mma_family(ImplicitGemmConv, "implicit_gemm", pipelined=False)
     out += mma_family(ImplicitGemmNhwcConv, "implicit_gemm_nhwc")

@@ -43,6 +43,37 @@ __device__ __forceinline__ void tap_weights(const float* wp, float (&wv)[VEC]) {
     }
 }
 
+// The block's weight tile from ONNX order [C][1][KH][KW] into shared memory as fp32 [tap][channel] (TCW
+// channels a tap). The tile's weights are contiguous in Wt: tile_c * KK elements from c0 * KK, a whole
+// number of VEC vectors aligned to VEC elements (C and c0 are multiples of VEC). Each thread loads up to
+// STAGE vectors before it stores any, so the block waits for about one memory round trip here; one load
+// and its store per iteration (the first tiled version) chained 9 round trips for a 3x3 tile of 256
+// channels and 25 for a 5x5 one, 5-13 us at bs1 on the H200 (bench/NOTES_e2e.md).
+template <typename T, int VEC>
+__device__ __forceinline__ void stage_weights(const T* __restrict__ Wt, float* sw_, int c0, int tile_c, int KK, int TCW) {
+    constexpr int STAGE = 4;
+    const DwVec<T, VEC>* wsrc = reinterpret_cast<const DwVec<T, VEC>*>(Wt + (long long)c0 * KK);
+    const int nvec = tile_c * KK / VEC;
+    for (int j0 = threadIdx.x; j0 < nvec; j0 += STAGE * blockDim.x) {
+        DwVec<T, VEC> w[STAGE];
+#pragma unroll
+        for (int b = 0; b < STAGE; ++b) {
+            const int j = j0 + b * blockDim.x;
+            if (j < nvec) w[b] = wsrc[j];
+        }
+#pragma unroll
+        for (int b = 0; b < STAGE; ++b) {
+            const int j = j0 + b * blockDim.x;
+            if (j >= nvec) break;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const int i = j * VEC + v, ch = i / KK, tap = i - ch * KK;
+                sw_[tap * TCW + ch] = Num<T>::to_f(w[b].v[v]);
+            }
+        }
+    }
+}
+
 template <typename T, int VEC, int KH_, int KW_, int RY>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict__ Bias, T* __restrict__ Y,
@@ -57,34 +88,7 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
     const int TCW = TCV * VEC;                 // channels of a full tile
     const int c0 = blockIdx.y * TCW;           // this tile's first channel
     const int tile_c = min(TCW, C - c0);
-    // The tile's weights are contiguous in Wt: tile_c * KK elements from c0 * KK, a whole number of VEC
-    // vectors aligned to VEC elements (C and c0 are multiples of VEC). Each thread loads up to STAGE
-    // vectors before it stores any, so the block waits for about one memory round trip here; one load
-    // and its store per iteration (the first tiled version) chained 9 round trips for a 3x3 tile of 256
-    // channels and 25 for a 5x5 one, 5-13 us at bs1 on the H200 (bench/NOTES_e2e.md).
-    {
-        constexpr int STAGE = 4;
-        const DwVec<T, VEC>* wsrc = reinterpret_cast<const DwVec<T, VEC>*>(Wt + (long long)c0 * KK);
-        const int nvec = tile_c * KK / VEC;
-        for (int j0 = threadIdx.x; j0 < nvec; j0 += STAGE * blockDim.x) {
-            DwVec<T, VEC> w[STAGE];
-#pragma unroll
-            for (int b = 0; b < STAGE; ++b) {
-                const int j = j0 + b * blockDim.x;
-                if (j < nvec) w[b] = wsrc[j];
-            }
-#pragma unroll
-            for (int b = 0; b < STAGE; ++b) {
-                const int j = j0 + b * blockDim.x;
-                if (j >= nvec) break;
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const int i = j * VEC + v, ch = i / KK, tap = i - ch * KK;
-                    sw_[tap * TCW + ch] = Num<T>::to_f(w[b].v[v]);
-                }
-            }
-        }
-    }
+    stage_weights<T, VEC>(Wt, sw_, c0, tile_c, KK, TCW);
     __syncthreads();
     const int PY = blockDim.x / TCV;
     const int tx = threadIdx.x % TCV, ty = threadIdx.x / TCV;
@@ -162,5 +166,86 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
             for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(apply_act_inline(acc[i][v] + bias[v], ap));
             *reinterpret_cast<DwVec<T, VEC>*>(Y + (((long long)n * OH + oh0 + i) * OW + ow) * C + c) = out;
         }
+    }
+}
+
+// Spatially tiled form: a block computes a TH x TW tile of output pixels (of one image) for a tile of TCV
+// channel vectors. It first copies the tile's input window, (TH - 1) * sh + (KH - 1) * dh + 1 rows by
+// (TW - 1) * sw + (KW - 1) * dw + 1 columns of TCV vectors (zeros outside the image: the padding), into
+// shared memory with consecutive threads on consecutive 16-byte vectors, then every thread computes its
+// channel vector of outputs ty, ty + P, ... of the tile from shared memory. The per-pixel form above reads
+// each input vector KH * KW times through L1 / L2 (the rows above and below from other blocks): at bs32 on
+// the H100 it moved MobileNetV2's depthwise layers at 0.18-0.55 of the copy rate (cbr_layers_h100.md,
+// 2026-12-07). Here each input vector is read from DRAM / L2 once per tile it falls in (1.2-1.6 times for
+// 3x3 windows on 8x8 to 16x16 tiles) and the window's reuse comes from shared memory.
+template <typename T, int VEC, int KH_, int KW_>
+__global__ void __launch_bounds__(256)
+depthwise_nhwc_tiled(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict__ Bias, T* __restrict__ Y,
+                     int N, int C, int H, int W, int OH, int OW, int KH, int KW, int sh, int sw, int ph, int pw,
+                     int dh, int dw, int TCV, int TH, int TW, int act, float act_alpha, float act_beta, float lo, float hi)
+{
+    extern __shared__ __align__(16) unsigned char dw_smem[];
+    if (KH_ > 0) { KH = KH_; KW = KW_; }
+    const int KK = KH * KW;
+    const int TCW = TCV * VEC;
+    const int c0 = blockIdx.y * TCW;
+    const int tcv_here = min(TCW, C - c0) / VEC;   // the tile's channel vectors (the last tile may hold fewer)
+    const int IHT = (TH - 1) * sh + (KH - 1) * dh + 1, IWT = (TW - 1) * sw + (KW - 1) * dw + 1;
+    float* sw_ = reinterpret_cast<float*>(dw_smem);  // [KK][TCW] fp32, then the input window
+    DwVec<T, VEC>* sx = reinterpret_cast<DwVec<T, VEC>*>(dw_smem + (size_t)KK * TCW * sizeof(float));  // [IHT * IWT][TCV]
+    stage_weights<T, VEC>(Wt, sw_, c0, tcv_here * VEC, KK, TCW);
+    const int tiles_w = (OW + TW - 1) / TW, tiles_h = (OH + TH - 1) / TH;
+    const int tw_i = blockIdx.x % tiles_w, th_n = blockIdx.x / tiles_w;
+    const int th_i = th_n % tiles_h, n = th_n / tiles_h;
+    const int oh0 = th_i * TH, ow0 = tw_i * TW;
+    const int ih0 = oh0 * sh - ph, iw0 = ow0 * sw - pw;
+    const T* xn = X + (long long)n * H * W * C + c0;
+    const int nvec = IHT * IWT * TCV;
+    for (int k = threadIdx.x; k < nvec; k += blockDim.x) {
+        const int cvl = k % TCV, pix = k / TCV;
+        const int iy = pix / IWT, ix = pix - iy * IWT;
+        const int ih = ih0 + iy, iw = iw0 + ix;
+        DwVec<T, VEC> v;
+        if (cvl < tcv_here && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) {
+            v = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C + cvl * VEC);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) v.v[e] = Num<T>::from_f(0.0f);
+        }
+        sx[k] = v;
+    }
+    __syncthreads();
+    const int P = blockDim.x / TCV;
+    const int tx = threadIdx.x % TCV, ty = threadIdx.x / TCV;
+    if (ty >= P || tx >= tcv_here) return;      // the block's spare threads; no barrier follows
+    const int c = c0 + tx * VEC;
+    ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
+    float bias[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) bias[v] = Bias ? Num<T>::load(Bias + c + v) : 0.0f;
+    const float* wtile = sw_ + tx * VEC;
+    for (int j = ty; j < TH * TW; j += P) {
+        const int oy = j / TW, ox = j - oy * TW;
+        const int oh = oh0 + oy, ow = ow0 + ox;
+        if (oh >= OH || ow >= OW) continue;
+        float acc[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
+        const DwVec<T, VEC>* xrow = sx + ((oy * sh) * IWT + ox * sw) * TCV + tx;
+#pragma unroll
+        for (int r = 0; r < (KH_ > 0 ? KH_ : KH); ++r) {
+#pragma unroll
+            for (int s = 0; s < (KW_ > 0 ? KW_ : KW); ++s) {
+                const DwVec<T, VEC> xv = xrow[(r * dh * IWT + s * dw) * TCV];
+                float wv[VEC];
+                tap_weights<VEC>(wtile + (r * KW + s) * TCW, wv);
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) acc[v] += Num<T>::to_f(xv.v[v]) * wv[v];
+            }
+        }
+        DwVec<T, VEC> out;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(apply_act_inline(acc[v] + bias[v], ap));
+        *reinterpret_cast<DwVec<T, VEC>*>(Y + (((long long)n * OH + oh) * OW + ow) * C + c) = out;
     }
 }

@@ -85,7 +85,7 @@ def _int(v: Any) -> int:
 
 def instance(template: str, dtype: str, *ints: int) -> str:
     """``template<ctype, i0, i1, ...>`` from validated parts, e.g. ``mma_gemm<half_t,2,128,...>``."""
-    if template not in ("direct_conv", "depthwise_nhwc", "stem_conv", "mma_gemm", "epilogue_nchw", "epilogue_gemm", "epilogue_gemm_vec", "im2col", "im2col_rows", "nchw_to_nhwc", "weight_to_rsc",
+    if template not in ("direct_conv", "depthwise_nhwc", "depthwise_nhwc_tiled", "stem_conv", "mma_gemm", "epilogue_nchw", "epilogue_gemm", "epilogue_gemm_vec", "im2col", "im2col_rows", "nchw_to_nhwc", "weight_to_rsc",
                         "pad_channels_nhwc",
                         "norm_rows", "attn_softmax", "attn_softmax_rows", "attn_batch_ptrs", "flash_attn", "flash_mma", "pool2d", "global_pool", "global_pool_finish", "rope", "rope_vec", "group_norm",
                         "glu_gate"):

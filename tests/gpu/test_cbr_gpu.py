@@ -38,6 +38,8 @@ CASES = {
     "depthwise_tiles_5x5_s2": ((2, 264, 9, 7), (264, 1, 5, 5), {"group": 264, "pads": [2, 2, 2, 2], "strides": [2, 2]}, True, None),
     "depthwise_7x7": ((1, 48, 11, 10), (48, 1, 7, 7), {"group": 48, "pads": [3, 3, 3, 3]}, True, None),
     "depthwise_rows_3x3": ((2, 40, 13, 11), (40, 1, 3, 3), {"group": 40, "strides": [1, 2], "pads": [1, 1, 1, 1]}, True, None),
+    # depthwise_nhwc's tiled form: several 8x8 and 16x16 output tiles, the last ones partial, two channel tiles
+    "depthwise_tiled_3x3": ((2, 72, 37, 35), (72, 1, 3, 3), {"group": 72, "pads": [1, 1, 1, 1]}, True, None),
     # stem: RGB 3x3 stride 2 with 32 outputs (every mv), one input channel with dilation, 1-D, a 7x7 stem (stem7x7_s2 below)
     "stem_rgb_3x3_s2": ((2, 3, 17, 15), (32, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, True, None),
     "stem_gray_dil": ((1, 1, 12, 13), (16, 1, 3, 3), {"dilations": [2, 1], "pads": [0, 2, 1, 0]}, False, None),

@@ -270,3 +270,138 @@ def test_every_activation_simulated(simulated, act, extra):
     y = _placed(mem, np.full(np.shape(ref), np.nan, np.float32), "NHWC")
     low.launch([_placed(mem, x, "NHWC"), _placed(mem, w, "NCHW"), _placed(mem, b, "NCHW")], [y], None)
     np.testing.assert_allclose(np.asarray(y).astype(np.float64), ref, rtol=1e-5, atol=1e-5)
+
+
+def _simulate_tiled(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches):
+    """One launch of depthwise_nhwc_tiled<T, VEC, KH_, KW_>, block by block and thread by thread: the weight
+    staging, the input window's staging (every shared vector written by the load loop, zeros outside the
+    image), each thread's outputs of the tile read from the staged window."""
+    it = np.dtype(T).itemsize
+    X, Wt, Bias, Y = (0 if isinstance(v, np.integer) else v.data.ptr for v in (a["X"], a["Wt"], a["Bias"], a["Y"]))
+    N, C, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, TCV, TH, TW, act = (
+        int(a[k]) for k in ("N", "C", "H", "W", "OH", "OW", "KH", "KW", "sh", "sw", "ph", "pw", "dh", "dw", "TCV", "TH", "TW", "act"))
+    alpha, beta, lo, hi = (F32(a[k]) for k in ("act_alpha", "act_beta", "lo", "hi"))
+    if KH_ > 0:
+        assert (KH_, KW_) == (KH, KW), "an unrolled instance launched for another window"
+    KK, CV, TCW = KH * KW, C // VEC, TCV * VEC
+    IHT, IWT = (TH - 1) * sh + (KH - 1) * dh + 1, (TW - 1) * sw + (KW - 1) * dw + 1
+    assert shared_mem == KK * TCW * 4 + IHT * IWT * TCV * VEC * it, "shared memory: the fp32 weights, then the window"
+    assert shared_mem <= cbr_depthwise.SHARED_LIMIT
+    tiles_w, tiles_h = -(-OW // TW), -(-OH // TH)
+    assert grid == (N * tiles_h * tiles_w, -(-CV // TCV)), "one block per output tile and channel tile"
+    P = block[0] // TCV
+    written = np.zeros((N * OH * OW, CV), int)
+    for by in range(grid[1]):
+        c0 = by * TCW
+        tcv_here = min(TCW, C - c0) // VEC
+        wsm = np.full(KK * TCW, np.nan, np.float32)
+        for j in range(tcv_here * VEC * KK // VEC):  # stage_weights: vector loads from the tile's first weight
+            w = mem.load(Wt + (c0 * KK + j * VEC) * it, T, VEC, it * VEC)
+            for v in range(VEC):
+                ch, tap = divmod(j * VEC + v, KK)
+                wsm[tap * TCW + ch] = F32(w[v])
+        for bx in range(grid[0]):
+            tw_i, th_n = bx % tiles_w, bx // tiles_w
+            th_i, n = th_n % tiles_h, th_n // tiles_h
+            oh0, ow0 = th_i * TH, tw_i * TW
+            ih0, iw0 = oh0 * sh - ph, ow0 * sw - pw
+            sx = np.full((IHT * IWT * TCV, VEC), np.nan, np.float32)
+            for k in range(IHT * IWT * TCV):  # the block's load loop (threads k, k + 256, ... cover every k)
+                cvl, pix = k % TCV, k // TCV
+                iy, ix = divmod(pix, IWT)
+                ih, iw = ih0 + iy, iw0 + ix
+                if cvl < tcv_here and 0 <= ih < H and 0 <= iw < W:
+                    sx[k] = mem.load(X + ((n * H * W + ih * W + iw) * C + c0 + cvl * VEC) * it, T, VEC, it * VEC)
+                else:
+                    sx[k] = 0.0
+            for t in range(block[0]):
+                tx, ty = t % TCV, t // TCV
+                if ty >= P or tx >= tcv_here:
+                    continue
+                c = c0 + tx * VEC
+                cv = c // VEC
+                bias = [F32(mem.load(Bias + (c + v) * it, T, 1, it)[0]) if Bias else F32(0) for v in range(VEC)]
+                for j in range(ty, TH * TW, P):
+                    oy, ox = divmod(j, TW)
+                    oh, ow = oh0 + oy, ow0 + ox
+                    if oh >= OH or ow >= OW:
+                        continue
+                    acc = [F32(0)] * VEC
+                    for r in range(KH):
+                        for s in range(KW):
+                            idx = ((oy * sh + r * dh) * IWT + ox * sw + s * dw) * TCV + tx
+                            assert 0 <= idx < sx.shape[0], "a shared load outside the staged window"
+                            off = (r * KW + s) * TCW + tx * VEC
+                            wv = wsm[off:off + VEC]
+                            assert not np.isnan(wv).any(), "a shared weight the block did not stage"
+                            for v in range(VEC):
+                                acc[v] = F32(acc[v] + F32(sx[idx, v]) * F32(wv[v]))
+                    written[(n * OH + oh) * OW + ow, cv] += 1
+                    out = np.array([ACT[act](F32(acc[v] + bias[v]), alpha, beta, lo, hi) for v in range(VEC)], T)
+                    mem.store(Y + (((n * OH + oh) * OW + ow) * C + c) * it, out, it * VEC)
+    assert (written == 1).all(), "an output vector not written exactly once"
+    launches.append((VEC, grid, (KH_, KW_), TCV))
+
+
+TILED_CASES = [  # x, w, attrs, dtype, tile, options
+    ((2, 16, 9, 8), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", "8x8", {}),  # partial tiles
+    ((1, 16, 19, 17), (16, 1, 3, 3), {"pads": [0, 2, 2, 1], "strides": [2, 2]}, "float16", "8x8", {}),
+    ((1, 12, 7, 10), (12, 1, 3, 5), {"pads": [2, 0, 1, 3], "strides": [1, 2], "dilations": [2, 1]}, "float32", "8x8", {}),
+    ((2, 16, 13), (16, 1, 4), {"auto_pad": "SAME_LOWER", "strides": [2]}, "float16", "8x8", {}),  # 1-D
+    ((1, 12, 5, 6), (12, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", "8x8", {}),  # C % 8 != 0: one channel a thread
+    ((1, 8, 3, 3), (8, 1, 5, 5), {"pads": [2, 2, 2, 2]}, "float32", "8x8", {}),  # window larger than the input
+    ((1, 16, 5, 5), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", "8x8", {"xoff": 2}),  # misaligned X: narrow
+    ((1, 80, 4, 3), (80, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", "8x8", {}),  # 10 vectors: two channel tiles of 5
+    ((1, 88, 3, 4), (88, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", "8x8", {}),  # 11 vectors: tiles of 6 and 5
+    ((1, 24, 4, 5), (24, 1, 2, 3), {"pads": [1, 1, 0, 1]}, "float32", "8x8", {}),  # a window with no unrolled instance
+    ((1, 16, 20, 18), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", "16x16", {"bias": False}),
+    ((1, 64, 17, 17), (64, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "float16", "16x16", {"shared_limit": 40000}),  # 2 vectors fit
+]
+
+
+@pytest.fixture()
+def simulated_tiled(monkeypatch):
+    return install_simulator(monkeypatch, cbr_depthwise, "depthwise_nhwc_tiled", _simulate_tiled)
+
+
+@pytest.mark.parametrize("xs, ws, attrs, dtype, tile, opts", TILED_CASES, ids=lambda v: None)
+def test_the_tiled_kernel_simulated_thread_by_thread(simulated_tiled, monkeypatch, xs, ws, attrs, dtype, tile, opts):
+    mem, launches = simulated_tiled
+    if "shared_limit" in opts:
+        monkeypatch.setattr(cbr_depthwise, "SHARED_LIMIT", opts["shared_limit"])
+    attrs = dict(attrs, group=xs[1], activation="Relu")
+    bias = opts.get("bias", True)
+    sig = Signature.make("CBR", [xs, ws, (ws[0],) if bias else None], [dtype] * 3, attrs)
+    cand = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", (("tile", tile),))
+    assert cand.applies(sig) is None
+    low = cand.build(sig, "sm_90")
+    rng = np.random.default_rng(len(xs) * 17 + xs[1])
+    x, w = rng.standard_normal(xs).astype(dtype), (rng.standard_normal(ws) / 3).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype) if bias else None
+    ref = get_schema("CBR").reference([x.astype(np.float64), w.astype(np.float64),
+                                       None if b is None else b.astype(np.float64), None], attrs)[0]
+    X, Wd = _placed(mem, x, "NHWC", opts.get("xoff", 0)), _placed(mem, w, "NCHW")
+    B = None if b is None else _placed(mem, b, "NCHW")
+    y = _placed(mem, np.full(np.shape(ref), np.nan, dtype), "NHWC")
+    low.launch([X, Wd, B], [y], None)
+    (vec, grid, win, tcv), = launches
+    wide = {"float16": 8, "float32": 4}[dtype]
+    assert vec == (wide if xs[1] % wide == 0 and opts.get("xoff", 0) % 16 == 0 else 1)
+    assert win == (ws[2:] if tuple(ws[2:]) in cbr_depthwise.UNROLLED else (0, 0))
+    most = 2 if "shared_limit" in opts else min(xs[1] // vec, cbr_depthwise.TILED_VECS)
+    cv = xs[1] // vec
+    assert tcv == -(-cv // -(-cv // most)) and -(-cv // tcv) == -(-cv // most)  # as many tiles, evenly filled
+    tol = 2e-2 if dtype == "float16" else 1e-5
+    got = np.asarray(y).astype(np.float64)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
+def test_a_tile_whose_window_cannot_fit_is_a_reason(monkeypatch):
+    monkeypatch.setattr(cbr_depthwise, "SHARED_LIMIT", 1024)
+    sig = Signature.make("CBR", [(1, 16, 40, 40), (16, 1, 3, 3), (16,)], ["float16"] * 3,
+                         {"group": 16, "pads": [1, 1, 1, 1], "strides": [2, 2]})
+    reason = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", (("tile", "16x16"),)).applies(sig)
+    assert reason and "shared memory" in reason
+    assert cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", (("tile", "16x16"),)).applies(
+        Signature.make("CBR", [(1, 16, 40, 40), (32, 16, 3, 3), (32,)], ["float16"] * 3, {"pads": [1, 1, 1, 1]}))
