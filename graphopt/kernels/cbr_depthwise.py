@@ -104,9 +104,14 @@ class DepthwiseNhwcConv(Candidate):
     def _rows(self) -> int:
         return int(self.param("rows", 1))
 
-    def _tile(self) -> tuple[int, int] | None:
+    def _tile(self, g=None) -> tuple[int, int] | None:
+        """The output tile (``tile=HxW``), cut to the output's own size where ``g`` is given (a 7x7 output
+        stages a 9x9 window, not 18x18); None: the per-pixel form."""
         t = self.param("tile")
-        return None if t is None else tuple(int(v) for v in str(t).split("x"))
+        if t is None:
+            return None
+        th, tw = (int(v) for v in str(t).split("x"))
+        return (th, tw) if g is None else (max(1, min(th, g.OH)), max(1, min(tw, g.OW)))
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         reason = depthwise_reason(sig)
@@ -114,10 +119,11 @@ class DepthwiseNhwcConv(Candidate):
             return reason
         if self._tile() is not None:
             g = geo.conv_geom(sig)
-            th, tw = self._tile()
-            if tiled_tile(g, 1, th, tw, np.dtype(geo.dtype_of(sig)).itemsize) is None:
+            th, tw = self._tile(g)
+            narrow = tiled_tile(g, 1, th, tw, np.dtype(geo.dtype_of(sig)).itemsize)  # the most channel tiles
+            if narrow is None:
                 return f"a {th}x{tw} tile's input window does not fit {SHARED_LIMIT // 1024} KiB of shared memory"
-            if -(-g.C // TILED_VECS) > MAX_GRID_Y:
+            if -(-g.C // narrow[0]) > MAX_GRID_Y:
                 return f"{g.C} channels: more channel tiles than the grid's {MAX_GRID_Y} rows"
             return None
         if self._rows() == 1:
@@ -151,7 +157,7 @@ class DepthwiseNhwcConv(Candidate):
         groups = g.N * -(-g.OH // rows) * g.OW  # what the kernel's threads walk: rows output rows each
         tiled = None  # the tiled form: (channel vectors, shared bytes) per vector width (None: does not fit)
         if self._tile() is not None:
-            th, tw = self._tile()
+            th, tw = self._tile(g)
             tiled = {v: tiled_tile(g, v, th, tw, np.dtype(dt).itemsize) for v in (vec, 1)}
 
         def launch(inputs: Sequence[Any], outputs: Sequence[Any], workspace: Any = None) -> None:

@@ -200,19 +200,31 @@ depthwise_nhwc_tiled(const T* __restrict__ X, const T* __restrict__ Wt, const T*
     const int oh0 = th_i * TH, ow0 = tw_i * TW;
     const int ih0 = oh0 * sh - ph, iw0 = ow0 * sw - pw;
     const T* xn = X + (long long)n * H * W * C + c0;
+    // Each thread loads up to XSTAGE window vectors before it stores any (as stage_weights does): one load
+    // and its store per iteration would chain the block's ceil(IHT * IWT * TCV / 256) memory round trips.
+    constexpr int XSTAGE = 4;
     const int nvec = IHT * IWT * TCV;
-    for (int k = threadIdx.x; k < nvec; k += blockDim.x) {
-        const int cvl = k % TCV, pix = k / TCV;
-        const int iy = pix / IWT, ix = pix - iy * IWT;
-        const int ih = ih0 + iy, iw = iw0 + ix;
-        DwVec<T, VEC> v;
-        if (cvl < tcv_here && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) {
-            v = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C + cvl * VEC);
-        } else {
+    for (int k0 = threadIdx.x; k0 < nvec; k0 += XSTAGE * blockDim.x) {
+        DwVec<T, VEC> v[XSTAGE];
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) v.v[e] = Num<T>::from_f(0.0f);
+        for (int b = 0; b < XSTAGE; ++b) {
+            const int k = k0 + b * blockDim.x;
+            const int cvl = k % TCV, pix = k / TCV;
+            const int iy = pix / IWT, ix = pix - iy * IWT;
+            const int ih = ih0 + iy, iw = iw0 + ix;
+            if (k < nvec && cvl < tcv_here && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) {
+                v[b] = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C + cvl * VEC);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) v[b].v[e] = Num<T>::from_f(0.0f);
+            }
         }
-        sx[k] = v;
+#pragma unroll
+        for (int b = 0; b < XSTAGE; ++b) {
+            const int k = k0 + b * blockDim.x;
+            if (k >= nvec) break;
+            sx[k] = v[b];
+        }
     }
     __syncthreads();
     const int P = blockDim.x / TCV;

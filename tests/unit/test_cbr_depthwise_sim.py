@@ -340,7 +340,7 @@ def _simulate_tiled(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches)
                     out = np.array([ACT[act](F32(acc[v] + bias[v]), alpha, beta, lo, hi) for v in range(VEC)], T)
                     mem.store(Y + (((n * OH + oh) * OW + ow) * C + c) * it, out, it * VEC)
     assert (written == 1).all(), "an output vector not written exactly once"
-    launches.append((VEC, grid, (KH_, KW_), TCV))
+    launches.append((VEC, grid, (KH_, KW_), TCV, (TH, TW)))
 
 
 TILED_CASES = [  # x, w, attrs, dtype, tile, options
@@ -355,7 +355,8 @@ TILED_CASES = [  # x, w, attrs, dtype, tile, options
     ((1, 88, 3, 4), (88, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", "8x8", {}),  # 11 vectors: tiles of 6 and 5
     ((1, 24, 4, 5), (24, 1, 2, 3), {"pads": [1, 1, 0, 1]}, "float32", "8x8", {}),  # a window with no unrolled instance
     ((1, 16, 20, 18), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", "16x16", {"bias": False}),
-    ((1, 64, 17, 17), (64, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "float16", "16x16", {"shared_limit": 40000}),  # 2 vectors fit
+    ((1, 64, 33, 33), (64, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "float16", "16x16", {"shared_limit": 40000}),  # 2 vectors fit
+    ((2, 16, 7, 7), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", "16x16", {"one_tile": True}),  # the tile cut to 7x7
 ]
 
 
@@ -384,10 +385,12 @@ def test_the_tiled_kernel_simulated_thread_by_thread(simulated_tiled, monkeypatc
     B = None if b is None else _placed(mem, b, "NCHW")
     y = _placed(mem, np.full(np.shape(ref), np.nan, dtype), "NHWC")
     low.launch([X, Wd, B], [y], None)
-    (vec, grid, win, tcv), = launches
+    (vec, grid, win, tcv, thw), = launches
     wide = {"float16": 8, "float32": 4}[dtype]
     assert vec == (wide if xs[1] % wide == 0 and opts.get("xoff", 0) % 16 == 0 else 1)
     assert win == (ws[2:] if tuple(ws[2:]) in cbr_depthwise.UNROLLED else (0, 0))
+    if opts.get("one_tile"):
+        assert grid[0] == xs[0] and thw == (7, 7)  # one block an image: the 16x16 tile cut to the 7x7 output
     most = 2 if "shared_limit" in opts else min(xs[1] // vec, cbr_depthwise.TILED_VECS)
     cv = xs[1] // vec
     assert tcv == -(-cv // -(-cv // most)) and -(-cv // tcv) == -(-cv // most)  # as many tiles, evenly filled
@@ -405,3 +408,9 @@ def test_a_tile_whose_window_cannot_fit_is_a_reason(monkeypatch):
     assert reason and "shared memory" in reason
     assert cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", (("tile", "16x16"),)).applies(
         Signature.make("CBR", [(1, 16, 40, 40), (32, 16, 3, 3), (32,)], ["float16"] * 3, {"pads": [1, 1, 1, 1]}))
+    monkeypatch.undo()
+    # the grid's rows: counted with the channel tiles the launch really makes (the narrow form's, 4 channels
+    # here where a 37x37 window leaves room for no more), not with the 8 vectors at most (a review's finding)
+    c = 262141
+    big = Signature.make("CBR", [(1, c, 40, 40), (c, 1, 37, 37), (c,)], ["float16"] * 3, {"group": c, "pads": [18] * 4})
+    assert "channel tiles" in cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", (("tile", "16x16"),)).applies(big)
