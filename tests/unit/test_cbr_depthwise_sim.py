@@ -195,6 +195,28 @@ def _placed(mem, a, layout, byte_offset=0):
     return out
 
 
+def _run_case(mem, params, xs, ws, attrs, dtype, opts, seed: int):
+    """``depthwise_nhwc`` with ``params`` built for a ReLU depthwise layer and launched once on fresh random
+    operands placed as a model's would be (``opts``: ``bias``, byte offsets ``xoff`` / ``woff`` / ``yoff``),
+    its output poisoned first: (the output, the float64 reference)."""
+    attrs = dict(attrs, group=xs[1], activation="Relu")
+    bias = opts.get("bias", True)
+    sig = Signature.make("CBR", [xs, ws, (ws[0],) if bias else None], [dtype] * 3, attrs)
+    cand = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", params)
+    assert cand.applies(sig) is None
+    low = cand.build(sig, "sm_90")
+    rng = np.random.default_rng(seed)
+    x, w = rng.standard_normal(xs).astype(dtype), (rng.standard_normal(ws) / 3).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype) if bias else None
+    ref = get_schema("CBR").reference([x.astype(np.float64), w.astype(np.float64),
+                                       None if b is None else b.astype(np.float64), None], attrs)[0]
+    X, Wd = _placed(mem, x, "NHWC", opts.get("xoff", 0)), _placed(mem, w, "NCHW", opts.get("woff", 0))
+    B = None if b is None else _placed(mem, b, "NCHW")
+    y = _placed(mem, np.full(np.shape(ref), np.nan, dtype), "NHWC", opts.get("yoff", 0))
+    low.launch([X, Wd, B], [y], None)
+    return y, ref
+
+
 CASES = [  # x, w, attrs, dtype, options
     ((2, 16, 9, 8), (16, 1, 3, 3), {"pads": [0, 2, 2, 1], "strides": [2, 2]}, "float16", {}),
     ((1, 12, 7, 10), (12, 1, 3, 5), {"pads": [2, 0, 1, 3], "strides": [1, 2], "dilations": [2, 1]}, "float32", {}),
@@ -226,20 +248,8 @@ def test_the_kernel_simulated_thread_by_thread(simulated, monkeypatch, xs, ws, a
         monkeypatch.setattr(cbr_depthwise, "MAX_BLOCKS", opts["max_blocks"])
     if "shared_limit" in opts:
         monkeypatch.setattr(cbr_depthwise, "SHARED_LIMIT", opts["shared_limit"])
-    attrs = dict(attrs, group=xs[1], activation="Relu")
-    bias = opts.get("bias", True)
-    sig = Signature.make("CBR", [xs, ws, (ws[0],) if bias else None], [dtype] * 3, attrs)
     params = (("rows", opts["rows"]),) if "rows" in opts else ()
-    low = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", params).build(sig, "sm_90")
-    rng = np.random.default_rng(len(xs) * 31 + xs[1])
-    x, w = rng.standard_normal(xs).astype(dtype), (rng.standard_normal(ws) / 3).astype(dtype)
-    b = rng.standard_normal(ws[0]).astype(dtype) if bias else None
-    ref = get_schema("CBR").reference([x.astype(np.float64), w.astype(np.float64),
-                                       None if b is None else b.astype(np.float64), None], attrs)[0]
-    X, Wd = _placed(mem, x, "NHWC", opts.get("xoff", 0)), _placed(mem, w, "NCHW", opts.get("woff", 0))
-    B = None if b is None else _placed(mem, b, "NCHW")
-    y = _placed(mem, np.full(np.shape(ref), np.nan, dtype), "NHWC", opts.get("yoff", 0))
-    low.launch([X, Wd, B], [y], None)
+    y, ref = _run_case(mem, params, xs, ws, attrs, dtype, opts, seed=len(xs) * 31 + xs[1])
     (vec, blocks, win, tcv), = launches
     wide = {"float16": 8, "float32": 4}[dtype]
     aligned = xs[1] % wide == 0 and all(opts.get(k, 0) % 16 == 0 for k in ("xoff", "yoff", "woff"))
@@ -370,21 +380,7 @@ def test_the_tiled_kernel_simulated_thread_by_thread(simulated_tiled, monkeypatc
     mem, launches = simulated_tiled
     if "shared_limit" in opts:
         monkeypatch.setattr(cbr_depthwise, "SHARED_LIMIT", opts["shared_limit"])
-    attrs = dict(attrs, group=xs[1], activation="Relu")
-    bias = opts.get("bias", True)
-    sig = Signature.make("CBR", [xs, ws, (ws[0],) if bias else None], [dtype] * 3, attrs)
-    cand = cbr_depthwise.DepthwiseNhwcConv("depthwise_nhwc", (("tile", tile),))
-    assert cand.applies(sig) is None
-    low = cand.build(sig, "sm_90")
-    rng = np.random.default_rng(len(xs) * 17 + xs[1])
-    x, w = rng.standard_normal(xs).astype(dtype), (rng.standard_normal(ws) / 3).astype(dtype)
-    b = rng.standard_normal(ws[0]).astype(dtype) if bias else None
-    ref = get_schema("CBR").reference([x.astype(np.float64), w.astype(np.float64),
-                                       None if b is None else b.astype(np.float64), None], attrs)[0]
-    X, Wd = _placed(mem, x, "NHWC", opts.get("xoff", 0)), _placed(mem, w, "NCHW")
-    B = None if b is None else _placed(mem, b, "NCHW")
-    y = _placed(mem, np.full(np.shape(ref), np.nan, dtype), "NHWC")
-    low.launch([X, Wd, B], [y], None)
+    y, ref = _run_case(mem, (("tile", tile),), xs, ws, attrs, dtype, opts, seed=len(xs) * 17 + xs[1])
     (vec, grid, win, tcv, thw), = launches
     wide = {"float16": 8, "float32": 4}[dtype]
     assert vec == (wide if xs[1] % wide == 0 and opts.get("xoff", 0) % 16 == 0 else 1)
