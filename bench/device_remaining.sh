@@ -19,6 +19,12 @@
 #
 #   bash bench/device_remaining.sh N "$OUT"        (N = 0..32 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
+# .whl (the wheels the device lacks) on a fresh checkout:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl nvidia-cudnn-frontend==1.32.0 onnxconverter-common onnx-graphsurgeon
+# .cubin and .tuning come back from a call (cubin.tar.xz / tuning.tar.xz) and do not outlive the session.
+#
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
