@@ -223,16 +223,13 @@ def descriptor_diff(torch_lines: list[str], graphopt_lines: list[str]) -> list[s
     return list(diff)[:200]
 
 
-def lowered_tensors(graph) -> list:
-    """The non-virtual C++ tensors of a validated frontend graph (the frontend keeps them by uid)."""
-    return [t for t in (getattr(graph, "_cpp_tensors", None) or {}).values() if not t.get_is_virtual()]
-
-
 def default_alignment(probe: Probe) -> dict:
     """The byte alignment the frontend declares for graphopt's tensors when nobody sets one."""
+    from graphopt.providers import cudnn as base
+
     try:
         g, _ = probe.graph()
-        return {"alignments": sorted({int(t.get_alignment()) for t in lowered_tensors(g)})}
+        return {"alignments": sorted({int(t.get_alignment()) for t in base.lowered_tensors(g)})}
     except Exception as e:  # noqa: BLE001
         return {"error": (str(e).splitlines() or [type(e).__name__])[0][:160]}
 

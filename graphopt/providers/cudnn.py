@@ -166,6 +166,13 @@ class _Built:
     copies: int = 0  # private copies made for second lowerings of a plan (lowering_plan)
 
 
+def lowered_tensors(graph) -> list:
+    """The C++ tensors a validated frontend graph binds to pointers (``_cpp_tensors``, by uid: neither
+    virtual nor scalars passed by value); [] where the frontend keeps none."""
+    return [t for t in (getattr(graph, "_cpp_tensors", None) or {}).values()
+            if not t.get_is_virtual() and not t.get_is_pass_by_value()]
+
+
 def declare_alignment(graph, nbytes: int) -> None:
     """Declare every non-virtual tensor of a validated graph ``nbytes``-byte aligned to cuDNN. The frontend
     declares 16 (``Tensor_attributes::default_alignment``, "pointer alignment assumed by the backend when
@@ -174,8 +181,7 @@ def declare_alignment(graph, nbytes: int) -> None:
     fourteenth session). The Python graph has no argument for it: it is set on the lowered C++ tensors
     (``_cpp_tensors``, filled by ``validate``) before ``build_operation_graph`` creates the backend's
     descriptors. A frontend without them refuses the graph (a reason, never a wrong declaration)."""
-    tensors = [t for t in (getattr(graph, "_cpp_tensors", None) or {}).values()
-               if not t.get_is_virtual() and not t.get_is_pass_by_value()]  # scalars by value hold no pointer
+    tensors = lowered_tensors(graph)
     if not tensors:
         raise GraphRefused(f"this cuDNN frontend exposes no lowered tensors to declare {nbytes}-byte aligned")
     for t in tensors:

@@ -116,10 +116,10 @@ def test_the_aligned_form_declares_32_bytes_to_the_backend():
     x, w, attrs = GEOMS[1]
     sig = _sig(x, w, attrs, "float16", "Relu", {})
     built = prov._aligned_graph_for(sig)
-    declared = [t.get_alignment() for t in built.graph._cpp_tensors.values() if not t.get_is_virtual()]
+    declared = [t.get_alignment() for t in cudnn.lowered_tensors(built.graph)]
     assert sorted(declared) == [32, 32, 32]  # X, W, Y
     plain = prov._graph_for(sig)
-    assert {t.get_alignment() for t in plain.graph._cpp_tensors.values() if not t.get_is_virtual()} == {16}
+    assert {t.get_alignment() for t in cudnn.lowered_tensors(plain.graph)} == {16}
 
 
 @pytest.mark.gpu

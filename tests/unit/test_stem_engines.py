@@ -113,22 +113,27 @@ def test_the_descriptor_diff_of_two_executions():
     assert se.descriptor_diff(base, base) == []
 
 
-def test_lowered_tensors_are_the_graphs_non_virtual_ones():
+def test_lowered_tensors_are_the_graphs_pointer_tensors():
+    from graphopt.providers import cudnn
+
     class T:
-        def __init__(self, virtual, align):
-            self.virtual, self.align = virtual, align
+        def __init__(self, virtual, align, by_value=False):
+            self.virtual, self.align, self.by_value = virtual, align, by_value
 
         def get_is_virtual(self):
             return self.virtual
+
+        def get_is_pass_by_value(self):
+            return self.by_value
 
         def get_alignment(self):
             return self.align
 
     class G:
-        _cpp_tensors = {1: T(False, 16), 2: T(True, 4), 3: T(False, 16)}
+        _cpp_tensors = {1: T(False, 16), 2: T(True, 4), 3: T(False, 16), 4: T(False, 8, by_value=True)}
 
-    assert len(se.lowered_tensors(G())) == 2
-    assert se.lowered_tensors(object()) == []
+    assert len(cudnn.lowered_tensors(G())) == 2
+    assert cudnn.lowered_tensors(object()) == []
 
     class P:
         def graph(self, alignment=None):
