@@ -171,10 +171,11 @@ case "$N" in
       # and store without special-value tests, thirteenth session); the two stems with cudnn_split among the
       # candidates (prediction in NOTES_kernels: ResNet-50's at bs32 160-180 us against torch channels_last's
       # 189.0); the bias+GELU and softmax rows of the memory table (predictions: 268 MB bias+GELU 72-78 us, the
-      # BERT-base s128 softmax 10.1 -> 8.4-9.3 us); the attention table with the measured barrier is call 28
+      # BERT-base s128 softmax 10.1 -> 8.4-9.3 us; the vector epilogue with two loads a thread timed beside it,
+      # fifteenth session); the attention table with the measured barrier is call 28
     G=tests/gpu
     A=$G/test_attention_gpu.py
-    TESTS="$G/test_cudnn_split_gpu.py $G/test_cudnn_cpad_gpu.py $G/test_cudnn_provider_gpu.py::test_a_plan_captures_in_a_cuda_graph_and_replays $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue $A::test_held_softmax $A::test_vector_softmax $A::test_fully_masked_rows $A::test_nan_and_inf_scores_give_the_references_rows $A::test_rows_masked_with_a_finite_fill_are_uniform $A::test_attention_candidate_reads_bshd $G/test_provider_cublaslt.py::test_im2col_variant_for_image_stems $G/test_provider_cublaslt.py::test_im2col_variant_captures_its_packing" \
+    TESTS="$G/test_cudnn_split_gpu.py $G/test_cudnn_cpad_gpu.py $G/test_cudnn_provider_gpu.py::test_a_plan_captures_in_a_cuda_graph_and_replays $G/test_early_start_gpu.py $G/test_gemm_act_gpu.py::test_the_vector_pass_gelu_per_element $G/test_gemm_act_gpu.py::test_two_loads_a_thread_match_one $G/test_provider_cublaslt.py::test_act_variant_for_activations_without_an_epilogue $A::test_held_softmax $A::test_vector_softmax $A::test_fully_masked_rows $A::test_nan_and_inf_scores_give_the_references_rows $A::test_rows_masked_with_a_finite_fill_are_uniform $A::test_attention_candidate_reads_bshd $G/test_provider_cublaslt.py::test_im2col_variant_for_image_stems $G/test_provider_cublaslt.py::test_im2col_variant_captures_its_packing" \
       bash bench/device_calls.sh "$OUT/i" gpu-tests:220
     CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:110
     TRANSFORMER_ARGS="--tables memory --kernels gelu,softmax --dtypes float16" bash bench/device_calls.sh "$OUT/m" transformer:120 ;;

@@ -101,6 +101,8 @@ def main(argv=None):
     from graphopt.kernels.attention_cublas import softmax_configs, softmax_grid, softmax_instance, softmax_reason
     from graphopt.kernels.registry import signature_of
     from graphopt.kernels.norm import norm_kernel_instances
+    from graphopt.kernels.gemm_act import (VECTOR_EPILOGUE_LOADS, vector_epilogue_grid,
+                                           vector_epilogue_kernel)
     from graphopt.kernels.source import VEC16, get_kernel, instance, prebuild
     from graphopt.kernels.timing import cuda_event_timer, median
 
@@ -108,8 +110,8 @@ def main(argv=None):
     header = env_header(command)
     t0 = time.perf_counter()
     jobs = norm_kernel_instances() + attention_kernel_instances() + [
-        ("elementwise.cu", k) for dt, v in VEC16.items()
-        for k in (instance("epilogue_gemm", dt), instance("epilogue_gemm_vec", dt, v))]
+        ("elementwise.cu", k) for dt in VEC16
+        for k in (instance("epilogue_gemm", dt),)] + [vector_epilogue_kernel(dt, loads) for dt in VEC16 for loads in (1, 2)]
     header["prebuild_errors"] = {f"{k[0]}:{k[1]}": v for k, v in prebuild(jobs).items()}
     header["prebuild_s"] = round(time.perf_counter() - t0, 1)
     header["ceilings"] = measure_ceilings()
@@ -312,7 +314,9 @@ def main(argv=None):
                 ty, tbias = torch.as_tensor(y0, device="cuda"), torch.as_tensor(bias, device="cuda")
                 epi = get_kernel("elementwise.cu", instance("epilogue_gemm", dtype))
                 vec = VEC16[dtype]  # the vector epilogue GemmAct's cuBLAS lowerings launch here
-                epi_vec = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dtype, vec)) if n % vec == 0 else None
+                epi_vec = get_kernel(*vector_epilogue_kernel(dtype)) if n % vec == 0 else None
+                # two vectors a thread loaded before either is computed: timed beside the launched form
+                epi_vec2 = get_kernel(*vector_epilogue_kernel(dtype, 2)) if n % vec == 0 else None
                 for act, code, approx in (("Gelu", 8, "none"), ("GeluTanh", 9, "tanh")):
                     total = m * n
                     grid = (min(-(-total // 256), 132 * 32),)
@@ -321,16 +325,19 @@ def main(argv=None):
                         epi(grid, (256,), (outs[0], ins[0], np.int64(total), np.int32(m), np.int32(n), np.int64(0),
                                            np.int32(0), np.int32(1), np.float32(1.0), np.float32(1.0), np.int32(code),
                                            np.float32(0.2), np.float32(0.5), np.float32(-np.inf), np.float32(np.inf)))
-                    def launch_vec(ins, outs, code=code, total=total):
-                        vgrid = (min(-(-(total // vec) // 256), 132 * 32),)
-                        epi_vec(vgrid, (256,), (outs[0], ins[0], np.int32(total), np.int32(n), np.float32(1.0),
-                                                np.float32(1.0), np.int32(code), np.float32(0.2), np.float32(0.5),
-                                                np.float32(-np.inf), np.float32(np.inf)))
+                    def launch_vec(ins, outs, code=code, total=total, kern=epi_vec, loads=VECTOR_EPILOGUE_LOADS):
+                        kern(vector_epilogue_grid(dtype, total, loads), (256,),
+                             (outs[0], ins[0], np.int32(total), np.int32(n), np.float32(1.0), np.float32(1.0),
+                              np.int32(code), np.float32(0.2), np.float32(0.5), np.float32(-np.inf), np.float32(np.inf)))
+
+                    def launch_vec2(ins, outs, code=code, total=total):
+                        launch_vec(ins, outs, code, total, epi_vec2, 2)
                     with torch.cuda.stream(tstream):
                         ref = F.gelu(ty.float() + tbias.float(), approximate=approx)
                     cands = {}
-                    launch.capturable = launch_vec.capturable = True  # timed in a CUDA graph, like the tuner's lowerings
-                    for kname, fn in (("epilogue_gemm", launch), ("epilogue_gemm_vec", launch_vec if epi_vec else None)):
+                    launch.capturable = launch_vec.capturable = launch_vec2.capturable = True  # timed in a CUDA graph, like the tuner's lowerings
+                    for kname, fn in (("epilogue_gemm", launch), ("epilogue_gemm_vec", launch_vec if epi_vec else None),
+                                      ("epilogue_gemm_vec_loads2", launch_vec2 if epi_vec2 else None)):
                         if fn is None:
                             continue
                         work = y0.copy()
@@ -344,8 +351,12 @@ def main(argv=None):
                     # the row is what GemmAct's cuBLAS lowerings launch: the vector kernel wherever it applies
                     # (never picked by time here), the scalar one beside it for comparison
                     scalar = cands.pop("epilogue_gemm") if epi_vec else None
+                    loads2 = cands.pop("epilogue_gemm_vec_loads2", None)
+
+                    def us_or_none(c):
+                        return None if c is None or not math.isfinite(c[0]) else round(c[0], 2)
                     record(f"bias+{act}", name, dtype, (m, n), 2 * total * esz, cands, t_us,
-                           {"scalar_epilogue_us": None if scalar is None or not math.isfinite(scalar[0]) else round(scalar[0], 2)})
+                           {"scalar_epilogue_us": us_or_none(scalar), "vec_loads2_us": us_or_none(loads2)})
                 cupy.get_default_memory_pool().free_all_blocks()
             for name, rows, skv in pick(SOFTMAX_SIZES if "softmax" in kinds else []):
                 s0 = rng.standard_normal((rows, skv), dtype=cupy.float32).astype(dtype)
@@ -418,7 +429,8 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
              "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in mem_rows:
         lines.append(f"| {r['kernel']} | {r['size']} | {r['dtype']} | {r['MB']} | {r['graphopt_us']} | {r['fraction_of_copy']} | "
-                     f"{r.get('of_same_size_copy', '-')} | {r['torch_us']} | {r['torch_of_copy']} | {r['chosen']} |")
+                     f"{r.get('of_same_size_copy', '-')} | {r['torch_us']} | {r['torch_of_copy']} | {r['chosen']}"
+                     + (f" (two loads a thread: {r['vec_loads2_us']} us)" if r.get("vec_loads2_us") else "") + " |")
     lines += ["", "## Attention (no mask; causal where it says so)", "",
               "`graphopt us` and `SDPA us`: device time inside a CUDA graph, calls back to back (graphopt's with its "
               "stream barrier before each: the call before is the same library launch; a row's `sdpa_timing` in the "

@@ -92,8 +92,10 @@ __device__ __forceinline__ float epilogue_act(float v, const ActParams& ap)
 // One pass of the loop below with the activation ``ACT`` fixed at compile time (ACT < 0: read from
 // ap.kind per element). The kind is uniform per launch, so the kernel picks the pass once: inlined
 // per element, apply_act_inline's switch was a chain of compares and branches around every value
-// (2,177 PTX instructions for the 8-wide fp16 kernel, 281 of them setp and 227 bra).
-template <typename T, int VEC, int ACT>
+// (2,177 PTX instructions for the 8-wide fp16 kernel, 281 of them setp and 227 bra). A thread issues
+// LOADS vectors' loads (a grid step apart) before it computes any of them: more bytes in flight a
+// thread where one 16-byte load a thread at full occupancy is near what a fast memory needs.
+template <typename T, int VEC, int ACT, int LOADS>
 __device__ __forceinline__ void epilogue_vec_pass(T* __restrict__ Y, const T* __restrict__ bias, int nv, int row_v,
                                                   float alpha, float beta, ActParams ap)
 {
@@ -105,24 +107,36 @@ __device__ __forceinline__ void epilogue_vec_pass(T* __restrict__ Y, const T* __
     const int rv = row_v > 0 ? row_v : 1;  // no bias row read when there is none (N may then be anything)
     const int step_col = step % rv;
     int col = (blockIdx.x * blockDim.x + threadIdx.x) % rv;  // j % row_v, advanced without a division a vector
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += step) {
-        V y = yv[j];
-        if (bias) {
-            const V b = bv[col];
-            col += step_col;
-            if (col >= rv) col -= rv;
+    for (int j0 = blockIdx.x * blockDim.x + threadIdx.x; j0 < nv; j0 += LOADS * step) {
+        V y[LOADS], b[LOADS];
 #pragma unroll
-            for (int k = 0; k < VEC; ++k)
-                y.v[k] = Num<T>::from_f(epilogue_act<T, ACT>(alpha * Num<T>::to_f(y.v[k]) + beta * Num<T>::to_f(b.v[k]), ap));
-        } else {
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) y.v[k] = Num<T>::from_f(epilogue_act<T, ACT>(alpha * Num<T>::to_f(y.v[k]), ap));
+        for (int u = 0; u < LOADS; ++u) {
+            if (j0 + u * step < nv) {  // the host bounds nv below 2**31 / VEC: no overflow
+                y[u] = yv[j0 + u * step];
+                if (bias) b[u] = bv[col];
+            }
+            if (bias) {
+                col += step_col;
+                if (col >= rv) col -= rv;
+            }
         }
-        yv[j] = y;
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            if (j0 + u * step >= nv) break;
+            if (bias) {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    y[u].v[k] = Num<T>::from_f(epilogue_act<T, ACT>(alpha * Num<T>::to_f(y[u].v[k]) + beta * Num<T>::to_f(b[u].v[k]), ap));
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) y[u].v[k] = Num<T>::from_f(epilogue_act<T, ACT>(alpha * Num<T>::to_f(y[u].v[k]), ap));
+            }
+            yv[j0 + u * step] = y[u];
+        }
     }
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, int LOADS>
 __global__ void __launch_bounds__(256) epilogue_gemm_vec(T* __restrict__ Y, const T* __restrict__ bias, int total, int N,
                                                          float alpha, float beta, int act, float act_alpha,
                                                          float act_beta, float lo, float hi)
@@ -130,12 +144,12 @@ __global__ void __launch_bounds__(256) epilogue_gemm_vec(T* __restrict__ Y, cons
     ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
     const int nv = total / VEC, row_v = N / VEC;
     switch (act) {  // the GEMM epilogues' activations get their own pass; the rarer ones share one
-        case ACT_NONE: epilogue_vec_pass<T, VEC, ACT_NONE>(Y, bias, nv, row_v, alpha, beta, ap); break;
-        case ACT_RELU: epilogue_vec_pass<T, VEC, ACT_RELU>(Y, bias, nv, row_v, alpha, beta, ap); break;
-        case ACT_GELU: epilogue_vec_pass<T, VEC, ACT_GELU>(Y, bias, nv, row_v, alpha, beta, ap); break;
-        case ACT_GELUTANH: epilogue_vec_pass<T, VEC, ACT_GELUTANH>(Y, bias, nv, row_v, alpha, beta, ap); break;
-        case ACT_SILU: epilogue_vec_pass<T, VEC, ACT_SILU>(Y, bias, nv, row_v, alpha, beta, ap); break;
-        default: epilogue_vec_pass<T, VEC, -1>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_NONE: epilogue_vec_pass<T, VEC, ACT_NONE, LOADS>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_RELU: epilogue_vec_pass<T, VEC, ACT_RELU, LOADS>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_GELU: epilogue_vec_pass<T, VEC, ACT_GELU, LOADS>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_GELUTANH: epilogue_vec_pass<T, VEC, ACT_GELUTANH, LOADS>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        case ACT_SILU: epilogue_vec_pass<T, VEC, ACT_SILU, LOADS>(Y, bias, nv, row_v, alpha, beta, ap); break;
+        default: epilogue_vec_pass<T, VEC, -1, LOADS>(Y, bias, nv, row_v, alpha, beta, ap); break;
     }
 }
 

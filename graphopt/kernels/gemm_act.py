@@ -134,13 +134,30 @@ def _vector_epilogue(p: GemmPlan, dt: str) -> bool:
     return (p.bias is None or (p.bias[0] == 0 and p.bias[1] == 0 and p.bias[2] == 1)) and p.N % VEC16[dt] == 0
 
 
-def vector_epilogue_launcher(dt: str, total: int, n: int, act):
+# 16-byte vectors a thread of ``epilogue_gemm_vec`` loads before it computes any (its LOADS). 1: the
+# measured form; 2 is timed beside it in bench/transformer_kernels.py (48 registers against 32, so 5 CTAs
+# an SM instead of 8, for 40 KB in flight an SM against 32) and launched by no lowering until it wins.
+VECTOR_EPILOGUE_LOADS = 1
+
+
+def vector_epilogue_kernel(dt: str, loads: int = VECTOR_EPILOGUE_LOADS) -> tuple[str, str]:
+    """(source, instance) of the 16-byte vector epilogue kernel for ``dt``: its one home, for the
+    launchers and for every candidate's prebuild list."""
+    return ("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt], loads))
+
+
+def vector_epilogue_grid(dt: str, total: int, loads: int = VECTOR_EPILOGUE_LOADS) -> tuple[int]:
+    """The grid of ``epilogue_gemm_vec`` over ``total`` elements: a thread per ``loads`` vectors, at most
+    32 CTAs of 256 an SM of a 132-SM GPU (the rest by the grid-stride loop)."""
+    return (max(1, min(-(-(total // VEC16[dt]) // (256 * loads)), 132 * 32)),)
+
+
+def vector_epilogue_launcher(dt: str, total: int, n: int, act, loads: int = VECTOR_EPILOGUE_LOADS):
     """``run(y, c, alpha, beta)``: ``y = act(alpha * y + beta * c)`` in place (``c``: one row of ``n``
     values, or None for ``act(alpha * y)``) over ``total`` elements, 16 bytes per load
     (``epilogue_gemm_vec``; the caller checks alignment and that ``n`` is whole vectors)."""
-    vec = VEC16[dt]
-    kern = get_kernel("elementwise.cu", instance("epilogue_gemm_vec", dt, vec))
-    grid = (max(1, min(-(-(total // vec) // 256), 132 * 32)),)
+    kern = get_kernel(*vector_epilogue_kernel(dt, loads))
+    grid = vector_epilogue_grid(dt, total, loads)
     i32, f32 = np.int32, np.float32
     head = (i32(total), i32(n))
     tail = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
@@ -208,7 +225,7 @@ class CublasGemm(Candidate):
         dt = geo.dtype_of(sig)
         out = [("elementwise.cu", instance("epilogue_gemm", dt))]
         if _check(sig) is None and _vector_epilogue(gemm_plan(sig), dt):
-            out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])))
+            out.append(vector_epilogue_kernel(dt))
         return out
 
     def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:

@@ -18,7 +18,7 @@ from graphopt.lowering.contract import Candidate, Signature
 from graphopt.kernels.cbr import cbr_candidates
 from graphopt.kernels.gated_mlp import gated_mlp_candidates, gated_mlp_kernel_instances
 from graphopt.kernels.earned import earns_place
-from graphopt.kernels.gemm_act import gemm_act_candidates
+from graphopt.kernels.gemm_act import gemm_act_candidates, vector_epilogue_kernel
 from graphopt.kernels.geometry import dtype_of
 from graphopt.kernels.group_norm import group_norm_candidates, group_norm_kernel_instances
 from graphopt.kernels.norm import norm_candidates, norm_kernel_instances
@@ -190,7 +190,7 @@ def all_kernel_instances() -> list[tuple[str, str]]:
                             out.append(("mma_gemm.cu", instance("mma_gemm", dt, mode, bm, bn, bk, wm, wn, sepi, st)))
         for t in ("epilogue_nchw", "epilogue_gemm", "im2col", "nchw_to_nhwc", "weight_to_rsc", "pad_channels_nhwc"):
             out.append(("elementwise.cu", instance(t, dt)))
-        out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])))
+        out += [vector_epilogue_kernel(dt, loads) for loads in (1, 2)]  # 2: timed by bench/transformer_kernels.py
         out.append(("im2col_rows.cu", instance("im2col_rows", dt, VEC16[dt])))  # cuBLASLt's im2col variant
     out.append(("elementwise.cu", "spin"))
     out += norm_kernel_instances()

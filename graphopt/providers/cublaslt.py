@@ -76,7 +76,7 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.gemm_act import vector_epilogue_launcher
+from graphopt.kernels.gemm_act import vector_epilogue_kernel, vector_epilogue_launcher
 from graphopt.kernels.source import VEC16, instance, source_hash
 from graphopt.lowering import layout
 from graphopt.lowering.contract import Candidate, Lowering, Signature
@@ -196,12 +196,12 @@ class CublasLtGemm(Candidate):
             dt = geo.dtype_of(sig)
             out = [(IM2COL_SOURCE, instance("im2col_rows", dt, VEC16[dt]))]
             if activation_after_call(sig, self.variant):
-                out.append(("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt])))
+                out.append(vector_epilogue_kernel(dt))
             return out
         if self.variant != "act" or post_activation_reason(sig):
             return []
         dt = geo.dtype_of(sig)
-        return [("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt]))]
+        return [vector_epilogue_kernel(dt)]
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         if sig.op not in OPS:

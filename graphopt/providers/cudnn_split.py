@@ -31,7 +31,7 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
-from graphopt.kernels.gemm_act import epilogue_launcher
+from graphopt.kernels.gemm_act import epilogue_launcher, vector_epilogue_kernel
 from graphopt.kernels.source import VEC16, instance, source_hash
 from graphopt.lowering.contract import Lowering, Signature
 from graphopt.providers import cudnn as base
@@ -109,7 +109,7 @@ class CudnnSplitConv(base.CudnnCandidate):
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
         dt = geo.dtype_of(sig)
-        return [("elementwise.cu", instance("epilogue_gemm", dt)), ("elementwise.cu", instance("epilogue_gemm_vec", dt, VEC16[dt]))]
+        return [("elementwise.cu", instance("epilogue_gemm", dt)), vector_epilogue_kernel(dt)]
 
     def graphs(self):
         return _graph_for

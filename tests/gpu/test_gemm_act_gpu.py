@@ -122,3 +122,37 @@ def test_the_vector_pass_gelu_per_element(dtype, act):
         assert off[np.abs(exact) >= 1e-3].max() <= 1 and off.max() <= 3, off.max()
     else:
         assert np.abs(got - exact).max() <= 1e-6 * np.abs(exact).max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", [0, 1, 8, 9, 5, 3, 10], ids=["none", "relu", "erf", "tanh", "silu", "leakyrelu", "hardsigmoid"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("grid", [1, 3, None], ids=["grid1", "grid3", "launcher"])
+def test_two_loads_a_thread_match_one(dtype, act, with_bias, grid):
+    """``epilogue_gemm_vec`` with LOADS=2 (timed by bench/transformer_kernels.py) writes exactly what LOADS=1
+    does, poisoned outputs first: every activation pass, bias or none, grids that make a thread loop over
+    several pairs, end on a half pair (an odd number of vectors) and the launcher's grid; the bias row
+    (7 vectors) does not divide the grid step."""
+    import math
+
+    from graphopt.kernels.gemm_act import vector_epilogue_grid, vector_epilogue_kernel
+    from graphopt.kernels.source import VEC16, get_kernel
+
+    vec = VEC16[dtype]
+    n = 7 * vec
+    rows = 1001  # 7,007 vectors: odd
+    rng = np.random.default_rng(act)
+    x = (rng.standard_normal((rows, n)) * 3).astype(dtype)
+    bias = rng.standard_normal(n).astype(dtype) if with_bias else None
+    outs = []
+    for loads in (1, 2):
+        kern = get_kernel(*vector_epilogue_kernel(dtype, loads))
+        y = cupy.asarray(x)
+        b = cupy.asarray(bias) if with_bias else None
+        g = (grid,) if grid else vector_epilogue_grid(dtype, rows * n, loads)
+        kern(g, (256,), (y, b, np.int32(rows * n), np.int32(n), np.float32(1.25), np.float32(0.75), np.int32(act),
+                         np.float32(0.2), np.float32(0.5), np.float32(-math.inf), np.float32(math.inf)))
+        outs.append(cupy.asnumpy(y))
+    assert not np.array_equal(outs[0], x)  # the pass ran (alpha 1.25 moves every value)
+    np.testing.assert_array_equal(outs[1].view(np.uint8), outs[0].view(np.uint8))

@@ -35,7 +35,7 @@ def test_vector_epilogue_only_for_a_row_bias_and_whole_vectors(a, b, c, dtype, a
     assert _vector_epilogue(gemm_plan(sig), dtype) is vector
     kernels = CublasGemm("cublas_ws").kernels(sig)
     assert [k for _, k in kernels] == [f"epilogue_gemm<{'half_t' if dtype == 'float16' else 'float'}>"] + (
-        [f"epilogue_gemm_vec<{'half_t,8' if dtype == 'float16' else 'float,4'}>"] if vector else [])
+        [f"epilogue_gemm_vec<{'half_t,8' if dtype == 'float16' else 'float,4'},1>"] if vector else [])
     assert set(kernels) <= set(all_kernel_instances())
 
 

@@ -241,7 +241,7 @@ def test_act_variant_runs_the_activation_after_a_bias_epilogue(emulated, monkeyp
     assert cands and all(prov.from_key(sig.op, c.key()) == c for c in cands)
     dt = np.dtype(sig.dtypes[0])
     assert cands[0].kernels(sig) == [("elementwise.cu", f"epilogue_gemm_vec<{'half_t' if dt == np.float16 else 'float'},"
-                                                        f"{16 // dt.itemsize}>")]
+                                                        f"{16 // dt.itemsize},1>")]
     assert cands[0].source_hash() != prov.CublasLtGemm("cublaslt").source_hash()
     host, ref = _host_and_reference(sig, 5)
     low = cands[-1].build(sig, "sm_90")

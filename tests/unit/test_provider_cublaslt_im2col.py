@@ -116,7 +116,7 @@ def test_im2col_rows_then_the_gemm_compute_the_cbr_reference(emulated, monkeypat
     post = sig.attr("activation", "none") not in prov.ACTIVATIONS
     want = [("im2col_rows.cu", f"im2col_rows<{'half_t' if dt == np.float16 else 'float'},{16 // dt.itemsize}>")]
     if post:
-        want.append(("elementwise.cu", f"epilogue_gemm_vec<{'half_t' if dt == np.float16 else 'float'},{16 // dt.itemsize}>"))
+        want.append(("elementwise.cu", f"epilogue_gemm_vec<{'half_t' if dt == np.float16 else 'float'},{16 // dt.itemsize},1>"))
     assert cands[0].kernels(sig) == want
     assert cands[0].source_hash() != prov.CublasLtGemm("cublaslt").source_hash()
     host, ref = _host_and_reference(sig, 7)
