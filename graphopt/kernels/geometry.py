@@ -32,7 +32,7 @@ class ConvGeom:
     KW: int
     sh: int
     sw: int
-    ph: int  # begin pads; end pads only change OH / OW
+    ph: int  # begin pads; the end pads (eh, ew) only change OH / OW for graphopt's kernels
     pw: int
     dh: int
     dw: int
@@ -40,6 +40,9 @@ class ConvGeom:
     OH: int
     OW: int
     one_d: bool
+    eh: int = 0  # end pads as the model declares them (auto_pad resolved): a library that takes padding
+    ew: int = 0  # gets the model's own, as torch passes its symmetric pads (cuDNN's first-layer engines
+    #              refuse the trimmed end pad: bench/NOTES_kernels.md, fifteenth session)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -97,7 +100,7 @@ def _resolve_conv(sig: Signature) -> ConvGeom:
         raise TuningError(f"CBR auto_pad={auto_pad!r} is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER")
     pads = _pair(sig.attr("pads"), 0, 2 * nd, "pads", sig) if (auto_pad or "NOTSET") == "NOTSET" else None
     full, out = conv_output(spatial, ks, st, dl, auto_pad or "NOTSET", pads)
-    begin = full[:nd]
+    begin, end = full[:nd], full[nd:]
     N, C = xs[0], xs[1]
     M = ws[0]
     if G < 1 or C % G or M % G or ws[1] != C // G:
@@ -105,10 +108,10 @@ def _resolve_conv(sig: Signature) -> ConvGeom:
     if any(o < 1 for o in out):
         raise TuningError(f"CBR output would be empty: spatial {spatial}, kernel {ks}, strides {st}")
     if one_d:
-        g = ConvGeom(N, C, 1, spatial[0], M, 1, ks[0], 1, st[0], 0, begin[0], 1, dl[0], G, 1, out[0], True)
+        g = ConvGeom(N, C, 1, spatial[0], M, 1, ks[0], 1, st[0], 0, begin[0], 1, dl[0], G, 1, out[0], True, 0, end[0])
     else:
         g = ConvGeom(N, C, spatial[0], spatial[1], M, ks[0], ks[1], st[0], st[1], begin[0], begin[1],
-                     dl[0], dl[1], G, out[0], out[1], False)
+                     dl[0], dl[1], G, out[0], out[1], False, end[0], end[1])
     if max(N * C * g.H * g.W, N * M * g.OH * g.OW) > INT32_MAX:
         raise TuningError(f"CBR tensors over 2**31 elements are not supported by the kernels ({sig.key()})")
     return g

@@ -9,6 +9,7 @@ import types
 import numpy as np
 import pytest
 
+from graphopt.kernels import geometry as geo
 from graphopt.kernels import registry
 from graphopt.lowering import Lowering, Signature
 from graphopt.lowering import layout
@@ -85,6 +86,31 @@ def test_graph_nhwc_strides_groups_residual_and_asymmetric_pads(fake):
     adds = [e[1] for e in log if e[0] == "add"]
     assert [a["b"] for a in adds] == ["B", "R"]
     assert ("set_dim", "relu", [2, 8, 9, 11]) in log
+
+
+@pytest.mark.parametrize("x,w,attrs,pre,post", [
+    ((2, 3, 224, 224), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}, [3, 3], [3, 3]),  # ResNet-50's stem
+    ((2, 32, 112, 112), (32, 32, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, [1, 1], [1, 1]),  # stride 2, even H
+    ((2, 8, 9, 11), (8, 8, 3, 3), {"pads": [0, 0, 0, 0], "auto_pad": "SAME_UPPER"}, [1, 1], [1, 1]),
+    ((2, 8, 10, 10), (8, 8, 2, 2), {"pads": [0, 0, 0, 0], "auto_pad": "SAME_LOWER"}, [1, 1], [0, 0]),
+])
+def test_the_convolution_takes_the_models_own_end_pads(fake, x, w, attrs, pre, post):
+    """The end pads cuDNN gets are the model's (torch passes its symmetric ones), not the fewest that give
+    the output size: ResNet-50's stem has pads 3 and an output that 2 would give, and cuDNN's first-layer
+    engine (torch's 61 us kernel on the H100) refuses the trimmed form."""
+    mod, log = fake
+    sig = _sig(x=x, w=w, bias=True, **attrs)
+    g = geo.conv_geom(sig)
+    prov.conv_graph(mod, "h", sig)
+    conv = next(e for e in log if e[0] == "conv_fprop")[1]
+    assert conv["pre_padding"] == pre == [g.ph, g.pw] and conv["post_padding"] == post == [g.eh, g.ew]
+    for i, (size, k, s) in enumerate(zip(x[2:], w[2:], attrs.get("strides", [1, 1]))):  # the same output size
+        assert (size + pre[i] + post[i] - k) // s + 1 == (g.OH, g.OW)[i]
+
+
+def test_the_graph_form_is_in_the_source_hash():
+    """A change to the graphs this provider builds invalidates the cached timings of the old ones."""
+    assert prov.CudnnConv("cudnn").source_hash().startswith(f"cudnn{prov.GRAPH_FORM}:")
 
 
 def test_one_d_conv_and_unsupported_cases():
