@@ -182,6 +182,14 @@ def load_previous(path: str | None) -> list[dict]:
     return doc.get("rows", []) if doc.get("header", {}).get("format") == FORMAT else []
 
 
+def kept_rows(previous: list[dict], only: set | None, batches: list[int], dtypes: list[str]) -> list[dict]:
+    """The earlier rows a run with ``--only`` keeps: all but those it measures again (its layers at its
+    batches and dtypes). A bs32-only rerun of some layers keeps their bs1 rows."""
+    if not only:
+        return list(previous)
+    return [r for r in previous if not (r["layer"] in only and r["bs"] in batches and r["dtype"] in dtypes)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -194,7 +202,8 @@ def main(argv=None):
     ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
     ap.add_argument("--quick", action="store_true", help="a few layers only (smoke test)")
     ap.add_argument("--only", default=None, help="these layers only (names, comma-separated, e.g. r50.stem,mv2.stem); "
-                                                  "with --previous their earlier rows are replaced, the others kept")
+                                                  "with --previous their earlier rows at this run's batches and dtypes are replaced, "
+                                                  "the others kept")
     ap.add_argument("--report-kernels", action="store_true", help="print registers / local memory of every instance and exit")
     args = ap.parse_args(argv)
     args.gpu_name = args.gpu_name or gpu_tag()
@@ -224,10 +233,8 @@ def main(argv=None):
     header.update(prebuild_all())
     header["ceilings"] = measure_ceilings()
     print(json.dumps(header, indent=1), flush=True)
-    rows = load_previous(args.previous)
     only = set(args.only.split(",")) if args.only else None
-    if only:
-        rows = [r for r in rows if r["layer"] not in only]
+    rows = kept_rows(load_previous(args.previous), only, [int(b) for b in args.batches.split(",")], args.dtypes.split(","))
     done = {(r["layer"], r["bs"], r["dtype"]) for r in rows}
     skipped: list[str] = []
     layers = layer_list(args.models.split(","))

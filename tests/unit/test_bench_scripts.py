@@ -189,3 +189,17 @@ def test_the_attention_table_shows_the_placed_timing_and_counts_its_verdict(tmp_
     assert out["header"]["summary"]["attention_placed_at_least_as_fast_as_sdpa_(paired)"] == "1 of 2"
     md = (tmp_path / "transformer_kernels_h200.md").read_text()
     assert "| 24.1 / 24.5 | 0.984 |" in md and "| 25.0 / 24.8 | 1.008 |" in md and "| - | - |" in md
+
+
+def test_a_rerun_of_some_layers_keeps_their_rows_at_other_batches():
+    """``cbr_layers.py --only L --batches 32 --previous F`` dropped L's bs1 rows from F (the H100's table lost
+    eight MobileNetV2 depthwise bs1 rows that way): only the rows the run measures again are replaced."""
+    sys.path.insert(0, str(BENCH))
+    import importlib
+
+    cbr_layers = importlib.import_module("cbr_layers")
+    prev = [{"layer": layer, "bs": bs, "dtype": dt} for layer in ("a", "b") for bs in (1, 32) for dt in ("float16", "float32")]
+    kept = cbr_layers.kept_rows(prev, {"a"}, [32], ["float16"])
+    assert {"layer": "a", "bs": 32, "dtype": "float16"} not in kept and len(kept) == len(prev) - 1
+    assert cbr_layers.kept_rows(prev, None, [32], ["float16"]) == prev
+    assert len(cbr_layers.kept_rows(prev, {"a", "b"}, [1, 32], ["float16", "float32"])) == 0
