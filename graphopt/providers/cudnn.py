@@ -40,7 +40,7 @@ from graphopt.providers.cudnn_pointwise import activation, activation_reason
 
 OPS = ("CBR",)
 NAME = "cudnn"
-GRAPH_FORM = 2  # 2: the convolution takes the model's end pads (1: the fewest that gave the output size)
+GRAPH_FORM = 2  # 2: the model's end pads, short reductions' plans noted REDUCED_PRECISION_REDUCTION offered
 DTYPES = {"float16": "HALF", "float32": "FLOAT", "bfloat16": "BFLOAT16"}
 # X, W, B, R in, Y out: what the runtime and the checker hand over / allocate; B (1-D: any layout is
 # the same memory) says NHWC so that a node without bias or residual reads Y's layout there too
@@ -210,7 +210,7 @@ def listed(sig: Signature, make, tag: str = "", alignment: int | None = None) ->
                 declare_alignment(graph, alignment)
             graph.build_operation_graph()
             graph.create_execution_plans([mod.heur_mode.A, mod.heur_mode.FALLBACK])
-            barred = _deselect_inexact(mod, graph)
+            barred = _deselect_inexact(mod, graph, sig)
             graph.check_support()
         except GraphRefused as e:
             _REFUSED[key] = str(e)
@@ -236,10 +236,31 @@ INEXACT_NOTES = ("REDUCED_PRECISION_REDUCTION", "DOWN_CONVERT_INPUTS", "WINOGRAD
                  "WINOGRAD_TILE_13x13")
 
 
-def _deselect_inexact(mod, graph) -> set[int]:
-    """Bar the plans carrying ``INEXACT_NOTES`` and return their indices (the plan list keeps its
+# A convolution whose reduction is this short (C / G x KH x KW terms) may take plans noted
+# REDUCED_PRECISION_REDUCTION: the error such a plan can add over 147 terms (ResNet-50's stem) is inside the
+# gate every plan passes anyway, and cuDNN's first-layer engine (63), the one torch runs for that stem, carries
+# the note (bench/NOTES_kernels.md, fifteenth session). The body layers' reductions (576-4,608 terms) keep the bar.
+SHORT_REDUCTION = 256
+
+
+def barred_notes(sig: Signature) -> tuple[str, ...]:
+    """The numerical notes that bar a plan of ``sig``'s graph: ``INEXACT_NOTES``, less the reduced-precision
+    reduction for a convolution with a short reduction (``SHORT_REDUCTION``)."""
+    if sig is not None and sig.op == "CBR":
+        try:
+            g = geo.conv_geom(sig)
+        except TuningError:
+            return INEXACT_NOTES
+        if (g.C // g.G) * g.KH * g.KW <= SHORT_REDUCTION:
+            return tuple(n for n in INEXACT_NOTES if n != "REDUCED_PRECISION_REDUCTION")
+    return INEXACT_NOTES
+
+
+def _deselect_inexact(mod, graph, sig: Signature | None = None) -> set[int]:
+    """Bar the plans carrying ``barred_notes(sig)`` and return their indices (the plan list keeps its
     positions: a barred plan refuses to build, so it is never offered as a candidate)."""
-    notes = [getattr(mod.numerical_note, n) for n in INEXACT_NOTES if hasattr(getattr(mod, "numerical_note", None), n)]
+    notes = [getattr(mod.numerical_note, n) for n in barred_notes(sig)
+             if hasattr(getattr(mod, "numerical_note", None), n)]
     if not notes or not hasattr(graph, "deselect_numeric_notes"):
         return set()
     graph.deselect_numeric_notes(notes)

@@ -286,3 +286,22 @@ def test_rowpad_layout_pads_each_row_to_16_bytes_and_keeps_values(dtype, n, ld):
     for shape in ((3, 0), (0, n), (0,)):  # nothing to place: every empty array is in the layout
         e = layout.empty(shape, dtype, "rowpad", np)
         assert layout.is_layout(e, "rowpad") and layout.to_layout(e, "rowpad", np) is e
+
+
+@pytest.mark.parametrize("x,w,group,barred", [
+    ((2, 3, 224, 224), (64, 3, 7, 7), 1, False),    # ResNet-50's stem: 147 terms
+    ((2, 3, 224, 224), (32, 3, 3, 3), 1, False),    # MobileNetV2's: 27
+    ((2, 64, 56, 56), (64, 64, 3, 3), 1, True),     # a body layer: 576
+    ((2, 256, 56, 56), (64, 256, 1, 1), 1, False),  # a 1x1 of 256 channels: at the bound
+    ((2, 512, 28, 28), (128, 512, 1, 1), 1, True),  # 512
+    ((2, 96, 56, 56), (96, 1, 3, 3), 96, False),    # depthwise: 9
+])
+def test_short_convolution_reductions_may_take_reduced_precision_plans(x, w, group, barred):
+    """cuDNN plans noted REDUCED_PRECISION_REDUCTION stay barred except for a convolution whose reduction
+    is at most SHORT_REDUCTION terms (the stems: torch's first-layer engine carries the note); the
+    other inexact notes bar everywhere, and every op but CBR keeps them all."""
+    sig = _sig(x=x, w=w, group=group)
+    notes = prov.barred_notes(sig)
+    assert ("REDUCED_PRECISION_REDUCTION" in notes) == barred
+    assert set(prov.INEXACT_NOTES) - {"REDUCED_PRECISION_REDUCTION"} <= set(notes)
+    assert prov.barred_notes(None) == prov.INEXACT_NOTES
