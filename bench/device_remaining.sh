@@ -9,15 +9,14 @@
 #     ResNet-50 bs32 and GPT-2 bs1 end to end against torch.compile, the stems part by part),
 #     32 (the tiled depthwise form and MobileNetV2 bs32, the issue-15 row with the least margin there), then 22
 #     (the whole GPU suite: an H100 passed all of it at bf317c9), then 30;
-#   - on any other GPU: 30 (torch's and graphopt's executions of the same cuDNN engine for ResNet-50's stem, logged
-#     and diffed: why torch's takes 61 us and graphopt's ~200; cudnn_split_a32's tests and stem rows), then 31
-#     (the same declaration on the fused CBR and matmul plans of other layers), then 32 (depthwise_nhwc's tiled
-#     form: its GPU tests, the depthwise rows, MobileNetV2 bs32 end to end).
+#   - on any other GPU: 33 (the fifteenth session's stem change: cuDNN's convolution with the model's end pads and
+#     the stems' reduced-precision-reduction plans allowed; does torch's engine 63 build on graphopt's graph now;
+#     the cuDNN GPU tests; the stems and stride-2 rows). 30, 31 and 32 ran on an H100 at b16e402 (NOTES_kernels).
 # Then 13, 5 (the CBR and GemmAct tables with torch's graph columns), 16 (the barrier rule end to end); 18 + 19 or
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..32 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..33 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -28,7 +27,7 @@
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..32 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..33 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -233,11 +232,23 @@ case "$N" in
     PACK_CUBIN=0 CBR_ARGS="--batches 32 --only mv2.b0.dw,mv2.s1.0.dw,mv2.s1.1.dw,mv2.s2.0.dw,mv2.s2.1.dw,mv2.s3.1.dw,mv2.s4.1.dw,mv2.s5.1.dw" \
       bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-150}
     MODELS=mobilenetv2 DTYPES=fp16 E2E_ARGS="--rows mobilenetv2:32 --measure-reserve 45" bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-200} ;;
-  auto) # the first call of a session (AUTO_N overrides): on an H200, 24 (the acceptance rows are the H200's; 30 in
-      # a later call); on any other GPU, 30 (the stem's question, which any GPU answers; 29 ran on an H100 at bf317c9)
+  33) # any GPU (fifteenth session, NOTES_kernels): the model's own end pads in cuDNN's convolution and the stems'
+      # plans noted REDUCED_PRECISION_REDUCTION: does engine 63 (torch's first-layer engine) build for ResNet-50's
+      # stem on graphopt's graph now, with what error; the cuDNN provider's and split form's GPU tests (every
+      # graph's padding changed); the stems and the stride-2 layers (their end pad was 0, now 1) at bs1 and bs32.
+      # Prediction: ResNet-50's stem ~106 us at bs32 on the H100 (cudnn_split on engine 63; im2col 142.6),
+      # the stride-2 layers within +-3 %
+    PACK_CUBIN=0 PREBUILD=0 ENGINE_ARGS="--torch-plan-only --only r50.stem" \
+      bash bench/device_calls.sh "$OUT/d" stem-engines:${ENGINES_S:-100}
+    PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_cudnn_provider_gpu.py tests/gpu/test_cudnn_split_gpu.py" \
+      bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-200}
+    CBR_ARGS="--only r50.stem,mv2.stem,r50.l2.c2s2,r50.l3.c2s2,r50.l4.c2s2,mv2.s1.0.dw,mv2.s2.0.dw" \
+      bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-150} ;;
+  auto) # the first call of a session (AUTO_N overrides): on an H200, 24 (the acceptance rows are the H200's; 33 in
+      # a later call); on any other GPU, 33 (the stem's question, which any GPU answers)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-    case "$gpu" in *H200*) n=24 ;; *) n=30 ;; esac
+    case "$gpu" in *H200*) n=24 ;; *) n=33 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..32 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..33 or auto" >&2; exit 2 ;;
 esac
