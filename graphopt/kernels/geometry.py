@@ -17,6 +17,9 @@ from graphopt.lowering.contract import Signature
 from graphopt.kernels.source import ACT_CODES
 
 INT32_MAX = 2**31 - 1
+# A dense 2-D convolution with fewer input channels than this is a network's stem (an image's 1-4
+# channels): cuDNN's stem forms (channel padding to this many, the split form) and its plan notes key on it.
+STEM_CHANNELS = 8
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,11 @@ class ConvGeom:
     @property
     def flops(self) -> int:
         return 2 * self.N * self.M * self.OH * self.OW * (self.C // self.G) * self.KH * self.KW
+
+
+def is_stem(g: ConvGeom) -> bool:
+    """Whether ``g`` is a network's stem: dense (group 1), 2-D, fewer than ``STEM_CHANNELS`` input channels."""
+    return g.G == 1 and not g.one_d and g.C < STEM_CHANNELS
 
 
 def _pair(v, default, n, what, sig) -> list[int]:

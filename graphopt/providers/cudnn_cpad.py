@@ -29,7 +29,7 @@ from graphopt.providers import cudnn as base
 
 OPS = ("CBR",)
 NAME = "cudnn_cpad"
-CPAD = 8  # channels after padding: one 16-byte vector per fp16 pixel, a multiple of the MMA's k-step
+CPAD = geo.STEM_CHANNELS  # channels after padding: one 16-byte vector per fp16 pixel, a multiple of the MMA's k-step
 DTYPES = ("float16", "float32")  # the pad kernel's types (graphopt.kernels.source.CTYPE)
 # X in NCHW and W in OIHW as the model has them (padded by the lowering itself), B, R and Y as ``cudnn``
 LAYOUTS = ("NCHW", "NCHW", "NHWC", "NHWC", "NHWC")  # B and R say Y's layout (a node may omit them)

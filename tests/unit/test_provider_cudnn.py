@@ -291,15 +291,15 @@ def test_rowpad_layout_pads_each_row_to_16_bytes_and_keeps_values(dtype, n, ld):
 @pytest.mark.parametrize("x,w,group,barred", [
     ((2, 3, 224, 224), (64, 3, 7, 7), 1, False),    # ResNet-50's stem: 147 terms
     ((2, 3, 224, 224), (32, 3, 3, 3), 1, False),    # MobileNetV2's: 27
+    ((2, 3, 224, 224), (64, 3, 11, 11), 1, True),   # a stem of 363 terms
     ((2, 64, 56, 56), (64, 64, 3, 3), 1, True),     # a body layer: 576
-    ((2, 256, 56, 56), (64, 256, 1, 1), 1, False),  # a 1x1 of 256 channels: at the bound
-    ((2, 512, 28, 28), (128, 512, 1, 1), 1, True),  # 512
-    ((2, 96, 56, 56), (96, 1, 3, 3), 96, False),    # depthwise: 9
+    ((2, 64, 56, 56), (64, 64, 1, 1), 1, True),     # a short body reduction (64): no stem
+    ((2, 96, 56, 56), (96, 1, 3, 3), 96, True),     # depthwise (9 terms): no stem
 ])
-def test_short_convolution_reductions_may_take_reduced_precision_plans(x, w, group, barred):
-    """cuDNN plans noted REDUCED_PRECISION_REDUCTION stay barred except for a convolution whose reduction
-    is at most SHORT_REDUCTION terms (the stems: torch's first-layer engine carries the note); the
-    other inexact notes bar everywhere, and every op but CBR keeps them all."""
+def test_short_stem_reductions_may_take_reduced_precision_plans(x, w, group, barred):
+    """cuDNN plans noted REDUCED_PRECISION_REDUCTION stay barred except for a stem (dense, 2-D, fewer than
+    8 input channels) whose reduction is at most SHORT_REDUCTION terms (torch's first-layer engine carries
+    the note); the other inexact notes bar everywhere, and every op but CBR keeps them all."""
     sig = _sig(x=x, w=w, group=group)
     notes = prov.barred_notes(sig)
     assert ("REDUCED_PRECISION_REDUCTION" in notes) == barred
