@@ -3,16 +3,15 @@
 # per run-tool call (each within its 600 s limit). The fourteenth session ran 29, 24, 22, 28's attention, 13 and a
 # ResNet-50 e2e row on an H100 at bf317c9 (no H200 came; NOTES_kernels): every change up to that commit has run
 # on an H100, none since 556fae7 on an H200. First call of a session: ``auto``:
-#   - on an H200: 24 (the GPU tests of the twelfth and thirteenth sessions' changes: cudnn_split, the 16-bit GELUs,
-#     the held softmax, im2col's tiled packing, the measured barrier; the two stems; the bias+GELU and softmax
-#     rows, the issue's acceptance rows on the H200), then 28 (the attention table with the measured barrier,
-#     ResNet-50 bs32 and GPT-2 bs1 end to end against torch.compile, the stems part by part),
-#     32 (the tiled depthwise form and MobileNetV2 bs32, the issue-15 row with the least margin there), then 22
-#     (the whole GPU suite: an H100 passed all of it at bf317c9), then 30;
+#   - on an H200: 34 (in one call, the acceptance rows that changed since the H200 last ran, 556fae7: the stems
+#     at bs32, the bias+GELU and softmax rows, the attention table with the measured barrier, ResNet-50 bs32 and
+#     GPT-2 bs1 end to end), then 22 (the whole GPU suite: an H100 passed all of it at bf317c9), then 32
+#     (MobileNetV2 bs32, the issue-15 row with the least margin there) and 33;
 #   - on any other GPU: 33 (the fifteenth session's stem change: cuDNN's convolution with the model's end pads and
 #     the stems' reduced-precision-reduction plans allowed; does torch's engine 63 build on graphopt's graph now;
 #     the cuDNN GPU tests; the stems and stride-2 rows). 30, 31 and 32 ran on an H100 at b16e402 (NOTES_kernels).
-# Short of time on an H200: 34 (its acceptance rows that changed since 556fae7, one call), then 22.
+# 24 and 28 are 34's parts with more (24: the GPU tests of the twelfth and thirteenth sessions' changes, which
+# 22 also runs; 28: the stems part by part).
 # Then 13, 5 (the CBR and GemmAct tables with torch's graph columns), 16 (the barrier rule end to end); 18 + 19 or
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
@@ -257,10 +256,10 @@ case "$N" in
       bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-190}
     MODELS=resnet50,gpt2 DTYPES=fp16 E2E_ARGS="--rows resnet50:32,gpt2:1 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-190} ;;
-  auto) # the first call of a session (AUTO_N overrides): on an H200, 24 (the acceptance rows are the H200's; 33 in
-      # a later call); on any other GPU, 33 (the stem's question, which any GPU answers)
+  auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 22
+      # next, 33 in a later call); on any other GPU, 33 (the stem's question, which any GPU answers)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-    case "$gpu" in *H200*) n=24 ;; *) n=33 ;; esac
+    case "$gpu" in *H200*) n=34 ;; *) n=33 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
   *) echo "device_remaining.sh: N must be 0..34 or auto" >&2; exit 2 ;;
