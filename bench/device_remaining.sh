@@ -16,7 +16,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..34 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..35 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -27,7 +27,7 @@
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..34 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..35 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -256,11 +256,21 @@ case "$N" in
       bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-180}
     MODELS=resnet50,gpt2 DTYPES=fp16 E2E_ARGS="--rows resnet50:32,gpt2:1 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-240} ;;
+  35) # any GPU (fifteenth session): where MobileNetV2's bs32 depthwise layers spend their time (NOTES_kernels: the
+      # tiled form removed the re-reads and the index arithmetic and mv2.s1.1.dw stayed at 67.7 us against a 19.4 us
+      # floor): every depthwise_nhwc form timed on three layers, then Nsight Compute's counters for mv2.s1.1.dw
+      mkdir -p "$OUT/dw"
+      PYTHONPATH=. timeout -k 10 ${DW_S:-120} python3 bench/dw_profile.py --out "$OUT/dw" 2>&1 | tail -20
+      PYTHONPATH=. timeout -k 10 ${NCU_S:-240} ncu --clock-control none --kernel-name regex:depthwise --launch-count 24 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats \
+        --section WarpStateStats --section LaunchStats --csv --log-file "$OUT/dw/ncu_mv2_s1_1_dw.csv" \
+        python3 bench/dw_profile.py --out "$OUT/dw" --ncu --layers mv2.s1.1.dw 2>&1 | tail -20
+      echo "dw_profile: $(ls -la "$OUT/dw" | wc -l) files" ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 22
       # next, 33 in a later call); on any other GPU, 33 (the stem's question, which any GPU answers)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     case "$gpu" in *H200*) n=34 ;; *) n=33 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..34 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..35 or auto" >&2; exit 2 ;;
 esac
