@@ -203,3 +203,22 @@ def test_a_rerun_of_some_layers_keeps_their_rows_at_other_batches():
     assert {"layer": "a", "bs": 32, "dtype": "float16"} not in kept and len(kept) == len(prev) - 1
     assert cbr_layers.kept_rows(prev, None, [32], ["float16"]) == prev
     assert len(cbr_layers.kept_rows(prev, {"a", "b"}, [1, 32], ["float16", "float32"])) == 0
+
+
+def test_the_depthwise_profile_names_forms_and_layers_the_registry_takes():
+    """bench/dw_profile.py (device step 35) builds its forms by key on MobileNetV2's depthwise layers: every
+    key resolves, every layer is a valid depthwise signature, and each form applies where the tuner offers it."""
+    sys.path.insert(0, str(BENCH))
+    import importlib
+
+    from graphopt.kernels import geometry as geo
+    from graphopt.kernels.registry import candidate_from_key
+
+    dw = importlib.import_module("dw_profile")
+    for name, (c, h, s) in dw.LAYERS.items():
+        sig = dw.layer_sig(name, 32, "float16")
+        g = geo.conv_geom(sig)
+        assert (g.G, g.C, g.H, g.sh, g.OH) == (c, c, h, s, (h + 2 - 3) // s + 1)
+        applies = {k: candidate_from_key("CBR", k).applies(sig) for k in dw.FORMS}
+        assert applies["depthwise_nhwc"] is None and applies["depthwise_nhwc:tile=16x16"] is None
+        assert (applies["depthwise_nhwc:rows=4"] is None) == (s == 1)
