@@ -1,4 +1,4 @@
-"""Read cuDNN's API log (``CUDNN_LOGLEVEL_DBG=3``): which engine configuration a process last executed.
+"""Read cuDNN's API log (``CUDNN_LOGLEVEL_DBG=3``): which engine configurations a process executed, and how often.
 
 ``bench/stem_engines.py`` (H100, 2026-12-07, code bf317c9) found torch's convolution for ResNet-50's stem running
 ``sm90_xmma_fprop_image_first_layer_..._k64c4r7s7`` after cuDNN's own ``nhwcAddPaddingKernel``, a kernel no
@@ -45,27 +45,64 @@ def blocks(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+def _execution(func: str, lines: list[str]) -> dict | None:
+    """One block as an execution record, or None for another call or an execute's return record."""
+    body = "\n".join(lines)
+    if func not in EXECUTES or not (_ENGINE.search(body) or _ALGO.search(body)):
+        return None  # another call, or an execute's return record (its status alone)
+    out: dict = {"function": func, "lines": lines[:200]}
+    engines = _ENGINE.findall(body)
+    if engines:
+        out["engine_id"] = int(engines[-1])
+    knobs = {name: int(v) for name, v in _KNOB.findall(body)}
+    if knobs:
+        out["knobs"] = knobs
+    algo = _ALGO.search(body)
+    if algo:
+        out["algo"] = algo.group(1)
+    return out
+
+
+def _config(e: dict) -> tuple:
+    return (e["function"], e.get("engine_id"), tuple(sorted((e.get("knobs") or {}).items())), e.get("algo"))
+
+
 def last_execution(text: str) -> dict:
     """The last executing call of the log: ``function``, ``engine_id`` (backend API) with ``knobs`` ({name
     without ``CUDNN_KNOB_TYPE_``: value}), or ``algo`` (legacy API), and its ``lines`` (at most 200); ``{}``
     when the log holds no executing call. The engine id is the block's last one (a plan prints its graph's
     operations before its engine config)."""
     for func, lines in reversed(blocks(text)):
-        body = "\n".join(lines)
-        if func not in EXECUTES or not (_ENGINE.search(body) or _ALGO.search(body)):
-            continue  # another call, or an execute's return record (its status alone)
-        out: dict = {"function": func, "lines": lines[:200]}
-        engines = _ENGINE.findall(body)
-        if engines:
-            out["engine_id"] = int(engines[-1])
-        knobs = {name: int(v) for name, v in _KNOB.findall(body)}
-        if knobs:
-            out["knobs"] = knobs
-        algo = _ALGO.search(body)
-        if algo:
-            out["algo"] = algo.group(1)
-        return out
+        e = _execution(func, lines)
+        if e is not None:
+            return e
     return {}
+
+
+def chosen_execution(text: str) -> dict:
+    """The configuration a benchmark-mode process ran most: ``last_execution``'s record for it (the lines of
+    its last occurrence), ties to the latest, with ``executions``: every configuration executed and how often
+    (most first, at most 12). Why not the last call: torch's ``cudnn.benchmark`` times several plans, and a
+    call whose operands' alignment differs from the first's benchmarks again, so the log of ResNet-50's stem
+    ended on engine 47 in one run and on engine 63 in another (H100, 2026-12-07) while both ran the same two
+    kernels; the plan it keeps runs on every later call, so it is executed most."""
+    counts: dict[tuple, int] = {}
+    latest: dict[tuple, tuple[int, dict]] = {}
+    for i, (func, lines) in enumerate(blocks(text)):
+        e = _execution(func, lines)
+        if e is None:
+            continue
+        key = _config(e)
+        counts[key] = counts.get(key, 0) + 1
+        latest[key] = (i, e)
+    if not counts:
+        return {}
+    best = max(counts, key=lambda k: (counts[k], latest[k][0]))
+    out = dict(latest[best][1])
+    order = sorted(counts, key=lambda k: (-counts[k], -latest[k][0]))[:12]
+    out["executions"] = [{"engine_id": k[1], "knobs": dict(k[2]), **({"algo": k[3]} if k[3] else {}), "count": counts[k]}
+                         for k in order]
+    return out
 
 
 def functions(text: str) -> dict[str, int]:

@@ -167,16 +167,16 @@ def every_engine(probe: Probe, deadline: float) -> list[dict]:
 
 def torch_log_child(x, w, s, p) -> None:
     """In a child whose environment turns cuDNN's API log on: torch channels_last's convolution, benchmarked,
-    then run once more, so the log's last executing call is the configuration torch chose."""
+    then run nine more times, so the configuration torch chose is the one the log executes most."""
     import torch
 
-    torch_conv(x, w, s, p, warmup=3)()
+    torch_conv(x, w, s, p, warmup=8)()
     torch.cuda.synchronize()
 
 
 def _logged_child(child_args: list[str], timeout: float) -> dict:
-    """Run this script's ``child_args`` in a child with cuDNN's API log on; the log's last executing call
-    (``cudnn_log.last_execution``), its size and function counts, or ``error``."""
+    """Run this script's ``child_args`` in a child with cuDNN's API log on; the configuration it executed most
+    (``cudnn_log.chosen_execution``, with every configuration's count), its size and function counts, or ``error``."""
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "cudnn_api.log")
         env = dict(os.environ, CUDNN_LOGLEVEL_DBG="3", CUDNN_LOGDEST_DBG=log)
@@ -191,7 +191,7 @@ def _logged_child(child_args: list[str], timeout: float) -> dict:
             return {"error": "cuDNN wrote no API log (CUDNN_LOGLEVEL_DBG not honoured by this cuDNN)"}
         with open(log, errors="replace") as f:
             text = f.read()
-    out = cudnn_log.last_execution(text) or {"error": "no executing call in the log"}
+    out = cudnn_log.chosen_execution(text) or {"error": "no executing call in the log"}
     out["log_bytes"] = len(text)
     out["functions"] = dict(sorted(cudnn_log.functions(text).items(), key=lambda kv: -kv[1])[:12])
     return out

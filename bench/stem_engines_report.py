@@ -19,9 +19,13 @@ def write(out_dir: str, tag: str, header: dict, rows: list) -> None:
         lines += [f"- `{k}`: {v['mean_us']} us x{v['count']}" for k, v in r["torch_kernels"].items()]
         tp = r.get("torch_plan") or {}
         if tp:
-            lines += ["", f"torch's executed configuration (cuDNN API log, {tp.get('log_bytes', 0)} bytes): "
-                      f"`{tp.get('function', '-')}` engine {tp.get('engine_id', '-')} knobs {json.dumps(tp.get('knobs', {}))}"
+            lines += ["", f"torch's executed configuration (cuDNN API log, {tp.get('log_bytes', 0)} bytes; the one it "
+                      f"executed most): `{tp.get('function', '-')}` engine {tp.get('engine_id', '-')} knobs "
+                      f"{json.dumps(tp.get('knobs', {}))}"
                       + (f" algo {tp['algo']}" if "algo" in tp else "") + (f"; {tp['error']}" if "error" in tp else "")]
+            if tp.get("executions"):
+                lines.append("- every configuration it executed: " + "; ".join(
+                    f"engine {e['engine_id']} {json.dumps(e['knobs'])} x{e['count']}" for e in tp["executions"]))
         if "frontend_alignment" in r:
             lines.append(f"- the frontend's own tensor byte alignment for graphopt's graph: {json.dumps(r['frontend_alignment'])}")
         for e in r.get("torch_plan_on_graphopt_graph", []):
