@@ -79,15 +79,17 @@ def last_execution(text: str) -> dict:
     return {}
 
 
-def chosen_execution(text: str) -> dict:
-    """The configuration a benchmark-mode process ran most: ``last_execution``'s record for it (the lines of
-    its last occurrence), ties to the latest, with ``executions``: every configuration executed and how often
-    (most first, at most 12). Why not the last call: torch's ``cudnn.benchmark`` times several plans, and a
-    call whose operands' alignment differs from the first's benchmarks again, so the log of ResNet-50's stem
-    ended on engine 47 in one run and on engine 63 in another (H100, 2026-12-07) while both ran the same two
-    kernels; the plan it keeps runs on every later call, so it is executed most."""
+def chosen_execution(text: str, settled: int = 8) -> dict:
+    """The configuration a benchmark-mode process kept: the one executed most among its last ``settled``
+    executions (ties to the latest), as ``last_execution``'s record (the lines of its last occurrence), with
+    ``executions``: every configuration the log executed and how often (most first, at most 12). Why not
+    the last call alone: the log of ResNet-50's stem ended on engine 47 in one run and on engine 63 in
+    another (H100, 2026-12-07) while both ran the same two kernels. Why not the most executed overall:
+    cuDNN's benchmark runs each plan it times up to 100 times. The caller makes ``settled`` calls after
+    the benchmark (``stem_engines.torch_log_child``: nine)."""
     counts: dict[tuple, int] = {}
     latest: dict[tuple, tuple[int, dict]] = {}
+    order: list[tuple] = []
     for i, (func, lines) in enumerate(blocks(text)):
         e = _execution(func, lines)
         if e is None:
@@ -95,9 +97,13 @@ def chosen_execution(text: str) -> dict:
         key = _config(e)
         counts[key] = counts.get(key, 0) + 1
         latest[key] = (i, e)
+        order.append(key)
     if not counts:
         return {}
-    best = max(counts, key=lambda k: (counts[k], latest[k][0]))
+    recent: dict[tuple, int] = {}
+    for key in order[-settled:]:
+        recent[key] = recent.get(key, 0) + 1
+    best = max(recent, key=lambda k: (recent[k], latest[k][0]))
     out = dict(latest[best][1])
     order = sorted(counts, key=lambda k: (-counts[k], -latest[k][0]))[:12]
     out["executions"] = [{"engine_id": k[1], "knobs": dict(k[2]), **({"algo": k[3]} if k[3] else {}), "count": counts[k]}

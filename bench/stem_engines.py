@@ -9,7 +9,8 @@ engine graphopt is not offered. Two hypotheses, each answered here:
 - the engine is in cuDNN's engine list but no heuristic lists it: every engine id of the operation graph
   (``get_engine_count``) is built with its default knobs (``create_execution_plan``), timed and checked;
 - the engine is listed but graphopt bars it: torch allows plans with ``REDUCED_PRECISION_REDUCTION`` for fp16
-  (``allow_fp16_reduced_precision_reduction``), graphopt's ``INEXACT_NOTES`` do not. Every plan of heuristics
+  (``allow_fp16_reduced_precision_reduction``), graphopt's ``INEXACT_NOTES`` did not (since the fifteenth session
+  a stem may take them: ``cudnn.barred_notes``). Every plan of heuristics
   A / B / fallback is timed *without* the filter, and marked barred where graphopt's listing lacks it.
 
 For each: device time (the tuner's eager timer, median, as the stem breakdown's torch columns), the max error

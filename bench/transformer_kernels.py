@@ -356,7 +356,8 @@ def main(argv=None):
                     def us_or_none(c):
                         return None if c is None or not math.isfinite(c[0]) else round(c[0], 2)
                     record(f"bias+{act}", name, dtype, (m, n), 2 * total * esz, cands, t_us,
-                           {"scalar_epilogue_us": us_or_none(scalar), "vec_loads2_us": us_or_none(loads2)})
+                           {"scalar_epilogue_us": us_or_none(scalar), "vec_loads2_us": us_or_none(loads2),
+                            **({"vec_loads2_failure": loads2[1]} if loads2 is not None and loads2[1] else {})})
                 cupy.get_default_memory_pool().free_all_blocks()
             for name, rows, skv in pick(SOFTMAX_SIZES if "softmax" in kinds else []):
                 s0 = rng.standard_normal((rows, skv), dtype=cupy.float32).astype(dtype)
@@ -430,7 +431,8 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
     for r in mem_rows:
         lines.append(f"| {r['kernel']} | {r['size']} | {r['dtype']} | {r['MB']} | {r['graphopt_us']} | {r['fraction_of_copy']} | "
                      f"{r.get('of_same_size_copy', '-')} | {r['torch_us']} | {r['torch_of_copy']} | {r['chosen']}"
-                     + (f" (two loads a thread: {r['vec_loads2_us']} us)" if r.get("vec_loads2_us") else "") + " |")
+                     + (f" (two loads a thread: {r['vec_loads2_us']} us)" if r.get("vec_loads2_us") else "")
+                     + (f" (two loads a thread failed: {r['vec_loads2_failure']})" if r.get("vec_loads2_failure") else "") + " |")
     lines += ["", "## Attention (no mask; causal where it says so)", "",
               "`graphopt us` and `SDPA us`: device time inside a CUDA graph, calls back to back (graphopt's with its "
               "stream barrier before each: the call before is the same library launch; a row's `sdpa_timing` in the "

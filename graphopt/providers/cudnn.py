@@ -40,7 +40,16 @@ from graphopt.providers.cudnn_pointwise import activation, activation_reason
 
 OPS = ("CBR",)
 NAME = "cudnn"
-GRAPH_FORM = 2  # 2: the model's end pads, short reductions' plans noted REDUCED_PRECISION_REDUCTION offered
+# The form of the convolution graphs this module builds (every cuDNN CBR provider's): part of their source hash
+# and of their remembered plan listings, so that timings and listings of an older form never answer for the
+# new one. 2: the model's end pads, and a stem's plans noted REDUCED_PRECISION_REDUCTION offered (1: the
+# fewest end pads, every inexact note barred). The other ops' graphs are form 1 (their hash is unchanged).
+GRAPH_FORM = 2
+
+
+def graph_form(op: str) -> int:
+    """The form of the cuDNN graphs built for ``op`` (``GRAPH_FORM`` for CBR's convolutions, else 1)."""
+    return GRAPH_FORM if op == "CBR" else 1
 DTYPES = {"float16": "HALF", "float32": "FLOAT", "bfloat16": "BFLOAT16"}
 # X, W, B, R in, Y out: what the runtime and the checker hand over / allocate; B (1-D: any layout is
 # the same memory) says NHWC so that a node without bias or residual reads Y's layout there too
@@ -246,7 +255,8 @@ SHORT_REDUCTION = 256
 
 def barred_notes(sig: Signature) -> tuple[str, ...]:
     """The numerical notes that bar a plan of ``sig``'s graph: ``INEXACT_NOTES``, less the reduced-precision
-    reduction for a stem (``geo.is_stem``) whose reduction is at most ``SHORT_REDUCTION`` terms."""
+    reduction for a stem (``geo.is_stem``) whose reduction is at most ``SHORT_REDUCTION`` terms. The
+    channel-padded stem graphs (``cudnn_cpad``: 8 channels, no stem by this measure) keep every bar."""
     if sig is not None and sig.op == "CBR":
         try:
             g = geo.conv_geom(sig)
@@ -330,7 +340,8 @@ def plan_keys(sig: Signature, built) -> list[str]:
     except Exception:  # noqa: BLE001 - no GPU to name: nothing to remember
         return listing() or []
     key = f"{getattr(built, '__module__', '')}.{getattr(built, '__qualname__', '')}|{sig.key()}"
-    return cudnn_listing.remembered(key, device, versions(), listing)
+    form = graph_form(sig.op)  # a listing of an older form of the graph must not name the new one's plans
+    return cudnn_listing.remembered(key, device, versions() + ((("graph_form", str(form)),) if form > 1 else ()), listing)
 
 
 _DEVICE_TAGS: dict[int, str] = {}
@@ -429,10 +440,12 @@ class CudnnCandidate(Candidate):
         names = plan_keys(sig, self.graphs())
         return f"{self.name}:plan={names[0]}" if names else None
 
+    #: the op whose graphs this candidate builds (its form is in the source hash: ``graph_form``)
+    graph_op = ""
+
     def source_hash(self) -> str:
-        # GRAPH_FORM: a change to the graphs this module builds changes the plans a key names, so the cached
-        # timings of the old graphs must not answer for the new ones
-        return f"cudnn{GRAPH_FORM}:" + ",".join(f"{k}={v}" for k, v in versions())
+        form = graph_form(self.graph_op)
+        return ("cudnn:" if form == 1 else f"cudnn{form}:") + ",".join(f"{k}={v}" for k, v in versions())
 
     def versions(self) -> tuple[tuple[str, str], ...]:
         return versions()
@@ -450,6 +463,8 @@ def unavailable_reason(compute_capability, need: tuple[int, int] = (7, 0), what:
 @dataclass(frozen=True)
 class CudnnConv(CudnnCandidate):
     """params: ``plan=<cuDNN plan name>``, or none for the heuristic's first plan at load time."""
+
+    graph_op = "CBR"
 
     def layouts(self, sig: Signature) -> tuple[str, ...]:
         return LAYOUTS  # what build() declares: X, W, R, Y in NHWC

@@ -111,6 +111,8 @@ def channel_padder(sig: Signature, cudnn_bytes: int, arch: str | None = None):
 class CudnnPaddedConv(base.CudnnCandidate):
     """params: ``plan=<cuDNN plan name of the padded graph>``, or none for the heuristic's first plan."""
 
+    graph_op = "CBR"
+
     def layouts(self, sig: Signature) -> tuple[str, ...]:
         return LAYOUTS
 

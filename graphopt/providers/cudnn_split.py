@@ -94,6 +94,8 @@ def epilogue(sig: Signature, arch: str | None = None):
 class CudnnSplitConv(base.CudnnCandidate):
     """params: ``plan=<cuDNN plan name of the convolution-only graph>``, or none for the heuristic's first."""
 
+    graph_op = "CBR"
+
     ALIGN = None  # the byte alignment the graph declares for X, W and Y, checked at launch (None: cuDNN's 16)
 
     def layouts(self, sig: Signature) -> tuple[str, ...]:

@@ -82,15 +82,16 @@ def test_descriptors_drop_what_differs_between_processes():
     assert len(changed) == 3  # X, W and Y's alignment: the diff shows what a reader needs, nothing volatile
 
 
-def test_the_chosen_configuration_is_the_one_executed_most():
-    """A benchmark-mode process times several plans, then runs the one it keeps on every call: the log's
-    most executed configuration is that one, even when another plan's execute comes last; ties go to the
-    latest; every configuration is listed with its count."""
-    text = (EXECUTE.format(eid=40) + EXECUTE.format(eid=63) + FINALIZE + EXECUTE.format(eid=63)
+def test_the_chosen_configuration_is_the_one_executed_most_once_settled():
+    """A benchmark-mode process times several plans (each up to 100 times), then runs the one it keeps on
+    every call: the configuration executed most among the last ``settled`` executions is that one, even when
+    a benchmarked plan ran more often overall or another plan's execute comes last; ties go to the latest;
+    every configuration is listed with its count."""
+    text = (EXECUTE.format(eid=40) * 6 + EXECUTE.format(eid=63) + FINALIZE + EXECUTE.format(eid=63)
             + EXECUTE.format(eid=63) + EXECUTE.format(eid=47))
-    got = cudnn_log.chosen_execution(text)
+    got = cudnn_log.chosen_execution(text, settled=4)
     assert got["engine_id"] == 63 and got["function"] == "cudnnBackendExecute"
-    assert [(e["engine_id"], e["count"]) for e in got["executions"]] == [(63, 3), (47, 1), (40, 1)]
+    assert [(e["engine_id"], e["count"]) for e in got["executions"]] == [(40, 6), (63, 3), (47, 1)]
     assert cudnn_log.last_execution(text)["engine_id"] == 47
     tie = EXECUTE.format(eid=40) + EXECUTE.format(eid=47)
     assert cudnn_log.chosen_execution(tie)["engine_id"] == 47

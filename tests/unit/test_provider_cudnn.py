@@ -109,8 +109,14 @@ def test_the_convolution_takes_the_models_own_end_pads(fake, x, w, attrs, pre, p
 
 
 def test_the_graph_form_is_in_the_source_hash():
-    """A change to the graphs this provider builds invalidates the cached timings of the old ones."""
-    assert prov.CudnnConv("cudnn").source_hash().startswith(f"cudnn{prov.GRAPH_FORM}:")
+    """A change to the convolution graphs invalidates the cached timings of the old ones, for every cuDNN CBR
+    provider; the other ops' graphs did not change, nor do their hashes."""
+    from graphopt.providers import cudnn_cpad, cudnn_matmul, cudnn_nchw, cudnn_split
+
+    for cand in (prov.CudnnConv("cudnn"), cudnn_nchw.CudnnNchwConv("cudnn_nchw"), cudnn_cpad.CudnnPaddedConv("cudnn_cpad"),
+                 cudnn_split.CudnnSplitConv("cudnn_split")):
+        assert cand.source_hash().startswith(f"cudnn{prov.GRAPH_FORM}:"), cand
+    assert cudnn_matmul.CudnnMatmul("cudnn").source_hash().startswith("cudnn:")
 
 
 def test_one_d_conv_and_unsupported_cases():
@@ -305,3 +311,20 @@ def test_short_stem_reductions_may_take_reduced_precision_plans(x, w, group, bar
     assert ("REDUCED_PRECISION_REDUCTION" in notes) == barred
     assert set(prov.INEXACT_NOTES) - {"REDUCED_PRECISION_REDUCTION"} <= set(notes)
     assert prov.barred_notes(None) == prov.INEXACT_NOTES
+
+
+def test_remembered_plan_listings_are_keyed_by_the_graph_form(monkeypatch):
+    """The plan names kept on disk per GPU and cuDNN version also carry the graph form: a listing of the
+    stem's graph with trimmed end pads and every note barred (no engine 63) must not stand for the new one."""
+    from graphopt.providers import cudnn_listing
+
+    seen = []
+    monkeypatch.setattr(prov, "_STATE", {"module": object(), "reason": None})
+    monkeypatch.setattr(prov, "_device_tag", lambda: "NVIDIA H200 sm_90")
+    monkeypatch.setattr(cudnn_listing, "remembered", lambda key, device, versions, listing: seen.append(versions) or [])
+    prov.plan_keys(_sig(activation="Relu"), lambda sig: None)
+    assert seen and ("graph_form", str(prov.GRAPH_FORM)) in seen[0]
+    assert set(prov.versions()) <= set(seen[0])
+    other = Signature.make("GemmAct", [(8, 64), (64, 32), None], ["float16", "float16", ""], {"mode": "matmul"})
+    prov.plan_keys(other, lambda sig: None)
+    assert seen[1] == prov.versions()  # the matmul graphs' listings stay where they were
