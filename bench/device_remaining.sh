@@ -158,9 +158,10 @@ case "$N" in
     TESTS="tests/gpu/test_provider_cublaslt.py" PYTEST_ARGS="-k im2col" bash bench/device_calls.sh "$OUT/i" gpu-tests:120
     CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:240
     bash bench/device_calls.sh "$OUT/o" ordering:150 ;;
-  22) # the H200 with one call's time: the whole GPU suite in one step (488 s of tests on the H100 at 8ee61e3, 142 + 346;
-      # the im2col variant's GPU tests among them), cut by its own limit before the run tool's
-    bash bench/device_calls.sh "$OUT/s" gpu-tests:585 ;;
+  22) # the H200 with one call's time: the whole GPU suite in one step (488 s of tests on the H100 at 8ee61e3, 540 s at
+      # bf317c9, ~200 tests more since), cut by its own limit before the run tool's; the 30 slowest tests listed (if
+      # it is cut, 3 + 4 run it in halves)
+    PYTEST_ARGS="--durations=30" bash bench/device_calls.sh "$OUT/s" gpu-tests:585 ;;
   23) # call 21 for a budget of ~300 s: the im2col variant's GPU tests, then the two stems at bs32 only
     TESTS="tests/gpu/test_provider_cublaslt.py" PYTEST_ARGS="-k im2col" bash bench/device_calls.sh "$OUT/i" gpu-tests:90
     BATCHES=32 CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-180} ;;
