@@ -259,7 +259,8 @@ case "$N" in
       bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-220} ;;
   35) # any GPU (fifteenth session): where MobileNetV2's bs32 depthwise layers spend their time (NOTES_kernels: the
       # tiled form removed the re-reads and the index arithmetic and mv2.s1.1.dw stayed at 67.7 us against a 19.4 us
-      # floor): every depthwise_nhwc form timed on three layers, then Nsight Compute's counters for mv2.s1.1.dw
+      # floor): every depthwise_nhwc form timed on three layers (the per-pixel ones also with their grid capped at
+      # 2048, 1056 and 528 blocks: prediction in NOTES_kernels), then Nsight Compute's counters for mv2.s1.1.dw
       mkdir -p "$OUT/dw"
       PYTHONPATH=. timeout -k 10 ${DW_S:-120} python3 bench/dw_profile.py --out "$OUT/dw" 2>&1 | tail -20
       PYTHONPATH=. timeout -k 10 ${NCU_S:-240} ncu --clock-control none --kernel-name regex:depthwise --launch-count 24 \

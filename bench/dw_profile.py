@@ -4,7 +4,10 @@ timed with CUDA events and launched a few times more for Nsight Compute to read 
 Why: on the H100 (code b16e402, bench/NOTES_kernels.md, fifteenth session) ``mv2.s1.1.dw`` (32x144x56x56,
 3x3) takes 67.7 us per-pixel and 75-78 us tiled against a 19.4 us floor; the tiled form removed the
 re-reads and the per-output index arithmetic and the layer did not move, so neither was the limit. The
-counters say which is (memory or L1/shared throughput, issue, occupancy, stalls). Run on the device:
+counters say which is (memory or L1/shared throughput, issue, occupancy, stalls). The per-pixel forms are
+also timed with their grid capped lower (``--caps``): at 4,096 blocks of 252 threads a thread of that layer
+makes under two trips over the pixels, so each block's fixed cost (its weight tile loaded, converted and
+synchronised before any output) is paid 4,096 times. Run on the device:
 
     python3 bench/dw_profile.py --out DIR                                  # the timings alone
     ncu --clock-control none --kernel-name regex:depthwise --launch-count 24 \\
@@ -52,6 +55,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--ncu", action="store_true", help="under Nsight Compute: 6 plain launches a form, no check or timing")
+    ap.add_argument("--caps", default="4096,2048,1056,528",
+                    help="the per-pixel forms again with their grid capped at these many blocks (cbr_depthwise.MAX_BLOCKS, "
+                         "4096 as the tuner launches them): does a block's fixed cost (its weights staged, a barrier) "
+                         "for one or two trips over the pixels set the time?")
     args = ap.parse_args(argv)
     unknown = [n for n in args.layers.split(",") if n not in LAYERS]
     if unknown:
@@ -60,6 +67,7 @@ def main(argv=None) -> int:
     import cupy
     import numpy as np
 
+    from graphopt.kernels import cbr_depthwise
     from graphopt.kernels import geometry as geo
     from graphopt.kernels.check import checker
     from graphopt.kernels.registry import candidate_from_key
@@ -101,6 +109,17 @@ def main(argv=None) -> int:
             us = median(cuda_event_timer(low, ins, outs, warmup=5, reps=args.reps)) * 1e3
             rows.append(dict(row, us=round(us, 2), TBps=round(moved / (us * 1e-6) / 1e12, 3)))
             print(json.dumps(rows[-1]), flush=True)
+            if "tile" in key:
+                continue
+            held = cbr_depthwise.MAX_BLOCKS
+            try:  # the launch reads the module's cap at every call
+                for cap in [int(c) for c in args.caps.split(",") if c]:
+                    cbr_depthwise.MAX_BLOCKS = cap
+                    us = median(cuda_event_timer(low, ins, outs, warmup=5, reps=args.reps)) * 1e3
+                    rows.append(dict(row, max_blocks=cap, us=round(us, 2), TBps=round(moved / (us * 1e-6) / 1e12, 3)))
+                    print(json.dumps(rows[-1]), flush=True)
+            finally:
+                cbr_depthwise.MAX_BLOCKS = held
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
            "command": "python3 bench/dw_profile.py " + " ".join(argv if argv is not None else sys.argv[1:]), "rows": rows}
     with open(os.path.join(args.out, "dw_profile.json" if not args.ncu else "dw_profile_ncu_launches.json"), "w") as f:
