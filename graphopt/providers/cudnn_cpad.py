@@ -46,13 +46,13 @@ def stem_reason(sig: Signature, what: str = "the padding") -> str | None:
     g = geo.conv_geom(sig)
     if geo.dtype_of(sig) not in DTYPES:
         return f"dtype {geo.dtype_of(sig)} ({what} here: {', '.join(DTYPES)})"
-    if g.G != 1:
+    if geo.is_stem(g):
+        return None
+    if g.G != 1:  # what geo.is_stem found missing, in its order
         return f"grouped conv (group={g.G}): {what} is for dense stems"
-    if g.C >= CPAD:
-        return f"{g.C} input channels: {what} is for fewer than {CPAD}"
-    if g.one_d:
-        return f"1-D conv: {what} is for 2-D stems"
-    return None
+    if g.C >= geo.STEM_CHANNELS:
+        return f"{g.C} input channels: {what} is for fewer than {geo.STEM_CHANNELS}"
+    return f"1-D conv: {what} is for 2-D stems"
 
 
 def pad_reason(sig: Signature) -> str | None:
