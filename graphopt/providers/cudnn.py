@@ -45,11 +45,6 @@ NAME = "cudnn"
 # new one. 2: the model's end pads, and a stem's plans noted REDUCED_PRECISION_REDUCTION offered (1: the
 # fewest end pads, every inexact note barred). The other ops' graphs are form 1 (their hash is unchanged).
 GRAPH_FORM = 2
-
-
-def graph_form(op: str) -> int:
-    """The form of the cuDNN graphs built for ``op`` (``GRAPH_FORM`` for CBR's convolutions, else 1)."""
-    return GRAPH_FORM if op == "CBR" else 1
 DTYPES = {"float16": "HALF", "float32": "FLOAT", "bfloat16": "BFLOAT16"}
 # X, W, B, R in, Y out: what the runtime and the checker hand over / allocate; B (1-D: any layout is
 # the same memory) says NHWC so that a node without bias or residual reads Y's layout there too
@@ -58,6 +53,11 @@ LAYOUTS = ("NHWC", "NHWC", "NHWC", "NHWC", "NHWC")
 _STATE: dict[str, Any] = {}  # "module", "reason", "handle": per process
 _GRAPHS: dict[str, Any] = {}  # signature key -> _Built (one graph per signature and process)
 _REFUSED: dict[str, str] = {}  # signature key -> why cuDNN does not support its graph (per process)
+
+
+def graph_form(op: str) -> int:
+    """The form of the cuDNN graphs built for ``op`` (``GRAPH_FORM`` for CBR's convolutions, else 1)."""
+    return GRAPH_FORM if op == "CBR" else 1
 
 
 class GraphRefused(TuningError):
@@ -186,11 +186,11 @@ def lowered_tensors(graph) -> list:
 def declare_alignment(graph, nbytes: int) -> None:
     """Declare every non-virtual tensor of a validated graph ``nbytes``-byte aligned to cuDNN. The frontend
     declares 16 (``Tensor_attributes::default_alignment``, "pointer alignment assumed by the backend when
-    selecting engines"); torch declares its pointers' alignment up to 32, and for ResNet-50's stem the same
-    engine and knobs ran 61 us for torch against ~200 for graphopt (H100, ``bench/NOTES_kernels.md``,
-    fourteenth session). The Python graph has no argument for it: it is set on the lowered C++ tensors
-    (``_cpp_tensors``, filled by ``validate``) before ``build_operation_graph`` creates the backend's
-    descriptors. A frontend without them refuses the graph (a reason, never a wrong declaration)."""
+    selecting engines"); torch declares its pointers' alignment up to 32. Measured on an H100 (code
+    b16e402, ``bench/results/align_probe_h100_b16e402.md``): declaring 32 moved the first four plans of
+    eight CBR layers and three GEMMs by at most 2 %, one by 8 %. The Python graph has no argument for it:
+    it is set on the lowered C++ tensors (``_cpp_tensors``, filled by ``validate``) before
+    ``build_operation_graph`` creates the backend's descriptors. A frontend without them refuses the graph (a reason, never a wrong declaration)."""
     tensors = lowered_tensors(graph)
     if not tensors:
         raise GraphRefused(f"this cuDNN frontend exposes no lowered tensors to declare {nbytes}-byte aligned")
@@ -241,7 +241,7 @@ def listed(sig: Signature, make, tag: str = "", alignment: int | None = None) ->
 # compute): a reduction in reduced precision, inputs down-converted, Winograd transforms. On the H200 a
 # ResNet-50 tuned without this filter ended 4.6e-2 (max relative) away from torch in fp16, against 5.6e-4
 # with the heuristic's plans. Torch does not bar all of them in fp16: the plan it runs for ResNet-50's stem
-# (engine 63, H100 API log) is noted REDUCED_PRECISION_REDUCTION (barred_notes lets short reductions take it).
+# (engine 63, H100 API log) is noted REDUCED_PRECISION_REDUCTION (barred_notes lets short stems take it).
 INEXACT_NOTES = ("REDUCED_PRECISION_REDUCTION", "DOWN_CONVERT_INPUTS", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6",
                  "WINOGRAD_TILE_13x13")
 
@@ -267,7 +267,7 @@ def barred_notes(sig: Signature) -> tuple[str, ...]:
     return INEXACT_NOTES
 
 
-def _deselect_inexact(mod, graph, sig: Signature | None = None) -> set[int]:
+def _deselect_inexact(mod, graph, sig: Signature) -> set[int]:
     """Bar the plans carrying ``barred_notes(sig)`` and return their indices (the plan list keeps its
     positions: a barred plan refuses to build, so it is never offered as a candidate)."""
     notes = [getattr(mod.numerical_note, n) for n in barred_notes(sig)

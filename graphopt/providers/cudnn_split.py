@@ -16,8 +16,8 @@ Every plan cuDNN lists for the convolution-only graph (heuristics A, then the fa
 inexact ones deselected as for ``cudnn``) is a candidate keyed by its name; ``cudnn_split_cpad`` offers the
 same on ``cudnn_cpad``'s channel-padded operands (C zero-padded to 8 in the workspace), and
 ``cudnn_split_a32`` on the same graph with its tensors declared 32-byte aligned (``cudnn.declare_alignment``):
-torch declares 32 where its pointers allow, and for ResNet-50's stem its run of the very engine and knobs
-graphopt lists took 61 us against ~200 (H100, 2026-12-07; not yet measured with the declaration). W (a
+torch declares 32 where its pointers allow (on an H100 the declaration left ResNet-50's stem at 223.6 us at
+bs32, as the 16-byte form: ``bench/results/cbr_layers_h100_stems_b16e402.md``). W (a
 constant) and Y (the runtime's arena aligns every buffer to 256 bytes) are aligned; an X that is not (a
 caller's NHWC input 16 bytes off, say) is copied into the lowering's workspace first, which reserves X's bytes
 for it.
