@@ -27,24 +27,44 @@ struct __align__(sizeof(T) * VEC) DwVec {
     T v[VEC];
 };
 
-// A tap's fp32 weights for a thread's VEC channels from the shared tile: 16-byte loads where VEC allows
-// (TCW and tx * VEC are then multiples of 4).
+// Where channel ch of the block's tile (tap `tap`) sits in the shared fp32 weight tile. VEC a multiple of 4
+// (fp16 / bf16: 8, fp32: 4): [tap][plane][vector][4], plane q holding channels 4q..4q+3 of every channel
+// vector, so a thread's loads of a tap's VEC weights are VEC / 4 16-byte loads, each next to its
+// neighbour's (thread tx reads float4 q * TCV + tx of the tap's row). A warp's 16-byte shared loads are
+// served a quarter-warp (8 threads) at a time: neighbouring float4s are on distinct banks, so a quarter
+// conflicts only where it spans two pixels (TCV over 8 and not a multiple of 8: 20 of 64 quarters at 144
+// channels). The first layout, [tap][channel] at VEC = 8, put neighbouring threads' loads 32 bytes apart:
+// a quarter's eight threads on 16 banks twice, a two-way conflict on 62 of 64 quarters, on 18 of the 27
+// loads an output vector of a 3x3 window makes (bench/NOTES_kernels.md, sixteenth session). At VEC = 4
+// the two layouts are the same. Otherwise (one channel a thread): [tap][channel].
 template <int VEC>
-__device__ __forceinline__ void tap_weights(const float* wp, float (&wv)[VEC]) {
+__device__ __forceinline__ int weight_slot(int ch, int tap, int TCW) {
+    if constexpr (VEC % 4 == 0) {
+        const int cvl = ch / VEC, v = ch - cvl * VEC;
+        return tap * TCW + ((v >> 2) * (TCW / VEC) + cvl) * 4 + (v & 3);
+    } else {
+        return tap * TCW + ch;
+    }
+}
+
+// A tap's fp32 weights for thread tx's VEC channels from the shared tile's row of that tap (weight_slot's
+// layout; TCV channel vectors a tile).
+template <int VEC>
+__device__ __forceinline__ void tap_weights(const float* tap_row, int tx, int TCV, float (&wv)[VEC]) {
     if constexpr (VEC % 4 == 0) {
 #pragma unroll
         for (int q = 0; q < VEC / 4; ++q) {
-            const float4 f = reinterpret_cast<const float4*>(wp)[q];
+            const float4 f = reinterpret_cast<const float4*>(tap_row)[q * TCV + tx];
             wv[4 * q] = f.x; wv[4 * q + 1] = f.y; wv[4 * q + 2] = f.z; wv[4 * q + 3] = f.w;
         }
     } else {
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) wv[v] = wp[v];
+        for (int v = 0; v < VEC; ++v) wv[v] = tap_row[tx * VEC + v];
     }
 }
 
-// The block's weight tile from ONNX order [C][1][KH][KW] into shared memory as fp32 [tap][channel] (TCW
-// channels a tap). The tile's weights are contiguous in Wt: tile_c * KK elements from c0 * KK, a whole
+// The block's weight tile from ONNX order [C][1][KH][KW] into shared memory as fp32, TCW channels a tap
+// (weight_slot's layout). The tile's weights are contiguous in Wt: tile_c * KK elements from c0 * KK, a whole
 // number of VEC vectors aligned to VEC elements (C and c0 are multiples of VEC). Each thread loads up to
 // STAGE vectors before it stores any, so the block waits for about one memory round trip here; one load
 // and its store per iteration (the first tiled version) chained 9 round trips for a 3x3 tile of 256
@@ -68,7 +88,7 @@ __device__ __forceinline__ void stage_weights(const T* __restrict__ Wt, float* s
 #pragma unroll
             for (int v = 0; v < VEC; ++v) {
                 const int i = j * VEC + v, ch = i / KK, tap = i - ch * KK;
-                sw_[tap * TCW + ch] = Num<T>::to_f(w[b].v[v]);
+                sw_[weight_slot<VEC>(ch, tap, TCW)] = Num<T>::to_f(w[b].v[v]);
             }
         }
     }
@@ -81,7 +101,7 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
                int dh, int dw, int TCV, int act, float act_alpha, float act_beta, float lo, float hi)
 {
     extern __shared__ __align__(16) unsigned char dw_smem[];
-    float* sw_ = reinterpret_cast<float*>(dw_smem);  // [KH * KW][TCV * VEC], converted to fp32 once here
+    float* sw_ = reinterpret_cast<float*>(dw_smem);  // KH * KW rows of TCV * VEC, converted to fp32 once here
     if (KH_ > 0) { KH = KH_; KW = KW_; }
     const int KK = KH * KW;
     const int CV = C / VEC;
@@ -99,7 +119,6 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
     float bias[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) bias[v] = Bias ? Num<T>::load(Bias + c + v) : 0.0f;
-    const float* wtile = sw_ + tx * VEC;
     const int OHG = (OH + RY - 1) / RY;  // groups of RY output rows
     const unsigned groups = (unsigned)N * OHG * OW;  // under 2^31: the launcher's geometry caps every tensor
     for (unsigned p = blockIdx.x * PY + ty; p < groups; p += gridDim.x * PY) {
@@ -126,7 +145,7 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
                     if ((unsigned)iw >= (unsigned)W) continue;
                     const DwVec<T, VEC> xv = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C);
                     float wv[VEC];
-                    tap_weights<VEC>(wtile + (r * KW + s) * TCW, wv);
+                    tap_weights<VEC>(sw_ + (r * KW + s) * TCW, tx, TCV, wv);
 #pragma unroll
                     for (int v = 0; v < VEC; ++v) acc[0][v] += Num<T>::to_f(xv.v[v]) * wv[v];
                 }
@@ -151,7 +170,7 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
                         const int r = t - i;
                         if (r < 0 || r >= KH_) continue;  // resolved at compile time
                         float wv[VEC];
-                        tap_weights<VEC>(wtile + (r * KW_ + s) * TCW, wv);
+                        tap_weights<VEC>(sw_ + (r * KW_ + s) * TCW, tx, TCV, wv);
 #pragma unroll
                         for (int v = 0; v < VEC; ++v) acc[i][v] += xf[v] * wv[v];
                     }
@@ -191,7 +210,7 @@ depthwise_nhwc_tiled(const T* __restrict__ X, const T* __restrict__ Wt, const T*
     const int c0 = blockIdx.y * TCW;
     const int tcv_here = min(TCW, C - c0) / VEC;   // the tile's channel vectors (the last tile may hold fewer)
     const int IHT = (TH - 1) * sh + (KH - 1) * dh + 1, IWT = (TW - 1) * sw + (KW - 1) * dw + 1;
-    float* sw_ = reinterpret_cast<float*>(dw_smem);  // [KK][TCW] fp32, then the input window
+    float* sw_ = reinterpret_cast<float*>(dw_smem);  // KK rows of TCW fp32 (weight_slot's layout), then the input window
     DwVec<T, VEC>* sx = reinterpret_cast<DwVec<T, VEC>*>(dw_smem + (size_t)KK * TCW * sizeof(float));  // [IHT * IWT][TCV]
     stage_weights<T, VEC>(Wt, sw_, c0, tcv_here * VEC, KK, TCW);
     const int tiles_w = (OW + TW - 1) / TW, tiles_h = (OH + TH - 1) / TH;
@@ -235,7 +254,6 @@ depthwise_nhwc_tiled(const T* __restrict__ X, const T* __restrict__ Wt, const T*
     float bias[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) bias[v] = Bias ? Num<T>::load(Bias + c + v) : 0.0f;
-    const float* wtile = sw_ + tx * VEC;
     for (int j = ty; j < TH * TW; j += P) {
         const int oy = j / TW, ox = j - oy * TW;
         const int oh = oh0 + oy, ow = ow0 + ox;
@@ -250,7 +268,7 @@ depthwise_nhwc_tiled(const T* __restrict__ X, const T* __restrict__ Wt, const T*
             for (int s = 0; s < (KW_ > 0 ? KW_ : KW); ++s) {
                 const DwVec<T, VEC> xv = xrow[(r * dh * IWT + s * dw) * TCV];
                 float wv[VEC];
-                tap_weights<VEC>(wtile + (r * KW + s) * TCW, wv);
+                tap_weights<VEC>(sw_ + (r * KW + s) * TCW, tx, TCV, wv);
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) acc[v] += Num<T>::to_f(xv.v[v]) * wv[v];
             }

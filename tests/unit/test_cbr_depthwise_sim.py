@@ -103,6 +103,63 @@ class _Memory:
         ctypes.memmove(ptr, vals.tobytes(), vals.nbytes)
 
 
+def weight_slot(ch: int, tap: int, TCW: int, VEC: int) -> int:
+    """depthwise_nhwc.cu's ``weight_slot``: where channel ``ch`` of a tile sits in the shared fp32 weights."""
+    if VEC % 4 == 0:
+        cvl, v = divmod(ch, VEC)
+        return tap * TCW + ((v >> 2) * (TCW // VEC) + cvl) * 4 + (v & 3)
+    return tap * TCW + ch
+
+
+def tap_weights(smem, tap: int, tx: int, TCV: int, VEC: int):
+    """depthwise_nhwc.cu's ``tap_weights``: thread ``tx``'s VEC weights of ``tap`` (16-byte loads where VEC
+    is a multiple of 4), each load checked inside the tile and aligned, and staged."""
+    row = tap * TCV * VEC
+    if VEC % 4 == 0:
+        starts = [row + (q * TCV + tx) * 4 for q in range(VEC // 4)]
+        assert all(st % 4 == 0 for st in starts), "a misaligned 16-byte shared load"
+        offs = [st + e for st in starts for e in range(4)]
+    else:
+        offs = [row + tx * VEC + v for v in range(VEC)]
+    assert max(offs) < smem.size, "a shared load outside the tile"
+    wv = smem[offs]
+    assert not np.isnan(wv).any(), "a shared weight the block did not stage"
+    return wv
+
+
+def _quarter_warp_conflicts(TCV: int, VEC: int, float4_index) -> int:
+    """Bank conflicts of one tap's 16-byte weight loads over a 256-thread block of the per-pixel form: a
+    warp's 16-byte shared loads are served a quarter-warp (8 threads) at a time, and two threads of a
+    quarter that read different addresses on a common bank conflict (the same address is a broadcast)."""
+    PY = 256 // TCV
+    conflicts = 0
+    for q in range(VEC // 4):
+        for quarter in range(0, 256, 8):
+            addrs = {float4_index(q, t % TCV) for t in range(quarter, quarter + 8) if t // TCV < PY}
+            banks = [b for a in addrs for b in range(4 * a % 32, 4 * a % 32 + 4)]
+            conflicts += len(banks) != len(set(banks))
+    return conflicts
+
+
+@pytest.mark.parametrize("C", [16, 32, 40, 96, 144, 160, 192, 240, 384, 576, 960])
+def test_weight_loads_conflict_only_where_a_quarter_warp_spans_two_pixels(C):
+    """The per-pixel form's weight loads (``tap_weights``, at the launcher's channel tile for fp16) share no
+    bank within a quarter-warp where a tile has at most 8 channel vectors or a multiple of 8 (neighbouring
+    threads read neighbouring float4s); elsewhere only a quarter that spans two pixels can conflict. The
+    first layout, each thread's 8 weights as two neighbouring float4s (32 bytes a thread), put a quarter's
+    eight threads on 16 banks twice: conflicts wherever a tile has more than 4 channel vectors
+    (bench/NOTES_kernels.md, sixteenth session)."""
+    VEC = 8
+    TCV, _ = cbr_depthwise.tile(types.SimpleNamespace(C=C, KH=3, KW=3), VEC)
+    now = _quarter_warp_conflicts(TCV, VEC, lambda q, tx: q * TCV + tx)
+    first_layout = _quarter_warp_conflicts(TCV, VEC, lambda q, tx: tx * VEC // 4 + q)
+    if TCV <= 8 or TCV % 8 == 0:
+        assert now == 0
+    else:
+        assert 0 < now < first_layout
+    assert (first_layout > 0) == (TCV > 4)
+
+
 def _simulate(mem, T, VEC, KH_, KW_, RY, grid, block, a, shared_mem, launches):
     """One launch of depthwise_nhwc<T, VEC, KH_, KW_, RY>, block by block and thread by thread."""
     it = np.dtype(T).itemsize
@@ -129,7 +186,7 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, grid, block, a, shared_mem, launches):
             w = mem.load(Wt + (c0 * KK + j * VEC) * it, T, VEC, it * VEC)
             for v in range(VEC):
                 ch, tap = divmod(j * VEC + v, KK)
-                smem[tap * TCW + ch] = F32(w[v])
+                smem[weight_slot(ch, tap, TCW, VEC)] = F32(w[v])
         for bx in range(grid[0]):
             for t in range(block[0]):
                 tx, ty = t % TCV, t // TCV
@@ -140,11 +197,7 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, grid, block, a, shared_mem, launches):
                 bias = [F32(mem.load(Bias + (c + v) * it, T, 1, it)[0]) if Bias else F32(0) for v in range(VEC)]
 
                 def weights(r, s):
-                    off = (r * KW + s) * TCW + tx * VEC
-                    assert off % min(VEC, 4) == 0 and off + VEC <= smem.size, "a misaligned or outside shared load"
-                    wv = smem[off:off + VEC]
-                    assert not np.isnan(wv).any(), "a shared weight the block did not stage"
-                    return wv
+                    return tap_weights(smem, r * KW + s, tx, TCV, VEC)
 
                 for grp in range(bx * PY + ty, groups, grid[0] * PY):
                     ow, rest = grp % OW, grp // OW
@@ -309,7 +362,7 @@ def _simulate_tiled(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches)
             w = mem.load(Wt + (c0 * KK + j * VEC) * it, T, VEC, it * VEC)
             for v in range(VEC):
                 ch, tap = divmod(j * VEC + v, KK)
-                wsm[tap * TCW + ch] = F32(w[v])
+                wsm[weight_slot(ch, tap, TCW, VEC)] = F32(w[v])
         for bx in range(grid[0]):
             tw_i, th_n = bx % tiles_w, bx // tiles_w
             th_i, n = th_n % tiles_h, th_n // tiles_h
@@ -341,9 +394,7 @@ def _simulate_tiled(mem, T, VEC, KH_, KW_, grid, block, a, shared_mem, launches)
                         for s in range(KW):
                             idx = ((oy * sh + r * dh) * IWT + ox * sw + s * dw) * TCV + tx
                             assert 0 <= idx < sx.shape[0], "a shared load outside the staged window"
-                            off = (r * KW + s) * TCW + tx * VEC
-                            wv = wsm[off:off + VEC]
-                            assert not np.isnan(wv).any(), "a shared weight the block did not stage"
+                            wv = tap_weights(wsm, r * KW + s, tx, TCV, VEC)
                             for v in range(VEC):
                                 acc[v] = F32(acc[v] + F32(sx[idx, v]) * F32(wv[v]))
                     written[(n * OH + oh) * OW + ow, cv] += 1
