@@ -263,7 +263,7 @@ case "$N" in
       # 2048, 1056 and 528 blocks: prediction in NOTES_kernels), then Nsight Compute's counters for mv2.s1.1.dw
       mkdir -p "$OUT/dw"
       PYTHONPATH=. timeout -k 10 ${DW_S:-180} python3 bench/dw_profile.py --out "$OUT/dw" 2>&1 | tail -20
-      PYTHONPATH=. timeout -k 10 ${NCU_S:-240} ncu --clock-control none --kernel-name regex:depthwise --launch-count 24 \
+      PYTHONPATH=. timeout -k 10 ${NCU_S:-240} ncu --clock-control none --kernel-name regex:depthwise --launch-count 36 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats \
         --section WarpStateStats --section LaunchStats --csv --log-file "$OUT/dw/ncu_mv2_s1_1_dw.csv" \
         python3 bench/dw_profile.py --out "$OUT/dw" --ncu --layers mv2.s1.1.dw 2>&1 | tail -20
