@@ -27,7 +27,7 @@
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..35 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..36 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -226,9 +226,10 @@ case "$N" in
   31) # after 30: do cuDNN's fused CBR plans also pick other kernels with the tensors declared 32-byte aligned?
       # (bench/align_probe.py, eight layers, the first 4 plans each, ~3 min; prediction in NOTES_kernels)
     PACK_CUBIN=0 PREBUILD=0 bash bench/device_calls.sh "$OUT/p" align-probe:${ALIGN_S:-300} ;;
-  32) # depthwise_nhwc's tiled form (NOTES_kernels, fourteenth session; prediction: MobileNetV2's ten bs32 depthwise
-      # layers 308.8 -> 190-230 us on the H100): its GPU tests, the depthwise rows of the CBR table, then
-      # MobileNetV2 bs32 end to end against torch.compile (0.99 paired on the H200 before it)
+  32) # depthwise_nhwc's forms (NOTES_kernels: the fourteenth session's tiled form, refuted on the H100; the sixteenth
+      # session's conflict-free weight tile and held-register forms, predicted to take MobileNetV2's ten bs32
+      # depthwise layers from 308.8 to 200-250 us on the H100): their GPU tests, the depthwise rows of the CBR
+      # table, then MobileNetV2 bs32 end to end against torch.compile (0.99 paired on the H200 before them)
     PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_cbr_gpu.py" PYTEST_ARGS="-k depthwise" bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-200}
     PACK_CUBIN=0 CBR_ARGS="--batches 32 --only mv2.b0.dw,mv2.s1.0.dw,mv2.s1.1.dw,mv2.s2.0.dw,mv2.s2.1.dw,mv2.s3.1.dw,mv2.s4.1.dw,mv2.s5.1.dw" \
       bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-150}
@@ -268,11 +269,18 @@ case "$N" in
         --section WarpStateStats --section LaunchStats --csv --log-file "$OUT/dw/ncu_mv2_s1_1_dw.csv" \
         python3 bench/dw_profile.py --out "$OUT/dw" --ncu --layers mv2.s1.1.dw 2>&1 | tail -20
       echo "dw_profile: $(ls "$OUT/dw" | wc -l) files" ;;
+  36) # any GPU, ~300 s (sixteenth session, NOTES_kernels): depthwise_nhwc's conflict-free weight tile and its
+      # held-register forms (regs=x, regs=xw): their GPU tests, then every form timed on three MobileNetV2 bs32
+      # layers (prediction: mv2.s1.1.dw 67.7 -> under 50 us on the H100 with one of the two new forms)
+    PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_cbr_gpu.py" PYTEST_ARGS="-k depthwise" bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-140}
+    mkdir -p "$OUT/dw"
+    PYTHONPATH=. timeout -k 10 ${DW_S:-150} python3 bench/dw_profile.py --out "$OUT/dw" --caps 4096,1056 2>&1 | tail -40
+    echo "dw_profile: $(ls "$OUT/dw" | wc -l) files" ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 22
       # next, 33 in a later call); on any other GPU, 33 (the stem's question, which any GPU answers)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     case "$gpu" in *H200*) n=34 ;; *) n=33 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..35 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..36 or auto" >&2; exit 2 ;;
 esac
