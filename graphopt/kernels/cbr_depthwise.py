@@ -31,6 +31,7 @@ UNROLLED = ((3, 3), (5, 5))  # windows with their own kernel instance, the taps 
 ROW_GROUPS = (4,)  # ``rows``: vertically adjacent outputs a thread computes (unrolled windows, vertical stride 1)
 HOLDS = {"x": 1, "xw": 2}  # ``regs``: what a thread holds in registers for an output (the kernel's HOLD; none: 0)
 HELD_WEIGHT_TAPS = 9  # ``regs=xw`` windows at most this size: 3x3 fp16 takes 134 registers, 5x5 would spill
+HELD_WEIGHT_THREADS = 128  # ``regs=xw``'s block: at 134 registers a thread three blocks of 128 fit an SM, one of 256
 TILES = ((8, 8), (16, 16))  # ``tile=HxW``: the spatially tiled form's output tiles (``depthwise_nhwc_tiled``)
 TILED_VECS = 8  # channel vectors a tiled block owns at most (64 channels of fp16): 32 or more threads per channel vector
 
@@ -174,6 +175,7 @@ class DepthwiseNhwcConv(Candidate):
         geom = tuple(i32(v) for v in (g.N, g.C, g.H, g.W, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw))
         tail = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
         pixels = g.N * g.OH * g.OW
+        threads = HELD_WEIGHT_THREADS if self._hold() == 2 else THREADS
         groups = g.N * -(-g.OH // rows) * g.OW  # what the kernel's threads walk: rows output rows each
         tiled = None  # the tiled form: (channel vectors, shared bytes) per vector width (None: does not fit)
         if self._tile() is not None:
@@ -195,8 +197,8 @@ class DepthwiseNhwcConv(Candidate):
                 kern(grid, (THREADS,), (X, Wt, ptr(B), y) + geom + (i32(tcv), i32(th), i32(tw)) + tail, shared_mem=smem)
                 return
             tcv, smem = tile(g, v)
-            grid = (min(MAX_BLOCKS, -(-groups // (THREADS // tcv))), -(-(g.C // v) // tcv))
-            kern(grid, (THREADS,), (X, Wt, ptr(B), y) + geom + (i32(tcv),) + tail, shared_mem=smem)
+            grid = (min(MAX_BLOCKS, -(-groups // (threads // tcv))), -(-(g.C // v) // tcv))
+            kern(grid, (threads,), (X, Wt, ptr(B), y) + geom + (i32(tcv),) + tail, shared_mem=smem)
 
         return Lowering(launch=launch, layouts=LAYOUTS, capturable=True)
 

@@ -173,6 +173,7 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, HOLD, grid, block, a, shared_mem, launc
         assert KH_ > 0 and sh == 1 and dh == 1, "row groups launched without an unrolled window or at vertical stride > 1"
     if HOLD:
         assert RY == 1 and KH_ > 0, "held registers launched with row groups or without an unrolled window"
+    assert block[0] == (cbr_depthwise.HELD_WEIGHT_THREADS if HOLD == 2 else cbr_depthwise.THREADS)
     KK, CV, TCW = KH * KW, C // VEC, TCV * VEC
     PY = block[0] // TCV
     assert shared_mem == KK * TCW * 4, "the shared memory is not the weight tile's size (fp32)"
