@@ -223,3 +223,24 @@ def test_the_depthwise_profile_names_forms_and_layers_the_registry_takes():
         assert applies["depthwise_nhwc"] is None and applies["depthwise_nhwc:tile=16x16"] is None
         assert applies["depthwise_nhwc:regs=x"] is None and applies["depthwise_nhwc:regs=xw"] is None
         assert (applies["depthwise_nhwc:rows=4"] is None) == (s == 1)
+
+
+def test_sass_ops_reads_opcodes_in_order_and_says_when_cuobjdump_is_missing(monkeypatch, capsys):
+    """``bench/sass_ops.py``: the instruction lines of ``cuobjdump -sass`` (predicated or not) become
+    (opcode, modifiers) in program order; without cuobjdump it says what to install and exits 2."""
+    sys.path.insert(0, str(BENCH))
+    import importlib
+
+    sass_ops = importlib.import_module("sass_ops")
+    text = """
+        /*0360*/              @!P0 LDG.E.128.CONSTANT R8, desc[UR12][R26.64] ;                     /* 0x0000000c1a088981 */
+                                                                                                     /* 0x000fe200000e0000 */
+        /*3160*/                   LDS.128 R16, [R16] ;                                            /* 0x0000000010107984 */
+        /*3170*/                   FFMA R3, R4, R5, R3 ;                                           /* 0x0000000504037223 */
+        .L_x_12:
+        /*a1f0*/                   STG.E.128 desc[UR12][R4.64], R8 ;                               /* 0x0000000804007986 */
+    """
+    assert sass_ops.opcodes(text) == [("LDG", ".E.128.CONSTANT"), ("LDS", ".128"), ("FFMA", ""), ("STG", ".E.128")]
+    monkeypatch.setattr(sass_ops, "find_cuobjdump", lambda: None)
+    assert sass_ops.main(["depthwise_nhwc.cu", "depthwise_nhwc<half_t,8,3,3,1,0>"]) == 2
+    assert "pip install nvidia-cuda-cuobjdump" in capsys.readouterr().err
