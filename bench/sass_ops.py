@@ -71,11 +71,16 @@ def main(argv=None) -> int:
         print("sass_ops: cuobjdump not found; pip install nvidia-cuda-cuobjdump", file=sys.stderr)
         return 2
 
+    from graphopt.errors import GraphoptError
     from graphopt.kernels.source import nvrtc_compile_named
 
     with tempfile.TemporaryDirectory() as tmp:
         for expr in args.instances:
-            cubin, _ = nvrtc_compile_named(args.source, [expr], args.arch)
+            try:
+                cubin, _ = nvrtc_compile_named(args.source, [expr], args.arch)
+            except GraphoptError as exc:
+                print(f"sass_ops: {expr}: {' '.join(str(exc).split())[:400]}", file=sys.stderr)
+                return 1
             path = os.path.join(tmp, "k.cubin")
             with open(path, "wb") as f:  # cupy's getCUBIN drops the image's last byte; cuobjdump wants it
                 f.write(cubin + b"\0" * 8)
