@@ -10,7 +10,7 @@ makes under two trips over the pixels, so each block's fixed cost (its weight ti
 synchronised before any output) is paid 4,096 times. Run on the device:
 
     python3 bench/dw_profile.py --out DIR                                  # the timings alone
-    ncu --clock-control none --kernel-name regex:depthwise --launch-count 36 \\
+    ncu --clock-control none --kernel-name regex:depthwise --launch-count 24 \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \\
         --section SchedulerStats --section WarpStateStats --section LaunchStats --csv \\
         python3 bench/dw_profile.py --out DIR --ncu --layers mv2.s1.1.dw    # the counters: 6 launches a form
@@ -35,8 +35,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 # layer name -> (C, H, stride) of a MobileNetV2 3x3 depthwise layer (bench/cbr_layers.py's names)
 LAYERS = {"mv2.b0.dw": (32, 112, 1), "mv2.s1.0.dw": (96, 112, 2), "mv2.s1.1.dw": (144, 56, 1),
           "mv2.s2.1.dw": (192, 28, 1), "mv2.s4.1.dw": (576, 14, 1)}
-FORMS = ("depthwise_nhwc", "depthwise_nhwc:rows=4", "depthwise_nhwc:regs=x", "depthwise_nhwc:regs=xw",
-         "depthwise_nhwc:tile=8x8", "depthwise_nhwc:tile=16x16")
+FORMS = ("depthwise_nhwc", "depthwise_nhwc:rows=4", "depthwise_nhwc:tile=8x8", "depthwise_nhwc:tile=16x16")
 
 
 def layer_sig(name: str, bs: int, dtype: str):

@@ -113,7 +113,7 @@ class Probe:
         graph, tensors = base.conv_graph(self.mod, self.handle, self.sig)[:2]
         graph.validate()
         if alignment is not None:
-            base.declare_alignment(graph, alignment)  # as cudnn_split_a32 does (refuses where it cannot)
+            base.declare_alignment(graph, alignment)  # as torch declares them (refuses where it cannot)
         graph.build_operation_graph()
         return graph, tensors
 

@@ -1,8 +1,7 @@
 """CBR lowering candidates: y = act(Conv(X, W, B) + R), NCHW in and out.
 
 - ``direct``         (a) direct convolution, one thread per ``opt`` output columns;
-- ``depthwise_nhwc``     a depthwise convolution in NHWC (``cbr_depthwise``), 16 bytes of channels per thread
-                         (its forms: row groups, a window held in registers, spatial tiles);
+- ``depthwise_nhwc``     a depthwise convolution in NHWC (``cbr_depthwise``), 16 bytes of channels per thread;
 - ``stem``               a convolution of at most 4 input channels (image stems; ``cbr_stem``): NCHW in, NHWC
                          or NCHW out, ``mv`` output channels a thread, every weight in shared memory;
 - ``implicit_gemm``  (b) tensor-core implicit GEMM (mma.sync fp16 / tf32), epilogue fused,
@@ -21,7 +20,7 @@ Each family lives in its own module (``cbr_direct``, ``cbr_mma``, ``cbr_cublas``
 from __future__ import annotations
 
 from graphopt.kernels.cbr_cublas import CublasConv
-from graphopt.kernels.cbr_depthwise import HOLDS, ROW_GROUPS, TILES, DepthwiseNhwcConv
+from graphopt.kernels.cbr_depthwise import ROW_GROUPS, TILES, DepthwiseNhwcConv
 from graphopt.kernels.cbr_direct import DirectConv
 from graphopt.kernels.cbr_mma import ImplicitGemmConv, ImplicitGemmNhwcConv, PointwiseGemmConv
 from graphopt.kernels.cbr_stem import stem_candidates
@@ -35,7 +34,6 @@ def cbr_candidates() -> list[Candidate]:
     out += [DirectConv("direct_k3", (("opt", o),)) for o in (4, 8)]
     out.append(DepthwiseNhwcConv("depthwise_nhwc", ()))
     out += [DepthwiseNhwcConv("depthwise_nhwc", (("rows", r),)) for r in ROW_GROUPS]
-    out += [DepthwiseNhwcConv("depthwise_nhwc", (("regs", held),)) for held in HOLDS]
     out += [DepthwiseNhwcConv("depthwise_nhwc", (("tile", f"{h}x{w}"),)) for h, w in TILES]
     out += stem_candidates()
     out += mma_family(ImplicitGemmConv, "implicit_gemm", pipelined=False)

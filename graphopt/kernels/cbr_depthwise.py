@@ -11,7 +11,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.cbr_common import applied, check_common, check_operands
 from graphopt.kernels.mma_args import ptr
@@ -29,9 +28,6 @@ SHARED_LIMIT = SHARED_DEFAULT_BYTES  # a block's weight tile in shared memory
 MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which counts channel tiles
 UNROLLED = ((3, 3), (5, 5))  # windows with their own kernel instance, the taps unrolled; others: KH, KW at run time
 ROW_GROUPS = (4,)  # ``rows``: vertically adjacent outputs a thread computes (unrolled windows, vertical stride 1)
-HOLDS = {"x": 1, "xw": 2}  # ``regs``: what a thread holds in registers for an output (the kernel's HOLD; none: 0)
-HELD_WEIGHT_TAPS = 9  # ``regs=xw`` windows at most this size: 3x3 fp16 takes 134 registers, 5x5 would spill
-HELD_WEIGHT_THREADS = 128  # ``regs=xw``'s block: at 134 registers a thread three blocks of 128 fit an SM, one of 256
 TILES = ((8, 8), (16, 16))  # ``tile=HxW``: the spatially tiled form's output tiles (``depthwise_nhwc_tiled``)
 TILED_VECS = 8  # channel vectors a tiled block owns at most (64 channels of fp16): 32 or more threads per channel vector
 
@@ -59,17 +55,17 @@ def window(g) -> tuple[int, int]:
     return (g.KH, g.KW) if (g.KH, g.KW) in UNROLLED else (0, 0)
 
 
-def instances(dt: str, windows=None, rows: int | None = None, tiled: bool = False, hold: int = 0) -> list[tuple[str, str]]:
-    """Kernel instances of one dtype: per window, row group and held registers (or of the tiled form),
-    channel vectors of 16 bytes and one channel a thread. Default: every instance any signature can take."""
+def instances(dt: str, windows=None, rows: int | None = None, tiled: bool = False) -> list[tuple[str, str]]:
+    """Kernel instances of one dtype: per window and row group (or of the tiled form), channel vectors of
+    16 bytes and one channel a thread. Default: every instance any signature can take."""
     if windows is None:
-        combos = ([(kh, kw, 1, 0) for kh, kw in UNROLLED + ((0, 0),)] + [(kh, kw, r, 0) for kh, kw in UNROLLED for r in ROW_GROUPS]
-                  + [(kh, kw, 1, h) for kh, kw in UNROLLED for h in HOLDS.values() if h < 2 or kh * kw <= HELD_WEIGHT_TAPS])
-        return ([(SOURCE, instance("depthwise_nhwc", dt, v, kh, kw, r, h)) for kh, kw, r, h in combos for v in (VEC16[dt], 1)]
+        combos = [(kh, kw, 1) for kh, kw in UNROLLED + ((0, 0),)] + [(kh, kw, r) for kh, kw in UNROLLED for r in ROW_GROUPS]
+        return ([(SOURCE, instance("depthwise_nhwc", dt, v, kh, kw, r)) for kh, kw, r in combos for v in (VEC16[dt], 1)]
                 + instances(dt, UNROLLED + ((0, 0),), tiled=True))
     if tiled:
         return [(SOURCE, instance("depthwise_nhwc_tiled", dt, v, kh, kw)) for kh, kw in windows for v in (VEC16[dt], 1)]
-    return [(SOURCE, instance("depthwise_nhwc", dt, v, kh, kw, rows or 1, hold)) for kh, kw in windows for v in (VEC16[dt], 1)]
+    combos = [(kh, kw, rows or 1) for kh, kw in windows]
+    return [(SOURCE, instance("depthwise_nhwc", dt, v, kh, kw, r)) for kh, kw, r in combos for v in (VEC16[dt], 1)]
 
 
 def tile(g, vec: int) -> tuple[int, int]:
@@ -101,21 +97,12 @@ def tiled_tile(g, vec: int, th: int, tw: int, esz: int) -> tuple[int, int] | Non
 class DepthwiseNhwcConv(Candidate):
     """A depthwise convolution in NHWC: a block per tile of channels (its weights in shared memory), a
     thread per 16 bytes of channels of one output pixel at a time, or of ``rows`` vertically adjacent
-    ones (params ``rows``; none: 1); with ``regs=x`` a thread loads its whole window before using it, with
-    ``regs=xw`` also keeps its weights in registers (``HOLDS``); or, with ``tile=HxW``, a block per H x W
-    tile of output pixels and tile of channels, its input window staged in shared memory
-    (``depthwise_nhwc_tiled``)."""
+    ones (params ``rows``; none: 1); or, with ``tile=HxW``, a block per H x W tile of output pixels and
+    tile of channels, its input window staged in shared memory (``depthwise_nhwc_tiled``)."""
     ordinary_launch = True  # its launch is one own kernel (Candidate.ordinary_launch)
 
     def _rows(self) -> int:
         return int(self.param("rows", 1))
-
-    def _hold(self) -> int:
-        """The kernel's HOLD for ``regs`` (none: 0)."""
-        held = self.param("regs")
-        if held is not None and held not in HOLDS:
-            raise TuningError(f"depthwise_nhwc regs={held!r} is not one of {', '.join(HOLDS)}")
-        return HOLDS.get(held, 0)
 
     def _tile(self, g=None) -> tuple[int, int] | None:
         """The output tile (``tile=HxW``), cut to the output's own size where ``g`` is given (a 7x7 output
@@ -139,13 +126,6 @@ class DepthwiseNhwcConv(Candidate):
             if -(-g.C // narrow[0]) > MAX_GRID_Y:
                 return f"{g.C} channels: more channel tiles than the grid's {MAX_GRID_Y} rows"
             return None
-        if self._hold():
-            g = geo.conv_geom(sig)
-            if window(g) == (0, 0):
-                return f"a {g.KH}x{g.KW} window (held registers need an unrolled one: {', '.join(f'{a}x{b}' for a, b in UNROLLED)})"
-            if self._hold() == 2 and g.KH * g.KW > HELD_WEIGHT_TAPS:
-                return f"a {g.KH}x{g.KW} window: its weights are too many to hold in registers (at most {HELD_WEIGHT_TAPS} taps)"
-            return None
         if self._rows() == 1:
             return None
         g = geo.conv_geom(sig)
@@ -162,8 +142,7 @@ class DepthwiseNhwcConv(Candidate):
         return source_hash(SOURCE)
 
     def kernels(self, sig: Signature) -> list[tuple[str, str]]:
-        return instances(geo.dtype_of(sig), (window(geo.conv_geom(sig)),), self._rows(), tiled=self._tile() is not None,
-                         hold=self._hold())
+        return instances(geo.dtype_of(sig), (window(geo.conv_geom(sig)),), self._rows(), tiled=self._tile() is not None)
 
     def build(self, sig: Signature, arch: str) -> Lowering:
         g, dt = applied(self, sig)
@@ -175,7 +154,6 @@ class DepthwiseNhwcConv(Candidate):
         geom = tuple(i32(v) for v in (g.N, g.C, g.H, g.W, g.OH, g.OW, g.KH, g.KW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw))
         tail = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
         pixels = g.N * g.OH * g.OW
-        threads = HELD_WEIGHT_THREADS if self._hold() == 2 else THREADS
         groups = g.N * -(-g.OH // rows) * g.OW  # what the kernel's threads walk: rows output rows each
         tiled = None  # the tiled form: (channel vectors, shared bytes) per vector width (None: does not fit)
         if self._tile() is not None:
@@ -197,8 +175,8 @@ class DepthwiseNhwcConv(Candidate):
                 kern(grid, (THREADS,), (X, Wt, ptr(B), y) + geom + (i32(tcv), i32(th), i32(tw)) + tail, shared_mem=smem)
                 return
             tcv, smem = tile(g, v)
-            grid = (min(MAX_BLOCKS, -(-groups // (threads // tcv))), -(-(g.C // v) // tcv))
-            kern(grid, (threads,), (X, Wt, ptr(B), y) + geom + (i32(tcv),) + tail, shared_mem=smem)
+            grid = (min(MAX_BLOCKS, -(-groups // (THREADS // tcv))), -(-(g.C // v) // tcv))
+            kern(grid, (THREADS,), (X, Wt, ptr(B), y) + geom + (i32(tcv),) + tail, shared_mem=smem)
 
         return Lowering(launch=launch, layouts=LAYOUTS, capturable=True)
 

@@ -75,6 +75,31 @@ __device__ __forceinline__ float apply_act_inline(float x, const ActParams& a) {
     }
 }
 
+// The activation of a thread's N values with one dispatch: apply_act_inline per value repeats its switch
+// (a compare chain and its branches) for each, since the kind is a launch argument, not a constant; here
+// each common kind's case holds the loop (the kind fixed inside, so the switch folds) and the others share
+// the per-value form (bench/NOTES_kernels.md, sixteenth session: the depthwise kernel's issue budget).
+template <int KIND, int N>
+__device__ __forceinline__ void apply_act_all(float (&x)[N], ActParams a) {
+    a.kind = KIND;  // a constant here: apply_act_inline's switch folds to one case
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = apply_act_inline(x[i], a);
+}
+
+template <int N>
+__device__ __forceinline__ void apply_act_n(float (&x)[N], const ActParams& a) {
+    switch (a.kind) {
+        case ACT_NONE: return;
+        case ACT_RELU: apply_act_all<ACT_RELU>(x, a); return;
+        case ACT_CLIP: apply_act_all<ACT_CLIP>(x, a); return;
+        case ACT_SILU: apply_act_all<ACT_SILU>(x, a); return;
+        case ACT_HARDSWISH: apply_act_all<ACT_HARDSWISH>(x, a); return;
+        default:
+#pragma unroll
+            for (int i = 0; i < N; ++i) x[i] = apply_act_inline(x[i], a);
+    }
+}
+
 // The rarer activations live in one out-of-line function: a GEMM epilogue applies the activation
 // to every accumulator of a fully unrolled tile, and inlining the whole switch (erff, tanhf, ...)
 // into each of them multiplied code size and compile time. The kind is uniform per launch.

@@ -12,20 +12,12 @@
 // (broadcast across ty) that need no conversion: converting them at every use was 72 of a 3x3
 // fp16 output vector's ~200 instructions, and at bs32 the kernel is instruction-bound as much as
 // memory-bound (bench/NOTES_kernels.md). KH_ and KW_ fixed at compile time (3x3, 5x5) unroll the
-// window (its loads are still issued one tap at a time unless HOLD says otherwise, below). Small layers are latency-bound: a chain of dependent memory
+// window (the compiled code still issues one tap's load, then its arithmetic, then the next tap's: loading
+// the whole window first was slower, bench/NOTES_kernels.md, sixteenth session). Small layers are latency-bound: a chain of dependent memory
 // round trips per thread sets their time (the first version, a runtime window loop with scalar
 // weight loads: 7 us for every 3x3 and 15 us for every 5x5 layer at bs1 on the H100 whatever its size,
 // against 3-5 us for cuDNN; see the staging below for the second). KH_ == 0: the window comes from
 // KH, KW at run time (any size).
-//
-// HOLD (unrolled windows, one output at a time): what a thread holds in registers for an output. 0: each
-// tap's input vector is loaded and used in turn, its weights read from shared memory (the compiled code
-// issues one tap's load, then its arithmetic, then the next tap's: nine memory round trips an output, one
-// after the other, bench/NOTES_kernels.md, sixteenth session). 1: the window's input vectors are all loaded
-// before any is used (padding taps as zeros: x * 0 adds nothing), so a thread has its nine loads in flight
-// together (74 registers against 48 at 3x3 fp16). 2: that, and the thread's tap weights are read from
-// shared memory once, before its pixel loop, and kept in registers (KH * KW * VEC floats; 134 registers
-// at 3x3 fp16), so an output's only memory traffic is its window's inputs.
 //
 // RY > 1 (unrolled windows, vertical stride and dilation 1): a thread computes RY vertically adjacent
 // outputs of its channel vector. Their windows share all but one input row each, so it reads the
@@ -103,7 +95,7 @@ __device__ __forceinline__ void stage_weights(const T* __restrict__ Wt, float* s
     }
 }
 
-template <typename T, int VEC, int KH_, int KW_, int RY, int HOLD>
+template <typename T, int VEC, int KH_, int KW_, int RY>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict__ Bias, T* __restrict__ Y,
                int N, int C, int H, int W, int OH, int OW, int KH, int KW, int sh, int sw, int ph, int pw,
@@ -128,14 +120,6 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
     float bias[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) bias[v] = Bias ? Num<T>::load(Bias + c + v) : 0.0f;
-    static_assert(HOLD == 0 || (RY == 1 && KH_ > 0), "held registers need one output at a time and an unrolled window");
-    float wr[HOLD == 2 ? KH_ : 1][HOLD == 2 ? KW_ : 1][VEC];  // HOLD == 2: the thread's weights, read once
-    if constexpr (HOLD == 2) {
-#pragma unroll
-        for (int r = 0; r < KH_; ++r)
-#pragma unroll
-            for (int s = 0; s < KW_; ++s) tap_weights<VEC>(sw_ + (r * KW_ + s) * TCW, tx, TCV, wr[r][s]);
-    }
     const int OHG = (OH + RY - 1) / RY;  // groups of RY output rows
     const unsigned groups = (unsigned)N * OHG * OW;  // under 2^31: the launcher's geometry caps every tensor
     for (unsigned p = blockIdx.x * PY + ty; p < groups; p += gridDim.x * PY) {
@@ -150,52 +134,41 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
             for (int v = 0; v < VEC; ++v) acc[i][v] = 0.0f;
         const int iw0 = ow * sw - pw;
         const T* xn = X + (long long)n * H * W * C + c;
-        if constexpr (HOLD > 0) {
+        if constexpr (RY == 1) {
             const int ih0 = oh0 * sh - ph;
-            DwVec<T, VEC> xs[KH_][KW_];
+            auto tap = [&](const T* xp, const float* tap_row) {  // one tap's input vector into the sums
+                const DwVec<T, VEC> xv = *reinterpret_cast<const DwVec<T, VEC>*>(xp);
+                float wv[VEC];
+                tap_weights<VEC>(tap_row, tx, TCV, wv);
 #pragma unroll
-            for (int r = 0; r < KH_; ++r) {
+                for (int v = 0; v < VEC; ++v) acc[0][v] += Num<T>::to_f(xv.v[v]) * wv[v];
+            };
+            // An unrolled window wholly inside the image (all but the border outputs): a row's taps at a
+            // fixed step from its first, no bounds check a tap (a tap was ~40 instructions, ~20 of them its
+            // index arithmetic and checks; bench/NOTES_kernels.md, sixteenth session). The rows are not
+            // unrolled, so a thread has one row's loads in flight, not the window's: loading all nine first
+            // took 74 registers against 48 and was slower (regs=x, same notes). Same sums, same order.
+            const bool inside = KH_ > 0 && ih0 >= 0 && ih0 + (KH - 1) * dh < H && iw0 >= 0 && iw0 + (KW - 1) * dw < W;
+            if (inside) {
+                const T* xrow = xn + ((long long)ih0 * W + iw0) * C;
+                const long long rstep = (long long)dh * W * C;
+                const int sstep = dw * C;
+#pragma unroll 1
+                for (int r = 0; r < KH; ++r, xrow += rstep) {
 #pragma unroll
-                for (int s = 0; s < KW_; ++s) {
-                    const int ih = ih0 + r * dh, iw = iw0 + s * dw;
-                    if ((unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) {
-                        xs[r][s] = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C);
-                    } else {
-#pragma unroll
-                        for (int v = 0; v < VEC; ++v) xs[r][s].v[v] = Num<T>::from_f(0.0f);
-                    }
+                    for (int s = 0; s < (KW_ > 0 ? KW_ : 1); ++s) tap(xrow + s * sstep, sw_ + (r * KW + s) * TCW);
                 }
-            }
+            } else {
 #pragma unroll
-            for (int r = 0; r < KH_; ++r) {
+                for (int r = 0; r < (KH_ > 0 ? KH_ : KH); ++r) {
+                    const int ih = ih0 + r * dh;
+                    if ((unsigned)ih >= (unsigned)H) continue;
 #pragma unroll
-                for (int s = 0; s < KW_; ++s) {
-                    float wv[VEC];
-                    if constexpr (HOLD == 2) {
-#pragma unroll
-                        for (int v = 0; v < VEC; ++v) wv[v] = wr[r][s][v];
-                    } else {
-                        tap_weights<VEC>(sw_ + (r * KW_ + s) * TCW, tx, TCV, wv);
+                    for (int s = 0; s < (KW_ > 0 ? KW_ : KW); ++s) {
+                        const int iw = iw0 + s * dw;
+                        if ((unsigned)iw >= (unsigned)W) continue;
+                        tap(xn + ((long long)ih * W + iw) * C, sw_ + (r * KW + s) * TCW);
                     }
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) acc[0][v] += Num<T>::to_f(xs[r][s].v[v]) * wv[v];
-                }
-            }
-        } else if constexpr (RY == 1) {
-            const int ih0 = oh0 * sh - ph;
-#pragma unroll
-            for (int r = 0; r < (KH_ > 0 ? KH_ : KH); ++r) {
-                const int ih = ih0 + r * dh;
-                if ((unsigned)ih >= (unsigned)H) continue;
-#pragma unroll
-                for (int s = 0; s < (KW_ > 0 ? KW_ : KW); ++s) {
-                    const int iw = iw0 + s * dw;
-                    if ((unsigned)iw >= (unsigned)W) continue;
-                    const DwVec<T, VEC> xv = *reinterpret_cast<const DwVec<T, VEC>*>(xn + ((long long)ih * W + iw) * C);
-                    float wv[VEC];
-                    tap_weights<VEC>(sw_ + (r * KW + s) * TCW, tx, TCV, wv);
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) acc[0][v] += Num<T>::to_f(xv.v[v]) * wv[v];
                 }
             }
         } else {  // sh == dh == 1 (the launcher's condition): input row t serves output i with tap row t - i
@@ -228,9 +201,13 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
 #pragma unroll
         for (int i = 0; i < RY; ++i) {
             if (oh0 + i >= OH) break;
+            float o[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) o[v] = acc[i][v] + bias[v];
+            apply_act_n<VEC>(o, ap);  // one dispatch for the vector, not one a channel
             DwVec<T, VEC> out;
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(apply_act_inline(acc[i][v] + bias[v], ap));
+            for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(o[v]);
             *reinterpret_cast<DwVec<T, VEC>*>(Y + (((long long)n * OH + oh0 + i) * OW + ow) * C + c) = out;
         }
     }
@@ -321,9 +298,13 @@ depthwise_nhwc_tiled(const T* __restrict__ X, const T* __restrict__ Wt, const T*
                 for (int v = 0; v < VEC; ++v) acc[v] += Num<T>::to_f(xv.v[v]) * wv[v];
             }
         }
+        float o[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) o[v] = acc[v] + bias[v];
+        apply_act_n<VEC>(o, ap);
         DwVec<T, VEC> out;
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(apply_act_inline(acc[v] + bias[v], ap));
+        for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(o[v]);
         *reinterpret_cast<DwVec<T, VEC>*>(Y + (((long long)n * OH + oh) * OW + ow) * C + c) = out;
     }
 }

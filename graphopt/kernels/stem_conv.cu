@@ -7,8 +7,8 @@
 // where its bytes need ~8 us and its 0.35 GFMA ~10 us on the CUDA cores; cuDNN offered one 550 us plan
 // for its Clip form (bench/NOTES_e2e.md). Here a thread computes MV output channels of one pixel: it
 // reads the pixel's C*KH*KW inputs once and takes every weight from shared memory, where the block
-// staged all M x K of them as fp32 (stem_weight_slot; a warp's threads share their channel group, so each
-// weight read is one broadcast 16-byte load). Threads walk pixels fastest, so a warp's input reads are
+// staged all M x K of them as fp32 [k][m] (a warp's threads share their channel group, so each weight
+// read is one broadcast 16-byte load). Threads walk pixels fastest, so a warp's input reads are
 // neighbouring columns. With Y in NHWC the channel group varies fastest instead, so a warp's stores
 // are one contiguous run (its input loads broadcasts). Index arithmetic is 32-bit: the launcher's
 // geometry keeps every tensor under 2^31 elements. KS > 0: a KS x KS window known at compile time, its
@@ -25,27 +25,13 @@ struct __align__(sizeof(T) * MV < 16 ? sizeof(T) * MV : 16) StemOut {
     T v[MV];
 };
 
-// Where weight (m, k) sits in the shared tile: row k of M floats as [plane][channel group][4], plane q
-// holding channels 4q..4q+3 of every group of MV, so thread group g's q-th 16-byte load of a row is
-// float4 q * (M / MV) + g, next to group g + 1's. With Y in NHWC a quarter-warp's eight threads are eight
-// neighbouring groups of one pixel (or fewer groups of two pixels, whose loads are broadcasts): 128
-// contiguous bytes, no bank conflict. The first layout, [k][m], put neighbouring groups' loads MV * 4
-// bytes apart (32 to 128): a quarter-warp on the same banks twice, every weight load a two-way conflict
-// (bench/NOTES_kernels.md, sixteenth session). With Y in NCHW a warp shares one group either way.
-template <int MV>
-__device__ __forceinline__ int stem_weight_slot(int m, int k, int M) {
-    static_assert(MV % 4 == 0, "a thread's channels are whole float4s");
-    const int g = m / MV, j = m - g * MV;
-    return k * M + ((j >> 2) * (M / MV) + g) * 4 + (j & 3);
-}
-
 template <typename T, int MV, int KS, int PX>
 __global__ void __launch_bounds__(256)
 stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict__ Bias, T* __restrict__ Y,
           int N, int C, int H, int W, int M, int OH, int OW, int KH, int KW, int sh, int sw, int ph, int pw,
           int dh, int dw, int y_nhwc, int act, float act_alpha, float act_beta, float lo, float hi)
 {
-    extern __shared__ __align__(16) float stem_smem[];  // K rows of M weights (stem_weight_slot), then [M] bias
+    extern __shared__ __align__(16) float stem_smem[];  // [K][M] weights, then [M] bias
     const int K = C * KH * KW;
     {   // stage: Wt is [M][K] (OIHW); up to 8 loads in flight per thread before their stores
         constexpr int STAGE = 8;
@@ -62,7 +48,7 @@ stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict
                 const int i = i0 + b * blockDim.x;
                 if (i < total) {
                     const int m = i / K, k = i - m * K;
-                    stem_smem[stem_weight_slot<MV>(m, k, M)] = w[b];
+                    stem_smem[k * M + m] = w[b];
                 }
             }
         }
@@ -71,7 +57,6 @@ stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict
     __syncthreads();
     ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
     const int OWG = (OW + PX - 1) / PX;  // pixel slots per output row: PX adjacent pixels each
-    const int GROUPS = M / MV;             // float4s of one plane of a weight row
     const unsigned slots = (unsigned)N * OH * OWG, groups = M / MV;
     const unsigned total = slots * groups;
     for (unsigned idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
@@ -104,10 +89,10 @@ stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict
                         const int iw = iw0 + i * sw + s * dw;
                         x[i] = row_in && (unsigned)iw < (unsigned)W ? Num<T>::load(xc + ih * W + iw) : 0.0f;
                     }
-                    const float4* wk = reinterpret_cast<const float4*>(stem_smem + k * M) + m0 / MV;
+                    const float4* wk = reinterpret_cast<const float4*>(stem_smem + k * M + m0);
 #pragma unroll
                     for (int j = 0; j < MV / 4; ++j) {
-                        const float4 w4 = wk[j * GROUPS];  // one shared load, PX pixels' FMAs
+                        const float4 w4 = wk[j];  // one shared load, PX pixels' FMAs
 #pragma unroll
                         for (int i = 0; i < PX; ++i) {
                             acc[i][4 * j] += x[i] * w4.x; acc[i][4 * j + 1] += x[i] * w4.y;

@@ -6,8 +6,7 @@
   one SDPA graph (``cudnn_sdpa``); LayerNorm / SkipLayerNorm / RMSNorm as the normalization forward in
   its inference phase (``cudnn_norm``); CBR with fewer than 8 input channels (a stem) on
   channel-padded tensors (``cudnn_cpad``), or as the convolution alone followed by graphopt's bias +
-  activation pass (``cudnn_split``: cuDNN's non-fusing engines; its ``_a32`` form declares the tensors
-  32-byte aligned, as torch does); CBR's graph with every tensor NCHW
+  activation pass (``cudnn_split``: cuDNN's non-fusing engines); CBR's graph with every tensor NCHW
   (``cudnn_nchw``), for where the neighbouring nodes run NCHW.
 - ``cudnn_matmul``: GemmAct as a cuDNN frontend matmul + bias + activation graph, each plan a candidate.
 - ``cublaslt``: GemmAct and 1x1 CBR as one cuBLASLt matmul with a bias/ReLU/GELU epilogue (ctypes,

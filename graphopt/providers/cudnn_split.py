@@ -14,20 +14,15 @@ built and timed in a cold tuning).
 
 Every plan cuDNN lists for the convolution-only graph (heuristics A, then the fallback list; the
 inexact ones deselected as for ``cudnn``) is a candidate keyed by its name; ``cudnn_split_cpad`` offers the
-same on ``cudnn_cpad``'s channel-padded operands (C zero-padded to 8 in the workspace), and
-``cudnn_split_a32`` on the same graph with its tensors declared 32-byte aligned (``cudnn.declare_alignment``):
-torch declares 32 where its pointers allow (on an H100 the declaration left ResNet-50's stem at 223.6 us at
-bs32, as the 16-byte form: ``bench/results/cbr_layers_h100_stems_b16e402.md``). W (a
-constant) and Y (the runtime's arena aligns every buffer to 256 bytes) are aligned; an X that is not (a
-caller's NHWC input 16 bytes off, say) is copied into the lowering's workspace first, which reserves X's bytes
-for it.
+same on ``cudnn_cpad``'s channel-padded operands (C zero-padded to 8 in the workspace). A third form
+with the tensors declared 32-byte aligned, as torch declares them, was removed: on an H100 it timed as the
+16-byte form on every plan, engine 63 (torch's first-layer engine) included, which builds at 16 bytes since
+the convolution takes the model's own end pads (bench/NOTES_kernels.md, sixteenth session).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
@@ -40,8 +35,6 @@ from graphopt.providers import cudnn_cpad
 OPS = ("CBR",)
 NAME = "cudnn_split"
 NAME_PAD = "cudnn_split_cpad"  # the same on channel-padded operands (cudnn_cpad's padding)
-NAME_A32 = "cudnn_split_a32"  # the same graph with its tensors declared 32-byte aligned
-ALIGN_A32 = 32
 LAYOUTS = base.LAYOUTS  # X, W (KRSC), B, R, Y: as ``cudnn``'s fused graph
 
 
@@ -73,10 +66,6 @@ def _graph_for(sig: Signature, tag: str = "") -> base._Built:
     return base.listed(conv_only(sig), base.conv_graph, "|split" + tag)
 
 
-def _aligned_graph_for(sig: Signature, tag: str = "") -> base._Built:
-    return base.listed(conv_only(sig), base.conv_graph, "|splita32" + tag, alignment=ALIGN_A32)
-
-
 def _padded_graph_for(sig: Signature, tag: str = "") -> base._Built:
     return base.listed(cudnn_cpad.padded(conv_only(sig)), base.conv_graph, "|splitpad" + tag)
 
@@ -95,8 +84,6 @@ class CudnnSplitConv(base.CudnnCandidate):
     """params: ``plan=<cuDNN plan name of the convolution-only graph>``, or none for the heuristic's first."""
 
     graph_op = "CBR"
-
-    ALIGN = None  # the byte alignment the graph declares for X, W and Y, checked at launch (None: cuDNN's 16)
 
     def layouts(self, sig: Signature) -> tuple[str, ...]:
         return LAYOUTS
@@ -123,12 +110,9 @@ class CudnnSplitConv(base.CudnnCandidate):
         # no bias and no activation: the convolution is the whole node
         after = epilogue(sig, arch) if has_bias or geo.act_args(sig).code != 0 else None
         operands, total = self._operands(sig, ws_bytes, arch)
-        align = self.ALIGN
 
         def launch(inputs, outputs, workspace):
             xp, wp = operands(inputs[0], inputs[1], workspace)
-            if align and any(a.data.ptr % align for a in (xp, wp, outputs[0])):
-                raise TuningError(f"{self.key()}: X, W and Y must be {align}-byte aligned (declared to cuDNN)")
             pack = {t["X"]: base._Dl(xp), t["W"]: base._Dl(wp), t["Y"]: base._Dl(outputs[0])}
             base.execute(b, pack, workspace[:ws_bytes] if ws_bytes else None, index)
             if after is not None:
@@ -163,54 +147,18 @@ class CudnnSplitPaddedConv(CudnnSplitConv):
         return cudnn_cpad.channel_padder(sig, ws_bytes, arch)
 
 
-@dataclass(frozen=True)
-class CudnnSplitAlignedConv(CudnnSplitConv):
-    """``cudnn_split`` with X, W and Y declared 32-byte aligned to cuDNN (module docstring): the same graph
-    and engines, which may then pick other kernels; its launch checks the pointers."""
-
-    ALIGN = ALIGN_A32
-
-    def graphs(self):
-        return _aligned_graph_for
-
-    def _operands(self, sig: Signature, ws_bytes: int, arch: str):
-        """X as given where it is 32-byte aligned, else its NHWC copy in the workspace after the plan's
-        bytes (at a 256-byte offset); W as given."""
-        return aligned_input(sig, ws_bytes, ALIGN_A32)
-
-
-def aligned_input(sig: Signature, ws_bytes: int, align: int):
-    """``(operands(X, W, workspace) -> (x, w), total workspace bytes)``: X copied (in NHWC order, as the
-    graph reads it) into the workspace after ``ws_bytes`` where its pointer is not ``align``-byte aligned."""
-    g = geo.conv_geom(sig)
-    x_off = cudnn_cpad.aligned_offset(ws_bytes)
-    nhwc = (g.N, g.H, g.W, g.C)
-    total = x_off + g.N * g.H * g.W * g.C * np.dtype(geo.dtype_of(sig)).itemsize
-
-    def operands(X, W, workspace):
-        if X.data.ptr % align == 0:
-            return X, W
-        x = workspace[x_off:total].view(X.dtype).reshape(nhwc)
-        x[...] = X.transpose(0, 2, 3, 1)  # X's logical NCHW shape, stored NHWC: its values in the graph's order
-        return x, W
-
-    return operands, total
-
-
 def candidates(op: str, sig: Signature | None = None) -> list:
     """The heuristic candidate, plus one per plan of the convolution-only graph where cuDNN can list them
     here (all of them, as ``cudnn`` offers its fused graph's: torch with ``cudnn.benchmark`` times the
-    whole list too, and only a network's one or two stems take this candidate), of the unpadded, the
-    channel-padded and the 32-byte-aligned graph; nothing for a signature that is no stem."""
+    whole list too, and only a network's one or two stems take this candidate), of the unpadded and the
+    channel-padded graph; nothing for a signature that is no stem."""
     if op not in OPS or (sig is not None and split_reason(sig) is not None):
         return []
     return (base.plan_candidates(CudnnSplitConv, NAME, op, sig, split_reason, _graph_for)
-            + base.plan_candidates(CudnnSplitPaddedConv, NAME_PAD, op, sig, split_reason, _padded_graph_for)
-            + base.plan_candidates(CudnnSplitAlignedConv, NAME_A32, op, sig, split_reason, _aligned_graph_for))
+            + base.plan_candidates(CudnnSplitPaddedConv, NAME_PAD, op, sig, split_reason, _padded_graph_for))
 
 
 def from_key(op: str, key: str):
     if op not in OPS:
         return None
-    return (base.plan_from_key(CudnnSplitConv, NAME, key) or base.plan_from_key(CudnnSplitPaddedConv, NAME_PAD, key)
-            or base.plan_from_key(CudnnSplitAlignedConv, NAME_A32, key))
+    return base.plan_from_key(CudnnSplitConv, NAME, key) or base.plan_from_key(CudnnSplitPaddedConv, NAME_PAD, key)

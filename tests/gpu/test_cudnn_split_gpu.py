@@ -23,8 +23,8 @@ if cudnn.unavailable():
     pytest.skip(cudnn.unavailable(), allow_module_level=True)
 
 GEOMS = STEM_GEOMS
-FAMILIES = [prov.NAME, prov.NAME_PAD, prov.NAME_A32]  # operands as given, channel-padded, declared 32-byte aligned
-CLASSES = {prov.NAME: prov.CudnnSplitConv, prov.NAME_PAD: prov.CudnnSplitPaddedConv, prov.NAME_A32: prov.CudnnSplitAlignedConv}
+FAMILIES = [prov.NAME, prov.NAME_PAD]  # operands as given, channel-padded
+CLASSES = {prov.NAME: prov.CudnnSplitConv, prov.NAME_PAD: prov.CudnnSplitPaddedConv}
 ACTS = [("Relu", {}), ("Clip", {"clip_min": 0.0, "clip_max": 6.0}), ("none", {}), ("HardSwish", {}), ("Gelu", {})]
 
 
@@ -109,31 +109,3 @@ def test_captured_replay_equals_the_eager_run(name):
     eager, out = eager_and_replayed(low, sig)
     assert not bool(cupy.isnan(eager).any())
     assert cupy.array_equal(out, eager)
-
-
-@pytest.mark.gpu
-def test_the_aligned_form_declares_32_bytes_to_the_backend():
-    x, w, attrs = GEOMS[1]
-    sig = _sig(x, w, attrs, "float16", "Relu", {})
-    built = prov._aligned_graph_for(sig)
-    declared = [t.get_alignment() for t in cudnn.lowered_tensors(built.graph)]
-    assert sorted(declared) == [32, 32, 32]  # X, W, Y
-    plain = prov._graph_for(sig)
-    assert {t.get_alignment() for t in cudnn.lowered_tensors(plain.graph)} == {16}
-
-
-@pytest.mark.gpu
-def test_the_aligned_form_copies_an_x_16_bytes_off_and_refuses_such_a_y():
-    from graphopt.errors import TuningError
-
-    low, ins, ref = _built_with_inputs(prov.CudnnSplitAlignedConv(prov.NAME_A32), GEOMS[1], seed=3)
-    n, c, h, wd = ins[0].shape
-    store = cupy.empty(ins[0].size + 8, dtype=ins[0].dtype)
-    nhwc = store[8:].reshape(n, h, wd, c)  # 16 bytes past a 256-byte boundary (fp16), stored NHWC
-    nhwc[...] = ins[0].transpose(0, 2, 3, 1)
-    shifted = nhwc.transpose(0, 3, 1, 2)
-    assert shifted.data.ptr % 32 == 16
-    out, ws = _launch_matches(low, [shifted] + ins[1:], ref)
-    ystore = cupy.empty(out.size + 8, dtype=out.dtype)
-    with pytest.raises(TuningError, match="32-byte aligned"):
-        low.launch(ins, [ystore[8:].reshape(out.shape)], ws)

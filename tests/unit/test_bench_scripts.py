@@ -221,7 +221,6 @@ def test_the_depthwise_profile_names_forms_and_layers_the_registry_takes():
         assert (g.G, g.C, g.H, g.sh, g.OH) == (c, c, h, s, (h + 2 - 3) // s + 1)
         applies = {k: candidate_from_key("CBR", k).applies(sig) for k in dw.FORMS}
         assert applies["depthwise_nhwc"] is None and applies["depthwise_nhwc:tile=16x16"] is None
-        assert applies["depthwise_nhwc:regs=x"] is None and applies["depthwise_nhwc:regs=xw"] is None
         assert (applies["depthwise_nhwc:rows=4"] is None) == (s == 1)
 
 

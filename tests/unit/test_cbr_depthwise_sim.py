@@ -160,8 +160,8 @@ def test_weight_loads_conflict_only_where_a_quarter_warp_spans_two_pixels(C):
     assert (first_layout > 0) == (TCV > 4)
 
 
-def _simulate(mem, T, VEC, KH_, KW_, RY, HOLD, grid, block, a, shared_mem, launches):
-    """One launch of depthwise_nhwc<T, VEC, KH_, KW_, RY, HOLD>, block by block and thread by thread."""
+def _simulate(mem, T, VEC, KH_, KW_, RY, grid, block, a, shared_mem, launches):
+    """One launch of depthwise_nhwc<T, VEC, KH_, KW_, RY>, block by block and thread by thread."""
     it = np.dtype(T).itemsize
     X, Wt, Bias, Y = (0 if isinstance(v, np.integer) else v.data.ptr for v in (a["X"], a["Wt"], a["Bias"], a["Y"]))
     N, C, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, TCV, act = (
@@ -171,9 +171,6 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, HOLD, grid, block, a, shared_mem, launc
         assert (KH_, KW_) == (KH, KW), "an unrolled instance launched for another window"
     if RY > 1:
         assert KH_ > 0 and sh == 1 and dh == 1, "row groups launched without an unrolled window or at vertical stride > 1"
-    if HOLD:
-        assert RY == 1 and KH_ > 0, "held registers launched with row groups or without an unrolled window"
-    assert block[0] == (cbr_depthwise.HELD_WEIGHT_THREADS if HOLD == 2 else cbr_depthwise.THREADS)
     KK, CV, TCW = KH * KW, C // VEC, TCV * VEC
     PY = block[0] // TCV
     assert shared_mem == KK * TCW * 4, "the shared memory is not the weight tile's size (fp32)"
@@ -199,10 +196,8 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, HOLD, grid, block, a, shared_mem, launc
                 c = cv * VEC
                 bias = [F32(mem.load(Bias + (c + v) * it, T, 1, it)[0]) if Bias else F32(0) for v in range(VEC)]
 
-                held = {(r, s): tap_weights(smem, r * KW + s, tx, TCV, VEC) for r in range(KH) for s in range(KW)}
-
-                def weights(r, s):  # HOLD == 2: read once, before the pixel loop
-                    return held[r, s] if HOLD == 2 else tap_weights(smem, r * KW + s, tx, TCV, VEC)
+                def weights(r, s):
+                    return tap_weights(smem, r * KW + s, tx, TCV, VEC)
 
                 for grp in range(bx * PY + ty, groups, grid[0] * PY):
                     ow, rest = grp % OW, grp // OW
@@ -214,19 +209,10 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, HOLD, grid, block, a, shared_mem, launc
                              [(oh0 - ph + t, t - i, i) for t in range(RY + KH - 1) for i in range(RY) if 0 <= t - i < KH])
                     for ih, r, i in steps:
                         if not 0 <= ih < H:
-                            if HOLD:
-                                for s in range(KW):
-                                    wv = weights(r, s)
-                                    for v in range(VEC):
-                                        acc[i][v] = F32(acc[i][v] + F32(0) * F32(wv[v]))
                             continue
                         for s in range(KW):
                             iw = ow * sw - pw + s * dw
                             if not 0 <= iw < W:
-                                if HOLD:  # the held window's padding taps: zeros, used like the others
-                                    wv = weights(r, s)
-                                    for v in range(VEC):
-                                        acc[i][v] = F32(acc[i][v] + F32(0) * F32(wv[v]))
                                 continue
                             xv = mem.load(X + ((n * H * W + ih * W + iw) * C + c) * it, T, VEC, it * VEC)
                             wv = weights(r, s)
@@ -240,7 +226,7 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, HOLD, grid, block, a, shared_mem, launc
                         out = np.array([ACT[act](F32(acc[i][v] + bias[v]), alpha, beta, lo, hi) for v in range(VEC)], T)
                         mem.store(Y + (((n * OH + oh) * OW + ow) * C + c) * it, out, it * VEC)
     assert (written == 1).all(), "an output vector not written exactly once"
-    launches.append((VEC, grid[0], (KH_, KW_), TCV, HOLD))
+    launches.append((VEC, grid[0], (KH_, KW_), TCV))
 
 
 @pytest.fixture()
@@ -305,13 +291,6 @@ CASES = [  # x, w, attrs, dtype, options
     ((2, 16, 9, 7), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"rows": 4}),
     ((1, 264, 6, 5), (264, 1, 5, 5), {"pads": [2, 1, 2, 3], "strides": [1, 2], "dilations": [1, 2]}, "float16", {"rows": 4}),
     ((1, 12, 7, 6), (12, 1, 3, 3), {"pads": [0, 1, 2, 1]}, "float32", {"rows": 4, "max_blocks": 1}),
-    # the window held in registers: padding on every side, stride 2, dilation, 5x5, the last tile partial, narrow
-    ((2, 16, 9, 8), (16, 1, 3, 3), {"pads": [0, 2, 2, 1], "strides": [2, 2]}, "float16", {"regs": "x"}),
-    ((2, 16, 9, 8), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"regs": "xw", "max_blocks": 3}),
-    ((1, 264, 6, 5), (264, 1, 5, 5), {"pads": [2, 1, 2, 3], "strides": [1, 2], "dilations": [1, 2]}, "float16", {"regs": "x"}),
-    ((1, 264, 4, 3), (264, 1, 3, 3), {"pads": [1, 1, 1, 1], "dilations": [2, 1]}, "float16", {"regs": "xw"}),
-    ((1, 12, 7, 6), (12, 1, 3, 3), {"pads": [0, 1, 2, 1]}, "float32", {"regs": "xw"}),
-    ((1, 16, 5, 5), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"regs": "xw", "xoff": 2}),
 ]
 
 
@@ -322,10 +301,9 @@ def test_the_kernel_simulated_thread_by_thread(simulated, monkeypatch, xs, ws, a
         monkeypatch.setattr(cbr_depthwise, "MAX_BLOCKS", opts["max_blocks"])
     if "shared_limit" in opts:
         monkeypatch.setattr(cbr_depthwise, "SHARED_LIMIT", opts["shared_limit"])
-    params = tuple((k, opts[k]) for k in ("rows", "regs") if k in opts)
+    params = (("rows", opts["rows"]),) if "rows" in opts else ()
     y, ref = _run_case(mem, params, xs, ws, attrs, dtype, opts, seed=len(xs) * 31 + xs[1])
-    (vec, blocks, win, tcv, hold), = launches
-    assert hold == cbr_depthwise.HOLDS.get(opts.get("regs"), 0)
+    (vec, blocks, win, tcv), = launches
     wide = {"float16": 8, "float32": 4}[dtype]
     aligned = xs[1] % wide == 0 and all(opts.get(k, 0) % 16 == 0 for k in ("xoff", "yoff", "woff"))
     assert vec == (wide if aligned else 1)

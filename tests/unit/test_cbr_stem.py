@@ -68,12 +68,6 @@ def test_what_its_launch_refuses(monkeypatch):
     assert launches == ["stem_conv<half_t,8,3,1>"]  # a 3x3 window: its unrolled instance
 
 
-def stem_weight_slot(m: int, k: int, M: int, MV: int) -> int:
-    """stem_conv.cu's ``stem_weight_slot``: where weight (m, k) sits in the shared tile."""
-    g, j = divmod(m, MV)
-    return k * M + ((j >> 2) * (M // MV) + g) * 4 + (j & 3)
-
-
 def _simulate(mem, T, MV, KS, PX, grid, block, a, shared_mem, launches):
     """One launch of stem_conv<T, MV, KS, PX>, block by block and thread by thread."""
     it = np.dtype(T).itemsize
@@ -87,7 +81,7 @@ def _simulate(mem, T, MV, KS, PX, grid, block, a, shared_mem, launches):
     smem = np.full(K * M + M, np.nan, np.float32)  # what no thread staged reads NaN
     for i in range(M * K):  # the staging loop (every block stages the same)
         m, k = divmod(i, K)
-        smem[stem_weight_slot(m, k, M, MV)] = F32(mem.load(Wt + i * it, T, 1, it)[0])
+        smem[k * M + m] = F32(mem.load(Wt + i * it, T, 1, it)[0])
     for m in range(M):
         smem[K * M + m] = F32(mem.load(Bias + m * it, T, 1, it)[0]) if Bias else F32(0)
     OWG = -(-OW // PX)  # pixel slots per output row
@@ -107,9 +101,9 @@ def _simulate(mem, T, MV, KS, PX, grid, block, a, shared_mem, launches):
                 for r in range(KH):
                     ih = oh * sh - ph + r * dh
                     for s in range(KW):
-                        starts = [k * M + (q * (M // MV) + m0 // MV) * 4 for q in range(MV // 4)]  # float4 q of plane q
-                        assert all(st % 4 == 0 and st + 4 <= (k + 1) * M for st in starts), "a misaligned or outside float4 shared load"
-                        wk = np.concatenate([smem[st:st + 4] for st in starts])
+                        off = k * M + m0
+                        assert off % 4 == 0 and off + MV <= K * M, "a misaligned or outside float4 shared load"
+                        wk = smem[off:off + MV]
                         assert not np.isnan(wk).any(), "a weight the block did not stage"
                         for i in range(PX):
                             iw = (ow0 + i) * sw - pw + s * dw
@@ -180,28 +174,3 @@ def test_the_kernel_simulated_thread_by_thread(simulated, monkeypatch, xs, ws, a
     got = np.asarray(y).astype(np.float64)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
-
-
-def _stem_quarter_conflicts(M: int, MV: int, float4_index) -> int:
-    """Quarter-warps (8 threads, consecutive ``idx``) of the NHWC-output thread order whose 16-byte weight
-    loads of one row put different addresses on a common bank (the same address is a broadcast)."""
-    groups, conflicts = M // MV, 0
-    for q in range(MV // 4):
-        for quarter in range(0, 256, 8):
-            addrs = {float4_index(q, idx % groups) for idx in range(quarter, quarter + 8)}
-            banks = [b for a in addrs for b in range(4 * a % 32, 4 * a % 32 + 4)]
-            conflicts += len(banks) != len(set(banks))
-    return conflicts
-
-
-@pytest.mark.parametrize("M, MV", [(32, 8), (32, 16), (64, 8), (64, 16), (64, 32), (96, 32), (24, 8)])
-def test_the_nhwc_order_reads_the_weight_rows_without_bank_conflicts(M, MV):
-    """With Y in NHWC neighbouring threads take neighbouring channel groups of one pixel: their 16-byte
-    weight loads (``stem_weight_slot``'s planes) are neighbouring float4s, conflict-free. The first layout
-    ([k][m], a thread's MV weights contiguous) had a two-way conflict on every load wherever a quarter-warp's
-    groups spanned more than 128 bytes of a row: more than 32 output channels, ResNet-50's 64 among them
-    (bench/NOTES_kernels.md, sixteenth session)."""
-    groups = M // MV
-    assert _stem_quarter_conflicts(M, MV, lambda q, g: q * groups + g) == 0
-    first = _stem_quarter_conflicts(M, MV, lambda q, g: g * MV // 4 + q)
-    assert (first > 0) == (groups > 1 and M > 32)

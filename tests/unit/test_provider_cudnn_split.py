@@ -14,6 +14,8 @@ import types
 import numpy as np
 import pytest
 
+from graphopt.errors import TuningError
+
 from graphopt.kernels import registry
 from graphopt.lowering import Lowering
 from graphopt.providers import cudnn, cudnn_split as prov
@@ -43,7 +45,7 @@ def test_absent_frontend_is_a_reason_not_an_error(monkeypatch):
     monkeypatch.setattr(cudnn, "_STATE", {"module": None, "reason": "nvidia-cudnn-frontend is not importable (x)"})
     sig = _sig(**STEM)
     cands = prov.candidates("CBR", sig)
-    assert [c.key() for c in cands] == ["cudnn_split", "cudnn_split_cpad", "cudnn_split_a32"]
+    assert [c.key() for c in cands] == ["cudnn_split", "cudnn_split_cpad"]
     assert all("not importable" in c.applies(sig, (9, 0)) for c in cands)
 
 
@@ -63,39 +65,32 @@ def test_the_graph_is_the_convolution_alone(fake):
     sig = _sig(**dict(STEM, activation="Gelu"))
     keys = [c.key() for c in prov.candidates("CBR", sig)]
     assert keys == ["cudnn_split", "cudnn_split:plan=eng4_k2=1", "cudnn_split:plan=eng9",
-                    "cudnn_split_cpad", "cudnn_split_cpad:plan=eng4_k2=1", "cudnn_split_cpad:plan=eng9",
-                    "cudnn_split_a32", "cudnn_split_a32:plan=eng4_k2=1", "cudnn_split_a32:plan=eng9"]
-    plain, padded, aligned = _graphs(log)
-    for graph, channels in ((plain, 3), (padded, 8), (aligned, 3)):
+                    "cudnn_split_cpad", "cudnn_split_cpad:plan=eng4_k2=1", "cudnn_split_cpad:plan=eng9"]
+    plain, padded = _graphs(log)
+    for graph, channels in ((plain, 3), (padded, 8)):
         ops = [e[0] for e in graph]
         assert ops[:4] == ["pygraph", "tensor", "tensor", "conv_fprop"]
         assert not {"add", "gelu", "relu"} & set(ops)  # no bias, no activation in cuDNN's graph
         tensors = {e[1]: (e[2], e[3]) for e in graph if e[0] == "tensor"}
         assert set(tensors) == {"X", "W"}
         assert tensors["X"] == ([4, channels, 17, 19], [channels * 17 * 19, 1, 19 * channels, channels])  # NHWC
-    # only the aligned form declares an alignment, after the lowering and before the backend's build, and
-    # for the graph's inputs and output alone (the conv's output is Y here; nothing virtual is left)
-    assert not any(e[0] == "set_alignment" for e in plain + padded)
-    ops = [e[0] for e in aligned]
-    assert sorted(e[1:] for e in aligned if e[0] == "set_alignment") == [("W", 32), ("X", 32), ("conv_fprop", 32)]
-    assert ops.index("validate") < ops.index("set_alignment") and max(
-        i for i, o in enumerate(ops) if o == "set_alignment") < ops.index("build_operation_graph")
+    assert not any(e[0] == "set_alignment" for e in plain + padded)  # cuDNN's own 16 bytes
     # its own graphs, not the fused one's: both providers list for the same node
     cudnn.candidates("CBR", sig)
-    assert sum(e[0] == "pygraph" for e in log) == 4
+    assert sum(e[0] == "pygraph" for e in log) == 3
 
 
 def test_keys_parse_back_through_the_registry(fake):
     sig = _sig(**STEM)
     offered = {c.key() for c in registry.candidates_for(sig)}
     assert {"cudnn_split", "cudnn_split:plan=eng9", "cudnn:plan=eng9"} <= offered
-    for key in ("cudnn_split", "cudnn_split:plan=eng9", "cudnn_split_cpad", "cudnn_split_cpad:plan=eng9",
-                "cudnn_split_a32", "cudnn_split_a32:plan=eng9"):
+    for key in ("cudnn_split", "cudnn_split:plan=eng9", "cudnn_split_cpad", "cudnn_split_cpad:plan=eng9"):
         cand = registry.candidate_from_key("CBR", key)
         assert isinstance(cand, prov.CudnnSplitConv) and cand.key() == key
         assert isinstance(cand, prov.CudnnSplitPaddedConv) == key.startswith("cudnn_split_cpad")
-        assert isinstance(cand, prov.CudnnSplitAlignedConv) == key.startswith("cudnn_split_a32")
     assert not isinstance(registry.candidate_from_key("CBR", "cudnn:plan=eng9"), prov.CudnnSplitConv)
+    with pytest.raises(TuningError, match="re-tune"):  # the removed 32-byte form: a recorded key says what to do
+        registry.candidate_from_key("CBR", "cudnn_split_a32:plan=eng9")
 
 
 def _act(v: np.ndarray, code: int, lo: float, hi: float) -> np.ndarray:
@@ -233,55 +228,15 @@ def test_the_padded_form_pads_then_convolves_then_runs_the_pass(fake, monkeypatc
     assert np.abs(np.asarray(y, np.float64) - want).max() <= 2e-3 * max(1.0, np.abs(want).max())
 
 
-def test_the_aligned_form_copies_a_misaligned_x_and_refuses_a_misaligned_w_or_y(fake, monkeypatch):
-    from graphopt.errors import TuningError
-
-    mod, log = fake
-    calls: list = []
-    monkeypatch.setattr("graphopt.kernels.gemm_act.get_kernel", lambda src, expr, arch=None: _Epilogue(expr.split("<")[0], calls))
-    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7)))
-    monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setattr("graphopt.lowering.barrier.barrier", lambda: None)
-    sig = _sig(**STEM)
-    low = prov.CudnnSplitAlignedConv(prov.NAME_A32, (("plan", "eng9"),)).build(sig, "sm_90")
-    x_bytes = 4 * 3 * 17 * 19 * 2
-    assert low.layouts == ("NHWC",) * 5 and low.workspace_bytes == 2048 + x_bytes  # the plan's, then room for X
-    rng = np.random.default_rng(2)
-    x_nhwc = rng.standard_normal((4, 17, 19, 3)).astype(np.float16)
-    x = _arr(x_nhwc).transpose(0, 3, 1, 2)  # logical NCHW, stored NHWC, as the runtime hands it over
-    w = _arr(np.zeros((16, 7, 7, 3), np.float16))
-    bias = rng.standard_normal(16).astype(np.float16)
-    y = _arr(np.zeros((4 * 9 * 10, 16), np.float16))
-    ws = _arr(np.full(low.workspace_bytes, 0xFF, np.uint8))
-    low.launch([x, w, _arr(bias)], [y], ws)  # aligned: X runs in place, the workspace's X part untouched
-    assert ("execute", ["W", "X", "conv_fprop"], 1) in log
-    bound = next(b.graph.bound for b in cudnn._GRAPHS.values() if getattr(b.graph, "bound", None))
-    assert np.array_equal(bound["X"], np.asarray(x)) and np.all(np.asarray(ws)[2048:] == 0xFF)
-    assert calls == ["epilogue_gemm_vec"]
-    assert np.allclose(np.asarray(y, np.float32), np.maximum(bias.astype(np.float32), 0), atol=1e-3)
-    off = _arr(x_nhwc, 16).transpose(0, 3, 1, 2)  # near miss: 16 bytes past a 32-byte boundary: copied
-    low.launch([off, w, _arr(bias)], [y], ws)
-    bound = next(b.graph.bound for b in cudnn._GRAPHS.values() if getattr(b.graph, "bound", None))
-    assert np.array_equal(np.asarray(ws)[2048:].view(np.float16).reshape(4, 17, 19, 3), x_nhwc)
-    assert np.array_equal(bound["X"].reshape(4, 17, 19, 3), x_nhwc)  # the plan read the copy, in NHWC order
-    for bad in ("w", "y"):  # W and Y are the runtime's own: not aligned is a bug, refused
-        ops = {"w": w, "y": y}
-        ops[bad] = _arr(np.asarray(ops[bad]), 16)
-        with pytest.raises(TuningError, match="32-byte aligned"):
-            low.launch([x, ops["w"], _arr(bias)], [ops["y"]], ws)
-    # the plain form declares nothing, checks nothing and reserves nothing: an X 16 bytes off runs as is
-    plain = prov.CudnnSplitConv(prov.NAME, (("plan", "eng9"),)).build(sig, "sm_90")
-    assert plain.workspace_bytes == 2000
-    plain.launch([off, w, _arr(bias)], [y], np.zeros(2000, np.uint8))
-
-
-def test_a_frontend_without_lowered_tensors_refuses_the_aligned_graph(fake, monkeypatch):
+def test_a_frontend_without_lowered_tensors_refuses_a_declared_alignment(fake, monkeypatch):
+    """``cudnn.listed(..., alignment=32)`` (the align probe's graphs) needs the frontend's lowered tensors to
+    declare it on; a frontend without them refuses that graph, once, and still lists the plain one."""
     from _fake_cudnn import FakeGraph
 
     monkeypatch.setattr(FakeGraph, "validate", lambda self: self.log.append(("validate",)))  # no _cpp_tensors
-    sig = _sig(**STEM)
+    sig = prov.conv_only(_sig(**STEM))
     with pytest.raises(cudnn.GraphRefused, match="no lowered tensors"):
-        prov._aligned_graph_for(sig)
+        cudnn.listed(sig, cudnn.conv_graph, "|a32test", alignment=32)
     with pytest.raises(cudnn.GraphRefused, match="no lowered tensors"):  # remembered, not rebuilt
-        prov._aligned_graph_for(sig)
-    assert prov._graph_for(sig).names  # the plain form still lists its plans
+        cudnn.listed(sig, cudnn.conv_graph, "|a32test", alignment=32)
+    assert prov._graph_for(_sig(**STEM)).names  # the plain form still lists its plans
