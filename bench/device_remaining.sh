@@ -27,7 +27,7 @@
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..36 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..37 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -276,11 +276,18 @@ case "$N" in
     mkdir -p "$OUT/dw"
     PYTHONPATH=. timeout -k 10 ${DW_S:-150} python3 bench/dw_profile.py --out "$OUT/dw" --caps 4096,1056 2>&1 | tail -40
     echo "dw_profile: $(ls "$OUT/dw" | wc -l) files" ;;
+  37) # 34 without its end-to-end rows, for a budget of ~400 s on an H200: the two stems at bs32, the bias+GELU and
+      # softmax rows, the attention table with the measured barrier
+    BATCHES=32 PACK_CUBIN=0 CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-100}
+    PACK_CUBIN=0 PREBUILD=0 TRANSFORMER_ARGS="--tables memory --kernels gelu,softmax --dtypes float16" \
+      bash bench/device_calls.sh "$OUT/m" transformer:${MEM_S:-80}
+    PACK_CUBIN=0 PREBUILD=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" \
+      bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-170} ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 22
       # next, 33 in a later call); on any other GPU, 33 (the stem's question, which any GPU answers)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     case "$gpu" in *H200*) n=34 ;; *) n=33 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..36 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..37 or auto" >&2; exit 2 ;;
 esac
