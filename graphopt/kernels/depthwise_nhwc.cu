@@ -64,6 +64,20 @@ __device__ __forceinline__ void tap_weights(const float* tap_row, int tx, int TC
     }
 }
 
+// One output vector: the sums plus the bias, the activation dispatched once for the vector (apply_act_n;
+// once a channel cost ~8 dispatches an output, bench/NOTES_kernels.md, sixteenth session), one 16-byte store.
+template <typename T, int VEC>
+__device__ __forceinline__ void store_output(T* y, const float (&acc)[VEC], const float (&bias)[VEC], const ActParams& ap) {
+    float o[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) o[v] = acc[v] + bias[v];
+    apply_act_n<VEC>(o, ap);
+    DwVec<T, VEC> out;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(o[v]);
+    *reinterpret_cast<DwVec<T, VEC>*>(y) = out;
+}
+
 // The block's weight tile from ONNX order [C][1][KH][KW] into shared memory as fp32, TCW channels a tap
 // (weight_slot's layout). The tile's weights are contiguous in Wt: tile_c * KK elements from c0 * KK, a whole
 // number of VEC vectors aligned to VEC elements (C and c0 are multiples of VEC). Each thread loads up to
@@ -147,7 +161,8 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
             // fixed step from its first, no bounds check a tap (a tap was ~40 instructions, ~20 of them its
             // index arithmetic and checks; bench/NOTES_kernels.md, sixteenth session). The rows are not
             // unrolled, so a thread has one row's loads in flight, not the window's: loading all nine first
-            // took 74 registers against 48 and was slower (regs=x, same notes). Same sums, same order.
+            // took 74 registers (this form: 61, the checked loop alone: 48) and was slower (regs=x, same
+            // notes). Same sums, same order.
             const bool inside = KH_ > 0 && ih0 >= 0 && ih0 + (KH - 1) * dh < H && iw0 >= 0 && iw0 + (KW - 1) * dw < W;
             if (inside) {
                 const T* xrow = xn + ((long long)ih0 * W + iw0) * C;
@@ -201,14 +216,7 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
 #pragma unroll
         for (int i = 0; i < RY; ++i) {
             if (oh0 + i >= OH) break;
-            float o[VEC];
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) o[v] = acc[i][v] + bias[v];
-            apply_act_n<VEC>(o, ap);  // one dispatch for the vector, not one a channel
-            DwVec<T, VEC> out;
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(o[v]);
-            *reinterpret_cast<DwVec<T, VEC>*>(Y + (((long long)n * OH + oh0 + i) * OW + ow) * C + c) = out;
+            store_output<T, VEC>(Y + (((long long)n * OH + oh0 + i) * OW + ow) * C + c, acc[i], bias, ap);
         }
     }
 }
@@ -298,13 +306,6 @@ depthwise_nhwc_tiled(const T* __restrict__ X, const T* __restrict__ Wt, const T*
                 for (int v = 0; v < VEC; ++v) acc[v] += Num<T>::to_f(xv.v[v]) * wv[v];
             }
         }
-        float o[VEC];
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) o[v] = acc[v] + bias[v];
-        apply_act_n<VEC>(o, ap);
-        DwVec<T, VEC> out;
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) out.v[v] = Num<T>::from_f(o[v]);
-        *reinterpret_cast<DwVec<T, VEC>*>(Y + (((long long)n * OH + oh) * OW + ow) * C + c) = out;
+        store_output<T, VEC>(Y + (((long long)n * OH + oh) * OW + ow) * C + c, acc, bias, ap);
     }
 }
