@@ -106,16 +106,17 @@ stem_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict
         for (int i = 0; i < PX; ++i) {
             const int ow = ow0 + i;
             if (ow >= OW) break;  // the row's last slot may hold fewer than PX pixels
+            apply_act_n<MV>(acc[i], ap);  // one dispatch for the pixel's MV channels, not one a channel
             const unsigned p = ((unsigned)n * OH + oh) * OW + ow;
             if (y_nhwc) {
                 StemOut<T, MV> out;
 #pragma unroll
-                for (int j = 0; j < MV; ++j) out.v[j] = Num<T>::from_f(apply_act_inline(acc[i][j], ap));
+                for (int j = 0; j < MV; ++j) out.v[j] = Num<T>::from_f(acc[i][j]);
                 *reinterpret_cast<StemOut<T, MV>*>(Y + (long long)p * M + m0) = out;
             } else {
                 T* yp = Y + ((long long)n * M + m0) * OH * OW + (long long)oh * OW + ow;
 #pragma unroll
-                for (int j = 0; j < MV; ++j) yp[(long long)j * OH * OW] = Num<T>::from_f(apply_act_inline(acc[i][j], ap));
+                for (int j = 0; j < MV; ++j) yp[(long long)j * OH * OW] = Num<T>::from_f(acc[i][j]);
             }
         }
     }
