@@ -22,15 +22,18 @@ __global__ void __launch_bounds__(256) glu_gate(
         const int col = (int)((j * VEC) % N);
         const V g = gv[j];
         const V u = yv[j];
-        V o;
+        float a[VEC], b[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-            float a = Num<T>::to_f(g.v[k]);
-            float b = Num<T>::to_f(u.v[k]);
-            if (bg) a += Num<T>::to_f(bg[col + k]);
-            if (bu) b += Num<T>::to_f(bu[col + k]);
-            o.v[k] = Num<T>::from_f(apply_act_inline(a, ap) * b);
+            a[k] = Num<T>::to_f(g.v[k]);
+            b[k] = Num<T>::to_f(u.v[k]);
+            if (bg) a[k] += Num<T>::to_f(bg[col + k]);
+            if (bu) b[k] += Num<T>::to_f(bu[col + k]);
         }
+        apply_act_n<VEC>(a, ap);  // one dispatch for the vector, not one a value
+        V o;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o.v[k] = Num<T>::from_f(a[k] * b[k]);
         yv[j] = o;
     }
 }

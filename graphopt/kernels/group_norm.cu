@@ -82,9 +82,13 @@ __global__ void __launch_bounds__(WARPS * 32) group_norm(
         const float g = Num<T>::to_f(scale[c]) * rstd;
         const float b = Num<T>::to_f(bias[c]) - mu * g;
         const V a = xv[j];
+        float v[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[k] = Num<T>::to_f(a.v[k]) * g + b;
+        apply_act_n<VEC>(v, ap);  // one dispatch for the vector, not one a value
         V o;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) o.v[k] = Num<T>::from_f(apply_act_inline(Num<T>::to_f(a.v[k]) * g + b, ap));
+        for (int k = 0; k < VEC; ++k) o.v[k] = Num<T>::from_f(v[k]);
         yv[j] = o;
     }
 }
