@@ -70,12 +70,18 @@ direct_conv(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restri
     ActParams ap; ap.kind = act; ap.alpha = act_alpha; ap.beta = act_beta; ap.lo = lo; ap.hi = hi;
     const float bv = Bias ? Num<T>::load(Bias + m) : 0.0f;
     const long long obase = (((long long)n * M + m) * OH + oh) * OW;
+    float v[OPT];
+#pragma unroll
+    for (int j = 0; j < OPT; ++j) {
+        const int ow = ow0 + j;
+        v[j] = acc[j] + bv;
+        if (R && ow < OW) v[j] += Num<T>::load(R + (long long)n * rs_n + (long long)m * rs_m + (long long)(oh * OW + ow) * rs_p);
+    }
+    apply_act_n<OPT>(v, ap);  // one dispatch for the thread's OPT outputs, not one an output
 #pragma unroll
     for (int j = 0; j < OPT; ++j) {
         const int ow = ow0 + j;
         if (ow >= OW) break;
-        float v = acc[j] + bv;
-        if (R) v += Num<T>::load(R + (long long)n * rs_n + (long long)m * rs_m + (long long)(oh * OW + ow) * rs_p);
-        Y[obase + ow] = Num<T>::from_f(apply_act_inline(v, ap));
+        Y[obase + ow] = Num<T>::from_f(v[j]);
     }
 }
