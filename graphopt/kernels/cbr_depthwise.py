@@ -13,6 +13,7 @@ import numpy as np
 
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.cbr_common import applied, check_common, check_operands
+from graphopt.kernels.divisor import fast_divisor
 from graphopt.kernels.mma_args import ptr
 from graphopt.kernels.source import SHARED_DEFAULT_BYTES, VEC16, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
@@ -155,6 +156,10 @@ class DepthwiseNhwcConv(Candidate):
         tail = (i32(act.code), f32(act.alpha), f32(act.beta), f32(act.lo), f32(act.hi))
         pixels = g.N * g.OH * g.OW
         groups = g.N * -(-g.OH // rows) * g.OW  # what the kernel's threads walk: rows output rows each
+        divisors = ()  # the per-pixel form splits a pixel index by OW and by its row groups (fast_div)
+        if pixels:
+            (ow_mul, ow_shr), (ohg_mul, ohg_shr) = fast_divisor(g.OW), fast_divisor(-(-g.OH // rows))
+            divisors = (np.uint32(ow_mul), i32(ow_shr), np.uint32(ohg_mul), i32(ohg_shr))
         tiled = None  # the tiled form: (channel vectors, shared bytes) per vector width (None: does not fit)
         if self._tile() is not None:
             th, tw = self._tile(g)
@@ -176,7 +181,7 @@ class DepthwiseNhwcConv(Candidate):
                 return
             tcv, smem = tile(g, v)
             grid = (min(MAX_BLOCKS, -(-groups // (THREADS // tcv))), -(-(g.C // v) // tcv))
-            kern(grid, (THREADS,), (X, Wt, ptr(B), y) + geom + (i32(tcv),) + tail, shared_mem=smem)
+            kern(grid, (THREADS,), (X, Wt, ptr(B), y) + geom + (i32(tcv),) + divisors + tail, shared_mem=smem)
 
         return Lowering(launch=launch, layouts=LAYOUTS, capturable=True)
 

@@ -75,6 +75,12 @@ __device__ __forceinline__ float apply_act_inline(float x, const ActParams& a) {
     }
 }
 
+// n / d for n < 2^31, with d's (mul, shr) from graphopt.kernels.divisor.fast_divisor: a multiply-high, an
+// add and a shift, where a 32-bit division by a run-time d is ~20 instructions (the module says why).
+__device__ __forceinline__ unsigned fast_div(unsigned n, unsigned mul, int shr) {
+    return (__umulhi(n, mul) + n) >> shr;
+}
+
 // The activation of a thread's N values with one dispatch: apply_act_inline per value repeats its switch
 // (a compare chain and its branches) for each, since the kind is a launch argument, not a constant; here
 // each common kind's case holds the loop (the kind fixed inside, so the switch folds) and the others share

@@ -113,7 +113,8 @@ template <typename T, int VEC, int KH_, int KW_, int RY>
 __global__ void __launch_bounds__(256)
 depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __restrict__ Bias, T* __restrict__ Y,
                int N, int C, int H, int W, int OH, int OW, int KH, int KW, int sh, int sw, int ph, int pw,
-               int dh, int dw, int TCV, int act, float act_alpha, float act_beta, float lo, float hi)
+               int dh, int dw, int TCV, unsigned ow_mul, int ow_shr, unsigned ohg_mul, int ohg_shr,
+               int act, float act_alpha, float act_beta, float lo, float hi)
 {
     extern __shared__ __align__(16) unsigned char dw_smem[];
     float* sw_ = reinterpret_cast<float*>(dw_smem);  // KH * KW rows of TCV * VEC, converted to fp32 once here
@@ -137,10 +138,12 @@ depthwise_nhwc(const T* __restrict__ X, const T* __restrict__ Wt, const T* __res
     const int OHG = (OH + RY - 1) / RY;  // groups of RY output rows
     const unsigned groups = (unsigned)N * OHG * OW;  // under 2^31: the launcher's geometry caps every tensor
     for (unsigned p = blockIdx.x * PY + ty; p < groups; p += gridDim.x * PY) {
-        const int ow = (int)(p % OW);
-        const unsigned rest = p / OW;
-        const int oh0 = (int)(rest % OHG) * RY;
-        const int n = (int)(rest / OHG);
+        // p = (n * OHG + row group) * OW + ow, split by OW and OHG's fast divisors (the launcher's)
+        const unsigned rest = fast_div(p, ow_mul, ow_shr);
+        const int ow = (int)(p - rest * OW);
+        const unsigned n_ = fast_div(rest, ohg_mul, ohg_shr);
+        const int oh0 = (int)(rest - n_ * OHG) * RY;
+        const int n = (int)n_;
         float acc[RY][VEC];
 #pragma unroll
         for (int i = 0; i < RY; ++i)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from graphopt.kernels import cbr_depthwise
+from graphopt.kernels.divisor import fast_div
 from graphopt.kernels.source import KERNEL_DIR
 from graphopt.lowering.contract import Signature
 from graphopt.lowering.layout import is_layout
@@ -200,8 +201,12 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, grid, block, a, shared_mem, launches):
                     return tap_weights(smem, r * KW + s, tx, TCV, VEC)
 
                 for grp in range(bx * PY + ty, groups, grid[0] * PY):
-                    ow, rest = grp % OW, grp // OW
-                    oh0, n = (rest % OHG) * RY, rest // OHG
+                    # the kernel's index split: OW's and OHG's fast divisors from the launch
+                    rest = fast_div(grp, int(a["ow_mul"]), int(a["ow_shr"]))
+                    ow = grp - rest * OW
+                    n = fast_div(rest, int(a["ohg_mul"]), int(a["ohg_shr"]))
+                    oh0 = (rest - n * OHG) * RY
+                    assert (ow, oh0, n) == (grp % OW, (grp // OW) % OHG * RY, grp // OW // OHG)
                     acc = [[F32(0)] * VEC for _ in range(RY)]
                     # (input row, tap row, output row) in the kernel's order: RY == 1 walks the taps, RY > 1
                     # the input rows of the column (each loaded once), each feeding the outputs it reaches
