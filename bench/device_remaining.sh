@@ -284,9 +284,9 @@ case "$N" in
     PACK_CUBIN=0 PREBUILD=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" \
       bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-170} ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 22
-      # next, 33 in a later call); on any other GPU, 33 (the stem's question, which any GPU answers)
+      # next, then 36); on any other GPU, 36 (the sixteenth session's unmeasured depthwise changes; 32 next)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-    case "$gpu" in *H200*) n=34 ;; *) n=33 ;; esac
+    case "$gpu" in *H200*) n=34 ;; *) n=36 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
   *) echo "device_remaining.sh: N must be 0..37 or auto" >&2; exit 2 ;;
