@@ -3,7 +3,8 @@
 cuDNN's frontend declares every tensor 16-byte aligned unless told otherwise (``Tensor_attributes::
 default_alignment``, "pointer alignment assumed by the backend when selecting engines"); torch declares its
 pointers' alignment, up to 32. On ResNet-50's stem the same engine and knobs ran 61 us for torch and ~200 for
-graphopt (H100, 2026-12-07; ``bench/NOTES_kernels.md``), which is why ``cudnn_split_a32`` exists for stems.
+graphopt (H100, 2026-12-07; ``bench/NOTES_kernels.md``), which is why a ``cudnn_split_a32`` form existed for stems
+(removed: it timed as the 16-byte form; the difference was the end padding).
 Graphopt runs 25-32 of ResNet-50's 53 convolutions as cuDNN's fused graphs: if the declaration moves their
 kernels too, every cuDNN provider should declare what the runtime's 256-byte arena guarantees. GemmAct's
 cuDNN matmul graphs (6 of 16 GPT-2 / BERT shapes on the H100) are asked the same.

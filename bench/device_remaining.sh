@@ -217,7 +217,7 @@ case "$N" in
       # 61 us and graphopt's run of the same engine and knobs ~200 (H100, fourteenth session, NOTES_kernels): both
       # executions under cuDNN's API log, the diff of their descriptors (prediction: the tensors' byte alignment,
       # 32 for torch), and the configuration timed with the tensors declared 16 and 32 (~40 s a stem); then
-      # cudnn_split_a32 (the split form with that declaration): its GPU tests, and the two stems' CBR rows
+      # cudnn_split_a32 (the split form with that declaration, since removed): its GPU tests, and the two stems' CBR rows
       # (prediction, NOTES_kernels: ResNet-50's stem at bs32 ~106 us on the H100 if the declaration is the key)
     PACK_CUBIN=0 PREBUILD=0 ENGINE_ARGS="--torch-plan-only --only r50.stem,mv2.stem" \
       bash bench/device_calls.sh "$OUT/d" stem-engines:${ENGINES_S:-160}

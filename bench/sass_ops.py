@@ -2,7 +2,7 @@
 mix, and the order of its memory instructions.
 
     pip install nvidia-cuda-cuobjdump          # the disassembler (CUDA 13; one wheel, ~10 MB)
-    python3 bench/sass_ops.py depthwise_nhwc.cu 'depthwise_nhwc<half_t,8,3,3,1,0>' [more instances] [--sequence]
+    python3 bench/sass_ops.py depthwise_nhwc.cu 'depthwise_nhwc<half_t,8,3,3,1>' [more instances] [--sequence]
 
 Each instance is compiled as the runtime compiles it (``source.nvrtc_compile_named``, NVRTC with the
 project's options, here for ``--arch``), disassembled with ``cuobjdump -sass`` and summarised: its resource
@@ -61,7 +61,7 @@ def resources(tool: str, path: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("source", help="a kernel source of graphopt/kernels, e.g. depthwise_nhwc.cu")
-    ap.add_argument("instances", nargs="+", help="template instances, e.g. 'depthwise_nhwc<half_t,8,3,3,1,0>'")
+    ap.add_argument("instances", nargs="+", help="template instances, e.g. 'depthwise_nhwc<half_t,8,3,3,1>'")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--sequence", action="store_true", help="list the memory instructions in program order")
     ap.add_argument("--top", type=int, default=16, help="opcodes to list (most frequent first)")

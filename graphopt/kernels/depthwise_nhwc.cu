@@ -8,7 +8,7 @@
 // vector tx of pixels ty, ty + PY, ... (PY = blockDim.x / TCV; grid-stride over blockIdx.x), so a
 // warp's loads of X are consecutive 16-byte vectors of one or a few neighbouring pixels. The block
 // first copies its tile's weights from their ONNX order [C][1][KH][KW] into shared memory as fp32
-// [tap][channel], so every tap's weights for a thread's VEC channels are 16-byte shared loads
+// (weight_slot's layout: a row a tap), so every tap's weights for a thread's VEC channels are 16-byte shared loads
 // (broadcast across ty) that need no conversion: converting them at every use was 72 of a 3x3
 // fp16 output vector's ~200 instructions, and at bs32 the kernel is instruction-bound as much as
 // memory-bound (bench/NOTES_kernels.md). KH_ and KW_ fixed at compile time (3x3, 5x5) unroll the

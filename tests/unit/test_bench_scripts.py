@@ -241,5 +241,5 @@ def test_sass_ops_reads_opcodes_in_order_and_says_when_cuobjdump_is_missing(monk
     """
     assert sass_ops.opcodes(text) == [("LDG", ".E.128.CONSTANT"), ("LDS", ".128"), ("FFMA", ""), ("STG", ".E.128")]
     monkeypatch.setattr(sass_ops, "find_cuobjdump", lambda: None)
-    assert sass_ops.main(["depthwise_nhwc.cu", "depthwise_nhwc<half_t,8,3,3,1,0>"]) == 2
+    assert sass_ops.main(["depthwise_nhwc.cu", "depthwise_nhwc<half_t,8,3,3,1>"]) == 2
     assert "pip install nvidia-cuda-cuobjdump" in capsys.readouterr().err

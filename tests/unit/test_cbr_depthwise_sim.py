@@ -202,6 +202,8 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, grid, block, a, shared_mem, launches):
 
                 for grp in range(bx * PY + ty, groups, grid[0] * PY):
                     # the kernel's index split: OW's and OHG's fast divisors from the launch
+                    assert isinstance(a["ow_mul"], np.uint32) and isinstance(a["ohg_mul"], np.uint32)
+                    assert isinstance(a["ow_shr"], np.int32) and isinstance(a["ohg_shr"], np.int32)
                     rest = fast_div(grp, int(a["ow_mul"]), int(a["ow_shr"]))
                     ow = grp - rest * OW
                     n = fast_div(rest, int(a["ohg_mul"]), int(a["ohg_shr"]))
@@ -212,6 +214,12 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, grid, block, a, shared_mem, launches):
                     # the input rows of the column (each loaded once), each feeding the outputs it reaches
                     steps = ([(oh0 * sh - ph + r * dh, r, 0) for r in range(KH)] if RY == 1 else
                              [(oh0 - ph + t, t - i, i) for t in range(RY + KH - 1) for i in range(RY) if 0 <= t - i < KH])
+                    # an unrolled window wholly inside the image: the kernel walks it from its corner, a row
+                    # step (dh * W * C) and a tap step (dw * C) at a time, with no bounds check
+                    ih0, iw0 = oh0 * sh - ph, ow * sw - pw
+                    inside = (RY == 1 and KH_ > 0 and ih0 >= 0 and ih0 + (KH - 1) * dh < H
+                              and iw0 >= 0 and iw0 + (KW - 1) * dw < W)
+                    corner = X + ((n * H * W + ih0 * W + iw0) * C + c) * it
                     for ih, r, i in steps:
                         if not 0 <= ih < H:
                             continue
@@ -219,7 +227,11 @@ def _simulate(mem, T, VEC, KH_, KW_, RY, grid, block, a, shared_mem, launches):
                             iw = ow * sw - pw + s * dw
                             if not 0 <= iw < W:
                                 continue
-                            xv = mem.load(X + ((n * H * W + ih * W + iw) * C + c) * it, T, VEC, it * VEC)
+                            at = X + ((n * H * W + ih * W + iw) * C + c) * it
+                            if inside:
+                                at, checked = corner + (r * (dh * W * C) + s * (dw * C)) * it, at
+                                assert at == checked, "the inside walk left the tap's pixel"
+                            xv = mem.load(at, T, VEC, it * VEC)
                             wv = weights(r, s)
                             for v in range(VEC):
                                 acc[i][v] = F32(acc[i][v] + F32(xv[v]) * F32(wv[v]))
@@ -292,6 +304,9 @@ CASES = [  # x, w, attrs, dtype, options
     ((1, 264, 3, 2), (264, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {}),  # two channel tiles, the last of one vector
     ((1, 256, 2, 3), (256, 1, 3, 3), {"pads": [1, 0, 1, 1]}, "float16", {"shared_limit": 2048}),  # tiles cut to fit
     ((1, 24, 4, 5), (24, 1, 2, 3), {"pads": [1, 1, 0, 1]}, "float32", {}),  # a window with no unrolled instance
+    # unrolled windows whose interior outputs take the unchecked walk: dilation 2 with stride 1, a 5x5 window
+    ((1, 16, 11, 10), (16, 1, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}, "float16", {}),
+    ((1, 16, 9, 9), (16, 1, 5, 5), {"pads": [2, 1, 2, 3], "strides": [1, 2]}, "float16", {}),
     # row groups: OH not a multiple of 4, horizontal stride and dilation, 5x5, the last tile partial
     ((2, 16, 9, 7), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, "float16", {"rows": 4}),
     ((1, 264, 6, 5), (264, 1, 5, 5), {"pads": [2, 1, 2, 3], "strides": [1, 2], "dilations": [1, 2]}, "float16", {"rows": 4}),
