@@ -131,7 +131,7 @@ def test_the_vector_pass_gelu_per_element(dtype, act):
 @pytest.mark.parametrize("grid", [1, 3, None], ids=["grid1", "grid3", "launcher"])
 def test_two_loads_a_thread_match_one(dtype, act, with_bias, grid):
     """``epilogue_gemm_vec`` with LOADS=2 (timed by bench/transformer_kernels.py) writes what LOADS=1 does
-    (fp16 bit for bit, fp32 within 2 ulp): every activation pass, bias or none, grids that make a thread loop over
+    (fp16 bit for bit, fp32 within 4 eps of the largest value): every activation pass, bias or none, grids that make a thread loop over
     several pairs, end on a half pair (an odd number of vectors) and the launcher's grid; the bias row
     (7 vectors) does not divide the grid step."""
     import math
@@ -157,5 +157,8 @@ def test_two_loads_a_thread_match_one(dtype, act, with_bias, grid):
     assert not np.array_equal(outs[0], x)  # the pass ran (alpha 1.25 moves every value)
     if dtype == "float16":
         np.testing.assert_array_equal(outs[1].view(np.uint8), outs[0].view(np.uint8))
-    else:  # fp32's tanhf, inlined in two places, contracts into FMAs a little differently (H100: 1 ulp)
-        np.testing.assert_array_max_ulp(outs[1], outs[0], maxulp=2)
+    else:  # fp32's tanhf, inlined in two places, contracts into FMAs a little differently: a 1-ulp change of
+        # tanh(u) near -1 moves 0.5 * v * (1 + tanh(u)) by |v| * 2**-24, thousands of ulp of a result near 0
+        # (H100: 3,651), so the bound is normwise: a few fp32 eps of the pass's largest value.
+        diff = np.abs(outs[1].astype(np.float64) - outs[0].astype(np.float64)).max()
+        assert diff <= 4 * np.finfo(np.float32).eps * np.abs(outs[0]).max(), diff
