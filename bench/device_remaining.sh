@@ -5,29 +5,32 @@
 # on an H100, none since 556fae7 on an H200. First call of a session: ``auto``:
 #   - on an H200: 34 (in one call, the acceptance rows that changed since the H200 last ran, 556fae7: the stems
 #     at bs32, the bias+GELU and softmax rows, the attention table with the measured barrier, ResNet-50 bs32 and
-#     GPT-2 bs1 end to end), then 22 (the whole GPU suite: an H100 passed all of it at bf317c9), then 32
-#     (MobileNetV2 bs32, the issue-15 row with the least margin there) and 33;
-#   - on any other GPU: 33 (the fifteenth session's stem change: cuDNN's convolution with the model's end pads and
-#     the stems' reduced-precision-reduction plans allowed; does torch's engine 63 build on graphopt's graph now;
-#     the cuDNN GPU tests; the stems and stride-2 rows). 30, 31 and 32 ran on an H100 at b16e402 (NOTES_kernels).
+#     GPT-2 bs1 end to end), then 22 (the whole GPU suite: an H100 ran all but its last ~1.5 % at 8d93194), then
+#     32 (MobileNetV2 bs32, the issue-15 row with the least margin there) and 38;
+#   - on any other GPU: 38 (what the seventeenth session's H100 left: the GPU tests the cut suite did not reach,
+#     stem_conv's and direct_conv's one-dispatch activation, ResNet-50 bs32 and GPT-2 bs1 end to end).
+#     32, 33 and 36 ran on an H100 at 3ea205c / 8d93194 (NOTES_kernels).
+# .cubin: bench/kernel_cache.py builds the compiled-kernel cache on this CPU machine for the device's NVRTC
+# (13.0) and sm_90, so a fresh machine reads every instance instead of compiling them (~140 s on 16 cores).
 # 24 and 28 are 34's parts with more (24: the GPU tests of the twelfth and thirteenth sessions' changes, which
 # 22 also runs; 28: the stems part by part).
 # Then 13, 5 (the CBR and GemmAct tables with torch's graph columns), 16 (the barrier rule end to end); 18 + 19 or
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..35 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..38 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 #     --platform manylinux2014_x86_64 -d .whl nvidia-cudnn-frontend==1.32.0 onnxconverter-common onnx-graphsurgeon
-# .cubin and .tuning come back from a call (cubin.tar.xz / tuning.tar.xz) and do not outlive the session.
+# .tuning comes back from a call (tuning.tar.xz) and does not outlive the session; .cubin comes from bench/kernel_cache.py
+# (a device call's own cubin.tar.xz is over the size that comes back once the cache holds every instance).
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..37 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..38 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -283,11 +286,22 @@ case "$N" in
       bash bench/device_calls.sh "$OUT/m" transformer:${MEM_S:-80}
     PACK_CUBIN=0 PREBUILD=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention" \
       bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-170} ;;
+  38) # any GPU, ~500 s (seventeenth session, NOTES_kernels): the GPU tests the cut suite (22 at 8d93194) did not
+      # reach and the two-loads test with its normwise fp32 bound; the one-dispatch activation in stem_conv and
+      # direct_conv, measured nowhere yet (prediction: mv2.stem bs32 5-15 % faster than 54.9 us, the direct_k3 bs1
+      # depthwise rows 5-15 %); then ResNet-50 bs32 and GPT-2 bs1 end to end (the stem's ~60 us on the H100)
+    G=tests/gpu
+    PACK_CUBIN=0 PREBUILD=0 TESTS="$G/test_gemm_act_gpu.py::test_two_loads_a_thread_match_one $G/test_runtime_gpu.py $G/test_timing_rotation_gpu.py $G/test_transformer_tuning_gpu.py $G/test_tune_gpu.py" \
+      PYTEST_ARGS="--durations=15" bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-180}
+    PACK_CUBIN=0 CBR_ARGS="--batches 1,32 --only mv2.stem,mv2.b0.dw,mv2.s1.0.dw,mv2.s1.1.dw,mv2.s2.0.dw,mv2.s2.1.dw,mv2.s3.0.dw,mv2.s3.1.dw,mv2.s4.1.dw,mv2.s5.0.dw,mv2.s5.1.dw" \
+      bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-100}
+    MODELS=resnet50,gpt2 DTYPES=fp16 E2E_ARGS="--rows resnet50:32,gpt2:1 --measure-reserve 45" \
+      bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-220} ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 22
-      # next, then 36); on any other GPU, 36 (the sixteenth session's unmeasured depthwise changes; 32 next)
+      # next, then 38); on any other GPU, 38 (what the seventeenth session's H100 did not measure)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-    case "$gpu" in *H200*) n=34 ;; *) n=36 ;; esac
+    case "$gpu" in *H200*) n=34 ;; *) n=38 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..37 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..38 or auto" >&2; exit 2 ;;
 esac

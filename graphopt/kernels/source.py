@@ -145,19 +145,30 @@ def cubin_cache_dir() -> str:
     return d
 
 
+def nvrtc_version() -> str:
+    """``major.minor`` of the NVRTC CuPy loads (``?`` without one): part of every cached cubin's key."""
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        return ".".join(map(str, nvrtc.getVersion()))
+    except Exception:
+        return "?"
+
+
+def cubin_cache_key(source: str, expr: str, arch: str, nvrtc: str | None = None) -> str:
+    """The on-disk cache's name for one instance: source text (with its headers), instance, arch and
+    NVRTC version; ``<key>.cubin`` and ``<key>.name`` hold the cubin and its lowered name."""
+    ver = nvrtc or nvrtc_version()
+    return hashlib.sha256(f"{source_hash(source)}|{expr}|{arch}|{ver}".encode()).hexdigest()[:32]
+
+
 def _compile_one(job: tuple[str, str, str]) -> tuple[bytes, str]:
     """Compile one instance, through an on-disk cache keyed by source text, options, NVRTC
     version, instance and arch (atomic writes: concurrent processes never see half a file)."""
     import os
 
     source, expr, arch = job
-    try:
-        from cupy_backends.cuda.libs import nvrtc
-
-        ver = ".".join(map(str, nvrtc.getVersion()))
-    except Exception:
-        ver = "?"
-    key = hashlib.sha256(f"{source_hash(source)}|{expr}|{arch}|{ver}".encode()).hexdigest()[:32]
+    key = cubin_cache_key(source, expr, arch)
     d = cubin_cache_dir()
     path = os.path.join(d, key + ".cubin")
     name_path = os.path.join(d, key + ".name")

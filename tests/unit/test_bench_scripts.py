@@ -243,3 +243,55 @@ def test_sass_ops_reads_opcodes_in_order_and_says_when_cuobjdump_is_missing(monk
     monkeypatch.setattr(sass_ops, "find_cuobjdump", lambda: None)
     assert sass_ops.main(["depthwise_nhwc.cu", "depthwise_nhwc<half_t,8,3,3,1>"]) == 2
     assert "pip install nvidia-cuda-cuobjdump" in capsys.readouterr().err
+
+
+def _kernel_cache():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernel_cache", BENCH / "kernel_cache.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_kernel_cache_refuses_another_nvrtc_version(tmp_path, capsys):
+    """A cache built by another NVRTC than the device's would never be read there (its keys differ): exit 2
+    with the versions named, and no tarball."""
+    from graphopt.kernels.source import nvrtc_version
+
+    out = tmp_path / "cubin.tar.xz"
+    assert _kernel_cache().main(["--nvrtc", "9.9", "--out", str(out), "--cache-dir", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "9.9" in err and nvrtc_version() in err and "nvidia-cuda-nvrtc==9.9" in err
+    assert not out.exists()
+
+
+def test_the_kernel_cache_packs_the_files_the_device_reads(tmp_path, monkeypatch):
+    """The tarball holds each instance's cubin and lowered name under ``source.cubin_cache_key`` (what
+    ``get_kernel`` looks up on the device), only the current instances, byte-identical on a rerun."""
+    import tarfile
+
+    from graphopt.kernels import registry, source
+
+    if source.nvrtc_version() == "?":
+        pytest.skip("NVRTC not importable")
+    jobs = [("elementwise.cu", "spin"), ("elementwise.cu", source.instance("epilogue_gemm_vec", "float16", 8, 1))]
+    monkeypatch.setattr(registry, "all_kernel_instances", lambda: jobs)
+    cache = tmp_path / "c"
+    cache.mkdir()
+    (cache / ("0" * 32 + ".cubin")).write_bytes(b"\x7fELF stale")  # an instance no longer listed
+    (cache / ("0" * 32 + ".name")).write_text("stale")
+    out = tmp_path / "o" / "cubin.tar.xz"
+    mod = _kernel_cache()
+    ver = source.nvrtc_version()
+    args = ["--nvrtc", ver, "--arch", "sm_90", "--cache-dir", str(cache), "--out", str(out), "--workers", "1"]
+    assert mod.main(args) == 0
+    with tarfile.open(out) as tar:
+        names = sorted(tar.getnames())
+        keys = sorted(source.cubin_cache_key(s, e, "sm_90", ver) for s, e in jobs)
+        assert names == sorted(f"./{k}.{x}" for k in keys for x in ("cubin", "name"))
+        assert tar.extractfile(f"./{keys[0]}.cubin").read()[:4] == b"\x7fELF"
+    first = out.read_bytes()
+    assert oct(out.stat().st_mode & 0o777) == "0o644"
+    assert mod.main(args) == 0  # served from --cache-dir, packed the same
+    assert out.read_bytes() == first
