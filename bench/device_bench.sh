@@ -5,10 +5,11 @@
 #
 # Travels with the working tree (untracked, or named in the run tool's `carry` where ignored): .whl (the
 # nvidia-cudnn-frontend and onnxconverter-common wheels; installed to /tmp/site),
-# .cubin (cubin.tar.xz: compiled kernels of an earlier call) and .tuning (tuning.tar.xz: the tuning
-# cache of an earlier call). Every step writes OUT/cubin.tar.xz and, for the e2e steps,
-# OUT/tuning.tar.xz: put them back as .cubin/cubin.tar.xz and .tuning/tuning.tar.xz for the next call,
-# so a tuning cut at the end of one call resumes in the next and a fully tuned model optimizes fast.
+# .cubin (cubin.tar.xz: every own kernel compiled for the device by bench/kernel_cache.py on the CPU machine)
+# and .tuning (tuning.tar.xz: the tuning cache of an earlier call). The e2e steps write OUT/tuning.tar.xz:
+# put it back as .tuning/tuning.tar.xz for the next call, so a tuning cut at the end of one call resumes in
+# the next and a fully tuned model optimizes fast. PACK_CUBIN=1 also packs the machine's kernel cache as
+# OUT/cubin.tar.xz (off by default: with every instance in it, it is over the size a call returns).
 #
 # Output files are named by the GPU the call got (GPU_TAG: h200, h100, ... from nvidia-smi; below, h200):
 # results of different GPUs never merge.
@@ -82,9 +83,9 @@ if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.device_bench_installed ]; 
     && touch /tmp/site/.device_bench_installed || echo "device_bench: wheel install failed"
 fi
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # a crash in a library prints the Python stack (2026-12-06: a libcublas segfault said nothing else)
-# every step re-packs the kernel cache (so that a cut call still returns it): on 2026-12-05 a step with
-# 10 s of tests took 99 s, and xz at its default level on ~100 MB of cubins is the likeliest part of
-# that overhead (not timed separately); threaded level 1 instead
+# with PACK_CUBIN=1 a step re-packs the kernel cache: on 2026-12-05 a step with 10 s of tests took 99 s, and
+# xz at its default level on ~100 MB of cubins is the likeliest part of that overhead (not timed
+# separately); threaded level 1 instead
 export XZ_OPT=${XZ_OPT:--T0 -1}
 export GRAPHOPT_KERNEL_CACHE=${GRAPHOPT_KERNEL_CACHE:-/tmp/gk}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
@@ -211,6 +212,6 @@ case "$STEP" in
       | tee "$OUT/diagnose_capture_log.txt" | tail -15; exit_of bench/diagnose_capture.py "${PIPESTATUS[0]}" ;;
   *) echo "device_bench: unknown step $STEP (e2e-cnn e2e-transformers cbr gemm transformer cache conformance gpu-tests capture-check diagnose breakdown explore host early-start ordering stem-breakdown stem-engines align-probe)"; exit 2 ;;
 esac
-[ "${PACK_CUBIN:-1}" = 0 ] || tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null  # PACK_CUBIN=0: a short call keeps its seconds (the tarball is over the size that comes back)
+if [ "${PACK_CUBIN:-0}" = 1 ]; then tar cJf "$OUT/cubin.tar.xz" -C "$GRAPHOPT_KERNEL_CACHE" . 2>/dev/null; fi  # off by default: bench/kernel_cache.py builds .cubin
 echo "device_bench: step $STEP done in $((SECONDS - START)) s"
 exit 0
