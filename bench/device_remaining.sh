@@ -8,7 +8,8 @@
 #     GPT-2 bs1 end to end), then 22 (the whole GPU suite: an H100 ran all but its last ~1.5 % at 8d93194), then
 #     32 (MobileNetV2 bs32, the issue-15 row with the least margin there) and 38;
 #   - on any other GPU: 38 (what the seventeenth session's H100 left: the GPU tests the cut suite did not reach,
-#     stem_conv's and direct_conv's one-dispatch activation, ResNet-50 bs32 and GPT-2 bs1 end to end).
+#     stem_conv's and direct_conv's one-dispatch activation, ResNet-50 bs32 and GPT-2 bs1 end to end), then 39
+#     (Nsight Compute on the depthwise kernel as it is now).
 #     32, 33 and 36 ran on an H100 at 3ea205c / 8d93194 (NOTES_kernels).
 # .cubin: bench/kernel_cache.py builds the compiled-kernel cache on this CPU machine for the device's NVRTC
 # (13.0) and sm_90, so a fresh machine reads every instance instead of compiling them (~140 s on 16 cores).
@@ -18,7 +19,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..38 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..39 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -30,7 +31,7 @@
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..38 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..39 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -297,11 +298,21 @@ case "$N" in
       bash bench/device_calls.sh "$OUT/r" cbr:${CBR_S:-100}
     MODELS=resnet50,gpt2 DTYPES=fp16 E2E_ARGS="--rows resnet50:32,gpt2:1 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-220} ;;
+  39) # any GPU, ~120 s (seventeenth session, NOTES_kernels): what holds depthwise_nhwc now. Its instructions an
+      # output fell by roughly half (SASS) and mv2.s1.1.dw only 58.7 -> 49.4 us: Nsight Compute's issue rate,
+      # warp stalls and occupancy of every form on mv2.s1.1.dw (at 3ea205c: issue-bound, 0.74 a scheduler)
+    mkdir -p "$OUT/dw"
+    PYTHONPATH=. timeout -k 10 ${NCU_S:-240} ncu --clock-control none --kernel-name regex:depthwise --launch-count 24 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats \
+      --section WarpStateStats --section LaunchStats --section InstructionStats --csv --log-file "$OUT/dw/ncu_mv2_s1_1_dw.csv" \
+      python3 bench/dw_profile.py --out "$OUT/dw" --ncu --layers mv2.s1.1.dw 2>&1 | tail -20
+    xz -T0 -9 "$OUT/dw/ncu_mv2_s1_1_dw.csv" 2>/dev/null
+    echo "dw_profile: $(ls "$OUT/dw" | wc -l) files" ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 22
       # next, then 38); on any other GPU, 38 (what the seventeenth session's H100 did not measure)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     case "$gpu" in *H200*) n=34 ;; *) n=38 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..38 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..39 or auto" >&2; exit 2 ;;
 esac
