@@ -45,10 +45,13 @@ def _match(graph: Graph, bn: Node):
         params.append(value.astype(np.float64))
     scale, shift, mean, var = params
     eps = float(bn.attr("epsilon", 1e-5))
-    factor = scale / np.sqrt(var + eps)
-    bias = b.astype(np.float64) if b is not None else np.zeros(channels)
-    new_w = w.astype(np.float64) * along_channels(factor, w.ndim)
-    new_b = (bias - mean) * factor + shift
+    # A model's own NaN / inf / negative variance folds to what the BN would compute at run time; NumPy's
+    # RuntimeWarnings about them would only reach the user as noise.
+    with np.errstate(all="ignore"):
+        factor = scale / np.sqrt(var + eps)
+        bias = b.astype(np.float64) if b is not None else np.zeros(channels)
+        new_w = w.astype(np.float64) * along_channels(factor, w.ndim)
+        new_b = (bias - mean) * factor + shift
     return conv, new_w, new_b
 
 
