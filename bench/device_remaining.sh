@@ -5,8 +5,8 @@
 # on an H100, none since 556fae7 on an H200. First call of a session: ``auto``:
 #   - on an H200: 34 (in one call, the acceptance rows that changed since the H200 last ran, 556fae7: the stems
 #     at bs32, the bias+GELU and softmax rows, the attention table with the measured barrier, ResNet-50 bs32 and
-#     GPT-2 bs1 end to end), then 22 (the whole GPU suite: an H100 ran all but its last ~1.5 % at 8d93194), then
-#     32 (MobileNetV2 bs32, the issue-15 row with the least margin there) and 38;
+#     GPT-2 bs1 end to end), then 3 and 4 (the whole GPU suite in halves: in one call, 22, an H100 ran all but its
+#     last ~1.5 % at 8d93194), then 32 (MobileNetV2 bs32, the issue-15 row with the least margin there) and 38;
 #   - on any other GPU: 38 (what the seventeenth session's H100 left: the GPU tests the cut suite did not reach,
 #     stem_conv's and direct_conv's one-dispatch activation, ResNet-50 bs32 and GPT-2 bs1 end to end), then 39
 #     (Nsight Compute on the depthwise kernel as it is now).
@@ -163,8 +163,8 @@ case "$N" in
     CBR_ARGS="--only r50.stem,mv2.stem" bash bench/device_calls.sh "$OUT/r" cbr:240
     bash bench/device_calls.sh "$OUT/o" ordering:150 ;;
   22) # the H200 with one call's time: the whole GPU suite in one step (488 s of tests on the H100 at 8ee61e3, 540 s at
-      # bf317c9, ~200 tests more since), cut by its own limit before the run tool's; the 30 slowest tests listed (if
-      # it is cut, 3 + 4 run it in halves)
+      # bf317c9, ~200 tests more since; cut at ~98.5 % by its 585 s on the H100 at 8d93194), cut by its own limit before
+      # the run tool's; the 30 slowest tests listed (3 + 4 run it in halves, each within one call)
     PYTEST_ARGS="--durations=30" bash bench/device_calls.sh "$OUT/s" gpu-tests:585 ;;
   23) # call 21 for a budget of ~300 s: the im2col variant's GPU tests, then the two stems at bs32 only
     TESTS="tests/gpu/test_provider_cublaslt.py" PYTEST_ARGS="-k im2col" bash bench/device_calls.sh "$OUT/i" gpu-tests:90
@@ -308,8 +308,8 @@ case "$N" in
       python3 bench/dw_profile.py --out "$OUT/dw" --ncu --layers mv2.s1.1.dw 2>&1 | tail -20
     xz -T0 -9 "$OUT/dw/ncu_mv2_s1_1_dw.csv" 2>/dev/null
     echo "dw_profile: $(ls "$OUT/dw" | wc -l) files" ;;
-  auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 22
-      # next, then 38); on any other GPU, 38 (what the seventeenth session's H100 did not measure)
+  auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 3 and
+      # 4 next, then 32 and 38); on any other GPU, 38 (what the seventeenth session's H100 did not measure; 39 next)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     case "$gpu" in *H200*) n=34 ;; *) n=38 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
