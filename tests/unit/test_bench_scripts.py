@@ -279,6 +279,7 @@ def test_the_kernel_cache_packs_the_files_the_device_reads(tmp_path, monkeypatch
     monkeypatch.setattr(registry, "all_kernel_instances", lambda: jobs)
     cache = tmp_path / "c"
     cache.mkdir()
+    monkeypatch.setenv("GRAPHOPT_KERNEL_CACHE", str(cache))  # main() points the compile cache there; restored after
     (cache / ("0" * 32 + ".cubin")).write_bytes(b"\x7fELF stale")  # an instance no longer listed
     (cache / ("0" * 32 + ".name")).write_text("stale")
     out = tmp_path / "o" / "cubin.tar.xz"
