@@ -1,6 +1,7 @@
 """Build the device's compiled-kernel cache on a CPU machine: every own kernel instance
-(``registry.all_kernel_instances``) compiled by NVRTC for ``--arch``, packed as the tarball that
-``bench/device_bench.sh`` unpacks into ``$GRAPHOPT_KERNEL_CACHE`` on a fresh machine (``.cubin/cubin.tar.xz``).
+(``registry.all_kernel_instances``) compiled by NVRTC for ``--arch`` (what ``graphopt cache kernels`` does
+in place), packed as the tarball that ``bench/device_bench.sh`` unpacks into ``$GRAPHOPT_KERNEL_CACHE`` on a
+fresh machine (``.cubin/cubin.tar.xz``).
 
 Why: a fresh device machine spends ~140 s of its 30-minute budget compiling the 1,121 instances
 (16 cores, seventeenth session), and a cache packed there is often over the size a run returns.
@@ -49,11 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["GRAPHOPT_KERNEL_CACHE"] = cache  # read by cubin_cache_dir() in every compile worker
 
     from graphopt.kernels.registry import all_kernel_instances
-    from graphopt.kernels.source import compile_to_cache, cubin_cache_key
+    from graphopt.kernels.source import cached_in, compile_to_cache, cubin_cache_key
 
     jobs = list(dict.fromkeys(all_kernel_instances()))
     keys = {cubin_cache_key(s, e, args.arch, have) for s, e in jobs}
-    missing = [(s, e) for s, e in jobs if not os.path.exists(os.path.join(cache, cubin_cache_key(s, e, args.arch, have) + ".name"))]
+    missing = [job for job, there in zip(jobs, cached_in(jobs, args.arch)) if not there]
     print(f"kernel_cache: {len(jobs)} instances for {args.arch}, NVRTC {have}; {len(missing)} to compile into {cache}", flush=True)
     t = time.perf_counter()
     errors = compile_to_cache(missing, args.arch, args.workers)

@@ -18,7 +18,7 @@ import hashlib
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from graphopt.errors import TuningError
 
@@ -258,12 +258,22 @@ def prebuild(jobs: Sequence[tuple[str, str]], arch: str | None = None, workers: 
     return errors
 
 
-def compile_to_cache(jobs: Sequence[tuple[str, str]], arch: str, workers: int | None = None) -> dict[tuple[str, str], str]:
+def cached_in(jobs: Sequence[tuple[str, str]], arch: str) -> list[bool]:
+    """Whether each instance's cubin is already in the on-disk kernel cache for ``arch`` (this NVRTC)."""
+    import os
+
+    d, ver = cubin_cache_dir(), nvrtc_version()
+    return [os.path.exists(os.path.join(d, cubin_cache_key(s, e, arch, ver) + ".name")) for s, e in jobs]
+
+
+def compile_to_cache(jobs: Sequence[tuple[str, str]], arch: str, workers: int | None = None,
+                     progress: Callable[[], None] | None = None) -> dict[tuple[str, str], str]:
     """Compile many instances for ``arch`` into the on-disk kernel cache (:func:`cubin_cache_dir`), in
     parallel worker processes, without loading them (no GPU is touched): a later :func:`get_kernel`
-    in any process reads the cubin instead of compiling. Returns ``{(source, expr): error}``."""
+    in any process reads the cubin instead of compiling. ``progress`` is called once per finished
+    instance. Returns ``{(source, expr): error}``."""
     import os
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing as mp
 
     todo = [(s, e, arch) for s, e in dict.fromkeys(jobs)]
@@ -277,15 +287,20 @@ def compile_to_cache(jobs: Sequence[tuple[str, str]], arch: str, workers: int | 
                 _compile_one(job)
             except Exception as exc:  # noqa: BLE001 - reported, and the build reports it again
                 errors[(job[0], job[1])] = (str(exc).splitlines() or [type(exc).__name__])[0]
+            if progress:
+                progress()
         return errors
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        futs = [(job, pool.submit(_compile_one, job)) for job in todo]
-        for job, fut in futs:
+        futs = {pool.submit(_compile_one, job): job for job in todo}
+        for fut in as_completed(futs):
+            job = futs[fut]
             try:
                 fut.result()
             except Exception as exc:  # noqa: BLE001
                 errors[(job[0], job[1])] = (str(exc).splitlines() or [type(exc).__name__])[0]
-    return errors
+            if progress:
+                progress()
+    return dict(sorted(errors.items()))  # finished in any order; reported in one
 
 
 class NvrtcUnavailable(RuntimeError):

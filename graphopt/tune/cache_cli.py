@@ -1,4 +1,5 @@
-"""``graphopt cache show|clear|export FILE|import FILE``: the tuning cache from the command line.
+"""``graphopt cache show|clear|export FILE|import FILE``: the tuning cache from the command line;
+``graphopt cache kernels``: every own kernel compiled into the kernel cache.
 
 This module only defines the click group ``cache``; ``graphopt/cli.py`` mounts it. A
 ``graphopt.errors.GraphoptError`` (one line) is printed as ``graphopt: error: ...`` and the command
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from graphopt.errors import GraphoptError
+from graphopt.errors import GraphoptError, TuningError
 from graphopt.tune.cache import TuningCache
 from graphopt.tune.cache_file import CACHE_FILE, default_cache_dir
 from graphopt.tune.gpus import normalize_gpu_name
@@ -137,6 +138,52 @@ def import_(ctx: click.Context, file: Path) -> None:
         n = c.import_(file)
         gpus = sorted({r["gpu"] for r in c.stats()})
     click.echo(f"imported {n} timing{'s' if n != 1 else ''} from {file} (the cache now has timings for {', '.join(gpus) or 'no GPU'})")
+
+
+@cache.command("kernels")
+@click.option("--arch", default=None, metavar="sm_XY",
+              help="Target GPU architecture: sm_80 (A100), sm_86, sm_89 (L4, L40), sm_90 (H100, H200), ...; default: this machine's GPU.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Parallel compiles (default: one a CPU).")
+def kernels(arch: str | None, workers: int | None) -> None:
+    """Compile every graphopt CUDA kernel for a GPU into the kernel cache, no GPU needed (NVRTC only).
+
+    The cache is $GRAPHOPT_KERNEL_CACHE, else $XDG_CACHE_HOME/graphopt/cubin, else ~/.cache/graphopt/cubin.
+    A GPU machine that finds them there (built in its image, or copied) skips minutes of compiling on the
+    first `graphopt optimize`. A cubin is keyed by the NVRTC major.minor: compile with the one the GPU
+    machine will have."""
+    import re
+    import time
+
+    from graphopt.kernels.registry import all_kernel_instances
+    from graphopt.kernels.source import cached_in, compile_to_cache, cubin_cache_dir, device_arch, nvrtc_version
+
+    if arch is None:
+        try:
+            arch = device_arch()
+        except Exception:  # noqa: BLE001 - no CuPy, driver or GPU: the user names the target
+            raise click.UsageError("no GPU here to take the architecture from: give --arch, e.g. --arch sm_90") from None
+    if not re.fullmatch(r"sm_\d{2,3}a?", arch):
+        raise click.BadParameter(f"{arch!r} is not an architecture such as sm_80 or sm_90", param_hint="--arch")
+    ver = nvrtc_version()
+    if ver == "?":
+        raise TuningError("NVRTC is not available: pip install 'graphopt[nvrtc]' (cupy-cuda13x and nvidia-cuda-nvrtc)")
+    jobs = list(dict.fromkeys(all_kernel_instances()))
+    todo = [job for job, have in zip(jobs, cached_in(jobs, arch)) if not have]
+    folder = cubin_cache_dir()
+    click.echo(f"kernel cache {folder}: {len(jobs)} kernel instances for {arch} (NVRTC {ver}), {len(jobs) - len(todo)} already there")
+    t0 = time.perf_counter()
+    if todo:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:  # stderr; hidden when it is not a terminal
+            task = bar.add_task(f"compiling for {arch}", total=len(todo))
+            errors = compile_to_cache(todo, arch, workers, progress=lambda: bar.advance(task))
+    else:
+        errors = {}
+    click.echo(f"compiled {len(todo) - len(errors)} in {time.perf_counter() - t0:.0f} s")
+    if errors:
+        (src, expr), why = next(iter(errors.items()))
+        raise TuningError(f"{len(errors)} kernel instance(s) failed to compile for {arch}, the first: {src} {expr}: {why}")
 
 
 __all__ = ["cache"]

@@ -91,3 +91,59 @@ def test_bad_import_file_is_a_tuning_error(env, tmp_path):
     assert r.exit_code == 2 and "unknown GPU name 'h300'" in r.output and "did you mean h200 or h100" in r.output
     r = run("show", "--gpu", "auto")
     assert r.exit_code == 2  # usage error
+
+
+def _two_instances(monkeypatch):
+    from graphopt.kernels import registry, source
+
+    if source.nvrtc_version() == "?":
+        pytest.skip("NVRTC not importable")
+    jobs = [("elementwise.cu", "spin"), ("elementwise.cu", source.instance("epilogue_gemm_vec", "float16", 8, 1))]
+    monkeypatch.setattr(registry, "all_kernel_instances", lambda: jobs + jobs[:1])  # a repeat compiles once
+    return jobs
+
+
+def test_kernels_compiles_every_instance_once_into_the_kernel_cache(tmp_path, monkeypatch):
+    """`graphopt cache kernels --arch sm_90` leaves each instance's cubin where get_kernel looks (no GPU
+    needed), and a second run finds them all there."""
+    from graphopt.kernels.source import cached_in
+
+    jobs = _two_instances(monkeypatch)
+    monkeypatch.setenv("GRAPHOPT_KERNEL_CACHE", str(tmp_path / "kc"))
+    r = run("kernels", "--arch", "sm_90", "--workers", "1")
+    assert r.exit_code == 0, r.output
+    assert "2 kernel instances for sm_90" in r.output and "0 already there" in r.output and "compiled 2 in" in r.output
+    assert cached_in(jobs, "sm_90") == [True, True] and cached_in(jobs, "sm_80") == [False, False]
+    r = run("kernels", "--arch", "sm_90")
+    assert r.exit_code == 0 and "2 already there" in r.output and "compiled 0 in" in r.output
+    r = run("kernels", "--arch", "sm_80", "--workers", "2")  # the worker pool's path
+    assert r.exit_code == 0 and "compiled 2 in" in r.output, r.output
+    assert cached_in(jobs, "sm_80") == [True, True]
+
+
+def test_kernels_says_which_instance_failed(tmp_path, monkeypatch):
+    from graphopt.kernels import registry, source
+
+    _two_instances(monkeypatch)
+    monkeypatch.setattr(registry, "all_kernel_instances", lambda: [("elementwise.cu", "no_such_kernel<float>")])
+    monkeypatch.setenv("GRAPHOPT_KERNEL_CACHE", str(tmp_path / "kc"))
+    r = run("kernels", "--arch", "sm_90", "--workers", "1")
+    assert r.exit_code == TuningError.exit_code, r.output
+    assert "1 kernel instance(s) failed to compile for sm_90, the first: elementwise.cu no_such_kernel<float>" in r.output
+    assert r.output.count("graphopt: error:") == 1 and "Traceback" not in r.output
+    assert source.cached_in([("elementwise.cu", "no_such_kernel<float>")], "sm_90") == [False]
+
+
+@pytest.mark.parametrize("arch", ["foo", "90", "sm90", "compute_90"])
+def test_kernels_refuses_what_is_not_an_architecture(arch, monkeypatch):
+    monkeypatch.setattr("graphopt.kernels.registry.all_kernel_instances", lambda: pytest.fail("nothing compiles"))
+    r = run("kernels", "--arch", arch)
+    assert r.exit_code == 2 and "--arch" in r.output and "sm_90" in r.output
+
+
+def test_kernels_without_a_gpu_asks_for_the_architecture(monkeypatch):
+    import graphopt.kernels.source as source
+
+    monkeypatch.setattr(source, "device_arch", lambda: (_ for _ in ()).throw(RuntimeError("no CUDA device")))
+    r = run("kernels")
+    assert r.exit_code == 2 and "give --arch" in r.output
