@@ -25,6 +25,7 @@ from graphopt.passes.identity import eliminate_identity
 from graphopt.passes.identity_reshape import eliminate_identity_reshape
 from graphopt.passes.merge_duplicates import merge_duplicates
 from graphopt.passes.pad_conv import fold_pad_into_conv
+from graphopt.passes.transposes import fold_transposes
 
 __all__ = [
     "DEFAULT_LIMIT_BYTES",
@@ -42,6 +43,7 @@ __all__ = [
     "fold_conv_mul_add",
     "fold_pad_into_conv",
     "fold_shape",
+    "fold_transposes",
     "merge_duplicates",
     "run_cleanup",
 ]
@@ -58,6 +60,7 @@ CLEANUP_ORDER = (
     "fold_shape",
     "fold_constants",
     "eliminate_identity_reshape",
+    "fold_transposes",
     "fold_pad_into_conv",
     "fold_conv_bn",
     "fold_conv_mul_add",
@@ -97,6 +100,7 @@ def run_cleanup(
         "fold_shape": fold_shape,
         "fold_constants": lambda g, trace=None: fold_constants(g, limit_bytes=fold_limit_bytes, budget=budget, trace=trace),
         "eliminate_identity_reshape": eliminate_identity_reshape,
+        "fold_transposes": fold_transposes,
         "fold_pad_into_conv": fold_pad_into_conv,
         "fold_conv_bn": fold_conv_bn,
         "fold_conv_mul_add": fold_conv_mul_add,

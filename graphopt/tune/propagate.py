@@ -26,7 +26,7 @@ from graphopt.passes.shape_values import ShapeValues
 BREAK_ROUNDS = 8
 
 
-TENSOR_REMOVING_PASSES = ("eliminate_identity_reshape", "merge_duplicates")
+TENSOR_REMOVING_PASSES = ("eliminate_identity_reshape", "fold_transposes", "merge_duplicates")
 
 
 def concrete_shapes(graph, dims: Mapping[str, int], default: Callable[[str | None], int],
