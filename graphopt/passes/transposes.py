@@ -94,7 +94,8 @@ def _swap_reason(g: Graph, r2) -> tuple[str | None, tuple]:
 def _fold_swap(g: Graph, r2, trace: Trace) -> int:
     reason, found = _swap_reason(g, r2)
     if reason is not None:
-        if _producer(g, r2.inputs[0], "Transpose") is not None:  # near-misses worth naming only
+        t = _producer(g, r2.inputs[0], "Transpose")
+        if t is not None and _perm(g, t) == [0, 2, 1]:  # the near-misses worth naming: a 3-D swap that stays
             report(trace, NAME, r2, reason)
         return 0
     r1, t, x, order = found
