@@ -181,6 +181,10 @@ def kernels(arch: str | None, workers: int | None) -> None:
     else:
         errors = {}
     click.echo(f"compiled {len(todo) - len(errors)} in {time.perf_counter() - t0:.0f} s")
+    unsaved = [job for job, have in zip(todo, cached_in(todo, arch)) if not have and job not in errors]
+    if unsaved:  # the compile keeps going without a writable cache (it only costs a recompile there)
+        raise TuningError(f"{len(unsaved)} compiled kernel(s) could not be written to {folder}: make it writable "
+                          "or point GRAPHOPT_KERNEL_CACHE at a folder that is")
     if errors:
         (src, expr), why = next(iter(errors.items()))
         raise TuningError(f"{len(errors)} kernel instance(s) failed to compile for {arch}, the first: {src} {expr}: {why}")

@@ -147,3 +147,13 @@ def test_kernels_without_a_gpu_asks_for_the_architecture(monkeypatch):
     monkeypatch.setattr(source, "device_arch", lambda: (_ for _ in ()).throw(RuntimeError("no CUDA device")))
     r = run("kernels")
     assert r.exit_code == 2 and "give --arch" in r.output
+
+
+def test_kernels_says_when_the_cache_cannot_be_written(tmp_path, monkeypatch):
+    _two_instances(monkeypatch)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("GRAPHOPT_KERNEL_CACHE", str(blocker / "kc"))  # under a file: never writable, even as root
+    r = run("kernels", "--arch", "sm_90", "--workers", "1")
+    assert r.exit_code == TuningError.exit_code, r.output
+    assert "could not be written to" in r.output and "GRAPHOPT_KERNEL_CACHE" in r.output
