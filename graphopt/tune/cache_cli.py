@@ -172,14 +172,12 @@ def kernels(arch: str | None, workers: int | None) -> None:
     folder = cubin_cache_dir()
     click.echo(f"kernel cache {folder}: {len(jobs)} kernel instances for {arch} (NVRTC {ver}), {len(jobs) - len(todo)} already there")
     t0 = time.perf_counter()
+    errors: dict = {}
     if todo:
-        from rich.progress import Progress
+        from graphopt.tune.progress import node_progress
 
-        with Progress(transient=True) as bar:  # stderr; hidden when it is not a terminal
-            task = bar.add_task(f"compiling for {arch}", total=len(todo))
-            errors = compile_to_cache(todo, arch, workers, progress=lambda: bar.advance(task))
-    else:
-        errors = {}
+        with node_progress(len(todo), description=f"compiling for {arch}") as advance:  # stderr, when a terminal
+            errors = compile_to_cache(todo, arch, workers, progress=lambda: advance(""))
     click.echo(f"compiled {len(todo) - len(errors)} in {time.perf_counter() - t0:.0f} s")
     unsaved = [job for job, have in zip(todo, cached_in(todo, arch)) if not have and job not in errors]
     if unsaved:  # the compile keeps going without a writable cache (it only costs a recompile there)

@@ -1,4 +1,5 @@
-"""The progress bar of lowering selection: one step per node (rich, on stderr when it is a terminal)."""
+"""The progress bar of lowering selection, one step per node (and of ``graphopt cache kernels``, one per kernel
+instance): rich, on stderr when it is a terminal."""
 
 from __future__ import annotations
 
