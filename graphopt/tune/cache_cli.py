@@ -59,7 +59,7 @@ class _OneLineErrors(click.Group):
               help="Cache folder (default: $GRAPHOPT_CACHE_DIR, else $XDG_CACHE_HOME/graphopt, else ~/.cache/graphopt).")
 @click.pass_context
 def cache(ctx: click.Context, cache_dir: Path | None) -> None:
-    """Show, clear, export or import the tuning cache (the per-GPU timings of every lowering)."""
+    """Show, clear, export or import the tuning cache (the per-GPU timings of every lowering); fill the kernel cache."""
     ctx.ensure_object(dict)
     ctx.obj["cache_dir"] = cache_dir
 
