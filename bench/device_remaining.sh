@@ -9,7 +9,7 @@
 #     last ~1.5 % at 8d93194), then 32 (MobileNetV2 bs32, the issue-15 row with the least margin there) and 38;
 #   - on any other GPU: 38 (what the seventeenth session's H100 left: the GPU tests the cut suite did not reach,
 #     stem_conv's and direct_conv's one-dispatch activation, ResNet-50 bs32 and GPT-2 bs1 end to end), then 39
-#     (Nsight Compute on the depthwise kernel as it is now).
+#     (Nsight Compute on the depthwise kernel as it is now) and 40 (GPT-2's dynamo export end to end: fold_transposes).
 #     32, 33 and 36 ran on an H100 at 3ea205c / 8d93194 (NOTES_kernels).
 # .cubin: bench/kernel_cache.py builds the compiled-kernel cache on this CPU machine for the device's NVRTC
 # (13.0) and sm_90, so a fresh machine reads every instance instead of compiling them (~140 s on 16 cores).
@@ -19,7 +19,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..39 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..40 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -31,7 +31,7 @@
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..39 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..40 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -308,11 +308,17 @@ case "$N" in
       python3 bench/dw_profile.py --out "$OUT/dw" --ncu --layers mv2.s1.1.dw 2>&1 | tail -20
     xz -T0 -9 "$OUT/dw/ncu_mv2_s1_1_dw.csv" 2>/dev/null
     echo "dw_profile: $(ls "$OUT/dw" | wc -l) files" ;;
+  40) # any GPU, ~350 s (seventeenth session, NOTES_e2e): fold_transposes on a dynamo export. GPT-2 exported by the
+      # dynamo exporter (bench/torch_models.py VARIANTS) beside the TorchScript export, bs1 and bs32 fp16 in one
+      # call: before the pass four Transposes a layer stayed around its attention, now none (prediction:
+      # gpt2_dynamo within 0.05 ms of gpt2 at bs1, where 48 copies would have cost 0.10-0.15 ms on the H200)
+    MODELS=gpt2_dynamo,gpt2 DTYPES=fp16 E2E_ARGS="--rows gpt2_dynamo:1,gpt2:1,gpt2_dynamo:32 --measure-reserve 45" \
+      bash bench/device_calls.sh "$OUT/e" e2e-transformers:${E2E_S:-400} ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 3 and
       # 4 next, then 32 and 38); on any other GPU, 38 (what the seventeenth session's H100 did not measure; 39 next)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     case "$gpu" in *H200*) n=34 ;; *) n=38 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..39 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..40 or auto" >&2; exit 2 ;;
 esac

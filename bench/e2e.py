@@ -3,7 +3,9 @@ torch.compile(mode="reduce-overhead"), one row per (model, batch, dtype), merged
 
 Models (bench/torch_models.py; random weights, exported here, no downloads): resnet50, mobilenetv2,
 efficientnet_b0, gpt2 (124M, seq 128), bert (base, seq 128), vit_b16. Batches 1 and 32; fp16 for
-every model, fp32 too for resnet50 and bert.
+every model, fp32 too for resnet50 and bert. ``--models gpt2_dynamo`` (also bert_dynamo, vit_b16_dynamo):
+the same module exported by the dynamo exporter, a row of its own beside the TorchScript export's (not
+one of issue 15's acceptance rows).
 
 For each row, in one process:
   1. ``graphopt optimize --gpu auto --shape ... --report`` (fp16: ``--precision fp16 --io-fp16``; when
@@ -62,7 +64,7 @@ from e2e_report import (FIELDS, FP16_RTOL, FP32_MODELS, FP32_RTOL, acceptance, f
                         markdown, merge_rows, row_plan, tuning_status)
 from lowering_bench import GPU_NAME_HELP, Budget, gpu_tag, write_atomic  # noqa: E402
 from runtime_bench import err, gpu_name, rel_err, timed, versions  # noqa: E402
-from torch_models import MODELS, build_module, example_input, export, input_shape  # noqa: E402
+from torch_models import ALL_MODELS, MODELS, build_module, example_input, export, input_shape  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -195,7 +197,7 @@ class Runner:
                 gc.collect()
 
         x_cpu = example_input(name, bs)
-        image = MODELS[name][1] == "image"
+        image = ALL_MODELS[name][1] == "image"
         mod = copy.deepcopy(self.module).to(dev).to(tdt)
         x_t = x_cpu.to(dev).to(tdt) if image else x_cpu.to(dev)
         if not dry:
@@ -402,7 +404,8 @@ def parse_row(text: str) -> tuple[str, int, str]:
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma list of {', '.join(ALL_MODELS)} (default: {', '.join(MODELS)}; *_dynamo: the dynamo exporter's graph)")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--rows", default=None,
                     help="MODEL:BS[:DTYPE],... in this order (DTYPE default fp16), instead of --models x --batches x "
@@ -445,9 +448,9 @@ def parse(argv=None):
             ap.error(f"--rows: {e}")
         args.models = list(dict.fromkeys(m for m, _, _ in args.row_list))
         args.dtypes = list(dict.fromkeys(d for _, _, d in args.row_list))
-    bad = [m for m in args.models if m not in MODELS] + [d for d in args.dtypes if d not in ("fp16", "fp32")]
+    bad = [m for m in args.models if m not in ALL_MODELS] + [d for d in args.dtypes if d not in ("fp16", "fp32")]
     if bad:
-        ap.error(f"unknown model or dtype: {', '.join(bad)} (models: {', '.join(MODELS)}; dtypes: fp16, fp32)")
+        ap.error(f"unknown model or dtype: {', '.join(bad)} (models: {', '.join(ALL_MODELS)}; dtypes: fp16, fp32)")
     if args.cache_dir:
         args.cache_dir = args.cache_dir.resolve()
         args.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -493,7 +496,7 @@ def main(argv=None) -> int:
                 for other in list(runners):  # one model on the GPU at a time
                     del runners[other]
                 gc.collect()
-                log(f"{name}: building and exporting ({MODELS[name][0]})")
+                log(f"{name}: building and exporting ({ALL_MODELS[name][0]})")
                 try:
                     runners[name] = Runner(name, args, doc)
                 except Exception as e:  # noqa: BLE001

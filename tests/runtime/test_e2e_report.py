@@ -128,6 +128,23 @@ def test_rows_option_orders_the_run_and_rejects_a_malformed_row():
             raise AssertionError(f"--rows {bad} was accepted")
 
 
+def test_dynamo_variants_are_rows_of_their_own_outside_the_acceptance():
+    """``gpt2_dynamo`` builds GPT-2's module and exports it with dynamo: a row beside ``gpt2``'s, never one
+    of issue 15's acceptance checks, and not in the default model list."""
+    tm = _load("torch_models")
+    e2e = _load("e2e")
+    assert tm.base_model("gpt2_dynamo") == "gpt2" and tm.base_model("gpt2") == "gpt2"
+    assert tm.input_shape("gpt2_dynamo", 4) == tm.input_shape("gpt2", 4) == "input=4x128"
+    assert tm.input_shape("vit_b16_dynamo", 1) == "input=1x3x224x224"
+    args = e2e.parse(["--rows", "gpt2_dynamo:1,gpt2:1"])
+    assert args.row_list == [("gpt2_dynamo", 1, "fp16"), ("gpt2", 1, "fp16")]
+    assert not any(m.endswith("_dynamo") for m in e2e.parse([]).models)
+    checks = R.acceptance([_row("gpt2_dynamo", 1, "fp16", graphopt_ms=1.0, torch_compile_ms=1.0, tuning_complete=True,
+                                graphopt_unoptimized_ms=3.0)])
+    assert not any("gpt2_dynamo" in c["check"] and "torch.compile" in c["check"] for c in checks)
+    assert any(c["check"] == "gpt2_dynamo bs1 fp16: optimized >= 1.3x unoptimized" and c["pass"] for c in checks)
+
+
 def test_fused_nodes_ms_sums_the_chosen_candidates_and_counts_the_untimed():
     rep = {"lowerings": [
         {"lowering": "cudnn", "params": "plan=eng4", "timings": [{"candidate": "cudnn:plan=eng4", "ms": 0.25},
