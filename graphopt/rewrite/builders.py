@@ -71,6 +71,21 @@ def _float_attr(node, name: str, default: float) -> float:
     return float(node.attr(name, default)) if node.has_attr(name) else float(default)
 
 
+@register_builder("scaled_by", "t?t", "tensor")
+def scaled_by(g, w, s):
+    """The constant ``w`` times the constant scalar ``s``, in ``w``'s dtype (absent when ``w`` is)."""
+    if not w:
+        return None
+    wv, sv = g.constant_value(w), g.constant_value(s)
+    if wv is None:
+        raise BuildFailed(f"{w!r} is not a constant")
+    if sv is None or np.size(sv) != 1 or np.ndim(sv) > 1:
+        raise BuildFailed(f"{s!r} is not a constant scalar")
+    wv = np.asarray(wv)
+    value = (wv.astype(np.float64) * float(np.asarray(sv, dtype=np.float64).reshape(-1)[0])).astype(wv.dtype)
+    return NewConstant(np.ascontiguousarray(value), f"{w}_scaled")
+
+
 @register_builder("activation_of", "n", "attrs")
 def activation_of(g, act):
     """The activation attributes that reproduce the activation node act."""

@@ -122,3 +122,44 @@ def test_larger_gemm_rules_win_over_the_late_ones():
                      helper.make_node("Relu", ["a"], ["y"])], [_w("w", 8, 5), _w("b", 5)])
     g, report = _run(m)
     assert report.counts == {"matmul_add_relu": 1}
+
+
+def test_a_constant_scale_after_a_projection_folds_into_its_weight_and_bias():
+    """BART / Whisper's q_proj(x) * scaling: the Mul goes, the GemmAct's constant weight and bias are scaled
+    (the originals stay for their other readers), with and without a bias, in both GemmAct modes."""
+    cases = [([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+               helper.make_node("Mul", ["a", "s"], ["y"])], [_w("w", 8, 5), _w("b", 5)], "matmul_bias"),
+             ([helper.make_node("Gemm", ["x", "w", "b"], ["a"], transB=1, alpha=0.5, beta=2.0),
+               helper.make_node("Mul", ["s", "a"], ["y"])], [_w("w", 5, 8), _w("b", 5)], "gemm_alone"),
+             ([helper.make_node("Gemm", ["x", "w"], ["a"]), helper.make_node("Mul", ["a", "s"], ["y"])],
+              [_w("w", 8, 5)], "gemm_alone")]
+    for nodes, inits, first in cases:
+        scale = numpy_helper.from_array(np.array(0.3535, np.float32), "s")
+        g, report = _run(_gemm_model(nodes, inits + [scale]))
+        assert report.counts.get("gemmact_scale") == 1 and report.counts.get(first) == 1, report.counts
+        assert [n.op_type for n in g.nodes()] == ["GemmAct"]
+
+
+def test_scales_that_do_not_fold_stay_with_their_reason():
+    """Near-misses: a per-feature vector (not a scalar), a runtime scale, an activation before the scale,
+    and a projection whose output is read again (or a graph output)."""
+    w, b = _w("w", 8, 5), _w("b", 5)
+    proj = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"])]
+    vec = numpy_helper.from_array(np.linspace(0.5, 1.5, 5).astype(np.float32), "s")
+    one = numpy_helper.from_array(np.array(0.25, np.float32), "s")
+    cases = [(proj + [helper.make_node("Mul", ["a", "s"], ["y"])], [w, b, vec], (), "not a scalar"),
+             (proj + [helper.make_node("ReduceMax", ["x"], ["s"], keepdims=0), helper.make_node("Mul", ["a", "s"], ["y"])],
+              [w, b], (), "not a constant"),
+             (proj + [helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Mul", ["r", "s"], ["y"])], [w, b, one], (),
+              None),
+             (proj + [helper.make_node("Mul", ["a", "s"], ["y"])], [w, b, one], ("a",), "graph output")]
+    for nodes, inits, extra, why in cases:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])
+        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y",) + tuple(extra)]
+        m = helper.make_model(helper.make_graph(nodes, "g", [x], outs, inits), opset_imports=[helper.make_operatorsetid("", 17)])
+        g, report = _run(m)
+        assert "gemmact_scale" not in report.counts, (why, report.counts)
+        assert "Mul" in [n.op_type for n in g.nodes()]
+        if why:
+            reasons = [n.reason for n in report.near_misses if n.rule == "gemmact_scale"]
+            assert any(why in r for r in reasons), (why, reasons)

@@ -35,8 +35,8 @@ def _rewrite(model: onnx.ModelProto, rules: RuleSet, explain: bool = False):
     return g, report
 
 
-# the late single-node rules and the CBR-composing one, tested in tests/unit/test_rules_late.py
-SEPARATE = {"conv_alone", "cbr_residual", "gemm_alone", "matmul_alone"}
+# the late single-node rules and the CBR- / GemmAct-composing ones, tested in tests/unit/test_rules_late.py
+SEPARATE = {"conv_alone", "cbr_residual", "gemm_alone", "matmul_alone", "gemmact_scale"}
 
 
 def test_every_shipped_rule_has_a_test_case():
