@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     for (s, e), why in sorted(errors.items()):
         print(f"kernel_cache: {s} {e}: {why}", file=sys.stderr)
 
-    files = sorted(f for f in os.listdir(cache) if f.rsplit(".", 1)[0] in keys and f.endswith((".cubin", ".name")))
+    present = {key for key in keys if all(os.path.exists(os.path.join(cache, key + ext)) for ext in (".cubin", ".name"))}
+    files = sorted(key + ext for key in present for ext in (".cubin", ".name"))  # never half an instance
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".kernel_cache.", suffix=".tmp", dir=out_dir)

@@ -263,7 +263,8 @@ def cached_in(jobs: Sequence[tuple[str, str]], arch: str) -> list[bool]:
     import os
 
     d, ver = cubin_cache_dir(), nvrtc_version()
-    return [os.path.exists(os.path.join(d, cubin_cache_key(s, e, arch, ver) + ".name")) for s, e in jobs]
+    keys = [os.path.join(d, cubin_cache_key(s, e, arch, ver)) for s, e in jobs]
+    return [os.path.exists(k + ".name") and os.path.exists(k + ".cubin") for k in keys]  # both: a write cut between them leaves one
 
 
 def compile_to_cache(jobs: Sequence[tuple[str, str]], arch: str, workers: int | None = None,

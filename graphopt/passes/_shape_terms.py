@@ -48,8 +48,8 @@ def shape_terms(g: Graph, tensor: str, x: str) -> list[Term] | None:
     ``Slice`` (axis 0, step 1, constant starts / ends), ``Unsqueeze`` of one element and ``Concat``
     (axis 0) of any of these."""
     value = g.constant_value(tensor)
-    if value is not None:
-        return [("const", int(v)) for v in np.asarray(value).reshape(-1)] if value.dtype.kind in "iu" else None
+    if value is not None:  # a 1-D (or 0-D) integer constant; a 2-D one is no list of dims (Gather of it takes rows)
+        return [("const", int(v)) for v in np.asarray(value).reshape(-1)] if value.dtype.kind in "iu" and np.ndim(value) <= 1 else None
     node = g.producer(tensor)
     if node is None or node.domain != "":
         return None

@@ -73,7 +73,9 @@ def _float_attr(node, name: str, default: float) -> float:
 
 @register_builder("scaled_by", "t?t", "tensor")
 def scaled_by(g, w, s):
-    """The constant ``w`` times the constant scalar ``s``, in ``w``'s dtype (absent when ``w`` is)."""
+    """The constant float ``w`` times the constant scalar ``s``, in ``w``'s dtype (absent when ``w`` is);
+    refused where a finite weight would overflow or a normal one flush to zero (the unfused graph scales
+    the product, whose values are larger)."""
     if not w:
         return None
     wv, sv = g.constant_value(w), g.constant_value(s)
@@ -82,7 +84,15 @@ def scaled_by(g, w, s):
     if sv is None or np.size(sv) != 1 or np.ndim(sv) > 1:
         raise BuildFailed(f"{s!r} is not a constant scalar")
     wv = np.asarray(wv)
-    value = (wv.astype(np.float64) * float(np.asarray(sv, dtype=np.float64).reshape(-1)[0])).astype(wv.dtype)
+    if wv.dtype.kind != "f":
+        raise BuildFailed(f"{w!r} is {wv.dtype}, not a float tensor")
+    work = np.promote_types(wv.dtype, np.float32)  # fp16 weights scaled in fp32, then rounded once
+    with np.errstate(all="ignore"):
+        value = (wv.astype(work) * work.type(np.asarray(sv, dtype=np.float64).reshape(-1)[0])).astype(wv.dtype)
+    tiny = np.finfo(wv.dtype).tiny
+    lost = (np.isfinite(wv) & ~np.isfinite(value)) | ((np.abs(wv) >= tiny) & (value == 0))
+    if lost.any():
+        raise BuildFailed(f"scaling {w!r} by {s!r} would overflow or flush to zero {int(lost.sum())} of its {wv.dtype} values")
     return NewConstant(np.ascontiguousarray(value), f"{w}_scaled")
 
 

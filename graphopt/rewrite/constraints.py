@@ -168,6 +168,27 @@ def scalar(g, t):
     return None
 
 
+@register_constraint("scalar_for", "tn")
+def scalar_for(g, t, node):
+    """t holds exactly one element and multiplies node's output without raising its rank (a [1] scale
+    of a 0-D output would make the product [1])."""
+    reason = scalar(g, t)
+    if reason is not None:
+        return reason
+    t_rank = len(known_shape(g, t))
+    if t_rank == 0:
+        return None
+    out_rank = known_rank(g, node.outputs[0])
+    if out_rank is None:  # a node just made by a rule: a MatMul-like output has its largest input's rank, less one at most
+        ranks = [known_rank(g, i) for i in node.inputs if i]
+        out_rank = max((r - 1 for r in ranks if r is not None), default=None)
+    if out_rank is None:
+        return f"the rank of {node.outputs[0]!r} is unknown"
+    if t_rank > out_rank:
+        return f"{t!r} of rank {t_rank} would raise the rank of {node.outputs[0]!r} ({out_rank})"
+    return None
+
+
 @register_constraint("value_in", "tvv")
 def value_in(g, t, lo, hi):
     """t is a constant whose every element lies in [lo, hi]."""

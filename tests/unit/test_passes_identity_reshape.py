@@ -49,3 +49,15 @@ def test_reshapes_that_may_change_the_shape_stay_with_their_reason():
              (("c0", "c12", "m1", "c64"), 1, "dim 0 of its target")]          # allowzero: 0 is a real 0
     for dims, allowzero, why in cases:
         assert any(why in r for r in untouched(eliminate_identity_reshape, _sdpa_tail(dims, allowzero))), (dims, why)
+
+
+def test_a_gather_of_a_2d_constant_is_not_a_list_of_dims():
+    """Gather(C [2, 2], 0) is C's first row, two values: read as one term it made [6, 1, 4] look like x's [6, 4]."""
+    from onnx import helper as oh
+
+    nodes = [oh.make_node("Relu", ["x"], ["r"]), oh.make_node("Gather", ["c2", "i0"], ["row"], axis=0),
+             oh.make_node("Concat", ["row", "c4"], ["target"], axis=0), oh.make_node("Reshape", ["r", "target"], ["y"])]
+    m = model(nodes, [("x", [6, 4])], [("y", None)],
+              {"c2": np.array([[6, 1], [0, 0]], np.int64), "i0": np.array(0, np.int64), "c4": np.array([4], np.int64)},
+              value_info=[("r", [6, 4])])
+    assert untouched(eliminate_identity_reshape, m)

@@ -163,3 +163,26 @@ def test_scales_that_do_not_fold_stay_with_their_reason():
         if why:
             reasons = [n.reason for n in report.near_misses if n.rule == "gemmact_scale"]
             assert any(why in r for r in reasons), (why, reasons)
+
+
+def test_a_scale_that_would_change_the_output_or_lose_weights_stays():
+    """A [1] scale of a 0-D projection output makes the product [1]: folding it would change the output's
+    rank. An fp16 weight that the scale would overflow stays unscaled too (the Mul stays)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Mul", ["h", "s"], ["y"])], "g", [x], [y],
+        [_w("w", 8), numpy_helper.from_array(np.array([0.5], np.float32), "s")]), opset_imports=[helper.make_operatorsetid("", 17)])
+    g, report = _run(m)  # the outputs match: the [1] product is still [1]
+    assert "gemmact_scale" not in report.counts and "Mul" in [n.op_type for n in g.nodes()]
+
+    h16 = TensorProto.FLOAT16
+    x16 = helper.make_tensor_value_info("x", h16, [3, 8])
+    y16 = helper.make_tensor_value_info("y", h16, None)
+    big = numpy_helper.from_array(np.full((8, 5), 300.0, np.float16), "w")
+    m16 = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Mul", ["h", "s"], ["y"])], "g", [x16], [y16],
+        [big, numpy_helper.from_array(np.array(500.0, np.float16), "s")]), opset_imports=[helper.make_operatorsetid("", 17)])
+    g = from_model(m16)
+    report = apply_rules(g, SHIPPED, explain=True)
+    assert "gemmact_scale" not in report.counts and "Mul" in [n.op_type for n in g.nodes()]

@@ -157,3 +157,18 @@ def test_kernels_says_when_the_cache_cannot_be_written(tmp_path, monkeypatch):
     r = run("kernels", "--arch", "sm_90", "--workers", "1")
     assert r.exit_code == TuningError.exit_code, r.output
     assert "could not be written to" in r.output and "GRAPHOPT_KERNEL_CACHE" in r.output
+
+
+def test_a_name_without_its_cubin_is_not_cached(tmp_path, monkeypatch):
+    """A write cut between an instance's two files leaves ``<key>.name`` alone: that is no cached kernel,
+    and `cache kernels` compiles it again."""
+    from graphopt.kernels.source import cached_in, cubin_cache_key, nvrtc_version
+
+    jobs = _two_instances(monkeypatch)
+    kc = tmp_path / "kc"
+    kc.mkdir()
+    monkeypatch.setenv("GRAPHOPT_KERNEL_CACHE", str(kc))
+    (kc / (cubin_cache_key(*jobs[0], "sm_90", nvrtc_version()) + ".name")).write_text("orphan")
+    assert cached_in(jobs, "sm_90") == [False, False]
+    r = run("kernels", "--arch", "sm_90", "--workers", "1")
+    assert r.exit_code == 0 and "0 already there" in r.output and "compiled 2 in" in r.output, r.output
