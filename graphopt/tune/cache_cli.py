@@ -147,7 +147,8 @@ def import_(ctx: click.Context, file: Path) -> None:
 def kernels(arch: str | None, workers: int | None) -> None:
     """Compile every graphopt CUDA kernel for a GPU into the kernel cache, no GPU needed (NVRTC only).
 
-    The cache is $GRAPHOPT_KERNEL_CACHE, else $XDG_CACHE_HOME/graphopt/cubin, else ~/.cache/graphopt/cubin.
+    The cache is $GRAPHOPT_KERNEL_CACHE, else $XDG_CACHE_HOME/graphopt/cubin, else ~/.cache/graphopt/cubin
+    (the group's --cache-dir is the tuning cache's, not this one).
     A GPU machine that finds them there (built in its image, or copied) skips minutes of compiling on the
     first `graphopt optimize`. A cubin is keyed by the NVRTC major.minor: compile with the one the GPU
     machine will have."""
