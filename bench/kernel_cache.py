@@ -53,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     from graphopt.kernels.source import cached_in, compile_to_cache, cubin_cache_key
 
     jobs = list(dict.fromkeys(all_kernel_instances()))
-    keys = {cubin_cache_key(s, e, args.arch, have) for s, e in jobs}
     missing = [job for job, there in zip(jobs, cached_in(jobs, args.arch)) if not there]
     print(f"kernel_cache: {len(jobs)} instances for {args.arch}, NVRTC {have}; {len(missing)} to compile into {cache}", flush=True)
     t = time.perf_counter()
@@ -62,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     for (s, e), why in sorted(errors.items()):
         print(f"kernel_cache: {s} {e}: {why}", file=sys.stderr)
 
-    present = {key for key in keys if all(os.path.exists(os.path.join(cache, key + ext)) for ext in (".cubin", ".name"))}
-    files = sorted(key + ext for key in present for ext in (".cubin", ".name"))  # never half an instance
+    present = {cubin_cache_key(s, e, args.arch, have) for (s, e), there in zip(jobs, cached_in(jobs, args.arch)) if there}
+    files = sorted(key + ext for key in present for ext in (".cubin", ".name"))  # whole instances only (cached_in)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".kernel_cache.", suffix=".tmp", dir=out_dir)

@@ -17,6 +17,7 @@ Term = tuple[str, int]
 
 
 def _ints(g: Graph, tensor: str) -> list[int] | None:
+    """A 0-D or 1-D integer constant's values (None for anything else: Gather of a 2-D one takes rows)."""
     if not tensor:
         return None
     value = g.constant_value(tensor)
@@ -47,9 +48,9 @@ def shape_terms(g: Graph, tensor: str, x: str) -> list[Term] | None:
     Understood: constants, ``Shape(x)`` (start / end too), ``Gather`` (axis 0, constant indices),
     ``Slice`` (axis 0, step 1, constant starts / ends), ``Unsqueeze`` of one element and ``Concat``
     (axis 0) of any of these."""
-    value = g.constant_value(tensor)
-    if value is not None:  # a 1-D (or 0-D) integer constant; a 2-D one is no list of dims (Gather of it takes rows)
-        return [("const", int(v)) for v in np.asarray(value).reshape(-1)] if value.dtype.kind in "iu" and np.ndim(value) <= 1 else None
+    if g.constant_value(tensor) is not None:  # a 1-D (or 0-D) integer constant; a 2-D one is no list of dims
+        ints = _ints(g, tensor)
+        return None if ints is None else [("const", v) for v in ints]
     node = g.producer(tensor)
     if node is None or node.domain != "":
         return None
