@@ -190,6 +190,15 @@ def kept_rows(previous: list[dict], only: set | None, batches: list[int], dtypes
     return [r for r in previous if not (r["layer"] in only and r["bs"] in batches and r["dtype"] in dtypes)]
 
 
+def skip_for_time(rows: list[dict], skipped: list[str], earlier: dict, name: str, bs: int, dtype: str) -> None:
+    """A layer the budget did not reach: listed as skipped, and its earlier row (``--previous``), if any, kept:
+    an ``--only`` rerun cut by its budget once dropped the rows it had meant to measure again."""
+    kept = earlier.get((name, bs, dtype))
+    if kept is not None:
+        rows.append(kept)
+    skipped.append(f"{name} bs{bs} {dtype}" + (" (its earlier row kept)" if kept is not None else ""))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -234,8 +243,11 @@ def main(argv=None):
     header["ceilings"] = measure_ceilings()
     print(json.dumps(header, indent=1), flush=True)
     only = set(args.only.split(",")) if args.only else None
-    rows = kept_rows(load_previous(args.previous), only, [int(b) for b in args.batches.split(",")], args.dtypes.split(","))
+    previous = load_previous(args.previous)
+    rows = kept_rows(previous, only, [int(b) for b in args.batches.split(",")], args.dtypes.split(","))
     done = {(r["layer"], r["bs"], r["dtype"]) for r in rows}
+    # a row this run meant to measure again but did not reach keeps its earlier measurement (never dropped)
+    earlier = {(r["layer"], r["bs"], r["dtype"]): r for r in previous}
     skipped: list[str] = []
     layers = layer_list(args.models.split(","))
     if args.quick:
@@ -261,7 +273,7 @@ def main(argv=None):
                     if (name, bs, dtype) in done:
                         continue
                     if budget.left() < 15:
-                        skipped.append(f"{name} bs{bs} {dtype}")
+                        skip_for_time(rows, skipped, earlier, name, bs, dtype)
                         continue
                     attrs = _attrs(k, s, p, g, act)
                     xs, ws = (bs, cin, h, h), (cout, cin // g, k, k)
