@@ -205,6 +205,21 @@ def test_a_rerun_of_some_layers_keeps_their_rows_at_other_batches():
     assert len(cbr_layers.kept_rows(prev, {"a", "b"}, [1, 32], ["float16", "float32"])) == 0
 
 
+def test_a_rerun_cut_by_its_budget_keeps_the_earlier_rows_it_did_not_reach():
+    """An ``--only`` rerun at bs1,32 with a 90 s budget measured bs1 and dropped the eleven bs32 rows it had
+    meant to measure again (the H200's table at 805f74b): a layer the budget did not reach keeps its earlier row."""
+    sys.path.insert(0, str(BENCH))
+    import importlib
+
+    cbr_layers = importlib.import_module("cbr_layers")
+    earlier = {("a", 32, "float16"): {"layer": "a", "bs": 32, "dtype": "float16", "graphopt_us": 1.0}}
+    rows, skipped = [], []
+    cbr_layers.skip_for_time(rows, skipped, earlier, "a", 32, "float16")
+    cbr_layers.skip_for_time(rows, skipped, earlier, "b", 32, "float16")
+    assert rows == [earlier[("a", 32, "float16")]]
+    assert skipped == ["a bs32 float16 (its earlier row kept)", "b bs32 float16"]
+
+
 def test_the_depthwise_profile_names_forms_and_layers_the_registry_takes():
     """bench/dw_profile.py (device step 35) builds its forms by key on MobileNetV2's depthwise layers: every
     key resolves, every layer is a valid depthwise signature, and each form applies where the tuner offers it."""

@@ -100,6 +100,35 @@ def test_limit_is_respected_before_evaluation():
     assert fold_constants(g, limit_bytes=4000) == 1
 
 
+def test_a_relayout_of_a_shared_weight_folds_past_the_per_node_cap(rng):
+    """The dynamo exporter's tied lm_head: ``MatMul(x, Transpose(W))`` with W also read by the embedding's
+    Gather. A re-layout adds at most its input's bytes, so the per-node cap (for ops that grow a model)
+    does not hold it back; W stays for the Gather, and the outputs are unchanged."""
+    w = rng.standard_normal((50, 16)).astype(np.float32)  # 3,200 bytes: over the 1,000-byte cap below
+    nodes = [h.make_node("Gather", ["w", "ids"], ["emb"]), h.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+             h.make_node("MatMul", ["emb", "wt"], ["y"])]
+    m = model(nodes, [("ids", [2, 3], TensorProto.INT64)], [("y", [2, 3, 50])], {"w": w})
+    feeds = {"ids": np.array([[0, 7, 49], [3, 3, 1]], np.int64)}
+    g, out = check_pass(fold_constants, m, 1, feeds=feeds, limit_bytes=1000)
+    assert ops(out) == ["Gather", "MatMul"]
+    assert {t.name for t in out.graph.initializer} == {"w", "wt"}
+
+
+def test_a_relayout_still_counts_against_the_runs_total_budget(rng):
+    from graphopt.passes import FoldBudget
+
+    nodes = [h.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), h.make_node("MatMul", ["x", "wt"], ["y"])]
+    m = model(nodes, [("x", [2, 16])], [("y", [2, 50])], {"w": rng.standard_normal((50, 16)).astype(np.float32)})
+    reasons = untouched(fold_constants, m, limit_bytes=1000, budget=FoldBudget(total_bytes=3199))
+    assert "over the folding limit of 3199" in reasons[0], reasons
+
+
+def test_an_expand_over_the_per_node_cap_is_still_refused():
+    nodes = [h.make_node("Expand", ["c", "shp"], ["big"]), h.make_node("Add", ["x", "big"], ["y"])]
+    m = model(nodes, [("x", [1000])], [("y", [1000])], {"c": np.ones(1, np.float32), "shp": np.array([1000], np.int64)})
+    assert "over the folding limit of 1000" in untouched(fold_constants, m, limit_bytes=1000)[0]
+
+
 HUGE = {
     "ConstantOfShape": ([h.make_node("ConstantOfShape", ["shp"], ["big"])], {"shp": np.array([2**20, 2**20], np.int64)}),
     "Tile": ([h.make_node("Tile", ["c", "rep"], ["big"])], {"c": np.ones((2, 2), np.float32), "rep": np.array([2**19, 2**19], np.int64)}),
@@ -250,3 +279,17 @@ def test_fold_inside_loop_body_and_body_passthrough_identity_stays(rng):
     _, out = check_pass(fold_constants, m, 1, rng=rng)
     g = load(out)
     assert eliminate_identity(g) == 0  # cond_in is a body input: the Identity must stay
+
+
+def test_a_tied_lm_head_over_16_mib_becomes_a_gemmact(rng):
+    """End to end, at the default cap: the dynamo export's tied lm_head (a 17 MB weight read by the Gather
+    and, transposed, by the MatMul) gets a constant weight, so the MatMul fuses into a tunable GemmAct
+    instead of running a per-inference Transpose and an untuned MatMul. Outputs verified."""
+    import graphopt
+
+    w = (rng.standard_normal((4160, 1024)) * 0.03).astype(np.float32)  # 17.0 MB: over the 16 MiB per-node cap
+    nodes = [h.make_node("Gather", ["w", "ids"], ["emb"]), h.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+             h.make_node("MatMul", ["emb", "wt"], ["y"])]
+    m = model(nodes, [("ids", [1, 4], TensorProto.INT64)], [("y", [1, 4, 4160])], {"w": w})
+    out, report = graphopt.optimize(m, gpu="none", verify=True)
+    assert [n.op_type for n in out.graph.node] == ["Gather", "GemmAct"]
