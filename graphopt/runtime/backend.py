@@ -64,9 +64,19 @@ class _Backend:
 
     # -- values -------------------------------------------------------------------------------
     def cast_in(self, host: np.ndarray) -> np.ndarray:
-        if self.compute_dtype is not None and host.dtype == np.float32:
-            return host.astype(self.compute_dtype)  # fp16 execution: float weights cast once, here
-        return host
+        """fp16 execution: float weights cast once, here. A finite value beyond the compute type's range
+        saturates to its largest finite value (an exporter's fp32 mask constant, finfo(float32).min,
+        becomes -65504, as torch's fp16 masks use finfo(float16).min, not -inf, which would give a fully
+        masked row NaN, and no overflow warning); inf and NaN stay."""
+        if self.compute_dtype is None or host.dtype != np.float32:
+            return host
+        with np.errstate(over="ignore"):
+            out = host.astype(self.compute_dtype)
+        if self.compute_dtype.kind == "f" and self.compute_dtype.itemsize < host.dtype.itemsize:
+            overflowed = np.isinf(out) & np.isfinite(host)
+            if overflowed.any():
+                out[overflowed] = np.copysign(np.finfo(self.compute_dtype).max, host[overflowed])
+        return out
 
     def upload(self, host: np.ndarray, name: str = ""):
         return self.cast_in(host if host.flags.c_contiguous else host.copy())

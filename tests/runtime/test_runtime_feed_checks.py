@@ -38,3 +38,20 @@ def test_a_repeated_feed_is_checked_once_and_a_different_one_again(monkeypatch):
     with pytest.raises(UsageError, match="unknown input"):
         sess.run({"x": x, "z": x})
     onnx.checker.check_model(_relu_model())
+
+
+def test_fp16_execution_saturates_a_finite_weight_beyond_fp16_range_without_a_warning():
+    """The dynamo GPT-2 export's mask constant is finfo(float32).min: cast to fp16 it was -inf, with a NumPy
+    overflow warning in the user's console (H200, 805f74b). It saturates to -65504 now; inf and NaN stay."""
+    import warnings
+
+    from graphopt.runtime.backend import NumpyBackend
+
+    host = np.array([np.finfo(np.float32).min, 7e4, 1.5, np.inf, -np.inf, np.nan], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = NumpyBackend("float16").cast_in(host)
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(out[:5], np.array([-65504, 65504, 1.5, np.inf, -np.inf], np.float16))
+    assert np.isnan(out[5])
+    assert NumpyBackend(None).cast_in(host) is host
