@@ -164,14 +164,6 @@ __device__ __forceinline__ float nan_max(float a, float b) {
 #endif
 }
 
-// 2^x by the hardware's ex2 alone (exp2f adds a rescaling for subnormal results around it): a
-// probability under 2^-126 of its row's largest becomes 0. ex2(-inf) = 0, ex2(NaN) = NaN.
-__device__ __forceinline__ float ex2_ftz(float x) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    return r;
-}
-
 // A thread's LOADS vectors of a row (vector first + t * stride), all loaded first, as masked scores in
 // x; returns their max (NaN if one is NaN, -inf for none attended or a thread past the rows). Without a
 // mask and causal (uniform per launch) the scores are taken as they are: no per-score mask test.

@@ -53,6 +53,15 @@ struct ActParams {
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
+// 2^x by the hardware's ex2 alone (exp2f adds a rescaling for subnormal results around it): a result
+// under 2^-126 becomes 0 (a softmax probability that far under its row's largest, an erfc tail).
+// ex2(-inf) = 0, ex2(NaN) = NaN.
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
 // Everything inlined: for loops that apply the activation once per element in a rolled loop (the
 // staged epilogue), where code size is no concern and the call would cost more than erff itself.
 __device__ __forceinline__ float apply_act_inline(float x, const ActParams& a) {

@@ -52,21 +52,30 @@ struct __align__(sizeof(T) * VEC) EpiVec {
     T v[VEC];
 };
 
-// erf-GELU for 16-bit outputs, branch-free: erf(z) = 1 - t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) exp(-z^2),
-// t = 1 / (1 + p z), z = |x| / sqrt(2) (Abramowitz & Stegun 7.1.26: |error| <= 1.5e-7; with the fast
-// reciprocal and exponential ~3e-7, under a tenth of an fp16 ulp of any GELU value above 1e-3, a few ulps
-// in the far negative tail where the outputs are below 1e-5). Why not erff: on the H200 (4.2 TB/s, an
-// H100's arithmetic) erff's degree-7 polynomial with per-range coefficient selects and its exp tail
-// behind a branch (~24 PTX operations against ~17 here) made the pass compute-bound: 0.64-0.75 of the
-// copy bandwidth against 0.82-0.95 on the H100 (bench/NOTES_kernels.md, twelfth session). fp32 outputs
-// keep erff (apply_act_inline).
+// erf-GELU for 16-bit outputs: x Phi(x) = x (1 - h) for x >= 0 and x h below, where h = erfc(|x| / sqrt2) / 2
+// = 2^(P(z) - z^2 log2 e), z = |x| / sqrt2, and P a degree-7 fit of log2(erfc(z) / 2) + z^2 log2 e on [0, 4.5]
+// (z clamped there: past it h < 1e-10 and the clamped P keeps h's exp(-z^2) decay). One ex2 and eight FMAs:
+// relative error of h ~1e-5 (bench/NOTES_kernels.md, eighteenth session: within one fp16 ulp of the exact
+// GELU everywhere, absolute error under 7e-7 on [-12, 12]), and h keeps its relative accuracy in the negative
+// tail, which an erf computed as 1 - erfc would not. Why not A&S 7.1.26 (a reciprocal, an exponential and a
+// degree-5 polynomial; ~27 SASS instructions a value against ~17 here): on the H200 (4.2 TB/s, an H100's
+// arithmetic) that pass was issue-bound at 0.76 of a same-size copy on 50 MB (805f74b), the tanh form (~13)
+// at 0.91. erff (~24 PTX operations, per-range coefficients, an exp tail behind a branch) was slower still.
+// +inf gives +inf; -inf gives -inf * 0 = NaN, as x Phi(x) computed directly does. fp32 outputs keep erff
+// (apply_act_inline).
 __device__ __forceinline__ float gelu_erf_16bit(float x)
 {
     const float z = fabsf(x) * 0.70710678118654752f;
-    const float t = __fdividef(1.0f, fmaf(0.3275911f, z, 1.0f));
-    const float q = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f), 0.254829592f);
-    const float e = fmaf(-q, __expf(-z * z), 1.0f);  // erf(z)
-    return 0.5f * x * (1.0f + copysignf(e, x));
+    const float zc = fminf(z, 4.5f);
+    float p = fmaf(zc, -2.04339559e-05f, 0.000487860044f);
+    p = fmaf(p, zc, -0.00523426097f);
+    p = fmaf(p, zc, 0.0339423096f);
+    p = fmaf(p, zc, -0.15248035f);
+    p = fmaf(p, zc, 0.52565324f);
+    p = fmaf(p, zc, -1.62807639f);
+    p = fmaf(p, zc, -0.999998866f);
+    const float h = ex2_ftz(fmaf(-z * z, 1.4426950408889634f, p));  // erfc(z) / 2
+    return x * (x >= 0.0f ? 1.0f - h : h);
 }
 
 // tanh-GELU for 16-bit outputs: 0.5 x (1 + tanh(u)) = x * sigmoid(2 u) = x / (1 + exp(-2 u)),
