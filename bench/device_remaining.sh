@@ -1,16 +1,10 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
-# per run-tool call (each within its 600 s limit). The fourteenth session ran 29, 24, 22, 28's attention, 13 and a
-# ResNet-50 e2e row on an H100 at bf317c9 (no H200 came; NOTES_kernels): every change up to that commit has run
-# on an H100, none since 556fae7 on an H200. First call of a session: ``auto``:
-#   - on an H200: 34 (in one call, the acceptance rows that changed since the H200 last ran, 556fae7: the stems
-#     at bs32, the bias+GELU and softmax rows, the attention table with the measured barrier, ResNet-50 bs32 and
-#     GPT-2 bs1 end to end), then 3 and 4 (the whole GPU suite in halves: in one call, 22, an H100 ran all but its
-#     last ~1.5 % at 8d93194), then 32 (MobileNetV2 bs32, the issue-15 row with the least margin there) and 38;
-#   - on any other GPU: 38 (what the seventeenth session's H100 left: the GPU tests the cut suite did not reach,
-#     stem_conv's and direct_conv's one-dispatch activation, ResNet-50 bs32 and GPT-2 bs1 end to end), then 39
-#     (Nsight Compute on the depthwise kernel as it is now) and 40 (GPT-2's dynamo export end to end: fold_transposes).
-#     32, 33 and 36 ran on an H100 at 3ea205c / 8d93194 (NOTES_kernels).
+# per run-tool call (each within its 600 s limit). The eighteenth session's H200 ran 34, 3, 4, 40, 32's rows and
+# 38's layer rows with 39 at 805f74b: every acceptance row of issues 15 and 20 is measured on an H200 at that
+# commit but one (bias+GELU erf at 50 MB, 0.76 of a same-size copy). First call of a session: ``auto`` = 41 (the
+# faster erf-GELU's rows and tests, and the dynamo GPT-2 export with its tied lm_head folded), then on an H200
+# 3 and 4 (the whole GPU suite in halves, for the changes since 805f74b), elsewhere 38 and 39.
 # .cubin: bench/kernel_cache.py builds the compiled-kernel cache on this CPU machine for the device's NVRTC
 # (13.0) and sm_90, so a fresh machine reads every instance instead of compiling them (~140 s on 16 cores).
 # 24 and 28 are 34's parts with more (24: the GPU tests of the twelfth and thirteenth sessions' changes, which
@@ -19,7 +13,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..40 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..41 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -31,7 +25,7 @@
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..40 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..41 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -314,11 +308,24 @@ case "$N" in
       # gpt2_dynamo within 0.05 ms of gpt2 at bs1, where 48 copies would have cost 0.10-0.15 ms on the H200)
     MODELS=gpt2_dynamo,gpt2 DTYPES=fp16 E2E_ARGS="--rows gpt2_dynamo:1,gpt2:1,gpt2_dynamo:32 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-transformers:${E2E_S:-400} ;;
-  auto) # the first call of a session (AUTO_N overrides): on an H200, 34 (the acceptance rows are the H200's; 3 and
-      # 4 next, then 32 and 38); on any other GPU, 38 (what the seventeenth session's H100 did not measure; 39 next)
+  41) # best on an H200, ~540 s (eighteenth session, NOTES_kernels / NOTES_e2e): what 805f74b's H200 run left.
+      # The erf-GELU for 16-bit outputs as one ex2 of a fitted erfc (prediction: the 50 MB row 18.0 -> 15.3-16.0 us,
+      # 0.86-0.90 of a same-size copy, the only memory row under 0.8 there): its GPU tests (GELU values, two loads,
+      # GemmAct's activations), the bias+GELU rows; then GPT-2's dynamo export with its tied lm_head folded
+      # (prediction: within 0.05 ms of gpt2 at bs1 and 0.2 ms at bs32, from 0.835 / 5.196 ms).
+    G=tests/gpu/test_gemm_act_gpu.py
+    PACK_CUBIN=0 TESTS="$G::test_the_vector_pass_gelu_per_element $G::test_two_loads_a_thread_match_one $G::test_gemm_activation" \
+      bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-150}
+    PACK_CUBIN=0 PREBUILD=0 TRANSFORMER_ARGS="--tables memory --kernels gelu --dtypes float16" \
+      bash bench/device_calls.sh "$OUT/m" transformer:${MEM_S:-60}
+    MODELS=gpt2_dynamo,gpt2 DTYPES=fp16 E2E_ARGS="--rows gpt2_dynamo:1,gpt2:1,gpt2_dynamo:32 --measure-reserve 45" \
+      bash bench/device_calls.sh "$OUT/e" e2e-transformers:${E2E_S:-330} ;;
+  auto) # the first call of a session (AUTO_N overrides): 41 (what the eighteenth session's H200 left; on an H200
+      # the acceptance rows are the H200's), then 3 and 4 (the whole GPU suite in halves) on an H200, 38 and 39
+      # elsewhere
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-    case "$gpu" in *H200*) n=34 ;; *) n=38 ;; esac
+    n=41
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..40 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..41 or auto" >&2; exit 2 ;;
 esac

@@ -94,7 +94,7 @@ def test_gemm_activation(ai, dtype, name, cand):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", [8, 9], ids=["erf", "tanh"])
 def test_the_vector_pass_gelu_per_element(dtype, act):
-    """``epilogue_gemm_vec``'s GELUs (fp16: the branch-free A&S erf form and the x * sigmoid(2u) tanh form;
+    """``epilogue_gemm_vec``'s GELUs (fp16: the erf form as one ex2 of a fitted erfc and the x * sigmoid(2u) tanh form;
     fp32: erff and tanhf) on every value of a dense grid over [-12, 12] plus a bias row, against float64:
     fp16 within one ulp of the exact value's rounding where |GELU| >= 1e-3 and three in the tail; fp32
     within 1e-6 relative of the largest value."""
