@@ -51,8 +51,10 @@ NEVER_FOLD = frozenset(
 #: ``MatMul(x, Transpose(W))`` with W shared by the embedding (GPT-2: 154 MB in fp32), and unfolded the
 #: MatMul has no constant weight, so no GemmAct and no tuned lowering (H200, 805f74b: the dynamo GPT-2
 #: export 1.96x torch.compile at bs32 against 0.88 for the TorchScript export). They are held to the
-#: run's total budget only.
+#: run's total budget only, and only where the input is read elsewhere too (a copy the model then keeps).
 RELAYOUT = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+#: The cap of a re-layout that replaces its input (read nowhere else): it adds nothing, so nothing bounds it.
+NO_CAP = 2**63
 
 
 def _all_inputs_constant(graph: Graph, node: Node) -> bool:
@@ -65,6 +67,14 @@ def _all_inputs_constant(graph: Graph, node: Node) -> bool:
                 return False
             reads = True
     return reads
+
+
+def _sole_reader(graph: Graph, node: Node) -> bool:
+    """Whether ``node`` is the only reader of its data input, an initializer of its own graph that is not a
+    graph output (folding it then drops that initializer as dead: nothing is added)."""
+    data = node.inputs[0] if node.inputs else ""
+    return bool(data) and graph.is_initializer(data) and not graph.is_graph_output(data) \
+        and graph.consumers(data) == [node]
 
 
 def _why_not(node: Node) -> str | None:
@@ -108,7 +118,8 @@ def fold_constants(
         if any(v is None for v in values.values()):
             report(trace, NAME, node, "a constant input could not be read as an array")
             continue
-        cap = budget.left if node.op_type in RELAYOUT else min(limit_bytes, budget.left)
+        free = node.op_type in RELAYOUT and _sole_reader(g, node)
+        cap = NO_CAP if free else budget.left if node.op_type in RELAYOUT else min(limit_bytes, budget.left)
         try:
             results = evaluate(node, values, opset_version(g), cap)
         except NotFoldable as exc:
@@ -117,7 +128,8 @@ def fold_constants(
                 reason += f" (the {budget.total_bytes}-byte folding budget of this run is nearly spent)"
             report(trace, NAME, node, reason)
             continue
-        budget.spent_bytes += sum(r.nbytes for r in results)
+        if not free:  # a re-layout of a constant read nowhere else replaces it: the model does not grow
+            budget.spent_bytes += sum(r.nbytes for r in results)
         outputs = iter(results)
         replace_with_initializers(g, node, [next(outputs) if t else None for t in node.outputs])
         changes += 1

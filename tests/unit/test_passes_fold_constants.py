@@ -117,8 +117,9 @@ def test_a_relayout_of_a_shared_weight_folds_past_the_per_node_cap(rng):
 def test_a_relayout_still_counts_against_the_runs_total_budget(rng):
     from graphopt.passes import FoldBudget
 
-    nodes = [h.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), h.make_node("MatMul", ["x", "wt"], ["y"])]
-    m = model(nodes, [("x", [2, 16])], [("y", [2, 50])], {"w": rng.standard_normal((50, 16)).astype(np.float32)})
+    nodes = [h.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), h.make_node("MatMul", ["x", "wt"], ["y"]),
+             h.make_node("MatMul", ["y", "w"], ["z"])]  # w read twice: the fold would keep both copies
+    m = model(nodes, [("x", [2, 16])], [("z", [2, 16])], {"w": rng.standard_normal((50, 16)).astype(np.float32)})
     reasons = untouched(fold_constants, m, limit_bytes=1000, budget=FoldBudget(total_bytes=3199))
     assert "over the folding limit of 3199" in reasons[0], reasons
 
@@ -293,3 +294,15 @@ def test_a_tied_lm_head_over_16_mib_becomes_a_gemmact(rng):
     m = model(nodes, [("ids", [1, 4], TensorProto.INT64)], [("y", [1, 4, 4160])], {"w": w})
     out, report = graphopt.optimize(m, gpu="none", verify=True)
     assert [n.op_type for n in out.graph.node] == ["Gather", "GemmAct"]
+
+
+def test_a_relayout_that_replaces_its_input_is_not_charged_to_the_budget(rng):
+    """A Transpose of a weight read nowhere else replaces it (the old one is dead): the model does not grow, so
+    neither the per-node cap nor a spent total budget holds it back, and nothing is charged."""
+    from graphopt.passes import FoldBudget
+
+    nodes = [h.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), h.make_node("MatMul", ["x", "wt"], ["y"])]
+    m = model(nodes, [("x", [2, 16])], [("y", [2, 50])], {"w": rng.standard_normal((50, 16)).astype(np.float32)})
+    budget = FoldBudget(total_bytes=0)
+    g, out = check_pass(fold_constants, m, 1, limit_bytes=1000, budget=budget)
+    assert ops(out) == ["MatMul"] and budget.spent_bytes == 0
