@@ -78,6 +78,8 @@ def main(argv=None):
     ap.add_argument("--tables", default="memory,attention",
                     help="which tables: memory (norms, bias+GELU, softmax), attention, or both")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; what is past it is skipped and listed")
+    ap.add_argument("--seqs", default=None,
+                    help=f"attention sequence lengths, comma-separated (default: {','.join(map(str, ATTN_SEQS))})")
     ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
     ap.add_argument("--merge", nargs=2, metavar=("MEMORY_JSON", "ATTENTION_JSON"),
                     help="no GPU: write one results file from two runs' files (the memory table of the first, the "
@@ -87,6 +89,8 @@ def main(argv=None):
     unknown = kinds - {"norm", "gelu", "softmax"}
     if unknown:
         ap.error(f"--kernels: unknown {', '.join(sorted(unknown))} (norm, gelu, softmax)")
+    if args.seqs and not all(x.strip().isdigit() and int(x) > 0 for x in args.seqs.split(",")):
+        ap.error(f"--seqs: {args.seqs!r} is not a comma-separated list of positive lengths (e.g. 4096 or 128,512)")
     if args.merge:
         return merge(args.out, *args.merge, gpu_name=args.gpu_name)
     args.gpu_name = args.gpu_name or gpu_tag()
@@ -122,6 +126,7 @@ def main(argv=None):
     tstream = torch.cuda.ExternalStream(stream.ptr)
     rng = cupy.random.RandomState(0)
     pick = (lambda xs: xs[-1:]) if args.quick else (lambda xs: xs)
+    attn_seqs = tuple(int(x) for x in args.seqs.split(",")) if args.seqs else ATTN_SEQS
     mem_rows, attn_rows = [], []
 
     def torch_us(fn, ins, out):
@@ -390,7 +395,7 @@ def main(argv=None):
                 cupy.get_default_memory_pool().free_all_blocks()
 
         for dtype in (args.attn_dtypes.split(",") if "attention" in tables else []):
-            for s in pick(ATTN_SEQS):
+            for s in pick(attn_seqs):
                 for d in pick(ATTN_HEADS):
                     for causal in (0, 1):
                         if budget.left() < 15:
