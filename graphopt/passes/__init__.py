@@ -21,6 +21,7 @@ from graphopt.passes.dead_code import dead_code
 from graphopt.passes.dropout import eliminate_dropout
 from graphopt.passes.fold_constants import DEFAULT_LIMIT_BYTES, DEFAULT_TOTAL_BYTES, FoldBudget, fold_constants
 from graphopt.passes.fold_shape import fold_shape
+from graphopt.passes.global_pool import reduce_to_global_pool
 from graphopt.passes.identity import eliminate_identity
 from graphopt.passes.identity_reshape import eliminate_identity_reshape
 from graphopt.passes.merge_duplicates import merge_duplicates
@@ -45,6 +46,7 @@ __all__ = [
     "fold_shape",
     "fold_transposes",
     "merge_duplicates",
+    "reduce_to_global_pool",
     "run_cleanup",
 ]
 
@@ -61,6 +63,7 @@ CLEANUP_ORDER = (
     "fold_constants",
     "eliminate_identity_reshape",
     "fold_transposes",
+    "reduce_to_global_pool",
     "fold_pad_into_conv",
     "fold_conv_bn",
     "fold_conv_mul_add",
@@ -101,6 +104,7 @@ def run_cleanup(
         "fold_constants": lambda g, trace=None: fold_constants(g, limit_bytes=fold_limit_bytes, budget=budget, trace=trace),
         "eliminate_identity_reshape": eliminate_identity_reshape,
         "fold_transposes": fold_transposes,
+        "reduce_to_global_pool": reduce_to_global_pool,
         "fold_pad_into_conv": fold_pad_into_conv,
         "fold_conv_bn": fold_conv_bn,
         "fold_conv_mul_add": fold_conv_mul_add,
