@@ -4,8 +4,8 @@
 # 38's layer rows with 39 at 805f74b: every acceptance row of issues 15 and 20 is measured on an H200 at that
 # commit but one (bias+GELU erf at 50 MB, 0.76 of a same-size copy). First call of a session: ``auto`` = 41 (the
 # faster erf-GELU's rows and tests, and the dynamo GPT-2 export with its tied lm_head folded), then on an H200
-# 3 and 4 (the whole GPU suite in halves, for the changes since 805f74b) and 42 (attention at 4096 keys),
-# elsewhere 38 and 39.
+# 3 and 4 (the whole GPU suite in halves, for the changes since 805f74b), 42 (attention at 4096 keys) and 43
+# (the dynamo CNN exports), elsewhere 38 and 39.
 # .cubin: bench/kernel_cache.py builds the compiled-kernel cache on this CPU machine for the device's NVRTC
 # (13.0) and sm_90, so a fresh machine reads every instance instead of compiling them (~140 s on 16 cores).
 # 24 and 28 are 34's parts with more (24: the GPU tests of the twelfth and thirteenth sessions' changes, which
@@ -14,7 +14,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..42 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..43 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -26,7 +26,7 @@
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
 # returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..42 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..43 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -325,6 +325,13 @@ case "$N" in
       # its time budget (at 556fae7 they were within 0.4 % of SDPA), with the measured barrier as 34 runs it
     PACK_CUBIN=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention --seqs 4096" \
       bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-240} ;;
+  43) # any GPU, ~450 s (eighteenth session, NOTES_e2e): the CNNs exported by dynamo (torch's default exporter),
+      # whose global pooling is ReduceMean, now GlobalAveragePool (reduce_to_global_pool), so their graphs after
+      # cleanup are the TorchScript exports' (prediction: each bs32 row within 3 % of its TorchScript row's
+      # graphopt time; EfficientNet-B0's 16 squeeze-excitation pools would otherwise cut its NHWC region)
+    MODELS=efficientnet_b0_dynamo,resnet50_dynamo,mobilenetv2_dynamo DTYPES=fp16 \
+      E2E_ARGS="--rows efficientnet_b0_dynamo:32,resnet50_dynamo:32,mobilenetv2_dynamo:32 --measure-reserve 45" \
+      bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-500} ;;
   auto) # the first call of a session (AUTO_N overrides): 41 (what the eighteenth session's H200 left; on an H200
       # the acceptance rows are the H200's), then 3 and 4 (the whole GPU suite in halves) on an H200, 38 and 39
       # elsewhere
@@ -332,5 +339,5 @@ case "$N" in
     n=41
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..42 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..43 or auto" >&2; exit 2 ;;
 esac

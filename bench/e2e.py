@@ -3,7 +3,7 @@ torch.compile(mode="reduce-overhead"), one row per (model, batch, dtype), merged
 
 Models (bench/torch_models.py; random weights, exported here, no downloads): resnet50, mobilenetv2,
 efficientnet_b0, gpt2 (124M, seq 128), bert (base, seq 128), vit_b16. Batches 1 and 32; fp16 for
-every model, fp32 too for resnet50 and bert. ``--models gpt2_dynamo`` (also bert_dynamo, vit_b16_dynamo):
+every model, fp32 too for resnet50 and bert. ``--models gpt2_dynamo`` (any model name + ``_dynamo``):
 the same module exported by the dynamo exporter, a row of its own beside the TorchScript export's (not
 one of issue 15's acceptance rows).
 

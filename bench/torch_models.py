@@ -27,7 +27,7 @@ MODELS = {
 }
 # the same modules exported by torch.onnx's dynamo exporter (torch's default since 2.9) instead of the
 # TorchScript one: the graphs differ (bench/NOTES_e2e.md, seventeenth session), the peers do not
-VARIANTS = {f"{m}_dynamo": (f"{MODELS[m][0]}, dynamo export", MODELS[m][1]) for m in ("gpt2", "bert", "vit_b16")}
+VARIANTS = {f"{m}_dynamo": (f"{MODELS[m][0]}, dynamo export", MODELS[m][1]) for m in MODELS}
 ALL_MODELS = {**MODELS, **VARIANTS}
 DYNAMO_SUFFIX = "_dynamo"
 
@@ -138,8 +138,9 @@ def export(name: str, module, path: Path, device: str = "cpu") -> str:
         except Exception as e:  # noqa: BLE001 - the legacy exporter may be gone: try dynamo
             first = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     batch = torch.export.Dim("batch", min=1, max=1024)
+    # dynamic_shapes by position: torchvision's modules name their argument x, the wrapped ones input
     torch.onnx.export(module, (x,), str(path), dynamo=True, input_names=["input"], output_names=["output"],
-                      dynamic_shapes={"input": {0: batch}}, external_data=False)
+                      dynamic_shapes=({0: batch},), external_data=False)
     return f"dynamo (torchscript failed: {first})" if first else "dynamo"
 
 
