@@ -118,8 +118,14 @@ def fold_constants(
         if any(v is None for v in values.values()):
             report(trace, NAME, node, "a constant input could not be read as an array")
             continue
-        free = node.op_type in RELAYOUT and _sole_reader(g, node)
-        cap = NO_CAP if free else budget.left if node.op_type in RELAYOUT else min(limit_bytes, budget.left)
+        relayout = node.op_type in RELAYOUT
+        free = relayout and _sole_reader(g, node)
+        if free:
+            cap = NO_CAP
+        elif relayout:
+            cap = budget.left
+        else:
+            cap = min(limit_bytes, budget.left)
         try:
             results = evaluate(node, values, opset_version(g), cap)
         except NotFoldable as exc:
