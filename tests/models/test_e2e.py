@@ -66,3 +66,19 @@ def test_every_conv_feeding_an_activation_becomes_cbr(path, tmp_path):
     model, report = optimize_file(path, tmp_path / "o.onnx", gpu="a100", verify=True)
     assert _convs_left_before_activation(model) == []
     assert report.custom_ops.get("CBR", 0) > 0
+
+
+@pytest.mark.parametrize("base", ["resnet18", "resnet50", "mobilenetv2"])
+def test_dynamo_and_torchscript_cnn_exports_optimize_to_the_same_ops(base, tmp_path):
+    """The dynamo exporter writes global pooling as ReduceMean over the spatial axes (made GlobalAveragePool by
+    cleanup, so it runs in the convolutions' layout) and the flatten as a Reshape: otherwise the two exports'
+    optimized graphs hold the same ops."""
+    import collections
+
+    counts = []
+    for name in (f"{base}_dynamo_op18.onnx", f"{base}_torchscript_op17.onnx"):
+        model, _ = optimize_file(ROOT / "models" / "torch" / name, tmp_path / name, gpu="a100")
+        counts.append(collections.Counter((n.domain, "Reshape" if n.op_type == "Flatten" else n.op_type)
+                                          for n in model.graph.node))
+    assert counts[0] == counts[1]
+    assert ("", "ReduceMean") not in counts[0] and counts[0][("", "GlobalAveragePool")] == 1
