@@ -24,7 +24,11 @@
 # (a device call's own cubin.tar.xz is over the size that comes back once the cache holds every instance).
 #
 # Results come back named by the GPU the call got (h200 / h100): put them under bench/results/ and the
-# returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call.
+# returned cubin.tar.xz / tuning.tar.xz back into .cubin/ and .tuning/ before the next call. Partial tables
+# merge into the full ones without dropping rows: e2e with `python3 bench/e2e_report.py DEST.json SRC.json...`,
+# cbr_layers.py reads the full table itself (--previous), transformer tables with
+# `python3 bench/transformer_kernels.py --merge MEM.json ATTN.json --previous bench/results/transformer_kernels_h200.json
+# --gpu-name h200 --out bench/results` (a run of one table only: give its file for both).
 set -u
 N=${1:?usage: device_remaining.sh N OUT (N = 0..43 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}

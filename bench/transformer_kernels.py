@@ -84,6 +84,9 @@ def main(argv=None):
     ap.add_argument("--merge", nargs=2, metavar=("MEMORY_JSON", "ATTENTION_JSON"),
                     help="no GPU: write one results file from two runs' files (the memory table of the first, the "
                          "attention table of the second), each run's header kept under 'runs'")
+    ap.add_argument("--previous", default=None, metavar="JSON",
+                    help="with --merge: an earlier results file; its rows the two runs did not measure again are kept, "
+                         "marked with their run (earlier_run)")
     args = ap.parse_args(argv)
     kinds = set(args.kernels.split(","))
     unknown = kinds - {"norm", "gelu", "softmax"}
@@ -92,7 +95,7 @@ def main(argv=None):
     if args.seqs and not all(x.strip().isdigit() and int(x) > 0 for x in args.seqs.split(",")):
         ap.error(f"--seqs: {args.seqs!r} is not a comma-separated list of positive lengths (e.g. 4096 or 128,512)")
     if args.merge:
-        return merge(args.out, *args.merge, gpu_name=args.gpu_name)
+        return merge(args.out, *args.merge, gpu_name=args.gpu_name, previous=args.previous)
     args.gpu_name = args.gpu_name or gpu_tag()
     budget = Budget(args.budget)
 
@@ -426,6 +429,8 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
              f"Command: `{header['command']}`; CuPy {header['cupy']}, torch {header['torch']}; providers "
              f"{header.get('providers')}. Copy bandwidth {copy:.2f} TB/s (this run). Timing: {header['timing']}.", "",
              "Summary: " + json.dumps(header["summary"]), "",
+             *([f"Rows marked \"earlier run\" come from `{header['earlier_rows_from']}`.", ""]
+               if header.get("earlier_rows_from") else []),
              "## Memory-bound kernels", "",
              "`graphopt us`: device time in a CUDA graph (as the tuner times it and the runtime runs it); `torch us`: torch eager. "
              "`of copy`: against the copy ceiling (1 GiB buffers); `of same-size copy`: against a copy moving the "
@@ -437,7 +442,8 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
         lines.append(f"| {r['kernel']} | {r['size']} | {r['dtype']} | {r['MB']} | {r['graphopt_us']} | {r['fraction_of_copy']} | "
                      f"{r.get('of_same_size_copy', '-')} | {r['torch_us']} | {r['torch_of_copy']} | {r['chosen']}"
                      + (f" (two loads a thread: {r['vec_loads2_us']} us)" if r.get("vec_loads2_us") else "")
-                     + (f" (two loads a thread failed: {r['vec_loads2_failure']})" if r.get("vec_loads2_failure") else "") + " |")
+                     + (f" (two loads a thread failed: {r['vec_loads2_failure']})" if r.get("vec_loads2_failure") else "")
+                     + (f" (earlier run: {r['earlier_run']})" if r.get("earlier_run") else "") + " |")
     lines += ["", "## Attention (no mask; causal where it says so)", "",
               "`graphopt us` and `SDPA us`: device time inside a CUDA graph, calls back to back (graphopt's with its "
               "stream barrier before each: the call before is the same library launch; a row's `sdpa_timing` in the "
@@ -455,7 +461,8 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
                      f"{r['TFLOPs']} | {r['sdpa_us']} | {r['sdpa_TFLOPs']} | {r['vs_sdpa']} | {placed_us} | "
                      f"{placed_ratio(r) if placed_ratio(r) is not None else '-'} | {r['torch_unfused_us']} | "
                      f"{' / '.join(str(v) for v in (r.get('sdpa_backends_us') or {}).values()) or '-'} | "
-                     f"{json.dumps(r['best_by_provider'])} | {r['chosen']} |")
+                     f"{json.dumps(r['best_by_provider'])} | {r['chosen']}"
+                     + (f" (earlier run: {r['earlier_run']})" if r.get("earlier_run") else "") + " |")
     if skipped:
         lines += ["", "Skipped for the time budget: " + ", ".join(skipped)]
     write_atomic(os.path.join(out_dir, f"transformer_kernels_{gpu_name}.md"), "\n".join(lines) + "\n")
@@ -466,19 +473,45 @@ def placed_ratio(row: dict) -> float | None:
     return (row.get("placed") or {}).get("placed_ratio_paired")
 
 
-def merge(out_dir: str, memory_json: str, attention_json: str, gpu_name: str | None = None) -> None:
+MEMORY_KEY = ("kernel", "size", "dtype")
+ATTENTION_KEY = ("seq", "head_dim", "causal", "dtype")
+
+
+def keep_earlier(new: list[dict], earlier: list[dict], key: tuple[str, ...], run: str) -> list[dict]:
+    """``new`` rows, then every ``earlier`` row whose key ``new`` does not measure again, marked with the run
+    it came from (``earlier_run``): a partial rerun (the GELU rows only, the 4096-key attention rows only)
+    merged into the full table replaces what it measured and drops nothing."""
+    measured = {tuple(r.get(k) for k in key) for r in new}
+    kept = [dict(r, earlier_run=r.get("earlier_run", run)) for r in earlier if tuple(r.get(k) for k in key) not in measured]
+    return list(new) + kept
+
+
+def merge(out_dir: str, memory_json: str, attention_json: str, gpu_name: str | None = None,
+          previous: str | None = None) -> None:
     """One file from two device calls: a call's time limit fits one table, not both. Named by
-    ``gpu_name`` or else by the GPU the attention run's header names (merging needs no GPU here)."""
+    ``gpu_name`` or else by the GPU the attention run's header names (merging needs no GPU here).
+    ``previous``: an earlier results file whose rows the two runs did not measure again are kept (marked)."""
     with open(memory_json) as f:
         mem = json.load(f)
     with open(attention_json) as f:
         attn = json.load(f)
+    if previous:
+        with open(previous) as f:
+            old = json.load(f)
+        h = old.get("header", {})
+        run = f"{h.get('date', '?')}, code {str(h.get('git', '?'))[:7]}"
+        mem = dict(mem, memory_bound=keep_earlier(mem["memory_bound"], old.get("memory_bound", []), MEMORY_KEY, run))
+        attn = dict(attn, attention=keep_earlier(attn["attention"], old.get("attention", []), ATTENTION_KEY, run))
     gpu_name = gpu_name or gpu_tag(attn["header"].get("gpu", ""))
     header = dict(attn["header"])
     mem_run = mem["header"].get("runs", {}).get("memory_bound", mem["header"])  # a merged file: its memory run
     header["runs"] = {"memory_bound": mem_run, "attention": attn["header"]}
     header["command"] = f"{mem_run['command']} (memory table); {attn['header']['command']} (attention table)"
     skipped = mem["header"].get("skipped_for_time", []) + attn["header"].get("skipped_for_time", [])
+    if previous:
+        header["earlier_rows_from"] = f"{previous} ({run}): its rows these runs did not measure again"
+        measured = {f"attention s={r['seq']} d={r['head_dim']} causal={int(r['causal'])} {r['dtype']}" for r in attn["attention"]}
+        skipped = [x for x in skipped if x not in measured]  # a skipped row kept from the earlier file is not missing
     _write(out_dir, header, mem["memory_bound"], attn["attention"], skipped, mem["header"]["ceilings"]["copy_TBps"], gpu_name)
 
 

@@ -191,6 +191,36 @@ def test_the_attention_table_shows_the_placed_timing_and_counts_its_verdict(tmp_
     assert "| 24.1 / 24.5 | 0.984 |" in md and "| 25.0 / 24.8 | 1.008 |" in md and "| - | - |" in md
 
 
+def test_a_partial_transformer_rerun_merged_into_the_full_table_drops_no_row(tmp_path, monkeypatch):
+    """``transformer_kernels.py --merge MEM ATTN --previous FULL``: the 805f74b memory run measured only the GELU
+    and softmax rows, and merged on its own it replaced the H200's 17-row table with 8 rows. With the full
+    table as ``previous`` the new rows replace theirs, the norms and the attention rows not measured again
+    (4096 keys) stay, marked with the run they came from."""
+    import json
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import transformer_kernels
+
+    results = BENCH / "results"
+    full = results / "transformer_kernels_h200.json"
+    partial = results / "transformer_kernels_h200_805f74b.json"
+    transformer_kernels.merge(str(tmp_path), str(partial), str(partial), gpu_name="h200", previous=str(full))
+    out = json.loads((tmp_path / "transformer_kernels_h200.json").read_text())
+    old, new = json.loads(full.read_text()), json.loads(partial.read_text())
+    key = transformer_kernels.MEMORY_KEY
+    assert {tuple(r[k] for k in key) for r in out["memory_bound"]} == \
+        {tuple(r[k] for k in key) for r in old["memory_bound"] + new["memory_bound"]}
+    by_key = {tuple(r[k] for k in key): r for r in out["memory_bound"]}
+    for r in new["memory_bound"]:  # a measured row is the new run's, unmarked
+        assert by_key[tuple(r[k] for k in key)]["graphopt_us"] == r["graphopt_us"]
+        assert "earlier_run" not in by_key[tuple(r[k] for k in key)]
+    norms = [r for r in out["memory_bound"] if r["kernel"] == "LayerNorm"]
+    assert norms and all("556fae7" in r["earlier_run"] for r in norms)
+    seqs = {r["seq"] for r in out["attention"]}
+    assert 4096 in seqs and len(out["attention"]) == len(old["attention"])
+    assert "(earlier run: " in (tmp_path / "transformer_kernels_h200.md").read_text()
+
+
 def test_a_rerun_of_some_layers_keeps_their_rows_at_other_batches():
     """``cbr_layers.py --only L --batches 32 --previous F`` dropped L's bs1 rows from F (the H100's table lost
     eight MobileNetV2 depthwise bs1 rows that way): only the rows the run measures again are replaced."""
