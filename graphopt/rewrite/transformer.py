@@ -12,7 +12,9 @@ Constraints (``None`` when they hold, else the reason ``--explain`` prints):
 * ``noop_cast(cast)``: a Cast to the element type its input already has;
 * ``attention_operands(q, kt, v)``: runtime tensors of one rank (>= 3) with consistent head dims;
 * ``bool_tensor(t)``: t has element type bool;
-* ``mask_broadcast(m, mm)``: an additive mask that broadcasts onto the scores without enlarging them.
+* ``mask_broadcast(m, mm)``: an additive mask that broadcasts onto the scores without enlarging them;
+* ``head_split_transposes(tq, tk, tv)``, ``keys_transpose(tk)``, ``heads_merge_transpose(ty)``: the
+  Transposes around an attention that its layout attributes absorb.
 
 Where a shape is unknown the shape checks pass: every fused op's function body broadcasts exactly
 like the nodes it replaces, so the result is the same; a lowering checks the concrete shapes.
@@ -176,6 +178,15 @@ def head_split_transposes(g, tq, tk, tv):
     for node, want in ((tq, [0, 2, 1, 3]), (tk, [0, 2, 3, 1]), (tv, [0, 2, 1, 3])):
         if _perm(node) != want:
             return f"{node.name!r} has perm {_perm(node)}, expected {want} (the head split of a [B, S, H, D] tensor)"
+    return None
+
+
+@register_constraint("keys_transpose", "n")
+def keys_transpose(g, tk):
+    """tk is Transpose(perm 0,1,3,2): K [B, H, S, D] -> K^T [B, H, D, S], where the keys are not the head split's
+    (LLaMA's repeat_kv output, for one): the op reads K untransposed instead of this copy."""
+    if _perm(tk) != [0, 1, 3, 2]:
+        return f"{tk.name!r} has perm {_perm(tk)}, expected [0, 1, 3, 2] (K^T of a [B, H, S, D] tensor)"
     return None
 
 

@@ -24,6 +24,9 @@ FILES = ("norm.toml", "gelu.toml", "attention.toml")
 TRANSFORMER_RULES = sorted(r.name for r in SHIPPED if r.file.endswith(FILES))
 
 
+KEYS_RULE = "attention_k_untransposed"
+
+
 def _only(*names: str) -> RuleSet:
     return RuleSet([SHIPPED.get(n) for n in names])
 
@@ -341,6 +344,24 @@ def head_split_model(variant="fires"):
     return b.model()
 
 
+def keys_transpose_model(variant="fires"):
+    """graphopt.Attention (k_transposed=1) whose K^T is a Transpose(perm 0,1,3,2) of [B, H, S, D] keys that are
+    not a head split (LLaMA's after RoPE and repeat_kv), as the attention rules leave it (``variant``: a near-miss)."""
+    b = Builder(17, seed=16)
+    e = TensorProto.FLOAT16
+    if variant == "perm":  # the head split's K^T (attention_qkv_bshd's form), not a swap of the last two axes
+        kt = b.op("Transpose", [b.input("k", [B, SKV, H, D], e)], perm=[0, 2, 3, 1])
+    else:
+        kt = b.op("Transpose", [b.input("k", [B, H, SKV, D], e)], perm=[0, 1, 3, 2])
+    y = b.op("Attention", [b.input("q", [B, H, SQ, D], e), kt, b.input("v", [B, H, SKV, DV], e),
+                           b.input("m", [B, 1, 1, SKV], e)], domain="graphopt", k_transposed=1, mask_kind="additive",
+             scale=0.5, causal=1)
+    b.output(b.op("Neg", [y]))
+    if variant == "second_consumer":
+        b.output(b.op("Neg", [kt]))
+    return b.model()
+
+
 def heads_merge_model(variant="fires"):
     """graphopt.Attention followed by the heads merge's Transpose and Reshape (``variant``: a near-miss)."""
     b = Builder(17, seed=15)
@@ -394,6 +415,7 @@ for _sc in SCALES:
 CASES["attention_qkv_bshd"] = head_split_model
 CASES["shape_of_transpose"] = shape_of_transpose_model
 CASES["attention_y_bshd"] = heads_merge_model
+CASES["attention_k_untransposed"] = keys_transpose_model
 
 
 def test_every_transformer_rule_has_a_test_case():
@@ -414,7 +436,11 @@ def test_rule_fires_alone_and_with_every_rule(name):
     _same_outputs(model, g)
     g_all, report_all = _rewrite(model, SHIPPED)
     assert report_all.counts.get(name) == 1, report_all.counts
-    assert [n.op_type for n in g_all.nodes()] == [n.op_type for n in g.nodes()]
+    # the test models write K^T as a Transpose of [B, H, S, D] keys, as exports do: with every rule, the
+    # attention rules' op then also takes that Transpose in (attention_k_untransposed)
+    follow = [KEYS_RULE] if name.startswith("attention_") and name != KEYS_RULE and report_all.counts.get(KEYS_RULE) == 1 else []
+    expected = _rewrite(model, _only(name, *follow))[0] if follow else g
+    assert [n.op_type for n in g_all.nodes()] == [n.op_type for n in expected.nodes()]
     _same_outputs(model, g_all, seed=2)
 
 
@@ -457,8 +483,9 @@ def test_attention_attributes():
     g, _ = _rewrite(attention_model("qk", "mask", "nan"), SHIPPED)
     node = next(n for n in g.nodes() if n.op_type == "Attention")
     assert node.attr("scale") == pytest.approx(0.5)
+    # k_transposed=0: the K^T Transpose went into the op too (attention_k_untransposed)
     assert (node.attr("mask_kind"), node.attr("nan_to_zero"), node.attr("k_transposed"), node.attr("num_heads")) == (
-        "additive", 1, 1, H)
+        "additive", 1, 0, H)
     g, _ = _rewrite(attention_model("div", "nomask", "softmax"), SHIPPED)
     node = next(n for n in g.nodes() if n.op_type == "Attention")
     assert node.attr("scale") == pytest.approx(0.5) and node.attr("mask_kind") == "none" and len(node.inputs) == 3
@@ -468,7 +495,7 @@ def test_attention_attributes():
 def test_attention_where_mask_is_a_bool_mask(variant, mask_value):
     model = attention_model("q", "where", "softmax", variant)
     g, report = _rewrite(model, SHIPPED)
-    assert report.counts == {"attention_q_where_softmax": 1}
+    assert report.counts == {"attention_q_where_softmax": 1, KEYS_RULE: 1}
     node = next(n for n in g.nodes() if n.op_type == "Attention")
     assert node.attr("mask_kind") == "bool" and node.attr("mask_value") == mask_value
     _same_outputs(model, g)
@@ -526,6 +553,8 @@ NEAR_MISSES = [
     ("attention_qkv_bshd", lambda: head_split_model("second_consumer"), "has 2 consumers"),
     ("shape_of_transpose", lambda: shape_of_transpose_model("slice"), "takes a slice of the shape (start=1)"),
     ("attention_y_bshd", lambda: heads_merge_model("perm"), "has perm [0, 2, 3, 1], expected [0, 2, 1, 3]"),
+    ("attention_k_untransposed", lambda: keys_transpose_model("perm"), "has perm [0, 2, 3, 1], expected [0, 1, 3, 2]"),
+    ("attention_k_untransposed", lambda: keys_transpose_model("second_consumer"), "has 2 consumers"),
     ("groupnorm", lambda: groupnorm_model(variant="in_scale"), "is not 3 1s"),
 ]
 
@@ -552,6 +581,16 @@ def test_optimize_explain_reports_the_near_miss():
     assert "Attention" not in report.custom_ops
     reasons = [nm["reason"] for nm in report.near_misses if nm["rule"].startswith("attention_mul_mask_nan")]
     assert any("softmax_last_axis(sm): Softmax" in r and "has axis=2, not the last axis" in r for r in reasons), reasons
+
+
+def test_the_keys_transpose_goes_into_the_attention():
+    """attention_k_untransposed: the Transpose goes, the op reads K [B, H, S, D] (k_transposed=0) and keeps its
+    other attributes."""
+    g, report = _rewrite(keys_transpose_model(), _only("attention_k_untransposed"))
+    (att,) = [n for n in g.nodes() if n.op_type == "Attention"]
+    assert [n.op_type for n in g.nodes()] == ["Attention", "Neg"] and att.inputs[1] == "k"
+    assert att.attr("k_transposed") == 0 and att.attr("causal") == 1 and att.attr("scale") == 0.5
+    assert att.attr("mask_kind") == "additive"
 
 
 def test_head_split_transposes_go_into_the_attention():
