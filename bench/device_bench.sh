@@ -25,8 +25,9 @@
 #                     torch.compile included). MODELS / BATCHES / DTYPES narrow a call;
 #                     E2E_ARGS="--rows efficientnet_b0:1,mobilenetv2:32" runs those rows, in that order.
 #   cbr               bench/cbr_layers.py fp16 bs1,32 -> cbr_layers_h200.json/.md; ~108 rows, each profiling
-#                     every own config and cuDNN plan: expect 2-3 calls; later calls continue from
-#                     bench/results/cbr_layers_h200.json (copy OUT's back there) with --previous;
+#                     every own config and cuDNN plan: expect 2-3 calls; later calls continue with --previous
+#                     from OUT's table where an earlier call on the same machine wrote one, else from
+#                     bench/results/cbr_layers_h200.json (copy OUT's back there between machines);
 #                     CBR_ARGS="--only r50.stem,mv2.stem" re-measures those layers and keeps the other rows.
 #   gemm              bench/gemm_act.py fp16 -> gemm_act_h200.json/.md (14 shapes; ~2-4 min)
 #   transformer       bench/transformer_kernels.py -> transformer_kernels_h200.json/.md (~4-8 min; what does
@@ -110,6 +111,11 @@ exit_of() {  # exit_of NAME STATUS: a bench script's failure said plainly (its o
   echo "device_bench: $1 exited with status $2$why" | tee -a "$OUT/exit_status.txt"
 }
 
+cbr_previous() {  # the CBR table a run continues from: the one an earlier call on this machine wrote under OUT
+  # (a warm machine keeps it; it holds that call's rows, which the checkout's copy does not), else the committed one
+  if [ -f "$OUT/cbr_layers_$GPU_TAG.json" ]; then echo "$OUT/cbr_layers_$GPU_TAG.json"; else echo "bench/results/cbr_layers_$GPU_TAG.json"; fi
+}
+
 prebuild() {  # every own kernel instance compiled in parallel into $GRAPHOPT_KERNEL_CACHE (its own limit)
   timeout ${PREBUILD_LIMIT:-240} python3 -c "
 import time; t=time.perf_counter()
@@ -145,7 +151,7 @@ case "$STEP" in
   e2e-transformers) e2e "${MODELS:-gpt2,bert,vit_b16}" ;;
   cbr)
     timeout -k 10 "$(left)" python3 bench/cbr_layers.py --out "$OUT" --dtypes "${DTYPES:-float16}" --batches "${BATCHES:-1,32}" \
-      --budget "$(left 45)" --previous bench/results/cbr_layers_$GPU_TAG.json --gpu-name "$GPU_TAG" ${CBR_ARGS:-} 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30; exit_of bench/cbr_layers.py "${PIPESTATUS[0]}" ;;
+      --budget "$(left 45)" --previous "$(cbr_previous)" --gpu-name "$GPU_TAG" ${CBR_ARGS:-} 2>&1 | tee "$OUT/cbr_layers_log.txt" | tail -30; exit_of bench/cbr_layers.py "${PIPESTATUS[0]}" ;;
   gemm)
     timeout -k 10 "$(left)" python3 bench/gemm_act.py --out "$OUT" --dtypes "${DTYPES:-float16}" --budget "$(left 45)" --gpu-name "$GPU_TAG" ${GEMM_ARGS:-} 2>&1 \
       | tee "$OUT/gemm_act_log.txt" | tail -25; exit_of bench/gemm_act.py "${PIPESTATUS[0]}" ;;
