@@ -326,7 +326,7 @@ case "$N" in
     MODELS=gpt2_dynamo,gpt2 DTYPES=fp16 E2E_ARGS="--rows gpt2_dynamo:1,gpt2:1,gpt2_dynamo:32 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-transformers:${E2E_S:-330} ;;
   42) # any GPU, ~250 s (eighteenth session): the attention rows at 4096 keys, which 805f74b's H200 run skipped for
-      # its time budget (at 556fae7 they were within 0.4 % of SDPA), with the measured barrier as 34 runs it
+      # its time budget (at 556fae7 two of the four were 0.3 / 0.9 % slower back to back), with the measured barrier as 34 runs it
     PACK_CUBIN=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention --seqs 4096" \
       bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-240} ;;
   43) # any GPU, ~450 s (eighteenth session, NOTES_e2e): the CNNs exported by dynamo (torch's default exporter),
