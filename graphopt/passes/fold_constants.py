@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from graphopt.ir import Graph, Node
 
 from graphopt.passes._evaluate import NotFoldable, evaluate
-from graphopt.passes._util import Trace, opset_version, replace_with_initializers, report
+from graphopt.passes._util import Trace, only_consumer, opset_version, replace_with_initializers, report
 
 NAME = "fold_constants"
 
@@ -73,8 +73,7 @@ def _sole_reader(graph: Graph, node: Node) -> bool:
     """Whether ``node`` is the only reader of its data input, an initializer of its own graph that is not a
     graph output (folding it then drops that initializer as dead: nothing is added)."""
     data = node.inputs[0] if node.inputs else ""
-    return bool(data) and graph.is_initializer(data) and not graph.is_graph_output(data) \
-        and graph.consumers(data) == [node]
+    return bool(data) and graph.is_initializer(data) and only_consumer(graph, data) is node
 
 
 def _why_not(node: Node) -> str | None:

@@ -16,31 +16,18 @@ or RMSNorm's (``rules/norm.toml`` matches that ReduceMean), not a pooling.
 
 from __future__ import annotations
 
-import numpy as np
 from onnx import TensorProto
 
 from graphopt.ir import Graph, Node
 
-from graphopt.passes._util import Trace, opset_version, report
+from graphopt.passes._util import Trace, report
+from graphopt.rewrite.constraints import reduce_axes
 
 NAME = "reduce_to_global_pool"
 
 POOLS = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
 # The element types the Global*Pool ops take (opset 1 through 22: float16, float, double).
 POOL_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE})
-
-
-def _axes(g: Graph, node: Node) -> list[int] | None | str:
-    """The node's axes (as written), or a reason string when they cannot be read."""
-    if opset_version(g) >= 18:  # ReduceMean-18 / ReduceMax-18 take the axes as an input
-        if len(node.inputs) < 2 or not node.inputs[1]:
-            return "it has no axes input (it reduces every axis, or none)"
-        value = g.constant_value(node.inputs[1])
-        if value is None:
-            return f"its axes {node.inputs[1]!r} are not a constant"
-        return [int(a) for a in np.asarray(value).reshape(-1)]
-    axes = node.attr("axes")
-    return "it has no axes attribute (it reduces every axis)" if axes is None else [int(a) for a in axes]
 
 
 def _why_not(g: Graph, node: Node) -> str | None:
@@ -53,7 +40,7 @@ def _why_not(g: Graph, node: Node) -> str | None:
         return f"{x!r} is not float16, float or double"
     if info.shape is None or len(info.shape) < 4:
         return f"the rank of {x!r} is unknown or under 4 (one spatial axis or none)"
-    axes = _axes(g, node)
+    axes = reduce_axes(g, node)
     if isinstance(axes, str):
         return axes
     rank = len(info.shape)

@@ -34,6 +34,19 @@ def known_rank(g, t: str) -> int | None:
     return None if shape is None else len(shape)
 
 
+def reduce_axes(g, node) -> list[int] | str:
+    """The axes a Reduce* node reduces, as written (an input from opset 18, an attribute before): a list,
+    or the reason they are unknown. Also read by the cleanup pass ``reduce_to_global_pool``."""
+    if len(node.inputs) > 1 and node.inputs[1]:
+        v = g.constant_value(node.inputs[1])
+        if v is None:
+            return f"the axes {node.inputs[1]!r} of {node.name!r} are not a constant"
+        return [int(a) for a in np.asarray(v).reshape(-1)]
+    if node.has_attr("axes"):
+        return [int(a) for a in node.attr("axes")]
+    return f"{node.name!r} reduces over all axes (no axes given)"
+
+
 def conv_channels(g, conv) -> tuple[int, int] | None:
     """(output channels M, spatial rank) of a Conv-like node from its weight's shape."""
     if len(conv.inputs) < 2 or not conv.inputs[1]:

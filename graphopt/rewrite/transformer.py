@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.rewrite.constraints import _fmt_shape, known_rank
+from graphopt.rewrite.constraints import _fmt_shape, known_rank, reduce_axes
 from graphopt.rewrite.registry import BuildFailed, NewConstant, register_builder, register_constraint
 
 
@@ -45,18 +45,6 @@ def _scalar(g, t, what: str) -> float:
     return float(np.asarray(v, dtype=np.float64).reshape(-1)[0])
 
 
-def _axes_of(g, node) -> list[int] | str:
-    """The axes a Reduce* node reduces: a list, or the reason they are unknown."""
-    if len(node.inputs) > 1 and node.inputs[1]:
-        v = g.constant_value(node.inputs[1])
-        if v is None:
-            return f"the axes {node.inputs[1]!r} of {node.name!r} are not a constant"
-        return [int(a) for a in np.asarray(v).reshape(-1)]
-    if node.has_attr("axes"):
-        return [int(a) for a in node.attr("axes")]
-    return f"{node.name!r} reduces over all axes (no axes given)"
-
-
 @register_constraint("reduces_last_axis", "nt")
 def reduces_last_axis(g, node, x):
     """node is a ReduceMean over only the last axis of x, with keepdims=1."""
@@ -64,7 +52,7 @@ def reduces_last_axis(g, node, x):
         return f"{node.name!r} has keepdims=0; the normalisation needs the reduced axis kept"
     if int(node.attr("noop_with_empty_axes", 0)) != 0:
         return f"{node.name!r} has noop_with_empty_axes=1"
-    axes = _axes_of(g, node)
+    axes = reduce_axes(g, node)
     if isinstance(axes, str):
         return axes
     if axes == [-1]:
