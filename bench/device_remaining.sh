@@ -14,7 +14,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..43 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..45 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -30,7 +30,7 @@
 # `python3 bench/transformer_kernels.py --merge MEM.json ATTN.json --previous bench/results/transformer_kernels_h200.json
 # --gpu-name h200 --out bench/results` (a run of one table only: give its file for both).
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..43 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..45 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -329,6 +329,19 @@ case "$N" in
       # its time budget (at 556fae7 two of the four were 0.3 / 0.9 % slower back to back), with the measured barrier as 34 runs it
     PACK_CUBIN=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention --seqs 4096" \
       bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-240} ;;
+  44) # best on an H200, ~460 s (nineteenth session): issue 20's two unmeasured acceptance rows first, for a
+      # session whose checkout lost .cubin and .tuning (41's e2e part tunes cold, so it waits for a rebuilt .cubin):
+      # 41's erf-GELU GPU tests and bias+GELU rows, then 42's attention rows at 4096 keys
+    G=tests/gpu/test_gemm_act_gpu.py
+    PACK_CUBIN=0 TESTS="$G::test_the_vector_pass_gelu_per_element $G::test_two_loads_a_thread_match_one $G::test_gemm_activation" \
+      bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-150}
+    PACK_CUBIN=0 PREBUILD=0 TRANSFORMER_ARGS="--tables memory --kernels gelu --dtypes float16" \
+      bash bench/device_calls.sh "$OUT/m" transformer:${MEM_S:-60}
+    PACK_CUBIN=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention --seqs 4096" \
+      bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-240} ;;
+  45) # any GPU, ~330 s: 41's e2e part alone (GPT-2's dynamo export beside the TorchScript one), after 44
+    MODELS=gpt2_dynamo,gpt2 DTYPES=fp16 E2E_ARGS="--rows gpt2_dynamo:1,gpt2:1,gpt2_dynamo:32 --measure-reserve 45" \
+      bash bench/device_calls.sh "$OUT/e" e2e-transformers:${E2E_S:-330} ;;
   43) # any GPU, ~450 s (eighteenth session, NOTES_e2e): the CNNs exported by dynamo (torch's default exporter),
       # whose global pooling is ReduceMean, now GlobalAveragePool (reduce_to_global_pool), so their graphs after
       # cleanup are the TorchScript exports' (prediction: each bs32 row within 3 % of its TorchScript row's
@@ -343,5 +356,5 @@ case "$N" in
     n=41
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..43 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..45 or auto" >&2; exit 2 ;;
 esac
