@@ -14,7 +14,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..45 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..46 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -30,7 +30,7 @@
 # `python3 bench/transformer_kernels.py --merge MEM.json ATTN.json --previous bench/results/transformer_kernels_h200.json
 # --gpu-name h200 --out bench/results` (a run of one table only: give its file for both).
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..45 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..46 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -342,6 +342,12 @@ case "$N" in
   45) # any GPU, ~330 s: 41's e2e part alone (GPT-2's dynamo export beside the TorchScript one), after 44
     MODELS=gpt2_dynamo,gpt2 DTYPES=fp16 E2E_ARGS="--rows gpt2_dynamo:1,gpt2:1,gpt2_dynamo:32 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-transformers:${E2E_S:-330} ;;
+  46) # any GPU, ~400 s (nineteenth session): the GPU test files that exercise what changed since 805f74b's whole-suite
+      # run (its 10,050 tests passed on the H200): the erf-GELU epilogue (GemmAct, the new ops' kernels), the K
+      # attention without a transpose (k_transposed=0, own kernels and cuDNN), the fp16 runtime's saturating cast.
+      # Steps 3 and 4 are the whole suite
+    TESTS="tests/gpu/test_gemm_act_gpu.py tests/gpu/test_new_op_kernels.py tests/gpu/test_attention_gpu.py tests/gpu/test_provider_cudnn_attn_norm.py tests/gpu/test_runtime_gpu.py" \
+      bash bench/device_calls.sh "$OUT/g" gpu-tests:${TESTS_S:-400} ;;
   43) # any GPU, ~450 s (eighteenth session, NOTES_e2e): the CNNs exported by dynamo (torch's default exporter),
       # whose global pooling is ReduceMean, now GlobalAveragePool (reduce_to_global_pool), so their graphs after
       # cleanup are the TorchScript exports' (prediction: each bs32 row within 3 % of its TorchScript row's
@@ -356,5 +362,5 @@ case "$N" in
     n=41
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..45 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..46 or auto" >&2; exit 2 ;;
 esac
