@@ -82,7 +82,7 @@ class FlashAttention(_AttentionKernels, Candidate):
         dmax, bm, w = self._cfg()
         return instance("flash_attn", attention_plan(sig).dtype, dmax, bm, w, attention_plan(sig).mask)
 
-    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+    def _build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         p, kern = self._prologue(sig)
         dmax, bm, w = self._cfg()
         smem = flash_smem_bytes(dmax, bm)
@@ -175,7 +175,7 @@ class FlashMmaAttention(_AttentionKernels, Candidate):
         p = attention_plan(sig)
         return instance("flash_mma", "float16", hd, bn, p.mask, int(p.kt), st)
 
-    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+    def _build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         p, kern = self._prologue(sig)
         hd, bn, st = self._cfg()
         smem = flash_mma_smem_bytes(hd, bn, p.kt, st)

@@ -167,7 +167,7 @@ class CublasSoftmaxAttention(_AttentionKernels, Candidate):
         extra = [("attention.cu", batch_ptrs_instance(p.dtype))] if p.layout_flags else []
         return [("attention.cu", self._instance(sig))] + extra
 
-    def build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
+    def _build(self, sig: Signature, arch: str) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         import cupy
 
         p, kern = self._prologue(sig)

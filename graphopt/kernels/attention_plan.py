@@ -1,7 +1,12 @@
 """What every Attention lowering starts from: the signature's integers (``attention_plan``), the operand
 checks of a launch (``_arrays``, ``_mask_args``) and the shared set-up of the kernel families that live
 in ``attention.cu`` (``_AttentionKernels``). The families: ``graphopt.kernels.attention_cublas``
-(``cublas_softmax``) and ``graphopt.kernels.attention`` (``flash``, ``flash_mma``, and the candidate list)."""
+(``cublas_softmax``) and ``graphopt.kernels.attention`` (``flash``, ``flash_mma``, and the candidate list).
+
+Grouped-query attention (``kv_groups`` = g > 1: K and V with H / g heads): the kernels read K and V with
+Q's heads, so every family runs the op's :func:`~graphopt.ops.attention.ungrouped` signature (its plan,
+instance and checks) after repeating each K/V head g times into the lowering's workspace
+(:func:`repeat_kv_heads`): the copies repeat_kv's Expand nodes made before the rule folded them, no more."""
 
 from __future__ import annotations
 
@@ -13,9 +18,10 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels.mma_args import ptr
 from graphopt.kernels.source import get_kernel, source_hash
-from graphopt.lowering.contract import Signature
+from graphopt.lowering.contract import Lowering, Signature, as_lowering
+from graphopt.ops.attention import kv_groups
 from graphopt.ops.attention import operands as attention_operands
-from graphopt.ops.attention import swap_heads
+from graphopt.ops.attention import swap_heads, ungrouped
 
 SUPPORTED_DTYPES = ("float16", "float32")
 MASK_CODES = {"none": 0, "additive": 1, "bool": 2}
@@ -77,7 +83,9 @@ def _mask_strides(mshape: tuple[int, ...], full: tuple[int, int, int, int]) -> t
 
 
 def attention_plan(sig: Signature) -> AttnPlan:
-    """The integers the kernels take, or ``TuningError`` saying why the signature is not supported."""
+    """The integers the kernels take, or ``TuningError`` saying why the signature is not supported. A
+    grouped-query signature gives its :func:`ungrouped` plan: the kernels read the repeated heads."""
+    sig = ungrouped(sig)
     q, k, v, m, dtypes = attention_operands(sig, "Attention", bshd_ok=True)
     if not (q[:-2] == k[:-2] == v[:-2]):
         raise TuningError(f"Attention Q {q}, K {k}, V {v} must share their leading (batch, head) dims "
@@ -155,9 +163,67 @@ def _mask_args(p: AttnPlan, M):
             np.int32(p.causal))
 
 
+WORKSPACE_ALIGN = 256
+
+
+def _xp(a):
+    """The array module of ``a``: NumPy for a NumPy array (the CPU tests), else CuPy."""
+    if isinstance(a, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+def repeat_kv_heads(launch, p: AttnPlan, groups: int) -> Lowering:
+    """A lowering of a grouped-query signature (K, V with ``p.H / groups`` heads) from ``launch``, built for
+    its plain plan ``p``: each launch first repeats every K and V head ``groups`` times into the workspace
+    (K at offset 0, V after it, 256-byte aligned; one broadcast copy each, as repeat_kv's Expand did), then
+    runs ``launch`` on the repeated tensors. Any layout of K (``k_transposed`` too): the heads are axis 1."""
+    if p.bshd or p.packed or groups < 2 or p.H % groups:
+        raise TuningError(f"kv_groups={groups} with H={p.H} heads, qkv_bshd={p.bshd}, qkv_packed={p.packed}: "
+                          "the heads cannot be repeated here")
+    size = np.dtype(p.dtype).itemsize
+    k_elems, v_elems = p.Z * p.Skv * p.D, p.Z * p.Skv * p.Dv
+    v_off = -(-k_elems * size // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    hkv = p.H // groups
+
+    def repeated(workspace, offset: int, n: int, t):
+        xp = _xp(t)
+        dst = workspace[offset:offset + n * size].view(t.dtype).reshape((p.B, hkv, groups) + tuple(t.shape[2:]))
+        xp.copyto(dst, t.reshape((p.B, hkv, 1) + tuple(t.shape[2:])))
+        return dst.reshape((p.B, p.H) + tuple(t.shape[2:]))
+
+    base = as_lowering(launch)
+    if base.workspace_bytes:
+        raise TuningError("repeat_kv_heads wraps a launch without a workspace of its own")
+
+    def run(inputs, outputs, workspace):
+        q, k, v, m = (list(inputs) + [None] * 4)[:4]
+        for name, t in (("K", k), ("V", v)):
+            if t is None or t.ndim != 4 or t.shape[0] != p.B or t.shape[1] != hkv:
+                raise TuningError(f"kv_groups={groups}: {name} must be [{p.B}, {hkv}, ., .], got "
+                                  f"{None if t is None else t.shape}")
+        return base.launch([q, repeated(workspace, 0, k_elems, k), repeated(workspace, v_off, v_elems, v), m],
+                           outputs, None)
+
+    return Lowering(launch=run, workspace_bytes=v_off + v_elems * size, capturable=base.capturable,
+                    layouts=base.layouts, versions=base.versions)
+
+
 class _AttentionKernels:
     """What the attention families share: their kernels live in ``attention.cu``, one template
-    instance per signature (``_instance``), and ``build`` starts the same way (``_prologue``)."""
+    instance per signature (``_instance``), and ``build`` starts the same way (``_prologue``). A family
+    writes ``_build`` for the plain signature; ``build`` adds the head repeat of a grouped-query one."""
+
+    def build(self, sig: Signature, arch: str):
+        groups = kv_groups(sig)
+        if groups == 1:
+            return self._build(sig, arch)
+        return repeat_kv_heads(self._build(ungrouped(sig), arch), attention_plan(sig), groups)
+
+    def _build(self, sig: Signature, arch: str):
+        raise NotImplementedError
 
     def _instance(self, sig: Signature) -> str:
         raise NotImplementedError

@@ -314,7 +314,7 @@ def _softmax_keys(sig: Signature) -> list[str]:
     from graphopt.ops.attention import operands
 
     try:
-        q, _, _, _, dtypes = operands(sig, "heuristic", bshd_ok=True)
+        q, _, _, _, dtypes = operands(sig, "heuristic", bshd_ok=True, groups_ok=True)
         rows, vec = math.prod(q[:-1]), VEC16.get(dtypes[0], 1)
     except TuningError:
         rows, vec = 0, 1

@@ -24,6 +24,11 @@ with the heads split, so neither the Split of a packed projection (GPT-2's ``c_a
 separate projections (BERT's query/key/value: rule ``attention_qkv_packed_gemms`` concatenates their
 weights) copy anything. The lowerings read Q, K and V at offsets 0, H*D and 2*H*D of each row of
 3*H*D elements.
+``kv_groups=g`` (grouped-query attention; rank 4, ``qkv_bshd=0``): K and V have ``H / g`` heads, Q has H,
+and head h of Q reads head ``h // g`` of K and V, exactly what repeat_kv's
+``Reshape(Expand(Unsqueeze(K, 2)))`` made of them (rule ``attention_grouped_kv``), so neither repeated
+copy is written. cuDNN's SDPA reads the grouped heads as they are; a lowering that does not, repeats
+them into its workspace first (:func:`ungrouped` is the signature it then runs).
 """
 
 from __future__ import annotations
@@ -54,22 +59,46 @@ ATTRIBUTES: dict[str, tuple[type, Any]] = {
     "y_bshd": (int, 0),
     "qkv_packed": (int, 0),
     "num_heads": (int, 0),
+    "kv_groups": (int, 1),  # Q heads per K/V head (grouped-query attention); 1: as many K/V heads as Q's
     "lowering": (str, None),
     "lowering_params": (str, None),
     "lowering_buckets": (str, None),  # JSON, see graphopt.tune.buckets
 }
-FLAG_ORDER = ("kt", "add", "bool", "mv", "causal", "nz", "scale", "bshd", "ybshd", "pk")
+FLAG_ORDER = ("kt", "add", "bool", "mv", "causal", "nz", "scale", "bshd", "ybshd", "pk", "gq")
 MIN_OPSET = 13  # Softmax over one axis (opset < 13 coerces to 2-D)
 
 DOC = ("graphopt.Attention: Y = softmax(Q @ K^T * scale [+ mask] [causal mask]) @ V; mask_kind none | additive "
        "| bool (True = attend); k_transposed=1 takes K as [..., D, Skv]; nan_to_zero=1 zeroes fully masked rows; "
        "qkv_bshd=1 takes Q, K, V as [B, S, H, D]; y_bshd=1 writes Y as [B, Sq, H, Dv]; qkv_packed=1 takes them as one "
-       "[B, S, 3, H, D] tensor (input Q; K and V absent).")
+       "[B, S, 3, H, D] tensor (input Q; K and V absent); kv_groups=g: K and V have H / g heads, Q head h reads "
+       "K/V head h // g.")
 
 
 def qkv_bshd(sig) -> bool:
     """Whether the signature's Q, K and V are ``[B, S, H, D]`` (``qkv_bshd=1``)."""
     return bool(sig.attr("qkv_bshd", 0))
+
+
+def kv_groups(sig) -> int:
+    """Q heads per K/V head of the signature (``kv_groups``; 1 unless grouped-query attention)."""
+    return int(sig.attr("kv_groups", 1) or 1)
+
+
+def ungrouped(sig):
+    """A grouped-query signature (``kv_groups`` > 1) as the plain one a lowering runs after repeating
+    each K/V head ``kv_groups`` times: K and V with Q's heads, no ``kv_groups``. Any other: itself."""
+    g = kv_groups(sig)
+    if g == 1:
+        return sig
+    from graphopt.lowering.contract import Signature
+
+    shapes = list(sig.input_shapes)
+    for i in (1, 2):
+        s = shapes[i]
+        if s is not None and len(s) == 4:
+            shapes[i] = (s[0], s[1] * g, s[2], s[3])
+    attrs = {k: v for k, v in sig.attrs if k != "kv_groups"}
+    return Signature.make(sig.op, shapes, sig.dtypes, attrs, sig.layout)
 
 
 def qkv_packed(sig) -> bool:
@@ -93,9 +122,11 @@ def logical(shape: tuple, sig) -> tuple:
     return swap_heads(shape) if shape is not None and len(shape) == 4 and qkv_bshd(sig) else shape
 
 
-def operands(sig, who: str, bshd_ok: bool = False) -> tuple[tuple, tuple, tuple, tuple | None, list[str]]:
+def operands(sig, who: str, bshd_ok: bool = False, groups_ok: bool = False) -> tuple[tuple, tuple, tuple, tuple | None, list[str]]:
     """(Q, K, V, mask shapes, dtypes) of an Attention signature, after the checks every lowering
     shares: the op, known Q/K/V shapes of one rank from 2 to 4 ([B, H, S, D]) and no empty dim.
+    With ``kv_groups`` = g > 1 K and V are rank 4 with Q's batch and H / g heads; a lowering that cannot
+    read them so (``groups_ok`` False) is refused (it runs :func:`ungrouped` instead).
     With ``qkv_bshd=1`` the shapes returned are the logical ``[B, H, S, D]`` ones (axes 1 and 2 of the
     given ``[B, S, H, D]`` swapped), and a lowering that cannot read that layout (``bshd_ok`` False) is
     refused. A refusal is a ``TuningError`` that starts with ``who`` (the lowering family's name)."""
@@ -119,6 +150,13 @@ def operands(sig, who: str, bshd_ok: bool = False) -> tuple[tuple, tuple, tuple,
     if sig.attr("y_bshd", 0) and (not bshd_ok or len(q) != 4):
         raise TuningError(f"{who}: y_bshd=1 (Y as [B, Sq, H, Dv], rank 4) is not written by this lowering"
                           if not bshd_ok else f"{who}: y_bshd=1 needs rank-4 Q, K, V, got Q {q}")
+    g = kv_groups(sig)
+    if g > 1:
+        if not groups_ok:
+            raise TuningError(f"{who}: kv_groups={g} (K and V with H / {g} heads) is not read by this lowering")
+        if len(q) != 4 or q[0] != k[0] or q[0] != v[0] or k[1] != v[1] or k[1] * g != q[1]:
+            raise TuningError(f"{who}: kv_groups={g} needs rank-4 Q [B, H, S, D] and K, V [B, H / {g}, S, D], "
+                              f"got Q {q}, K {k}, V {v}")
     if qkv_bshd(sig):
         if not bshd_ok:
             raise TuningError(f"{who}: qkv_bshd=1 (Q, K, V as [B, S, H, D]) is not read by this lowering")
@@ -151,6 +189,11 @@ def _check(attrs: dict, present: list[bool]) -> str | None:
         return "qkv_packed=1 takes Q, K and V as one [B, S, 3, H, D] input Q: leave K and V absent"
     if not packed and not (_given(present, 1) and _given(present, 2)):
         return "K and V are required (only qkv_packed=1 leaves them absent)"
+    g = attrs.get("kv_groups", 1)
+    if not isinstance(g, int) or g < 1:
+        return f"kv_groups={g} must be an integer >= 1 (Q heads per K/V head)"
+    if g > 1 and attrs.get("qkv_bshd", 0):
+        return "kv_groups > 1 takes Q, K, V as [B, H, S, D]: qkv_bshd must be 0"
     if attrs.get("qkv_bshd", 0) and attrs.get("k_transposed", 0):
         return "qkv_bshd=1 takes K as [B, Skv, H, D]: k_transposed must be 0"
     scale = attrs.get("scale")
@@ -172,6 +215,7 @@ def _flags(attrs: dict) -> list[str]:
     flags += ["bshd"] if attrs.get("qkv_bshd", 0) else []
     flags += ["ybshd"] if attrs.get("y_bshd", 0) else []
     flags += ["pk"] if attrs.get("qkv_packed", 0) else []
+    flags += ["gq"] if attrs.get("kv_groups", 1) > 1 else []
     return flags
 
 
@@ -196,6 +240,24 @@ def _causal(b: Body, scores: str) -> str:
     return b.node("Where", [future, b.const(-math.inf, scores), scores])
 
 
+def _shape_part(b: Body, shape: str, axes: list[int]) -> str:
+    """The given axes of a shape tensor (int64 [len(axes)])."""
+    idx = b.node("Constant", [], value=helper.make_tensor("value", TensorProto.INT64, [len(axes)], axes))
+    return b.node("Gather", [shape, idx], axis=0)
+
+
+def _repeat_heads(b: Body, t: str, q: str) -> str:
+    """K or V [B, Hkv, ., .] with each head repeated H / Hkv times (H: Q's heads), as repeat_kv writes it:
+    Reshape(Expand(Unsqueeze(t, 2), [B, Hkv, H / Hkv, ., .]), [B, H, ., .])."""
+    st, sq = b.node("Shape", [t]), b.node("Shape", [q])
+    heads = _shape_part(b, sq, [1])
+    groups = b.node("Div", [heads, _shape_part(b, st, [1])])
+    lead, rest = _shape_part(b, st, [0, 1]), _shape_part(b, st, [2, 3])
+    two = b.node("Constant", [], value=helper.make_tensor("value", TensorProto.INT64, [1], [2]))
+    expanded = b.node("Expand", [b.node("Unsqueeze", [t, two]), b.node("Concat", [lead, groups, rest], axis=0)])
+    return b.node("Reshape", [expanded, b.node("Concat", [_shape_part(b, st, [0]), heads, rest], axis=0)])
+
+
 def _body(overload: str, opset: int):
     if opset < MIN_OPSET:
         raise RuleError(f"graphopt.{NAME}: function bodies need default-domain opset >= {MIN_OPSET} "
@@ -204,15 +266,17 @@ def _body(overload: str, opset: int):
     if "add" in flags and "bool" in flags or "mv" in flags and "bool" not in flags:
         raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: at most one of add/bool, "
                         "and mv only with bool")
-    if "bshd" in flags and "kt" in flags or "pk" in flags and "bshd" not in flags:
+    if "bshd" in flags and ("kt" in flags or "gq" in flags) or "pk" in flags and "bshd" not in flags:
         raise RuleError(f"graphopt.{NAME}: malformed overload key {overload!r}: bshd takes K untransposed, "
-                        "pk comes with bshd")
+                        "pk comes with bshd, gq without it")
     b = Body(opset, dtype)
     qkv = ("Q", "K", "V")
     if "pk" in flags:  # one [B, S, 3, H, D] input: its thirds (Gather on axis 2) are Q, K, V as [B, S, H, D]
         qkv = tuple(b.node("Gather", ["Q", _int_scalar(b, i)], axis=2) for i in range(3))
     # [B, S, H, D] inputs (qkv_bshd=1) become [B, H, S, D] first, as the Transposes the rule removed made them
     q_in, k_in, v_in = (b.node("Transpose", [t], perm=[0, 2, 1, 3]) if "bshd" in flags else t for t in qkv)
+    if "gq" in flags:  # K and V with H / g heads: each repeated g times, as the nodes the rule replaced did
+        k_in, v_in = _repeat_heads(b, k_in, q_in), _repeat_heads(b, v_in, q_in)
     # K^T: given as is (k_transposed=1), else the last two axes of a rank-4 [B, H, Skv, D] K swapped
     # (Transpose needs the rank in its perm).
     kt = k_in if "kt" in flags else b.node("Transpose", [k_in], perm=[0, 1, 3, 2])
@@ -254,6 +318,12 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
         if q.ndim != 4:
             raise RuleError(f"graphopt.Attention reference: qkv_bshd=1 needs rank-4 Q, K, V, got Q {q.shape}")
         q, k, v = (np.swapaxes(t, 1, 2) for t in (q, k, v))
+    g = int(attrs.get("kv_groups", 1) or 1)
+    if g > 1:  # grouped-query: head h of Q reads head h // g of K and V
+        if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or k.shape[1] * g != q.shape[1] or v.shape[1] != k.shape[1]:
+            raise RuleError(f"graphopt.Attention reference: kv_groups={g} needs Q [B, H, S, D] and K, V with H / {g} "
+                            f"heads, got Q {q.shape}, K {k.shape}, V {v.shape}")
+        k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
     kt = k if attrs.get("k_transposed", 0) else np.swapaxes(k, -1, -2)
     if q.shape[-1] != kt.shape[-2]:
         raise RuleError(f"graphopt.Attention reference: Q {q.shape} and K^T {kt.shape} disagree on the head dim")
@@ -284,12 +354,15 @@ def _reference(inputs: list, attrs: dict) -> list[np.ndarray]:
 
 def _output_shapes(shapes: list, attrs: dict) -> list:
     """Y is Q's shape with V's last dim: [..., Sq, Dv] (batch dims broadcast); with qkv_bshd=1 Q and V
-    are [B, S, H, D] and Y is [B, H, Sq, Dv]; with qkv_packed=1 Q is [B, S, 3, H, D] and stands for all three."""
+    are [B, S, H, D] and Y is [B, H, Sq, Dv]; with qkv_packed=1 Q is [B, S, 3, H, D] and stands for all three;
+    with kv_groups > 1 Y has Q's heads."""
     q, v = shapes[0], shapes[2]
     if attrs.get("qkv_packed", 0) and len(q) == 5:
         q = v = unpacked_shape(q)
     if attrs.get("qkv_bshd", 0) and len(q) == 4 and len(v) == 4:
         q, v = swap_heads(q), swap_heads(v)
+    if attrs.get("kv_groups", 1) > 1 and len(q) == 4 and len(v) == 4:  # V has H / kv_groups heads
+        v = tuple(q[:2]) + tuple(v[2:])
     batch = np.broadcast_shapes(tuple(q[:-2]), tuple(v[:-2]))
     y = tuple(batch) + (q[-2], v[-1])
     return [swap_heads(y) if attrs.get("y_bshd", 0) and len(y) == 4 else y]

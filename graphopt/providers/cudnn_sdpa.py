@@ -3,8 +3,10 @@ engine plan a candidate (keys, plan listing, workspace per plan and the library 
 ``graphopt.providers.cudnn``'s).
 
 The graph reads Q ``[B, H, Sq, D]``, K ``[B, Hk, Skv, D]``, V ``[B, Hk, Skv, Dv]`` and writes Y
-``[B, H, Sq, Dv]``, all row-major (ranks 2 and 3 get leading 1s); ``Hk`` is H or 1 (K/V broadcast
-over the heads, which cuDNN runs as multi-query attention). fp16 / bf16 in and out, fp32 softmax.
+``[B, H, Sq, Dv]``, all row-major (ranks 2 and 3 get leading 1s); ``Hk`` is H, 1 (K/V broadcast
+over the heads, which cuDNN runs as multi-query attention) or H / ``kv_groups`` (grouped-query
+attention: cuDNN reads head h // kv_groups of K and V for Q's head h, as the op does, so the grouped
+K and V are bound as they are). fp16 / bf16 in and out, fp32 softmax.
 How each form of the op is lowered:
 
 - ``scale``: cuDNN's ``attn_scale`` (absent: 1/sqrt(D), as the op).
@@ -40,6 +42,7 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.lowering.contract import Candidate, Lowering, Signature
+from graphopt.ops.attention import kv_groups
 from graphopt.ops.attention import operands as attention_operands
 from graphopt.providers import cudnn as base
 
@@ -101,7 +104,7 @@ def _lead(shape) -> tuple[int, int]:
 
 def sdpa_geom(sig: Signature) -> SdpaGeom:
     """The graph's dims, or ``TuningError`` saying why cuDNN's SDPA does not take this signature."""
-    q, k, v, m, dtypes = attention_operands(sig, "cuDNN SDPA", bshd_ok=True)
+    q, k, v, m, dtypes = attention_operands(sig, "cuDNN SDPA", bshd_ok=True, groups_ok=True)
     dt = dtypes[0]
     if dt not in DTYPES:
         raise TuningError(f"cuDNN SDPA needs fp16/bf16 (got {dt or 'unknown'})")
@@ -112,9 +115,9 @@ def sdpa_geom(sig: Signature) -> SdpaGeom:
     B, H = _lead(q)
     Bk, Hk = _lead(k)
     Bv, Hv = _lead(v)
-    if (Bk, Hk) != (Bv, Hv) or Bk != B or Hk not in (H, 1):
+    if (Bk, Hk) != (Bv, Hv) or Bk != B or Hk not in (H, 1, H // kv_groups(sig)):
         raise TuningError(f"cuDNN SDPA here needs K/V leading dims equal to Q's {[B, H]} (or one head, "
-                          f"broadcast over Q's heads), got K {list(k)}, V {list(v)}")
+                          f"broadcast over Q's heads, or H / kv_groups), got K {list(k)}, V {list(v)}")
     Sq, D = int(q[-2]), int(q[-1])
     Skv, kd = (int(k[-1]), int(k[-2])) if kt else (int(k[-2]), int(k[-1]))
     if kd != D or int(v[-2]) != Skv:

@@ -156,6 +156,9 @@ def attention_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
         q, k, v = q[:, :, 0], q[:, :, 1], q[:, :, 2]
     if attrs.get("qkv_bshd", 0):  # [B, S, H, D] -> [B, H, S, D] (views; the matmuls below copy)
         q, k, v = (xp.swapaxes(t, 1, 2) for t in (q, k, v))
+    groups = int(attrs.get("kv_groups", 1) or 1)
+    if groups > 1:  # grouped-query: each K/V head serves `groups` consecutive Q heads
+        k, v = xp.repeat(k, groups, axis=1), xp.repeat(v, groups, axis=1)
     kt = k if attrs.get("k_transposed", 0) else xp.swapaxes(k, -1, -2)
     scale = float(np.float32(attrs["scale"])) if attrs.get("scale") is not None else 1.0 / math.sqrt(q.shape[-1])
     # Q is scaled before the GEMM (as the kernels do): fp16 scores then stay in range

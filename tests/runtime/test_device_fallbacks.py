@@ -63,13 +63,15 @@ def test_rms_norm_and_gelu_device_fallbacks(dtype):
 @pytest.mark.parametrize("attrs", [
     {}, {"causal": 1}, {"scale": 0.3, "k_transposed": 1}, {"mask_kind": "additive"},
     {"mask_kind": "bool"}, {"mask_kind": "bool", "mask_value": -1e4, "causal": 1},
-    {"mask_kind": "bool", "nan_to_zero": 1},
+    {"mask_kind": "bool", "nan_to_zero": 1}, {"kv_groups": 3, "causal": 1},
+    {"kv_groups": 3, "k_transposed": 1, "mask_kind": "additive"},
 ], ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()) or "plain")
 def test_attention_device_fallback(dtype, attrs):
     rng = np.random.default_rng(3)
     b, h, sq, skv, d = 2, 3, 7, 11, 16
-    q, v = rng.standard_normal((b, h, sq, d)), rng.standard_normal((b, h, skv, d))
-    k = rng.standard_normal((b, h, d, skv) if attrs.get("k_transposed") else (b, h, skv, d))
+    hkv = h // attrs.get("kv_groups", 1)  # grouped-query: K and V with H / kv_groups heads
+    q, v = rng.standard_normal((b, h, sq, d)), rng.standard_normal((b, hkv, skv, d))
+    k = rng.standard_normal((b, hkv, d, skv) if attrs.get("k_transposed") else (b, hkv, skv, d))
     kind = attrs.get("mask_kind", "none")
     mask = None
     if kind == "additive":
@@ -164,6 +166,7 @@ def test_an_op_without_a_device_implementation_is_refused_at_session(fake_cuda):
     ("LayerNorm", [(2, 128, 768), (768,), (768,), (2, 128, 768), None], {"sum_output": 1}, (2, 128, 768)),
     ("RMSNorm", [(3, 5, 37), (37,)], {}, (3, 5, 37)),
     ("Attention", [(2, 12, 7, 64), (2, 12, 9, 64), (2, 12, 9, 32), None], {}, (2, 12, 7, 32)),
+    ("Attention", [(2, 12, 7, 64), (2, 3, 9, 64), (2, 3, 9, 32), None], {"kv_groups": 4}, (2, 12, 7, 32)),
     ("GemmAct", [(2, 7, 768), (768, 3072), (3072,)], {"mode": "matmul"}, (2, 7, 3072)),
     ("CBR", [(2, 8, 9, 11), (16, 8, 3, 3), (16,), None], {"pads": [1, 1, 1, 1]}, (2, 16, 9, 11)),
 ])

@@ -533,3 +533,78 @@ def test_strided_softmax_row_against_the_reference(lanes, vec, n, case, nz):
     (a first NaN used to be dropped, and a +inf row's masked scores came out 0)."""
     row = _row(n, case)
     _same(_strided_softmax_row(row, lanes, vec, nz), _reference_row(row, nz))
+
+
+# ---------------------------------------------------------------- grouped-query attention (kv_groups)
+def _grouped(kt=0, dtype="float16", h=8, groups=4, d=64, s=16):
+    k = (2, h // groups, d, s) if kt else (2, h // groups, s, d)
+    return Signature.make("Attention", [(2, h, s, d), k, (2, h // groups, s, d)], [dtype] * 3,
+                          {"kv_groups": groups, "k_transposed": kt})
+
+
+def test_grouped_query_runs_the_plain_plan_and_instances():
+    """A grouped signature's plan, applicability and kernel instance are its ungrouped signature's: every
+    family reads K and V with Q's heads after the repeat."""
+    from graphopt.ops.attention import ungrouped
+
+    for kt in (0, 1):
+        sig = _grouped(kt)
+        assert attention_plan(sig) == attention_plan(ungrouped(sig))
+        for cand in attention_candidates():
+            assert cand.applies(sig) == cand.applies(ungrouped(sig)), cand.key()
+            if cand.applies(sig) is None:
+                assert cand.kernels(sig) == cand.kernels(ungrouped(sig))
+    assert candidate_from_key("Attention", "flash_mma:hd=64,bn=64,stages=2").applies(_grouped()) is None
+
+
+@pytest.mark.parametrize("kt", [0, 1])
+def test_repeat_kv_heads_hands_the_kernels_each_head_repeated(kt):
+    """The grouped lowering repeats each K/V head kv_groups times into its workspace (K at 0, V 256-aligned
+    after it; poisoned first) and runs the plain launch on them; the inputs are not touched."""
+    from graphopt.kernels.attention_plan import repeat_kv_heads
+
+    sig = _grouped(kt, groups=4, h=8, d=24, s=7)
+    p = attention_plan(sig)
+    seen = {}
+
+    def launch(inputs, outputs):
+        seen["in"] = [None if a is None else a.copy() for a in inputs]
+        outputs[0][...] = 1
+
+    low = repeat_kv_heads(launch, p, 4)
+    k_bytes = 2 * 8 * 7 * 24 * 2
+    assert low.workspace_bytes == -(-k_bytes // 256) * 256 + k_bytes and low.capturable
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 8, 7, 24)).astype(np.float16)
+    k = rng.standard_normal((2, 2, 24, 7) if kt else (2, 2, 7, 24)).astype(np.float16)
+    v = rng.standard_normal((2, 2, 7, 24)).astype(np.float16)
+    before = [a.copy() for a in (q, k, v)]
+    ws = np.full(low.workspace_bytes, 0xFF, np.uint8)  # NaN patterns everywhere
+    y = np.full((2, 8, 7, 24), np.nan, np.float16)
+    low.launch([q, k, v, None], [y], ws)
+    got_q, got_k, got_v, got_m = seen["in"]
+    assert np.array_equal(got_q, q) and got_m is None
+    assert np.array_equal(got_k, np.repeat(k, 4, axis=1)) and np.array_equal(got_v, np.repeat(v, 4, axis=1))
+    assert all(np.array_equal(a, b) for a, b in zip((q, k, v), before)) and (y == 1).all()
+    with pytest.raises(TuningError, match=r"K must be \[2, 2"):
+        low.launch([q, np.repeat(k, 4, axis=1), v, None], [y], ws)
+
+
+def test_grouped_query_own_lowering_matches_the_reference_on_numpy():
+    """End to end on the CPU: the repeat feeding the reference's plain computation equals the op's
+    grouped reference (what the GPU check compares each lowering with)."""
+    from graphopt.kernels.attention_plan import repeat_kv_heads
+
+    schema = get_schema("Attention")
+    sig = _grouped(0, dtype="float32", h=6, groups=3, d=8, s=5)
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 6, 5, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 5, 8)).astype(np.float32) for _ in range(2))
+
+    def plain(inputs, outputs):
+        outputs[0][...] = schema.reference(list(inputs), {})[0]
+
+    low = repeat_kv_heads(plain, attention_plan(sig), 3)
+    y = np.full((2, 6, 5, 8), np.nan, np.float32)
+    low.launch([q, k, v, None], [y], np.zeros(low.workspace_bytes, np.uint8))
+    assert np.allclose(y, schema.reference([q, k, v, None], {"kv_groups": 3})[0], rtol=1e-6, atol=1e-6)

@@ -335,3 +335,60 @@ def test_attention_y_bshd_writes_the_heads_merge_layout(qkv, opset):
     ordered = [("Q", ins[0]), ("K", ins[1]), ("V", ins[2]), ("mask", mask)]
     model = one_node_model("Attention", ordered, attrs, opset, (2, 5, 3, 6))
     _check(ATTN, model, dict(ordered), ordered, attrs, 1e-5, f"Attention {attrs} opset {opset}", evaluator=opset == 18)
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("kind,causal,kt,ybshd,groups", [("none", 1, 0, 0, 3), ("additive", 0, 0, 1, 2),
+                                                          ("bool", 0, 1, 0, 6), ("additive", 1, 1, 1, 2)])
+def test_attention_kv_groups_read_each_kv_head_for_its_group_of_q_heads(kind, causal, kt, ybshd, groups, opset):
+    """kv_groups=g: K and V [B, H / g, ., .] give what the op gives on them with each head repeated g times
+    (repeat_kv's Unsqueeze/Expand/Reshape); body and reference agree, Y has Q's heads."""
+    rng = _rng("attn_gq", kind, causal, kt, ybshd, groups, opset)
+    h = 6
+    q, k, v, mask = _attn_inputs(rng, kind, kt, h=h)
+    k, v = k[:, :h // groups].copy(), v[:, :h // groups].copy()
+    attrs = {"mask_kind": kind, "causal": causal, "nan_to_zero": 1, "k_transposed": kt, "y_bshd": ybshd,
+             "kv_groups": groups}
+    assert ATTN.validate(attrs, [True, True, True, mask is not None]) is None
+    assert ATTN.overload(attrs, [True, True, True, mask is not None]).endswith("gq")
+    repeated = [np.repeat(t, groups, axis=1) for t in (k, v)]
+    expected = ATTN.reference([q] + repeated + [mask], {**attrs, "kv_groups": 1})[0]
+    got = ATTN.reference([q, k, v, mask], attrs)[0]
+    out = (2, 5, h, 6) if ybshd else (2, h, 5, 6)
+    assert got.shape == out and np.array_equal(got, expected)
+    assert ATTN.output_shapes([q.shape, k.shape, v.shape, None if mask is None else mask.shape], attrs) == [out]
+    ordered = [("Q", q), ("K", k), ("V", v), ("mask", mask)]
+    feeds = {n: a for n, a in ordered if a is not None}
+    model = one_node_model("Attention", ordered, attrs, opset, out)
+    _check(ATTN, model, feeds, ordered, attrs, 1e-5, f"Attention {attrs} opset {opset}", evaluator=opset == 18 and not causal)
+
+
+def test_attention_kv_groups_reasons():
+    assert "kv_groups=0 must be an integer >= 1" in ATTN.validate({"kv_groups": 0}, [True] * 3)
+    assert "qkv_bshd must be 0" in ATTN.validate({"kv_groups": 2, "qkv_bshd": 1}, [True] * 3)
+    assert ATTN.overload({"kv_groups": 1}, [True] * 3) == ATTN.overload({}, [True] * 3)  # 1 is the plain op
+    with pytest.raises(RuleError, match="malformed overload key"):
+        ATTN.function("bshd_gq", 17)
+    q, k = np.zeros((1, 4, 2, 8)), np.zeros((1, 3, 2, 8))
+    with pytest.raises(RuleError, match="kv_groups=2 needs"):
+        ATTN.reference([q, k, k, None], {"kv_groups": 2})
+
+
+def test_attention_ungrouped_signature_and_operands():
+    """ungrouped(): the plain signature a lowering runs after repeating K/V's heads; operands() refuses a
+    grouped signature to a lowering that does not read it, and checks the heads where it does."""
+    from graphopt.errors import TuningError
+    from graphopt.lowering.contract import Signature
+    from graphopt.ops.attention import kv_groups, operands, ungrouped
+
+    sig = Signature.make("Attention", [(2, 8, 5, 64), (2, 2, 7, 64), (2, 2, 7, 64)], ["float16"] * 3,
+                         {"kv_groups": 4, "causal": 1})
+    plain = ungrouped(sig)
+    assert kv_groups(sig) == 4 and kv_groups(plain) == 1 and ungrouped(plain) is plain
+    assert plain.input_shapes == ((2, 8, 5, 64), (2, 8, 7, 64), (2, 8, 7, 64)) and dict(plain.attrs) == {"causal": 1}
+    with pytest.raises(TuningError, match="kv_groups=4 .* is not read by this lowering"):
+        operands(sig, "x")
+    assert operands(sig, "x", groups_ok=True)[1] == (2, 2, 7, 64)
+    bad = Signature.make("Attention", [(2, 8, 5, 64), (2, 4, 7, 64), (2, 4, 7, 64)], ["float16"] * 3, {"kv_groups": 4})
+    with pytest.raises(TuningError, match="needs rank-4 Q"):
+        operands(bad, "x", groups_ok=True)

@@ -178,6 +178,23 @@ def test_scale_causal_rank3_and_mqa(fake):
     assert tensors["K"] == [2, 1, 16, 64] and tensors["V"] == [2, 1, 16, 64] and tensors["Q"] == [2, 8, 16, 64]
 
 
+def test_grouped_query_binds_the_grouped_kv_heads_as_they_are(fake):
+    """kv_groups=g: cuDNN's SDPA reads K and V with H / g heads (head h of Q takes h // g, as the op), so
+    they are bound as given, no repeat; K^T is transposed with its own heads."""
+    mod, log = fake
+    sig = _attn(q=(2, 8, 16, 64), k=(2, 2, 16, 64), kv_groups=4, causal=1)
+    assert cudnn_sdpa.sdpa_reason(sig) is None
+    g = cudnn_sdpa.sdpa_graph(mod, "h", sig)[2]
+    assert (g.H, g.Hk) == (8, 2)
+    tensors = {e[1]: e[2] for e in log if e[0] == "tensor"}
+    assert tensors["K"] == tensors["V"] == [2, 2, 16, 64] and tensors["Q"] == [2, 8, 16, 64]
+    kt = _attn(q=(2, 8, 16, 64), k=(2, 2, 64, 16), v=(2, 2, 16, 64), kv_groups=4, k_transposed=1)
+    assert cudnn_sdpa.sdpa_geom(kt).workspace_parts(0)[2] == 2 * 2 * 16 * 64 * 2  # K^T's copy, 2 heads
+    wrong = _attn(q=(2, 8, 16, 64), k=(2, 4, 16, 64), kv_groups=4)
+    assert "kv_groups=4 needs" in cudnn_sdpa.sdpa_reason(wrong)
+    assert "one head" in cudnn_sdpa.sdpa_reason(_attn(q=(2, 8, 16, 64), k=(2, 2, 16, 64)))  # no kv_groups: no GQA
+
+
 @pytest.mark.parametrize("mask, kind, in_ws", [
     ((2, 1, 16, 16), "additive", False),   # [B, 1, Sq, Skv]: cuDNN's bias as is
     ((16, 16), "additive", False),         # [Sq, Skv] broadcast over B and H

@@ -250,3 +250,19 @@ def test_every_choice_is_a_real_candidate_that_applies(x, w, attrs):
             assert conv_reason(sig) is None
         else:
             assert cand.applies(sig, (9, 0)) is None
+
+
+def test_grouped_query_attention_heuristic():
+    """kv_groups > 1 (K and V with H / g heads): cuDNN's SDPA reads the grouped heads where it applies;
+    without providers, and in fp32, an own kernel after the head repeat (the choice applies)."""
+    from graphopt.kernels.registry import candidate_from_key
+
+    shapes = [(2, 32, 512, 128), (2, 8, 512, 128), (2, 8, 512, 128), None]
+    for dtype, providers, want in (("float16", True, "cudnn"), ("float16", False, "flash_mma"),
+                                   ("float32", True, None)):
+        sig = Signature.make("Attention", shapes, [dtype] * 3 + [""], {"kv_groups": 4, "causal": 1})
+        name, params, _ = heuristic_lowering("Attention", sig, (9, 0), providers=providers)
+        assert want is None and name not in ("cudnn", "default") or name == want, (dtype, providers, name)
+        if name != "cudnn":  # (cuDNN's applies() asks for the library, absent here)
+            cand = candidate_from_key("Attention", f"{name}:{params}" if params else name)
+            assert cand.applies(sig, (9, 0)) is None
