@@ -39,6 +39,7 @@ PATTERNS = {
     "conv/BN/GN/gemm + activation": ("CBR/GemmAct/GroupNorm with an activation", "an activation op right after Conv/BN/Gemm/MatMul, a BatchNormalization"),
     "Shape/Size": ("(folded)", "Shape, Size"),
     "RoPE": ("RoPE", "Neg (of a rotate_half / rotate_every_two)"),
+    "grouped K/V": ("an Attention's K or V read with kv_groups > 1", "an Expand (repeat_kv's) feeding an Attention's K or V"),
 }
 
 
@@ -62,6 +63,10 @@ def coverage_counts(model: onnx.ModelProto) -> dict[str, list[int]]:
     for n in nodes:
         for t in n.input:
             consumers[t].append(n.op_type)
+    # the tensors an Expand feeds into an Attention's K or V, directly or through one Reshape (repeat_kv)
+    kv_in = {t for n in nodes if n.domain == "graphopt" and n.op_type == "Attention" for t in n.input[1:3] if t}
+    kv_in |= {producer[t].input[0] for t in list(kv_in) if t in producer and producer[t].op_type == "Reshape"}
+    consumers_of = collections.defaultdict(bool, {t: True for t in kv_in})
     c = {p: [0, 0] for p in PATTERNS}
 
     def prod(t):
@@ -77,6 +82,8 @@ def coverage_counts(model: onnx.ModelProto) -> dict[str, list[int]]:
                 c["RMSNorm / LayerNorm / GroupNorm"][0] += 1
             elif n.op_type == "Attention":
                 c["attention"][0] += 1
+                if (_attr(n, "kv_groups") or 1) > 1:
+                    c["grouped K/V"][0] += 2
             elif n.op_type == "RoPE":
                 c["RoPE"][0] += 1
             if n.op_type == "Gelu" or act in GELU_ACTS:
@@ -98,6 +105,8 @@ def coverage_counts(model: onnx.ModelProto) -> dict[str, list[int]]:
             c["RoPE"][1] += 1
         elif op == "BatchNormalization":
             c["conv/BN/GN/gemm + activation"][1] += 1
+        elif op == "Expand" and any(consumers_of[t] for t in n.output):
+            c["grouped K/V"][1] += 1
         if op in ACT_OPS and n.input and prod(n.input[0]) in PRODUCERS:
             c["conv/BN/GN/gemm + activation"][1] += 1
         if op == "Mul" and len(n.input) == 2:

@@ -14,7 +14,9 @@ Constraints (``None`` when they hold, else the reason ``--explain`` prints):
 * ``bool_tensor(t)``: t has element type bool;
 * ``mask_broadcast(m, mm)``: an additive mask that broadcasts onto the scores without enlarging them;
 * ``head_split_transposes(tq, tk, tv)``, ``keys_transpose(tk)``, ``heads_merge_transpose(ty)``: the
-  Transposes around an attention that its layout attributes absorb.
+  Transposes around an attention that its layout attributes absorb;
+* ``repeated_kv(k, uk, xk, rk, v, uv, xv, rv, q)``: K and V each with every head repeated for a group of
+  Q's heads by repeat_kv's ``Reshape(Expand(Unsqueeze(t, 2)))`` (grouped-query attention).
 
 Where a shape is unknown the shape checks pass: every fused op's function body broadcasts exactly
 like the nodes it replaces, so the result is the same; a lowering checks the concrete shapes.
@@ -23,7 +25,8 @@ Builders (attribute dicts): ``epsilon_attr(eps)``, ``layernorm_attrs(ln)`` (a na
 LayerNormalization's epsilon, with its axis checked), ``attention_scale(s1, s2?)`` (the product of
 scalar constants), ``attention_scale_div(s)`` (1 / s), ``mask_fill(fill)`` (the
 ``mask_value`` of a Where(mask, scores, fill)), ``heads_of(q)`` (``num_heads`` from
-``[B, H, S, D]``), ``gelu_activation(gelu)`` (GemmAct's activation for a ``graphopt.Gelu`` or ONNX
+``[B, H, S, D]``), ``kv_groups_of(rk, k)`` (``kv_groups``: the repeat's heads over K's),
+``gelu_activation(gelu)`` (GemmAct's activation for a ``graphopt.Gelu`` or ONNX
 ``Gelu`` node), ``gelu_attrs(gelu)`` (``approximate`` of an ONNX Gelu node).
 """
 
@@ -176,6 +179,55 @@ def keys_transpose(g, tk):
     if _perm(tk) != [0, 1, 3, 2]:
         return f"{tk.name!r} has perm {_perm(tk)}, expected [0, 1, 3, 2] (K^T of a [B, H, S, D] tensor)"
     return None
+
+
+def _heads_repeated(g, t, u, x, r) -> tuple[int, int] | str:
+    """(H, Hkv) when r = Reshape(x = Expand(u = Unsqueeze(t, axis 2))) repeats each of t's Hkv heads H / Hkv
+    times (t [B, Hkv, S, D] -> [B, Hkv, H / Hkv, S, D] -> [B, H, S, D]), else the reason. Proven from the
+    shapes: x keeps t's dims around the new axis, r keeps t's B, S and D and has H (a known multiple of
+    Hkv) heads; the new axis then holds H / Hkv at run time (the Reshape keeps the element count), and
+    the row-major Reshape puts K/V head h // (H / Hkv) at head h. Symbolic dims compare by name."""
+    st, sx, sr = g.shape(t), g.shape(x.outputs[0]), g.shape(r.outputs[0])
+    if st is None or len(st) != 4 or sx is None or len(sx) != 5 or sr is None or len(sr) != 4:
+        return (f"{t!r}, {x.name!r}, {r.name!r} are not of ranks 4, 5, 4 with known shapes "
+                f"({st}, {sx}, {sr})")
+    axes = reduce_axes(g, u)
+    if isinstance(axes, str) or axes not in ([2], [-3]):
+        return axes if isinstance(axes, str) else f"{u.name!r} inserts axes {axes}, expected [2]"
+    kept = [(sx[0], st[0]), (sx[1], st[1]), (sx[3], st[2]), (sx[4], st[3]), (sr[0], st[0]), (sr[2], st[2]),
+            (sr[3], st[3])]
+    if any(a is None or a != b for a, b in kept):
+        return (f"{x.name!r} {_fmt_shape(sx)} and {r.name!r} {_fmt_shape(sr)} do not repeat the heads of "
+                f"{t!r} {_fmt_shape(st)} alone")
+    h, hkv = sr[1], st[1]
+    if not isinstance(h, int) or not isinstance(hkv, int) or hkv < 1 or h % hkv:
+        return f"{r.name!r} has {h} heads, not a known multiple of {t!r}'s {hkv}"
+    if isinstance(sx[2], int) and sx[2] * hkv != h:
+        return f"{x.name!r} repeats each head {sx[2]} times, not {h} / {hkv}"
+    return h, hkv
+
+
+@register_constraint("repeated_kv", "tnnntnnnt")
+def repeated_kv(g, k, uk, xk, rk, v, uv, xv, rv, q):
+    """K and V [B, Hkv, S, D] each repeated by repeat_kv (Reshape(Expand(Unsqueeze(t, 2)))) to Q's H heads,
+    H a multiple of Hkv: the grouped-query attention the op reads with kv_groups = H / Hkv."""
+    got = [_heads_repeated(g, t, u, x, r) for t, u, x, r in ((k, uk, xk, rk), (v, uv, xv, rv))]
+    for why in got:
+        if isinstance(why, str):
+            return why
+    if got[0] != got[1]:
+        return f"K's heads {got[0][1]} -> {got[0][0]} and V's {got[1][1]} -> {got[1][0]} differ"
+    sq = g.shape(q)
+    if sq is not None and len(sq) == 4 and isinstance(sq[1], int) and sq[1] != got[0][0]:
+        return f"Q {q!r} has {sq[1]} heads, the repeated K and V {got[0][0]}"
+    return None
+
+
+@register_builder("kv_groups_of", "nt", "attrs")
+def kv_groups_of(g, r, t):
+    """{"kv_groups": H / Hkv} of repeat_kv's Reshape r [B, H, S, D] of t [B, Hkv, S, D] ({} when H = Hkv)."""
+    h, hkv = g.shape(r.outputs[0])[1], g.shape(t)[1]
+    return {"kv_groups": h // hkv} if h != hkv else {}
 
 
 @register_constraint("heads_merge_transpose", "n")

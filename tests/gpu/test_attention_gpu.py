@@ -194,6 +194,38 @@ def _bshd_cases():
                                                id=f"{sq}x{skv}-d{d}v{dv}-{name}-{dtype}-{lname}-{cand.key()}")
 
 
+def _grouped_cases():
+    """Grouped-query attention (kv_groups = 3: K and V with one head for Q's three): every own candidate that
+    applies, after the heads' repeat into its workspace; both K layouts, masks, odd lengths, fp16 and fp32."""
+    for (sq, skv), (d, dv), (name, kind, mshape, attrs) in (((37, 37), (64, 64), MASKS[3]), ((19, 100), (16, 16), MASKS[1]),
+                                                              ((257, 257), (128, 128), MASKS[4]), ((1, 1), (64, 32), MASKS[0])):
+        for dtype in ("float16", "float32"):
+            for kt in (0, 1):
+                ins = _grouped_inputs(sq, skv, d, dv, kt, kind, mshape and mshape(sq, skv), dtype, 0)
+                sig = _sig(ins, kt, kind, {**attrs, "kv_groups": H})
+                for cand in attention_candidates():
+                    if cand.applies(sig, (9, 0)) is None:
+                        yield pytest.param(sq, skv, d, dv, kt, kind, mshape, attrs, dtype, cand,
+                                           id=f"{sq}x{skv}-d{d}v{dv}-kt{kt}-{name}-{dtype}-{cand.key()}")
+
+
+def _grouped_inputs(sq, skv, d, dv, kt, kind, mshape, dtype, seed):
+    ins = _inputs(sq, skv, d, dv, kt, kind, mshape, dtype, seed)
+    ins[1], ins[2] = np.ascontiguousarray(ins[1][:, :1]), np.ascontiguousarray(ins[2][:, :1])  # one K/V head
+    return ins
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq,skv,d,dv,kt,kind,mshape,attrs,dtype,cand", list(_grouped_cases()))
+def test_attention_candidate_reads_grouped_kv(sq, skv, d, dv, kt, kind, mshape, attrs, dtype, cand):
+    ins = _grouped_inputs(sq, skv, d, dv, kt, kind, mshape and mshape(sq, skv), dtype, zlib.crc32(cand.key().encode()))
+    sig = _sig(ins, kt, kind, {**attrs, "kv_groups": H})
+    ref = get_schema("Attention").reference([a.astype(np.float64) if a.dtype != bool else a for a in ins],
+                                            dict(sig.attrs))[0].astype(np.float64)
+    got, again = _run(cand, sig, ins, shape=(B, H, sq, dv))
+    _compare(cand.key(), got, again, ref, dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sq,skv,d,dv,kind,mshape,attrs,dtype,lname,cand", list(_bshd_cases()))
 def test_attention_candidate_reads_bshd(sq, skv, d, dv, kind, mshape, attrs, dtype, lname, cand):

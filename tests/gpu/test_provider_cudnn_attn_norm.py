@@ -149,6 +149,9 @@ FORMS = {
     "k_transposed_bool_causal": dict(k_transposed=1, mask=(2, 1, 1, 129), mask_dtype="bool", causal=1),
     "one_kv_head": dict(Hk=1),
     "dv_differs": dict(Dv=128),
+    # grouped-query attention: K and V with H / kv_groups heads, bound as they are
+    "grouped_kv_causal": dict(Hk=2, kv_groups=2, causal=1),
+    "grouped_kv_kt_padding": dict(Hk=1, kv_groups=4, k_transposed=1, mask=(2, 1, 1, 129), mask_dtype="bool"),
 }
 
 

@@ -362,6 +362,37 @@ def keys_transpose_model(variant="fires"):
     return b.model()
 
 
+def grouped_kv_model(variant="fires"):
+    """graphopt.Attention over repeat_kv's Reshape(Expand(Unsqueeze(t, 2))) of K and V with 2 heads for Q's 6
+    (LLaMA's grouped-query attention after the attention rules; ``variant``: a near-miss)."""
+    b = Builder(17, seed=17)
+    e = TensorProto.FLOAT16
+    hq, hkv = 6, 2
+
+    def repeat(t, heads, axis=2):
+        lead = [1 if variant == "batch_broadcast" and t == "k" else B]
+        src = b.input(t, lead + [heads, SKV, D if t == "k" else DV], e)
+        u = b.op("Unsqueeze", [src, b.const([axis], f"ax{t}", np.int64)])
+        rep = hq // heads
+        target = [B, rep, heads] if axis == 1 else [B, heads, rep]
+        if variant == "runtime_shape":  # TorchScript's form: the target computed from t's shape at run time
+            shape = b.op("Concat", [b.op("Shape", [src], start=0, end=2), b.const([rep], f"rep{t}", np.int64),
+                                    b.op("Shape", [src], start=2)], axis=0)
+        else:
+            shape = b.const(target + [SKV, D if t == "k" else DV], f"ex{t}", np.int64)
+        x = b.op("Expand", [u, shape])
+        return x, b.op("Reshape", [x, b.const([B, hq, SKV, D if t == "k" else DV], f"rs{t}", np.int64)])
+
+    xk, rk = repeat("k", hkv, 1 if variant == "axis" else 2)
+    _, rv = repeat("v", 1 if variant == "groups_differ" else hkv)
+    y = b.op("Attention", [b.input("q", [B, hq, SQ, D], e), rk, rv, b.input("m", [B, 1, 1, SKV], e)], domain="graphopt",
+             mask_kind="additive", scale=0.5, causal=1)
+    b.output(b.op("Neg", [y]))
+    if variant == "second_consumer":
+        b.output(b.op("Neg", [xk]))
+    return b.model()
+
+
 def heads_merge_model(variant="fires"):
     """graphopt.Attention followed by the heads merge's Transpose and Reshape (``variant``: a near-miss)."""
     b = Builder(17, seed=15)
@@ -416,6 +447,7 @@ CASES["attention_qkv_bshd"] = head_split_model
 CASES["shape_of_transpose"] = shape_of_transpose_model
 CASES["attention_y_bshd"] = heads_merge_model
 CASES["attention_k_untransposed"] = keys_transpose_model
+CASES["attention_grouped_kv"] = grouped_kv_model
 
 
 def test_every_transformer_rule_has_a_test_case():
@@ -556,6 +588,11 @@ NEAR_MISSES = [
     ("attention_k_untransposed", lambda: keys_transpose_model("perm"), "has perm [0, 2, 3, 1], expected [0, 1, 3, 2]"),
     ("attention_k_untransposed", lambda: keys_transpose_model("second_consumer"), "has 2 consumers"),
     ("groupnorm", lambda: groupnorm_model(variant="in_scale"), "is not 3 1s"),
+    # the heads tiled (head h reads h % Hkv), not repeated: Unsqueeze at axis 1
+    ("attention_grouped_kv", lambda: grouped_kv_model("axis"), "inserts axes [1], expected [2]"),
+    ("attention_grouped_kv", lambda: grouped_kv_model("batch_broadcast"), "do not repeat the heads of 'k' [1,2,6,4] alone"),
+    ("attention_grouped_kv", lambda: grouped_kv_model("groups_differ"), "K's heads 2 -> 6 and V's 1 -> 6 differ"),
+    ("attention_grouped_kv", lambda: grouped_kv_model("second_consumer"), "has 2 consumers"),
 ]
 
 
@@ -591,6 +628,26 @@ def test_the_keys_transpose_goes_into_the_attention():
     assert [n.op_type for n in g.nodes()] == ["Attention", "Neg"] and att.inputs[1] == "k"
     assert att.attr("k_transposed") == 0 and att.attr("causal") == 1 and att.attr("scale") == 0.5
     assert att.attr("mask_kind") == "additive"
+
+
+def test_repeat_kv_goes_into_the_attention():
+    """attention_grouped_kv: the Unsqueeze/Expand/Reshape of K and V go, the op reads their 2 heads for Q's 6
+    (kv_groups=3) and keeps its other attributes."""
+    g, report = _rewrite(grouped_kv_model(), _only("attention_grouped_kv"))
+    (att,) = [n for n in g.nodes() if n.op_type == "Attention"]
+    assert [n.op_type for n in g.nodes()] == ["Attention", "Neg"] and att.inputs[1:3] == ["k", "v"]
+    assert att.attr("kv_groups") == 3 and att.attr("causal") == 1 and att.attr("scale") == 0.5
+
+
+def test_repeat_kv_with_its_target_computed_at_run_time_goes_too():
+    """TorchScript computes repeat_kv's Expand target from K's shape: the inferred shapes still keep K's
+    dims around the new axis, and the Reshape's heads give its size."""
+    model = grouped_kv_model("runtime_shape")
+    g, report = _rewrite(model, _only("attention_grouped_kv"))
+    assert report.counts == {"attention_grouped_kv": 1}
+    (att,) = [n for n in g.nodes() if n.op_type == "Attention"]
+    assert att.attr("kv_groups") == 3 and att.inputs[1:3] == ["k", "v"]
+    _same_outputs(model, g)
 
 
 def test_head_split_transposes_go_into_the_attention():
