@@ -14,7 +14,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..46 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..47 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -30,7 +30,7 @@
 # `python3 bench/transformer_kernels.py --merge MEM.json ATTN.json --previous bench/results/transformer_kernels_h200.json
 # --gpu-name h200 --out bench/results` (a run of one table only: give its file for both).
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..46 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..47 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -344,10 +344,22 @@ case "$N" in
       bash bench/device_calls.sh "$OUT/e" e2e-transformers:${E2E_S:-330} ;;
   46) # any GPU, ~400 s (nineteenth session): the GPU test files that exercise what changed since 805f74b's whole-suite
       # run (its 10,050 tests passed on the H200): the erf-GELU epilogue (GemmAct, the new ops' kernels), the K
-      # attention without a transpose (k_transposed=0, own kernels and cuDNN), the fp16 runtime's saturating cast.
+      # attention without a transpose (k_transposed=0, own kernels and cuDNN), grouped K/V (kv_groups), the fp16
+      # runtime's saturating cast.
       # Steps 3 and 4 are the whole suite
     TESTS="tests/gpu/test_gemm_act_gpu.py tests/gpu/test_new_op_kernels.py tests/gpu/test_attention_gpu.py tests/gpu/test_provider_cudnn_attn_norm.py tests/gpu/test_runtime_gpu.py" \
       bash bench/device_calls.sh "$OUT/g" gpu-tests:${TESTS_S:-400} ;;
+  47) # best on an H200, ~420 s (nineteenth session, NOTES_kernels): grouped-query attention (kv_groups, rule
+      # attention_grouped_kv), never run on a GPU: its GPU tests (every own candidate after the head repeat, cuDNN's
+      # plans on grouped K/V), then the attention table at kv_groups 4 (16 query heads, 4 K/V heads) against SDPA
+      # with enable_gqa (prediction: cuDNN's plan reads the grouped heads, at most SDPA's time and within 5 % of the
+      # plain rows of the same shape, 68.3 / 218.5 us at hd 128; the two repeat_kv copies it saves, ~84 MB at either
+      # length, would take ~20 us more)
+    A=tests/gpu/test_attention_gpu.py C=tests/gpu/test_provider_cudnn_attn_norm.py
+    PACK_CUBIN=0 PREBUILD=0 TESTS="$A::test_attention_candidate_reads_grouped_kv $C::test_attention_plans_for_every_form" \
+      bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-170}
+    PACK_CUBIN=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention --kv-groups 4 --seqs 512,2048" \
+      bash bench/device_calls.sh "$OUT/g" transformer:${ATTN_S:-230} ;;
   43) # any GPU, ~450 s (eighteenth session, NOTES_e2e): the CNNs exported by dynamo (torch's default exporter),
       # whose global pooling is ReduceMean, now GlobalAveragePool (reduce_to_global_pool), so their graphs after
       # cleanup are the TorchScript exports' (prediction: each bs32 row within 3 % of its TorchScript row's
@@ -362,5 +374,5 @@ case "$N" in
     n=41
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..46 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..47 or auto" >&2; exit 2 ;;
 esac

@@ -17,7 +17,9 @@ Run on the GPU:  python3 bench/transformer_kernels.py --out bench/results   (add
   (and fp32 with --attn-dtypes): the tuner's choice, SDPA (``is_causal`` alike; ``sdpa_us`` timed inside a
   CUDA graph as the tuner's choice is, ``lowering_bench.torch_graph_us``, its eager time beside it as
   ``sdpa_eager_us``) and the unfused torch path (matmul, softmax, matmul, eager), in TFLOP/s
-  (4 * B * H * Sq * Skv * D flops, halved when causal).
+  (4 * B * H * Sq * Skv * D flops, halved when causal). ``--kv-groups G``: grouped-query rows (K and V with
+  16 / G heads, the op's ``kv_groups``), SDPA with ``enable_gqa=True`` as the peer and the unfused path
+  repeating K and V first (repeat_kv, as the exports do before ``attention_grouped_kv`` folds it).
 
 LayerNorm, SkipLayerNorm, RMSNorm and Attention take every candidate of graphopt.kernels.registry
 (own kernels and every provider's: cuDNN SDPA / norms when they land), profiled by the tuner's own
@@ -80,6 +82,8 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; what is past it is skipped and listed")
     ap.add_argument("--seqs", default=None,
                     help=f"attention sequence lengths, comma-separated (default: {','.join(map(str, ATTN_SEQS))})")
+    ap.add_argument("--kv-groups", type=int, default=1,
+                    help="attention rows with K and V of 16 / G heads (grouped-query attention, kv_groups=G; 1, 2, 4, 8 or 16)")
     ap.add_argument("--gpu-name", default=None, help=GPU_NAME_HELP)
     ap.add_argument("--merge", nargs=2, metavar=("MEMORY_JSON", "ATTENTION_JSON"),
                     help="no GPU: write one results file from two runs' files (the memory table of the first, the "
@@ -94,6 +98,8 @@ def main(argv=None):
         ap.error(f"--kernels: unknown {', '.join(sorted(unknown))} (norm, gelu, softmax)")
     if args.seqs and not all(x.strip().isdigit() and int(x) > 0 for x in args.seqs.split(",")):
         ap.error(f"--seqs: {args.seqs!r} is not a comma-separated list of positive lengths (e.g. 4096 or 128,512)")
+    if args.kv_groups not in (1, 2, 4, 8, 16):
+        ap.error(f"--kv-groups: {args.kv_groups} does not divide the table's 16 heads (1, 2, 4, 8 or 16)")
     if args.merge:
         return merge(args.out, *args.merge, gpu_name=args.gpu_name, previous=args.previous)
     args.gpu_name = args.gpu_name or gpu_tag()
@@ -234,14 +240,15 @@ def main(argv=None):
         return placed_pair(low, fn, tensors, reps=args.reps)
 
     def attention_row(s, d, causal, dtype):
-        bsz, h = max(1, ATTN_TOKENS // s), 16
-        shape = (bsz, h, s, d)
-        sig = signature_of("Attention", [shape] * 3, [dtype] * 3, {"causal": causal} if causal else {})
+        bsz, h, g = max(1, ATTN_TOKENS // s), 16, args.kv_groups
+        shape, kv_shape = (bsz, h, s, d), (bsz, h // g, s, d)
+        attrs = {**({"causal": causal} if causal else {}), **({"kv_groups": g} if g > 1 else {})}
+        sig = signature_of("Attention", [shape, kv_shape, kv_shape], [dtype] * 3, attrs)
         choice = tuner.profile(sig)
-        tq, tk, tv = (torch.randn(shape, device="cuda", dtype=getattr(torch, dtype)) for _ in range(3))
+        tq, tk, tv = (torch.randn(sh, device="cuda", dtype=getattr(torch, dtype)) for sh in (shape, kv_shape, kv_shape))
         out = torch.empty_like(tq)
         def sdpa_fn(a, b, c):
-            return F.scaled_dot_product_attention(a, b, c, is_causal=bool(causal))
+            return F.scaled_dot_product_attention(a, b, c, is_causal=bool(causal), **({"enable_gqa": True} if g > 1 else {}))
         sdpa_eager = torch_us(sdpa_fn, [tq, tk, tv], out)
         # The peer is SDPA timed as graphopt's choice is, inside a CUDA graph (eager carries ~2.5 us a call
         # that the graph-timed choice does not; NOTES_kernels, 2026-12-06); eager stays in the row.
@@ -263,6 +270,8 @@ def main(argv=None):
         sdpa_same_out, _ = torch_graph_or_reason(sdpa_fn, [tq, tk, tv], reps=args.reps, keep_outputs=False)
 
         def unfused(a, b, c, scale=1.0 / math.sqrt(d)):
+            if g > 1:  # repeat_kv, as the exported model computes it
+                b, c = b.repeat_interleave(g, dim=1), c.repeat_interleave(g, dim=1)
             sc = torch.matmul(a, b.transpose(-1, -2)) * scale
             if causal:
                 sc = sc.masked_fill(torch.ones(s, s, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
@@ -270,7 +279,8 @@ def main(argv=None):
         unf = torch_us(unfused, [tq, tk, tv], out)
         flops = 4 * bsz * h * s * s * d // (2 if causal else 1)
         us = choice["graphopt_us"]
-        row = {"seq": s, "head_dim": d, "causal": bool(causal), "dtype": dtype, "graphopt_us": us, "sdpa_us": round(sdpa, 2),
+        row = {"seq": s, "head_dim": d, "causal": bool(causal), "dtype": dtype, **({"kv_groups": g} if g > 1 else {}),
+               "graphopt_us": us, "sdpa_us": round(sdpa, 2),
                "sdpa_timing": sdpa_timing, "sdpa_eager_us": round(sdpa_eager, 2),
                "sdpa_graph_same_output_us": sdpa_same_out,
                "chosen_with_barrier_us": with_barrier, "chosen_without_barrier_us": without_barrier,
@@ -457,7 +467,8 @@ def _write(out_dir, header, mem_rows, attn_rows, skipped, copy, gpu_name):
     for r in attn_rows:
         pl = r.get("placed") or {}
         placed_us = f"{pl['graphopt_placed_us']} / {pl['torch_placed_us']}" if "graphopt_placed_us" in pl else "-"
-        lines.append(f"| {r['seq']} | {r['head_dim']} | {r['causal']} | {r['batch']}x{r['heads']} | {r['dtype']} | {r['graphopt_us']} | "
+        heads = f"{r['heads']} (K/V {r['heads'] // r['kv_groups']})" if r.get("kv_groups") else r["heads"]
+        lines.append(f"| {r['seq']} | {r['head_dim']} | {r['causal']} | {r['batch']}x{heads} | {r['dtype']} | {r['graphopt_us']} | "
                      f"{r['TFLOPs']} | {r['sdpa_us']} | {r['sdpa_TFLOPs']} | {r['vs_sdpa']} | {placed_us} | "
                      f"{placed_ratio(r) if placed_ratio(r) is not None else '-'} | {r['torch_unfused_us']} | "
                      f"{' / '.join(str(v) for v in (r.get('sdpa_backends_us') or {}).values()) or '-'} | "
@@ -474,7 +485,7 @@ def placed_ratio(row: dict) -> float | None:
 
 
 MEMORY_KEY = ("kernel", "size", "dtype")
-ATTENTION_KEY = ("seq", "head_dim", "causal", "dtype")
+ATTENTION_KEY = ("seq", "head_dim", "causal", "dtype", "kv_groups")
 
 
 def keep_earlier(new: list[dict], earlier: list[dict], key: tuple[str, ...], run: str) -> list[dict]:
