@@ -26,6 +26,7 @@ from graphopt.passes.identity import eliminate_identity
 from graphopt.passes.identity_reshape import eliminate_identity_reshape
 from graphopt.passes.merge_duplicates import merge_duplicates
 from graphopt.passes.pad_conv import fold_pad_into_conv
+from graphopt.passes.single_concat import eliminate_single_concat
 from graphopt.passes.transposes import fold_transposes
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "eliminate_identity",
     "eliminate_identity_reshape",
     "eliminate_noop_cast",
+    "eliminate_single_concat",
     "fold_constants",
     "fold_conv_bn",
     "fold_conv_mul_add",
@@ -56,6 +58,7 @@ __all__ = [
 #: after the folds, whose results may make two nodes equal.
 CLEANUP_ORDER = (
     "eliminate_identity",
+    "eliminate_single_concat",
     "eliminate_noop_cast",
     "eliminate_dropout",
     "constants_to_initializers",
@@ -97,6 +100,7 @@ def run_cleanup(
     budget = FoldBudget(total_bytes=fold_total_bytes)
     passes = {
         "eliminate_identity": eliminate_identity,
+        "eliminate_single_concat": eliminate_single_concat,
         "eliminate_noop_cast": eliminate_noop_cast,
         "eliminate_dropout": eliminate_dropout,
         "constants_to_initializers": constants_to_initializers,
