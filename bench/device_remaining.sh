@@ -14,7 +14,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..47 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..48 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -30,7 +30,7 @@
 # `python3 bench/transformer_kernels.py --merge MEM.json ATTN.json --previous bench/results/transformer_kernels_h200.json
 # --gpu-name h200 --out bench/results` (a run of one table only: give its file for both).
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..47 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..48 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -360,6 +360,12 @@ case "$N" in
       bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-170}
     PACK_CUBIN=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention --kv-groups 4 --seqs 512,2048" \
       bash bench/device_calls.sh "$OUT/g" transformer:${ATTN_S:-230} ;;
+  48) # any GPU, ~500 s (nineteenth session, NOTES_e2e): a LLaMA end to end (bench/torch_models.py "llama": TinyLlama-1.1B's
+      # layer shape, 32 query and 4 K/V heads, 4 layers, seq 128; dynamo export, torch's default), whose grouped-query
+      # attention, RMSNorm, RoPE and SwiGLU all fuse (prediction: graphopt / torch.compile 0.7-0.9 at bs1, launch-bound
+      # like GPT-2's 0.74; 0.9-1.05 at bs32, where ~2 TFLOP of GEMMs dominate both)
+    MODELS=llama_dynamo DTYPES=fp16 E2E_ARGS="--rows llama_dynamo:1,llama_dynamo:32 --measure-reserve 45" \
+      bash bench/device_calls.sh "$OUT/e" e2e-transformers:${E2E_S:-500} ;;
   43) # any GPU, ~450 s (eighteenth session, NOTES_e2e): the CNNs exported by dynamo (torch's default exporter),
       # whose global pooling is ReduceMean, now GlobalAveragePool (reduce_to_global_pool), so their graphs after
       # cleanup are the TorchScript exports' (prediction: each bs32 row within 3 % of its TorchScript row's
@@ -374,5 +380,5 @@ case "$N" in
     n=41
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..47 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..48 or auto" >&2; exit 2 ;;
 esac

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 SEQ = 128
-VOCAB = {"gpt2": 50257, "bert": 30522}
+VOCAB = {"gpt2": 50257, "bert": 30522, "llama": 32000}
 # name -> (what it is, input kind)
 MODELS = {
     "resnet50": ("torchvision resnet50", "image"),
@@ -24,6 +24,9 @@ MODELS = {
     "gpt2": ("transformers GPT2LMHeadModel, 124M config, seq 128", "tokens"),
     "bert": ("transformers BertModel, bert-base config, seq 128", "tokens"),
     "vit_b16": ("transformers ViTModel, ViT-B/16 config (224, patch 16)", "image"),
+    # grouped-query attention (rule attention_grouped_kv), RMSNorm, RoPE, SwiGLU: TinyLlama-1.1B's layer shape
+    # (hidden 2048, 32 query heads and 4 K/V heads of 64, MLP 5632), 4 of its 22 layers (under 2 GB in fp32)
+    "llama": ("transformers LlamaForCausalLM, TinyLlama-1.1B config with 4 layers, seq 128", "tokens"),
 }
 # the same modules exported by torch.onnx's dynamo exporter (torch's default since 2.9) instead of the
 # TorchScript one: the graphs differ (bench/NOTES_e2e.md, seventeenth session), the peers do not
@@ -96,6 +99,17 @@ def build_module(name: str, tiny: bool = False):
         kw = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128) if tiny else {}
         bert = BertModel(BertConfig(**kw), add_pooling_layer=False).eval()
         return _wrap(bert, lambda m, ids: m(input_ids=ids, attention_mask=torch.ones_like(ids), return_dict=False)[0])
+    if name == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        kw = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2) if tiny else
+              dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=32,
+                   num_key_value_heads=4))
+        lm = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB["llama"], max_position_embeddings=2048, use_cache=False,
+                                          **kw)).eval()
+        return _wrap(lm, lambda m, ids: m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
+                                          return_dict=False)[0])
     if name == "vit_b16":
         from transformers import ViTConfig, ViTModel
 
