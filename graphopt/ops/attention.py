@@ -90,15 +90,13 @@ def ungrouped(sig):
     g = kv_groups(sig)
     if g == 1:
         return sig
-    from graphopt.lowering.contract import Signature
-
     shapes = list(sig.input_shapes)
     for i in (1, 2):
         s = shapes[i]
         if s is not None and len(s) == 4:
             shapes[i] = (s[0], s[1] * g, s[2], s[3])
     attrs = {k: v for k, v in sig.attrs if k != "kv_groups"}
-    return Signature.make(sig.op, shapes, sig.dtypes, attrs, sig.layout)
+    return type(sig).make(sig.op, shapes, sig.dtypes, attrs, sig.layout)  # (ops sits below the lowering layer)
 
 
 def qkv_packed(sig) -> bool:
