@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
-# per run-tool call (each within its 600 s limit). The eighteenth session's H200 ran 34, 3, 4, 40, 32's rows and
+# per run-tool call (each within its 600 s limit). Nineteenth session (no device: refused, then paused), in this
+# order: ``auto`` = 44 (issue 20's erf-GELU 50 MB row and attention at 4096 keys), 46 (the GPU test files the
+# changes since 805f74b touch, grouped-query attention's included), 47 (grouped-query attention's tests and
+# rows), 48 (a LLaMA end to end), 45 (the dynamo GPT-2), 43 (the dynamo CNNs); 3 and 4 for the whole suite.
+# The eighteenth session's notes follow. The eighteenth session's H200 ran 34, 3, 4, 40, 32's rows and
 # 38's layer rows with 39 at 805f74b: every acceptance row of issues 15 and 20 is measured on an H200 at that
 # commit but one (bias+GELU erf at 50 MB, 0.76 of a same-size copy). First call of a session: ``auto`` = 41 (the
 # faster erf-GELU's rows and tests, and the dynamo GPT-2 export with its tied lm_head folded), then on an H200
@@ -373,11 +377,10 @@ case "$N" in
     MODELS=efficientnet_b0_dynamo,resnet50_dynamo,mobilenetv2_dynamo DTYPES=fp16 \
       E2E_ARGS="--rows efficientnet_b0_dynamo:32,resnet50_dynamo:32,mobilenetv2_dynamo:32 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-500} ;;
-  auto) # the first call of a session (AUTO_N overrides): 41 (what the eighteenth session's H200 left; on an H200
-      # the acceptance rows are the H200's), then 3 and 4 (the whole GPU suite in halves) on an H200, 38 and 39
-      # elsewhere
+  auto) # the first call of a session (AUTO_N overrides): 44 (issue 20's two rows no GPU has measured at HEAD: the
+      # erf-GELU's 50 MB row and attention at 4096 keys; needs neither .cubin nor .tuning), then 46, 47, 48, 45, 43
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-    n=41
+    n=44
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
   *) echo "device_remaining.sh: N must be 0..48 or auto" >&2; exit 2 ;;
