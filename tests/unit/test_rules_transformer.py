@@ -390,6 +390,8 @@ def grouped_kv_model(variant="fires"):
     b.output(b.op("Neg", [y]))
     if variant == "second_consumer":
         b.output(b.op("Neg", [xk]))
+    if variant == "graph_output":
+        b.output(rk)
     return b.model()
 
 
@@ -593,6 +595,7 @@ NEAR_MISSES = [
     ("attention_grouped_kv", lambda: grouped_kv_model("batch_broadcast"), "do not repeat the heads of 'k' [1,2,6,4] alone"),
     ("attention_grouped_kv", lambda: grouped_kv_model("groups_differ"), "K's heads 2 -> 6 and V's 1 -> 6 differ"),
     ("attention_grouped_kv", lambda: grouped_kv_model("second_consumer"), "has 2 consumers"),
+    ("attention_grouped_kv", lambda: grouped_kv_model("graph_output"), "is a graph output"),
 ]
 
 
