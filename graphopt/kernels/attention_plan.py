@@ -164,6 +164,8 @@ def _mask_args(p: AttnPlan, M):
 
 
 WORKSPACE_ALIGN = 256
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+_RAW = {2: "uint16", 4: "uint32"}  # copied as raw bits: any float of that size (bf16 arrays are uint16 views)
 
 
 def _xp(a):
@@ -175,40 +177,48 @@ def _xp(a):
     return cupy
 
 
-def repeat_kv_heads(launch, p: AttnPlan, groups: int) -> Lowering:
-    """A lowering of a grouped-query signature (K, V with ``p.H / groups`` heads) from ``launch``, built for
-    its plain plan ``p``: each launch first repeats every K and V head ``groups`` times into the workspace
-    (K at offset 0, V after it, 256-byte aligned; one broadcast copy each, as repeat_kv's Expand did), then
-    runs ``launch`` on the repeated tensors. Any layout of K (``k_transposed`` too): the heads are axis 1."""
-    if p.bshd or p.packed or groups < 2 or p.H % groups:
-        raise TuningError(f"kv_groups={groups} with H={p.H} heads, qkv_bshd={p.bshd}, qkv_packed={p.packed}: "
-                          "the heads cannot be repeated here")
-    size = np.dtype(p.dtype).itemsize
-    k_elems, v_elems = p.Z * p.Skv * p.D, p.Z * p.Skv * p.Dv
-    v_off = -(-k_elems * size // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-    hkv = p.H // groups
+def repeat_kv_heads(built, sig: Signature) -> Lowering:
+    """A grouped-query signature's lowering (``kv_groups`` = g: K and V with H / g heads) from ``built``, a
+    lowering of its :func:`ungrouped` signature: each launch first repeats every K and V head g times into
+    the workspace (K at offset 0, then V, then ``built``'s own workspace, each 256-byte aligned; one broadcast
+    copy each, what repeat_kv's Expand did before the rule), then runs ``built`` on the repeated tensors.
+    Those copies are ordinary kernel launches, so ``built`` runs without its stream barrier (its
+    ``unordered_launch``). Any K layout (``k_transposed`` too): the heads are axis 1."""
+    groups = kv_groups(sig)
+    k_shape, v_shape = sig.input_shapes[1], sig.input_shapes[2]
+    size = _ITEMSIZE.get(sig.dtypes[1]) if len(sig.dtypes) > 2 and sig.dtypes[1] == sig.dtypes[2] else None
+    if (groups < 2 or sig.attr("qkv_bshd", 0) or k_shape is None or v_shape is None or len(k_shape) != 4
+            or len(v_shape) != 4 or k_shape[:2] != v_shape[:2] or size is None):
+        raise TuningError(f"kv_groups={groups}: K {k_shape}, V {v_shape} ({sig.dtypes[1:3]}) cannot be repeated here")
+    base = as_lowering(built)
+    B, hkv = int(k_shape[0]), int(k_shape[1])
+
+    def up(n: int) -> int:
+        return -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+    k_bytes, v_bytes = (groups * int(np.prod(s)) * size for s in (k_shape, v_shape))
+    v_off = up(k_bytes)
+    own_off = up(v_off + v_bytes)
+    raw = _RAW[size]
 
     def repeated(workspace, offset: int, n: int, t):
-        xp = _xp(t)
-        dst = workspace[offset:offset + n * size].view(t.dtype).reshape((p.B, hkv, groups) + tuple(t.shape[2:]))
-        xp.copyto(dst, t.reshape((p.B, hkv, 1) + tuple(t.shape[2:])))
-        return dst.reshape((p.B, p.H) + tuple(t.shape[2:]))
-
-    base = as_lowering(launch)
-    if base.workspace_bytes:
-        raise TuningError("repeat_kv_heads wraps a launch without a workspace of its own")
+        tail = tuple(t.shape[2:])
+        dst = workspace[offset:offset + n].view(raw).reshape((B, hkv, groups) + tail)
+        _xp(t).copyto(dst, t.view(raw).reshape((B, hkv, 1) + tail))
+        return dst.reshape((B, hkv * groups) + tail).view(t.dtype)
 
     def run(inputs, outputs, workspace):
         q, k, v, m = (list(inputs) + [None] * 4)[:4]
         for name, t in (("K", k), ("V", v)):
-            if t is None or t.ndim != 4 or t.shape[0] != p.B or t.shape[1] != hkv:
-                raise TuningError(f"kv_groups={groups}: {name} must be [{p.B}, {hkv}, ., .], got "
+            if t is None or t.ndim != 4 or t.shape[0] != B or t.shape[1] != hkv:
+                raise TuningError(f"kv_groups={groups}: {name} must be [{B}, {hkv}, ., .], got "
                                   f"{None if t is None else t.shape}")
-        return base.launch([q, repeated(workspace, 0, k_elems, k), repeated(workspace, v_off, v_elems, v), m],
-                           outputs, None)
+        own = workspace[own_off:own_off + base.workspace_bytes] if base.workspace_bytes else None
+        return base.unordered_launch([q, repeated(workspace, 0, k_bytes, k), repeated(workspace, v_off, v_bytes, v), m],
+                                     outputs, own)
 
-    return Lowering(launch=run, workspace_bytes=v_off + v_elems * size, capturable=base.capturable,
-                    layouts=base.layouts, versions=base.versions)
+    return Lowering(launch=run, outputs=base.outputs, workspace_bytes=own_off + base.workspace_bytes,
+                    capturable=base.capturable, layouts=base.layouts, versions=base.versions)
 
 
 class _AttentionKernels:
@@ -220,7 +230,7 @@ class _AttentionKernels:
         groups = kv_groups(sig)
         if groups == 1:
             return self._build(sig, arch)
-        return repeat_kv_heads(self._build(ungrouped(sig), arch), attention_plan(sig), groups)
+        return repeat_kv_heads(self._build(ungrouped(sig), arch), sig)
 
     def _build(self, sig: Signature, arch: str):
         raise NotImplementedError

@@ -3,7 +3,8 @@
 - ``cudnn``: cuDNN frontend operation graphs (``nvidia-cudnn-frontend`` with cuDNN 9), each engine
   plan a candidate: CBR as one fused conv_fprop + bias + residual + activation graph in NHWC
   (``cudnn``, which also holds the library state and plan keys the others share); Attention as
-  one SDPA graph (``cudnn_sdpa``); LayerNorm / SkipLayerNorm / RMSNorm as the normalization forward in
+  one SDPA graph (``cudnn_sdpa``; for grouped K/V also on the heads repeated first, ``cudnn_sdpa_repeat``);
+  LayerNorm / SkipLayerNorm / RMSNorm as the normalization forward in
   its inference phase (``cudnn_norm``); CBR with fewer than 8 input channels (a stem) on
   channel-padded tensors (``cudnn_cpad``), or as the convolution alone followed by graphopt's bias +
   activation pass (``cudnn_split``: cuDNN's non-fusing engines); CBR's graph with every tensor NCHW
@@ -23,11 +24,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from graphopt.lowering.contract import Candidate, Signature
-from graphopt.providers import cublaslt, cudnn, cudnn_cpad, cudnn_matmul, cudnn_nchw, cudnn_norm, cudnn_sdpa, cudnn_split
+from graphopt.providers import (cublaslt, cudnn, cudnn_cpad, cudnn_matmul, cudnn_nchw, cudnn_norm, cudnn_sdpa, cudnn_sdpa_repeat,
+                                cudnn_split)
 
 # op -> provider modules that offer candidates for it
 _BY_OP: dict[str, list] = {}
-for _mod in (cudnn, cudnn_nchw, cudnn_cpad, cudnn_split, cudnn_sdpa, cudnn_norm, cudnn_matmul, cublaslt):
+for _mod in (cudnn, cudnn_nchw, cudnn_cpad, cudnn_split, cudnn_sdpa, cudnn_sdpa_repeat, cudnn_norm, cudnn_matmul, cublaslt):
     for _op in _mod.OPS:
         _BY_OP.setdefault(_op, []).append(_mod)
 

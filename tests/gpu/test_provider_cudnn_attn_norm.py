@@ -29,7 +29,7 @@ import ml_dtypes  # noqa: E402,F401 - registers "bfloat16" with NumPy
 from graphopt.lowering import Signature, as_lowering  # noqa: E402
 from graphopt.ops import get_schema  # noqa: E402
 from graphopt.providers import cudnn as prov  # noqa: E402
-from graphopt.providers import cudnn_norm, cudnn_sdpa  # noqa: E402
+from graphopt.providers import cudnn_norm, cudnn_sdpa, cudnn_sdpa_repeat  # noqa: E402
 
 if prov.unavailable():
     pytest.skip(prov.unavailable(), allow_module_level=True)
@@ -161,6 +161,20 @@ FORMS = {
 def test_attention_plans_for_every_form(dtype, form):
     sig = _attn(2, 4, 129, 129, 64, dtype, **FORMS[form])
     ok, wrong, unbuilt = _check_plans(cudnn_sdpa.candidates("Attention", sig), sig)
+    assert not wrong, wrong
+    assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
+
+
+GROUPED_FORMS = [f for f, kw in FORMS.items() if "kv_groups" in kw]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", GROUPED_FORMS)
+def test_grouped_kv_plans_on_repeated_heads(dtype, form):
+    """cudnn_rkv: the plain graph's plans after the heads' repeat into the workspace."""
+    sig = _attn(2, 4, 129, 129, 64, dtype, **FORMS[form])
+    ok, wrong, unbuilt = _check_plans(cudnn_sdpa_repeat.candidates("Attention", sig), sig)
     assert not wrong, wrong
     assert ok >= 1, f"no plan ran: {unbuilt[:3]}"
 
@@ -318,6 +332,15 @@ def test_sdpa_plan_captures_in_a_cuda_graph(dtype):
     sig = _attn(2, 4, 128, 128, 64, dtype, k_transposed=1, mask=(2, 1, 1, 128), mask_dtype="bool", causal=1,
                 nan_to_zero=1)
     _capture_and_compare(as_lowering(cudnn_sdpa.CudnnSdpa("cudnn").build(sig, "sm_90")), sig, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_sdpa_captures_in_a_cuda_graph(dtype):
+    """Grouped K/V read as they are, and repeated first (the copies captured with the plan)."""
+    sig = _attn(2, 4, 128, 128, 64, dtype, Hk=2, kv_groups=2, causal=1)
+    _capture_and_compare(as_lowering(cudnn_sdpa.CudnnSdpa("cudnn").build(sig, "sm_90")), sig, 1)
+    _capture_and_compare(as_lowering(cudnn_sdpa_repeat.CudnnSdpaRepeat("cudnn_rkv").build(sig, "sm_90")), sig, 1)
 
 
 @pytest.mark.gpu

@@ -564,16 +564,15 @@ def test_repeat_kv_heads_hands_the_kernels_each_head_repeated(kt):
     from graphopt.kernels.attention_plan import repeat_kv_heads
 
     sig = _grouped(kt, groups=4, h=8, d=24, s=7)
-    p = attention_plan(sig)
     seen = {}
 
     def launch(inputs, outputs):
         seen["in"] = [None if a is None else a.copy() for a in inputs]
         outputs[0][...] = 1
 
-    low = repeat_kv_heads(launch, p, 4)
+    low = repeat_kv_heads(launch, sig)
     k_bytes = 2 * 8 * 7 * 24 * 2
-    assert low.workspace_bytes == -(-k_bytes // 256) * 256 + k_bytes and low.capturable
+    assert low.workspace_bytes == 2 * (-(-k_bytes // 256) * 256) and low.capturable
     rng = np.random.default_rng(3)
     q = rng.standard_normal((2, 8, 7, 24)).astype(np.float16)
     k = rng.standard_normal((2, 2, 24, 7) if kt else (2, 2, 7, 24)).astype(np.float16)
@@ -583,11 +582,38 @@ def test_repeat_kv_heads_hands_the_kernels_each_head_repeated(kt):
     y = np.full((2, 8, 7, 24), np.nan, np.float16)
     low.launch([q, k, v, None], [y], ws)
     got_q, got_k, got_v, got_m = seen["in"]
-    assert np.array_equal(got_q, q) and got_m is None
+    assert np.array_equal(got_q, q) and got_m is None and got_k.dtype == np.float16
     assert np.array_equal(got_k, np.repeat(k, 4, axis=1)) and np.array_equal(got_v, np.repeat(v, 4, axis=1))
     assert all(np.array_equal(a, b) for a, b in zip((q, k, v), before)) and (y == 1).all()
     with pytest.raises(TuningError, match=r"K must be \[2, 2"):
         low.launch([q, np.repeat(k, 4, axis=1), v, None], [y], ws)
+
+
+def test_repeat_kv_heads_gives_a_library_lowering_its_workspace_and_skips_its_barrier(monkeypatch):
+    """A lowering with a workspace and a barrier (a cuDNN plan's): it gets the region after K and V, and runs
+    without the barrier (the copies before it are ordinary launches); outputs, capture, layouts, versions kept."""
+    from graphopt.kernels.attention_plan import repeat_kv_heads
+    from graphopt.lowering import barrier
+    from graphopt.lowering.contract import Lowering
+
+    calls = []
+    monkeypatch.setattr(barrier, "barrier", lambda: calls.append("barrier"))
+    sig = _grouped(0, dtype="float32", groups=2, h=4, d=8, s=3)
+
+    def launch(inputs, outputs, workspace):
+        calls.append(("launch", inputs[1].shape, workspace.size))
+
+    inner = Lowering(launch=launch, workspace_bytes=1000, barrier=True, capturable=False, layouts=("rowmajor",) * 5,
+                     versions=(("cudnn", "1"),))
+    low = repeat_kv_heads(inner, sig)
+    kv = 2 * 4 * 3 * 8 * 4  # each repeated tensor's bytes (fp32), 768: already 256-aligned
+    assert low.workspace_bytes == 2 * kv + 1000 and not low.barrier and not low.capturable
+    assert low.layouts == inner.layouts and low.versions == inner.versions
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 4, 3, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 3, 8)).astype(np.float32) for _ in range(2))
+    low.launch([q, k, v, None], [np.zeros_like(q)], np.zeros(low.workspace_bytes, np.uint8))
+    assert calls == [("launch", (2, 4, 3, 8), 1000)]
 
 
 def test_grouped_query_own_lowering_matches_the_reference_on_numpy():
@@ -604,7 +630,7 @@ def test_grouped_query_own_lowering_matches_the_reference_on_numpy():
     def plain(inputs, outputs):
         outputs[0][...] = schema.reference(list(inputs), {})[0]
 
-    low = repeat_kv_heads(plain, attention_plan(sig), 3)
+    low = repeat_kv_heads(plain, sig)
     y = np.full((2, 6, 5, 8), np.nan, np.float32)
     low.launch([q, k, v, None], [y], np.zeros(low.workspace_bytes, np.uint8))
     assert np.allclose(y, schema.reference([q, k, v, None], {"kv_groups": 3})[0], rtol=1e-6, atol=1e-6)

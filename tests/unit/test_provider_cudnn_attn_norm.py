@@ -195,6 +195,33 @@ def test_grouped_query_binds_the_grouped_kv_heads_as_they_are(fake):
     assert "one head" in cudnn_sdpa.sdpa_reason(_attn(q=(2, 8, 16, 64), k=(2, 2, 16, 64)))  # no kv_groups: no GQA
 
 
+def test_grouped_query_also_runs_as_the_plain_graph_on_repeated_heads(fake):
+    """cudnn_rkv: for grouped K/V only, the plain signature's plans (shared with its cudnn candidates) after
+    each K/V head is repeated into the workspace in front of the plan's own; keys parse back."""
+    from graphopt.providers import cudnn_sdpa_repeat as rkv
+
+    mod, log = fake
+    sig = _attn(q=(2, 8, 16, 64), k=(2, 2, 16, 64), kv_groups=4)
+    plain = _attn(q=(2, 8, 16, 64))
+    assert rkv.candidates("Attention", plain) == [] and "kv_groups > 1" in rkv.repeat_reason(plain)
+    keys = [c.key() for c in rkv.candidates("Attention", sig)]
+    assert keys == ["cudnn_rkv"] + [f"cudnn_rkv:plan={p}" for p in PLANS]
+    assert set(keys) <= {c.key() for c in registry.candidates_for(sig)}
+    for k in keys:
+        assert registry.candidate_from_key("Attention", k).key() == k
+    low = registry.candidate_from_key("Attention", keys[1]).build(sig, "sm_90")
+    kv = 2 * 8 * 16 * 64 * 2  # each repeated tensor, fp16
+    assert low.workspace_bytes == 2 * kv + 1024 and low.capturable and not low.barrier
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((2, 8, 16, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((2, 2, 16, 64)).astype(np.float16) for _ in range(2))
+    low([q, k, v], [np.zeros_like(q)])
+    graph = prov._GRAPHS[plain.key()].graph  # the plain signature's graph
+    assert np.array_equal(graph.bound["K"].view(np.float16), np.repeat(k, 4, axis=1))
+    assert np.array_equal(graph.bound["V"].view(np.float16), np.repeat(v, 4, axis=1))
+    assert "kv_groups > 1" in rkv.CudnnSdpaRepeat("cudnn_rkv").applies(plain)
+
+
 @pytest.mark.parametrize("mask, kind, in_ws", [
     ((2, 1, 16, 16), "additive", False),   # [B, 1, Sq, Skv]: cuDNN's bias as is
     ((16, 16), "additive", False),         # [Sq, Skv] broadcast over B and H
