@@ -26,6 +26,7 @@ from graphopt.passes.identity import eliminate_identity
 from graphopt.passes.identity_reshape import eliminate_identity_reshape
 from graphopt.passes.merge_duplicates import merge_duplicates
 from graphopt.passes.pad_conv import fold_pad_into_conv
+from graphopt.passes.reshape_dims import infer_reshape_dims
 from graphopt.passes.single_concat import eliminate_single_concat
 from graphopt.passes.transposes import fold_transposes
 
@@ -47,6 +48,7 @@ __all__ = [
     "fold_pad_into_conv",
     "fold_shape",
     "fold_transposes",
+    "infer_reshape_dims",
     "merge_duplicates",
     "reduce_to_global_pool",
     "run_cleanup",
@@ -64,6 +66,7 @@ CLEANUP_ORDER = (
     "constants_to_initializers",
     "fold_shape",
     "fold_constants",
+    "infer_reshape_dims",
     "eliminate_identity_reshape",
     "fold_transposes",
     "reduce_to_global_pool",
@@ -106,6 +109,7 @@ def run_cleanup(
         "constants_to_initializers": constants_to_initializers,
         "fold_shape": fold_shape,
         "fold_constants": lambda g, trace=None: fold_constants(g, limit_bytes=fold_limit_bytes, budget=budget, trace=trace),
+        "infer_reshape_dims": infer_reshape_dims,
         "eliminate_identity_reshape": eliminate_identity_reshape,
         "fold_transposes": fold_transposes,
         "reduce_to_global_pool": reduce_to_global_pool,

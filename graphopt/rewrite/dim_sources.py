@@ -53,6 +53,8 @@ def dim_source(g, tensor: str, k: int, depth: int = 0):
                 return dim_source(g, part, k - offset, depth + 1)
             offset += shape[0]
         return None
+    if op == "Where" and len(node.inputs) == 3:
+        return _expand_idiom_entry(g, node, k, depth)
     if op == "Slice" and len(node.inputs) >= 3:
         starts, axes = g.constant_value(node.inputs[1]), (g.constant_value(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else [0])
         steps = g.constant_value(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] else [1]
@@ -63,6 +65,35 @@ def dim_source(g, tensor: str, k: int, depth: int = 0):
             return None
         return dim_source(g, node.inputs[0], start + k, depth + 1)
     return None
+
+
+def _length(g, tensor: str) -> int | None:
+    """The length of a 1-D tensor (a constant's or the inferred one), else None."""
+    value = g.constant_value(tensor)
+    if value is not None:
+        return int(np.size(value)) if np.ndim(value) == 1 else None
+    shape = g.shape(tensor)
+    return shape[0] if shape is not None and len(shape) == 1 and isinstance(shape[0], int) else None
+
+
+def _expand_idiom_entry(g, node, k: int, depth: int):
+    """Entry ``k`` of ``Where(Equal(T, E), A, T)``, what torch writes for ``expand``'s target (-1: keep the dim):
+    T's entry where it is a dim (never negative, so never equal to a negative E), else A's or T's as the
+    constants compare. All four 1-D of one length (no broadcasting moves an entry), else None."""
+    cond = g.producer(node.inputs[0])
+    target = node.inputs[2]
+    if cond is None or cond.op_type != "Equal" or cond.domain not in ("", "ai.onnx") or target not in cond.inputs:
+        return None
+    other = cond.inputs[1] if cond.inputs[0] == target else cond.inputs[0]
+    n = _length(g, target)
+    if n is None or any(_length(g, t) != n for t in (other, node.inputs[1])):
+        return None
+    entry, against = dim_source(g, target, k, depth + 1), dim_source(g, other, k, depth + 1)
+    if entry is None or not isinstance(against, int):
+        return None
+    if isinstance(entry, tuple):
+        return entry if against < 0 else None
+    return dim_source(g, node.inputs[1], k, depth + 1) if entry == against else entry
 
 
 def _keeps_leading(g, node, dim: int) -> str | None:

@@ -25,7 +25,7 @@ Builders (attribute dicts): ``epsilon_attr(eps)``, ``layernorm_attrs(ln)`` (a na
 LayerNormalization's epsilon, with its axis checked), ``attention_scale(s1, s2?)`` (the product of
 scalar constants), ``attention_scale_div(s)`` (1 / s), ``mask_fill(fill)`` (the
 ``mask_value`` of a Where(mask, scores, fill)), ``heads_of(q)`` (``num_heads`` from
-``[B, H, S, D]``), ``kv_groups_of(rk, k)`` (``kv_groups``: the repeat's heads over K's),
+``[B, H, S, D]``), ``kv_groups_of(k, uk, xk, rk)`` (``kv_groups``: how many times repeat_kv repeats K's heads),
 ``gelu_activation(gelu)`` (GemmAct's activation for a ``graphopt.Gelu`` or ONNX
 ``Gelu`` node), ``gelu_attrs(gelu)`` (``approximate`` of an ONNX Gelu node).
 """
@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.rewrite.constraints import _fmt_shape, known_rank, reduce_axes
+from graphopt.rewrite.dim_sources import dim_source, same_dim
 from graphopt.rewrite.registry import BuildFailed, NewConstant, register_builder, register_constraint
 
 
@@ -181,30 +182,67 @@ def keys_transpose(g, tk):
     return None
 
 
-def _heads_repeated(g, t, u, x, r) -> tuple[int, int] | str:
-    """(H, Hkv) when r = Reshape(x = Expand(u = Unsqueeze(t, axis 2))) repeats each of t's Hkv heads H / Hkv
-    times (t [B, Hkv, S, D] -> [B, Hkv, H / Hkv, S, D] -> [B, H, S, D]), else the reason. Proven from the
-    shapes: x keeps t's dims around the new axis, r keeps t's B, S and D and has H (a known multiple of
-    Hkv) heads; the new axis then holds H / Hkv at run time (the Reshape keeps the element count), and
-    the row-major Reshape puts K/V head h // (H / Hkv) at head h. Symbolic dims compare by name."""
-    st, sx, sr = g.shape(t), g.shape(x.outputs[0]), g.shape(r.outputs[0])
-    if st is None or len(st) != 4 or sx is None or len(sx) != 5 or sr is None or len(sr) != 4:
-        return (f"{t!r}, {x.name!r}, {r.name!r} are not of ranks 4, 5, 4 with known shapes "
-                f"({st}, {sx}, {sr})")
+def _same_size(a, b) -> bool:
+    """Two dims provably equal: equal ints, or one name (a fresh ``unk__`` name proves nothing: two inference
+    runs may give it to different dims)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return isinstance(a, str) and a == b and not a.startswith("unk__")
+
+
+def _is_dim_of(g, entry, t: str, i: int, st) -> bool:
+    """A shape entry (``dim_source``) is dim i of t: read from it or from a dim of the same size (by value or
+    by name), or a constant equal to its known size."""
+    if isinstance(entry, tuple):
+        if entry[1] == i and same_dim(g, entry[0], t, i):
+            return True
+        shape = g.shape(entry[0])
+        return shape is not None and 0 <= entry[1] < len(shape) and _same_size(shape[entry[1]], st[i])
+    return isinstance(entry, int) and isinstance(st[i], int) and entry == st[i] > 0
+
+
+def _expand_groups(g, t: str, x, st) -> int | str:
+    """G when x = Expand([B, Hkv, 1, S, D] view of t) is [B, Hkv, G, S, D]: from x's inferred shape, or from
+    its target's entries (TorchScript computes it from t's shape at run time, through Where(Equal(., -1)))."""
+    sx = g.shape(x.outputs[0])
+    if sx is not None and len(sx) == 5 and all(_same_size(a, b) for a, b in zip(sx[:2] + sx[3:], st)):
+        return sx[2] if isinstance(sx[2], int) else "unknown"  # unknown: the Reshape's heads say (see below)
+    entries = [dim_source(g, x.inputs[1], k) for k in range(5)] if len(x.inputs) > 1 else [None] * 5
+    if all(_is_dim_of(g, e, t, i, st) for e, i in zip(entries[:2] + entries[3:], range(4))) and \
+            isinstance(entries[2], int) and entries[2] >= 1:
+        return entries[2]
+    return (f"{x.name!r} (shape {_fmt_shape(sx) if sx is not None else 'unknown'}) is not {t!r} "
+            f"{_fmt_shape(st)} with a new axis 2 repeated: its dims around it are not t's")
+
+
+def _heads_repeated(g, t, u, x, r) -> int | str:
+    """G when r = Reshape(x = Expand(u = Unsqueeze(t, axis 2))) repeats each of t's Hkv heads G times
+    (t [B, Hkv, S, D] -> [B, Hkv, G, S, D] -> [B, Hkv * G, S, D]), else the reason. Proven from the shapes
+    (symbolic dims compare by name) or from the targets' entries: x keeps t's dims around the new axis, and
+    r keeps t's B, S and D, so the row-major Reshape merges axes 1 and 2 (its element count fixes the
+    heads; a target's entry 1 need not be read) and puts K/V head h // G at head h."""
+    st = g.shape(t)
+    if st is None or len(st) != 4:
+        return f"{t!r} is not of rank 4 with a known shape ({st})"
     axes = reduce_axes(g, u)
     if isinstance(axes, str) or axes not in ([2], [-3]):
         return axes if isinstance(axes, str) else f"{u.name!r} inserts axes {axes}, expected [2]"
-    kept = [(sx[0], st[0]), (sx[1], st[1]), (sx[3], st[2]), (sx[4], st[3]), (sr[0], st[0]), (sr[2], st[2]),
-            (sr[3], st[3])]
-    if any(a is None or a != b for a, b in kept):
-        return (f"{x.name!r} {_fmt_shape(sx)} and {r.name!r} {_fmt_shape(sr)} do not repeat the heads of "
-                f"{t!r} {_fmt_shape(st)} alone")
-    h, hkv = sr[1], st[1]
-    if not isinstance(h, int) or not isinstance(hkv, int) or hkv < 1 or h % hkv:
-        return f"{r.name!r} has {h} heads, not a known multiple of {t!r}'s {hkv}"
-    if isinstance(sx[2], int) and sx[2] * hkv != h:
-        return f"{x.name!r} repeats each head {sx[2]} times, not {h} / {hkv}"
-    return h, hkv
+    groups = _expand_groups(g, t, x, st)
+    if isinstance(groups, str) and groups != "unknown":
+        return groups
+    sr = g.shape(r.outputs[0])
+    target = r.inputs[1] if len(r.inputs) > 1 else None
+    for i in (0, 2, 3):
+        if not (sr is not None and len(sr) == 4 and same_dim(g, r.outputs[0], t, i)
+                or target is not None and _is_dim_of(g, dim_source(g, target, i), t, i, st)):
+            return (f"{r.name!r} (shape {_fmt_shape(sr) if sr is not None else 'unknown'}) does not keep dim {i} "
+                    f"of {t!r} {_fmt_shape(st)}")
+    if groups == "unknown":  # x's new axis unknown: the Reshape's known heads over t's give it
+        h, hkv = (sr[1] if sr is not None and len(sr) == 4 else None), st[1]
+        if not isinstance(h, int) or not isinstance(hkv, int) or hkv < 1 or h % hkv:
+            return f"{r.name!r} has {h} heads, not a known multiple of {t!r}'s {hkv}"
+        groups = h // hkv
+    return groups
 
 
 @register_constraint("repeated_kv", "tnnntnnnt")
@@ -215,19 +253,22 @@ def repeated_kv(g, k, uk, xk, rk, v, uv, xv, rv, q):
     for why in got:
         if isinstance(why, str):
             return why
-    if got[0] != got[1]:
-        return f"K's heads {got[0][1]} -> {got[0][0]} and V's {got[1][1]} -> {got[1][0]} differ"
-    sq = g.shape(q)
-    if sq is not None and len(sq) == 4 and isinstance(sq[1], int) and sq[1] != got[0][0]:
-        return f"Q {q!r} has {sq[1]} heads, the repeated K and V {got[0][0]}"
+    sk, sv, sq = g.shape(k), g.shape(v), g.shape(q)
+    if got[0] != got[1] or not same_dim(g, k, v, 1):
+        return f"K's heads {sk[1]} repeated {got[0]} times and V's {sv[1]} {got[1]} times differ"
+    if sq is not None and len(sq) == 4 and isinstance(sq[1], int) and isinstance(sk[1], int) and sq[1] != sk[1] * got[0]:
+        return f"Q {q!r} has {sq[1]} heads, the repeated K and V {sk[1] * got[0]}"
     return None
 
 
-@register_builder("kv_groups_of", "nt", "attrs")
-def kv_groups_of(g, r, t):
-    """{"kv_groups": H / Hkv} of repeat_kv's Reshape r [B, H, S, D] of t [B, Hkv, S, D] ({} when H = Hkv)."""
-    h, hkv = g.shape(r.outputs[0])[1], g.shape(t)[1]
-    return {"kv_groups": h // hkv} if h != hkv else {}
+@register_builder("kv_groups_of", "tnnn", "attrs")
+def kv_groups_of(g, t, u, x, r):
+    """{"kv_groups": G} of repeat_kv's Reshape(x = Expand(u = Unsqueeze(t, 2))) repeating t's heads G times
+    ({} when G = 1)."""
+    groups = _heads_repeated(g, t, u, x, r)
+    if isinstance(groups, str):
+        raise BuildFailed(groups)
+    return {"kv_groups": groups} if groups > 1 else {}
 
 
 @register_constraint("heads_merge_transpose", "n")

@@ -44,8 +44,6 @@ def test_everything_fuses_and_outputs_match(file):
     optimized, report = graphopt.optimize(original, gpu="none", verify=True)
     cov = FC.coverage_counts(optimized)
     allowed = NOT_YET | ({"Shape/Size"} if file.startswith("llamadyn") else set())  # symbolic dims stay run-time
-    if file == "llamadyn_torchscript.onnx":  # every dim of its repeat_kv unknown: attention_grouped_kv cannot prove it
-        allowed |= {"grouped K/V"}
     left = {p: v[1] for p, v in cov.items() if v[1] and p not in allowed}
     assert left == {}, left
     assert sum(v[0] for v in cov.values()) >= 2
@@ -70,9 +68,9 @@ def test_dynamic_llama_is_tuned_at_the_real_sizes(exporter):
     _, report = graphopt.optimize(src, gpu="a100", shapes={"input_ids": [2, 32]})
     assert set(report.tuning_dims) == {"batch", "seq"}
     att = {r["signature"].split("|")[1] for r in report.lowerings if r["op"] == "Attention"}
-    # K [B, H, S, D] (attention_k_untransposed); dynamo's K and V with their 2 heads (attention_grouped_kv: its
-    # shapes prove the repeat, TorchScript's unknown dims do not)
-    kv = 2 if exporter == "dynamo" else 4
+    # K [B, H, S, D] (attention_k_untransposed); K and V with their 2 heads (attention_grouped_kv: dynamo's
+    # shapes prove the repeat, TorchScript's computed targets too once infer_reshape_dims knows the heads)
+    kv = 2
     assert att == {f"2x4x32x16;2x{kv}x32x16;2x{kv}x32x16;2x1x32x32"}
     _, report = graphopt.optimize(src, gpu="a100", shape_profile=["input_ids=seq:8,24"])
     att = sorted({r["signature"].split("|")[1] for r in report.lowerings if r["op"] == "Attention"})

@@ -592,10 +592,11 @@ NEAR_MISSES = [
     ("groupnorm", lambda: groupnorm_model(variant="in_scale"), "is not 3 1s"),
     # the heads tiled (head h reads h % Hkv), not repeated: Unsqueeze at axis 1
     ("attention_grouped_kv", lambda: grouped_kv_model("axis"), "inserts axes [1], expected [2]"),
-    ("attention_grouped_kv", lambda: grouped_kv_model("batch_broadcast"), "do not repeat the heads of 'k' [1,2,6,4] alone"),
-    ("attention_grouped_kv", lambda: grouped_kv_model("groups_differ"), "K's heads 2 -> 6 and V's 1 -> 6 differ"),
+    ("attention_grouped_kv", lambda: grouped_kv_model("batch_broadcast"), "is not 'k' [1,2,6,4] with a new axis 2 repeated"),
+    ("attention_grouped_kv", lambda: grouped_kv_model("groups_differ"), "K's heads 2 repeated 3 times and V's 1 6 times differ"),
     ("attention_grouped_kv", lambda: grouped_kv_model("second_consumer"), "has 2 consumers"),
     ("attention_grouped_kv", lambda: grouped_kv_model("graph_output"), "is a graph output"),
+    ("attention_grouped_kv", lambda: _torchscript_repeat_kv_model("tiled"), "inserts axes [1], expected [2]"),
 ]
 
 
@@ -695,3 +696,45 @@ def test_the_heads_merge_transpose_goes_into_the_attention():
     node = g.node(match.node)
     assert (node.attr("y_bshd"), node.attr("scale")) == (1, 0.5)
     assert [n.op_type for n in g.nodes()] == ["Attention", "Reshape"]
+
+
+def _torchscript_repeat_kv_model(variant="fires"):
+    """repeat_kv as TorchScript writes it with dynamic dims: the Expand's target is Where(Equal(T, -1), 1, T)
+    of T = Concat(dims of k, [3], ...), the Reshape's Concat(dims of k, dim 1 of k * 3, ...) (``variant``
+    "tiled": the 3 copies before K's heads, each head h reading h % 2: a near-miss)."""
+    b = Builder(17, seed=18)
+    e = TensorProto.FLOAT16
+    i64 = np.int64
+    outs = []
+    for t, d in (("k", D), ("v", DV)):
+        src = b.input(t, ["b", 2, "s", d], e)
+        shape = b.op("Shape", [src])
+        dims = [b.op("Unsqueeze", [b.op("Gather", [shape, b.const(i, f"i{t}{i}", i64)], axis=0), b.const([0], f"a{t}{i}", i64)])
+                for i in range(4)]
+        lead = [b.const([3], f"g{t}", i64), dims[1]] if variant == "tiled" else [dims[1], b.const([3], f"g{t}", i64)]
+        target = b.op("Concat", [dims[0], *lead, dims[2], dims[3]], axis=0)
+        where = b.op("Where", [b.op("Equal", [target, b.const([-1] * 5, f"m{t}", i64)]), b.const([1] * 5, f"o{t}", i64), target])
+        x = b.op("Expand", [b.op("Unsqueeze", [src, b.const([1 if variant == "tiled" else 2], f"u{t}", i64)]), where])
+        heads = b.op("Unsqueeze", [b.op("Mul", [b.op("Gather", [shape, b.const(1, f"h{t}", i64)], axis=0), b.const(3, f"x{t}", i64)]),
+                                   b.const([0], f"z{t}", i64)])
+        outs.append(b.op("Reshape", [x, b.op("Concat", [dims[0], heads, dims[2], dims[3]], axis=0)]))
+    y = b.op("Attention", [b.input("q", ["b", 6, "sq", D], e), outs[0], outs[1]], domain="graphopt", scale=0.5)
+    b.output(b.op("Neg", [y]))
+    return b.model()
+
+
+def test_repeat_kv_with_targets_computed_from_dynamic_shapes_goes():
+    """The TorchScript form with symbolic batch and lengths: the targets' entries prove the repeat (kv_groups=3),
+    and onnxruntime gives the same outputs at real sizes."""
+    model = _torchscript_repeat_kv_model()
+    g, report = _rewrite(model, _only("attention_grouped_kv"))
+    assert report.counts == {"attention_grouped_kv": 1}
+    (att,) = [n for n in g.nodes() if n.op_type == "Attention"]
+    assert att.attr("kv_groups") == 3 and att.inputs[1:3] == ["k", "v"]
+    rng = np.random.default_rng(7)
+    feeds = {"q": rng.standard_normal((2, 6, 5, D)).astype(np.float16),
+             "k": rng.standard_normal((2, 2, 9, D)).astype(np.float16),
+             "v": rng.standard_normal((2, 2, 9, DV)).astype(np.float16)}
+    out = attach_functions(to_model(g))
+    for e_, a_ in zip(run_ort(model, feeds), run_ort(out, feeds)):
+        np.testing.assert_allclose(a_.astype(np.float64), e_.astype(np.float64), rtol=3e-2, atol=3e-2)
