@@ -634,3 +634,23 @@ def test_grouped_query_own_lowering_matches_the_reference_on_numpy():
     y = np.full((2, 6, 5, 8), np.nan, np.float32)
     low.launch([q, k, v, None], [y], np.zeros(low.workspace_bytes, np.uint8))
     assert np.allclose(y, schema.reference([q, k, v, None], {"kv_groups": 3})[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,groups", [(1, 2), (6, 4), (3, 8)])
+def test_repeat_copies_write_every_block_once_per_group(rows, groups):
+    """The strided copies of the device path, run by a byte-level cudaMemcpy2D emulator: [rows, row] becomes
+    [rows, groups, row] (np.repeat on axis 0 of the blocks), every destination byte written once."""
+    from graphopt.kernels.attention_plan import repeat_copies
+
+    row = 40
+    mem = np.zeros(4096, np.uint8)
+    src, dst = 8, 1024
+    mem[src:src + rows * row] = np.random.default_rng(rows).integers(1, 255, rows * row, dtype=np.uint8)
+    written = np.zeros_like(mem)
+    for d, dpitch, s, spitch, width, height in repeat_copies(dst, src, row, rows, groups):
+        for r in range(height):
+            mem[d + r * dpitch:d + r * dpitch + width] = mem[s + r * spitch:s + r * spitch + width]
+            written[d + r * dpitch:d + r * dpitch + width] += 1
+    blocks = mem[src:src + rows * row].reshape(rows, 1, row)
+    assert np.array_equal(mem[dst:dst + rows * groups * row].reshape(rows, groups, row), np.repeat(blocks, groups, axis=1))
+    assert (written[dst:dst + rows * groups * row] == 1).all() and written.sum() == rows * groups * row
