@@ -18,7 +18,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..49 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..51 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -34,7 +34,7 @@
 # `python3 bench/transformer_kernels.py --merge MEM.json ATTN.json --previous bench/results/transformer_kernels_h200.json
 # --gpu-name h200 --out bench/results` (a run of one table only: give its file for both).
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..49 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..51 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -376,6 +376,17 @@ case "$N" in
     timeout 150 python3 bench/host_per_op.py --out "$OUT" 2>&1 | tail -20
     timeout 120 python3 -m pytest -q -p no:cacheprovider "tests/gpu/test_runtime_gpu.py::test_host_overhead_per_node_without_cuda_graphs" -s 2>&1 \
       | tee "$OUT/host_overhead_test.txt" | tail -12 ;;
+  50) # an H200, ~420 s (nineteenth session): issue 20's two rows no H200 has measured at HEAD, without step 44's GPU tests
+      # (the erf-GELU's passed on an H100 at 23060c6) and with time for a fresh machine's compiles: the bias+GELU rows
+      # (prediction: the 50 MB erf row 18.0 -> 15.3-16.0 us, 0.86-0.90 of a same-size copy), then attention at 4096 keys
+    PACK_CUBIN=0 PREBUILD=0 TRANSFORMER_ARGS="--tables memory --kernels gelu --dtypes float16" \
+      bash bench/device_calls.sh "$OUT/m" transformer:${MEM_S:-150}
+    PACK_CUBIN=0 GRAPHOPT_MEASURE_BARRIERS=1 TRANSFORMER_ARGS="--tables attention --seqs 4096" \
+      bash bench/device_calls.sh "$OUT/a" transformer:${ATTN_S:-240} ;;
+  51) # not an H200, ~450 s: the host-overhead diagnosis (49), then grouped-query attention's tests and rows again (47)
+      # for the repeat's strided copies (repeat_copies), which no GPU has run
+    bash "$0" 49 "$OUT"
+    TESTS_S=${TESTS_S:-170} ATTN_S=${ATTN_S:-200} bash "$0" 47 "$OUT" ;;
   43) # any GPU, ~450 s (eighteenth session, NOTES_e2e): the CNNs exported by dynamo (torch's default exporter),
       # whose global pooling is ReduceMean, now GlobalAveragePool (reduce_to_global_pool), so their graphs after
       # cleanup are the TorchScript exports' (prediction: each bs32 row within 3 % of its TorchScript row's
@@ -383,11 +394,12 @@ case "$N" in
     MODELS=efficientnet_b0_dynamo,resnet50_dynamo,mobilenetv2_dynamo DTYPES=fp16 \
       E2E_ARGS="--rows efficientnet_b0_dynamo:32,resnet50_dynamo:32,mobilenetv2_dynamo:32 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-500} ;;
-  auto) # the first call of a session (AUTO_N overrides): 44 (issue 20's two rows no GPU has measured at HEAD: the
-      # erf-GELU's 50 MB row and attention at 4096 keys; needs neither .cubin nor .tuning), then 46, 47, 48, 45, 43
+  auto) # the first call of a session (AUTO_N overrides): on an H200 50 (issue 20's two rows no H200 has measured at
+      # HEAD: the erf-GELU's 50 MB row and attention at 4096 keys; needs neither .cubin nor .tuning), elsewhere 51 (the
+      # host-overhead diagnosis, the repeat's strided copies); then 46, 48, 45, 43
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-    n=44
+    case "$gpu" in *H200*) n=50 ;; *) n=51 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..49 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..51 or auto" >&2; exit 2 ;;
 esac
