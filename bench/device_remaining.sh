@@ -18,7 +18,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..51 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..52 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -34,7 +34,7 @@
 # `python3 bench/transformer_kernels.py --merge MEM.json ATTN.json --previous bench/results/transformer_kernels_h200.json
 # --gpu-name h200 --out bench/results` (a run of one table only: give its file for both).
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..51 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..52 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -387,6 +387,14 @@ case "$N" in
       # for the repeat's strided copies (repeat_copies), which no GPU has run
     bash "$0" 49 "$OUT"
     TESTS_S=${TESTS_S:-170} ATTN_S=${ATTN_S:-200} bash "$0" 47 "$OUT" ;;
+  52) # ~200 s, for a call with little device time left (nineteenth session): on an H200 the bias+GELU rows (issue 20's
+      # erf row at 50 MB, step 50's first half); elsewhere the grouped-query tests, for the repeat's strided copies
+    case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+      *H200*) PACK_CUBIN=0 PREBUILD=0 TRANSFORMER_ARGS="--tables memory --kernels gelu --dtypes float16" \
+                bash bench/device_calls.sh "$OUT/m" transformer:${MEM_S:-170} ;;
+      *) PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_attention_gpu.py::test_attention_candidate_reads_grouped_kv tests/gpu/test_provider_cudnn_attn_norm.py::test_grouped_kv_plans_on_repeated_heads tests/gpu/test_provider_cudnn_attn_norm.py::test_grouped_sdpa_captures_in_a_cuda_graph" \
+           bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-170} ;;
+    esac ;;
   43) # any GPU, ~450 s (eighteenth session, NOTES_e2e): the CNNs exported by dynamo (torch's default exporter),
       # whose global pooling is ReduceMean, now GlobalAveragePool (reduce_to_global_pool), so their graphs after
       # cleanup are the TorchScript exports' (prediction: each bs32 row within 3 % of its TorchScript row's
@@ -401,5 +409,5 @@ case "$N" in
     case "$gpu" in *H200*) n=50 ;; *) n=51 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..51 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..52 or auto" >&2; exit 2 ;;
 esac
