@@ -168,3 +168,16 @@ def test_a_row_with_every_barrier_kept_shows_what_the_rule_saves():
     row.pop("paired_ratio_barrier_rule")
     row.pop("barriers")
     assert "every barrier kept: 0.620 ms |" in R.markdown({"rows": [row], "acceptance": []})
+
+
+def test_models_outside_issue_15_are_rows_of_their_own():
+    """``llama`` (and its dynamo export) is a benchmark model outside issue 15's set: no torch.compile acceptance
+    check, not in e2e.py's default list, built from its own configuration."""
+    tm = _load("torch_models")
+    e2e = _load("e2e")
+    assert "llama" in tm.ALL_MODELS and "llama_dynamo" in tm.ALL_MODELS and "llama" not in tm.MODELS
+    assert tm.base_model("llama_dynamo") == "llama" and tm.input_shape("llama", 2) == "input=2x128"
+    assert "llama" not in e2e.parse([]).models
+    checks = R.acceptance([_row("llama_dynamo", 32, "fp16", graphopt_ms=1.0, torch_compile_ms=1.0, tuning_complete=True,
+                                graphopt_unoptimized_ms=3.0)])
+    assert not any("llama" in c["check"] and "torch.compile" in c["check"] for c in checks)
