@@ -420,6 +420,12 @@ def test_provider_modules_import_first_in_a_fresh_process():
             "from graphopt.lowering import Signature; "
             "sig = Signature.make('Attention', [(1, 2, 8, 64)] * 3 + [None], ['float16'] * 3 + [''], {}); "
             "print(type(s.CudnnSdpa('cudnn').applies(sig, (9, 0))).__name__, n.OPS)")
+    repeat = ("import graphopt.providers.cudnn_sdpa_repeat as r; from graphopt.lowering import Signature; "
+              "sig = Signature.make('Attention', [(1, 4, 8, 64)] + [(1, 2, 8, 64)] * 2 + [None], ['float16'] * 3 + [''], "
+              "{'kv_groups': 2}); print(type(r.CudnnSdpaRepeat('cudnn_rkv').applies(sig, (9, 0))).__name__)")
+    out = subprocess.run([sys.executable, "-c", repeat], capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "PYTHONPATH": ":".join(sys.path)})
+    assert out.returncode == 0 and out.stdout.split()[0] in ("str", "NoneType"), out.stderr[-800:]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**__import__("os").environ, "PYTHONPATH": ":".join(sys.path)})
     assert out.returncode == 0, out.stderr[-800:]
