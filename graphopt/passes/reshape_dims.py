@@ -94,6 +94,6 @@ def infer_reshape_dims(graph: Graph, *, trace: Trace = None) -> int:
             report(trace, NAME, node, f"its target gives {list(dims)} where the value_info has {list(out.shape)}")
             continue
         if sum(map(_named, dims)) > sum(map(_named, out.shape)) and out.dtype is not None:
-            g.refine_value_info(helper.make_tensor_value_info(node.outputs[0], out.dtype, list(dims)))
-            changes += 1
+            # a graph output keeps its declared value_info (refine_value_info says False): no change then
+            changes += g.refine_value_info(helper.make_tensor_value_info(node.outputs[0], out.dtype, list(dims)))
     return changes

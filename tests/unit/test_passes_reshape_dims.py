@@ -74,3 +74,11 @@ def test_the_expand_idiom_is_read_entry_by_entry():
              h.make_node("Expand", ["k", "target"], ["y"])]
     g = from_model(onnx.shape_inference.infer_shapes(model(nodes, [("k", ["b", 1, 1])], [("y", None)], inits)))
     assert [dim_source(g, "target", i) for i in range(3)] == [("k", 0), 1, 3]
+
+
+def test_a_graph_output_keeps_its_declared_shape_and_the_pass_stays_idempotent():
+    """refine_value_info leaves a graph output's declared value_info alone: nothing changed, nothing counted."""
+    g = _head_split()
+    g.set_outputs(list(g.outputs) + ["y"])
+    before = g.shape("y")
+    assert infer_reshape_dims(g) == 0 and g.shape("y") == before
