@@ -14,32 +14,28 @@ it knows more than the value_info has; the pipeline's shape refinement then carr
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from onnx import helper
 
 from graphopt.ir import Graph
 from graphopt.passes._util import Trace, report
-from graphopt.rewrite.dim_sources import dim_source
+from graphopt.rewrite.dim_sources import dim_source, known_size
 
 NAME = "infer_reshape_dims"
-
-
-def _named(d) -> bool:
-    """A dim known by value or by a name that means the same size wherever it appears."""
-    return isinstance(d, int) and not isinstance(d, bool) and d >= 0 or isinstance(d, str) and not d.startswith("unk__")
 
 
 def _entry_dim(g: Graph, entry, x_shape, k: int, allowzero: int):
     """The size entry k of the target stands for (an int or a name), -1 for the free one, None if unknown."""
     if entry == 0 and not allowzero:
-        return x_shape[k] if k < len(x_shape) and _named(x_shape[k]) else None
+        return x_shape[k] if k < len(x_shape) and known_size(x_shape[k]) else None
     if isinstance(entry, int):
         return entry if entry > 0 or entry == -1 else None
     if isinstance(entry, tuple):
         shape = g.shape(entry[0])
         d = shape[entry[1]] if shape is not None and 0 <= entry[1] < len(shape) else None
-        return d if _named(d) else None
+        return d if known_size(d) else None
     return None
 
 
@@ -58,22 +54,15 @@ def resolved_dims(g: Graph, node) -> tuple | str:
     if len(free) > 1:
         return "more than one -1 in its target"
     if free:
-        if not all(_named(d) for d in x_shape):
+        if not all(known_size(d) for d in x_shape):
             return "its input has dims of unknown size"
         num, den = Counter(d for d in x_shape if isinstance(d, str)), Counter(d for d in dims if isinstance(d, str))
-        ints_x = _product(d for d in x_shape if isinstance(d, int))
-        ints_t = _product(d for d in dims if isinstance(d, int) and d != -1)
+        ints_x = math.prod(d for d in x_shape if isinstance(d, int))
+        ints_t = math.prod(d for d in dims if isinstance(d, int) and d != -1)
         if num != den or ints_t == 0 or ints_x % ints_t:
             return "its -1 does not follow from the element count (named dims that do not cancel)"
         dims[free[0]] = ints_x // ints_t
     return tuple(dims)
-
-
-def _product(values) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 def infer_reshape_dims(graph: Graph, *, trace: Trace = None) -> int:
@@ -84,16 +73,16 @@ def infer_reshape_dims(graph: Graph, *, trace: Trace = None) -> int:
         if node.op_type != "Reshape" or node.domain != "" or node not in g:
             continue
         out = g.value_info(node.outputs[0])
-        if out.shape is None or all(_named(d) for d in out.shape):
+        if out.shape is None or all(known_size(d) for d in out.shape):
             continue
         dims = resolved_dims(g, node)
         if isinstance(dims, str):
             report(trace, NAME, node, dims)
             continue
-        if any(_named(old) and old != new for old, new in zip(out.shape, dims)):
+        if any(known_size(old) and old != new for old, new in zip(out.shape, dims)):
             report(trace, NAME, node, f"its target gives {list(dims)} where the value_info has {list(out.shape)}")
             continue
-        if sum(map(_named, dims)) > sum(map(_named, out.shape)) and out.dtype is not None:
+        if sum(map(known_size, dims)) > sum(map(known_size, out.shape)) and out.dtype is not None:
             # a graph output keeps its declared value_info (refine_value_info says False): no change then
             changes += g.refine_value_info(helper.make_tensor_value_info(node.outputs[0], out.dtype, list(dims)))
     return changes

@@ -15,6 +15,17 @@ import numpy as np
 MAX_DEPTH = 12
 
 
+def known_size(d) -> bool:
+    """A dim known by value, or by a name that means one size wherever it appears (a fresh ``unk__`` name from
+    onnx's inference does not: two inference runs may give it to different dims)."""
+    return isinstance(d, int) and not isinstance(d, bool) and d >= 0 or isinstance(d, str) and not d.startswith("unk__")
+
+
+def same_size(a, b) -> bool:
+    """Two dims provably equal: equal ints, or one name that :func:`known_size` trusts."""
+    return known_size(a) and a == b
+
+
 def dim_source(g, tensor: str, k: int, depth: int = 0):
     """Entry ``k`` of the 1-D int64 ``tensor``: an int when constant, ``(t, i)`` when it is dim ``i`` of
     tensor ``t``, else None (unknown)."""
@@ -124,7 +135,7 @@ def same_dim(g, a: str, b: str, dim: int) -> bool:
         da, db = sa[dim], sb[dim]
         if isinstance(da, int) and isinstance(db, int):
             return da == db
-        if isinstance(da, str) and da == db and not da.startswith("unk__"):
+        if same_size(da, db):
             return True
     return _reaches(g, a, b, dim) or _reaches(g, b, a, dim)
 

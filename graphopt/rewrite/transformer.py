@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.rewrite.constraints import _fmt_shape, known_rank, reduce_axes
-from graphopt.rewrite.dim_sources import dim_source, same_dim
+from graphopt.rewrite.dim_sources import dim_source, same_dim, same_size
 from graphopt.rewrite.registry import BuildFailed, NewConstant, register_builder, register_constraint
 
 
@@ -182,14 +182,6 @@ def keys_transpose(g, tk):
     return None
 
 
-def _same_size(a, b) -> bool:
-    """Two dims provably equal: equal ints, or one name (a fresh ``unk__`` name proves nothing: two inference
-    runs may give it to different dims)."""
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    return isinstance(a, str) and a == b and not a.startswith("unk__")
-
-
 def _is_dim_of(g, entry, t: str, i: int, st) -> bool:
     """A shape entry (``dim_source``) is dim i of t: read from it or from a dim of the same size (by value or
     by name), or a constant equal to its known size."""
@@ -197,7 +189,7 @@ def _is_dim_of(g, entry, t: str, i: int, st) -> bool:
         if entry[1] == i and same_dim(g, entry[0], t, i):
             return True
         shape = g.shape(entry[0])
-        return shape is not None and 0 <= entry[1] < len(shape) and _same_size(shape[entry[1]], st[i])
+        return shape is not None and 0 <= entry[1] < len(shape) and same_size(shape[entry[1]], st[i])
     return isinstance(entry, int) and isinstance(st[i], int) and entry == st[i] > 0
 
 
@@ -205,7 +197,7 @@ def _expand_groups(g, t: str, x, st) -> int | str:
     """G when x = Expand([B, Hkv, 1, S, D] view of t) is [B, Hkv, G, S, D]: from x's inferred shape, or from
     its target's entries (TorchScript computes it from t's shape at run time, through Where(Equal(., -1)))."""
     sx = g.shape(x.outputs[0])
-    if sx is not None and len(sx) == 5 and all(_same_size(a, b) for a, b in zip(sx[:2] + sx[3:], st)):
+    if sx is not None and len(sx) == 5 and all(same_size(a, b) for a, b in zip(sx[:2] + sx[3:], st)):
         return sx[2] if isinstance(sx[2], int) else "unknown"  # unknown: the Reshape's heads say (see below)
     entries = [dim_source(g, x.inputs[1], k) for k in range(5)] if len(x.inputs) > 1 else [None] * 5
     if all(_is_dim_of(g, e, t, i, st) for e, i in zip(entries[:2] + entries[3:], range(4))) and \
