@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
-# per run-tool call (each within its 600 s limit). Nineteenth session (no device: refused, then paused), in this
-# order: ``auto`` = 44 (issue 20's erf-GELU 50 MB row and attention at 4096 keys), 46 (the GPU test files the
-# changes since 805f74b touch, grouped-query attention's included), 47 (grouped-query attention's tests and
-# rows), 48 (a LLaMA end to end), 45 (the dynamo GPT-2), 43 (the dynamo CNNs); 3 and 4 for the whole suite.
+# per run-tool call (each within its 600 s limit). The nineteenth session got an H100 for three calls at 23060c6
+# (44's attention rows, 47, 46; NOTES_kernels), then refusals. What remains, in this order: ``auto`` = 50 on an
+# H200 (issue 20's erf-GELU 50 MB row and attention at 4096 keys), 51 elsewhere (the host-overhead diagnosis, the
+# repeat's strided copies); then 48 (a LLaMA end to end), 45 (the dynamo GPT-2), 43 (the dynamo CNNs); 3 and 4
+# for the whole suite; 52 when little device time is left.
 # The eighteenth session's notes follow. The eighteenth session's H200 ran 34, 3, 4, 40, 32's rows and
 # 38's layer rows with 39 at 805f74b: every acceptance row of issues 15 and 20 is measured on an H200 at that
 # commit but one (bias+GELU erf at 50 MB, 0.76 of a same-size copy). First call of a session: ``auto`` = 41 (the
