@@ -225,7 +225,8 @@ def test_heuristic_choice_passes_the_profilers_checker(op, spec, attrs, dtype):
 
 NEW_OPS = ("RoPE", "GatedMLP", "GroupNorm")
 EXPORTS = ["coverage/llama_torchscript.onnx", "coverage/llama_dynamo.onnx", "coverage/t5enc_dynamo.onnx",
-           "coverage/groupnorm_dynamo.onnx", "coverage/groupnorm_torchscript.onnx"]
+           "coverage/groupnorm_dynamo.onnx", "coverage/groupnorm_torchscript.onnx",
+           "coverage/llamadyn_torchscript.onnx"]  # grouped K/V proven through infer_reshape_dims (dynamic dims)
 
 
 @pytest.mark.gpu
