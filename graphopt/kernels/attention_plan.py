@@ -18,7 +18,7 @@ import numpy as np
 from graphopt.errors import TuningError
 from graphopt.kernels.mma_args import ptr
 from graphopt.kernels.source import get_kernel, source_hash
-from graphopt.lowering.contract import Lowering, Signature, as_lowering
+from graphopt.lowering.contract import Lowering, Signature, as_lowering, workspace_offset
 from graphopt.ops.attention import kv_groups
 from graphopt.ops.attention import operands as attention_operands
 from graphopt.ops.attention import swap_heads, ungrouped
@@ -163,7 +163,6 @@ def _mask_args(p: AttnPlan, M):
             np.int32(p.causal))
 
 
-WORKSPACE_ALIGN = 256
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 _RAW = {2: "uint16", 4: "uint32"}  # copied as raw bits: any float of that size (bf16 arrays are uint16 views)
 
@@ -204,12 +203,9 @@ def repeat_kv_heads(built, sig: Signature) -> Lowering:
     base = as_lowering(built)
     B, hkv = int(k_shape[0]), int(k_shape[1])
 
-    def up(n: int) -> int:
-        return -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-
     k_bytes, v_bytes = (groups * int(np.prod(s)) * size for s in (k_shape, v_shape))
-    v_off = up(k_bytes)
-    own_off = up(v_off + v_bytes)
+    v_off = workspace_offset(k_bytes)
+    own_off = workspace_offset(v_off + v_bytes)
     raw = _RAW[size]
 
     def repeated(workspace, offset: int, n: int, t):

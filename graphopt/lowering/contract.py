@@ -135,6 +135,16 @@ class Candidate:
         return ()
 
 
+#: Byte alignment of each part a lowering lays out in its workspace (a library's own workspace, the operands it
+#: copies or pads there): what cuBLAS, cuDNN and 16-byte vector loads want.
+WORKSPACE_ALIGN = 256
+
+
+def workspace_offset(n: int) -> int:
+    """``n`` bytes rounded up to ``WORKSPACE_ALIGN``: where the next part of a workspace starts."""
+    return -(-int(n) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
 @dataclass
 class Lowering:
     """A built candidate: ``launch(inputs, outputs, workspace)`` enqueues on the current stream.

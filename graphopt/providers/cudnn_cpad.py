@@ -24,7 +24,7 @@ import numpy as np
 
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.source import get_kernel, instance, source_hash
-from graphopt.lowering.contract import Lowering, Signature
+from graphopt.lowering.contract import Lowering, Signature, workspace_offset
 from graphopt.providers import cudnn as base
 
 OPS = ("CBR",)
@@ -33,7 +33,6 @@ CPAD = geo.STEM_CHANNELS  # channels after padding: one 16-byte vector per fp16 
 DTYPES = ("float16", "float32")  # the pad kernel's types (graphopt.kernels.source.CTYPE)
 # X in NCHW and W in OIHW as the model has them (padded by the lowering itself), B, R and Y as ``cudnn``
 LAYOUTS = ("NCHW", "NCHW", "NHWC", "NHWC", "NHWC")  # B and R say Y's layout (a node may omit them)
-ALIGN = 256  # byte alignment of each part of the workspace (cuDNN's and the two padded operands)
 
 
 def stem_reason(sig: Signature, what: str = "the padding") -> str | None:
@@ -71,18 +70,13 @@ def _graph_for(sig: Signature, tag: str = "") -> base._Built:
     return base.listed(padded(sig), base.conv_graph, "|cpad" + tag)
 
 
-def aligned_offset(n: int) -> int:
-    """``n`` bytes rounded up to the workspace parts' alignment (``ALIGN``): where the next part starts."""
-    return -(-n // ALIGN) * ALIGN
-
-
 def workspace_parts(sig: Signature, cudnn_bytes: int) -> tuple[int, int, int]:
     """(offset of padded X, offset of padded W, total bytes) of the lowering's workspace."""
     g = geo.conv_geom(sig)
     esz = np.dtype(geo.dtype_of(sig)).itemsize
-    x_off = aligned_offset(cudnn_bytes)
-    w_off = x_off + aligned_offset(g.N * g.H * g.W * CPAD * esz)
-    return x_off, w_off, w_off + aligned_offset(g.M * g.KH * g.KW * CPAD * esz)
+    x_off = workspace_offset(cudnn_bytes)
+    w_off = x_off + workspace_offset(g.N * g.H * g.W * CPAD * esz)
+    return x_off, w_off, w_off + workspace_offset(g.M * g.KH * g.KW * CPAD * esz)
 
 
 def channel_padder(sig: Signature, cudnn_bytes: int, arch: str | None = None):

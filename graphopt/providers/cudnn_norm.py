@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphopt.errors import TuningError
-from graphopt.lowering.contract import Candidate, Lowering, Signature
+from graphopt.lowering.contract import Candidate, Lowering, Signature, workspace_offset
 from graphopt.providers import cudnn as base
 
 OPS = ("LayerNorm", "RMSNorm")
@@ -162,7 +162,6 @@ def norm_built(sig: Signature, tag: str = ""):
     return base.listed(sig, _training_graph, tag="|training" + tag)
 
 
-STATS_ALIGN = 256
 
 
 def _zeros(nbytes: int):
@@ -192,8 +191,8 @@ class CudnnNorm(base.CudnnCandidate):
         t = b.tensors
         # the TRAINING form's statistics (fp32 per row) after the plan's own workspace
         stats = [n for n in ("mean", "inv_var") if n in t]
-        stat_bytes = (g.rows * 4 + STATS_ALIGN - 1) // STATS_ALIGN * STATS_ALIGN
-        first = (plan_bytes + STATS_ALIGN - 1) // STATS_ALIGN * STATS_ALIGN if stats else plan_bytes
+        stat_bytes = workspace_offset(g.rows * 4)
+        first = workspace_offset(plan_bytes) if stats else plan_bytes
         ws_bytes = first + stat_bytes * len(stats)
         eps = np.full((1, 1, 1, 1), g.eps, dtype=np.float32)  # pass-by-value: read from host at each run
         zero_bias = _zeros(g.D * ITEMSIZE[g.param_dtypes[0] or g.dtype]) if g.op == "LayerNorm" and not g.has_bias else None

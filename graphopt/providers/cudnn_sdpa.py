@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from graphopt.errors import TuningError
-from graphopt.lowering.contract import Candidate, Lowering, Signature
+from graphopt.lowering.contract import Candidate, Lowering, Signature, workspace_offset
 from graphopt.ops.attention import kv_groups
 from graphopt.ops.attention import operands as attention_operands
 from graphopt.providers import cudnn as base
@@ -51,7 +51,6 @@ NAME = base.NAME
 DTYPES = {"float16": "HALF", "bfloat16": "BFLOAT16"}
 NAN_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80}  # |bits| above this is a NaN
 LAYOUTS = ("rowmajor",) * 5  # Q, K, V, mask, Y
-ALIGN = 256
 MAX_ELEMS = 2**31 - 1
 
 
@@ -84,12 +83,9 @@ class SdpaGeom:
 
     def workspace_parts(self, plan_bytes: int) -> tuple[int, int, int]:
         """(offset of K's transposed copy, offset of the bias, total bytes) after the plan's own."""
-        def up(n):
-            return (int(n) + ALIGN - 1) // ALIGN * ALIGN
-
-        k_off = up(plan_bytes)
-        b_off = k_off + (up(self.B * self.Hk * self.Skv * self.D * 2) if self.kt else 0)
-        total = b_off + (up(math.prod(self.bias_dims) * 2) if self.bias_in_workspace else 0)
+        k_off = workspace_offset(plan_bytes)
+        b_off = k_off + (workspace_offset(self.B * self.Hk * self.Skv * self.D * 2) if self.kt else 0)
+        total = b_off + (workspace_offset(math.prod(self.bias_dims) * 2) if self.bias_in_workspace else 0)
         return k_off, b_off, total
 
 

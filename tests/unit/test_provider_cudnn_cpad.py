@@ -74,8 +74,10 @@ def test_keys_parse_back_through_the_registry(fake):
 
 def test_workspace_holds_the_plans_and_both_padded_operands():
     sig = _sig(**STEM)
+    from graphopt.lowering.contract import WORKSPACE_ALIGN
+
     x_off, w_off, total = prov.workspace_parts(sig, 1000)
-    assert x_off == 1024 and x_off % prov.ALIGN == 0 and w_off % prov.ALIGN == 0
+    assert x_off == 1024 and x_off % WORKSPACE_ALIGN == 0 and w_off % WORKSPACE_ALIGN == 0
     assert w_off - x_off >= 4 * 17 * 19 * 8 * 2 and total - w_off >= 16 * 49 * 8 * 2
     assert prov.workspace_parts(sig, 0)[0] == 0
 
