@@ -21,7 +21,7 @@ from onnx import helper
 
 from graphopt.ir import Graph
 from graphopt.passes._util import Trace, report
-from graphopt.rewrite.dim_sources import dim_source, known_size
+from graphopt.rewrite.dim_sources import dim_source, entry_size, known_size
 
 NAME = "infer_reshape_dims"
 
@@ -30,13 +30,7 @@ def _entry_dim(g: Graph, entry, x_shape, k: int, allowzero: int):
     """The size entry k of the target stands for (an int or a name), -1 for the free one, None if unknown."""
     if entry == 0 and not allowzero:
         return x_shape[k] if k < len(x_shape) and known_size(x_shape[k]) else None
-    if isinstance(entry, int):
-        return entry if entry > 0 or entry == -1 else None
-    if isinstance(entry, tuple):
-        shape = g.shape(entry[0])
-        d = shape[entry[1]] if shape is not None and 0 <= entry[1] < len(shape) else None
-        return d if known_size(d) else None
-    return None
+    return -1 if entry == -1 else entry_size(g, entry)
 
 
 def resolved_dims(g: Graph, node) -> tuple | str:

@@ -26,6 +26,16 @@ def same_size(a, b) -> bool:
     return known_size(a) and a == b
 
 
+def entry_size(g, entry):
+    """The size a shape entry (:func:`dim_source`) stands for: a positive constant, or the dim it reads where
+    :func:`known_size` trusts it; else None (0 and -1 mean something else in a Reshape's target)."""
+    if isinstance(entry, tuple):
+        shape = g.shape(entry[0])
+        d = shape[entry[1]] if shape is not None and 0 <= entry[1] < len(shape) else None
+        return d if known_size(d) else None
+    return entry if isinstance(entry, int) and not isinstance(entry, bool) and entry > 0 else None
+
+
 def dim_source(g, tensor: str, k: int, depth: int = 0):
     """Entry ``k`` of the 1-D int64 ``tensor``: an int when constant, ``(t, i)`` when it is dim ``i`` of
     tensor ``t``, else None (unknown)."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.rewrite.constraints import _fmt_shape, known_rank, reduce_axes
-from graphopt.rewrite.dim_sources import dim_source, same_dim, same_size
+from graphopt.rewrite.dim_sources import dim_source, entry_size, same_dim, same_size
 from graphopt.rewrite.registry import BuildFailed, NewConstant, register_builder, register_constraint
 
 
@@ -185,12 +185,9 @@ def keys_transpose(g, tk):
 def _is_dim_of(g, entry, t: str, i: int, st) -> bool:
     """A shape entry (``dim_source``) is dim i of t: read from it or from a dim of the same size (by value or
     by name), or a constant equal to its known size."""
-    if isinstance(entry, tuple):
-        if entry[1] == i and same_dim(g, entry[0], t, i):
-            return True
-        shape = g.shape(entry[0])
-        return shape is not None and 0 <= entry[1] < len(shape) and same_size(shape[entry[1]], st[i])
-    return isinstance(entry, int) and isinstance(st[i], int) and entry == st[i] > 0
+    if isinstance(entry, tuple) and entry[1] == i and same_dim(g, entry[0], t, i):
+        return True
+    return same_size(entry_size(g, entry), st[i])
 
 
 def _expand_groups(g, t: str, x, st) -> int | str:
