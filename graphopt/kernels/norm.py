@@ -10,11 +10,12 @@ Several rows per CTA exist for short rows of many rows (BERT-base at bs32: 4,096
 row per 128-thread CTA leaves a quarter of the threads idle and pays two barriers per reduction; a
 warp per row reduces by shuffles alone and a CTA of ``rpc`` warps keeps the CTA count down.
 
-``launch(inputs, outputs)``: LayerNorm ``inputs = [X, scale, bias, skip, skip_bias]`` (absent ones
-None), ``outputs = [Y]`` or ``[Y, S]`` (the sum is written when S is given); RMSNorm
-``inputs = [X, scale]``, ``outputs = [Y]``. Arrays are C-contiguous; Y and S have X's shape; skip
-has X's shape or a suffix of it broadcast over the leading dims (GPT-2 / BERT add position
-embeddings [1, S, D] to [B, S, D]); scale, bias and skip_bias hold D values.
+``launch(inputs, outputs)``: the op's inputs in its schema's order, LayerNorm
+``[X, scale, bias, skip, skip_bias]``, RMSNorm ``[X, scale, skip]`` (absent ones None),
+``outputs = [Y]`` or ``[Y, S]`` (the sum is written when S is given; SkipLayerNorm and SkipRMSNorm).
+Arrays are C-contiguous; Y and S have X's shape; skip has X's shape or a suffix of it broadcast over
+the leading dims (GPT-2 / BERT add position embeddings [1, S, D] to [B, S, D]); scale, bias and
+skip_bias hold D values.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from graphopt.kernels import geometry as geo
 from graphopt.lowering.contract import Candidate, Lowering, Signature
 from graphopt.kernels.mma_args import ptr
 from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
+from graphopt.ops import get_schema
 
 OPS = ("LayerNorm", "RMSNorm")
 MODES = {"LayerNorm": 0, "RMSNorm": 1}
@@ -56,31 +58,28 @@ def _vector_of(shape, d: int) -> bool:
 def norm_plan(sig: Signature) -> NormPlan:
     if sig.op not in OPS:
         raise TuningError(f"op {sig.op} is not one of {', '.join(OPS)}")
-    shapes = list(sig.input_shapes) + [None] * (5 - len(sig.input_shapes))
-    x = shapes[0]
+    shapes = get_schema(sig.op).named(sig.input_shapes)
+    x = shapes["X"]
     if x is None or len(x) < 1 or min(x) < 1:
         raise TuningError(f"{sig.op} needs a known, non-empty X shape, got {x}")
     d = int(x[-1])
     rows = int(np.prod(x[:-1])) if len(x) > 1 else 1
-    if not _vector_of(shapes[1], d):
-        raise TuningError(f"{sig.op} scale must hold the {d} values of the last axis, got {shapes[1]}")
-    if sig.op == "LayerNorm":
-        if shapes[2] is not None and not _vector_of(shapes[2], d):
-            raise TuningError(f"LayerNorm bias must hold {d} values, got {shapes[2]}")
-        if shapes[3] is not None:
-            sk = tuple(int(v) for v in shapes[3])
-            core = sk[min(next((i for i, v in enumerate(sk) if v != 1), len(sk)), len(sk) - 1):]  # leading 1s dropped
-            if not sk or len(core) > len(x) or core != tuple(int(v) for v in x[len(x) - len(core):]):
-                raise TuningError(f"LayerNorm skip {shapes[3]} must have X's shape {tuple(x)} or a suffix of it "
-                                  "broadcast over the leading dims")
-            skip_rows = int(np.prod(core[:-1]))
-        if shapes[4] is not None and not _vector_of(shapes[4], d):
-            raise TuningError(f"LayerNorm skip_bias must hold {d} values, got {shapes[4]}")
+    for name in ("scale", "bias", "skip_bias"):
+        if (name == "scale" or shapes.get(name) is not None) and not _vector_of(shapes.get(name), d):
+            raise TuningError(f"{sig.op} {name} must hold the {d} values of the last axis, got {shapes.get(name)}")
+    skip_rows = 0
+    if shapes["skip"] is not None:
+        sk = tuple(int(v) for v in shapes["skip"])
+        core = sk[min(next((i for i, v in enumerate(sk) if v != 1), len(sk)), len(sk) - 1):]  # leading 1s dropped
+        if not sk or len(core) > len(x) or core != tuple(int(v) for v in x[len(x) - len(core):]):
+            raise TuningError(f"{sig.op} skip {shapes['skip']} must have X's shape {tuple(x)} or a suffix of it "
+                              "broadcast over the leading dims")
+        skip_rows = int(np.prod(core[:-1]))
     if rows * d > geo.INT32_MAX:
         raise TuningError(f"{sig.op} tensors over 2**31 elements are not supported by the kernels")
     default_eps = 1e-5 if sig.op == "LayerNorm" else 1e-6
     return NormPlan(rows, d, tuple(int(s) for s in x), MODES[sig.op], float(sig.attr("epsilon", default_eps)),
-                    skip_rows if sig.op == "LayerNorm" and shapes[3] is not None else 0)
+                    skip_rows)
 
 
 @dataclass(frozen=True)
@@ -142,17 +141,19 @@ class NormRows(Candidate):
                 raise TuningError(f"{sig.op} {what} is not 16-byte aligned (candidate vec={vec})")
             return a
 
+        schema = get_schema(sig.op)
+
         def launch(inputs, outputs):
-            ins = list(inputs) + [None] * (5 - len(inputs))
-            X = arr(ins[0], p.shape, "X")
-            scale = arr(ins[1], (p.D,), "scale")
-            bias = arr(ins[2], (p.D,), "bias") if p.mode == 0 else None
-            skip = arr(ins[3], (p.skip_rows, p.D), "skip") if p.mode == 0 and p.skip_rows else None
-            skip_bias = arr(ins[4], (p.D,), "skip_bias") if p.mode == 0 else None
+            ins = schema.named(inputs)
+            X = arr(ins["X"], p.shape, "X")
+            scale = arr(ins["scale"], (p.D,), "scale")
+            bias = arr(ins.get("bias"), (p.D,), "bias")
+            skip = arr(ins["skip"], (p.skip_rows, p.D), "skip") if p.skip_rows else None
+            skip_bias = arr(ins.get("skip_bias"), (p.D,), "skip_bias")
             Y = arr(outputs[0], p.shape, "Y")
             S = arr(outputs[1], p.shape, "S") if len(outputs) > 1 and outputs[1] is not None else None
             if S is not None and skip is None:
-                raise TuningError("LayerNorm's sum output S needs the skip input")
+                raise TuningError(f"{sig.op}'s sum output S needs the skip input")
             kern(grid, block, (X, ptr(skip), ptr(skip_bias), scale, ptr(bias), Y, ptr(S),
                                i32(p.rows), i32(p.D), f32(p.eps), i32(max(1, p.skip_rows))))
 

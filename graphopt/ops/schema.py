@@ -193,6 +193,14 @@ class OpSchema:
             raise RuleError(f"graphopt.{self.name}: function bodies need default-domain opset >= 9, got {opset!r}")
         return self._body(overload, opset)
 
+    def named(self, values: Sequence[Any]) -> dict[str, Any]:
+        """``values`` given in input order (a node's inputs, their shapes, a launch's arrays) keyed by
+        the input's name, ``None`` for those absent or not given: the one place a lowering finds an
+        optional input of an op whose optional inputs differ from a sibling op's (LayerNorm's skip is
+        input 3, RMSNorm's input 2)."""
+        vals = list(values)
+        return {n: (vals[i] if i < len(vals) else None) for i, (n, _) in enumerate(self.inputs)}
+
     # -- ground truth ---------------------------------------------------------------------------
     def reference(self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
         """NumPy ground truth: computes in float64 and returns arrays of the first input's dtype."""

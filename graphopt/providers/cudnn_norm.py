@@ -6,7 +6,7 @@ X ``[..., D]`` is the graph's ``[rows, D, 1, 1]`` (cuDNN normalises each "batch"
 dims), scale / bias ``[1, D, 1, 1]``, all row-major. epsilon is a pass-by-value fp32 scalar, bound
 from host memory at every run (captured by value in a CUDA graph).
 
-SkipLayerNorm (``skip`` / ``skip_bias`` inputs): ``S = X + skip [+ skip_bias]`` are pointwise adds
+SkipLayerNorm and SkipRMSNorm (``skip`` / ``skip_bias`` inputs): ``S = X + skip [+ skip_bias]`` are pointwise adds
 in the same graph before the layernorm; with ``sum_output=1`` S is marked as a graph output too, so
 one plan fills both of the node's outputs (cuDNN 9.14+ runs a norm with such an intermediate
 output). When a caller hands only Y (the checker, the timer), S goes to a scratch buffer. Where cuDNN
@@ -29,13 +29,14 @@ import numpy as np
 
 from graphopt.errors import TuningError
 from graphopt.lowering.contract import Candidate, Lowering, Signature, workspace_offset
+from graphopt.ops import get_schema
 from graphopt.providers import cudnn as base
 
 OPS = ("LayerNorm", "RMSNorm")
 NAME = base.NAME
 DTYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT"}
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
-LAYOUTS = ("rowmajor",) * 7  # X, scale, bias, skip, skip_bias, Y, S
+
 DEFAULT_EPS = {"LayerNorm": 1e-5, "RMSNorm": 1e-6}
 
 
@@ -61,36 +62,35 @@ def norm_geom(sig: Signature) -> NormGeom:
     """The graph's dims, or ``TuningError`` saying why cuDNN's norm does not take this signature."""
     if sig.op not in OPS:
         raise TuningError(f"op {sig.op} is not one of {', '.join(OPS)}")
-    shapes = list(sig.input_shapes) + [None] * (5 - len(sig.input_shapes))
-    dtypes = list(sig.dtypes) + [""] * (5 - len(sig.dtypes))
-    x = shapes[0]
+    schema = get_schema(sig.op)
+    shapes, dtypes = schema.named(sig.input_shapes), schema.named(sig.dtypes)
+    x = shapes["X"]
     if x is None or len(x) < 1 or min(x) < 1:
         raise TuningError(f"cuDNN {sig.op} needs a known, non-empty X shape, got {x}")
-    dt = dtypes[0]
+    dt = dtypes["X"]
     if dt not in DTYPES:
         raise TuningError(f"cuDNN normalization takes {', '.join(DTYPES)}, got {dt or 'unknown'}")
     d, rows = int(x[-1]), math.prod(int(v) for v in x[:-1])
     if rows * d > 2**31 - 1:
         raise TuningError(f"cuDNN {sig.op} here: tensors over 2**31 elements")
-    names = ("scale", "bias", "skip", "skip_bias") if sig.op == "LayerNorm" else ("scale",)
-    for i, name in enumerate(names, start=1):
-        if shapes[i] is None:
+    for name in (n for n, _ in schema.inputs[1:]):
+        if shapes[name] is None:
             if name == "scale":
                 raise TuningError(f"cuDNN {sig.op} needs scale")
             continue
-        if dtypes[i] not in DTYPES:
-            raise TuningError(f"cuDNN {sig.op}: {name} of dtype {dtypes[i]}")
+        if dtypes[name] not in DTYPES:
+            raise TuningError(f"cuDNN {sig.op}: {name} of dtype {dtypes[name]}")
         if name == "skip":
-            if tuple(shapes[i]) != tuple(x) or dtypes[i] != dt:
-                raise TuningError(f"cuDNN {sig.op}: skip {shapes[i]} ({dtypes[i]}) must have X's shape {tuple(x)} and "
-                                  f"dtype {dt} (a skip broadcast over the leading dims is left to the own kernels)")
-        elif not _vector(shapes[i], d):
-            raise TuningError(f"cuDNN {sig.op}: {name} must hold the {d} values of the last axis, got {shapes[i]}")
-    has_skip = sig.op == "LayerNorm" and shapes[3] is not None
+            if tuple(shapes[name]) != tuple(x) or dtypes[name] != dt:
+                raise TuningError(f"cuDNN {sig.op}: skip {shapes[name]} ({dtypes[name]}) must have X's shape {tuple(x)} "
+                                  f"and dtype {dt} (a skip broadcast over the leading dims is left to the own kernels)")
+        elif not _vector(shapes[name], d):
+            raise TuningError(f"cuDNN {sig.op}: {name} must hold the {d} values of the last axis, got {shapes[name]}")
+    has_skip = shapes["skip"] is not None
     sum_output = bool(sig.attr("sum_output", 0)) and has_skip
     eps = float(np.float32(sig.attr("epsilon", DEFAULT_EPS[sig.op])))
-    return NormGeom(sig.op, rows, d, dt, (dtypes[1], dtypes[2], dtypes[4]), sig.op == "LayerNorm" and shapes[2] is not None,
-                    has_skip, has_skip and shapes[4] is not None, sum_output, eps)
+    return NormGeom(sig.op, rows, d, dt, (dtypes["scale"], dtypes.get("bias"), dtypes.get("skip_bias")),
+                    shapes.get("bias") is not None, has_skip, shapes.get("skip_bias") is not None, sum_output, eps)
 
 
 def norm_reason(sig: Signature) -> str | None:
@@ -164,6 +164,12 @@ def norm_built(sig: Signature, tag: str = ""):
 
 
 
+def _layouts(op: str) -> tuple[str, ...]:
+    """Every input and output of the op row-major (LayerNorm: X, scale, bias, skip, skip_bias, Y, S)."""
+    schema = get_schema(op)
+    return ("rowmajor",) * (len(schema.inputs) + len(schema.outputs))
+
+
 def _zeros(nbytes: int):
     import cupy
 
@@ -175,7 +181,7 @@ class CudnnNorm(base.CudnnCandidate):
     """params: ``plan=<cuDNN plan name>``, or none for the heuristic's first plan at load time."""
 
     def layouts(self, sig: Signature) -> tuple[str, ...]:
-        return LAYOUTS if sig.op == "LayerNorm" else ("rowmajor",) * 3  # what build() declares
+        return _layouts(sig.op)  # what build() declares
 
     def applies(self, sig: Signature, compute_capability: tuple[int, int] = (9, 0)) -> str | None:
         if sig.op not in OPS:
@@ -197,10 +203,10 @@ class CudnnNorm(base.CudnnCandidate):
         eps = np.full((1, 1, 1, 1), g.eps, dtype=np.float32)  # pass-by-value: read from host at each run
         zero_bias = _zeros(g.D * ITEMSIZE[g.param_dtypes[0] or g.dtype]) if g.op == "LayerNorm" and not g.has_bias else None
         scratch: list = []  # S when the caller gives no buffer for it (checker, timer)
-        order = ("X", "scale", "bias", "skip", "skip_bias")
+        schema = get_schema(sig.op)
 
         def launch(inputs, outputs, workspace):
-            pack = {t[name]: base.bind(a) for name, a in zip(order, inputs) if a is not None and name in t}
+            pack = {t[name]: base.bind(a) for name, a in schema.named(inputs).items() if a is not None and name in t}
             if zero_bias is not None:
                 pack[t["bias"]] = base.bind(zero_bias)
             pack[t["eps"]] = base.bind(eps)
@@ -218,7 +224,7 @@ class CudnnNorm(base.CudnnCandidate):
 
         return Lowering(launch=launch, outputs=2 if g.sum_output else 1, workspace_bytes=ws_bytes, capturable=True,
                         barrier=True,
-                        layouts=LAYOUTS if sig.op == "LayerNorm" else ("rowmajor",) * 3, versions=base.versions())
+                        layouts=_layouts(sig.op), versions=base.versions())
 
 
 def candidates(op: str, sig: Signature | None = None) -> list[Candidate]:

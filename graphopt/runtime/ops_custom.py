@@ -140,12 +140,15 @@ def layer_norm_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
 
 
 def rms_norm_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:
-    """graphopt.RMSNorm: X / sqrt(mean(X^2) + epsilon) * scale over the last axis."""
-    x, scale = ins[0], ins[1]
-    xf = for_accumulation(ctx, x)
-    rms = ctx.xp.sqrt((xf * xf).mean(axis=-1, keepdims=True) + np.float32(_eps(attrs, 1e-6)))
-    y = xf / rms * for_accumulation(ctx, scale)
-    return [y.astype(x.dtype)]
+    """graphopt.RMSNorm: S / sqrt(mean(S^2) + epsilon) * scale over the last axis of S = X [+ skip];
+    outputs [Y] or [Y, S]."""
+    x, scale, skip = (list(ins) + [None] * 3)[:3]
+    s = for_accumulation(ctx, x)
+    if skip is not None:
+        s = s + for_accumulation(ctx, skip)
+    rms = ctx.xp.sqrt((s * s).mean(axis=-1, keepdims=True) + np.float32(_eps(attrs, 1e-6)))
+    y = s / rms * for_accumulation(ctx, scale)
+    return [y.astype(x.dtype)] + ([s.astype(x.dtype)] if attrs.get("sum_output", 0) else [])
 
 
 def attention_xp(ctx, ins: Sequence[Any], attrs: Mapping[str, Any]) -> list:

@@ -30,7 +30,8 @@ ROWS = (13, 3)
 # (op, bias, skip, skip_bias, sum_output); skip 2: broadcast over the leading dim ([1, 3, D], as
 # position embeddings are added to [B, S, D])
 VARIANTS = [("LayerNorm", 1, 0, 0, 0), ("LayerNorm", 0, 0, 0, 0), ("LayerNorm", 1, 1, 0, 0), ("LayerNorm", 1, 1, 1, 1),
-            ("LayerNorm", 0, 1, 0, 1), ("LayerNorm", 1, 2, 1, 1), ("RMSNorm", 0, 0, 0, 0)]
+            ("LayerNorm", 0, 1, 0, 1), ("LayerNorm", 1, 2, 1, 1), ("RMSNorm", 0, 0, 0, 0), ("RMSNorm", 0, 1, 0, 1),
+            ("RMSNorm", 0, 2, 0, 0)]
 
 
 def _data(op, bias, skip, sb, d, dtype):
@@ -42,6 +43,8 @@ def _data(op, bias, skip, sb, d, dtype):
         ins += [rng.standard_normal(d).astype(dtype) if bias else None,
                 rng.standard_normal(shape if skip == 1 else (1,) + shape[1:]).astype(dtype) if skip else None,
                 rng.standard_normal(d).astype(dtype) if sb else None]
+    elif skip:  # SkipRMSNorm: [X, scale, skip]
+        ins.append(rng.standard_normal(shape if skip == 1 else (1,) + shape[1:]).astype(dtype))
     return ins
 
 
@@ -51,7 +54,7 @@ def _cases():
             for dtype in DTYPES:
                 ins = _data(op, bias, skip, sb, d, dtype)
                 sig = Signature.make(op, [None if a is None else a.shape for a in ins], [dtype] * len(ins),
-                                     {"epsilon": 1e-5, **({"sum_output": so} if op == "LayerNorm" else {})})
+                                     {"epsilon": 1e-5, "sum_output": so})
                 for cand in norm_candidates():
                     if cand.applies(sig, (9, 0)) is None:
                         yield pytest.param(op, bias, skip, sb, so, d, dtype, cand,
@@ -62,7 +65,7 @@ def _cases():
 @pytest.mark.parametrize("op,bias,skip,sb,so,d,dtype,cand", list(_cases()))
 def test_norm_candidate(op, bias, skip, sb, so, d, dtype, cand):
     ins = _data(op, bias, skip, sb, d, dtype)
-    attrs = {"epsilon": 1e-5, **({"sum_output": so} if op == "LayerNorm" else {})}
+    attrs = {"epsilon": 1e-5, "sum_output": so}
     sig = Signature.make(op, [None if a is None else a.shape for a in ins], [dtype] * len(ins), attrs)
     refs = get_schema(op).reference([None if a is None else a.astype(np.float64) for a in ins], attrs)
     prebuild(cand.kernels(sig))

@@ -252,7 +252,7 @@ NORM_SHAPES = [(1, 768), (7, 768), (2, 129, 1024), (3, 5, 4096), (5, 96)]
 NORM_FORMS = {
     "layernorm": dict(), "no_bias": dict(bias=False), "skip": dict(skip=True),
     "skip_bias_sum": dict(skip=True, skip_bias=True, sum_output=1), "skip_sum_eps": dict(skip=True, sum_output=1, eps=1e-3),
-    "rmsnorm": None,
+    "rmsnorm": None, "rms_skip_sum": None,
 }
 # every shape for the plain forms, two shapes for the rest (a run's time bound)
 NORM_CASES = [(f, x) for f in NORM_FORMS for x in (NORM_SHAPES if f in ("layernorm", "rmsnorm") else NORM_SHAPES[1:3])]
@@ -261,6 +261,8 @@ NORM_CASES = [(f, x) for f in NORM_FORMS for x in (NORM_SHAPES if f in ("layerno
 def _norm_sig(form, x, dtype):
     if form == "rmsnorm":
         return Signature.make("RMSNorm", [x, (x[-1],)], [dtype] * 2, {"epsilon": 1e-6})
+    if form == "rms_skip_sum":  # SkipRMSNorm keeping its sum (LLaMA's residual stream)
+        return Signature.make("RMSNorm", [x, (x[-1],), x], [dtype] * 3, {"epsilon": 1e-6, "sum_output": 1})
     return _ln(x, dtype, **NORM_FORMS[form])
 
 
@@ -276,7 +278,7 @@ def test_norm_plans(dtype, form, x):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["layernorm", "skip_bias_sum", "rmsnorm"])
+@pytest.mark.parametrize("form", ["layernorm", "skip_bias_sum", "rmsnorm", "rms_skip_sum"])
 @pytest.mark.parametrize("x", [(3, 100), (2, 7, 37)], ids=["3x100", "2x7x37"])
 def test_norm_odd_row_lengths_are_right_or_refused(form, x):
     """Row lengths that are not a multiple of 8: a plan cuDNN offers must be right; none may be offered."""
@@ -287,7 +289,7 @@ def test_norm_odd_row_lengths_are_right_or_refused(form, x):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["skip_bias_sum", "layernorm", "rmsnorm"])
+@pytest.mark.parametrize("form", ["skip_bias_sum", "layernorm", "rmsnorm", "rms_skip_sum"])
 def test_norm_training_phase_form_is_right_too(form, monkeypatch):
     """The TRAINING-phase graph (taken where cuDNN offers no INFERENCE plan) with its statistics in the
     workspace gives the same outputs."""
@@ -349,7 +351,7 @@ def test_norm_plan_captures_in_a_cuda_graph(op):
     if op == "LayerNorm":
         sig, n_out = _ln((4, 33, 768), "float16", skip=True, skip_bias=True, sum_output=1), 2
     else:
-        sig, n_out = Signature.make("RMSNorm", [(4, 33, 2048), (2048,)], ["float16"] * 2, {"epsilon": 1e-6}), 1
+        sig, n_out = _norm_sig("rms_skip_sum", (4, 33, 2048), "float16"), 2
     _capture_and_compare(as_lowering(cudnn_norm.CudnnNorm("cudnn").build(sig, "sm_90")), sig, n_out)
 
 
@@ -371,6 +373,7 @@ def test_recorded_cudnn_lowerings_run_in_the_runtime(graphs):
         ("LayerNorm", [("X", x), ("scale", scale), ("bias", bias), ("skip", skip)], {"epsilon": 1e-5, "sum_output": 1},
          [("S", x.shape)]),
         ("RMSNorm", [("X", x), ("scale", scale)], {"epsilon": 1e-6}, []),
+        ("RMSNorm", [("X", x), ("scale", scale), ("skip", skip)], {"epsilon": 1e-6, "sum_output": 1}, [("S", x.shape)]),
     ]
     for op, inputs, attrs, extra in cases:
         model = one_node_model(op, inputs, dict(attrs, lowering="cudnn"), 18,

@@ -55,6 +55,8 @@ def test_rms_norm_and_gelu_device_fallbacks(dtype):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 7, 45))
     _check("RMSNorm", [x, rng.standard_normal(45)], {"epsilon": 1e-6}, dtype)
+    for skip in (rng.standard_normal((2, 7, 45)), rng.standard_normal((1, 7, 45))):  # SkipRMSNorm, with its sum
+        _check("RMSNorm", [x, rng.standard_normal(45), skip], {"epsilon": 1e-6, "sum_output": 1}, dtype)
     for approx in ("none", "tanh"):
         _check("Gelu", [x * 3], {"approximate": approx}, dtype)
 

@@ -75,6 +75,16 @@ def test_skip_may_broadcast_over_leading_dims(skip, rows):
     assert norm_plan(_sig(64, skip=False)).skip_rows == 0
 
 
+@pytest.mark.parametrize("skip,rows", [((2, 7, 64), 14), ((1, 7, 64), 7)])
+def test_skip_rmsnorm_takes_its_skip_from_input_2(skip, rows):
+    """SkipRMSNorm's inputs are [X, scale, skip]: the same kernel (MODE 1) adds the skip and writes the sum."""
+    sig = Signature.make("RMSNorm", [(2, 7, 64), (64,), skip], ["float32"] * 3, {"sum_output": 1})
+    assert norm_plan(sig).skip_rows == rows and norm_plan(sig).mode == 1
+    assert _applicable(sig)
+    bad = Signature.make("RMSNorm", [(2, 7, 64), (64,), (3, 64)], ["float32"] * 3, {})
+    assert "RMSNorm skip (3, 64) must have X's shape" in NormRows("rows", (("warps", 1), ("items", 2), ("vec", 4))).applies(bad)
+
+
 def test_keys_round_trip_and_instances_are_registered():
     for cand in norm_candidates():
         assert candidate_from_key("RMSNorm", cand.key()) == cand

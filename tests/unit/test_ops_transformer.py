@@ -143,6 +143,43 @@ def test_rmsnorm_body_matches_reference(shape, opset):
     _check(RMS, model, feeds, ordered, attrs, 1e-5, f"RMSNorm {shape} opset {opset}")
 
 
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("skip_shape,sum_output", [((2, 5, 7), 0), ((2, 5, 7), 1), ((1, 5, 7), 1)])
+def test_skip_rmsnorm_body_matches_reference(skip_shape, sum_output, opset):
+    """SkipRMSNorm: S = X + skip (a skip may broadcast over the leading dims) normalised; S output with sum_output=1."""
+    rng = _rng("rms_skip", skip_shape, sum_output, opset)
+    shape = (2, 5, 7)
+    ordered = [("X", rng.standard_normal(shape).astype(np.float32)), ("scale", rng.standard_normal(7).astype(np.float32)),
+               ("skip", rng.standard_normal(skip_shape).astype(np.float32))]
+    attrs = {"epsilon": 1e-3, "sum_output": sum_output}
+    model = one_node_model("RMSNorm", ordered, attrs, opset, shape, extra_outputs=[("S", shape)] if sum_output else ())
+    _check(RMS, model, dict(ordered), ordered, attrs, 1e-5, f"SkipRMSNorm {skip_shape} sum {sum_output} opset {opset}")
+    x, w, k = (a.astype(np.float64) for _, a in ordered)
+    y = RMS.reference([x, w, k], attrs)
+    s = x + k
+    assert np.allclose(y[0], s / np.sqrt((s * s).mean(-1, keepdims=True) + np.float32(1e-3)) * w, rtol=1e-12)
+    assert len(y) == 1 + sum_output and (not sum_output or np.array_equal(y[1], s))
+
+
+@pytest.mark.parametrize("attrs,present,reason", [
+    ({"sum_output": 1}, [True, True], "sum_output=1 needs skip (input 2)"),
+    ({"sum_output": 2}, [True, True, True], "sum_output=2 must be 0 or 1"),
+    ({"axis": 0}, [True, True, True], "only the last axis"),
+])
+def test_rmsnorm_validate_reasons(attrs, present, reason):
+    assert reason in RMS.validate(attrs, present)
+
+
+def test_rmsnorm_overload_keys():
+    """Plain RMSNorm keeps its key (models written before SkipRMSNorm still carry it); malformed ones are named."""
+    assert RMS.overload({}, [True, True], onnx.TensorProto.FLOAT) == "base"
+    assert RMS.overload({}, [True, True], onnx.TensorProto.FLOAT16) == "f16"
+    assert RMS.overload({"sum_output": 1}, [True, True, True], onnx.TensorProto.FLOAT16) == "skip_sum_f16"
+    for key in ("sum", "sum_skip", "b"):
+        with pytest.raises(RuleError, match="RMSNorm"):
+            RMS.function(key, 17)
+
+
 def test_rmsnorm_reference_against_a_loop():
     rng = _rng("rms_loop")
     x, w = rng.standard_normal((2, 4)), rng.standard_normal(4)

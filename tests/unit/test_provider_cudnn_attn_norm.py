@@ -358,6 +358,21 @@ def test_skip_layernorm_launch_binds_both_outputs_or_a_scratch_sum(fake):
     assert graph.bound["skip_add"].nbytes == x.nbytes
 
 
+def test_skip_rmsnorm_graph_adds_binds_by_name_and_keeps_the_sum(fake):
+    """SkipRMSNorm's skip is its input 2: the graph adds it before the rmsnorm and S is the add's output."""
+    mod, log = fake
+    x = (2, 5, 64)
+    sig = Signature.make("RMSNorm", [x, (64,), x], ["float16"] * 3, {"epsilon": 1e-6, "sum_output": 1})
+    low = cudnn_norm.CudnnNorm("cudnn").build(sig, "sm_90")
+    assert [a["b"] for a in _ops(log, "add")] == ["skip"] and _ops(log, "rmsnorm")[0]["input"] == "skip_add"
+    assert low.outputs == 2 and low.layouts == ("rowmajor",) * 5
+    a = np.ones(x, np.float16)
+    low([a, np.ones(64, np.float16), a], [np.empty_like(a), np.empty_like(a)])
+    assert log[-1] == ("execute", ["X", "eps", "norm", "scale", "skip", "skip_add"], 0)
+    broadcast = Signature.make("RMSNorm", [x, (64,), (1, 5, 64)], ["float16"] * 3, {})
+    assert "broadcast over the leading dims" in cudnn_norm.CudnnNorm("cudnn").applies(broadcast, (9, 0))
+
+
 def test_layernorm_without_bias_binds_zeros_and_rmsnorm_has_no_bias(fake):
     mod, log = fake
     sig = _ln(bias=False)
@@ -369,7 +384,7 @@ def test_layernorm_without_bias_binds_zeros_and_rmsnorm_has_no_bias(fake):
     rms = Signature.make("RMSNorm", [(3, 7, 128), (128,)], ["bfloat16"] * 2, {"epsilon": 1e-6})
     lowr = cudnn_norm.CudnnNorm("cudnn").build(rms, "sm_90")
     r = _ops(log, "rmsnorm")[0]
-    assert r["norm_forward_phase"] == "INFERENCE" and "bias" not in r and lowr.layouts == ("rowmajor",) * 3
+    assert r["norm_forward_phase"] == "INFERENCE" and "bias" not in r and lowr.layouts == ("rowmajor",) * 5
     assert next(e for e in log if e[0] == "tensor" and e[1] == "X" and e[2] == [21, 128, 1, 1])[4] == "BF16"
 
 

@@ -126,8 +126,9 @@ def native_layernorm_model(variant="fires"):
     return b.model()
 
 
-def skip_model(variant="single", graphopt_ln=True):
-    """Add(a, r) -> LayerNorm (graphopt's, or ONNX's when ``graphopt_ln`` is False)."""
+def skip_model(variant="single", graphopt_ln=True, rms=False):
+    """Add(a, r) -> LayerNorm (graphopt's, or ONNX's when ``graphopt_ln`` is False), or graphopt's
+    RMSNorm (``rms``)."""
     b = Builder(17, seed=5)
     a = b.input("a", SHAPE)
     if variant == "broadcast":
@@ -138,7 +139,9 @@ def skip_model(variant="single", graphopt_ln=True):
         r = b.input("r", SHAPE)
     s = b.op("Add", [r, a])
     scale, bias = b.rand([SHAPE[-1]], "scale"), b.rand([SHAPE[-1]], "bias")
-    if graphopt_ln:
+    if rms:
+        y = b.op("RMSNorm", [s, scale], domain="graphopt", epsilon=1e-5)
+    elif graphopt_ln:
         y = b.op("LayerNorm", [s, scale, bias], domain="graphopt", epsilon=1e-5)
     else:
         y = b.op("LayerNormalization", [s, scale, bias], epsilon=1e-5, axis=-1)
@@ -430,6 +433,8 @@ CASES["groupnorm"] = groupnorm_model
 CASES["groupnorm_silu"] = groupnorm_op_model
 CASES["skip_layernorm"] = lambda: skip_model("single")
 CASES["skip_layernorm_sum"] = lambda: skip_model("reused")
+CASES["skip_rmsnorm"] = lambda: skip_model("single", rms=True)
+CASES["skip_rmsnorm_sum"] = lambda: skip_model("reused", rms=True)
 for _f in GELU_FORMS:
     CASES[f"gelu_{_f}"] = lambda f=_f: gelu_model(f)
 CASES["gelu_native"] = lambda: gelu_model("gelu_tanh")
@@ -492,16 +497,18 @@ def test_layernorm_decomposed_at_every_opset_and_constant_form(opset, constant_n
     _same_outputs(model, g)
 
 
-def test_skip_layernorm_keeps_the_sum_when_it_is_read_again():
-    for variant, rule in (("reused", "skip_layernorm_sum"), ("sum_output", "skip_layernorm_sum"),
-                          ("single", "skip_layernorm")):
-        model = skip_model(variant)
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_skip_norm_keeps_the_sum_when_it_is_read_again(norm):
+    for variant, rule in (("reused", f"skip_{norm}_sum"), ("sum_output", f"skip_{norm}_sum"),
+                          ("single", f"skip_{norm}")):
+        model = skip_model(variant, rms=norm == "rmsnorm")
         g, report = _rewrite(model, SHIPPED, explain=True)
         assert report.counts == {rule: 1}, (variant, report.counts)
-        ln = next(n for n in g.nodes() if n.op_type == "LayerNorm")
-        s = model.graph.node[0].output[0]  # the Add's output keeps its name, now produced by the LayerNorm
-        assert (ln.outputs == [model.graph.output[0].name, s]) == (rule == "skip_layernorm_sum")
-        assert ln.attr("sum_output", 0) == (1 if rule == "skip_layernorm_sum" else 0)
+        ln = next(n for n in g.nodes() if n.op_type in ("LayerNorm", "RMSNorm"))
+        s = model.graph.node[0].output[0]  # the Add's output keeps its name, now produced by the norm
+        assert (ln.outputs == [model.graph.output[0].name, s]) == rule.endswith("_sum")
+        assert ln.attr("sum_output", 0) == (1 if rule.endswith("_sum") else 0)
+        assert ln.attr("epsilon") == pytest.approx(1e-5)  # the norm's own attributes are kept
         assert [n.op_type for n in g.nodes() if n.op_type == "Add"] == (["Add"] if variant == "reused" else [])
         _same_outputs(model, g)
 
@@ -564,6 +571,10 @@ NEAR_MISSES = [
     ("skip_layernorm", lambda: skip_model("broadcast"), "[1,1,7] differ; the Add broadcasts"),
     ("skip_layernorm_sum", lambda: skip_model("broadcast"), "the Add broadcasts"),
     ("skip_layernorm_sum", lambda: skip_model("constant"), "is a constant, not a runtime tensor"),
+    ("skip_rmsnorm", lambda: skip_model("reused", rms=True), "has 2 consumers"),
+    ("skip_rmsnorm", lambda: skip_model("broadcast", rms=True), "[1,1,7] differ; the Add broadcasts"),
+    ("skip_rmsnorm_sum", lambda: skip_model("broadcast", rms=True), "the Add broadcasts"),
+    ("skip_rmsnorm_sum", lambda: skip_model("constant", rms=True), "is a constant, not a runtime tensor"),
     ("rmsnorm_pow_div", lambda: rmsnorm_model(variant="w_not_per_feature"), "not one value per element of the last axis"),
     ("rmsnorm_pow_div", lambda: rmsnorm_model(variant="axis_not_last"), "reduces axes [0]"),
     ("rmsnorm_pow_div", lambda: rmsnorm_model(variant="second_consumer"), "has 2 consumers"),
