@@ -3,8 +3,8 @@
 # per run-tool call (each within its 600 s limit). The nineteenth session got an H100 for three calls at 23060c6
 # (44's attention rows, 47, 46; NOTES_kernels), then refusals. What remains, in this order: ``auto`` = 50 on an
 # H200 (issue 20's erf-GELU 50 MB row and attention at 4096 keys), 51 elsewhere (the host-overhead diagnosis, the
-# repeat's strided copies); then 48 (a LLaMA end to end), 45 (the dynamo GPT-2), 43 (the dynamo CNNs); 3 and 4
-# for the whole suite; 52 when little device time is left.
+# repeat's strided copies); then 53 (the twentieth session's SkipRMSNorm and RoPE x_bshd on a GPU), 48 (a LLaMA end to end),
+# 45 (the dynamo GPT-2), 43 (the dynamo CNNs); 3 and 4 for the whole suite; 52 when little device time is left.
 # The eighteenth session's notes follow. The eighteenth session's H200 ran 34, 3, 4, 40, 32's rows and
 # 38's layer rows with 39 at 805f74b: every acceptance row of issues 15 and 20 is measured on an H200 at that
 # commit but one (bias+GELU erf at 50 MB, 0.76 of a same-size copy). First call of a session: ``auto`` = 41 (the
@@ -19,7 +19,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..52 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..53 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -35,7 +35,7 @@
 # `python3 bench/transformer_kernels.py --merge MEM.json ATTN.json --previous bench/results/transformer_kernels_h200.json
 # --gpu-name h200 --out bench/results` (a run of one table only: give its file for both).
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..52 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..53 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -396,6 +396,18 @@ case "$N" in
       *) PACK_CUBIN=0 PREBUILD=0 TESTS="tests/gpu/test_attention_gpu.py::test_attention_candidate_reads_grouped_kv tests/gpu/test_provider_cudnn_attn_norm.py::test_grouped_kv_plans_on_repeated_heads tests/gpu/test_provider_cudnn_attn_norm.py::test_grouped_sdpa_captures_in_a_cuda_graph" \
            bash bench/device_calls.sh "$OUT/t" gpu-tests:${TESTS_S:-170} ;;
     esac ;;
+  53) # any GPU, ~300 s (twentieth session): SkipRMSNorm (RMSNorm's skip input and sum output, rule skip_rmsnorm(_sum))
+      # and RoPE reading the head split ([B, S, H, D], x_bshd=1, rule rope_x_bshd; rope.cu reads X's rows by stride now),
+      # never run on a GPU: every own norm config and cuDNN plan on the RMSNorm forms (-k rms), every RoPE case (-k RoPE),
+      # then the LLaMA-family exports on CUDA (their residual Adds now in the norms, Q/K Transposes in the RoPEs) and
+      # the recorded cuDNN lowerings in the runtime
+    PACK_CUBIN=0 PYTEST_ARGS="-k rms" TESTS="tests/gpu/test_norm_gpu.py tests/gpu/test_provider_cudnn_attn_norm.py" \
+      bash bench/device_calls.sh "$OUT/r" gpu-tests:${TESTS_S:-150}
+    PACK_CUBIN=0 PYTEST_ARGS="-k RoPE" TESTS="tests/gpu/test_new_op_kernels.py" \
+      bash bench/device_calls.sh "$OUT/p" gpu-tests:${TESTS3_S:-80}
+    N=tests/gpu/test_new_op_kernels.py::test_optimized_exports_run_the_new_lowerings_on_cuda
+    PACK_CUBIN=0 PREBUILD=0 TESTS="$N tests/gpu/test_provider_cudnn_attn_norm.py::test_recorded_cudnn_lowerings_run_in_the_runtime" \
+      bash bench/device_calls.sh "$OUT/e" gpu-tests:${TESTS2_S:-100} ;;
   43) # any GPU, ~450 s (eighteenth session, NOTES_e2e): the CNNs exported by dynamo (torch's default exporter),
       # whose global pooling is ReduceMean, now GlobalAveragePool (reduce_to_global_pool), so their graphs after
       # cleanup are the TorchScript exports' (prediction: each bs32 row within 3 % of its TorchScript row's
@@ -410,5 +422,5 @@ case "$N" in
     case "$gpu" in *H200*) n=50 ;; *) n=51 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..52 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..53 or auto" >&2; exit 2 ;;
 esac

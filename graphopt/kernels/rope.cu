@@ -3,8 +3,10 @@
 // 2i and 2i + 1 (INTERLEAVED 1, GPT-J):
 //   y[lo] = x[lo] * cos[lo] - x[hi] * sin[lo]
 //   y[hi] = x[hi] * cos[hi] + x[lo] * sin[hi]
-// cos and sin broadcast to X: ``meta`` (int32, device) holds X's NLEAD leading dims, then cos's stride
-// of each leading dim (0 where it broadcasts), then sin's, then cos's and sin's stride of the last axis.
+// Y is C-contiguous; X's rows (D contiguous elements each) may lie elsewhere: the op's x_bshd=1 reads
+// X [B, S, H, D] for Y [B, H, S, D]. cos and sin broadcast to Y: ``meta`` (int32, device) holds Y's NLEAD
+// leading dims, then cos's stride of each leading dim (0 where it broadcasts), then sin's, then X's
+// (its rows' strides), then cos's and sin's stride of the last axis.
 // Arithmetic in fp32. The host guarantees every tensor holds fewer than 2**31 elements.
 
 template <typename T, int INTERLEAVED>
@@ -13,11 +15,11 @@ __global__ void __launch_bounds__(256) rope(
     int pairs, int D, int nlead, const int* __restrict__ meta)
 {
     const int half = D >> 1;
-    const int cl = meta[3 * nlead], sl = meta[3 * nlead + 1];
+    const int cl = meta[4 * nlead], sl = meta[4 * nlead + 1];
     for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += gridDim.x * blockDim.x) {
         const int row = p / half;
         const int i = p - row * half;
-        int r = row, co = 0, so = 0;
+        int r = row, co = 0, so = 0, xo = 0;
         for (int k = nlead - 1; k >= 0; --k) {
             const int d = meta[k];
             const int q = r / d;
@@ -25,12 +27,13 @@ __global__ void __launch_bounds__(256) rope(
             r = q;
             co += idx * meta[nlead + k];
             so += idx * meta[2 * nlead + k];
+            xo += idx * meta[3 * nlead + k];
         }
         const int lo = INTERLEAVED ? 2 * i : i;
         const int hi = INTERLEAVED ? 2 * i + 1 : i + half;
         const long long base = (long long)row * D;
-        const float xl = Num<T>::to_f(X[base + lo]);
-        const float xh = Num<T>::to_f(X[base + hi]);
+        const float xl = Num<T>::to_f(X[xo + lo]);
+        const float xh = Num<T>::to_f(X[xo + hi]);
         const float cL = Num<T>::to_f(cosv[co + lo * cl]), cH = Num<T>::to_f(cosv[co + hi * cl]);
         const float sL = Num<T>::to_f(sinv[so + lo * sl]), sH = Num<T>::to_f(sinv[so + hi * sl]);
         Y[base + lo] = Num<T>::from_f(xl * cL - xh * sL);
@@ -59,7 +62,7 @@ __global__ void __launch_bounds__(256) rope_vec(
     for (int u = blockIdx.x * blockDim.x + threadIdx.x; u < units; u += gridDim.x * blockDim.x) {
         const int row = u / per_row;
         const int j = (u - row * per_row) * VEC;
-        int r = row, co = 0, so = 0;
+        int r = row, co = 0, so = 0, xo = 0;
         for (int k = nlead - 1; k >= 0; --k) {
             const int d = meta[k];
             const int q = r / d;
@@ -67,10 +70,12 @@ __global__ void __launch_bounds__(256) rope_vec(
             r = q;
             co += idx * meta[nlead + k];
             so += idx * meta[2 * nlead + k];
+            xo += idx * meta[3 * nlead + k];
         }
         const long long base = (long long)row * D + j;
+        const int xj = xo + j;
         if (INTERLEAVED) {
-            const V x = *reinterpret_cast<const V*>(X + base);
+            const V x = *reinterpret_cast<const V*>(X + xj);
             const V c = *reinterpret_cast<const V*>(cosv + co + j);
             const V s = *reinterpret_cast<const V*>(sinv + so + j);
             V o;
@@ -82,8 +87,8 @@ __global__ void __launch_bounds__(256) rope_vec(
             }
             *reinterpret_cast<V*>(Y + base) = o;
         } else {
-            const V xl = *reinterpret_cast<const V*>(X + base);
-            const V xh = *reinterpret_cast<const V*>(X + base + half);
+            const V xl = *reinterpret_cast<const V*>(X + xj);
+            const V xh = *reinterpret_cast<const V*>(X + xj + half);
             const V cl = *reinterpret_cast<const V*>(cosv + co + j);
             const V ch = *reinterpret_cast<const V*>(cosv + co + j + half);
             const V sl = *reinterpret_cast<const V*>(sinv + so + j);

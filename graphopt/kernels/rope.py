@@ -3,10 +3,12 @@ rotated pair, any cos/sin broadcast) or a 16-byte load (8 fp16 / 4 fp32 elements
 tables whose last axis is contiguous and rows that split into whole loads; a launch on tensors that
 are not 16-byte aligned takes the scalar kernel).
 
-``launch(inputs, outputs)``: ``inputs = [X, cos, sin]``, ``outputs = [Y]``; X and Y C-contiguous of
-one shape ``[..., D]`` (D even), cos and sin C-contiguous, each broadcasting to X (any shape: the
-exports' ``[1, 1, S, D]`` or ``[B, 1, S, D]`` tables, a ``[S, D]`` cache). The broadcast strides are
-worked out at build time and live in a small device array, so a launch is one kernel and captures.
+``launch(inputs, outputs)``: ``inputs = [X, cos, sin]``, ``outputs = [Y]``; X and Y C-contiguous, Y of
+shape ``[..., D]`` (D even) and X of Y's shape, or ``[B, S, H, D]`` for Y ``[B, H, S, D]`` (``x_bshd=1``:
+the kernel reads each row of X where it lies, so the head split's Transpose is never written); cos and
+sin C-contiguous, each broadcasting to Y (any shape: the exports' ``[1, 1, S, D]`` or ``[B, 1, S, D]``
+tables, a ``[S, D]`` cache). The broadcast and row strides are worked out at build time and live in a
+small device array, so a launch is one kernel and captures.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from graphopt.errors import TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
+from graphopt.ops.rope import HEADS_PERM, rotated_shape, x_bshd
 
 SUPPORTED_DTYPES = ("float16", "float32")
 THREADS = 256
@@ -27,11 +30,12 @@ GRID_MAX = 132 * 32
 
 @dataclass(frozen=True)
 class RopePlan:
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # Y's
     D: int
     pairs: int
     interleaved: int
-    meta: tuple[int, ...]  # leading dims, cos strides, sin strides, cos and sin last-axis strides
+    meta: tuple[int, ...]  # Y's leading dims, cos strides, sin strides, X's row strides, cos and sin last-axis strides
+    x_shape: tuple[int, ...] = ()  # X's (Y's, or [B, S, H, D] with x_bshd=1)
 
 
 def _strides(table, x) -> tuple[list[int], int]:
@@ -51,9 +55,13 @@ def rope_plan(sig: Signature) -> RopePlan:
     if sig.op != "RoPE":
         raise TuningError(f"op {sig.op} is not RoPE")
     shapes = list(sig.input_shapes) + [None] * (3 - len(sig.input_shapes))
-    x, c, s = shapes[:3]
-    if x is None or c is None or s is None or len(x) < 1 or min(x) < 1:
-        raise TuningError(f"RoPE needs known, non-empty X, cos and sin shapes, got {x}, {c}, {s}")
+    xin, c, s = shapes[:3]
+    if xin is None or c is None or s is None or len(xin) < 1 or min(xin) < 1:
+        raise TuningError(f"RoPE needs known, non-empty X, cos and sin shapes, got {xin}, {c}, {s}")
+    attrs = dict(sig.attrs)
+    if x_bshd(attrs) and len(xin) != 4:
+        raise TuningError(f"RoPE x_bshd=1 needs a rank-4 X [B, S, H, D], got {tuple(xin)}")
+    x = rotated_shape(tuple(int(v) for v in xin), attrs)
     d = int(x[-1])
     if d % 2:
         raise TuningError(f"RoPE's rotated dim must be even, got {d}")
@@ -62,8 +70,10 @@ def rope_plan(sig: Signature) -> RopePlan:
     if numel > geo.INT32_MAX or max(int(np.prod(c)), int(np.prod(s))) > geo.INT32_MAX:
         raise TuningError("RoPE tensors over 2**31 elements are not supported by the kernel")
     lead = [int(v) for v in x[:-1]]
+    rows = [int(np.prod(xin[k + 1:-1])) * d for k in range(len(xin) - 1)]  # X's own row strides, in X's axis order
+    xl = [rows[HEADS_PERM[k]] for k in range(3)] if x_bshd(attrs) else rows
     return RopePlan(tuple(int(v) for v in x), d, numel // 2, int(sig.attr("interleaved", 0) or 0),
-                    tuple(lead + cl + sl + [cs, ss]))
+                    tuple(lead + cl + sl + xl + [cs, ss]), tuple(int(v) for v in xin))
 
 
 @dataclass(frozen=True)
@@ -133,8 +143,8 @@ class RopePairs(Candidate):
             for a, what in ((x, "X"), (c, "cos"), (s, "sin"), (y, "Y")):
                 if str(a.dtype) != dt or not a.flags.c_contiguous:
                     raise TuningError(f"RoPE {what} must be a C-contiguous {dt} array, got {a.dtype} {a.shape}")
-            if tuple(x.shape) != p.shape or tuple(y.shape) != p.shape:
-                raise TuningError(f"RoPE X and Y must have shape {p.shape}, got {x.shape} and {y.shape}")
+            if tuple(x.shape) != p.x_shape or tuple(y.shape) != p.shape:
+                raise TuningError(f"RoPE X and Y must have shapes {p.x_shape} and {p.shape}, got {x.shape} and {y.shape}")
             aligned = vec > 1 and all(a.data.ptr % 16 == 0 for a in (x, c, s, y))
             kern, g, tail = wide if aligned else scalar
             kern(g, (THREADS,), (x, c, s, y) + tail)

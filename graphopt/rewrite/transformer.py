@@ -260,12 +260,22 @@ def kv_groups_of(g, t, u, x, r):
     return {"kv_groups": groups} if groups > 1 else {}
 
 
+def _swaps_heads(t, what: str) -> str | None:
+    if _perm(t) != [0, 2, 1, 3]:
+        return f"{t.name!r} has perm {_perm(t)}, expected [0, 2, 1, 3] ({what})"
+    return None
+
+
 @register_constraint("heads_merge_transpose", "n")
 def heads_merge_transpose(g, ty):
     """ty is Transpose(perm 0,2,1,3): the attention output [B, H, S, D] -> [B, S, H, D] before the heads merge."""
-    if _perm(ty) != [0, 2, 1, 3]:
-        return f"{ty.name!r} has perm {_perm(ty)}, expected [0, 2, 1, 3] (the heads merge of a [B, H, S, D] tensor)"
-    return None
+    return _swaps_heads(ty, "the heads merge of a [B, H, S, D] tensor")
+
+
+@register_constraint("head_split_transpose", "n")
+def head_split_transpose(g, t):
+    """t is Transpose(perm 0,2,1,3): a head split [B, S, H, D] -> [B, H, S, D] (before LLaMA's rotary embedding)."""
+    return _swaps_heads(t, "the head split of a [B, S, H, D] tensor")
 
 
 @register_constraint("whole_shape", "n")

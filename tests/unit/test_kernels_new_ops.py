@@ -23,10 +23,54 @@ def _sig(op, shapes, dtype="float16", **attrs):
 
 def test_rope_plan_broadcast_strides():
     p = rope_plan(_sig("RoPE", [(2, 3, 5, 8), (1, 1, 5, 8), (2, 1, 5, 8)], interleaved=1))
-    # leading dims, cos strides (broadcast: 0), sin strides, last-axis strides
-    assert p.meta == (2, 3, 5, 0, 0, 8, 40, 0, 8, 1, 1) and p.pairs == 2 * 3 * 5 * 4 and p.interleaved == 1
-    assert rope_plan(_sig("RoPE", [(4, 7, 6), (7, 6), (7, 6)])).meta == (4, 7, 0, 6, 0, 6, 1, 1)
+    # leading dims, cos strides (broadcast: 0), sin strides, X's row strides, last-axis strides
+    assert p.meta == (2, 3, 5, 0, 0, 8, 40, 0, 8, 120, 40, 8, 1, 1) and p.pairs == 2 * 3 * 5 * 4 and p.interleaved == 1
+    assert rope_plan(_sig("RoPE", [(4, 7, 6), (7, 6), (7, 6)])).meta == (4, 7, 0, 6, 0, 6, 42, 6, 1, 1)
     assert rope_plan(_sig("RoPE", [(6,), (6,), (6,)])).meta == (1, 1)
+    # x_bshd: X [B, S, H, D] = [2, 5, 3, 8] read for Y [2, 3, 5, 8]; Y's row (b, h, s) is X's b * 120 + h * 8 + s * 24
+    t = rope_plan(_sig("RoPE", [(2, 5, 3, 8), (1, 1, 5, 8), (1, 1, 5, 8)], x_bshd=1))
+    assert t.shape == (2, 3, 5, 8) and t.x_shape == (2, 5, 3, 8) and t.meta[9:12] == (120, 8, 24)
+
+
+def _emulate_rope(p, x, cos, sin):
+    """rope.cu's index arithmetic on the host (the scalar kernel; rope_vec reads the same rows):
+    which X row, cos and sin elements each Y element reads, from the plan's meta alone."""
+    nlead = len(p.shape) - 1
+    meta = p.meta
+    X, C, S = x.reshape(-1), cos.reshape(-1), sin.reshape(-1)
+    Y = np.full(int(np.prod(p.shape)), np.nan)
+    half, cl, sl = p.D // 2, meta[4 * nlead], meta[4 * nlead + 1]
+    for row in range(int(np.prod(p.shape[:-1]))):
+        r, co, so, xo = row, 0, 0, 0
+        for k in range(nlead - 1, -1, -1):
+            r, idx = divmod(r, meta[k])
+            co, so, xo = co + idx * meta[nlead + k], so + idx * meta[2 * nlead + k], xo + idx * meta[3 * nlead + k]
+        for i in range(half):
+            lo, hi = (2 * i, 2 * i + 1) if p.interleaved else (i, i + half)
+            Y[row * p.D + lo] = X[xo + lo] * C[co + lo * cl] - X[xo + hi] * S[so + lo * sl]
+            Y[row * p.D + hi] = X[xo + hi] * C[co + hi * cl] + X[xo + lo] * S[so + hi * sl]
+    return Y.reshape(p.shape)
+
+
+@pytest.mark.parametrize("x_bshd", [0, 1])
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("tables", [(1, 1, 5, 8), (2, 1, 5, 8), (5, 8)])
+def test_rope_plan_reads_what_the_reference_rotates(tables, interleaved, x_bshd):
+    """The plan's meta, read as the kernel reads it, gives the op's reference: X's rows found where they lie
+    ([B, S, H, D] for x_bshd=1), cos and sin broadcast to Y."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 3, 8) if x_bshd else (2, 3, 5, 8))
+    cos, sin = rng.standard_normal(tables), rng.standard_normal(tables)
+    attrs = {"interleaved": interleaved, "x_bshd": x_bshd}
+    p = rope_plan(_sig("RoPE", [x.shape, tables, tables], "float32", **attrs))
+    (ref,) = get_schema("RoPE").reference([x, cos, sin], attrs)
+    assert ref.shape == p.shape == (2, 3, 5, 8)
+    np.testing.assert_allclose(_emulate_rope(p, x, cos, sin), ref, rtol=1e-12)
+
+
+def test_rope_x_bshd_needs_rank_4():
+    sig = _sig("RoPE", [(2, 5, 8), (5, 8), (5, 8)], x_bshd=1)
+    assert all("x_bshd=1 needs a rank-4 X" in c.applies(sig, (9, 0)) for c in candidates_for(sig))
 
 
 @pytest.mark.parametrize("shapes,why", [
