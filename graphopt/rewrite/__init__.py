@@ -21,6 +21,7 @@ Rule files are described in ``_loader.py``, the pattern language in ``_syntax.py
 from graphopt.rewrite import builders as _builders  # noqa: F401  (registers the built-ins)
 from graphopt.rewrite import batchnorm as _batchnorm  # noqa: F401
 from graphopt.rewrite import casts as _casts  # noqa: F401
+from graphopt.rewrite import causal as _causal  # noqa: F401
 from graphopt.rewrite import constraints as _constraints  # noqa: F401
 from graphopt.rewrite import groupnorm as _groupnorm  # noqa: F401
 from graphopt.rewrite import mlp as _mlp  # noqa: F401

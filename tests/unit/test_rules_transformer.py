@@ -459,7 +459,8 @@ CASES["attention_grouped_kv"] = grouped_kv_model
 
 def test_every_transformer_rule_has_a_test_case():
     packed = {"attention_qkv_packed_gemms", "attention_qkv_packed_split", "shape_of_head_split",
-              "shape_of_projection", "shape_of_split"}  # their cases: test_rules_packed_qkv.py
+              "shape_of_projection", "shape_of_split",  # their cases: test_rules_packed_qkv.py
+              "attention_causal_mask"}  # test_rules_causal_mask.py
     assert sorted(CASES) == sorted(set(TRANSFORMER_RULES) - packed)
 
 
@@ -534,11 +535,19 @@ def test_attention_attributes():
 
 @pytest.mark.parametrize("variant,mask_value", [("fires", None), ("fill_min", float(np.finfo(np.float32).min))])
 def test_attention_where_mask_is_a_bool_mask(variant, mask_value):
+    """GPT-2's eager Where on a lower-triangular constant: a bool mask, which (being constant and causal) then
+    becomes causal=1 with no mask (attention_causal_mask)."""
     model = attention_model("q", "where", "softmax", variant)
-    g, report = _rewrite(model, SHIPPED)
+    without_causal = RuleSet([r for r in SHIPPED if r.name != "attention_causal_mask"])
+    g, report = _rewrite(model, without_causal)
     assert report.counts == {"attention_q_where_softmax": 1, KEYS_RULE: 1}
     node = next(n for n in g.nodes() if n.op_type == "Attention")
     assert node.attr("mask_kind") == "bool" and node.attr("mask_value") == mask_value
+    _same_outputs(model, g)
+    g, report = _rewrite(model, SHIPPED)
+    assert report.counts == {"attention_q_where_softmax": 1, KEYS_RULE: 1, "attention_causal_mask": 1}
+    node = next(n for n in g.nodes() if n.op_type == "Attention")
+    assert (node.attr("mask_kind"), node.attr("causal"), node.attr("mask_value"), len(node.inputs)) == ("none", 1, None, 3)
     _same_outputs(model, g)
 
 
