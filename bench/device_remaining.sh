@@ -2,9 +2,9 @@
 # The device calls the open issues still need (bench/NOTES_e2e.md and NOTES_kernels.md, 2026-12-07), one
 # per run-tool call (each within its 600 s limit). The nineteenth session got an H100 for three calls at 23060c6
 # (44's attention rows, 47, 46; NOTES_kernels), then refusals. What remains, in this order: ``auto`` = 50 on an
-# H200 (issue 20's erf-GELU 50 MB row and attention at 4096 keys), 51 elsewhere (the host-overhead diagnosis, the
-# repeat's strided copies); then 53 (the twentieth session's SkipRMSNorm and RoPE x_bshd on a GPU), 48 (a LLaMA end to end),
-# 45 (the dynamo GPT-2), 43 (the dynamo CNNs); 3 and 4 for the whole suite; 52 when little device time is left.
+# H200 (issue 20's erf-GELU 50 MB row and attention at 4096 keys), 48 elsewhere (the LLaMA end to end with grouped
+# K/V fused at fp16; 51, 53 and a first 48 ran on an H100 at 0b17732, twentieth session); then 45 (the dynamo GPT-2),
+# 43 (the dynamo CNNs); 3 and 4 for the whole suite; 52 when little device time is left.
 # The eighteenth session's notes follow. The eighteenth session's H200 ran 34, 3, 4, 40, 32's rows and
 # 38's layer rows with 39 at 805f74b: every acceptance row of issues 15 and 20 is measured on an H200 at that
 # commit but one (bias+GELU erf at 50 MB, 0.76 of a same-size copy). First call of a session: ``auto`` = 41 (the
@@ -416,10 +416,11 @@ case "$N" in
       E2E_ARGS="--rows efficientnet_b0_dynamo:32,resnet50_dynamo:32,mobilenetv2_dynamo:32 --measure-reserve 45" \
       bash bench/device_calls.sh "$OUT/e" e2e-cnn:${E2E_S:-500} ;;
   auto) # the first call of a session (AUTO_N overrides): on an H200 50 (issue 20's two rows no H200 has measured at
-      # HEAD: the erf-GELU's 50 MB row and attention at 4096 keys; needs neither .cubin nor .tuning), elsewhere 51 (the
-      # host-overhead diagnosis, the repeat's strided copies); then 46, 48, 45, 43
+      # HEAD: the erf-GELU's 50 MB row and attention at 4096 keys; needs neither .cubin nor .tuning), elsewhere 48 (the
+      # LLaMA rows again: the twentieth session's H100 run measured them before restore_dims let grouped K/V fuse in
+      # the fp16 conversion; 51 and 53 ran on an H100 at 0b17732); then 45, 43, 46
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-    case "$gpu" in *H200*) n=50 ;; *) n=51 ;; esac
+    case "$gpu" in *H200*) n=50 ;; *) n=48 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
   *) echo "device_remaining.sh: N must be 0..53 or auto" >&2; exit 2 ;;

@@ -104,17 +104,20 @@ def _with_inferred_shapes(graph: Graph, ahead: InferAhead | None = None) -> tupl
     return original, graph
 
 
-def _converted(original: onnx.ModelProto, precision: str, io_fp16: bool, keep_fp32, source: str,
+def _converted(original: onnx.ModelProto, fp32: Graph, precision: str, io_fp16: bool, keep_fp32, source: str,
                report: OptimizeReport) -> Graph:
-    """The IR of ``original`` converted to ``precision`` (graphopt.precision), shapes inferred."""
-    from graphopt.precision import PRECISIONS, convert_fp16
+    """The IR of ``original`` converted to ``precision`` (graphopt.precision), shapes inferred, with the
+    dims the fp32 IR ``fp32`` knows where the converted model's inference lost them (``restore_dims``)."""
+    from graphopt.precision import PRECISIONS, convert_fp16, restore_dims
 
     if precision not in PRECISIONS:
         raise GraphoptError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     converted = convert_fp16(materialize(original), io_fp16=io_fp16, keep_fp32=list(keep_fp32), source=source)
     report.precision = precision + (" (fp16 inputs/outputs)" if io_fp16 else "") + (
         f" (fp32: {', '.join(keep_fp32)})" if keep_fp32 else "")
-    return _with_inferred_shapes(load_model(converted))[1]
+    graph = _with_inferred_shapes(load_model(converted))[1]
+    restore_dims(graph, fp32)
+    return graph
 
 
 def optimize_graph(
@@ -344,7 +347,7 @@ def optimize_file(
     report = OptimizeReport(source=str(source))
     if precision != "fp32":
         step("converting to fp16")
-        graph = _converted(original_model, precision, io_fp16, keep_fp32, str(source), report)
+        graph = _converted(original_model, graph, precision, io_fp16, keep_fp32, str(source), report)
     graph.source_path = str(source)
     optimize_graph(graph, shapes=shapes, progress=progress, report=report, **options)
     model = finalize_model(graph)
@@ -393,7 +396,7 @@ def optimize_model(
     original_model, graph = _with_inferred_shapes(load_model(model, base_dir=base_dir))
     report = OptimizeReport(source="<model>")
     if precision != "fp32":
-        graph = _converted(original_model, precision, io_fp16, keep_fp32, "<model>", report)
+        graph = _converted(original_model, graph, precision, io_fp16, keep_fp32, "<model>", report)
     optimize_graph(graph, shapes=shapes, report=report, **options)
     out = finalize_model(graph)
     note = check_output_model(out, full=True, original=original_model, rules=options.get("rules") or ())

@@ -67,6 +67,36 @@ def convert_fp16(model: onnx.ModelProto, *, io_fp16: bool = False, keep_fp32: Se
     return out
 
 
+def _lost(dim: onnx.TensorShapeProto.Dimension) -> bool:
+    return not dim.HasField("dim_value") and (not dim.dim_param or dim.dim_param.startswith("unk__"))
+
+
+def restore_dims(converted, reference) -> int:
+    """Give the converted graph's tensors the dims that the fp32 graph (``reference``, same tensor names) knows
+    where the converted model's shape inference lost them. The conversion drops the exporter's value_info (its
+    fp32 types would contradict the converted ones), and ONNX inference alone cannot name a Reshape's -1 dim:
+    the dynamo LLaMA's batch dim came back as a fresh ``unk__`` after each head split, where the exporter had
+    written ``batch``, and the rules that prove two dims equal (grouped K/V) then failed. Types stay the
+    converted graph's; only dims move. Returns the number of tensors refined."""
+    changed = 0
+    for name in converted.value_info_names():
+        vi, ref = converted.value_info_proto(name), reference.value_info_proto(name)
+        if vi is None or ref is None or not vi.type.HasField("tensor_type") or not ref.type.HasField("tensor_type"):
+            continue
+        dims, ref_dims = vi.type.tensor_type.shape.dim, ref.type.tensor_type.shape.dim
+        if not vi.type.tensor_type.HasField("shape") or len(dims) != len(ref_dims):
+            continue
+        fix = [i for i, (d, r) in enumerate(zip(dims, ref_dims)) if _lost(d) and not _lost(r)]
+        if not fix:
+            continue
+        new = onnx.ValueInfoProto()
+        new.CopyFrom(vi)
+        for i in fix:
+            new.type.tensor_type.shape.dim[i].CopyFrom(ref_dims[i])
+        changed += converted.refine_value_info(new)
+    return changed
+
+
 def fp16_tolerances(rtol: float | None, atol: float | None) -> tuple[float, float]:
     """--verify tolerances for an fp16 model: the user's, else rtol 1e-2 and atol 1e-2 (fp16 keeps
     ~3 significant digits; accumulated over a network, 1e-2 is the documented bound)."""

@@ -113,3 +113,21 @@ def test_cli_refuses_fp16_flags_without_fp16_and_bad_conversions(tmp_path):
     r = graphopt("optimize", MODELS / "subgraph_if.onnx", "-o", tmp_path / "o.onnx", "--precision", "fp16")
     assert r.returncode == 5 and "fp16 conversion" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("name", ["llamadyn_dynamo.onnx", "llamadyn_torchscript.onnx"])
+def test_fp16_conversion_keeps_the_dims_the_fp32_graph_proves(name):
+    """The converted model's own shape inference names a head split's batch dim afresh (``unk__``); the dims the
+    fp32 IR knows come back (precision.restore_dims), so the rules that prove two dims equal fire at fp16 as at
+    fp32: grouped K/V in the dynamic LLaMA exports (without them: 98 and 139 nodes, repeat_kv's Expands left)."""
+    import graphopt
+
+    path = str(MODELS / "coverage" / name)
+    fp32, _ = graphopt.optimize(path, gpu="none")
+    fp16, report = graphopt.optimize(path, gpu="none", precision="fp16")
+
+    def groups(model):
+        return [next((a.i for a in n.attribute if a.name == "kv_groups"), 1) for n in model.graph.node if n.op_type == "Attention"]
+
+    assert groups(fp16) == groups(fp32) == [2, 2]
+    assert len(fp16.graph.node) <= len(fp32.graph.node) + 1  # the converter's Cast of the int positions at most
