@@ -232,3 +232,19 @@ def run_ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     opts.log_severity_level = 3
     sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def rewrite_inferred(model: onnx.ModelProto, rules, explain: bool = False):
+    """``(graph, report)``: ``rules`` applied to a copy of ``model`` with onnx's inferred shapes (graphopt
+    function bodies attached first, so shapes flow through graphopt nodes), as the optimize pipeline sees
+    it; the graph is linted. ``model`` is not modified."""
+    from graphopt.ir import from_model
+    from graphopt.ops import attach_functions
+    from graphopt.rewrite import apply_rules
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = from_model(onnx.shape_inference.infer_shapes(attach_functions(m)))
+    report = apply_rules(g, rules, explain=explain)
+    g.lint()
+    return g, report

@@ -13,10 +13,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphopt.ir import from_model, to_model
+from graphopt.ir import to_model
 from graphopt.ops import attach_functions, get_schema
-from graphopt.rewrite import RuleSet, apply_rules, load_rules
-from graphopt.rewrite.testing import Builder, random_feeds, run_ort
+from graphopt.rewrite import RuleSet, load_rules
+from graphopt.rewrite.testing import Builder, random_feeds, rewrite_inferred, run_ort
 
 RULE = "attention_causal_mask"
 SHIPPED = load_rules()
@@ -53,13 +53,7 @@ def causal_model(kind="additive", variant="fires", fp16=False, packed=False):
     return b.model()
 
 
-def _rewrite(model, rules, explain=False):
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    g = from_model(onnx.shape_inference.infer_shapes(attach_functions(m)))
-    report = apply_rules(g, rules, explain=explain)
-    g.lint()
-    return g, report
+_rewrite = rewrite_inferred  # the model with its inferred shapes, as the optimize pipeline sees it
 
 
 def _same_outputs(model, g, fp16=False):

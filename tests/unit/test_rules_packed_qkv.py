@@ -10,10 +10,10 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from graphopt.ir import from_model, to_model
+from graphopt.ir import to_model
 from graphopt.ops import attach_functions
-from graphopt.rewrite import RuleSet, apply_rules, load_rules
-from graphopt.rewrite.testing import Builder, random_feeds, run_ort
+from graphopt.rewrite import RuleSet, load_rules
+from graphopt.rewrite.testing import Builder, random_feeds, rewrite_inferred, run_ort
 
 SHIPPED = load_rules()
 PACKED_RULES = ["attention_qkv_packed_gemms", "attention_qkv_packed_split", "shape_of_head_split",
@@ -26,13 +26,7 @@ def _only(*names):
     return RuleSet([SHIPPED.get(n) for n in names])
 
 
-def _rewrite(model, rules, explain=False):
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    g = from_model(onnx.shape_inference.infer_shapes(attach_functions(m)))
-    report = apply_rules(g, rules, explain=explain)
-    g.lint()
-    return g, report
+_rewrite = rewrite_inferred  # the model with its inferred shapes, as the optimize pipeline sees it
 
 
 def _same_outputs(model, g, seed=1):

@@ -14,10 +14,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphopt.ir import from_model, to_model
+from graphopt.ir import to_model
 from graphopt.ops import attach_functions
-from graphopt.rewrite import RuleSet, apply_rules, load_rules
-from graphopt.rewrite.testing import Builder, act_nodes, random_feeds, run_ort
+from graphopt.rewrite import RuleSet, load_rules
+from graphopt.rewrite.testing import Builder, act_nodes, random_feeds, rewrite_inferred, run_ort
 
 SHIPPED = load_rules()
 FILES = ("norm.toml", "gelu.toml", "attention.toml")
@@ -31,19 +31,8 @@ def _only(*names: str) -> RuleSet:
     return RuleSet([SHIPPED.get(n) for n in names])
 
 
-def _rewrite(model, rules, explain=False):
-    """Apply ``rules`` to the model with its inferred shapes, as the optimize pipeline does."""
-    typed = onnx.shape_inference.infer_shapes(attach_functions(_copy(model)))
-    g = from_model(typed)
-    report = apply_rules(g, rules, explain=explain)
-    g.lint()
-    return g, report
+_rewrite = rewrite_inferred  # the model with its inferred shapes, as the optimize pipeline sees it
 
-
-def _copy(model):
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    return m
 
 
 def _same_outputs(model, rewritten_graph, seed=1):
