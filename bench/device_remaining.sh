@@ -4,7 +4,7 @@
 # (44's attention rows, 47, 46; NOTES_kernels), then refusals. What remains, in this order: ``auto`` = 50 on an
 # H200 (issue 20's erf-GELU 50 MB row and attention at 4096 keys), 48 elsewhere (the LLaMA end to end with grouped
 # K/V fused at fp16; 51, 53 and a first 48 ran on an H100 at 0b17732, twentieth session); then 45 (the dynamo GPT-2),
-# 43 (the dynamo CNNs); 3 and 4 for the whole suite; 52 when little device time is left.
+# 43 (the dynamo CNNs); 3 and 4 for the whole suite; 52 or 54 when little device time is left.
 # The eighteenth session's notes follow. The eighteenth session's H200 ran 34, 3, 4, 40, 32's rows and
 # 38's layer rows with 39 at 805f74b: every acceptance row of issues 15 and 20 is measured on an H200 at that
 # commit but one (bias+GELU erf at 50 MB, 0.76 of a same-size copy). First call of a session: ``auto`` = 41 (the
@@ -19,7 +19,7 @@
 # 3 + 4 are the suite in halves; 25 and 26 are 24 cut for a short budget (27: 28's second step alone). Older
 # numbers are kept to repeat earlier measurements.
 #
-#   bash bench/device_remaining.sh N "$OUT"        (N = 0..53 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
+#   bash bench/device_remaining.sh N "$OUT"        (N = 0..54 or auto; carry .whl, .cubin, .tuning; name nvidia-h200)
 #
 # .whl (the wheels the device lacks) on a fresh checkout:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -35,7 +35,7 @@
 # `python3 bench/transformer_kernels.py --merge MEM.json ATTN.json --previous bench/results/transformer_kernels_h200.json
 # --gpu-name h200 --out bench/results` (a run of one table only: give its file for both).
 set -u
-N=${1:?usage: device_remaining.sh N OUT (N = 0..53 or auto)}
+N=${1:?usage: device_remaining.sh N OUT (N = 0..54 or auto)}
 OUT=${2:?usage: device_remaining.sh N OUT}
 export HEAD_COMMIT=${HEAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 case "$N" in
@@ -408,6 +408,13 @@ case "$N" in
     N=tests/gpu/test_new_op_kernels.py::test_optimized_exports_run_the_new_lowerings_on_cuda
     PACK_CUBIN=0 PREBUILD=0 TESTS="$N tests/gpu/test_provider_cudnn_attn_norm.py::test_recorded_cudnn_lowerings_run_in_the_runtime" \
       bash bench/device_calls.sh "$OUT/e" gpu-tests:${TESTS2_S:-100} ;;
+  54) # ~230 s, a last short call (twentieth session): on an H200 52's bias+GELU rows (issue 20's erf row at 50 MB);
+      # elsewhere 48's bs1 row alone (LLaMA with grouped K/V fused at fp16 since restore_dims)
+    case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+      *H200*) bash "$0" 52 "$OUT" ;;
+      *) MODELS=llama_dynamo DTYPES=fp16 E2E_ARGS="--rows llama_dynamo:1 --measure-reserve 30" \
+           bash bench/device_calls.sh "$OUT/e" e2e-transformers:${E2E_S:-200} ;;
+    esac ;;
   43) # any GPU, ~450 s (eighteenth session, NOTES_e2e): the CNNs exported by dynamo (torch's default exporter),
       # whose global pooling is ReduceMean, now GlobalAveragePool (reduce_to_global_pool), so their graphs after
       # cleanup are the TorchScript exports' (prediction: each bs32 row within 3 % of its TorchScript row's
@@ -423,5 +430,5 @@ case "$N" in
     case "$gpu" in *H200*) n=50 ;; *) n=48 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
     exec bash "$0" "${AUTO_N:-$n}" "$OUT" ;;
-  *) echo "device_remaining.sh: N must be 0..53 or auto" >&2; exit 2 ;;
+  *) echo "device_remaining.sh: N must be 0..54 or auto" >&2; exit 2 ;;
 esac
