@@ -22,6 +22,8 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graphopt.ir import from_model  # noqa: E402
+from graphopt.rewrite.causal import causal_mask  # noqa: E402
 from fusion_counts import max_rel_err as _counts_max_rel_err  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +42,10 @@ PATTERNS = {
     "Shape/Size": ("(folded)", "Shape, Size"),
     "RoPE": ("RoPE", "Neg (of a rotate_half / rotate_every_two)"),
     "grouped K/V": ("an Attention's K or V read with kv_groups > 1", "an Expand (repeat_kv's) feeding an Attention's K or V"),
+    "residual Add into norm": ("a LayerNorm / RMSNorm with a skip input", "an Add read by a LayerNorm / RMSNorm"),
+    "head split into RoPE": ("a RoPE with x_bshd=1", "a Transpose feeding a RoPE"),
+    "causal mask": ("an Attention with causal=1 and no mask",
+                    "an Attention whose constant mask is exactly the causal mask (rewrite/causal.py's test)"),
 }
 
 
@@ -55,6 +61,13 @@ def _attr(node: onnx.NodeProto, name: str):
     return None
 
 
+def _causal_but_masked(graph, node: onnx.NodeProto) -> bool:
+    """The Attention reads a mask that ``attention_causal_mask`` would have turned into causal=1."""
+    if len(node.input) < 4 or not node.input[3]:
+        return False
+    return causal_mask(graph, node.input[3], graph.node(node.name)) is None
+
+
 def coverage_counts(model: onnx.ModelProto) -> dict[str, list[int]]:
     """pattern -> [fused, left] over the main graph."""
     nodes = list(model.graph.node)
@@ -68,6 +81,7 @@ def coverage_counts(model: onnx.ModelProto) -> dict[str, list[int]]:
     kv_in |= {producer[t].input[0] for t in list(kv_in) if t in producer and producer[t].op_type == "Reshape"}
     consumers_of = collections.defaultdict(bool, {t: True for t in kv_in})
     c = {p: [0, 0] for p in PATTERNS}
+    graph = from_model(model)
 
     def prod(t):
         n = producer.get(t)
@@ -86,6 +100,21 @@ def coverage_counts(model: onnx.ModelProto) -> dict[str, list[int]]:
                     c["grouped K/V"][0] += 2
             elif n.op_type == "RoPE":
                 c["RoPE"][0] += 1
+                if _attr(n, "x_bshd"):
+                    c["head split into RoPE"][0] += 1
+                elif prod(n.input[0]) == "Transpose":
+                    c["head split into RoPE"][1] += 1
+            if n.op_type in ("RMSNorm", "LayerNorm"):
+                skip_at = 2 if n.op_type == "RMSNorm" else 3
+                if len(n.input) > skip_at and n.input[skip_at]:
+                    c["residual Add into norm"][0] += 1
+                elif prod(n.input[0]) == "Add":
+                    c["residual Add into norm"][1] += 1
+            if n.op_type == "Attention":
+                if _attr(n, "causal") and (len(n.input) < 4 or not n.input[3]):
+                    c["causal mask"][0] += 1
+                elif _causal_but_masked(graph, n):
+                    c["causal mask"][1] += 1
             if n.op_type == "Gelu" or act in GELU_ACTS:
                 c["GELU (incl. QuickGELU)"][0] += 1
             elif n.op_type in ("CBR", "GemmAct", "GroupNorm") and act not in (None, "none"):

@@ -6,8 +6,8 @@ Constraints (``None`` when they hold, else the reason ``--explain`` prints):
   with the axes as an attribute (opset < 18) or a constant input (opset >= 18);
 * ``last_dim_vector(c, x)``: a constant with one value per element of ``x``'s last dim, shaped
   ``[D]`` or ``[1, .., D]`` (a LayerNorm/RMSNorm scale or bias);
-* ``residual_like(r, x)``: a runtime tensor of ``x``'s rank whose known dims equal ``x``'s (the
-  skip input of SkipLayerNorm: added without broadcasting);
+* ``residual_like(r, x)``: ``r`` broadcasts to the runtime tensor ``x`` over its leading dims only (the skip
+  input of SkipLayerNorm / SkipRMSNorm: a residual, or a position table ``[1, S, D]``; not a constant bias);
 * ``softmax_last_axis(sm)``: a Softmax over the last axis at opset >= 13;
 * ``noop_cast(cast)``: a Cast to the element type its input already has;
 * ``attention_operands(q, kt, v)``: runtime tensors of one rank (>= 3) with consistent head dims;
@@ -92,20 +92,30 @@ def last_dim_vector(g, c, x):
 
 @register_constraint("residual_like", "tt")
 def residual_like(g, r, x):
-    """r is a runtime tensor of x's rank whose known dims equal x's (added without broadcasting)."""
+    """x is a runtime tensor and r broadcasts to it over x's leading dims only: r's shape without its leading 1s
+    is a suffix of x's, so the Add's output has x's shape (a residual of x's shape, or a position table [1, S, D]
+    added to [B, S, D], which the norm kernels read cyclically). r may be a constant table, but not a per-feature
+    vector: that is a bias, which the GEMM before it takes."""
     if r is None or x is None:
         return "the optional input is absent"
-    for t in (r, x):
-        if g.constant_value(t) is not None:
-            return f"{t!r} is a constant, not a runtime tensor"
+    if g.constant_value(x) is not None:
+        return f"{x!r} is a constant, not a runtime tensor"
     rs, xs = g.shape(r), g.shape(x)
     if rs is None or xs is None:
         return None  # unknown: the fused op's body adds exactly like the Add it replaces
-    if len(rs) != len(xs):
-        return f"{r!r} has rank {len(rs)} but {x!r} has rank {len(xs)}; the Add broadcasts"
-    for a, b in zip(rs, xs):
+    lead = next((i for i, d in enumerate(rs) if d != 1), len(rs) - 1) if rs else 0
+    core = tuple(rs[lead:])
+    if len(core) > len(xs):
+        return f"{r!r} of shape {_fmt_shape(rs)} has more dims than {x!r} of shape {_fmt_shape(xs)}; the Add broadcasts {x!r}"
+    for a, b in zip(core, xs[len(xs) - len(core):]):
         if isinstance(a, int) and isinstance(b, int) and a != b:
-            return f"{r!r} of shape {_fmt_shape(rs)} and {x!r} of shape {_fmt_shape(xs)} differ; the Add broadcasts"
+            return (f"{r!r} of shape {_fmt_shape(rs)} does not broadcast to {x!r} of shape {_fmt_shape(xs)} over its "
+                    "leading dims only; the Add broadcasts otherwise")
+        if isinstance(a, int) and a > 1 and not same_size(a, b):  # x's dim might be a 1 that r broadcasts
+            return (f"{x!r} of shape {_fmt_shape(xs)} is not proven to have {r!r}'s dims {_fmt_shape(core)}: "
+                    "the Add might broadcast it")
+    if len(core) < 2 and g.constant_value(r) is not None:
+        return f"{r!r} is a constant vector of {core[-1] if core else 1} values: a bias, not a residual"
     return None
 
 

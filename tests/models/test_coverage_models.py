@@ -44,6 +44,10 @@ def test_everything_fuses_and_outputs_match(file):
     optimized, report = graphopt.optimize(original, gpu="none", verify=True)
     cov = FC.coverage_counts(optimized)
     allowed = NOT_YET | ({"Shape/Size"} if file.startswith("llamadyn") else set())  # symbolic dims stay run-time
+    if file == "clipvision_torchscript.onnx":
+        # its position table is added to a Concat whose patch count onnx's inference leaves unknown (unk__): the
+        # skip rule cannot prove that Add does not broadcast the embeddings, so it stays an Add
+        allowed |= {"residual Add into norm"}
     left = {p: v[1] for p, v in cov.items() if v[1] and p not in allowed}
     assert left == {}, left
     assert sum(v[0] for v in cov.values()) >= 2

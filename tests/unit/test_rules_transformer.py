@@ -120,10 +120,14 @@ def skip_model(variant="single", graphopt_ln=True, rms=False):
     RMSNorm (``rms``)."""
     b = Builder(17, seed=5)
     a = b.input("a", SHAPE)
-    if variant == "broadcast":
-        r = b.input("r", [1, 1, SHAPE[-1]])
-    elif variant == "constant":
-        r = b.rand(SHAPE, "r")
+    if variant == "broadcast":  # over the leading dims: a position table (fuses; the kernels read it cyclically)
+        r = b.input("r", [1] + list(SHAPE[1:]))
+    elif variant == "middle":  # over a middle dim: the norm would see another skip row per element
+        r = b.input("r", [SHAPE[0], 1, SHAPE[-1]])
+    elif variant == "constant":  # a constant position table
+        r = b.rand([1] + list(SHAPE[1:]), "r")
+    elif variant == "bias":  # a constant per-feature vector: the GEMM's bias, not a residual
+        r = b.rand([SHAPE[-1]], "r")
     else:
         r = b.input("r", SHAPE)
     s = b.op("Add", [r, a])
@@ -488,6 +492,34 @@ def test_layernorm_decomposed_at_every_opset_and_constant_form(opset, constant_n
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("variant", ["broadcast", "constant"])
+def test_position_table_skip_fuses(norm, variant):
+    """A skip that broadcasts over the leading dims ([1, S, D] added to [B, S, D]: CLIP's and Whisper's position
+    tables, a constant once folded) goes into the norm, which takes the full-shape operand as X."""
+    model = skip_model(variant, rms=norm == "rmsnorm")
+    g, report = _rewrite(model, SHIPPED)
+    assert report.counts == {f"skip_{norm}": 1}, report.counts
+    node = next(n for n in g.nodes() if n.op_type in ("LayerNorm", "RMSNorm"))
+    assert node.inputs[0] == "a" and g.shape(node.outputs[0]) == tuple(SHAPE)
+    _same_outputs(model, g)
+
+
+def test_position_table_on_an_unproven_dim_stays_an_add():
+    """The norm input's middle dim is a fresh ``unk__`` name (onnx's inference could not size a Concat): it might
+    be a 1 that the Add broadcasts to the table's 5, so the rule cannot take the Add."""
+    b = Builder(17, seed=5)
+    a = b.input("a", [SHAPE[0], "unk__3", SHAPE[-1]])
+    s = b.op("Add", [b.input("r", [1] + list(SHAPE[1:])), a])
+    b.output(b.op("LayerNorm", [s, b.rand([SHAPE[-1]], "scale")], domain="graphopt", epsilon=1e-5))
+    g, report = _rewrite(b.model(), _only("skip_layernorm"), explain=True)
+    assert report.counts == {}
+    assert [nm.rule for nm in report.near_misses] == ["skip_layernorm"]  # (the reason is the last operand order's)
+    from graphopt.rewrite.transformer import residual_like
+
+    assert "'a' of shape [2,unk__3,7] is not proven to have 'r''s dims [5,7]" in residual_like(g, "r", "a")
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 def test_skip_norm_keeps_the_sum_when_it_is_read_again(norm):
     for variant, rule in (("reused", f"skip_{norm}_sum"), ("sum_output", f"skip_{norm}_sum"),
                           ("single", f"skip_{norm}")):
@@ -566,13 +598,13 @@ NEAR_MISSES = [
     ("layernorm_native", lambda: native_layernorm_model("mean_used"), "(mean / inv std dev)"),
     ("layernorm_native", lambda: native_layernorm_model("scale_not_constant"), "is not a constant"),
     ("skip_layernorm", lambda: skip_model("reused"), "has 2 consumers"),
-    ("skip_layernorm", lambda: skip_model("broadcast"), "[1,1,7] differ; the Add broadcasts"),
-    ("skip_layernorm_sum", lambda: skip_model("broadcast"), "the Add broadcasts"),
-    ("skip_layernorm_sum", lambda: skip_model("constant"), "is a constant, not a runtime tensor"),
+    # (either operand order is tried, so the reason is the last order's)
+    ("skip_layernorm", lambda: skip_model("middle"), "over its leading dims only; the Add broadcasts otherwise"),
+    ("skip_layernorm_sum", lambda: skip_model("middle"), "over its leading dims only"),
+    ("skip_layernorm_sum", lambda: skip_model("bias"), "is a constant"),
     ("skip_rmsnorm", lambda: skip_model("reused", rms=True), "has 2 consumers"),
-    ("skip_rmsnorm", lambda: skip_model("broadcast", rms=True), "[1,1,7] differ; the Add broadcasts"),
-    ("skip_rmsnorm_sum", lambda: skip_model("broadcast", rms=True), "the Add broadcasts"),
-    ("skip_rmsnorm_sum", lambda: skip_model("constant", rms=True), "is a constant, not a runtime tensor"),
+    ("skip_rmsnorm", lambda: skip_model("middle", rms=True), "over its leading dims only"),
+    ("skip_rmsnorm_sum", lambda: skip_model("bias", rms=True), "is a constant"),
     ("rmsnorm_pow_div", lambda: rmsnorm_model(variant="w_not_per_feature"), "not one value per element of the last axis"),
     ("rmsnorm_pow_div", lambda: rmsnorm_model(variant="axis_not_last"), "reduces axes [0]"),
     ("rmsnorm_pow_div", lambda: rmsnorm_model(variant="second_consumer"), "has 2 consumers"),
