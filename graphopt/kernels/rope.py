@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphopt.errors import TuningError
+from graphopt.errors import RuleError, TuningError
 from graphopt.kernels import geometry as geo
 from graphopt.kernels.source import VEC16, get_kernel, instance, source_hash
 from graphopt.lowering.contract import Candidate, Lowering, Signature
@@ -59,9 +59,10 @@ def rope_plan(sig: Signature) -> RopePlan:
     if xin is None or c is None or s is None or len(xin) < 1 or min(xin) < 1:
         raise TuningError(f"RoPE needs known, non-empty X, cos and sin shapes, got {xin}, {c}, {s}")
     attrs = dict(sig.attrs)
-    if x_bshd(attrs) and len(xin) != 4:
-        raise TuningError(f"RoPE x_bshd=1 needs a rank-4 X [B, S, H, D], got {tuple(xin)}")
-    x = rotated_shape(tuple(int(v) for v in xin), attrs)
+    try:
+        x = rotated_shape(tuple(int(v) for v in xin), attrs)
+    except RuleError as e:  # x_bshd=1 on an X that is not rank 4
+        raise TuningError(str(e)) from None
     d = int(x[-1])
     if d % 2:
         raise TuningError(f"RoPE's rotated dim must be even, got {d}")

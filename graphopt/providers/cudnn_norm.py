@@ -36,7 +36,6 @@ OPS = ("LayerNorm", "RMSNorm")
 NAME = base.NAME
 DTYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT"}
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
-
 DEFAULT_EPS = {"LayerNorm": 1e-5, "RMSNorm": 1e-6}
 
 
@@ -160,8 +159,6 @@ def norm_built(sig: Signature, tag: str = ""):
     except Exception:  # noqa: BLE001 - refused in this phase: the training form below says why if it fails too
         pass
     return base.listed(sig, _training_graph, tag="|training" + tag)
-
-
 
 
 def _layouts(op: str) -> tuple[str, ...]:

@@ -103,10 +103,10 @@ def residual_like(g, r, x):
     rs, xs = g.shape(r), g.shape(x)
     if rs is None or xs is None:
         return None  # unknown: the fused op's body adds exactly like the Add it replaces
+    if len(rs) > len(xs):
+        return f"{r!r} has rank {len(rs)} > the rank {len(xs)} of {x!r}; the Add's output would have {r!r}'s rank"
     lead = next((i for i, d in enumerate(rs) if d != 1), len(rs) - 1) if rs else 0
     core = tuple(rs[lead:])
-    if len(core) > len(xs):
-        return f"{r!r} of shape {_fmt_shape(rs)} has more dims than {x!r} of shape {_fmt_shape(xs)}; the Add broadcasts {x!r}"
     for a, b in zip(core, xs[len(xs) - len(core):]):
         if isinstance(a, int) and isinstance(b, int) and a != b:
             return (f"{r!r} of shape {_fmt_shape(rs)} does not broadcast to {x!r} of shape {_fmt_shape(xs)} over its "

@@ -128,6 +128,8 @@ def skip_model(variant="single", graphopt_ln=True, rms=False):
         r = b.rand([1] + list(SHAPE[1:]), "r")
     elif variant == "bias":  # a constant per-feature vector: the GEMM's bias, not a residual
         r = b.rand([SHAPE[-1]], "r")
+    elif variant == "higher_rank":  # [1, B, S, D]: it is the full-shape operand (the norm's X), a the skip
+        r = b.input("r", [1] + list(SHAPE))
     else:
         r = b.input("r", SHAPE)
     s = b.op("Add", [r, a])
@@ -517,6 +519,19 @@ def test_position_table_on_an_unproven_dim_stays_an_add():
     from graphopt.rewrite.transformer import residual_like
 
     assert "'a' of shape [2,unk__3,7] is not proven to have 'r''s dims [5,7]" in residual_like(g, "r", "a")
+
+
+def test_a_higher_rank_operand_is_the_norms_input_not_its_skip():
+    """Add(a [B, S, D], r [1, B, S, D]) has r's shape: r is the norm's X and a the skip, never the other way."""
+    from graphopt.rewrite.transformer import residual_like
+
+    model = skip_model("higher_rank")
+    g, report = _rewrite(model, SHIPPED)
+    assert report.counts == {"skip_layernorm": 1}
+    node = next(n for n in g.nodes() if n.op_type == "LayerNorm")
+    assert node.inputs[0] == "r" and node.inputs[3] == "a"
+    assert "'r' has rank 4 > the rank 3 of 'a'" in residual_like(g, "r", "a")
+    _same_outputs(model, g)
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
