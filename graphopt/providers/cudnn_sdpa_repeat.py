@@ -2,8 +2,8 @@
 repeated first: the path the exports ran before rule ``attention_grouped_kv`` (repeat_kv's copies, then SDPA
 on Q's heads), kept as a candidate beside cuDNN's grouped graph (``cudnn_sdpa``, which reads the grouped
 heads as they are) and the own kernels (which repeat too), so the tuner can still choose it where it is the
-fastest. The repeat is :func:`graphopt.kernels.attention_plan.repeat_kv_heads` (two broadcast copies into
-the lowering's workspace, before the plan's own workspace).
+fastest. The repeat is :func:`graphopt.kernels.attention_plan.repeat_kv_heads` (K and V repeated into the
+lowering's workspace, before the plan's own workspace: on the device one strided copy a group).
 
 Plans: the heuristic's plan of the plain graph at load time plus the first ``MAX_PLANS`` (3) cuDNN lists
 for it; the graph and its plans are the plain signature's (shared with ``cudnn`` candidates of that
