@@ -1,27 +1,34 @@
-"""Constraint and builder for a constant causal mask (``rules/attention.toml``, ``attention_causal_mask``).
+"""Constraint and builder for a causal mask (``rules/attention.toml``, ``attention_causal_mask``).
 
 Exports of decoder models with static shapes fold the causal mask into a constant (transformers' LLaMA, Qwen2
 and Mistral: an additive ``[B, 1, S, S]`` of 0 and the dtype's minimum; GPT-2's eager attention: a bool slice
-of its lower-triangular buffer). graphopt.Attention then reads it like any mask, a ``[B, S, S]`` read per
-head and layer. ``causal=1`` says the same without a tensor, and lets cuDNN's SDPA skip the masked half.
+of its lower-triangular buffer); exports with a dynamic length compute it on every call from Range and
+LessOrEqual (``rewrite/mask_grid.py`` proves what such a mask holds). graphopt.Attention then reads it like any
+mask, a ``[B, S, S]`` read per head and layer. ``causal=1`` says the same without a tensor, and lets cuDNN's SDPA
+skip the masked half.
 
-* ``causal_mask(m, att)``: the constant mask m of Attention att masks exactly key j > query i (the op's
-  top-left ``causal``) for every batch entry, and masks a score exactly as ``causal`` does;
+* ``causal_mask(m, att)``: the mask m of Attention att (a constant, or computed as ``mask_grid`` follows) masks
+  exactly key j > query i (the op's top-left ``causal``) for every batch entry, and masks a score exactly as
+  ``causal`` does;
 * ``causal_unmasked(att)`` (builder): the attributes that say so (``causal=1``, no mask).
 
 An additive mask masks a score exactly when its value is -inf or at most -1e30 (a float32 score is far below
-its rounding step; ``mask_fill`` says the same of a Where's fill), or the lowest value of a 16-bit mask dtype
-(float16's -65504, what torch writes): the op computes scores in float32 and exp(-65504 + s - max) is 0 for any
-row whose scores lie within 65,000 of each other. A bool mask's fill (``mask_value``) must be -inf or at most -1e30.
+its rounding step; ``mask_fill`` says the same of a Where's fill), or, in a float16 mask, at most -1e4: the op
+computes scores in float32, and exp(v + s - max) is 0 in float32 for v <= -1e4 on any row whose scores lie within
+9,800 of each other. float16's lowest value (-65504) is what torch writes into an fp16 mask, -1e4 what
+``--precision fp16`` (onnxconverter-common) makes of a -3.4e38 one. A bool mask's fill (``mask_value``) must be
+-inf or at most -1e30.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from graphopt.rewrite.mask_grid import NotAMaskGrid, mask_grid
 from graphopt.rewrite.registry import register_builder, register_constraint
 
 MASKED_AT_MOST = -1e30
+MASKED_AT_MOST_FP16 = -1e4  # the fp16 conversion's clamp of a float32 mask's minimum
 
 
 def _kind(att) -> str:
@@ -31,9 +38,20 @@ def _kind(att) -> str:
 
 def _masks_exactly(values: np.ndarray) -> bool:
     v = values.astype(np.float64)
-    if values.dtype.itemsize == 2 and values.dtype.kind == "f":  # float16 (bfloat16's minimum is below -1e30)
-        return bool(np.all((v <= MASKED_AT_MOST) | (v == float(np.finfo(np.float16).min))))
+    if values.dtype == np.float16:  # (bfloat16's minimum is below -1e30)
+        return bool(np.all(v <= MASKED_AT_MOST_FP16))
     return bool(np.all(v <= MASKED_AT_MOST))
+
+
+def _lengths(g, att) -> tuple:
+    """(query count, key count) of Attention att as its Q and V shapes give them (ints, dim names or None)."""
+    q = g.shape(att.inputs[0]) or ()
+    v = (g.shape(att.inputs[2]) if len(att.inputs) > 2 and att.inputs[2] else None) or ()
+    if att.attr("qkv_packed", 0):  # Q is [B, S, 3, H, D] and stands for K and V
+        return (q[1], q[1]) if len(q) == 5 else (None, None)
+    if att.attr("qkv_bshd", 0):  # [B, S, H, D]
+        return (q[1] if len(q) == 4 else None), (v[1] if len(v) == 4 else None)
+    return (q[-2] if len(q) >= 2 else None), (v[-2] if len(v) >= 2 else None)
 
 
 @register_constraint("causal_mask", "tn")
@@ -46,7 +64,10 @@ def causal_mask(g, m, att):
         return f"mask_kind={kind!r}"
     value = g.constant_value(m)
     if value is None:
-        return f"the mask {m!r} is not a constant"
+        try:
+            value = mask_grid(g, m, *_lengths(g, att))[None]
+        except NotAMaskGrid as why:
+            return f"the mask {m!r} is not a constant, and what it holds is not proven: {why}"
     if value.ndim < 2 or min(value.shape[-2:]) < 2:
         return f"the mask {m!r} of shape {list(value.shape)} does not give each query row its own keys"
     sq, skv = value.shape[-2:]
@@ -62,8 +83,8 @@ def causal_mask(g, m, att):
     if not np.all(rows[:, ~future] == 0):
         return f"the additive mask {m!r} is not 0 everywhere at or below the diagonal"
     if not _masks_exactly(rows[:, future]):
-        return (f"the additive mask {m!r} above the diagonal is not all -inf, <= -1e30 or a 16-bit dtype's lowest "
-                "value: it does not mask a score exactly as causal=1 does")
+        return (f"the additive mask {m!r} above the diagonal is not all -inf, <= -1e30 (<= -1e4 in float16): it does "
+                "not mask a score exactly as causal=1 does")
     return None
 
 

@@ -1,0 +1,242 @@
+"""What a mask computed at run time holds at its query and key positions: the proof behind
+``causal_mask`` (``rewrite/causal.py``) for a mask that is not a constant.
+
+Exports of decoder models with a dynamic sequence length build the causal mask on every call:
+``Where(Expand(LessOrEqual(key, query), ..), 0, min)`` with key ``[.., 1, S]`` and query ``[.., S, 1]`` both
+``Unsqueeze(Range(0, S, 1))`` (transformers' LLaMA family, from either exporter). Exports with a static length
+and a dynamic batch keep a constant causal table And-ed with a padding mask made of ones (``ones_like``
+of the input ids, gathered), which is True everywhere whatever its shape. :func:`mask_grid` follows the mask
+back through such ops, keeping each tensor as an expression of the positions (i, j) on its last two axes,
+and returns the mask's values on a grid that decides every position:
+
+* symbolic lengths: the expression may compare positions only with positions (no integer constant meets a
+  position, no arithmetic on one). Its value then depends only on which of i < j, i == j, i > j holds, and
+  the 3 x 3 grid has every case;
+* integer lengths (a constant table, for one): the whole [Sq, Skv] grid, up to ``MAX_CELLS``.
+
+Why by hand: onnx's reference evaluator and the constant folding need concrete shapes, and evaluating at a
+few concrete lengths proves nothing (a sliding-window mask is causal up to its window); this is symbolic and
+small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from graphopt.rewrite.dim_sources import known_size, same_size
+
+MAX_DEPTH = 32
+MAX_CELLS = 1 << 24
+ORDER_GRID = 3  # i < j, i == j and i > j each hold somewhere on a 3 x 3 grid
+
+COMPARE = {"Less": np.less, "LessOrEqual": np.less_equal, "Greater": np.greater,
+           "GreaterOrEqual": np.greater_equal, "Equal": np.equal}
+LOGICAL = {"And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}
+# ops whose every output element is an element of their (first) input: a uniform input stays uniform
+SAME_ELEMENTS = {"Gather", "GatherND", "GatherElements", "Reshape", "Squeeze", "Unsqueeze", "Transpose",
+                 "Slice", "Tile", "Flatten", "Identity", "Expand"}
+
+
+class NotAMaskGrid(Exception):
+    """The mask's values are not proven as a function of its query and key positions (the reason)."""
+
+
+@dataclass(frozen=True)
+class Const:
+    value: np.ndarray  # 0-d: the same at every position
+
+
+@dataclass(frozen=True)
+class Index:
+    axis: int  # negative: the position along this axis of the tensor
+    length: object  # the Range's length (an int or a dim name)
+
+
+@dataclass(frozen=True)
+class Table:
+    array: np.ndarray  # a constant tensor, aligned with the trailing axes
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    args: tuple
+    to: int = 0  # Cast's target
+
+
+def _shape(g, t: str) -> tuple:
+    shape = g.shape(t)
+    if shape is None:
+        raise NotAMaskGrid(f"the rank of {t!r} is unknown")
+    return tuple(shape)
+
+
+def _ints(g, t: str) -> list[int] | None:
+    value = g.constant_value(t) if t else None
+    return None if value is None else [int(x) for x in np.asarray(value).reshape(-1)]
+
+
+def _constant(value: np.ndarray):
+    flat = np.asarray(value).reshape(-1)
+    if flat.size and np.all(flat == flat[0]):
+        return Const(np.asarray(flat[0]))
+    if flat.size > MAX_CELLS:
+        raise NotAMaskGrid(f"a constant of {flat.size} elements")
+    return Table(np.asarray(value))
+
+
+def _unsqueezed(e, in_rank: int, axes: list[int]):
+    """``e`` of a rank-``in_rank`` tensor, as an expression of ``Unsqueeze(tensor, axes)``."""
+    out_rank = in_rank + len(axes)
+    new = sorted(a + out_rank if a < 0 else a for a in axes)
+    kept = [q for q in range(out_rank) if q not in new]  # output position of each input axis
+    if isinstance(e, Index):
+        return Index(kept[in_rank + e.axis] - out_rank, e.length)
+    if isinstance(e, Table):
+        arr = e.array.reshape((1,) * (in_rank - e.array.ndim) + e.array.shape)
+        return Table(np.expand_dims(arr, tuple(new)))
+    if isinstance(e, Op):
+        return Op(e.name, tuple(_unsqueezed(a, in_rank, axes) for a in e.args), e.to)
+    return e
+
+
+def term(g, t: str, depth: int = 0):
+    """The expression of tensor ``t``'s values (raises ``NotAMaskGrid``)."""
+    if depth > MAX_DEPTH:
+        raise NotAMaskGrid(f"{t!r} is computed by more than {MAX_DEPTH} ops")
+    value = g.constant_value(t)
+    if value is not None:
+        return _constant(value)
+    node = g.producer(t)
+    if node is None:
+        raise NotAMaskGrid(f"{t!r} is a graph input")
+    op, ins = node.op_type, node.inputs
+    if node.domain not in ("", "ai.onnx"):
+        raise NotAMaskGrid(f"{t!r} comes from {node.domain}.{op}")
+    if op == "ConstantOfShape":
+        fill = node.attr("value")
+        return Const(np.asarray(0.0, np.float32) if fill is None else np.asarray(fill).reshape(-1)[0])
+    if op == "Range":
+        start, delta = _ints(g, ins[0]), _ints(g, ins[2])
+        if start != [0] or delta != [1]:
+            raise NotAMaskGrid(f"Range {node.name!r} is not Range(0, n, 1) (start {start}, delta {delta})")
+        length = _shape(g, t)[0]
+        if not known_size(length):
+            raise NotAMaskGrid(f"Range {node.name!r} has an unproven length ({length})")
+        return Index(-1, length)
+    if op in SAME_ELEMENTS or op == "Cast":
+        inner = term(g, ins[0], depth + 1)
+        if isinstance(inner, Const):  # every element one of the input's: the same value
+            if op != "Cast":
+                return inner
+            return Const(inner.value.astype(helper.tensor_dtype_to_np_dtype(int(node.attr("to")))))
+        if op == "Cast":
+            return Op("Cast", (inner,), int(node.attr("to")))
+        if op in ("Expand", "Identity"):  # broadcast over leading axes / a copy: the trailing axes keep their positions
+            return inner
+        if op == "Unsqueeze":
+            axes = _ints(g, ins[1]) if len(ins) > 1 else node.attr("axes")
+            if axes is None:
+                raise NotAMaskGrid(f"Unsqueeze {node.name!r} has axes computed at run time")
+            return _unsqueezed(inner, len(_shape(g, ins[0])), list(axes))
+        raise NotAMaskGrid(f"{op} {node.name!r} moves the positions of a value that is not uniform")
+    if op in COMPARE or op in LOGICAL or op in ("Not", "Where"):
+        return Op(op, tuple(term(g, x, depth + 1) for x in ins))
+    raise NotAMaskGrid(f"{op} {node.name!r} is not followed ({t!r})")
+
+
+def _kind(e) -> str:
+    """'P' a raw position, 'B' a value that depends on positions only through comparisons of positions with
+    positions, 'F' a value that depends on none; raises NotAMaskGrid when a position meets anything else."""
+    if isinstance(e, Const):
+        return "F"
+    if isinstance(e, Index):
+        return "P"
+    if isinstance(e, Table):
+        raise NotAMaskGrid("a constant table")
+    kinds = [_kind(a) for a in e.args]
+    if e.name in COMPARE and kinds == ["P", "P"]:
+        return "B"
+    if e.name == "Cast" and kinds == ["P"] and e.to == TensorProto.INT64:
+        return "P"
+    if "P" in kinds:
+        raise NotAMaskGrid(f"a position goes into {e.name} with something other than a position")
+    return "B" if "B" in kinds else "F"
+
+
+def _indices(e):
+    if isinstance(e, Index):
+        yield e
+    elif isinstance(e, Op):
+        for a in e.args:
+            yield from _indices(a)
+
+
+def _tables(e):
+    if isinstance(e, Table):
+        yield e
+    elif isinstance(e, Op):
+        for a in e.args:
+            yield from _tables(a)
+
+
+def _table_rows(arr: np.ndarray) -> np.ndarray:
+    """The table's [rows, cols], the same for every leading entry (else NotAMaskGrid)."""
+    arr = arr.reshape((1,) * (2 - arr.ndim) + arr.shape) if arr.ndim < 2 else arr
+    lead = arr.reshape((-1,) + arr.shape[-2:])
+    if not all(np.array_equal(lead[0], x) for x in lead[1:]):
+        raise NotAMaskGrid("a constant table differs across its leading axes")
+    return lead[0]
+
+
+def _evaluate(e, rows: np.ndarray, cols: np.ndarray):
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, Index):
+        return rows if e.axis == -2 else cols
+    if isinstance(e, Table):
+        sub = _table_rows(e.array)
+        return sub[rows if sub.shape[0] > 1 else 0 * rows, cols if sub.shape[1] > 1 else 0 * cols]
+    args = [_evaluate(a, rows, cols) for a in e.args]
+    if e.name in COMPARE:
+        return COMPARE[e.name](*args)
+    if e.name in LOGICAL:
+        return LOGICAL[e.name](*args)
+    if e.name == "Not":
+        return np.logical_not(args[0])
+    if e.name == "Where":
+        return np.where(*args)
+    return np.asarray(args[0]).astype(helper.tensor_dtype_to_np_dtype(e.to))
+
+
+def mask_grid(g, mask: str, sq, skv) -> np.ndarray:
+    """The values of ``mask`` (dims [..., sq, skv], its query and key counts) on a grid that decides
+    every position: 3 x 3 where its expression depends on positions only through comparisons with each
+    other, else [sq, skv] (integer lengths). Raises ``NotAMaskGrid`` with the reason otherwise."""
+    e = term(g, mask)
+    dims = _shape(g, mask)
+    if len(dims) < 2 or not same_size(dims[-2], sq) or not same_size(dims[-1], skv):
+        raise NotAMaskGrid(f"its dims {list(dims)} are not proven to end in the attention's [{sq}, {skv}]")
+    for ix in _indices(e):
+        if ix.axis not in (-2, -1):
+            raise NotAMaskGrid(f"it reads the position on axis {ix.axis}, not only the query's and the key's")
+        if not same_size(ix.length, dims[ix.axis]):
+            raise NotAMaskGrid(f"a Range of length {ix.length} indexes an axis of size {dims[ix.axis]}")
+    try:
+        _kind(e)
+        n, m = ORDER_GRID, ORDER_GRID
+    except NotAMaskGrid as why:
+        if not (isinstance(sq, int) and isinstance(skv, int)) or sq * skv > MAX_CELLS:
+            raise NotAMaskGrid(f"{why} with lengths [{sq}, {skv}] not proven small integers") from None
+        n, m = sq, skv
+        for tab in _tables(e):
+            a, b = _table_rows(tab.array).shape
+            if a not in (1, n) or b not in (1, m):
+                raise NotAMaskGrid(f"a constant table of [{a}, {b}] does not cover [{n}, {m}]")
+    rows, cols = np.arange(n)[:, None], np.arange(m)[None, :]
+    dtype = helper.tensor_dtype_to_np_dtype(g.dtype(mask)) if g.dtype(mask) else None
+    out = np.broadcast_to(np.asarray(_evaluate(e, rows, cols)), (n, m))
+    return out.astype(dtype) if dtype is not None else out

@@ -1,0 +1,151 @@
+"""attention_causal_mask on masks computed at run time (``rewrite/mask_grid.py``): the dynamic-length form of
+transformers' decoder exports (``Where(Expand(LessOrEqual(key, query)), 0, min)`` over ``Range(0, S, 1)``)
+and the static-length form (a constant causal table And-ed with a padding mask made of ones) become causal=1;
+near-misses (an offset Range, the anti-causal comparison, a window constant, another length, a real padding
+mask, a table that differs per batch entry, a padding of zeros) keep the mask, with the reason; the rewritten
+graph computes what the original did under onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from graphopt.ir import to_model
+from graphopt.ops import attach_functions
+from graphopt.rewrite import RuleSet, load_rules
+from graphopt.rewrite.mask_grid import NotAMaskGrid, mask_grid
+from graphopt.rewrite.testing import Builder, rewrite_inferred, run_ort
+
+RULE = "attention_causal_mask"
+SHIPPED = load_rules()
+H, D, S_STATIC = 3, 4, 5
+FLOAT_MIN = float(np.finfo(np.float32).min)
+
+
+def _attention(b, mask, kind, seq, elem=TensorProto.FLOAT, **attrs):
+    qkv = [b.input(n, ["batch", H, seq, D], elem) for n in ("q", "k", "v")]
+    b.output(b.op("Attention", qkv + [mask], domain="graphopt", mask_kind=kind, scale=0.5, **attrs))
+
+
+def dynamic_model(variant="fires", kind="additive", fp16=False):
+    """The dynamic-length causal mask of transformers' LLaMA export (dynamo's value_info names the dims)."""
+    b = Builder(17, seed=3)
+    ids = b.input("ids", ["batch", "seq"], TensorProto.INT64)
+    length = b.op("Squeeze", [b.op("Shape", [ids], start=1, end=2)])
+    start = 1 if variant == "offset" else 0
+    arange = b.op("Range", [b.const(start, "start", np.int64), length, b.const(1, "delta", np.int64)])
+    row = b.op("Unsqueeze", [arange, b.const([0, 1], "ax", np.int64)])
+    key = b.op("Unsqueeze", [row, b.const([2], "ax", np.int64)])  # [1, 1, 1, S]
+    query = b.op("Unsqueeze", [row, b.const([3], "ax", np.int64)])  # [1, 1, S, 1]
+    keep = b.op("GreaterOrEqual" if variant == "anti" else "LessOrEqual", [key, query])
+    if variant == "window":  # a key more than 2 ahead of position 0 is dropped: not a function of i vs j alone
+        keep = b.op("And", [keep, b.op("Less", [key, b.const(3, "w", np.int64)])])
+    target = b.op("Concat", [b.op("Shape", [ids], start=0, end=1), b.const([1], "one", np.int64),
+                             b.op("Shape", [ids], start=1, end=2), b.op("Shape", [ids], start=1, end=2)], axis=0)
+    keep = b.op("Expand", [keep, target])
+    np_t = np.float16 if fp16 else np.float32
+    fill = {"finite_fill": -1e3}.get(variant, -1e4 if fp16 else FLOAT_MIN)
+    mask = keep if kind == "bool" else b.op("Where", [keep, b.const(0.0, "zero", np_t), b.const(fill, "fill", np_t)])
+    _attention(b, mask, kind, "seq", TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT)
+    model = b.model()
+    length_name = "ctx" if variant == "other_length" else "seq"
+    model.graph.value_info.extend([  # what the dynamo exporter writes: the Range's and the Expand's dims by name
+        helper.make_tensor_value_info(arange, TensorProto.INT64, [length_name]),
+        helper.make_tensor_value_info(keep, TensorProto.BOOL, ["batch", 1, "seq", "seq"])])
+    return model
+
+
+def static_model(variant="fires"):
+    """The static-length form: a constant causal table And-ed with ones_like(ids) gathered (transformers 5)."""
+    b = Builder(17, seed=4)
+    ids = b.input("ids", ["batch", S_STATIC], TensorProto.INT64)
+    future = np.arange(S_STATIC)[None, :] > np.arange(S_STATIC)[:, None]
+    table = np.broadcast_to(~future, (2 if variant == "per_batch" else 1, 1, S_STATIC, S_STATIC)).copy()
+    if variant == "per_batch":
+        table[1, 0, 4, 0] = False
+    fill = 0 if variant == "zeros" else 1
+    if variant == "padding_input":
+        pad = b.input("attention_mask", ["batch", 1, 1, S_STATIC], TensorProto.BOOL)
+    else:
+        ones = b.op("Cast", [b.op("Expand", [b.const(fill, "one", np.int64), b.op("Shape", [ids])])], to=TensorProto.BOOL)
+        pad = b.op("GatherND", [ones, b.input("idx", ["batch", 1, 1, S_STATIC, 2], TensorProto.INT64)])
+    keep = b.op("And", [b.const(table, "causal", np.bool_), pad])
+    mask = b.op("Where", [keep, b.const(0.0, "zero"), b.const(FLOAT_MIN, "fill")])
+    _attention(b, mask, "additive", S_STATIC)
+    return b.model()
+
+
+def _attention_node(g):
+    (node,) = [n for n in g.nodes() if n.op_type == "Attention"]
+    return node
+
+
+def _feeds(model, batch=2, seq=6, fp16=False):
+    rng = np.random.default_rng(7)
+    dt = np.float16 if fp16 else np.float32
+    feeds = {n: rng.standard_normal((batch, H, seq, D)).astype(dt) for n in ("q", "k", "v")}
+    feeds["ids"] = np.zeros((batch, seq), np.int64)
+    names = {i.name for i in model.graph.input}
+    if "idx" in names:  # [b, 0, 0, s] -> ones_like(ids)[b, s]
+        grid = np.stack(np.meshgrid(np.arange(batch), np.arange(seq), indexing="ij"), -1)
+        feeds["idx"] = grid[:, None, None].astype(np.int64)
+    return feeds
+
+
+def _same_outputs(model, g, **kw):
+    feeds = _feeds(model, **kw)
+    got = run_ort(attach_functions(to_model(g)), feeds)[0].astype(np.float64)
+    want = run_ort(attach_functions(model), feeds)[0].astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2e-2 if kw.get("fp16") else 1e-5, atol=2e-2 if kw.get("fp16") else 1e-5)
+
+
+@pytest.mark.parametrize("kind,fp16", [("additive", False), ("bool", False), ("additive", True)])
+def test_dynamic_causal_mask_becomes_causal(kind, fp16):
+    model = dynamic_model(kind=kind, fp16=fp16)
+    g, report = rewrite_inferred(model, RuleSet([SHIPPED.get(RULE)]))
+    assert report.counts == {RULE: 1}, report.counts
+    att = _attention_node(g)
+    assert (att.attr("causal"), att.attr("mask_kind"), len(att.inputs)) == (1, "none", 3)
+    for seq in (1, 2, 6):
+        _same_outputs(model, g, seq=seq, fp16=fp16)
+
+
+def test_static_table_and_ones_padding_becomes_causal():
+    model = static_model()
+    g, report = rewrite_inferred(model, RuleSet([SHIPPED.get(RULE)]))
+    assert report.counts == {RULE: 1}, report.counts
+    assert _attention_node(g).attr("causal") == 1
+    _same_outputs(model, g, seq=S_STATIC)
+
+
+@pytest.mark.parametrize("build,variant,reason", [
+    (dynamic_model, "offset", "is not Range(0, n, 1)"),
+    (dynamic_model, "anti", "is not 0 everywhere at or below the diagonal"),
+    (dynamic_model, "window", "not proven small integers"),
+    (dynamic_model, "other_length", "a Range of length ctx indexes an axis of size seq"),
+    (dynamic_model, "finite_fill", "does not mask a score exactly"),
+    (static_model, "per_batch", "differs across its leading axes"),
+    (static_model, "zeros", "is not 0 everywhere at or below the diagonal"),
+    (static_model, "padding_input", "'attention_mask' is a graph input"),
+])
+def test_near_misses_keep_the_mask(build, variant, reason):
+    model = build(variant)
+    g, report = rewrite_inferred(model, RuleSet([SHIPPED.get(RULE)]), explain=True)
+    assert report.counts == {}
+    reasons = [m.reason for m in report.near_misses if m.rule == RULE]
+    assert any(reason in r for r in reasons), reasons
+    assert _attention_node(g).attr("mask_kind") == "additive"
+
+
+def test_the_grid_is_3x3_for_symbolic_lengths_and_full_for_a_table():
+    g, _ = rewrite_inferred(dynamic_model(), RuleSet([]))
+    mask = _attention_node(g).inputs[3]
+    grid = mask_grid(g, mask, "seq", "seq")
+    assert grid.shape == (3, 3) and grid.dtype == np.float32
+    assert np.array_equal(grid == 0, np.tril(np.ones((3, 3), bool)))
+    with pytest.raises(NotAMaskGrid, match="not proven to end in"):
+        mask_grid(g, mask, "seq", "other")
+    g, _ = rewrite_inferred(static_model(), RuleSet([]))
+    grid = mask_grid(g, _attention_node(g).inputs[3], S_STATIC, S_STATIC)
+    assert grid.shape == (S_STATIC, S_STATIC)

@@ -1,0 +1,102 @@
+"""refine_symbolic_dims: the dims onnx's inference leaves as fresh ``unk__N`` names become what onnxruntime's
+symbolic inference proves (an int or a graph input's dim name); what it cannot prove, what disagrees with the
+IR, and a missing sympy change nothing; it writes no file (onnxruntime's own driver saves a model into the
+working directory when a shape stays unknown)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from graphopt.ir import from_model
+from graphopt.ir.symbolic import needs_refining, refine_symbolic_dims
+from graphopt.rewrite.testing import Builder
+
+pytest.importorskip("sympy")
+
+
+def head_split_model(unknown_op: bool = False):
+    """x [batch, seq, 8] viewed as [batch, seq, 2, 4] through a target computed from Shape(x) (TorchScript's
+    ``x.view(*x.shape[:2], -1, 4)``), then Relu; with ``unknown_op`` the Relu's input comes from an op
+    symbolic inference does not know, so its output stays unknown."""
+    b = Builder(17)
+    x = b.input("x", ["batch", "seq", 8])
+    shape = b.op("Shape", [x])
+    lead = b.op("Slice", [shape, b.const([0], "s", np.int64), b.const([2], "e", np.int64)])
+    target = b.op("Concat", [lead, b.const([-1, 4], "t", np.int64)], axis=0)
+    y = b.op("Reshape", [x, target])
+    if unknown_op:
+        y = b.op("Mystery", [y], domain="custom.test")
+    b.output(b.op("Relu", [y]))
+    model = b.model()
+    if unknown_op:
+        model.opset_import.append(helper.make_opsetid("custom.test", 1))
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_a_computed_reshape_target_gets_the_input_dims(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    g = from_model(head_split_model())
+    relu = g.nodes_by_op("Relu")[0]
+    before = g.shape(relu.inputs[0])
+    assert any(isinstance(d, str) and d.startswith("unk__") or d is None for d in before), before
+    assert needs_refining(g)
+    assert refine_symbolic_dims(g) >= 1
+    assert g.shape(relu.inputs[0]) == ("batch", "seq", 2, 4)
+    assert refine_symbolic_dims(g) == 0 and not needs_refining(g)  # idempotent
+    assert os.listdir(tmp_path) == []
+
+
+def test_what_it_cannot_prove_stays_unknown(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    g = from_model(head_split_model(unknown_op=True))
+    relu = g.nodes_by_op("Relu")[0]
+    before = g.shape(relu.outputs[0])
+    refine_symbolic_dims(g)
+    assert g.shape(relu.outputs[0]) == before  # after an unknown op: nothing proven, nothing invented
+    assert os.listdir(tmp_path) == []  # onnxruntime's infer_shapes would have saved sym_shape_infer_temp.onnx
+
+
+def test_a_dim_that_disagrees_with_the_ir_keeps_the_ir(monkeypatch):
+    import graphopt.ir.symbolic as S
+
+    g = from_model(head_split_model())
+    name = g.nodes_by_op("Reshape")[0].outputs[0]
+    g.set_value_info(name, TensorProto.FLOAT, ["unk__1", "unk__2", "unk__3", 4])
+    for dims in (["batch", "seq", 3, 5], ["batch", "seq", 8]):  # another last dim; another rank
+        answer = onnx.ModelProto()
+        answer.graph.value_info.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
+        monkeypatch.setattr(S, "symbolic_inference", lambda model: answer)
+        assert refine_symbolic_dims(g) == 0 and g.shape(name) == ("unk__1", "unk__2", "unk__3", 4)
+
+
+def test_only_input_dim_names_and_ints_are_taken(monkeypatch):
+    import graphopt.ir.symbolic as S
+
+    g = from_model(head_split_model())
+    name = g.nodes_by_op("Reshape")[0].outputs[0]
+    answer = onnx.ModelProto()
+    answer.graph.value_info.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "2*seq", "Reshape_dim2", 4]))
+    monkeypatch.setattr(S, "symbolic_inference", lambda model: answer)
+    assert refine_symbolic_dims(g) == 1
+    assert g.shape(name)[0] == "batch" and g.shape(name)[3] == 4 and all(d.startswith("unk__") for d in g.shape(name)[1:3])
+
+
+def test_without_sympy_nothing_changes(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_sympy(name, *args, **kwargs):
+        if name.startswith("onnxruntime.tools.symbolic_shape_infer") or name == "sympy":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_sympy)
+    g = from_model(head_split_model())
+    name = g.nodes_by_op("Reshape")[0].outputs[0]
+    old = g.shape(name)
+    assert refine_symbolic_dims(g) == 0 and g.shape(name) == old
