@@ -140,7 +140,7 @@ def optimize_graph(
     ``shape_profile`` (``--shape-profile`` items or a mapping, see ``graphopt.tune.buckets``) is
     checked against the graph's inputs first, so a bad one fails before any work. ``tune_budget``
     (seconds) caps profiling; a run that hits it is reported as cut short (mode ``partial``)."""
-    from graphopt.ir.symbolic import refine_symbolic_dims
+    from graphopt.ir.symbolic import symbolic_dims_ahead
     from graphopt.passes import dead_code, fold_constants, merge_duplicates, run_cleanup
     from graphopt.rewrite import apply_rules, load_rules
     from graphopt.tune.buckets import resolve_profile
@@ -165,15 +165,11 @@ def optimize_graph(
             t = time.perf_counter()
             report.cleanup = {k: v for k, v in run_cleanup(graph, refine=True).items() if v}
             report.timings["cleanup"] = time.perf_counter() - t
-            t = time.perf_counter()
-            refined = refine_symbolic_dims(graph)  # the dims onnx left unknown that onnxruntime's symbolic inference proves
-            if refined:
-                report.cleanup["symbolic_dims"] = refined
-            report.timings["symbolic_dims"] = time.perf_counter() - t
         report.nodes_after_cleanup = _count_nodes(graph)
         step("fusion rules")
         t = time.perf_counter()
-        rw = apply_rules(graph, ruleset, explain=explain)
+        with symbolic_dims_ahead(graph):  # the dims onnx left unknown that onnxruntime's symbolic inference proves
+            rw = apply_rules(graph, ruleset, explain=explain)
         report.rewrites = dict(sorted((k, v) for k, v in rw.counts.items() if v))
         report.matches = [_as_dict(m) for m in rw.matches]
         report.near_misses = [_as_dict(m) for m in rw.near_misses] if explain else []

@@ -1,5 +1,6 @@
-"""``refine_symbolic_dims``: the dims onnx's shape inference leaves unknown (fresh ``unk__N`` names, or no
-dim at all) where onnxruntime's symbolic shape inference proves them, by value or by a graph input's dim name.
+"""``proven_shape``: a tensor's dims where onnx's shape inference left some unknown (fresh ``unk__N`` names,
+or no dim at all), filled in with what onnxruntime's symbolic shape inference proves, for the fusion rules'
+proofs (the causal mask's lengths, a residual's dims).
 
 onnx's inference gives a tensor whose shape is computed at run time (a Reshape's target made of
 ``Shape -> Gather -> Concat``, a Range's bound, the ``Where(Equal(shape, -1), 1, shape)`` of a TorchScript
@@ -8,20 +9,32 @@ pass its transformer optimizer runs) evaluates that arithmetic with sympy over t
 without ``auto_merge`` it never assumes two dims equal. Only what it proves is taken: an int, or a name that
 is a dim of a graph input (not its own fresh names, nor expressions such as ``seq + 1``), and only where the
 IR's dim is unknown; a tensor whose rank or known dims disagree with the IR keeps what the IR has. Without
-sympy, or when the inference fails, nothing changes: inference is an aid, never a reason to refuse a model.
+sympy, or when the inference fails, nothing is proven: inference is an aid, never a reason to refuse a model.
 
-Its public driver (``infer_shapes``) saves the half-inferred model into the working directory when any shape
-stays unknown (most real exports), so the three steps it runs are called here directly.
+It costs about 50 us a node (1.2 s on the 20k-node GPT-2, whose proofs never need it), so it runs only when a
+proof asks (``proven_shape``), on the graph as the cleanup left it: ``SymbolicDims`` forks a child holding that
+graph before the rules start (``graphopt.ir.ahead.Forked``), which computes when first asked; where no child can
+be forked it runs in-process before the rules. The IR's value_info is not changed. A tensor a rule created after
+the start is not in the answer: its IR shape is what ``proven_shape`` gives.
+
+onnxruntime's public driver (``infer_shapes``) saves the half-inferred model into the working directory when
+any shape stays unknown (most real exports), so the three steps it runs are called here directly.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import weakref
+
 import onnx
 
+from graphopt.ir.ahead import Forked
 from graphopt.ir.graph import Graph
 from graphopt.ir.shapes import inference_model
 
 INT_MAX = 2**31 - 1
+_ACTIVE: "weakref.WeakKeyDictionary[Graph, SymbolicDims]" = weakref.WeakKeyDictionary()
 
 
 def _unknown(d) -> bool:
@@ -55,42 +68,116 @@ def symbolic_inference(model: onnx.ModelProto) -> onnx.ModelProto | None:
         return None
 
 
-def _input_dim_names(graph: Graph) -> set[str]:
-    names = set()
-    for t in graph.inputs:
-        for d in graph.shape(t) or ():
-            if isinstance(d, str) and not d.startswith("unk__"):
-                names.add(d)
-    return names
-
-
-def _proven(d, names: set[str]) -> bool:
-    return isinstance(d, int) and d >= 0 or isinstance(d, str) and d in names
-
-
-def refine_symbolic_dims(graph: Graph) -> int:
-    """Record the dims symbolic inference proves where the root graph's value_info has them unknown; returns
-    the number of tensors refined (0 when nothing is unknown, or nothing more is proven)."""
-    if not needs_refining(graph):
-        return 0
-    inferred = symbolic_inference(inference_model(graph))
+def proven_dims(graph: Graph, inferred: onnx.ModelProto | None) -> dict[str, list]:
+    """{tensor: dims} for every root-graph tensor whose IR dims have an unknown one that ``inferred`` (a
+    symbolic inference of ``graph``) proves: an int, or a graph input's dim name."""
     if inferred is None:
-        return 0
-    names = _input_dim_names(graph)
-    changed = 0
+        return {}
+    names = {d for t in graph.inputs for d in graph.shape(t) or () if isinstance(d, str) and not _unknown(d)}
+    proven = {}
     for vi in inferred.graph.value_info:
         old = graph.shape(vi.name)
-        if old is None or not any(_unknown(d) for d in old) or not vi.type.HasField("tensor_type"):
+        if old is None or not any(_unknown(d) for d in old) or not vi.type.tensor_type.HasField("shape"):
             continue
-        dims = vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else None
-        if dims is None or len(dims) != len(old):
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) != len(old):
             continue
         new = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in dims]
         if any(not _unknown(o) and o != n for o, n in zip(old, new)):
             continue  # it disagrees with what the IR knows: keep the IR's
-        merged = [n if _unknown(o) and _proven(n, names) else o for o, n in zip(old, new)]
+        merged = [n if _unknown(o) and (isinstance(n, int) and n >= 0 or n in names) else o for o, n in zip(old, new)]
         if merged != list(old):
-            graph.set_value_info(vi.name, graph.dtype(vi.name), merged)
-            changed += 1
-    return changed
+            proven[vi.name] = merged
+    return proven
 
+
+def _computed(graph: Graph) -> dict[str, list]:
+    return proven_dims(graph, symbolic_inference(inference_model(graph)))
+
+
+def _computed_when_asked(graph: Graph, go: int, unused: int) -> bytes:
+    """In the child: wait until the parent asks (a byte on ``go``), then compute; a parent that closes ``go``
+    without asking gets nothing computed (the child leaves at once)."""
+    os.close(unused)  # the parent's end: EOF on ``go`` once the parent closes its copy
+    if not os.read(go, 1):
+        return b""
+    return json.dumps(_computed(graph)).encode()
+
+
+class SymbolicDims:
+    """The symbolic dims of one graph as ``start`` found it, computed on first use (``dims``).
+
+    ``start`` forks a child that holds the graph as it is then (copy-on-write: nothing is copied) and waits;
+    the first ``dims`` call wakes it and reads its answer. So a run whose proofs never ask pays a fork, and one
+    that asks gets the answer for the graph before the rules changed it, either way. Where no child can be
+    forked, ``start`` computes it in-process."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self._child = Forked()
+        self._go: int | None = None
+        self._dims: dict[str, list] | None = None
+
+    def start(self) -> None:
+        if not needs_refining(self.graph):
+            self._dims = {}
+            return
+        go, ask = os.pipe()
+        if self._child.fork(lambda: _computed_when_asked(self.graph, go, ask)):
+            self._go = ask
+        else:
+            os.close(ask)
+            self._dims = _computed(self.graph)  # no safe fork here: now, before the rules change the graph
+        os.close(go)
+
+    def dims(self) -> dict[str, list]:
+        if self._dims is None:
+            data = None
+            try:
+                os.write(self._go, b"g")
+                data = self._child.answer()
+            except OSError:  # the child is gone: nothing proven
+                pass
+            self._close_go()
+            try:
+                self._dims = json.loads(data) if data else {}
+            except ValueError:
+                self._dims = {}
+        return self._dims
+
+    def _close_go(self) -> None:
+        if self._go is not None:
+            os.close(self._go)
+            self._go = None
+
+    def close(self) -> None:
+        self._close_go()  # a waiting child sees EOF and leaves
+        self._child.cancel()
+
+
+class symbolic_dims_ahead:
+    """``with symbolic_dims_ahead(graph):`` the rules' proofs on ``graph`` read ``proven_shape``'s answers."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.dims = SymbolicDims(graph)
+
+    def __enter__(self) -> SymbolicDims:
+        self.dims.start()
+        _ACTIVE[self.graph] = self.dims
+        return self.dims
+
+    def __exit__(self, *exc) -> None:
+        _ACTIVE.pop(self.graph, None)
+        self.dims.close()
+
+
+def proven_shape(g: Graph, tensor: str) -> tuple | None:
+    """``g.shape(tensor)``, with the dims onnx left unknown that symbolic inference proves (inside
+    ``symbolic_dims_ahead``; elsewhere, or for a tensor of a subgraph, the IR's shape as it is)."""
+    shape = g.shape(tensor)
+    if shape is None or not any(_unknown(d) for d in shape) or g.parent is not None:
+        return shape
+    active = _ACTIVE.get(g)
+    proven = active.dims().get(tensor) if active is not None else None
+    return tuple(proven) if proven is not None and len(proven) == len(shape) else shape

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.ir.symbolic import proven_shape
 from graphopt.rewrite.mask_grid import NotAMaskGrid, mask_grid
 from graphopt.rewrite.registry import register_builder, register_constraint
 
@@ -45,8 +46,8 @@ def _masks_exactly(values: np.ndarray) -> bool:
 
 def _lengths(g, att) -> tuple:
     """(query count, key count) of Attention att as its Q and V shapes give them (ints, dim names or None)."""
-    q = g.shape(att.inputs[0]) or ()
-    v = (g.shape(att.inputs[2]) if len(att.inputs) > 2 and att.inputs[2] else None) or ()
+    q = proven_shape(g, att.inputs[0]) or ()
+    v = (proven_shape(g, att.inputs[2]) if len(att.inputs) > 2 and att.inputs[2] else None) or ()
     if att.attr("qkv_packed", 0):  # Q is [B, S, 3, H, D] and stands for K and V
         return (q[1], q[1]) if len(q) == 5 else (None, None)
     if att.attr("qkv_bshd", 0):  # [B, S, H, D]
@@ -65,7 +66,7 @@ def causal_mask(g, m, att):
     value = g.constant_value(m)
     if value is None:
         try:
-            value = mask_grid(g, m, *_lengths(g, att))[None]
+            value = mask_grid(g, m, lambda: _lengths(g, att))[None]
         except NotAMaskGrid as why:
             return f"the mask {m!r} is not a constant, and what it holds is not proven: {why}"
     if value.ndim < 2 or min(value.shape[-2:]) < 2:

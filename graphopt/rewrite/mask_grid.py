@@ -22,11 +22,13 @@ small.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from onnx import TensorProto, helper
 
-from graphopt.rewrite.dim_sources import known_size, same_size
+from graphopt.ir.symbolic import proven_shape
+from graphopt.rewrite.dim_sources import same_size
 
 MAX_DEPTH = 32
 MAX_CELLS = 1 << 24
@@ -52,7 +54,7 @@ class Const:
 @dataclass(frozen=True)
 class Index:
     axis: int  # negative: the position along this axis of the tensor
-    length: object  # the Range's length (an int or a dim name)
+    range: str  # the Range output it reads: its length is that tensor's dim
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,17 @@ class Op:
 
 
 def _shape(g, t: str) -> tuple:
-    shape = g.shape(t)
+    shape = proven_shape(g, t)
     if shape is None:
         raise NotAMaskGrid(f"the rank of {t!r} is unknown")
     return tuple(shape)
+
+
+def _rank(g, t: str) -> int:
+    shape = g.shape(t)  # (the rank is known where dims are not: no symbolic inference asked)
+    if shape is None:
+        raise NotAMaskGrid(f"the rank of {t!r} is unknown")
+    return len(shape)
 
 
 def _ints(g, t: str) -> list[int] | None:
@@ -94,7 +103,7 @@ def _unsqueezed(e, in_rank: int, axes: list[int]):
     new = sorted(a + out_rank if a < 0 else a for a in axes)
     kept = [q for q in range(out_rank) if q not in new]  # output position of each input axis
     if isinstance(e, Index):
-        return Index(kept[in_rank + e.axis] - out_rank, e.length)
+        return Index(kept[in_rank + e.axis] - out_rank, e.range)
     if isinstance(e, Table):
         arr = e.array.reshape((1,) * (in_rank - e.array.ndim) + e.array.shape)
         return Table(np.expand_dims(arr, tuple(new)))
@@ -123,10 +132,7 @@ def term(g, t: str, depth: int = 0):
         start, delta = _ints(g, ins[0]), _ints(g, ins[2])
         if start != [0] or delta != [1]:
             raise NotAMaskGrid(f"Range {node.name!r} is not Range(0, n, 1) (start {start}, delta {delta})")
-        length = _shape(g, t)[0]
-        if not known_size(length):
-            raise NotAMaskGrid(f"Range {node.name!r} has an unproven length ({length})")
-        return Index(-1, length)
+        return Index(-1, t)  # its length is checked last (``mask_grid``): a dim proof may cost a symbolic inference
     if op in SAME_ELEMENTS or op == "Cast":
         inner = term(g, ins[0], depth + 1)
         if isinstance(inner, Const):  # every element one of the input's: the same value
@@ -141,7 +147,7 @@ def term(g, t: str, depth: int = 0):
             axes = _ints(g, ins[1]) if len(ins) > 1 else node.attr("axes")
             if axes is None:
                 raise NotAMaskGrid(f"Unsqueeze {node.name!r} has axes computed at run time")
-            return _unsqueezed(inner, len(_shape(g, ins[0])), list(axes))
+            return _unsqueezed(inner, _rank(g, ins[0]), list(axes))
         raise NotAMaskGrid(f"{op} {node.name!r} moves the positions of a value that is not uniform")
     if op in COMPARE or op in LOGICAL or op in ("Not", "Where"):
         return Op(op, tuple(term(g, x, depth + 1) for x in ins))
@@ -212,19 +218,23 @@ def _evaluate(e, rows: np.ndarray, cols: np.ndarray):
     return np.asarray(args[0]).astype(helper.tensor_dtype_to_np_dtype(e.to))
 
 
-def mask_grid(g, mask: str, sq, skv) -> np.ndarray:
-    """The values of ``mask`` (dims [..., sq, skv], its query and key counts) on a grid that decides
-    every position: 3 x 3 where its expression depends on positions only through comparisons with each
-    other, else [sq, skv] (integer lengths). Raises ``NotAMaskGrid`` with the reason otherwise."""
+def mask_grid(g, mask: str, lengths: Callable[[], tuple]) -> np.ndarray:
+    """The values of ``mask`` (dims [..., sq, skv], ``lengths()`` its attention's query and key counts) on a
+    grid that decides every position: 3 x 3 where its expression depends on positions only through comparisons
+    with each other, else [sq, skv] (integer lengths). Raises ``NotAMaskGrid`` with the reason otherwise.
+    Dims are read last (``lengths`` too): only a mask whose values are followed asks for a symbolic inference."""
     e = term(g, mask)
-    dims = _shape(g, mask)
-    if len(dims) < 2 or not same_size(dims[-2], sq) or not same_size(dims[-1], skv):
-        raise NotAMaskGrid(f"its dims {list(dims)} are not proven to end in the attention's [{sq}, {skv}]")
     for ix in _indices(e):
         if ix.axis not in (-2, -1):
             raise NotAMaskGrid(f"it reads the position on axis {ix.axis}, not only the query's and the key's")
-        if not same_size(ix.length, dims[ix.axis]):
-            raise NotAMaskGrid(f"a Range of length {ix.length} indexes an axis of size {dims[ix.axis]}")
+    dims = _shape(g, mask)
+    sq, skv = lengths()
+    if len(dims) < 2 or not same_size(dims[-2], sq) or not same_size(dims[-1], skv):
+        raise NotAMaskGrid(f"its dims {list(dims)} are not proven to end in the attention's [{sq}, {skv}]")
+    for ix in _indices(e):
+        length = _shape(g, ix.range)[0]
+        if not same_size(length, dims[ix.axis]):
+            raise NotAMaskGrid(f"a Range of length {length} indexes an axis of size {dims[ix.axis]}")
     try:
         _kind(e)
         n, m = ORDER_GRID, ORDER_GRID

@@ -141,11 +141,11 @@ def test_near_misses_keep_the_mask(build, variant, reason):
 def test_the_grid_is_3x3_for_symbolic_lengths_and_full_for_a_table():
     g, _ = rewrite_inferred(dynamic_model(), RuleSet([]))
     mask = _attention_node(g).inputs[3]
-    grid = mask_grid(g, mask, "seq", "seq")
+    grid = mask_grid(g, mask, lambda: ("seq", "seq"))
     assert grid.shape == (3, 3) and grid.dtype == np.float32
     assert np.array_equal(grid == 0, np.tril(np.ones((3, 3), bool)))
     with pytest.raises(NotAMaskGrid, match="not proven to end in"):
-        mask_grid(g, mask, "seq", "other")
+        mask_grid(g, mask, lambda: ("seq", "other"))
     g, _ = rewrite_inferred(static_model(), RuleSet([]))
-    grid = mask_grid(g, _attention_node(g).inputs[3], S_STATIC, S_STATIC)
+    grid = mask_grid(g, _attention_node(g).inputs[3], lambda: (S_STATIC, S_STATIC))
     assert grid.shape == (S_STATIC, S_STATIC)

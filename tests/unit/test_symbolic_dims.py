@@ -1,7 +1,8 @@
-"""refine_symbolic_dims: the dims onnx's inference leaves as fresh ``unk__N`` names become what onnxruntime's
-symbolic inference proves (an int or a graph input's dim name); what it cannot prove, what disagrees with the
-IR, and a missing sympy change nothing; it writes no file (onnxruntime's own driver saves a model into the
-working directory when a shape stays unknown)."""
+"""proven_shape inside symbolic_dims_ahead: the dims onnx's inference leaves as fresh ``unk__N`` names are what
+onnxruntime's symbolic inference proves (an int or a graph input's dim name), from a forked child or in-process
+alike; what it cannot prove, what disagrees with the IR, and a missing sympy prove nothing; the IR is not
+changed, and no file is written (onnxruntime's own driver saves a model into the working directory when a shape
+stays unknown)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from graphopt.ir import from_model
-from graphopt.ir.symbolic import needs_refining, refine_symbolic_dims
+import graphopt.ir.symbolic as S
+from graphopt.ir.symbolic import needs_refining, proven_shape, symbolic_dims_ahead
 from graphopt.rewrite.testing import Builder
 
 pytest.importorskip("sympy")
@@ -39,16 +41,23 @@ def head_split_model(unknown_op: bool = False):
     return onnx.shape_inference.infer_shapes(model)
 
 
-def test_a_computed_reshape_target_gets_the_input_dims(tmp_path, monkeypatch):
+def _proven(g, name):
+    with symbolic_dims_ahead(g):
+        return proven_shape(g, name)
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_a_computed_reshape_target_gets_the_input_dims(tmp_path, monkeypatch, fork):
     monkeypatch.chdir(tmp_path)
+    if not fork:
+        monkeypatch.setattr("graphopt.ir.ahead.can_fork", lambda: False)
     g = from_model(head_split_model())
     relu = g.nodes_by_op("Relu")[0]
     before = g.shape(relu.inputs[0])
-    assert any(isinstance(d, str) and d.startswith("unk__") or d is None for d in before), before
+    assert all(isinstance(d, str) and d.startswith("unk__") for d in before), before
     assert needs_refining(g)
-    assert refine_symbolic_dims(g) >= 1
-    assert g.shape(relu.inputs[0]) == ("batch", "seq", 2, 4)
-    assert refine_symbolic_dims(g) == 0 and not needs_refining(g)  # idempotent
+    assert _proven(g, relu.inputs[0]) == ("batch", "seq", 2, 4)
+    assert g.shape(relu.inputs[0]) == before and proven_shape(g, relu.inputs[0]) == before  # the IR is unchanged
     assert os.listdir(tmp_path) == []
 
 
@@ -57,37 +66,34 @@ def test_what_it_cannot_prove_stays_unknown(tmp_path, monkeypatch):
     g = from_model(head_split_model(unknown_op=True))
     relu = g.nodes_by_op("Relu")[0]
     before = g.shape(relu.outputs[0])
-    refine_symbolic_dims(g)
-    assert g.shape(relu.outputs[0]) == before  # after an unknown op: nothing proven, nothing invented
+    assert _proven(g, relu.outputs[0]) == before  # after an unknown op: nothing proven, nothing invented
     assert os.listdir(tmp_path) == []  # onnxruntime's infer_shapes would have saved sym_shape_infer_temp.onnx
 
 
-def test_a_dim_that_disagrees_with_the_ir_keeps_the_ir(monkeypatch):
-    import graphopt.ir.symbolic as S
+def _answering(monkeypatch, name, dims):
+    answer = onnx.ModelProto()
+    answer.graph.value_info.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
+    monkeypatch.setattr(S, "symbolic_inference", lambda model: answer)
 
+
+def test_a_dim_that_disagrees_with_the_ir_keeps_the_ir(monkeypatch):
     g = from_model(head_split_model())
     name = g.nodes_by_op("Reshape")[0].outputs[0]
     g.set_value_info(name, TensorProto.FLOAT, ["unk__1", "unk__2", "unk__3", 4])
     for dims in (["batch", "seq", 3, 5], ["batch", "seq", 8]):  # another last dim; another rank
-        answer = onnx.ModelProto()
-        answer.graph.value_info.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
-        monkeypatch.setattr(S, "symbolic_inference", lambda model: answer)
-        assert refine_symbolic_dims(g) == 0 and g.shape(name) == ("unk__1", "unk__2", "unk__3", 4)
+        _answering(monkeypatch, name, dims)
+        assert _proven(g, name) == ("unk__1", "unk__2", "unk__3", 4)
 
 
 def test_only_input_dim_names_and_ints_are_taken(monkeypatch):
-    import graphopt.ir.symbolic as S
-
     g = from_model(head_split_model())
     name = g.nodes_by_op("Reshape")[0].outputs[0]
-    answer = onnx.ModelProto()
-    answer.graph.value_info.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "2*seq", "Reshape_dim2", 4]))
-    monkeypatch.setattr(S, "symbolic_inference", lambda model: answer)
-    assert refine_symbolic_dims(g) == 1
-    assert g.shape(name)[0] == "batch" and g.shape(name)[3] == 4 and all(d.startswith("unk__") for d in g.shape(name)[1:3])
+    _answering(monkeypatch, name, ["batch", "2*seq", "Reshape_dim2", 4])
+    got = _proven(g, name)
+    assert got[0] == "batch" and got[3] == 4 and all(d.startswith("unk__") for d in got[1:3])
 
 
-def test_without_sympy_nothing_changes(monkeypatch):
+def test_without_sympy_nothing_is_proven(monkeypatch):
     real_import = builtins.__import__
 
     def no_sympy(name, *args, **kwargs):
@@ -98,5 +104,12 @@ def test_without_sympy_nothing_changes(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_sympy)
     g = from_model(head_split_model())
     name = g.nodes_by_op("Reshape")[0].outputs[0]
-    old = g.shape(name)
-    assert refine_symbolic_dims(g) == 0 and g.shape(name) == old
+    assert _proven(g, name) == g.shape(name)
+
+
+def test_a_proof_that_never_asks_costs_no_inference(monkeypatch):
+    """The child is cancelled unread; in-process (no fork) the inference runs before the rules."""
+    g = from_model(head_split_model())
+    with symbolic_dims_ahead(g) as dims:
+        assert dims._child.running or dims._dims is not None
+    assert not dims._child.running
