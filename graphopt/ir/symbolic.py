@@ -14,8 +14,9 @@ sympy, or when the inference fails, nothing is proven: inference is an aid, neve
 It costs about 50 us a node (1.2 s on the 20k-node GPT-2, whose proofs never need it), so it runs only when a
 proof asks (``proven_shape``), on the graph as the cleanup left it: ``SymbolicDims`` forks a child holding that
 graph before the rules start (``graphopt.ir.ahead.Forked``), which computes when first asked; where no child can
-be forked it runs in-process before the rules. The IR's value_info is not changed. A tensor a rule created after
-the start is not in the answer: its IR shape is what ``proven_shape`` gives.
+be forked it runs in-process before the rules. Once a proof has asked, the answer goes into the IR's value_info
+after the rules (``SymbolicDims.record``), so the tuner's signatures see the dims the proofs relied on. A tensor a
+rule created after the start is not in the answer: its IR shape is what ``proven_shape`` gives.
 
 onnxruntime's public driver (``infer_shapes``) saves the half-inferred model into the working directory when
 any shape stays unknown (most real exports), so the three steps it runs are called here directly.
@@ -117,6 +118,7 @@ class SymbolicDims:
         self._child = Forked()
         self._go: int | None = None
         self._dims: dict[str, list] | None = None
+        self._asked = False  # whether a proof asked: only then is the answer recorded, by either route
 
     def start(self) -> None:
         if not needs_refining(self.graph):
@@ -131,6 +133,7 @@ class SymbolicDims:
         os.close(go)
 
     def dims(self) -> dict[str, list]:
+        self._asked = True
         if self._dims is None:
             data = None
             try:
@@ -154,6 +157,18 @@ class SymbolicDims:
         self._close_go()  # a waiting child sees EOF and leaves
         self._child.cancel()
 
+    def record(self) -> int:
+        """Once a proof asked, give the graph's value_info what was proven of the tensors still in it, so that
+        what comes after the rules (the tuner's signatures) sees the dims the rules' proofs relied on. Returns the
+        number of tensors recorded; none when no proof asked (nothing was computed)."""
+        g, count = self.graph, 0
+        for name, dims in (self._dims if self._asked else {}).items():
+            old = g.shape(name)
+            if old is not None and len(old) == len(dims) and any(_unknown(d) for d in old) and g.defines(name):
+                g.set_value_info(name, g.dtype(name), [n if _unknown(o) else o for o, n in zip(old, dims)])
+                count += 1
+        return count
+
 
 class symbolic_dims_ahead:
     """``with symbolic_dims_ahead(graph):`` the rules' proofs on ``graph`` read ``proven_shape``'s answers."""
@@ -170,6 +185,8 @@ class symbolic_dims_ahead:
     def __exit__(self, *exc) -> None:
         _ACTIVE.pop(self.graph, None)
         self.dims.close()
+        if exc[0] is None:
+            self.dims.record()
 
 
 def proven_shape(g: Graph, tensor: str) -> tuple | None:

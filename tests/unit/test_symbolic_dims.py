@@ -56,9 +56,25 @@ def test_a_computed_reshape_target_gets_the_input_dims(tmp_path, monkeypatch, fo
     before = g.shape(relu.inputs[0])
     assert all(isinstance(d, str) and d.startswith("unk__") for d in before), before
     assert needs_refining(g)
-    assert _proven(g, relu.inputs[0]) == ("batch", "seq", 2, 4)
-    assert g.shape(relu.inputs[0]) == before and proven_shape(g, relu.inputs[0]) == before  # the IR is unchanged
+    with symbolic_dims_ahead(g):
+        assert g.shape(relu.inputs[0]) == before  # the IR unchanged while the rules run
+        assert proven_shape(g, relu.inputs[0]) == ("batch", "seq", 2, 4)
+    assert g.shape(relu.inputs[0]) == ("batch", "seq", 2, 4)  # then recorded, for the tuner
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_nothing_is_recorded_where_no_proof_asked(monkeypatch, fork):
+    """Either route gives the same graph: the in-process route computes before the rules, but records only
+    what a proof asked for, as the forked route does."""
+    if not fork:
+        monkeypatch.setattr("graphopt.ir.ahead.can_fork", lambda: False)
+    g = from_model(head_split_model())
+    name = g.nodes_by_op("Relu")[0].inputs[0]
+    before = g.shape(name)
+    with symbolic_dims_ahead(g):
+        pass
+    assert g.shape(name) == before
 
 
 def test_what_it_cannot_prove_stays_unknown(tmp_path, monkeypatch):
@@ -113,3 +129,18 @@ def test_a_proof_that_never_asks_costs_no_inference(monkeypatch):
     with symbolic_dims_ahead(g) as dims:
         assert dims._child.running or dims._dims is not None
     assert not dims._child.running
+
+
+def test_the_optimized_file_is_the_same_by_either_route(tmp_path, monkeypatch):
+    """A model whose causal-mask proof asks (the TorchScript LLaMA): the same bytes with and without the child."""
+    from pathlib import Path
+
+    from graphopt.pipeline import optimize_file
+
+    src = Path(__file__).resolve().parents[2] / "models" / "coverage" / "llamadyn_torchscript.onnx"
+    optimize_file(src, tmp_path / "ahead.onnx", gpu="none")
+    monkeypatch.setattr("graphopt.ir.ahead.can_fork", lambda: False)
+    optimize_file(src, tmp_path / "here.onnx", gpu="none")
+    assert (tmp_path / "ahead.onnx").read_bytes() == (tmp_path / "here.onnx").read_bytes()
+    optimized = onnx.load(str(tmp_path / "here.onnx"))
+    assert all(not (len(n.input) > 3 and n.input[3]) for n in optimized.graph.node if n.op_type == "Attention")
