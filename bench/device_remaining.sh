@@ -425,7 +425,8 @@ case "$N" in
   auto) # the first call of a session (AUTO_N overrides): on an H200 50 (issue 20's two rows no H200 has measured at
       # HEAD: the erf-GELU's 50 MB row and attention at 4096 keys; needs neither .cubin nor .tuning), elsewhere 48 (the
       # LLaMA rows again: the twentieth session's H100 run measured them before restore_dims let grouped K/V fuse in
-      # the fp16 conversion; 51 and 53 ran on an H100 at 0b17732); then 45, 43, 46
+      # the fp16 conversion, and before the twenty-first session's runtime causal mask became causal=1; 51 and 53
+      # ran on an H100 at 0b17732); then 45, 43, 46
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     case "$gpu" in *H200*) n=50 ;; *) n=48 ;; esac
     echo "device_remaining: auto -> ${AUTO_N:-$n} ($gpu)"
