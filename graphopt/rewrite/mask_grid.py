@@ -173,20 +173,13 @@ def _kind(e) -> str:
     return "B" if "B" in kinds else "F"
 
 
-def _indices(e):
-    if isinstance(e, Index):
+def _leaves(e, kind: type):
+    """The leaves of expression ``e`` of type ``kind`` (Index or Table)."""
+    if isinstance(e, kind):
         yield e
     elif isinstance(e, Op):
         for a in e.args:
-            yield from _indices(a)
-
-
-def _tables(e):
-    if isinstance(e, Table):
-        yield e
-    elif isinstance(e, Op):
-        for a in e.args:
-            yield from _tables(a)
+            yield from _leaves(a, kind)
 
 
 def _table_rows(arr: np.ndarray) -> np.ndarray:
@@ -224,14 +217,14 @@ def mask_grid(g, mask: str, lengths: Callable[[], tuple]) -> np.ndarray:
     with each other, else [sq, skv] (integer lengths). Raises ``NotAMaskGrid`` with the reason otherwise.
     Dims are read last (``lengths`` too): only a mask whose values are followed asks for a symbolic inference."""
     e = term(g, mask)
-    for ix in _indices(e):
+    for ix in _leaves(e, Index):
         if ix.axis not in (-2, -1):
             raise NotAMaskGrid(f"it reads the position on axis {ix.axis}, not only the query's and the key's")
     dims = _shape(g, mask)
     sq, skv = lengths()
     if len(dims) < 2 or not same_size(dims[-2], sq) or not same_size(dims[-1], skv):
         raise NotAMaskGrid(f"its dims {list(dims)} are not proven to end in the attention's [{sq}, {skv}]")
-    for ix in _indices(e):
+    for ix in _leaves(e, Index):
         length = _shape(g, ix.range)[0]
         if not same_size(length, dims[ix.axis]):
             raise NotAMaskGrid(f"a Range of length {length} indexes an axis of size {dims[ix.axis]}")
@@ -242,7 +235,7 @@ def mask_grid(g, mask: str, lengths: Callable[[], tuple]) -> np.ndarray:
         if not (isinstance(sq, int) and isinstance(skv, int)) or sq * skv > MAX_CELLS:
             raise NotAMaskGrid(f"{why} with lengths [{sq}, {skv}] not proven small integers") from None
         n, m = sq, skv
-        for tab in _tables(e):
+        for tab in _leaves(e, Table):
             a, b = _table_rows(tab.array).shape
             if a not in (1, n) or b not in (1, m):
                 raise NotAMaskGrid(f"a constant table of [{a}, {b}] does not cover [{n}, {m}]")
