@@ -108,7 +108,7 @@ def _converted(original: onnx.ModelProto, fp32: Graph, precision: str, io_fp16: 
                report: OptimizeReport) -> Graph:
     """The IR of ``original`` converted to ``precision`` (graphopt.precision), shapes inferred, with the
     dims the fp32 IR ``fp32`` knows where the converted model's inference lost them (``restore_dims``)."""
-    from graphopt.precision import PRECISIONS, convert_fp16, restore_dims
+    from graphopt.precision import PRECISIONS, clamped_fills, convert_fp16, restore_dims
 
     if precision not in PRECISIONS:
         raise GraphoptError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
@@ -117,6 +117,7 @@ def _converted(original: onnx.ModelProto, fp32: Graph, precision: str, io_fp16: 
         f" (fp32: {', '.join(keep_fp32)})" if keep_fp32 else "")
     graph = _with_inferred_shapes(load_model(converted))[1]
     restore_dims(graph, fp32)
+    graph.fp16_clamped = clamped_fills(graph, fp32)
     return graph
 
 
@@ -140,7 +141,6 @@ def optimize_graph(
     ``shape_profile`` (``--shape-profile`` items or a mapping, see ``graphopt.tune.buckets``) is
     checked against the graph's inputs first, so a bad one fails before any work. ``tune_budget``
     (seconds) caps profiling; a run that hits it is reported as cut short (mode ``partial``)."""
-    from graphopt.ir.symbolic import symbolic_dims_ahead
     from graphopt.passes import dead_code, fold_constants, merge_duplicates, run_cleanup
     from graphopt.rewrite import apply_rules, load_rules
     from graphopt.tune.buckets import resolve_profile
@@ -168,8 +168,7 @@ def optimize_graph(
         report.nodes_after_cleanup = _count_nodes(graph)
         step("fusion rules")
         t = time.perf_counter()
-        with symbolic_dims_ahead(graph):  # the dims onnx left unknown that onnxruntime's symbolic inference proves
-            rw = apply_rules(graph, ruleset, explain=explain)
+        rw = apply_rules(graph, ruleset, explain=explain)
         report.rewrites = dict(sorted((k, v) for k, v in rw.counts.items() if v))
         report.matches = [_as_dict(m) for m in rw.matches]
         report.near_misses = [_as_dict(m) for m in rw.near_misses] if explain else []

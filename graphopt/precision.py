@@ -15,6 +15,7 @@ import copy
 import warnings
 from typing import Sequence
 
+import numpy as np
 import onnx
 
 from graphopt.errors import GraphoptError, UnsupportedModel, UsageError
@@ -95,6 +96,31 @@ def restore_dims(converted, reference) -> int:
             new.type.tensor_type.shape.dim[i].CopyFrom(ref_dims[i])
         changed += converted.refine_value_info(new)
     return changed
+
+
+MASK_LOWEST = -1e30  # a float32 value at most this is a mask's "minus infinity" (rewrite/causal.py says why)
+CLAMP = -1e4  # what onnxconverter-common's conversion writes for it (its max_finite_val)
+CLAMP_CHECK_MAX = 1 << 24  # constants of more elements are weights, not masks: not read
+
+
+def clamped_fills(converted, reference) -> dict:
+    """{constant: positions} of the converted graph's float16 constants where the fp32 graph (``reference``, same
+    tensor names) held a mask's minus infinity (<= -1e30) and the conversion wrote -1e4. The fp32 model masked
+    those scores exactly; the fp16 one adds -1e4, which masks them unless a row's scores spread over ~9,900. The
+    causal-mask proof (``rewrite/causal.py``) reads these positions as the exact masks the source model meant."""
+    found = {}
+    constants = converted.initializer_names() + [n.outputs[0] for n in converted.nodes_by_op("Constant")]
+    for name in constants:
+        info, ref_info = converted.constant_info(name), reference.constant_info(name)
+        if info is None or ref_info is None or info[0] != np.float16 or ref_info[0] != np.float32:
+            continue
+        if int(np.prod(info[1], dtype=np.int64)) > CLAMP_CHECK_MAX or info[1] != ref_info[1]:
+            continue
+        ref = reference.constant_value(name)
+        lowest = ref <= MASK_LOWEST
+        if lowest.any() and np.all(converted.constant_value(name)[lowest] == np.float16(CLAMP)):
+            found[name] = lowest
+    return found
 
 
 def fp16_tolerances(rtol: float | None, atol: float | None) -> tuple[float, float]:

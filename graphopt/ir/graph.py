@@ -80,6 +80,9 @@ class Graph:
         self.source_path: str | None = None  # the file it was loaded from, when there is one
         self.data_files: list[str] = []  # the external-data files it was loaded from
         self.source_model: onnx.ModelProto | None = None  # the validated input model (set by load_model)
+        # constant -> the positions where the fp16 conversion clamped the float32 model's <= -1e30 (a mask's
+        # "minus infinity") to -1e4 (set by graphopt.precision; the causal-mask proof reads them as masked)
+        self.fp16_clamped: dict[str, np.ndarray] = {}
 
     # ------------------------------------------------------------------ structure queries
     @property

@@ -13,23 +13,23 @@ skip the masked half.
 * ``causal_unmasked(att)`` (builder): the attributes that say so (``causal=1``, no mask).
 
 An additive mask masks a score exactly when its value is -inf or at most -1e30 (a float32 score is far below
-its rounding step; ``mask_fill`` says the same of a Where's fill), or, in a float16 mask, at most -1e4: the op
-computes scores in float32, and exp(v + s - max) is 0 in float32 for v <= -1e4 on any row whose scores lie within
-9,800 of each other. float16's lowest value (-65504) is what torch writes into an fp16 mask, -1e4 what
-``--precision fp16`` (onnxconverter-common) makes of a -3.4e38 one. A bool mask's fill (``mask_value``) must be
--inf or at most -1e30.
+its rounding step; ``mask_fill`` says the same of a Where's fill), or float16's lowest value (-65504), what torch
+writes into an fp16 mask and itself treats as masked: that score then still counts only where it exceeds the
+row's largest unmasked score by more than ~65,000, more than an fp16 score holds in any real model. The -1e4 that
+``--precision fp16`` (onnxconverter-common) writes for a float32 mask's -3.4e38 is not accepted as such (a
+score 10,000 above the row's others survives it); where the fp32 source held <= -1e30 at those positions
+(``Graph.fp16_clamped``), it is read as the -inf the source model meant (``mask_grid.exact_value``). A bool
+mask's fill (``mask_value``) must be -inf or at most -1e30.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from graphopt.ir.symbolic import proven_shape
-from graphopt.rewrite.mask_grid import NotAMaskGrid, mask_grid
+from graphopt.rewrite.mask_grid import NotAMaskGrid, exact_value, mask_grid
 from graphopt.rewrite.registry import register_builder, register_constraint
 
 MASKED_AT_MOST = -1e30
-MASKED_AT_MOST_FP16 = -1e4  # the fp16 conversion's clamp of a float32 mask's minimum
 
 
 def _kind(att) -> str:
@@ -40,14 +40,14 @@ def _kind(att) -> str:
 def _masks_exactly(values: np.ndarray) -> bool:
     v = values.astype(np.float64)
     if values.dtype == np.float16:  # (bfloat16's minimum is below -1e30)
-        return bool(np.all(v <= MASKED_AT_MOST_FP16))
+        return bool(np.all((v <= MASKED_AT_MOST) | (v == float(np.finfo(np.float16).min))))
     return bool(np.all(v <= MASKED_AT_MOST))
 
 
 def _lengths(g, att) -> tuple:
     """(query count, key count) of Attention att as its Q and V shapes give them (ints, dim names or None)."""
-    q = proven_shape(g, att.inputs[0]) or ()
-    v = (proven_shape(g, att.inputs[2]) if len(att.inputs) > 2 and att.inputs[2] else None) or ()
+    q = g.shape(att.inputs[0]) or ()
+    v = (g.shape(att.inputs[2]) if len(att.inputs) > 2 and att.inputs[2] else None) or ()
     if att.attr("qkv_packed", 0):  # Q is [B, S, 3, H, D] and stands for K and V
         return (q[1], q[1]) if len(q) == 5 else (None, None)
     if att.attr("qkv_bshd", 0):  # [B, S, H, D]
@@ -63,7 +63,7 @@ def causal_mask(g, m, att):
     kind = _kind(att)
     if kind not in ("additive", "bool"):
         return f"mask_kind={kind!r}"
-    value = g.constant_value(m)
+    value = exact_value(g, m)
     if value is None:
         try:
             value = mask_grid(g, m, lambda: _lengths(g, att))[None]
@@ -84,8 +84,8 @@ def causal_mask(g, m, att):
     if not np.all(rows[:, ~future] == 0):
         return f"the additive mask {m!r} is not 0 everywhere at or below the diagonal"
     if not _masks_exactly(rows[:, future]):
-        return (f"the additive mask {m!r} above the diagonal is not all -inf, <= -1e30 (<= -1e4 in float16): it does "
-                "not mask a score exactly as causal=1 does")
+        return (f"the additive mask {m!r} above the diagonal is not all -inf, <= -1e30 or float16's lowest value: "
+                "it does not mask a score exactly as causal=1 does")
     return None
 
 

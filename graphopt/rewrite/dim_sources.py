@@ -37,8 +37,8 @@ def entry_size(g, entry):
 
 
 def dim_source(g, tensor: str, k: int, depth: int = 0):
-    """Entry ``k`` of the 1-D int64 ``tensor``: an int when constant, ``(t, i)`` when it is dim ``i`` of
-    tensor ``t``, else None (unknown)."""
+    """Entry ``k`` of the 1-D int64 ``tensor`` (of a scalar: k = 0): an int when constant, ``(t, i)`` when it
+    is dim ``i`` of tensor ``t``, else None (unknown)."""
     if depth > MAX_DEPTH or not tensor:
         return None
     value = g.constant_value(tensor)
@@ -49,13 +49,19 @@ def dim_source(g, tensor: str, k: int, depth: int = 0):
     if node is None or node.domain not in ("", "ai.onnx"):
         return None
     op = node.op_type
-    if op == "Shape" and not node.has_attr("end"):
-        return (node.inputs[0], int(node.attr("start", 0)) + k) if int(node.attr("start", 0)) >= 0 else None
+    if op == "Shape":  # opset 15's start/end slice the dims (non-negative bounds only: the rank may be unknown)
+        start, end = int(node.attr("start", 0)), node.attr("end")
+        if start < 0 or end is not None and (int(end) < 0 or start + k >= int(end)):
+            return None
+        return (node.inputs[0], start + k)
     if op in ("Cast", "Identity"):
         return dim_source(g, node.inputs[0], k, depth + 1)
     if op == "Unsqueeze" and k == 0:  # a scalar made 1-D
         shape = g.shape(node.inputs[0])
         return dim_source(g, node.inputs[0], 0, depth + 1) if shape == () else None
+    if op == "Squeeze" and k == 0:  # a 1-element 1-D tensor made a scalar (a Range's bound)
+        shape = g.shape(node.inputs[0])
+        return dim_source(g, node.inputs[0], 0, depth + 1) if shape is not None and tuple(shape) == (1,) else None
     if op == "Gather" and int(node.attr("axis", 0)) == 0:
         idx = g.constant_value(node.inputs[1])
         if idx is None:

@@ -14,9 +14,14 @@ and returns the mask's values on a grid that decides every position:
   the 3 x 3 grid has every case;
 * integer lengths (a constant table, for one): the whole [Sq, Skv] grid, up to ``MAX_CELLS``.
 
+The dims it needs (a Range's length, the mask's last two) are computed along the same ops (:func:`dims`) from
+the entries of the shape arithmetic (``dim_sources``): a TorchScript export computes the Range's bound and the
+Expand's target from ``Shape``, which onnx's inference names afresh (``unk__``).
+
 Why by hand: onnx's reference evaluator and the constant folding need concrete shapes, and evaluating at a
-few concrete lengths proves nothing (a sliding-window mask is causal up to its window); this is symbolic and
-small.
+few concrete lengths proves nothing (a sliding-window mask is causal up to its window). onnxruntime's symbolic
+shape inference was tried for the dims and is not a proof: where it cannot decide (``Slice`` ends against
+symbolic dims, ``Squeeze`` without axes) it assumes, and a wrong assumption would make a mask causal that is not.
 """
 
 from __future__ import annotations
@@ -27,8 +32,7 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto, helper
 
-from graphopt.ir.symbolic import proven_shape
-from graphopt.rewrite.dim_sources import same_size
+from graphopt.rewrite.dim_sources import dim_source, entry_size, known_size, same_size
 
 MAX_DEPTH = 32
 MAX_CELLS = 1 << 24
@@ -54,7 +58,7 @@ class Const:
 @dataclass(frozen=True)
 class Index:
     axis: int  # negative: the position along this axis of the tensor
-    range: str  # the Range output it reads: its length is that tensor's dim
+    range: str  # the Range output it reads: its length is that tensor's dim (``dims``)
 
 
 @dataclass(frozen=True)
@@ -69,23 +73,32 @@ class Op:
     to: int = 0  # Cast's target
 
 
-def _shape(g, t: str) -> tuple:
-    shape = proven_shape(g, t)
-    if shape is None:
-        raise NotAMaskGrid(f"the rank of {t!r} is unknown")
-    return tuple(shape)
-
-
 def _rank(g, t: str) -> int:
-    shape = g.shape(t)  # (the rank is known where dims are not: no symbolic inference asked)
+    shape = g.shape(t)
     if shape is None:
         raise NotAMaskGrid(f"the rank of {t!r} is unknown")
     return len(shape)
 
 
+def _is_int(g, t: str, want: int) -> bool:
+    """``t`` is an integer constant equal to ``want`` (a float Range bound of 0.5 is not 0)."""
+    value = g.constant_value(t) if t else None
+    return value is not None and value.dtype.kind in "iu" and value.size == 1 and int(value.reshape(-1)[0]) == want
+
+
 def _ints(g, t: str) -> list[int] | None:
     value = g.constant_value(t) if t else None
-    return None if value is None else [int(x) for x in np.asarray(value).reshape(-1)]
+    return None if value is None or value.dtype.kind not in "iu" else [int(x) for x in np.asarray(value).reshape(-1)]
+
+
+def exact_value(g, t: str) -> np.ndarray | None:
+    """``g.constant_value(t)``, with -inf where the fp16 conversion clamped the source model's minus infinity to
+    -1e4 (``Graph.fp16_clamped``, set by ``graphopt.precision``): the mask the source model meant."""
+    value = g.constant_value(t)
+    clamped = g.root.fp16_clamped.get(t) if value is not None else None
+    if clamped is None or clamped.shape != value.shape:
+        return value
+    return np.where(clamped, value.dtype.type(-np.inf), value)
 
 
 def _constant(value: np.ndarray):
@@ -116,7 +129,7 @@ def term(g, t: str, depth: int = 0):
     """The expression of tensor ``t``'s values (raises ``NotAMaskGrid``)."""
     if depth > MAX_DEPTH:
         raise NotAMaskGrid(f"{t!r} is computed by more than {MAX_DEPTH} ops")
-    value = g.constant_value(t)
+    value = exact_value(g, t)
     if value is not None:
         return _constant(value)
     node = g.producer(t)
@@ -129,10 +142,9 @@ def term(g, t: str, depth: int = 0):
         fill = node.attr("value")
         return Const(np.asarray(0.0, np.float32) if fill is None else np.asarray(fill).reshape(-1)[0])
     if op == "Range":
-        start, delta = _ints(g, ins[0]), _ints(g, ins[2])
-        if start != [0] or delta != [1]:
-            raise NotAMaskGrid(f"Range {node.name!r} is not Range(0, n, 1) (start {start}, delta {delta})")
-        return Index(-1, t)  # its length is checked last (``mask_grid``): a dim proof may cost a symbolic inference
+        if not (_is_int(g, ins[0], 0) and _is_int(g, ins[2], 1)):
+            raise NotAMaskGrid(f"Range {node.name!r} is not Range(0, n, 1) over integers")
+        return Index(-1, t)
     if op in SAME_ELEMENTS or op == "Cast":
         inner = term(g, ins[0], depth + 1)
         if isinstance(inner, Const):  # every element one of the input's: the same value
@@ -152,6 +164,61 @@ def term(g, t: str, depth: int = 0):
     if op in COMPARE or op in LOGICAL or op in ("Not", "Where"):
         return Op(op, tuple(term(g, x, depth + 1) for x in ins))
     raise NotAMaskGrid(f"{op} {node.name!r} is not followed ({t!r})")
+
+
+def _broadcast(*shapes):
+    """Numpy broadcasting of dims that are ints, names (``known_size``) or None (unknown); None where the rank
+    is unknown. An axis is 1 where every operand's is, the one size the others share otherwise, else None."""
+    if any(sh is None for sh in shapes):
+        return None
+    rank = max(len(sh) for sh in shapes)
+    out = []
+    for k in range(rank):
+        sizes = [sh[len(sh) - rank + k] for sh in shapes if len(sh) - rank + k >= 0]
+        big = [d for d in sizes if d != 1]
+        out.append(1 if not big else big[0] if all(same_size(d, big[0]) for d in big) else None)
+    return tuple(out)
+
+
+def _target_dims(g, target: str):
+    """The sizes an Expand's 1-D target asks for, entry by entry (``dim_source``), None where unknown."""
+    value = g.constant_value(target)
+    n = int(np.size(value)) if value is not None else (_rank_1d(g, target))
+    if n is None:
+        return None
+    return tuple(entry_size(g, dim_source(g, target, k)) for k in range(n))
+
+
+def _rank_1d(g, t: str) -> int | None:
+    shape = g.shape(t)
+    return shape[0] if shape is not None and len(shape) == 1 and isinstance(shape[0], int) else None
+
+
+def dims(g, t: str, depth: int = 0):
+    """The dims of ``t`` in the mask's cone, as its ops compute them from their inputs' (so a Range's length is
+    the dim its bound reads, where onnx's inference names it afresh), each completed by the IR's where unknown."""
+    ir = g.shape(t)
+    ir = None if ir is None else tuple(d if known_size(d) else None for d in ir)
+    node = g.producer(t) if depth <= MAX_DEPTH else None
+    mine = None
+    if node is not None and node.domain in ("", "ai.onnx") and g.constant_value(t) is None:
+        op, ins = node.op_type, node.inputs
+        if op == "Range":
+            mine = (entry_size(g, dim_source(g, ins[1], 0)),)
+        elif op == "Unsqueeze":
+            inner, axes = dims(g, ins[0], depth + 1), _ints(g, ins[1]) if len(ins) > 1 else node.attr("axes")
+            if inner is not None and axes is not None:
+                out_rank = len(inner) + len(axes)
+                new = {a + out_rank if a < 0 else a for a in axes}
+                it = iter(inner)
+                mine = tuple(1 if q in new else next(it) for q in range(out_rank))
+        elif op == "Expand":
+            mine = _broadcast(dims(g, ins[0], depth + 1), _target_dims(g, ins[1]))
+        elif op in COMPARE or op in LOGICAL or op in ("Not", "Where", "Cast", "Identity"):
+            mine = _broadcast(*(dims(g, x, depth + 1) for x in ins))
+    if mine is None or ir is None or len(ir) != len(mine):
+        return mine if mine is not None else ir
+    return tuple(m if m is not None else i for m, i in zip(mine, ir))
 
 
 def _kind(e) -> str:
@@ -212,29 +279,36 @@ def _evaluate(e, rows: np.ndarray, cols: np.ndarray):
 
 
 def mask_grid(g, mask: str, lengths: Callable[[], tuple]) -> np.ndarray:
-    """The values of ``mask`` (dims [..., sq, skv], ``lengths()`` its attention's query and key counts) on a
-    grid that decides every position: 3 x 3 where its expression depends on positions only through comparisons
-    with each other, else [sq, skv] (integer lengths). Raises ``NotAMaskGrid`` with the reason otherwise.
-    Dims are read last (``lengths`` too): only a mask whose values are followed asks for a symbolic inference."""
+    """The values of ``mask`` on a grid that decides every position of its attention (``lengths()``: the query
+    and key counts, ints, dim names or None): 3 x 3 where its expression depends on positions only through
+    comparisons with each other, else its whole [rows, keys] (integer sizes). Raises ``NotAMaskGrid`` with the
+    reason otherwise.
+
+    Its last dims must be the key count and a row count that is the query count, or the key count itself: at run
+    time that row count either is the query count, or is 1 (then so is the key count, and every form of the
+    mask lets each query see its one key), or the attention's broadcast fails. Each Range's length must be the
+    size of the axis it indexes, so a position is never a broadcast copy of position 0."""
     e = term(g, mask)
     for ix in _leaves(e, Index):
         if ix.axis not in (-2, -1):
             raise NotAMaskGrid(f"it reads the position on axis {ix.axis}, not only the query's and the key's")
-    dims = _shape(g, mask)
+    shape = dims(g, mask)
     sq, skv = lengths()
-    if len(dims) < 2 or not same_size(dims[-2], sq) or not same_size(dims[-1], skv):
-        raise NotAMaskGrid(f"its dims {list(dims)} are not proven to end in the attention's [{sq}, {skv}]")
+    if shape is None or len(shape) < 2 or not same_size(shape[-1], skv) or not (
+            same_size(shape[-2], sq) or same_size(shape[-2], skv)):
+        raise NotAMaskGrid(f"its dims {list(shape) if shape else shape} are not proven to end in the attention's "
+                           f"[{sq}, {skv}] (or [{skv}, {skv}])")
     for ix in _leaves(e, Index):
-        length = _shape(g, ix.range)[0]
-        if not same_size(length, dims[ix.axis]):
-            raise NotAMaskGrid(f"a Range of length {length} indexes an axis of size {dims[ix.axis]}")
+        length = (dims(g, ix.range) or (None,))[0]
+        if not same_size(length, shape[ix.axis]):
+            raise NotAMaskGrid(f"a Range of length {length} indexes an axis of size {shape[ix.axis]}")
     try:
         _kind(e)
         n, m = ORDER_GRID, ORDER_GRID
     except NotAMaskGrid as why:
-        if not (isinstance(sq, int) and isinstance(skv, int)) or sq * skv > MAX_CELLS:
-            raise NotAMaskGrid(f"{why} with lengths [{sq}, {skv}] not proven small integers") from None
-        n, m = sq, skv
+        n, m = shape[-2:]
+        if not (isinstance(n, int) and isinstance(m, int)) or n * m > MAX_CELLS:
+            raise NotAMaskGrid(f"{why} with dims [{n}, {m}] not proven small integers") from None
         for tab in _leaves(e, Table):
             a, b = _table_rows(tab.array).shape
             if a not in (1, n) or b not in (1, m):

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.ir.symbolic import proven_shape
 from graphopt.rewrite.constraints import _fmt_shape, known_rank, reduce_axes
 from graphopt.rewrite.dim_sources import dim_source, entry_size, same_dim, same_size
 from graphopt.rewrite.registry import BuildFailed, NewConstant, register_builder, register_constraint
@@ -108,8 +107,6 @@ def residual_like(g, r, x):
         return f"{r!r} has rank {len(rs)} > the rank {len(xs)} of {x!r}; the Add's output would have {r!r}'s rank"
     lead = next((i for i, d in enumerate(rs) if d != 1), len(rs) - 1) if rs else 0
     core = tuple(rs[lead:])
-    if any(isinstance(a, int) and a > 1 and not same_size(a, b) for a, b in zip(core, xs[len(xs) - len(core):])):
-        xs = proven_shape(g, x)  # a dim onnx left unknown: what symbolic inference proves of it
     for a, b in zip(core, xs[len(xs) - len(core):]):
         if isinstance(a, int) and isinstance(b, int) and a != b:
             return (f"{r!r} of shape {_fmt_shape(rs)} does not broadcast to {x!r} of shape {_fmt_shape(xs)} over its "

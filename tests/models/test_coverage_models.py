@@ -44,6 +44,10 @@ def test_everything_fuses_and_outputs_match(file):
     optimized, report = graphopt.optimize(original, gpu="none", verify=True)
     cov = FC.coverage_counts(optimized)
     allowed = NOT_YET | ({"Shape/Size"} if file.startswith("llamadyn") else set())  # symbolic dims stay run-time
+    if file == "clipvision_torchscript.onnx":
+        # its position table is added to a Concat whose patch count onnx's inference leaves unknown (unk__): the
+        # skip rule cannot prove that Add does not broadcast the embeddings, so it stays an Add
+        allowed |= {"residual Add into norm"}
     left = {p: v[1] for p, v in cov.items() if v[1] and p not in allowed}
     assert left == {}, left
     assert sum(v[0] for v in cov.values()) >= 2
@@ -62,10 +66,9 @@ def test_the_committed_table_is_current():
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_dynamic_llama_is_tuned_at_the_real_sizes(exporter):
-    """Tuned at the sizes --shape and each --shape-profile bucket give (the TorchScript export's head split
-    leaves onnx's inference `unk__N` dims; onnxruntime's symbolic inference names them, and the tuning-size
-    propagation covers what stays unknown). The causal mask both exporters compute from the length is proven
-    causal (attention_causal_mask through rewrite/mask_grid.py): the attention reads no mask."""
+    """The TorchScript export's head split leaves `unk__N` dims that no --shape binds: shapes are propagated from
+    the inputs at the tuning sizes, for each --shape-profile bucket too. The causal mask both exporters compute
+    from the length is proven causal (attention_causal_mask through rewrite/mask_grid.py): no mask is read."""
     src = str(FC.MODELS / f"llamadyn_{exporter}.onnx")
     _, report = graphopt.optimize(src, gpu="a100", shapes={"input_ids": [2, 32]})
     assert set(report.tuning_dims) == {"batch", "seq"}

@@ -32,9 +32,13 @@ def dynamic_model(variant="fires", kind="additive", fp16=False):
     """The dynamic-length causal mask of transformers' LLaMA export (dynamo's value_info names the dims)."""
     b = Builder(17, seed=3)
     ids = b.input("ids", ["batch", "seq"], TensorProto.INT64)
-    length = b.op("Squeeze", [b.op("Shape", [ids], start=1, end=2)])
+    bound = b.input("past", ["batch", "ctx"], TensorProto.INT64) if variant == "other_length" else ids
+    length = b.op("Squeeze", [b.op("Shape", [bound], start=1, end=2)])
     start = 1 if variant == "offset" else 0
-    arange = b.op("Range", [b.const(start, "start", np.int64), length, b.const(1, "delta", np.int64)])
+    if variant == "float_range":  # Range(0.5, S, 1.0): a half-position offset that int() would round away
+        arange = b.op("Range", [b.const(0.5, "start"), b.op("Cast", [length], to=TensorProto.FLOAT), b.const(1.0, "delta")])
+    else:
+        arange = b.op("Range", [b.const(start, "start", np.int64), length, b.const(1, "delta", np.int64)])
     row = b.op("Unsqueeze", [arange, b.const([0, 1], "ax", np.int64)])
     key = b.op("Unsqueeze", [row, b.const([2], "ax", np.int64)])  # [1, 1, 1, S]
     query = b.op("Unsqueeze", [row, b.const([3], "ax", np.int64)])  # [1, 1, S, 1]
@@ -45,14 +49,15 @@ def dynamic_model(variant="fires", kind="additive", fp16=False):
                              b.op("Shape", [ids], start=1, end=2), b.op("Shape", [ids], start=1, end=2)], axis=0)
     keep = b.op("Expand", [keep, target])
     np_t = np.float16 if fp16 else np.float32
-    fill = {"finite_fill": -1e3}.get(variant, -1e4 if fp16 else FLOAT_MIN)
+    fill = {"finite_fill": -1e3, "clamped_fill": -1e4}.get(variant, float(np.finfo(np_t).min))
     mask = keep if kind == "bool" else b.op("Where", [keep, b.const(0.0, "zero", np_t), b.const(fill, "fill", np_t)])
     _attention(b, mask, kind, "seq", TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT)
     model = b.model()
-    length_name = "ctx" if variant == "other_length" else "seq"
-    model.graph.value_info.extend([  # what the dynamo exporter writes: the Range's and the Expand's dims by name
-        helper.make_tensor_value_info(arange, TensorProto.INT64, [length_name]),
-        helper.make_tensor_value_info(keep, TensorProto.BOOL, ["batch", 1, "seq", "seq"])])
+    if variant != "no_hints":  # what the dynamo exporter writes: the Range's and the Expand's dims by name
+        model.graph.value_info.extend([
+            helper.make_tensor_value_info(arange, TensorProto.FLOAT if variant == "float_range" else TensorProto.INT64,
+                                          ["ctx" if variant == "other_length" else "seq"]),
+            helper.make_tensor_value_info(keep, TensorProto.BOOL, ["batch", 1, "seq", "seq"])])
     return model
 
 
@@ -86,6 +91,8 @@ def _feeds(model, batch=2, seq=6, fp16=False):
     dt = np.float16 if fp16 else np.float32
     feeds = {n: rng.standard_normal((batch, H, seq, D)).astype(dt) for n in ("q", "k", "v")}
     feeds["ids"] = np.zeros((batch, seq), np.int64)
+    if "past" in {i.name for i in model.graph.input}:
+        feeds["past"] = np.zeros((batch, seq), np.int64)
     names = {i.name for i in model.graph.input}
     if "idx" in names:  # [b, 0, 0, s] -> ones_like(ids)[b, s]
         grid = np.stack(np.meshgrid(np.arange(batch), np.arange(seq), indexing="ij"), -1)
@@ -100,9 +107,12 @@ def _same_outputs(model, g, **kw):
     np.testing.assert_allclose(got, want, rtol=2e-2 if kw.get("fp16") else 1e-5, atol=2e-2 if kw.get("fp16") else 1e-5)
 
 
-@pytest.mark.parametrize("kind,fp16", [("additive", False), ("bool", False), ("additive", True)])
-def test_dynamic_causal_mask_becomes_causal(kind, fp16):
-    model = dynamic_model(kind=kind, fp16=fp16)
+@pytest.mark.parametrize("kind,fp16,variant", [("additive", False, "fires"), ("bool", False, "fires"),
+                                               ("additive", True, "fires"), ("additive", False, "no_hints")])
+def test_dynamic_causal_mask_becomes_causal(kind, fp16, variant):
+    """no_hints: no value_info names the Range's or the Expand's dims (TorchScript's exports, where onnx's
+    inference calls them unk__): they are computed from the Shape entries the bound and the target read."""
+    model = dynamic_model(variant, kind=kind, fp16=fp16)
     g, report = rewrite_inferred(model, RuleSet([SHIPPED.get(RULE)]))
     assert report.counts == {RULE: 1}, report.counts
     att = _attention_node(g)
@@ -121,10 +131,12 @@ def test_static_table_and_ones_padding_becomes_causal():
 
 @pytest.mark.parametrize("build,variant,reason", [
     (dynamic_model, "offset", "is not Range(0, n, 1)"),
+    (dynamic_model, "float_range", "is not Range(0, n, 1) over integers"),
     (dynamic_model, "anti", "is not 0 everywhere at or below the diagonal"),
     (dynamic_model, "window", "not proven small integers"),
     (dynamic_model, "other_length", "a Range of length ctx indexes an axis of size seq"),
     (dynamic_model, "finite_fill", "does not mask a score exactly"),
+    (lambda v: dynamic_model(v, fp16=True), "clamped_fill", "does not mask a score exactly"),
     (static_model, "per_batch", "differs across its leading axes"),
     (static_model, "zeros", "is not 0 everywhere at or below the diagonal"),
     (static_model, "padding_input", "'attention_mask' is a graph input"),
@@ -149,3 +161,19 @@ def test_the_grid_is_3x3_for_symbolic_lengths_and_full_for_a_table():
     g, _ = rewrite_inferred(static_model(), RuleSet([]))
     grid = mask_grid(g, _attention_node(g).inputs[3], lambda: (S_STATIC, S_STATIC))
     assert grid.shape == (S_STATIC, S_STATIC)
+
+
+def test_the_fp16_conversions_clamped_fill_is_the_sources_minus_infinity():
+    """The dynamic LLaMA at --precision fp16: the conversion writes its -3.4e38 fill as -1e4, which alone does
+    not mask exactly (above); the fp32 source's did, so the clamp is read as -inf there and the mask goes."""
+    from pathlib import Path
+
+    import onnx
+
+    import graphopt
+
+    src = Path(__file__).resolve().parents[2] / "models" / "coverage" / "llamadyn_dynamo.onnx"
+    optimized, report = graphopt.optimize(onnx.load(str(src)), gpu="none", precision="fp16", verify=True)
+    attention = [n for n in optimized.graph.node if n.op_type == "Attention"]
+    assert attention and all(len(n.input) == 3 for n in attention), [list(n.input) for n in attention]
+    assert report.rewrites.get(RULE) == len(attention)
