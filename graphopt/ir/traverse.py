@@ -32,25 +32,32 @@ def dependency_graph(graph: Graph) -> nx.MultiDiGraph:
     return g
 
 
-def reaches(graph: Graph, src: str, dst: str) -> bool:
+def reaches(graph: Graph, src: str, dst: str, window: tuple | None = None) -> bool:
     """Whether producer -> consumer edges (those of ``dependency_graph``: explicit inputs and the outer
     tensors a node's subgraphs read) lead from node ``src`` to node ``dst``: a breadth-first search
     from both ends that grows the smaller frontier, as networkx's ``has_path`` does, but over the IR's
     own indexes. Why not networkx: ``Graph.nx`` had to be built for it (20k nodes of the GPT-2 export,
-    a MultiDiGraph with an edge per tensor use) only for the rewrite engine's cycle checks."""
+    a MultiDiGraph with an edge per tensor use) only for the rewrite engine's cycle checks.
+
+    ``window`` (src's and dst's positions, where the node order is known to be topological): every node on
+    a path from src to dst lies between them, so neither search leaves that stretch (the packed-attention
+    rule's 84 checks on the 20k-node GPT-2 walked 537k nodes, 0.48 s, without it)."""
     if src == dst:
         return True
     nodes, consumers, producer, implicit = graph._nodes, graph._consumers, graph._producer, graph._implicit
+    lo, hi = window if window is not None else (None, None)
 
     def successors(name: str) -> Iterator[str]:
         for t in nodes[name].outputs:
             if t:
-                yield from consumers.get(t, ())
+                for m in consumers.get(t, ()):
+                    if hi is None or nodes[m]._pos <= hi:
+                        yield m
 
     def predecessors(name: str) -> Iterator[str]:
         for t in (*nodes[name].inputs, *implicit.get(name, ())):
             p = producer.get(t) if t else None
-            if p is not None:
+            if p is not None and (lo is None or nodes[p]._pos >= lo):
                 yield p
 
     seen_fwd, seen_bwd = {src}, {dst}
