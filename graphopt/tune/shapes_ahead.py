@@ -85,15 +85,17 @@ class ShapesAhead(Forked):
         """The child's shapes of ``wanted`` at ``dims`` (and these ``--shape`` values), or None when it
         did not compute exactly these or left one of them unknown. Waits for the child the first
         time (``graphopt.ir.ahead.ANSWER_DEADLINE_S`` at most)."""
+        known = self.known(dims, shapes)
+        return known if known is not None and all(t in known for t in wanted) else None
+
+    def known(self, dims: Mapping[str, int], shapes: Shapes | None) -> dict[str, tuple[int, ...]] | None:
+        """Every shape the child computed at ``dims`` (and these ``--shape`` values), or None."""
         if self._answer is None:
             self._answer = self._collect()
         if self._shapes != _shapes_key(shapes):
             return None
         key = _dims_key(dims)
-        for answer_dims, known in self._answer:
-            if answer_dims == key:
-                return known if all(t in known for t in wanted) else None
-        return None
+        return next((known for answer_dims, known in self._answer if answer_dims == key), None)
 
     def _collect(self) -> list[tuple[list, dict[str, tuple[int, ...]]]]:
         data = self.answer()

@@ -7,7 +7,10 @@ See ``graphopt.tune.select`` (the module docstring) for the rules; this module h
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from graphopt.kernels.registry import signature_of
 from graphopt.lowering.contract import Signature
@@ -140,11 +143,40 @@ def propagated_shapes(graph, nodes, dims: Mapping[str, int], shapes, ahead=None)
     if not wanted:
         return {}
     known = ahead.lookup(dims, shapes, wanted) if ahead is not None else None
+    if known is None and ahead is not None:  # a tensor a rule made (a packed Q/K/V view): from its input's
+        table = ahead.known(dims, shapes)
+        if table is not None:
+            got = {t: table.get(t) or reshaped(graph, t, table) for t in wanted}
+            known = got if all(got.values()) else None
     if known is None:  # no child computed these dims, or it left one of them unknown: here, then
         from graphopt.tune.propagate import concrete_shapes
 
         known = concrete_shapes(graph, dims, default_size, shapes, wanted)
     return {t: known[t] for t in wanted if t in known}
+
+
+def reshaped(graph, t: str, table: Mapping[str, tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The static shape of ``t`` = Reshape(x, a constant target) where ``table`` has x's, by ONNX's rule (0 copies
+    x's dim unless ``allowzero``, one -1 takes the rest); else None. What inference of that one node gives."""
+    node = graph.producer(t)
+    if node is None or node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or node.inputs[0] not in table:
+        return None
+    target = graph.constant_value(node.inputs[1])
+    if target is None:
+        return None
+    x, out = table[node.inputs[0]], [int(v) for v in np.asarray(target).reshape(-1)]
+    if not node.attr("allowzero", 0):
+        if any(v == 0 and k >= len(x) for k, v in enumerate(out)):
+            return None
+        out = [x[k] if v == 0 else v for k, v in enumerate(out)]
+    if out.count(-1) > 1 or any(v < -1 for v in out):
+        return None
+    if -1 in out:
+        rest = math.prod(v for v in out if v != -1)
+        if rest == 0 or math.prod(x) % rest:
+            return None
+        out[out.index(-1)] = math.prod(x) // rest
+    return tuple(out) if math.prod(out) == math.prod(x) else None
 
 
 def unbound_test(graph) -> Callable[[Any], bool]:
