@@ -5,6 +5,9 @@
 # H200 (issue 20's erf-GELU 50 MB row and attention at 4096 keys), 48 elsewhere (the LLaMA end to end with grouped
 # K/V fused at fp16; 51, 53 and a first 48 ran on an H100 at 0b17732, twentieth session); then 45 (the dynamo GPT-2),
 # 43 (the dynamo CNNs); 3 and 4 for the whole suite; 52 or 54 when little device time is left.
+# The twenty-first session (2026-12-08) got no machine (every request refused, then "no new device machine is
+# lent"): all of the above remains. Its changes ride along: 48 now measures the LLaMA with its runtime causal
+# mask as causal=1 (rewrite/mask_grid.py), 45 the dynamo GPT-2 with packed Q/K/V and no head Transposes.
 # The eighteenth session's notes follow. The eighteenth session's H200 ran 34, 3, 4, 40, 32's rows and
 # 38's layer rows with 39 at 805f74b: every acceptance row of issues 15 and 20 is measured on an H200 at that
 # commit but one (bias+GELU erf at 50 MB, 0.76 of a same-size copy). First call of a session: ``auto`` = 41 (the
