@@ -57,7 +57,8 @@ def _lengths(g, att) -> tuple:
 
 @register_constraint("causal_mask", "tn")
 def causal_mask(g, m, att):
-    """m is a constant that masks key j > query i exactly, and nothing else, for every leading entry."""
+    """m (a constant, or a mask ``mask_grid`` proves for every length) masks key j > query i exactly, and nothing
+    else, for every leading entry."""
     if not m:
         return "the attention has no mask"
     kind = _kind(att)
