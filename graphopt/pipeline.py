@@ -240,7 +240,12 @@ def finalize_model(graph: Graph) -> onnx.ModelProto:
 def _verify_or_raise(model, original, report: OptimizeReport, source: str, shapes, rtol: float | None,
                      atol: float | None) -> None:
     """Run both under onnxruntime; record the result; raise VerificationFailed past the tolerance
-    (``None``: the default for the models' dtypes, ``graphopt.compare.default_tolerances``)."""
+    (``None``: the default for the models' dtypes, ``graphopt.compare.default_tolerances``; after ``--precision
+    fp16``, fp16's, whatever dtypes the optimized model's own tensors still show)."""
+    if report.precision.startswith("fp16"):
+        from graphopt.precision import fp16_tolerances
+
+        rtol, atol = fp16_tolerances(rtol, atol)
     try:
         result: VerifyResult = verify_models(model, original, shapes=shapes, rtol=rtol, atol=atol)
     except VerificationFailed as e:

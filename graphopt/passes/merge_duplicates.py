@@ -39,7 +39,8 @@ def _input_key(g: Graph, tensor: str, memo: dict[str, object]) -> object:
     if key is not None:
         return key
     key = tensor
-    if g.is_constant(tensor) and _small(g, tensor):
+    if g.is_constant(tensor) and _small(g, tensor) and tensor not in g.root.fp16_clamped:
+        # (a constant the fp16 conversion clamped means more than its value: Graph.fp16_clamped; kept by name)
         value = g.constant_value(tensor)
         if value is not None:
             key = ("const", value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())

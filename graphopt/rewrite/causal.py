@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.rewrite.mask_grid import NotAMaskGrid, exact_value, mask_grid
+from graphopt.rewrite.mask_grid import NotAMaskGrid, exact_value, fits_scores, mask_grid
 from graphopt.rewrite.registry import register_builder, register_constraint
 
 MASKED_AT_MOST = -1e30
@@ -44,15 +44,18 @@ def _masks_exactly(values: np.ndarray) -> bool:
     return bool(np.all(v <= MASKED_AT_MOST))
 
 
-def _lengths(g, att) -> tuple:
-    """(query count, key count) of Attention att as its Q and V shapes give them (ints, dim names or None)."""
-    q = g.shape(att.inputs[0]) or ()
+def _scores(g, att) -> tuple | None:
+    """The dims of Attention att's scores, [..., H, Sq, Skv], as its Q and V shapes give them (ints, dim names or
+    None); None where Q's rank is unknown."""
+    q = g.shape(att.inputs[0])
     v = (g.shape(att.inputs[2]) if len(att.inputs) > 2 and att.inputs[2] else None) or ()
+    if q is None:
+        return None
     if att.attr("qkv_packed", 0):  # Q is [B, S, 3, H, D] and stands for K and V
-        return (q[1], q[1]) if len(q) == 5 else (None, None)
+        return (q[0], q[3], q[1], q[1]) if len(q) == 5 else None
     if att.attr("qkv_bshd", 0):  # [B, S, H, D]
-        return (q[1] if len(q) == 4 else None), (v[1] if len(v) == 4 else None)
-    return (q[-2] if len(q) >= 2 else None), (v[-2] if len(v) >= 2 else None)
+        return (q[0], q[2], q[1], v[1] if len(v) == 4 else None) if len(q) == 4 else None
+    return tuple(q[:-2]) + (q[-2] if len(q) >= 2 else None, v[-2] if len(v) >= 2 else None)
 
 
 @register_constraint("causal_mask", "tn")
@@ -67,9 +70,11 @@ def causal_mask(g, m, att):
     value = exact_value(g, m)
     if value is None:
         try:
-            value = mask_grid(g, m, lambda: _lengths(g, att))[None]
+            value = mask_grid(g, m, lambda: _scores(g, att))[None]
         except NotAMaskGrid as why:
             return f"the mask {m!r} is not a constant, and what it holds is not proven: {why}"
+    elif value.ndim >= 2 and min(value.shape[-2:]) >= 2 and (why := fits_scores(value.shape, _scores(g, att))):
+        return f"the constant mask {m!r}: {why}"
     if value.ndim < 2 or min(value.shape[-2:]) < 2:
         return f"the mask {m!r} of shape {list(value.shape)} does not give each query row its own keys"
     sq, skv = value.shape[-2:]

@@ -93,10 +93,12 @@ def _ints(g, t: str) -> list[int] | None:
 
 def exact_value(g, t: str) -> np.ndarray | None:
     """``g.constant_value(t)``, with -inf where the fp16 conversion clamped the source model's minus infinity to
-    -1e4 (``Graph.fp16_clamped``, set by ``graphopt.precision``): the mask the source model meant."""
+    -1e4 (``Graph.fp16_clamped``, set by ``graphopt.precision``; those positions must still hold -1e4): the mask
+    the source model meant. Only for a value the mask adds (a Where's branch, the mask itself), never for one a
+    comparison reads."""
     value = g.constant_value(t)
     clamped = g.root.fp16_clamped.get(t) if value is not None else None
-    if clamped is None or clamped.shape != value.shape:
+    if clamped is None or clamped.shape != value.shape or not np.all(value[clamped] == value.dtype.type(-1e4)):
         return value
     return np.where(clamped, value.dtype.type(-np.inf), value)
 
@@ -110,8 +112,16 @@ def _constant(value: np.ndarray):
     return Table(np.asarray(value))
 
 
-def _unsqueezed(e, in_rank: int, axes: list[int]):
-    """``e`` of a rank-``in_rank`` tensor, as an expression of ``Unsqueeze(tensor, axes)``."""
+def _unsqueezed(e, in_rank: int, axes: list[int], memo: dict | None = None):
+    """``e`` of a rank-``in_rank`` tensor, as an expression of ``Unsqueeze(tensor, axes)`` (shared subexpressions
+    once: ``memo`` by identity)."""
+    memo = {} if memo is None else memo
+    if id(e) not in memo:
+        memo[id(e)] = _unsqueezed_node(e, in_rank, axes, memo)
+    return memo[id(e)]
+
+
+def _unsqueezed_node(e, in_rank: int, axes: list[int], memo: dict):
     out_rank = in_rank + len(axes)
     new = sorted(a + out_rank if a < 0 else a for a in axes)
     kept = [q for q in range(out_rank) if q not in new]  # output position of each input axis
@@ -121,15 +131,25 @@ def _unsqueezed(e, in_rank: int, axes: list[int]):
         arr = e.array.reshape((1,) * (in_rank - e.array.ndim) + e.array.shape)
         return Table(np.expand_dims(arr, tuple(new)))
     if isinstance(e, Op):
-        return Op(e.name, tuple(_unsqueezed(a, in_rank, axes) for a in e.args), e.to)
+        return Op(e.name, tuple(_unsqueezed(a, in_rank, axes, memo) for a in e.args), e.to)
     return e
 
 
-def term(g, t: str, depth: int = 0):
-    """The expression of tensor ``t``'s values (raises ``NotAMaskGrid``)."""
+def term(g, t: str, depth: int = 0, as_value: bool = True, memo: dict | None = None):
+    """The expression of tensor ``t``'s values (raises ``NotAMaskGrid``). ``as_value``: t is what the mask adds
+    (``exact_value`` applies), not what a comparison reads. ``memo``: one walk per tensor (a mask built as
+    ``And(x, x)`` n times would be walked 2^n times)."""
+    memo = {} if memo is None else memo
+    key = (t, as_value)
+    if key not in memo:
+        memo[key] = _term(g, t, depth, as_value, memo)
+    return memo[key]
+
+
+def _term(g, t: str, depth: int, as_value: bool, memo: dict):
     if depth > MAX_DEPTH:
         raise NotAMaskGrid(f"{t!r} is computed by more than {MAX_DEPTH} ops")
-    value = exact_value(g, t)
+    value = exact_value(g, t) if as_value else g.constant_value(t)
     if value is not None:
         return _constant(value)
     node = g.producer(t)
@@ -146,7 +166,7 @@ def term(g, t: str, depth: int = 0):
             raise NotAMaskGrid(f"Range {node.name!r} is not Range(0, n, 1) over integers")
         return Index(-1, t)
     if op in SAME_ELEMENTS or op == "Cast":
-        inner = term(g, ins[0], depth + 1)
+        inner = term(g, ins[0], depth + 1, as_value, memo)
         if isinstance(inner, Const):  # every element one of the input's: the same value
             if op != "Cast":
                 return inner
@@ -161,8 +181,10 @@ def term(g, t: str, depth: int = 0):
                 raise NotAMaskGrid(f"Unsqueeze {node.name!r} has axes computed at run time")
             return _unsqueezed(inner, _rank(g, ins[0]), list(axes))
         raise NotAMaskGrid(f"{op} {node.name!r} moves the positions of a value that is not uniform")
-    if op in COMPARE or op in LOGICAL or op in ("Not", "Where"):
-        return Op(op, tuple(term(g, x, depth + 1) for x in ins))
+    if op == "Where":  # the condition is read; the branches are the values
+        return Op(op, tuple(term(g, x, depth + 1, k > 0 and as_value, memo) for k, x in enumerate(ins)))
+    if op in COMPARE or op in LOGICAL or op == "Not":
+        return Op(op, tuple(term(g, x, depth + 1, False, memo) for x in ins))
     raise NotAMaskGrid(f"{op} {node.name!r} is not followed ({t!r})")
 
 
@@ -194,9 +216,16 @@ def _rank_1d(g, t: str) -> int | None:
     return shape[0] if shape is not None and len(shape) == 1 and isinstance(shape[0], int) else None
 
 
-def dims(g, t: str, depth: int = 0):
+def dims(g, t: str, depth: int = 0, memo: dict | None = None):
     """The dims of ``t`` in the mask's cone, as its ops compute them from their inputs' (so a Range's length is
     the dim its bound reads, where onnx's inference names it afresh), each completed by the IR's where unknown."""
+    memo = {} if memo is None else memo
+    if t not in memo:
+        memo[t] = _dims(g, t, depth, memo)
+    return memo[t]
+
+
+def _dims(g, t: str, depth: int, memo: dict):
     ir = g.shape(t)
     ir = None if ir is None else tuple(d if known_size(d) else None for d in ir)
     node = g.producer(t) if depth <= MAX_DEPTH else None
@@ -206,47 +235,61 @@ def dims(g, t: str, depth: int = 0):
         if op == "Range":
             mine = (entry_size(g, dim_source(g, ins[1], 0)),)
         elif op == "Unsqueeze":
-            inner, axes = dims(g, ins[0], depth + 1), _ints(g, ins[1]) if len(ins) > 1 else node.attr("axes")
+            inner, axes = dims(g, ins[0], depth + 1, memo), _ints(g, ins[1]) if len(ins) > 1 else node.attr("axes")
             if inner is not None and axes is not None:
                 out_rank = len(inner) + len(axes)
                 new = {a + out_rank if a < 0 else a for a in axes}
                 it = iter(inner)
                 mine = tuple(1 if q in new else next(it) for q in range(out_rank))
         elif op == "Expand":
-            mine = _broadcast(dims(g, ins[0], depth + 1), _target_dims(g, ins[1]))
+            mine = _broadcast(dims(g, ins[0], depth + 1, memo), _target_dims(g, ins[1]))
         elif op in COMPARE or op in LOGICAL or op in ("Not", "Where", "Cast", "Identity"):
-            mine = _broadcast(*(dims(g, x, depth + 1) for x in ins))
+            mine = _broadcast(*(dims(g, x, depth + 1, memo) for x in ins))
     if mine is None or ir is None or len(ir) != len(mine):
         return mine if mine is not None else ir
     return tuple(m if m is not None else i for m, i in zip(mine, ir))
 
 
-def _kind(e) -> str:
+def _kind(e, memo: dict | None = None) -> str:
     """'P' a raw position, 'B' a value that depends on positions only through comparisons of positions with
-    positions, 'F' a value that depends on none; raises NotAMaskGrid when a position meets anything else."""
+    positions, 'F' a value that depends on none; raises NotAMaskGrid when a position meets anything else.
+    (``memo``, by node identity: an expression shares its subexpressions, as the graph shares tensors.)"""
+    memo = {} if memo is None else memo
+    if id(e) in memo:
+        return memo[id(e)]
     if isinstance(e, Const):
-        return "F"
-    if isinstance(e, Index):
-        return "P"
-    if isinstance(e, Table):
+        kind = "F"
+    elif isinstance(e, Index):
+        kind = "P"
+    elif isinstance(e, Table):
         raise NotAMaskGrid("a constant table")
-    kinds = [_kind(a) for a in e.args]
-    if e.name in COMPARE and kinds == ["P", "P"]:
-        return "B"
-    if e.name == "Cast" and kinds == ["P"] and e.to == TensorProto.INT64:
-        return "P"
-    if "P" in kinds:
-        raise NotAMaskGrid(f"a position goes into {e.name} with something other than a position")
-    return "B" if "B" in kinds else "F"
+    else:
+        kinds = [_kind(a, memo) for a in e.args]
+        if e.name in COMPARE and kinds == ["P", "P"]:
+            kind = "B"
+        elif e.name == "Cast" and kinds == ["P"] and e.to == TensorProto.INT64:
+            kind = "P"
+        elif "P" in kinds:
+            raise NotAMaskGrid(f"a position goes into {e.name} with something other than a position")
+        else:
+            kind = "B" if "B" in kinds else "F"
+    memo[id(e)] = kind
+    return kind
 
 
-def _leaves(e, kind: type):
-    """The leaves of expression ``e`` of type ``kind`` (Index or Table)."""
-    if isinstance(e, kind):
-        yield e
-    elif isinstance(e, Op):
-        for a in e.args:
-            yield from _leaves(a, kind)
+def _leaves(e, kind: type) -> list:
+    """The leaves of expression ``e`` of type ``kind`` (Index or Table), each shared subexpression once."""
+    found, seen, todo = [], set(), [e]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, kind):
+            found.append(x)
+        elif isinstance(x, Op):
+            todo.extend(x.args)
+    return found
 
 
 def _table_rows(arr: np.ndarray) -> np.ndarray:
@@ -258,7 +301,14 @@ def _table_rows(arr: np.ndarray) -> np.ndarray:
     return lead[0]
 
 
-def _evaluate(e, rows: np.ndarray, cols: np.ndarray):
+def _evaluate(e, rows: np.ndarray, cols: np.ndarray, memo: dict | None = None):
+    memo = {} if memo is None else memo
+    if id(e) not in memo:
+        memo[id(e)] = _evaluate_node(e, rows, cols, memo)
+    return memo[id(e)]
+
+
+def _evaluate_node(e, rows: np.ndarray, cols: np.ndarray, memo: dict):
     if isinstance(e, Const):
         return e.value
     if isinstance(e, Index):
@@ -266,7 +316,7 @@ def _evaluate(e, rows: np.ndarray, cols: np.ndarray):
     if isinstance(e, Table):
         sub = _table_rows(e.array)
         return sub[rows if sub.shape[0] > 1 else 0 * rows, cols if sub.shape[1] > 1 else 0 * cols]
-    args = [_evaluate(a, rows, cols) for a in e.args]
+    args = [_evaluate(a, rows, cols, memo) for a in e.args]
     if e.name in COMPARE:
         return COMPARE[e.name](*args)
     if e.name in LOGICAL:
@@ -278,28 +328,38 @@ def _evaluate(e, rows: np.ndarray, cols: np.ndarray):
     return np.asarray(args[0]).astype(helper.tensor_dtype_to_np_dtype(e.to))
 
 
-def mask_grid(g, mask: str, lengths: Callable[[], tuple]) -> np.ndarray:
-    """The values of ``mask`` on a grid that decides every position of its attention (``lengths()``: the query
-    and key counts, ints, dim names or None): 3 x 3 where its expression depends on positions only through
-    comparisons with each other, else its whole [rows, keys] (integer sizes). Raises ``NotAMaskGrid`` with the
-    reason otherwise.
+def fits_scores(shape, scores) -> str | None:
+    """None where a mask of dims ``shape`` adds to scores of dims ``scores`` ([..., Sq, Skv]: ints, names or None)
+    without growing them: each of its dims proven the scores' or 1 (the query and key axes: the scores'), and no
+    more axes than they have. A mask that broadcast the scores up (a [S, S] mask on one query row, a batch of 2 on a
+    batch of 1) would change the output's shape, which causal=1 does not; else the reason."""
+    if shape is None or scores is None or len(shape) < 2 or len(shape) > len(scores):
+        return f"its dims {shape} are not proven to fit the attention's scores {scores}"
+    for k in range(1, len(shape) + 1):
+        d, want = shape[-k], scores[-k]
+        if not same_size(d, want) and not (k > 2 and d == 1):
+            return f"its dims {list(shape)} are not proven to fit the attention's scores {list(scores)}"
+    return None
 
-    Its last dims must be the key count and a row count that is the query count, or the key count itself: at run
-    time that row count either is the query count, or is 1 (then so is the key count, and every form of the
-    mask lets each query see its one key), or the attention's broadcast fails. Each Range's length must be the
+
+def mask_grid(g, mask: str, scores: Callable[[], tuple]) -> np.ndarray:
+    """The values of ``mask`` on a grid that decides every position of its attention (``scores()``: the dims of
+    the attention's scores, [..., Sq, Skv], ints, names or None): 3 x 3 where its expression depends on positions
+    only through comparisons with each other, else its whole [Sq, Skv] (integer sizes). Raises ``NotAMaskGrid``
+    with the reason otherwise. Its dims must fit the scores (``fits_scores``), and each Range's length must be the
     size of the axis it indexes, so a position is never a broadcast copy of position 0."""
-    e = term(g, mask)
+    memo: dict = {}
+    e = term(g, mask, memo=memo)
     for ix in _leaves(e, Index):
         if ix.axis not in (-2, -1):
             raise NotAMaskGrid(f"it reads the position on axis {ix.axis}, not only the query's and the key's")
-    shape = dims(g, mask)
-    sq, skv = lengths()
-    if shape is None or len(shape) < 2 or not same_size(shape[-1], skv) or not (
-            same_size(shape[-2], sq) or same_size(shape[-2], skv)):
-        raise NotAMaskGrid(f"its dims {list(shape) if shape else shape} are not proven to end in the attention's "
-                           f"[{sq}, {skv}] (or [{skv}, {skv}])")
+    dim_memo: dict = {}
+    shape = dims(g, mask, memo=dim_memo)
+    why = fits_scores(shape, scores())
+    if why:
+        raise NotAMaskGrid(why)
     for ix in _leaves(e, Index):
-        length = (dims(g, ix.range) or (None,))[0]
+        length = (dims(g, ix.range, memo=dim_memo) or (None,))[0]
         if not same_size(length, shape[ix.axis]):
             raise NotAMaskGrid(f"a Range of length {length} indexes an axis of size {shape[ix.axis]}")
     try:

@@ -137,7 +137,7 @@ def test_static_table_and_ones_padding_becomes_causal():
     (dynamic_model, "other_length", "a Range of length ctx indexes an axis of size seq"),
     (dynamic_model, "finite_fill", "does not mask a score exactly"),
     (lambda v: dynamic_model(v, fp16=True), "clamped_fill", "does not mask a score exactly"),
-    (static_model, "per_batch", "differs across its leading axes"),
+    (static_model, "per_batch", "not proven to fit the attention's scores"),  # a batch of 2 on Q's batch
     (static_model, "zeros", "is not 0 everywhere at or below the diagonal"),
     (static_model, "padding_input", "'attention_mask' is a graph input"),
 ])
@@ -153,13 +153,17 @@ def test_near_misses_keep_the_mask(build, variant, reason):
 def test_the_grid_is_3x3_for_symbolic_lengths_and_full_for_a_table():
     g, _ = rewrite_inferred(dynamic_model(), RuleSet([]))
     mask = _attention_node(g).inputs[3]
-    grid = mask_grid(g, mask, lambda: ("seq", "seq"))
+    grid = mask_grid(g, mask, lambda: ("batch", H, "seq", "seq"))
     assert grid.shape == (3, 3) and grid.dtype == np.float32
     assert np.array_equal(grid == 0, np.tril(np.ones((3, 3), bool)))
-    with pytest.raises(NotAMaskGrid, match="not proven to end in"):
-        mask_grid(g, mask, lambda: ("seq", "other"))
+    with pytest.raises(NotAMaskGrid, match="not proven to fit"):
+        mask_grid(g, mask, lambda: ("batch", H, "seq", "other"))
+    with pytest.raises(NotAMaskGrid, match="not proven to fit"):  # one query row: the [S, S] mask would grow it
+        mask_grid(g, mask, lambda: ("batch", H, 1, "seq"))
+    with pytest.raises(NotAMaskGrid, match="not proven to fit"):  # another batch: the mask's could grow it
+        mask_grid(g, mask, lambda: ("nb", H, "seq", "seq"))
     g, _ = rewrite_inferred(static_model(), RuleSet([]))
-    grid = mask_grid(g, _attention_node(g).inputs[3], lambda: (S_STATIC, S_STATIC))
+    grid = mask_grid(g, _attention_node(g).inputs[3], lambda: ("batch", H, S_STATIC, S_STATIC))
     assert grid.shape == (S_STATIC, S_STATIC)
 
 
@@ -177,3 +181,60 @@ def test_the_fp16_conversions_clamped_fill_is_the_sources_minus_infinity():
     attention = [n for n in optimized.graph.node if n.op_type == "Attention"]
     assert attention and all(len(n.input) == 3 for n in attention), [list(n.input) for n in attention]
     assert report.rewrites.get(RULE) == len(attention)
+
+
+def _two_layers_sharing_one_condition(fill_2: float):
+    """Two attentions on one causal condition: layer 1 fills with float32's minimum, layer 2 with ``fill_2``."""
+    b = Builder(17, seed=3)
+    ids = b.input("ids", ["batch", "seq"], TensorProto.INT64)
+    length = b.op("Squeeze", [b.op("Shape", [ids], start=1, end=2)])
+    arange = b.op("Range", [b.const(0, "start", np.int64), length, b.const(1, "delta", np.int64)])
+    row = b.op("Unsqueeze", [arange, b.const([0, 1], "ax", np.int64)])
+    keep = b.op("LessOrEqual", [b.op("Unsqueeze", [row, b.const([2], "ax", np.int64)]),
+                                b.op("Unsqueeze", [row, b.const([3], "ax", np.int64)])])
+    for tag, fill in (("1", FLOAT_MIN), ("2", fill_2)):
+        q, k, v = (b.input(f"{n}{tag}", ["batch", H, "seq", D]) for n in "qkv")
+        mask = b.op("Where", [keep, b.const(0.0, "zero"), b.const(fill, "fill")])
+        s = b.op("Add", [b.op("Mul", [b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])]), b.const(0.5, "sc")]), mask])
+        b.output(b.op("MatMul", [b.op("Softmax", [s], axis=-1), v]))
+    return b.model()
+
+
+def test_a_genuine_fp16_fill_is_not_merged_into_a_clamped_one():
+    """--precision fp16 writes both fills as -1e4; only layer 1's was -3.4e38 in the source. merge_duplicates must
+    not hand layer 2 layer 1's flagged fill (Graph.fp16_clamped): layer 2 keeps its mask."""
+    import graphopt
+
+    optimized, report = graphopt.optimize(_two_layers_sharing_one_condition(-1e4), gpu="none", precision="fp16")
+    masks = sorted(len(n.input) for n in optimized.graph.node if n.op_type == "Attention")
+    assert masks == [3, 4] and report.rewrites.get(RULE) == 1, (masks, report.rewrites)
+
+
+def test_a_mask_built_as_a_deep_dag_is_walked_once_per_tensor():
+    """x = And(x, x) twenty times: without the memo the walk took 2^20 steps."""
+    import time
+
+    b = Builder(17)
+    ids = b.input("ids", ["batch", "seq"], TensorProto.INT64)
+    length = b.op("Squeeze", [b.op("Shape", [ids], start=1, end=2)])
+    arange = b.op("Range", [b.const(0, "start", np.int64), length, b.const(1, "delta", np.int64)])
+    row = b.op("Unsqueeze", [arange, b.const([0, 1], "ax", np.int64)])
+    keep = b.op("LessOrEqual", [b.op("Unsqueeze", [row, b.const([2], "ax", np.int64)]),
+                                b.op("Unsqueeze", [row, b.const([3], "ax", np.int64)])])
+    for _ in range(20):
+        keep = b.op("And", [keep, keep])
+    _attention(b, keep, "bool", "seq")
+    model = b.model()
+    t = time.perf_counter()
+    g, report = rewrite_inferred(model, RuleSet([SHIPPED.get(RULE)]))
+    assert report.counts == {RULE: 1} and time.perf_counter() - t < 5.0
+
+
+def test_verify_after_precision_fp16_uses_fp16_tolerances():
+    """The library's verify after --precision fp16 compares at fp16's tolerances, as the CLI does, also where the
+    rewrites leave the optimized model no fp16 tensor of its own to show (both masks gone here)."""
+    import graphopt
+
+    _, report = graphopt.optimize(_two_layers_sharing_one_condition(FLOAT_MIN), gpu="none", precision="fp16",
+                                  verify=True)
+    assert report.verify["ok"] and report.verify["rtol"] == 1e-2 and report.rewrites.get(RULE) == 2
