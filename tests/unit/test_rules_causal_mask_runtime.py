@@ -183,15 +183,20 @@ def test_the_fp16_conversions_clamped_fill_is_the_sources_minus_infinity():
     assert report.rewrites.get(RULE) == len(attention)
 
 
-def _two_layers_sharing_one_condition(fill_2: float):
-    """Two attentions on one causal condition: layer 1 fills with float32's minimum, layer 2 with ``fill_2``."""
-    b = Builder(17, seed=3)
+def _causal_condition(b) -> str:
+    """key <= query over Range(0, S) of the ids' length: dynamic_model's condition without its variants."""
     ids = b.input("ids", ["batch", "seq"], TensorProto.INT64)
     length = b.op("Squeeze", [b.op("Shape", [ids], start=1, end=2)])
     arange = b.op("Range", [b.const(0, "start", np.int64), length, b.const(1, "delta", np.int64)])
     row = b.op("Unsqueeze", [arange, b.const([0, 1], "ax", np.int64)])
-    keep = b.op("LessOrEqual", [b.op("Unsqueeze", [row, b.const([2], "ax", np.int64)]),
+    return b.op("LessOrEqual", [b.op("Unsqueeze", [row, b.const([2], "ax", np.int64)]),
                                 b.op("Unsqueeze", [row, b.const([3], "ax", np.int64)])])
+
+
+def _two_layers_sharing_one_condition(fill_2: float):
+    """Two attentions on one causal condition: layer 1 fills with float32's minimum, layer 2 with ``fill_2``."""
+    b = Builder(17, seed=3)
+    keep = _causal_condition(b)
     for tag, fill in (("1", FLOAT_MIN), ("2", fill_2)):
         q, k, v = (b.input(f"{n}{tag}", ["batch", H, "seq", D]) for n in "qkv")
         mask = b.op("Where", [keep, b.const(0.0, "zero"), b.const(fill, "fill")])
@@ -215,12 +220,7 @@ def test_a_mask_built_as_a_deep_dag_is_walked_once_per_tensor():
     import time
 
     b = Builder(17)
-    ids = b.input("ids", ["batch", "seq"], TensorProto.INT64)
-    length = b.op("Squeeze", [b.op("Shape", [ids], start=1, end=2)])
-    arange = b.op("Range", [b.const(0, "start", np.int64), length, b.const(1, "delta", np.int64)])
-    row = b.op("Unsqueeze", [arange, b.const([0, 1], "ax", np.int64)])
-    keep = b.op("LessOrEqual", [b.op("Unsqueeze", [row, b.const([2], "ax", np.int64)]),
-                                b.op("Unsqueeze", [row, b.const([3], "ax", np.int64)])])
+    keep = _causal_condition(b)
     for _ in range(20):
         keep = b.op("And", [keep, keep])
     _attention(b, keep, "bool", "seq")
