@@ -136,12 +136,11 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
             raise UsageError(f"--tune-budget {tune_budget:g}: expected a positive number of seconds")
         shape_map = parse_shape_overrides(shapes)
         profile = parse_shape_profiles(shape_profiles)  # syntax errors before the model is read
-        from graphopt.precision import fp16_tolerances, parse_keep_fp32
+        from graphopt.precision import parse_keep_fp32
 
         keep = parse_keep_fp32(keep_fp32)
         if (io_fp16 or keep) and precision != "fp16":
             raise UsageError("--io-fp16 and --keep-fp32 go with --precision fp16")
-        r_tol, a_tol = fp16_tolerances(rtol, atol) if precision == "fp16" else (rtol, atol)
         with _Progress(quiet) as progress:
             _, report = optimize_file(
                 model,
@@ -154,8 +153,8 @@ def optimize(model, output, gpu, rules, disable, explain, report_path, verify, s
                 shapes=shape_map,
                 shape_profile=profile,
                 tune_budget=tune_budget,
-                rtol=r_tol,  # None: the default for the model's dtypes
-                atol=a_tol,
+                rtol=rtol,  # None: the default for the model's dtypes (fp16's after --precision fp16)
+                atol=atol,
                 progress=progress,
                 precision=precision,
                 io_fp16=io_fp16,

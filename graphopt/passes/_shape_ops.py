@@ -126,25 +126,32 @@ def _constant_of_shape(node: Node, ins: list, opset: int):
     return np.full(dims, value.reshape(()), dtype=value.dtype)
 
 
-def _reshape(node: Node, ins: list, opset: int):
-    # Pure data movement (row-major), with ONNX's 0 (copy the input's dim, unless allowzero) and
-    # one -1 (inferred); any shape ONNX calls invalid is left to the general path.
-    if opset < 5 or len(ins) != 2 or ins[1].dtype != np.int64 or ins[1].ndim != 1:
-        return None
-    data, allowzero = ins[0], int(node.attr("allowzero", 0)) if opset >= 14 else 0
-    dims = [int(d) for d in ins[1]]
+def reshaped_dims(shape, target, allowzero: int) -> list[int] | None:
+    """The output dims of ``Reshape(x of shape, target)`` by ONNX's rule: 0 copies x's dim (unless ``allowzero``),
+    one -1 takes the rest; None for any target ONNX calls invalid (left to the general path)."""
+    dims = [int(d) for d in target]
     if any(d < -1 for d in dims) or dims.count(-1) > 1 or (allowzero and 0 in dims and -1 in dims):
         return None
     if not allowzero:
-        if any(d == 0 and i >= data.ndim for i, d in enumerate(dims)):
+        if any(d == 0 and i >= len(shape) for i, d in enumerate(dims)):
             return None
-        dims = [data.shape[i] if d == 0 else d for i, d in enumerate(dims)]
+        dims = [shape[i] if d == 0 else d for i, d in enumerate(dims)]
+    size = math.prod(shape)
     if -1 in dims:
         known = math.prod(d for d in dims if d != -1)
-        if known == 0 or data.size % known:
+        if known == 0 or size % known:
             return None
-        dims[dims.index(-1)] = data.size // known
-    return data.reshape(dims) if math.prod(dims) == data.size else None
+        dims[dims.index(-1)] = size // known
+    return dims if math.prod(dims) == size else None
+
+
+def _reshape(node: Node, ins: list, opset: int):
+    # Pure data movement (row-major), with the dims ``reshaped_dims`` gives.
+    if opset < 5 or len(ins) != 2 or ins[1].dtype != np.int64 or ins[1].ndim != 1:
+        return None
+    data = ins[0]
+    dims = reshaped_dims(data.shape, ins[1], int(node.attr("allowzero", 0)) if opset >= 14 else 0)
+    return None if dims is None else data.reshape(dims)
 
 
 def _small_broadcast(ins: list) -> bool:

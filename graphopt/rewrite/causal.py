@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.ops.attention import swap_heads, unpacked_shape
 from graphopt.rewrite.mask_grid import NotAMaskGrid, exact_value, fits_scores, mask_grid
 from graphopt.rewrite.registry import register_builder, register_constraint
 
@@ -49,13 +50,17 @@ def _scores(g, att) -> tuple | None:
     None); None where Q's rank is unknown."""
     q = g.shape(att.inputs[0])
     v = (g.shape(att.inputs[2]) if len(att.inputs) > 2 and att.inputs[2] else None) or ()
-    if q is None:
+    if q is None or len(q) < 2:
         return None
     if att.attr("qkv_packed", 0):  # Q is [B, S, 3, H, D] and stands for K and V
-        return (q[0], q[3], q[1], q[1]) if len(q) == 5 else None
-    if att.attr("qkv_bshd", 0):  # [B, S, H, D]
-        return (q[0], q[2], q[1], v[1] if len(v) == 4 else None) if len(q) == 4 else None
-    return tuple(q[:-2]) + (q[-2] if len(q) >= 2 else None, v[-2] if len(v) >= 2 else None)
+        if len(q) != 5:
+            return None
+        q = v = swap_heads(unpacked_shape(q))
+    elif att.attr("qkv_bshd", 0):  # [B, S, H, D]
+        if len(q) != 4:
+            return None
+        q, v = swap_heads(q), (swap_heads(v) if len(v) == 4 else ())
+    return tuple(q[:-2]) + (q[-2], v[-2] if len(v) >= 2 else None)
 
 
 @register_constraint("causal_mask", "tn")

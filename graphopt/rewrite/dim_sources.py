@@ -94,7 +94,7 @@ def dim_source(g, tensor: str, k: int, depth: int = 0):
     return None
 
 
-def _length(g, tensor: str) -> int | None:
+def vector_length(g, tensor: str) -> int | None:
     """The length of a 1-D tensor (a constant's or the inferred one), else None."""
     value = g.constant_value(tensor)
     if value is not None:
@@ -112,8 +112,8 @@ def _expand_idiom_entry(g, node, k: int, depth: int):
     if cond is None or cond.op_type != "Equal" or cond.domain not in ("", "ai.onnx") or target not in cond.inputs:
         return None
     other = cond.inputs[1] if cond.inputs[0] == target else cond.inputs[0]
-    n = _length(g, target)
-    if n is None or any(_length(g, t) != n for t in (other, node.inputs[1])):
+    n = vector_length(g, target)
+    if n is None or any(vector_length(g, t) != n for t in (other, node.inputs[1])):
         return None
     entry, against = dim_source(g, target, k, depth + 1), dim_source(g, other, k, depth + 1)
     if entry is None or not isinstance(against, int):

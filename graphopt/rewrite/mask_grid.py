@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto, helper
 
-from graphopt.rewrite.dim_sources import dim_source, entry_size, known_size, same_size
+from graphopt.rewrite.dim_sources import dim_source, entry_size, known_size, same_size, vector_length
 
 MAX_DEPTH = 32
 MAX_CELLS = 1 << 24
@@ -204,16 +204,8 @@ def _broadcast(*shapes):
 
 def _target_dims(g, target: str):
     """The sizes an Expand's 1-D target asks for, entry by entry (``dim_source``), None where unknown."""
-    value = g.constant_value(target)
-    n = int(np.size(value)) if value is not None else (_rank_1d(g, target))
-    if n is None:
-        return None
-    return tuple(entry_size(g, dim_source(g, target, k)) for k in range(n))
-
-
-def _rank_1d(g, t: str) -> int | None:
-    shape = g.shape(t)
-    return shape[0] if shape is not None and len(shape) == 1 and isinstance(shape[0], int) else None
+    n = vector_length(g, target)
+    return None if n is None else tuple(entry_size(g, dim_source(g, target, k)) for k in range(n))
 
 
 def dims(g, t: str, depth: int = 0, memo: dict | None = None):

@@ -7,7 +7,6 @@ See ``graphopt.tune.select`` (the module docstring) for the rules; this module h
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -156,27 +155,18 @@ def propagated_shapes(graph, nodes, dims: Mapping[str, int], shapes, ahead=None)
 
 
 def reshaped(graph, t: str, table: Mapping[str, tuple[int, ...]]) -> tuple[int, ...] | None:
-    """The static shape of ``t`` = Reshape(x, a constant target) where ``table`` has x's, by ONNX's rule (0 copies
-    x's dim unless ``allowzero``, one -1 takes the rest); else None. What inference of that one node gives."""
+    """The static shape of ``t`` = Reshape(x, a constant target) where ``table`` has x's
+    (``passes._shape_ops.reshaped_dims``: what inference of that one node gives); else None."""
+    from graphopt.passes._shape_ops import reshaped_dims
+
     node = graph.producer(t)
     if node is None or node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or node.inputs[0] not in table:
         return None
     target = graph.constant_value(node.inputs[1])
     if target is None:
         return None
-    x, out = table[node.inputs[0]], [int(v) for v in np.asarray(target).reshape(-1)]
-    if not node.attr("allowzero", 0):
-        if any(v == 0 and k >= len(x) for k, v in enumerate(out)):
-            return None
-        out = [x[k] if v == 0 else v for k, v in enumerate(out)]
-    if out.count(-1) > 1 or any(v < -1 for v in out):
-        return None
-    if -1 in out:
-        rest = math.prod(v for v in out if v != -1)
-        if rest == 0 or math.prod(x) % rest:
-            return None
-        out[out.index(-1)] = math.prod(x) // rest
-    return tuple(out) if math.prod(out) == math.prod(x) else None
+    dims = reshaped_dims(table[node.inputs[0]], np.asarray(target).reshape(-1), int(node.attr("allowzero", 0)))
+    return None if dims is None else tuple(dims)
 
 
 def unbound_test(graph) -> Callable[[Any], bool]:
